@@ -1,0 +1,92 @@
+package subjects
+
+// Request headers, set by the gateway (or a direct NATS client). NATS headers
+// are case-sensitive: these spellings are normative.
+const (
+	HdrRequestID       = "Llm-Request-Id"
+	HdrClientRequestID = "Llm-Client-Request-Id"
+	HdrModel           = "Llm-Model"
+	HdrEndpoint        = "Llm-Endpoint"
+	HdrConversation    = "Llm-Conversation"
+	HdrPriority        = "Llm-Priority"
+	HdrPromptTokens    = "Llm-Prompt-Tokens"
+	HdrMaxTokens       = "Llm-Max-Tokens"
+	HdrPrefix          = "Llm-Prefix"
+	HdrFeatures        = "Llm-Features"
+	HdrDeadline        = "Llm-Deadline"
+	HdrExclude         = "Llm-Exclude"
+	HdrStream          = "Llm-Stream"
+	HdrTraceparent     = "traceparent"
+	HdrTracestate      = "tracestate"
+)
+
+// Route headers, added by the broker and echoed by the adapter on its head.
+const (
+	HdrRouteModel    = "Llm-Route-Model"
+	HdrRouteVersion  = "Llm-Route-Version"
+	HdrRoutePool     = "Llm-Route-Pool"
+	HdrRouteReplica  = "Llm-Route-Replica"
+	HdrRouteReason   = "Llm-Route-Reason"
+	HdrRouteLora     = "Llm-Route-Lora"
+	HdrRouteTableRev = "Llm-Route-Table-Rev"
+)
+
+// RouteHeaders lists the route headers in the order they are copied to HTTP,
+// with the HTTP name of each.
+func RouteHeaders() [6][2]string {
+	return [6][2]string{
+		{HdrRouteModel, "X-Switchyard-Model"},
+		{HdrRouteVersion, "X-Switchyard-Version"},
+		{HdrRoutePool, "X-Switchyard-Pool"},
+		{HdrRouteReplica, "X-Switchyard-Replica"},
+		{HdrRouteReason, "X-Switchyard-Reason"},
+		{HdrRouteLora, "X-Switchyard-Lora"},
+	}
+}
+
+// Reply protocol headers. Every message on a reply subject has Llm-Seq.
+const (
+	HdrSeq       = "Llm-Seq"
+	HdrAccepted  = "Llm-Accepted"
+	HdrStatus    = "Llm-Status"
+	HdrKeepalive = "Llm-Keepalive"
+	HdrEOS       = "Llm-Eos"
+	HdrError     = "Llm-Error"
+	HdrContent   = "Content-Type"
+
+	HdrRetryAfter   = "Retry-After"
+	HdrRetryAfterMS = "retry-after-ms"
+
+	HdrRateLimitLimitRequests     = "x-ratelimit-limit-requests"
+	HdrRateLimitRemainingRequests = "x-ratelimit-remaining-requests"
+	HdrRateLimitResetRequests     = "x-ratelimit-reset-requests"
+	HdrRateLimitLimitTokens       = "x-ratelimit-limit-tokens"
+	HdrRateLimitRemainingTokens   = "x-ratelimit-remaining-tokens"
+	HdrRateLimitResetTokens       = "x-ratelimit-reset-tokens"
+)
+
+// PassThroughHeaders are the headers a rejection or head may carry that the
+// gateway copies verbatim to the HTTP response.
+func PassThroughHeaders() [8]string {
+	return [8]string{
+		HdrRetryAfter, HdrRetryAfterMS,
+		HdrRateLimitLimitRequests, HdrRateLimitRemainingRequests, HdrRateLimitResetRequests,
+		HdrRateLimitLimitTokens, HdrRateLimitRemainingTokens, HdrRateLimitResetTokens,
+	}
+}
+
+// Priorities.
+const (
+	PriorityInteractive = "interactive"
+	PriorityBatch       = "batch"
+)
+
+// Endpoints the gateway and adapter know.
+const (
+	EndpointChat        = "/v1/chat/completions"
+	EndpointCompletions = "/v1/completions"
+	EndpointEmbeddings  = "/v1/embeddings"
+)
+
+// Keepalive period while the engine has not produced bytes yet.
+const KeepaliveEvery = 5

@@ -1,0 +1,130 @@
+package subjects
+
+// Replica states, from the KV value and the heartbeat. The effective state is
+// the more restrictive of the two (see Restrictive).
+const (
+	StateLoading  = "loading"
+	StateReady    = "ready"
+	StateDraining = "draining"
+	StateDisabled = "disabled"
+)
+
+// stateRank orders states from least to most restrictive.
+func stateRank(s string) int {
+	switch s {
+	case StateReady:
+		return 0
+	case StateLoading:
+		return 1
+	case StateDraining:
+		return 2
+	case StateDisabled:
+		return 3
+	}
+	return 4 // unknown states are treated as most restrictive
+}
+
+// Restrictive returns the more restrictive of two states.
+func Restrictive(a, b string) string {
+	if a == "" {
+		return b
+	}
+	if b == "" {
+		return a
+	}
+	if stateRank(a) >= stateRank(b) {
+		return a
+	}
+	return b
+}
+
+// ValidState reports whether s is one of the four replica states.
+func ValidState(s string) bool { return stateRank(s) < 4 }
+
+// Heartbeat is published by every adapter on llm.heartbeat.<replica> each
+// second. Its age is measured on the receiver's clock.
+type Heartbeat struct {
+	Replica         string    `json:"replica"`
+	Model           string    `json:"model"`
+	Version         string    `json:"version"`
+	Pool            string    `json:"pool"`
+	State           string    `json:"state"`
+	KVUsage         float64   `json:"kv_usage"`
+	Running         int       `json:"running"`
+	Waiting         int       `json:"waiting"`
+	MaxBatch        int       `json:"max_batch"`
+	MaxQueue        int       `json:"max_queue"`
+	Inflight        int       `json:"inflight"`
+	Lora            LoraState `json:"lora"`
+	TTFTEWMAMillis  float64   `json:"ttft_ewma_ms"`
+	QueueWaitMillis float64   `json:"queue_wait_ewma_ms"`
+	ScrapeOK        bool      `json:"scrape_ok"`
+	Seq             uint64    `json:"seq"`
+	SentUnixMillis  int64     `json:"sent_unix_ms"`
+}
+
+// LoraState is the adapters a replica is running and waiting on.
+type LoraState struct {
+	Running []string `json:"running"`
+	Waiting []string `json:"waiting"`
+	Max     int      `json:"max"`
+}
+
+// Placement tells every broker where a request's prefix blocks went.
+type Placement struct {
+	Model   string   `json:"m"`
+	Replica string   `json:"r"`
+	Blocks  []uint64 `json:"b"`
+}
+
+// Usage is published by an adapter when a request finishes, so brokers can
+// settle the token reservation made at admission.
+type Usage struct {
+	Tenant           string `json:"tenant"`
+	Model            string `json:"model"`
+	Replica          string `json:"replica"`
+	RequestID        string `json:"request_id"`
+	PromptTokens     int    `json:"prompt_tokens"`
+	CompletionTokens int    `json:"completion_tokens"`
+	ReservedTokens   int    `json:"reserved_tokens"`
+}
+
+// ControlLoad asks for a cold-tier model to be loaded.
+type ControlLoad struct {
+	Model     string `json:"model"`
+	Version   string `json:"version,omitempty"`
+	Tenant    string `json:"tenant"`
+	Requested int64  `json:"requested_unix_ms"`
+}
+
+// Alternative is a replica that lost, with its score and why.
+type Alternative struct {
+	Replica string  `json:"replica"`
+	Score   float64 `json:"score"`
+	Why     string  `json:"why"`
+}
+
+// Decision is one explained routing decision.
+type Decision struct {
+	RequestID      string        `json:"request_id,omitempty"`
+	TraceID        string        `json:"trace_id,omitempty"`
+	Tenant         string        `json:"tenant"`
+	Requested      string        `json:"requested_model"`
+	Model          string        `json:"model,omitempty"`
+	Version        string        `json:"version,omitempty"`
+	Lora           string        `json:"lora,omitempty"`
+	Pool           string        `json:"pool,omitempty"`
+	Replica        string        `json:"replica,omitempty"`
+	Reason         string        `json:"reason"`
+	Score          float64       `json:"score"`
+	Alternatives   []Alternative `json:"alternatives,omitempty"`
+	PromptTokens   int           `json:"prompt_tokens"`
+	PrefixBlocks   int           `json:"prefix_blocks"`
+	PrefixMatched  int           `json:"prefix_matched"`
+	Status         int           `json:"status"`
+	Code           string        `json:"code,omitempty"`
+	Message        string        `json:"message,omitempty"`
+	TableRevision  uint64        `json:"table_revision"`
+	DurationNanos  int64         `json:"duration_ns"`
+	DecidedUnixMil int64         `json:"decided_unix_ms"`
+}

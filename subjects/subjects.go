@@ -1,0 +1,129 @@
+// Package subjects is the wire contract between Switchyard's parts: subject
+// names, header names, the reply protocol and the messages that cross NATS
+// (heartbeats, decisions, placements, usage). It imports nothing but the
+// standard library, so every part, pure or not, can share it.
+package subjects
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the first token of every Switchyard subject (--prefix).
+const DefaultPrefix = "llm"
+
+// Queue groups and micro service names.
+const (
+	BrokerService  = "switchyard-broker"
+	AdapterService = "switchyard-adapter"
+	BrokerQueue    = "switchyard-broker"
+	DefaultBucket  = "llm-routing"
+)
+
+// ErrBadToken is returned for an id that cannot be a subject token.
+var ErrBadToken = errors.New("invalid subject token")
+
+// Subjects builds the subjects of one deployment. The zero value uses
+// DefaultPrefix.
+type Subjects struct {
+	Prefix string
+}
+
+// New returns the subject builder for prefix ("" means DefaultPrefix).
+func New(prefix string) Subjects {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return Subjects{Prefix: prefix}
+}
+
+func (s Subjects) p() string {
+	if s.Prefix == "" {
+		return DefaultPrefix
+	}
+	return s.Prefix
+}
+
+// Route is where a tenant's requests go: llm.route.<tenant>.
+func (s Subjects) Route(tenant string) string { return s.p() + ".route." + tenant }
+
+// RouteAll is the brokers' endpoint subject.
+func (s Subjects) RouteAll() string { return s.p() + ".route.*" }
+
+// Replica is one adapter's request subject.
+func (s Subjects) Replica(id string) string { return s.p() + ".replica." + id }
+
+// ReplicaCancel carries a gateway's cancel for a request (header Llm-Request-Id).
+func (s Subjects) ReplicaCancel(id string) string { return s.p() + ".replica." + id + ".cancel" }
+
+// Heartbeat is one adapter's load heartbeat.
+func (s Subjects) Heartbeat(id string) string { return s.p() + ".heartbeat." + id }
+
+// HeartbeatAll matches every heartbeat; consumed with a plain subscription.
+func (s Subjects) HeartbeatAll() string { return s.p() + ".heartbeat.*" }
+
+// Placement shares where a model's prefix blocks were sent.
+func (s Subjects) Placement(model string) string { return s.p() + ".placement." + ModelToken(model) }
+
+// PlacementAll matches every placement.
+func (s Subjects) PlacementAll() string { return s.p() + ".placement.*" }
+
+// Decision carries an explained decision, published per pool.
+func (s Subjects) Decision(pool string) string { return s.p() + ".decision." + pool }
+
+// DecisionAll matches every decision.
+func (s Subjects) DecisionAll() string { return s.p() + ".decision.>" }
+
+// Usage carries the tokens a request actually used, to settle token quotas.
+func (s Subjects) Usage(tenant string) string { return s.p() + ".usage." + tenant }
+
+// UsageAll matches every usage event.
+func (s Subjects) UsageAll() string { return s.p() + ".usage.*" }
+
+// ControlLoad asks an autoscaler to load a cold-tier model.
+func (s Subjects) ControlLoad() string { return s.p() + ".control.load" }
+
+// Explain is the dry-run endpoint for a tenant.
+func (s Subjects) Explain(tenant string) string { return s.p() + ".explain." + tenant }
+
+// ExplainAll is the brokers' explain endpoint subject.
+func (s Subjects) ExplainAll() string { return s.p() + ".explain.*" }
+
+// BrokerPresence is where brokers announce themselves so each can count the
+// live brokers and enforce its share of a tenant quota.
+func (s Subjects) BrokerPresence() string { return s.p() + ".broker.presence" }
+
+// ReplyPrefix is the gateway's wildcard reply space: <prefix>.reply.<gateway>.>.
+func (s Subjects) ReplyPrefix(gateway string) string { return s.p() + ".reply." + gateway }
+
+// TenantFromRoute returns the last token of a route or explain subject.
+func TenantFromRoute(subject string) string {
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		return subject[i+1:]
+	}
+	return subject
+}
+
+// ValidToken reports whether id can be used as a tenant or replica token:
+// [A-Za-z0-9_-]{1,64}. Ids are validated, never escaped silently.
+func ValidToken(id string) error {
+	if len(id) == 0 || len(id) > 64 {
+		return fmt.Errorf("%w: %q must be 1 to 64 characters", ErrBadToken, id)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q may hold only letters, digits, '_' and '-'", ErrBadToken, id)
+		}
+	}
+	return nil
+}
+
+// ModelToken makes a model id usable as one subject token ('.' → '_').
+func ModelToken(model string) string {
+	if strings.IndexByte(model, '.') < 0 {
+		return model
+	}
+	return strings.ReplaceAll(model, ".", "_")
+}

@@ -1,0 +1,340 @@
+package table
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// ErrInvalid wraps every decoding and validation failure.
+var ErrInvalid = errors.New("invalid routing table value")
+
+// KeyError names the key (and field) a value failed on.
+type KeyError struct {
+	Key   string
+	Field string
+	Err   error
+}
+
+func (e *KeyError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s: %v", e.Key, e.Field, e.Err)
+	}
+	return fmt.Sprintf("%s: %v", e.Key, e.Err)
+}
+
+func (e *KeyError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
+
+func fieldErr(key, field, format string, a ...any) error {
+	return &KeyError{Key: key, Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// Kind is what a key holds.
+type Kind int
+
+// Kinds of keys.
+const (
+	KindUnknown Kind = iota
+	KindPolicy
+	KindAlias
+	KindModel
+	KindPool
+	KindTenant
+	KindKey
+	KindReplica
+)
+
+// Split returns the kind of key and the name after its prefix.
+func Split(key string) (Kind, string) {
+	switch {
+	case key == KeyPolicy:
+		return KindPolicy, ""
+	case strings.HasPrefix(key, PrefixAliases):
+		return KindAlias, key[len(PrefixAliases):]
+	case strings.HasPrefix(key, PrefixModels):
+		return KindModel, key[len(PrefixModels):]
+	case strings.HasPrefix(key, PrefixPools):
+		return KindPool, key[len(PrefixPools):]
+	case strings.HasPrefix(key, PrefixTenants):
+		return KindTenant, key[len(PrefixTenants):]
+	case strings.HasPrefix(key, PrefixKeys):
+		return KindKey, key[len(PrefixKeys):]
+	case strings.HasPrefix(key, PrefixReplicas):
+		return KindReplica, key[len(PrefixReplicas):]
+	}
+	return KindUnknown, ""
+}
+
+// ValidName reports whether s is an alias or model id:
+// [A-Za-z0-9_-][A-Za-z0-9._-]{0,127}.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+		if !ok && (i == 0 || c != '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func validHex64(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeStrict decodes one JSON value, refusing unknown fields and trailing data.
+func decodeStrict(key string, b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &KeyError{Key: key, Err: err}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &KeyError{Key: key, Err: errors.New("trailing data after the JSON value")}
+	}
+	return nil
+}
+
+// Value is one decoded, validated key.
+type Value struct {
+	Key  string
+	Kind Kind
+	Name string
+	V    any // Policy, Alias, Model, Pool, Tenant, Key or Replica (by value)
+}
+
+// Decode decodes and validates the value of key. It is the one gate every KV
+// value passes before it can affect routing.
+func Decode(key string, b []byte) (Value, error) {
+	kind, name := Split(key)
+	v := Value{Key: key, Kind: kind, Name: name}
+	switch kind {
+	case KindPolicy:
+		p := DefaultPolicy()
+		p.PoolRules = nil
+		if err := decodeStrict(key, b, &p); err != nil {
+			return v, err
+		}
+		if p.PoolRules == nil {
+			p.PoolRules = DefaultPoolRules()
+		}
+		v.V = p
+		return v, validatePolicy(key, &p)
+	case KindAlias:
+		if !ValidName(name) {
+			return v, fieldErr(key, "", "alias name %q is not [A-Za-z0-9_-][A-Za-z0-9._-]{0,127}", name)
+		}
+		var a Alias
+		if err := decodeStrict(key, b, &a); err != nil {
+			return v, err
+		}
+		err := validateAlias(key, &a)
+		v.V = a
+		return v, err
+	case KindModel:
+		if !ValidName(name) {
+			return v, fieldErr(key, "", "model id %q is not [A-Za-z0-9_-][A-Za-z0-9._-]{0,127}", name)
+		}
+		var m Model
+		if err := decodeStrict(key, b, &m); err != nil {
+			return v, err
+		}
+		v.V = m
+		return v, validateModel(key, &m)
+	case KindPool:
+		if !ValidName(name) {
+			return v, fieldErr(key, "", "pool name %q is invalid", name)
+		}
+		var p Pool
+		if err := decodeStrict(key, b, &p); err != nil {
+			return v, err
+		}
+		v.V = p
+		if p.AffinityReleaseThreshold != nil && !unit(*p.AffinityReleaseThreshold) {
+			return v, fieldErr(key, "affinity_release_threshold", "must be in [0, 1], got %v", *p.AffinityReleaseThreshold)
+		}
+		if p.SaturationKV != nil && !unit(*p.SaturationKV) {
+			return v, fieldErr(key, "saturation_kv", "must be in [0, 1], got %v", *p.SaturationKV)
+		}
+		return v, nil
+	case KindTenant:
+		if err := subjects.ValidToken(name); err != nil {
+			return v, &KeyError{Key: key, Err: err}
+		}
+		var t Tenant
+		if err := decodeStrict(key, b, &t); err != nil {
+			return v, err
+		}
+		v.V = t
+		return v, validateTenant(key, &t)
+	case KindKey:
+		if !validHex64(name) {
+			return v, fieldErr(key, "", "a key must be the lowercase sha256 hex of the API key")
+		}
+		var k Key
+		if err := decodeStrict(key, b, &k); err != nil {
+			return v, err
+		}
+		v.V = k
+		if err := subjects.ValidToken(k.Tenant); err != nil {
+			return v, &KeyError{Key: key, Field: "tenant", Err: err}
+		}
+		return v, nil
+	case KindReplica:
+		if err := subjects.ValidToken(name); err != nil {
+			return v, &KeyError{Key: key, Err: err}
+		}
+		var r Replica
+		if err := decodeStrict(key, b, &r); err != nil {
+			return v, err
+		}
+		v.V = r
+		return v, validateReplica(key, &r)
+	}
+	return v, fieldErr(key, "", "unknown key: want policy, aliases.*, models.*, pools.*, tenants.*, keys.* or replicas.*")
+}
+
+// Encode renders a value as indented JSON, as `switchyard table export` and
+// operators see it.
+func Encode(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
+
+func unit(f float64) bool { return f >= 0 && f <= 1 }
+
+func validatePolicy(key string, p *Policy) error {
+	switch {
+	case p.LongContextTokens <= 0:
+		return fieldErr(key, "long_context_tokens", "must be positive, got %d", p.LongContextTokens)
+	case !unit(p.AffinityReleaseThreshold):
+		return fieldErr(key, "affinity_release_threshold", "must be in [0, 1], got %v", p.AffinityReleaseThreshold)
+	case !unit(p.SaturationKV):
+		return fieldErr(key, "saturation_kv", "must be in [0, 1], got %v", p.SaturationKV)
+	case p.LoadWeights.KV < 0 || p.LoadWeights.Queue < 0 || p.LoadWeights.Batch < 0:
+		return fieldErr(key, "load_weights", "weights must not be negative")
+	case p.PrefixBlockChars < 16 || p.PrefixBlockChars > 1<<16:
+		return fieldErr(key, "prefix_block_chars", "must be in [16, 65536], got %d", p.PrefixBlockChars)
+	case p.PrefixMaxBlocks < 0 || p.PrefixMaxBlocks > 256:
+		return fieldErr(key, "prefix_max_blocks", "must be in [0, 256], got %d", p.PrefixMaxBlocks)
+	case p.StaleAfter <= 0:
+		return fieldErr(key, "stale_after", "must be positive")
+	case p.DeadAfter <= 0:
+		return fieldErr(key, "dead_after", "must be positive")
+	case !unit(p.DecisionSample):
+		return fieldErr(key, "decision_sample", "must be in [0, 1], got %v", p.DecisionSample)
+	}
+	for i, r := range p.PoolRules {
+		switch r.When {
+		case WhenLongContext, WhenPremium, WhenBatch, WhenCanary, WhenAlways:
+		default:
+			return fieldErr(key, fmt.Sprintf("pool_rules[%d].when", i), "unknown condition %q (want long_context, premium, batch, canary or always)", r.When)
+		}
+		if !ValidName(r.Pool) {
+			return fieldErr(key, fmt.Sprintf("pool_rules[%d].pool", i), "invalid pool name %q", r.Pool)
+		}
+	}
+	return nil
+}
+
+func validateAlias(key string, a *Alias) error {
+	if len(a.Targets) == 0 && len(a.Cascade) == 0 {
+		return fieldErr(key, "targets", "an alias needs targets or a cascade")
+	}
+	if len(a.Targets) > 0 && len(a.Cascade) > 0 {
+		return fieldErr(key, "cascade", "an alias has either targets or a cascade, not both")
+	}
+	total := 0
+	for i, t := range a.Targets {
+		if !ValidName(t.Model) {
+			return fieldErr(key, fmt.Sprintf("targets[%d].model", i), "invalid model id %q", t.Model)
+		}
+		if t.Weight < 0 {
+			return fieldErr(key, fmt.Sprintf("targets[%d].weight", i), "must not be negative")
+		}
+		total += t.Weight
+	}
+	if len(a.Targets) > 0 && total <= 0 {
+		return fieldErr(key, "targets", "weights must add up to more than 0")
+	}
+	for i := range a.Cascade {
+		r := &a.Cascade[i]
+		f := fmt.Sprintf("cascade[%d]", i)
+		if !ValidName(r.Alias) {
+			return fieldErr(key, f+".alias", "invalid alias %q", r.Alias)
+		}
+		if r.When.Tier != "" && r.When.Tier != TierPremium && r.When.Tier != TierStandard {
+			return fieldErr(key, f+".when.tier", "want standard or premium, got %q", r.When.Tier)
+		}
+		if r.When.Regex != "" {
+			re, err := regexp.Compile(r.When.Regex)
+			if err != nil {
+				return fieldErr(key, f+".when.regex", "%v", err)
+			}
+			r.When.re = re
+		}
+	}
+	for i, fb := range a.Fallbacks {
+		if !ValidName(fb) {
+			return fieldErr(key, fmt.Sprintf("fallbacks[%d]", i), "invalid alias %q", fb)
+		}
+	}
+	return nil
+}
+
+func validateModel(key string, m *Model) error {
+	if m.Tier != "" && m.Tier != TierHot && m.Tier != TierCold {
+		return fieldErr(key, "tier", "want hot or cold, got %q", m.Tier)
+	}
+	if m.MaxContextTokens < 0 {
+		return fieldErr(key, "max_context_tokens", "must not be negative")
+	}
+	if m.DefaultMaxTokens < 0 {
+		return fieldErr(key, "default_max_tokens", "must not be negative")
+	}
+	return nil
+}
+
+func validateTenant(key string, t *Tenant) error {
+	if t.Tier != "" && t.Tier != TierPremium && t.Tier != TierStandard {
+		return fieldErr(key, "tier", "want standard or premium, got %q", t.Tier)
+	}
+	if t.Quota.RPM < 0 || t.Quota.TPM < 0 {
+		return fieldErr(key, "quota", "limits must not be negative")
+	}
+	for alias, lora := range t.Adapters {
+		if !ValidName(alias) || !ValidName(lora) {
+			return fieldErr(key, "adapters", "invalid entry %q → %q", alias, lora)
+		}
+	}
+	return nil
+}
+
+func validateReplica(key string, r *Replica) error {
+	switch {
+	case !ValidName(r.Model):
+		return fieldErr(key, "model", "invalid model id %q", r.Model)
+	case !ValidName(r.Pool):
+		return fieldErr(key, "pool", "invalid pool %q", r.Pool)
+	case !subjects.ValidState(r.State):
+		return fieldErr(key, "state", "want loading, ready, draining or disabled, got %q", r.State)
+	case r.MaxBatch < 0 || r.MaxQueue < 0 || r.MaxLoras < 0:
+		return fieldErr(key, "max_batch", "sizes must not be negative")
+	}
+	return nil
+}

@@ -1,0 +1,196 @@
+// Package table holds the routing table: one Go type per KV key of the
+// llm-routing bucket, a strict JSON codec, per-key validation and the
+// immutable Snapshot that brokers and gateways route from. It is pure: no
+// NATS, no I/O.
+package table
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Key prefixes of the KV layout (DESIGN.md "Routing table").
+const (
+	KeyPolicy       = "policy"
+	PrefixAliases   = "aliases."
+	PrefixModels    = "models."
+	PrefixPools     = "pools."
+	PrefixTenants   = "tenants."
+	PrefixKeys      = "keys."
+	PrefixReplicas  = "replicas."
+	DefaultTenant   = "default"
+	PoolGeneral     = "general"
+	PoolLongContext = "long-context"
+	PoolPremium     = "premium"
+	PoolBatch       = "batch"
+	PoolCanary      = "canary"
+	TierPremium     = "premium"
+	TierStandard    = "standard"
+	TierHot         = "hot"
+	TierCold        = "cold"
+)
+
+// Pool rule conditions (policy.pool_rules[].when).
+const (
+	WhenLongContext = "long_context" // prompt tokens > long_context_tokens
+	WhenPremium     = "premium"      // tenant tier premium
+	WhenBatch       = "batch"        // priority batch
+	WhenCanary      = "canary"       // canary version drawn
+	WhenAlways      = "always"
+)
+
+// Duration is a time.Duration written as a Go duration string ("5s").
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"5s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// LoadWeights weigh the signals of load_score.
+type LoadWeights struct {
+	KV    float64 `json:"kv"`
+	Queue float64 `json:"queue"`
+	Batch float64 `json:"batch"`
+}
+
+// PoolRule sends requests matching When to Pool. Rules are tried in order.
+type PoolRule struct {
+	When string `json:"when"`
+	Pool string `json:"pool"`
+}
+
+// Policy is the value of the "policy" key.
+type Policy struct {
+	LongContextTokens        int         `json:"long_context_tokens"`
+	AffinityReleaseThreshold float64     `json:"affinity_release_threshold"`
+	SaturationKV             float64     `json:"saturation_kv"`
+	LoadWeights              LoadWeights `json:"load_weights"`
+	PrefixBlockChars         int         `json:"prefix_block_chars"`
+	PrefixMaxBlocks          int         `json:"prefix_max_blocks"`
+	StaleAfter               Duration    `json:"stale_after"`
+	DeadAfter                Duration    `json:"dead_after"`
+	PoolRules                []PoolRule  `json:"pool_rules"`
+	AllowAnonymous           bool        `json:"allow_anonymous"`
+	DecisionSample           float64     `json:"decision_sample"`
+}
+
+// DefaultPolicy is the policy in force when the key is absent; decoding a
+// policy value starts from it, so a value may name only what it changes.
+func DefaultPolicy() Policy {
+	return Policy{
+		LongContextTokens:        16000,
+		AffinityReleaseThreshold: 0.85,
+		SaturationKV:             0.95,
+		LoadWeights:              LoadWeights{KV: 0.6, Queue: 0.3, Batch: 0.1},
+		PrefixBlockChars:         256,
+		PrefixMaxBlocks:          64,
+		StaleAfter:               Duration(5 * time.Second),
+		DeadAfter:                Duration(15 * time.Second),
+		PoolRules:                DefaultPoolRules(),
+		DecisionSample:           1.0,
+	}
+}
+
+// DefaultPoolRules is the seed's order: long-context, premium, batch, canary.
+func DefaultPoolRules() []PoolRule {
+	return []PoolRule{
+		{When: WhenLongContext, Pool: PoolLongContext},
+		{When: WhenPremium, Pool: PoolPremium},
+		{When: WhenBatch, Pool: PoolBatch},
+		{When: WhenCanary, Pool: PoolCanary},
+	}
+}
+
+// Target is one weighted model version of an alias.
+type Target struct {
+	Model   string `json:"model"`
+	Version string `json:"version,omitempty"`
+	Weight  int    `json:"weight"`
+}
+
+// CascadeWhen is the condition of a cascade rule; every set field must hold.
+type CascadeWhen struct {
+	MaxPromptTokens *int     `json:"max_prompt_tokens,omitempty"`
+	MinPromptTokens *int     `json:"min_prompt_tokens,omitempty"`
+	Features        []string `json:"features,omitempty"`
+	Regex           string   `json:"regex,omitempty"`
+	Tier            string   `json:"tier,omitempty"`
+
+	re *regexp.Regexp
+}
+
+// Re is the compiled Regex (nil when none).
+func (w *CascadeWhen) Re() *regexp.Regexp { return w.re }
+
+// CascadeRule routes to Alias when When holds.
+type CascadeRule struct {
+	When  CascadeWhen `json:"when"`
+	Alias string      `json:"alias"`
+}
+
+// Alias is the value of aliases.<alias>.
+type Alias struct {
+	Targets   []Target      `json:"targets,omitempty"`
+	Cascade   []CascadeRule `json:"cascade,omitempty"`
+	Fallbacks []string      `json:"fallbacks,omitempty"`
+}
+
+// Model is the value of models.<model>.
+type Model struct {
+	Versions         []string `json:"versions,omitempty"`
+	Tier             string   `json:"tier,omitempty"`
+	MaxContextTokens int      `json:"max_context_tokens,omitempty"`
+	DefaultMaxTokens int      `json:"default_max_tokens,omitempty"`
+}
+
+// Pool is the value of pools.<pool>: per-pool overrides.
+type Pool struct {
+	AffinityReleaseThreshold *float64 `json:"affinity_release_threshold,omitempty"`
+	SaturationKV             *float64 `json:"saturation_kv,omitempty"`
+}
+
+// Quota is a tenant's per-minute limits (0 = unlimited).
+type Quota struct {
+	RPM int `json:"rpm,omitempty"`
+	TPM int `json:"tpm,omitempty"`
+}
+
+// Tenant is the value of tenants.<tenant>.
+type Tenant struct {
+	Tier          string            `json:"tier,omitempty"`
+	AllowedModels []string          `json:"allowed_models,omitempty"`
+	Quota         Quota             `json:"quota,omitempty"`
+	Adapters      map[string]string `json:"adapters,omitempty"`
+}
+
+// Key is the value of keys.<sha256 hex of an API key>.
+type Key struct {
+	Tenant string `json:"tenant"`
+}
+
+// Replica is the value of replicas.<replica>, written by the adapter.
+type Replica struct {
+	Model    string `json:"model"`
+	Version  string `json:"version,omitempty"`
+	Pool     string `json:"pool"`
+	Flavor   string `json:"flavor,omitempty"`
+	MaxBatch int    `json:"max_batch,omitempty"`
+	MaxQueue int    `json:"max_queue,omitempty"`
+	MaxLoras int    `json:"max_loras,omitempty"`
+	State    string `json:"state"`
+}
