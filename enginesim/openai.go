@@ -1,0 +1,218 @@
+package enginesim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Wire types of the OpenAI API as vLLM serves it. Field order follows vLLM's
+// responses (testdata/chat-completion.json, chat-stream-lora.sse).
+
+type chatRequest struct {
+	Model               string         `json:"model"`
+	Messages            []chatMessage  `json:"messages"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+}
+
+type embeddingRequest struct {
+	Model string          `json:"model"`
+	Input json.RawMessage `json:"input"`
+}
+
+type usage struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+type chatCompletion struct {
+	ID      string       `json:"id"`
+	Model   string       `json:"model"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Usage   *usage       `json:"usage"`
+	Choices []chatChoice `json:"choices"`
+}
+
+type chatChoice struct {
+	Index        int             `json:"index"`
+	FinishReason *string         `json:"finish_reason"`
+	Message      *chatMessageOut `json:"message,omitempty"`
+	Delta        *chatDelta      `json:"delta,omitempty"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatDelta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content,omitempty"`
+}
+
+type textCompletion struct {
+	ID      string       `json:"id"`
+	Model   string       `json:"model"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Usage   *usage       `json:"usage"`
+	Choices []textChoice `json:"choices"`
+}
+
+type textChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type embeddingList struct {
+	ID      string      `json:"id"`
+	Object  string      `json:"object"`
+	Created int64       `json:"created"`
+	Model   string      `json:"model"`
+	Data    []embedding `json:"data"`
+	Usage   usage       `json:"usage"`
+}
+
+type embedding struct {
+	Index     int       `json:"index"`
+	Object    string    `json:"object"`
+	Embedding []float32 `json:"embedding"`
+}
+
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}
+
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len"`
+}
+
+// engineError is an error in vLLM's shape: OpenAI's error object with the
+// HTTP status as an integer code and a Python exception name as type
+// (testdata/error-unknown-model.json).
+type engineError struct {
+	status     int
+	message    string
+	retryAfter int // seconds; 0 for none
+}
+
+func (e *engineError) Error() string { return strconv.Itoa(e.status) + ": " + e.message }
+
+func errorf(status int, format string, args ...any) *engineError {
+	return &engineError{status: status, message: fmt.Sprintf(format, args...)}
+}
+
+func errorType(status int) string {
+	switch status {
+	case http.StatusNotFound:
+		return "NotFoundError"
+	case http.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	case http.StatusTooManyRequests:
+		return "RateLimitError"
+	}
+	if status >= 500 {
+		return "InternalServerError"
+	}
+	return "BadRequestError"
+}
+
+func (e *engineError) body() []byte {
+	b, _ := json.Marshal(subjects.ErrorBody{Error: subjects.ErrorObject{
+		Message: e.message, Type: errorType(e.status), Code: e.status,
+	}})
+	return b
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var ee *engineError
+	if !errors.As(err, &ee) {
+		ee = errorf(http.StatusInternalServerError, "%v", err)
+	}
+	if ee.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ee.retryAfter))
+	}
+	writeJSONBytes(w, ee.status, ee.body())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSONBytes(w, status, b)
+}
+
+func writeJSONBytes(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// textOf reads a message content: a string, or an array of parts whose text
+// parts are joined.
+func textOf(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("content must be a string or an array of parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,294 @@
+package enginesim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ServerConfig configures the real-time HTTP shell around an Engine.
+type ServerConfig struct {
+	// Engine is the simulated engine; Engine.Model is the served model name.
+	Engine Config
+	// Speed scales time: 2 runs the engine twice as fast as its costs say
+	// (default 1).
+	Speed float64
+	// Adapters are the LoRA adapters served, listed in /v1/models with the
+	// model as parent. When set and Engine.MaxLoras is 0, one slot is used.
+	Adapters []string
+	// Fixed bypasses the engine model: every request gets Engine.TTFTBase
+	// and Engine.ITL whatever the load, for benchmarks of what sits in front.
+	Fixed bool
+	// MaxModelLen bounds prompt plus max_tokens (default the KV capacity).
+	MaxModelLen int
+	// DefaultMaxTokens is used when a request sets no max_tokens (default
+	// 16); such requests finish with "stop", the others with "length".
+	DefaultMaxTokens int
+	// Logger receives the shell's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Errors of the shell.
+var (
+	ErrAlreadyRunning = errors.New("enginesim: server already running")
+	errStopped        = errors.New("enginesim: server stopped")
+)
+
+// Server is an OpenAI-compatible engine that speaks vLLM's API and metric
+// names. One goroutine, started by Run, owns the Engine and drives it in real
+// time; handlers talk to it over channels.
+type Server struct {
+	cfg   ServerConfig
+	log   *slog.Logger
+	words vocabulary
+	reg   *prometheus.Registry
+	m     *metrics
+
+	eng      *Engine // owned by Run
+	submitCh chan submitMsg
+	cancelCh chan ID
+	started  atomic.Bool
+	stopped  chan struct{} // closed when Run returns
+
+	wallStart time.Time // when Run started (set and read by Run only)
+
+	inflight atomic.Int64
+	snap     atomic.Pointer[Stats]
+	fixed    fixedCounts
+	seq      atomic.Uint64
+	idSeed   uint64
+
+	adaptersMu sync.RWMutex
+	adapters   map[string]string // name → path
+}
+
+type submitMsg struct {
+	req   Request
+	st    *stream
+	reply chan submitReply
+}
+
+type submitReply struct {
+	id  ID
+	err error
+}
+
+// flight is the owner's record of a request in the engine.
+type flight struct {
+	st        *stream
+	submitted time.Time
+	last      time.Time
+	reason    string
+}
+
+// NewServer returns a server; Run must be running for it to answer.
+func NewServer(cfg ServerConfig) *Server {
+	if cfg.Speed <= 0 || math.IsNaN(cfg.Speed) || math.IsInf(cfg.Speed, 0) {
+		cfg.Speed = 1
+	}
+	if len(cfg.Adapters) > 0 && cfg.Engine.MaxLoras == 0 {
+		cfg.Engine.MaxLoras = 1
+	}
+	if cfg.Engine.Model == "" {
+		cfg.Engine.Model = "sim-model"
+	}
+	cfg.Engine = cfg.Engine.WithDefaults()
+	if cfg.MaxModelLen <= 0 {
+		cfg.MaxModelLen = cfg.Engine.KVBlocks * cfg.Engine.BlockTokens
+	}
+	if cfg.DefaultMaxTokens <= 0 {
+		cfg.DefaultMaxTokens = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		words:    newVocabulary(),
+		reg:      prometheus.NewRegistry(),
+		eng:      New(cfg.Engine),
+		submitCh: make(chan submitMsg),
+		cancelCh: make(chan ID),
+		stopped:  make(chan struct{}),
+		idSeed:   uint64(time.Now().UnixNano()),
+		adapters: make(map[string]string),
+	}
+	for _, a := range cfg.Adapters {
+		s.adapters[a] = "/adapters/" + a
+	}
+	st := s.eng.Stats()
+	s.snap.Store(&st)
+	s.m = newMetrics(s)
+	return s
+}
+
+// InFlight is the number of requests the server is working on.
+func (s *Server) InFlight() int { return int(s.inflight.Load()) }
+
+// Registry is the server's own Prometheus registry, served on /metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Run drives the engine until ctx ends. Requests still in the engine then
+// fail. Run may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer close(s.stopped)
+	s.wallStart = time.Now()
+
+	flights := make(map[ID]*flight)
+	defer func() {
+		for _, f := range flights {
+			f.st.fail(errStopped)
+		}
+		s.inflight.Add(-int64(len(flights)))
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		now := s.clock()
+		s.dispatch(s.eng.Advance(now), flights)
+		st := s.eng.Stats()
+		s.snap.Store(&st)
+
+		var wake <-chan time.Time
+		if next, ok := s.eng.NextEvent(); ok {
+			timer.Reset(s.wallDelay(next.Sub(now)))
+			wake = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-s.submitCh:
+			id, err := s.eng.Submit(m.req, s.clock())
+			if err == nil {
+				flights[id] = &flight{st: m.st, submitted: s.eng.Now(), reason: m.st.reason}
+				s.inflight.Add(1)
+			}
+			m.reply <- submitReply{id: id, err: err}
+		case id := <-s.cancelCh:
+			if _, ok := flights[id]; ok {
+				s.eng.Cancel(id, s.clock())
+				delete(flights, id)
+				s.inflight.Add(-1)
+			}
+		case <-wake:
+		}
+	}
+}
+
+// clock is the engine's virtual time: wall time since Run started, scaled by
+// Speed, on a monotonic reading.
+func (s *Server) clock() time.Time {
+	elapsed := float64(time.Since(s.wallStart)) * s.cfg.Speed
+	return time.Unix(0, 0).Add(time.Duration(elapsed))
+}
+
+// wallDelay converts a virtual duration to wall time, rounding up so a timer
+// never fires before the engine's next event.
+func (s *Server) wallDelay(d time.Duration) time.Duration {
+	return max(0, time.Duration(math.Ceil(float64(d)/s.cfg.Speed)))
+}
+
+// wall converts a virtual duration to seconds of wall time, as clients see
+// them, for the latency histograms.
+func (s *Server) wall(d time.Duration) float64 { return d.Seconds() / s.cfg.Speed }
+
+func (s *Server) dispatch(evs []Event, flights map[ID]*flight) {
+	model := s.cfg.Engine.Model
+	for _, ev := range evs {
+		f, ok := flights[ev.ID]
+		if !ok {
+			continue
+		}
+		switch ev.Kind {
+		case EventFirstToken:
+			s.m.ttft.WithLabelValues(model).Observe(s.wall(ev.At.Sub(f.submitted)))
+			f.last = ev.At
+		case EventToken:
+			s.m.itl.WithLabelValues(model).Observe(s.wall(ev.At.Sub(f.last)))
+			f.last = ev.At
+		case EventFinish:
+			s.m.e2e.WithLabelValues(model).Observe(s.wall(ev.At.Sub(f.submitted)))
+			s.m.success.WithLabelValues(f.reason, model).Inc()
+			delete(flights, ev.ID)
+			s.inflight.Add(-1)
+		}
+		f.st.update(ev.Tokens, ev.CachedTokens, ev.Kind == EventFinish)
+	}
+}
+
+// submit hands a request to the owner goroutine.
+func (s *Server) submit(ctx context.Context, req Request, st *stream) (ID, error) {
+	reply := make(chan submitReply, 1)
+	select {
+	case s.submitCh <- submitMsg{req: req, st: st, reply: reply}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-s.stopped:
+		return 0, errStopped
+	}
+	r := <-reply
+	return r.id, r.err
+}
+
+// cancel removes a request whose client went away.
+func (s *Server) cancel(id ID) {
+	select {
+	case s.cancelCh <- id:
+	case <-s.stopped:
+	}
+}
+
+// Serve runs the engine and serves HTTP on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	runDone := make(chan error, 1)
+	go func() { runDone <- s.Run(ctx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- hs.Serve(ln) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveDone:
+	}
+	stop() // ends Run, which fails the open streams so their handlers return
+	runErr := <-runDone
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if serr := hs.Shutdown(shutCtx); serr != nil {
+		_ = hs.Close()
+	}
+	if err == nil {
+		err = <-serveDone
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, runErr)
+}
+
+// adapterNamesLocked lists the served adapters, sorted.
+// adaptersMu should be held.
+func (s *Server) adapterNamesLocked() []string {
+	names := make([]string, 0, len(s.adapters))
+	for n := range s.adapters {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
