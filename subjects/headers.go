@@ -18,6 +18,10 @@ const (
 	HdrStream          = "Llm-Stream"
 	HdrTraceparent     = "traceparent"
 	HdrTracestate      = "tracestate"
+	// HdrTenant and HdrBroker are added by the broker when it forwards: the
+	// adapter reports usage for the tenant back to the broker that reserved it.
+	HdrTenant = "Llm-Tenant"
+	HdrBroker = "Llm-Broker"
 )
 
 // Route headers, added by the broker and echoed by the adapter on its head.
@@ -46,9 +50,12 @@ func RouteHeaders() [6][2]string {
 
 // Reply protocol headers. Every message on a reply subject has Llm-Seq.
 const (
-	HdrSeq       = "Llm-Seq"
-	HdrAccepted  = "Llm-Accepted"
-	HdrStatus    = "Llm-Status"
+	HdrSeq      = "Llm-Seq"
+	HdrAccepted = "Llm-Accepted"
+	HdrStatus   = "Llm-Status"
+	// HdrKeepalive marks a keepalive. A keepalive repeats the Llm-Seq of the
+	// last message sent before it and does not advance the sequence, so the
+	// head stays seq 1 and data starts at seq 2 however long the prefill.
 	HdrKeepalive = "Llm-Keepalive"
 	HdrEOS       = "Llm-Eos"
 	HdrError     = "Llm-Error"

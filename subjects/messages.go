@@ -87,6 +87,8 @@ type Usage struct {
 	PromptTokens     int    `json:"prompt_tokens"`
 	CompletionTokens int    `json:"completion_tokens"`
 	ReservedTokens   int    `json:"reserved_tokens"`
+	// Broker is the broker that admitted the request and holds its reservation.
+	Broker string `json:"broker,omitempty"`
 }
 
 // ControlLoad asks for a cold-tier model to be loaded.

@@ -141,3 +141,17 @@ func (s *Snapshot) PoolOverrides(pool string) (release, saturation float64) {
 	}
 	return release, saturation
 }
+
+// AliasNames returns the aliases in name order.
+func (s *Snapshot) AliasNames() []string { return slices.Sorted(maps.Keys(s.Aliases)) }
+
+// TenantMayUse reports whether tenant may ask for name (an alias, a model id
+// or "model:adapter"): true when the tenant has no allowed_models list or the
+// list names it.
+func (s *Snapshot) TenantMayUse(tenant, name string) bool {
+	t := s.Tenants[tenant]
+	if t == nil || len(t.AllowedModels) == 0 {
+		return true
+	}
+	return slices.Contains(t.AllowedModels, name)
+}

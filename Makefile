@@ -1,0 +1,56 @@
+# Switchyard — build, run and test.
+# `make run` starts the whole stack on an embedded NATS; `make test` runs every test with -race.
+
+GO        ?= go
+BIN       := bin/switchyard
+PKGS      := ./...
+TOOLS_DIR := $(CURDIR)/.cache/tools
+NATS_CLI  := $(TOOLS_DIR)/nats
+NATSCLI_VERSION := v0.5.0
+export GOFLAGS ?=
+
+.PHONY: all build run test test-short bench bench-e2e lint vet fmt fuzz lab soak tools clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/switchyard
+
+run: build
+	./$(BIN) dev
+
+# The nats CLI is used by the end-to-end tests; it is built from the Go module
+# proxy once and cached in .cache/tools.
+tools: $(NATS_CLI)
+
+$(NATS_CLI):
+	GOBIN=$(TOOLS_DIR) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+
+test: tools vet
+	NATS_CLI=$(NATS_CLI) $(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+test-short:
+	$(GO) test -race -short -count=1 $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+FUZZTIME ?= 20s
+fuzz:
+	@for t in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	  for f in $$(grep -h '^func Fuzz' $$t/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+	    echo "== $$t $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$t || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf bin .cache

@@ -1,0 +1,74 @@
+package broker
+
+import (
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// scanBody fills what a direct NATS client left out of the headers (model,
+// prompt tokens, prefix, features) from the body: the one place the broker
+// reads a body. The gateway always sets the headers, so its requests never
+// come here.
+func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
+	var fr features.Request
+	if err := features.ParseRequestInto(&fr, s.req.Endpoint, s.body); err != nil {
+		if pe, ok := err.(*features.ParseError); ok {
+			return pe.APIError()
+		}
+		return subjects.NewError(400, subjects.CodeInvalidRequest, err.Error())
+	}
+	q := &s.req
+	if q.Model == "" {
+		q.Model = fr.Model
+		h.Set(subjects.HdrModel, fr.Model)
+	}
+	if q.Model == "" {
+		return subjects.NewError(400, subjects.CodeInvalidRequest, "model is required")
+	}
+	if h.Get(subjects.HdrPromptTokens) == "" {
+		q.PromptTokens = fr.PromptTokens
+		h.Set(subjects.HdrPromptTokens, strconv.Itoa(fr.PromptTokens))
+	}
+	if q.MaxTokens == 0 && fr.MaxTokens != nil {
+		q.MaxTokens = *fr.MaxTokens
+	}
+	if fr.Stream && h.Get(subjects.HdrStream) == "" {
+		h.Set(subjects.HdrStream, "1")
+	}
+	if q.Endpoint == "" {
+		q.Endpoint = subjects.EndpointChat
+		h.Set(subjects.HdrEndpoint, q.Endpoint)
+	}
+	s.prompt = append(s.prompt[:0], fr.Prompt...)
+	if len(q.Prefix) == 0 {
+		if t := b.router.Table(); t != nil {
+			s.prefix = features.AppendPrefix(s.prefix[:0], s.prompt, t.Policy.PrefixBlockChars, t.Policy.PrefixMaxBlocks)
+			q.Prefix = s.prefix
+		}
+	}
+	if len(q.Features) == 0 {
+		if f := features.Flags(s.prompt); f != "" {
+			s.features = appendSplit(s.features[:0], f)
+			q.Features = s.features
+		}
+	}
+	return nil
+}
+
+// renderPrompt is policy.Request.Prompt: the canonical prompt, rendered from
+// the body only when a regex cascade rule asks for it.
+func (s *scratch) renderPrompt() []byte {
+	if len(s.prompt) > 0 || len(s.body) == 0 {
+		return s.prompt
+	}
+	var fr features.Request
+	fr.Prompt = s.prompt
+	if features.ParseRequestInto(&fr, s.req.Endpoint, s.body) == nil {
+		s.prompt = fr.Prompt
+	}
+	return s.prompt
+}

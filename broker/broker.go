@@ -1,0 +1,237 @@
+// Package broker is the NATS side of routing: a micro service in the queue
+// group switchyard-broker that reads a request's headers, asks the pure
+// policy for a decision and forwards the untouched body to the chosen
+// replica with the original reply subject, so the answer goes straight back
+// to the gateway. Rejections are answered here.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// Config configures a broker. Only the zero-value defaults noted are applied.
+type Config struct {
+	// ID names this broker instance (default: a NUID).
+	ID string
+	// Prefix is the subject prefix (default "llm").
+	Prefix string
+	// Bucket is the routing-table KV bucket (default "llm-routing").
+	Bucket string
+	// StateDir keeps the last good table, loaded when the bucket cannot be read.
+	StateDir string
+	// PresenceEvery is how often the broker announces itself so brokers can
+	// count each other for quota shares (default 1s).
+	PresenceEvery time.Duration
+	Logger        *slog.Logger
+	// Registerer receives the broker's metrics (nil: none).
+	Registerer prometheus.Registerer
+	// Now is the clock (default time.Now); tests may replace it.
+	Now func() time.Time
+}
+
+// Broker routes requests. Create it with New and start it with Run.
+type Broker struct {
+	nc      *nats.Conn
+	cfg     Config
+	subj    subjects.Subjects
+	log     *slog.Logger
+	router  *policy.Router
+	watcher *kv.Watcher
+	metrics *metrics
+	out     chan outMsg
+	rng     *rand.Rand // only used by the route endpoint handler, which runs one message at a time
+	scratch sync.Pool
+	peers   presence
+}
+
+type outMsg struct {
+	subject string
+	data    any
+}
+
+// New validates cfg and returns a broker bound to nc.
+func New(nc *nats.Conn, cfg Config) (*Broker, error) {
+	if nc == nil {
+		return nil, errors.New("broker: nil NATS connection")
+	}
+	if cfg.ID == "" {
+		cfg.ID = nuid.Next()
+	}
+	if err := subjects.ValidToken(cfg.ID); err != nil {
+		return nil, fmt.Errorf("broker id: %w", err)
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = subjects.DefaultBucket
+	}
+	if cfg.PresenceEvery <= 0 {
+		cfg.PresenceEvery = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	b := &Broker{
+		nc:     nc,
+		cfg:    cfg,
+		subj:   subjects.New(cfg.Prefix),
+		log:    cfg.Logger.With("component", "broker", "broker", cfg.ID),
+		router: policy.New(policy.Config{Self: cfg.ID}),
+		out:    make(chan outMsg, 4096),
+		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+	}
+	b.metrics = newMetrics(cfg.Registerer, b)
+	b.scratch.New = func() any { return new(scratch) }
+	b.peers.init(cfg.ID)
+	return b, nil
+}
+
+// Router exposes the policy state (for the dashboard and tests).
+func (b *Broker) Router() *policy.Router { return b.router }
+
+// Table returns the routing table in force (nil before the first load).
+func (b *Broker) Table() *table.Snapshot { return b.router.Table() }
+
+// Run serves until ctx is cancelled, then stops taking requests and returns.
+func (b *Broker) Run(ctx context.Context) error {
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	b.watcher = kv.New(js, kv.Config{
+		Bucket:     b.cfg.Bucket,
+		StateDir:   b.cfg.StateDir,
+		Logger:     b.log,
+		OnSnapshot: b.setTable,
+		OnInvalid:  b.metrics.invalidValue,
+	})
+	wg.Go(func() {
+		if err := b.watcher.Run(ctx); err != nil && ctx.Err() == nil {
+			b.log.Error("table watcher stopped", "err", err)
+		}
+	})
+	select {
+	case <-b.watcher.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+
+	subs, err := b.subscribe()
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	wg.Go(func() { b.publishLoop(ctx) })
+	wg.Go(func() { b.presenceLoop(ctx) })
+
+	svc, err := micro.AddService(b.nc, micro.Config{
+		Name:        subjects.BrokerService,
+		Version:     "0.1.0",
+		Description: "Switchyard broker: picks model, pool and replica for each request",
+		Metadata:    map[string]string{"broker": b.cfg.ID, "prefix": b.subj.Prefix},
+	})
+	if err != nil {
+		return fmt.Errorf("broker: micro service: %w", err)
+	}
+	defer func() { _ = svc.Stop() }()
+	if err := svc.AddEndpoint("route", micro.HandlerFunc(b.route),
+		micro.WithEndpointSubject(b.subj.RouteAll()),
+		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
+		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		return err
+	}
+	if err := svc.AddEndpoint("explain", micro.HandlerFunc(b.explain),
+		micro.WithEndpointSubject(b.subj.ExplainAll()),
+		micro.WithEndpointQueueGroup(subjects.BrokerQueue)); err != nil {
+		return err
+	}
+	b.log.Info("broker serving", "route", b.subj.RouteAll())
+	<-ctx.Done()
+	return nil
+}
+
+func (b *Broker) setTable(s *table.Snapshot) {
+	b.router.SetTable(s)
+	b.metrics.tableLoaded(s, b.cfg.Now())
+}
+
+// subscribe opens the plain subscriptions every broker needs: each broker
+// must see every heartbeat, placement and usage event, so none is a queue
+// subscription.
+func (b *Broker) subscribe() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for _, s := range []struct {
+		subject string
+		h       nats.MsgHandler
+	}{
+		{b.subj.HeartbeatAll(), b.onHeartbeat},
+		{b.subj.PlacementAll(), b.onPlacement},
+		{b.subj.UsageAll(), b.onUsage},
+		{b.subj.BrokerPresence(), b.onPresence},
+	} {
+		sub, err := b.nc.Subscribe(s.subject, s.h)
+		if err != nil {
+			return subs, err
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+// publishLoop sends decisions and placements off the request path.
+func (b *Broker) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-b.out:
+			data, err := encode(m.data)
+			if err != nil {
+				b.log.Warn("encode", "subject", m.subject, "err", err)
+				continue
+			}
+			msg := nats.NewMsg(m.subject)
+			msg.Header.Set(subjects.HdrBroker, b.cfg.ID)
+			msg.Data = data
+			_ = b.nc.PublishMsg(msg)
+		}
+	}
+}
+
+// enqueue hands a message to publishLoop without blocking the request path.
+func (b *Broker) enqueue(subject string, v any) {
+	select {
+	case b.out <- outMsg{subject: subject, data: v}:
+	default:
+		b.metrics.publishDropped.Inc()
+	}
+}

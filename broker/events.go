@@ -1,0 +1,104 @@
+package broker
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+func encode(v any) ([]byte, error) { return json.Marshal(v) }
+
+func (b *Broker) onHeartbeat(m *nats.Msg) {
+	var hb subjects.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || subjects.ValidToken(hb.Replica) != nil {
+		b.metrics.badMessages.WithLabelValues("heartbeat").Inc()
+		return
+	}
+	now := b.cfg.Now()
+	b.router.ObserveHeartbeat(&hb, now)
+	b.metrics.heartbeat(&hb, now)
+}
+
+func (b *Broker) onPlacement(m *nats.Msg) {
+	if m.Header.Get(subjects.HdrBroker) == b.cfg.ID {
+		return
+	}
+	var p subjects.Placement
+	if err := json.Unmarshal(m.Data, &p); err != nil {
+		b.metrics.badMessages.WithLabelValues("placement").Inc()
+		return
+	}
+	b.router.ObservePlacement(&p)
+}
+
+func (b *Broker) onUsage(m *nats.Msg) {
+	var u subjects.Usage
+	if err := json.Unmarshal(m.Data, &u); err != nil {
+		b.metrics.badMessages.WithLabelValues("usage").Inc()
+		return
+	}
+	// Only the broker that reserved the tokens settles them.
+	if u.Broker != "" && u.Broker != b.cfg.ID {
+		return
+	}
+	b.router.ObserveUsage(&u, b.cfg.Now())
+}
+
+// presence counts live brokers from their announcements, so each enforces
+// its share (limit ÷ live brokers) of a tenant quota.
+type presence struct {
+	mu   sync.Mutex
+	self string
+	seen map[string]time.Time
+}
+
+func (p *presence) init(self string) {
+	p.self = self
+	p.seen = map[string]time.Time{}
+}
+
+// observe records id and returns the number of brokers seen within ttl.
+func (p *presence) observe(id string, now time.Time, ttl time.Duration) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if id != "" {
+		p.seen[id] = now
+	}
+	n := 1 // self
+	for k, t := range p.seen {
+		switch {
+		case k == p.self:
+		case now.Sub(t) > ttl:
+			delete(p.seen, k)
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+func (b *Broker) onPresence(m *nats.Msg) {
+	n := b.peers.observe(string(m.Data), b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	b.router.SetLiveBrokers(n)
+	b.metrics.liveBrokers.Set(float64(n))
+}
+
+func (b *Broker) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
+	t := time.NewTicker(b.cfg.PresenceEvery)
+	defer t.Stop()
+	_ = b.nc.Publish(b.subj.BrokerPresence(), []byte(b.cfg.ID))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = b.nc.Publish(b.subj.BrokerPresence(), []byte(b.cfg.ID))
+			n := b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
+			b.router.SetLiveBrokers(n)
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// metrics are the broker's Prometheus series. Label values are bounded:
+// pools, reasons and codes come from the policy's fixed sets, replicas from
+// the registered replicas.
+type metrics struct {
+	decisions      *prometheus.CounterVec
+	rejections     *prometheus.CounterVec
+	duration       prometheus.Histogram
+	tableRevision  prometheus.Gauge
+	tableLoadedAt  prometheus.Gauge
+	invalidValues  *prometheus.CounterVec
+	heartbeatAge   *prometheus.GaugeVec
+	replicaKV      *prometheus.GaugeVec
+	replicaWaiting *prometheus.GaugeVec
+	replicaRunning *prometheus.GaugeVec
+	badMessages    *prometheus.CounterVec
+	publishDropped prometheus.Counter
+	liveBrokers    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_decisions_total", Help: "Routing decisions that chose a replica, by pool and reason.",
+		}, []string{"pool", "reason"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_rejections_total", Help: "Requests the broker rejected, by error code.",
+		}, []string{"code"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchyard_broker_decision_duration_seconds", Help: "Time spent deciding one request.",
+			Buckets: []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4, 1e-3},
+		}),
+		tableRevision: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_broker_table_revision", Help: "KV revision of the routing table in force.",
+		}),
+		tableLoadedAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_broker_table_loaded_timestamp_seconds", Help: "When the routing table in force was loaded (its age is time() minus this).",
+		}),
+		invalidValues: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_table_invalid_values_total", Help: "Routing-table values rejected as invalid; the last good value stays in force.",
+		}, []string{"kind"}),
+		heartbeatAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_heartbeat_sent_timestamp_seconds", Help: "When each replica's last heartbeat was received (age is time() minus this).",
+		}, []string{"replica"}),
+		replicaKV: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_replica_kv_usage_ratio", Help: "KV-cache usage reported by each replica (0–1).",
+		}, []string{"replica"}),
+		replicaWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_replica_waiting_requests", Help: "Requests waiting in each replica's engine queue.",
+		}, []string{"replica"}),
+		replicaRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_replica_running_requests", Help: "Requests running in each replica's batch.",
+		}, []string{"replica"}),
+		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_bad_messages_total", Help: "Messages that could not be decoded, by kind.",
+		}, []string{"kind"}),
+		publishDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_broker_publish_dropped_total", Help: "Decision or placement messages dropped because the publish queue was full.",
+		}),
+		liveBrokers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_broker_live_brokers", Help: "Brokers seen alive; each enforces its share of tenant quotas.",
+		}),
+	}
+	if reg != nil {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
+		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.publishDropped, m.liveBrokers)
+	}
+	return m
+}
+
+func (m *metrics) decided(d *policy.Decision) {
+	m.duration.Observe(d.Duration.Seconds())
+	if d.Err != nil {
+		m.rejected(d.Err.Code)
+		return
+	}
+	m.decisions.WithLabelValues(d.Pool, d.Reason).Inc()
+}
+
+func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc() }
+
+func (m *metrics) tableLoaded(s *table.Snapshot, now time.Time) {
+	m.tableRevision.Set(float64(s.Revision))
+	m.tableLoadedAt.Set(float64(now.UnixNano()) / 1e9)
+}
+
+func (m *metrics) invalidValue(key string, _ error) {
+	kind, _ := table.Split(key)
+	m.invalidValues.WithLabelValues(kindName(kind)).Inc()
+}
+
+func kindName(k table.Kind) string {
+	switch k {
+	case table.KindPolicy:
+		return "policy"
+	case table.KindAlias:
+		return "alias"
+	case table.KindModel:
+		return "model"
+	case table.KindPool:
+		return "pool"
+	case table.KindTenant:
+		return "tenant"
+	case table.KindKey:
+		return "key"
+	case table.KindReplica:
+		return "replica"
+	}
+	return "unknown"
+}
+
+func (m *metrics) heartbeat(hb *subjects.Heartbeat, now time.Time) {
+	m.heartbeatAge.WithLabelValues(hb.Replica).Set(float64(now.UnixNano()) / 1e9)
+	m.replicaKV.WithLabelValues(hb.Replica).Set(hb.KVUsage)
+	m.replicaWaiting.WithLabelValues(hb.Replica).Set(float64(hb.Waiting))
+	m.replicaRunning.WithLabelValues(hb.Replica).Set(float64(hb.Running))
+}

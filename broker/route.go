@@ -1,0 +1,293 @@
+package broker
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// scratch is the per-request working memory of the route path, pooled so
+// the path allocates little.
+type scratch struct {
+	req      policy.Request
+	d        policy.Decision
+	prefix   []uint64
+	features []string
+	exclude  []string
+	prompt   []byte
+	body     []byte
+}
+
+func (s *scratch) reset() {
+	s.req = policy.Request{}
+	s.prefix = s.prefix[:0]
+	s.features = s.features[:0]
+	s.exclude = s.exclude[:0]
+	s.prompt = s.prompt[:0]
+	s.body = nil
+}
+
+// route is the per-message hot path: headers in, one publish out.
+func (b *Broker) route(r micro.Request) {
+	start := b.cfg.Now()
+	h := nats.Header(r.Headers())
+	if h == nil {
+		h = nats.Header{}
+	}
+	s := b.scratch.Get().(*scratch)
+	defer b.scratch.Put(s)
+	s.reset()
+	tenant := subjects.TenantFromRoute(r.Subject())
+	if apiErr := b.fillRequest(s, tenant, h, r.Data()); apiErr != nil {
+		b.reject(r.Reply(), apiErr)
+		b.metrics.rejected(apiErr.Code)
+		return
+	}
+	b.router.Decide(&s.req, start, b.rng, &s.d)
+	d := &s.d
+	d.Duration = b.cfg.Now().Sub(start)
+	b.metrics.decided(d)
+	if d.ControlLoad {
+		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.Model, Version: d.Version, Tenant: tenant, Requested: start.UnixMilli()})
+	}
+	b.sample(&s.req, d, h)
+	if d.Err != nil {
+		b.reject(r.Reply(), d.Err)
+		return
+	}
+	if d.Placement && len(s.req.Prefix) > 0 {
+		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
+	}
+	setHeader(h, subjects.HdrRouteModel, d.Model)
+	setHeader(h, subjects.HdrRouteVersion, d.Version)
+	setHeader(h, subjects.HdrRoutePool, d.Pool)
+	setHeader(h, subjects.HdrRouteReplica, d.Replica)
+	setHeader(h, subjects.HdrRouteReason, d.Reason)
+	if d.Lora != "" {
+		setHeader(h, subjects.HdrRouteLora, d.Lora)
+	} else {
+		delete(h, subjects.HdrRouteLora)
+	}
+	setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
+	setHeader(h, subjects.HdrTenant, tenant)
+	setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	if s.req.MaxTokens > 0 && h.Get(subjects.HdrMaxTokens) == "" {
+		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(s.req.MaxTokens))
+	}
+	msg := nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: r.Reply(), Header: h, Data: r.Data()}
+	if err := b.nc.PublishMsg(&msg); err != nil {
+		b.reject(r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+	}
+}
+
+// setHeader sets one value, reusing the slice already there.
+func setHeader(h nats.Header, k, v string) {
+	if old := h[k]; len(old) == 1 {
+		old[0] = v
+		return
+	}
+	h[k] = []string{v}
+}
+
+// fillRequest turns headers into a policy request. When the model or the
+// features are missing (a direct NATS client), the body is scanned: the one
+// exception to "headers only".
+func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []byte) *subjects.APIError {
+	if err := subjects.ValidToken(tenant); err != nil {
+		return subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+	}
+	q := &s.req
+	q.Tenant = tenant
+	q.Model = h.Get(subjects.HdrModel)
+	q.Endpoint = h.Get(subjects.HdrEndpoint)
+	q.Conversation = h.Get(subjects.HdrConversation)
+	q.Priority = h.Get(subjects.HdrPriority)
+	switch q.Priority {
+	case "", subjects.PriorityInteractive, subjects.PriorityBatch:
+	default:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Priority must be interactive or batch")
+	}
+	var err error
+	if q.PromptTokens, err = intHeader(h, subjects.HdrPromptTokens); err != nil {
+		return err.(*subjects.APIError)
+	}
+	if q.MaxTokens, err = intHeader(h, subjects.HdrMaxTokens); err != nil {
+		return err.(*subjects.APIError)
+	}
+	if v := h.Get(subjects.HdrDeadline); v != "" {
+		ms, perr := strconv.ParseInt(v, 10, 64)
+		if perr != nil {
+			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Deadline must be unix milliseconds")
+		}
+		q.Deadline = time.UnixMilli(ms)
+	}
+	if v := h.Get(subjects.HdrPrefix); v != "" {
+		p, perr := features.ParsePrefixHeader(s.prefix[:0], v)
+		if perr != nil {
+			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Prefix: "+perr.Error())
+		}
+		s.prefix = p
+		q.Prefix = p
+	}
+	if v := h.Get(subjects.HdrFeatures); v != "" {
+		s.features = appendSplit(s.features, v)
+		q.Features = s.features
+	}
+	if v := h.Get(subjects.HdrExclude); v != "" {
+		s.exclude = appendSplit(s.exclude, v)
+		q.Exclude = s.exclude
+	}
+	s.body = body
+	q.Prompt = s.renderPrompt
+	if q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
+		return b.scanBody(s, h)
+	}
+	return nil
+}
+
+func intHeader(h nats.Header, k string) (int, error) {
+	v := h.Get(k)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, subjects.NewError(400, subjects.CodeInvalidRequest, k+" must be a non-negative integer")
+	}
+	return n, nil
+}
+
+func appendSplit(dst []string, v string) []string {
+	for v != "" {
+		i := strings.IndexByte(v, ',')
+		if i < 0 {
+			return append(dst, strings.TrimSpace(v))
+		}
+		if t := strings.TrimSpace(v[:i]); t != "" {
+			dst = append(dst, t)
+		}
+		v = v[i+1:]
+	}
+	return dst
+}
+
+// sample publishes the explained decision on llm.decision.<pool>, at the
+// table's decision_sample rate.
+func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header) {
+	t := b.router.Table()
+	rate := 1.0
+	if t != nil {
+		rate = t.Policy.DecisionSample
+	}
+	if rate <= 0 || (rate < 1 && b.rng.Float64() >= rate) {
+		return
+	}
+	w := d.Wire(q)
+	w.RequestID = h.Get(subjects.HdrRequestID)
+	w.TraceID = traceID(h.Get(subjects.HdrTraceparent))
+	w.DecidedUnixMil = b.cfg.Now().UnixMilli()
+	pool := d.Pool
+	if pool == "" {
+		pool = "none"
+	}
+	b.enqueue(b.subj.Decision(pool), &w)
+}
+
+// traceID extracts the trace id of a W3C traceparent (version-traceid-spanid-flags).
+func traceID(tp string) string {
+	if len(tp) >= 55 && tp[2] == '-' {
+		return tp[3:35]
+	}
+	return ""
+}
+
+// reject answers a request with a single rejection message (DESIGN.md "The
+// reply protocol").
+func (b *Broker) reject(reply string, e *subjects.APIError) {
+	if reply == "" {
+		return
+	}
+	m := nats.NewMsg(reply)
+	m.Header.Set(subjects.HdrSeq, "0")
+	m.Header.Set(subjects.HdrStatus, strconv.Itoa(e.Status))
+	m.Header.Set(subjects.HdrEOS, "1")
+	m.Header.Set(subjects.HdrContent, "application/json")
+	for _, kv := range e.RetryAfterHeaders() {
+		m.Header.Set(kv[0], kv[1])
+	}
+	for k, v := range e.Headers {
+		m.Header.Set(k, v)
+	}
+	m.Data = e.Body()
+	_ = b.nc.PublishMsg(m)
+}
+
+// explain answers a dry run: the decision with its alternatives, nothing
+// forwarded and nothing committed. The request is given in headers, as for
+// llm.route, or as a JSON body {"model", "conversation", "prompt_tokens", ...}.
+func (b *Broker) explain(r micro.Request) {
+	s := new(scratch)
+	tenant := subjects.TenantFromRoute(r.Subject())
+	h := nats.Header(r.Headers())
+	if h == nil {
+		h = nats.Header{}
+	}
+	if len(r.Data()) > 0 && h.Get(subjects.HdrModel) == "" {
+		var x ExplainRequest
+		if err := json.Unmarshal(r.Data(), &x); err != nil {
+			_ = r.Respond(subjects.NewError(400, subjects.CodeInvalidRequest, "explain: "+err.Error()).Body())
+			return
+		}
+		x.toHeaders(h)
+	}
+	if apiErr := b.fillRequest(s, tenant, h, nil); apiErr != nil {
+		_ = r.Respond(apiErr.Body())
+		return
+	}
+	start := b.cfg.Now()
+	b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)), &s.d)
+	s.d.Duration = b.cfg.Now().Sub(start)
+	w := s.d.Wire(&s.req)
+	w.DecidedUnixMil = start.UnixMilli()
+	_ = r.RespondJSON(w)
+}
+
+// ExplainRequest is the JSON form of a hypothetical request for llm.explain.
+type ExplainRequest struct {
+	Model        string   `json:"model"`
+	Conversation string   `json:"conversation,omitempty"`
+	PromptTokens int      `json:"prompt_tokens,omitempty"`
+	MaxTokens    int      `json:"max_tokens,omitempty"`
+	Priority     string   `json:"priority,omitempty"`
+	Features     []string `json:"features,omitempty"`
+	Prefix       string   `json:"prefix,omitempty"`
+}
+
+func (x *ExplainRequest) toHeaders(h nats.Header) {
+	h.Set(subjects.HdrModel, x.Model)
+	if x.Conversation != "" {
+		h.Set(subjects.HdrConversation, x.Conversation)
+	}
+	h.Set(subjects.HdrPromptTokens, strconv.Itoa(x.PromptTokens))
+	if x.MaxTokens > 0 {
+		h.Set(subjects.HdrMaxTokens, strconv.Itoa(x.MaxTokens))
+	}
+	if x.Priority != "" {
+		h.Set(subjects.HdrPriority, x.Priority)
+	}
+	if len(x.Features) > 0 {
+		h.Set(subjects.HdrFeatures, strings.Join(x.Features, ","))
+	}
+	if x.Prefix != "" {
+		h.Set(subjects.HdrPrefix, x.Prefix)
+	}
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard-llm/switchyard/broker"
+)
+
+func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	var nf natsFlags
+	nf.register(fs)
+	stateDir := fs.String("state-dir", "", "directory for the last good routing table")
+	metricsListen := fs.String("metrics-listen", ":9101", "address of the /metrics listener")
+	id := fs.String("id", "", "broker id (default: random)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	log := newLogger(stderr, *logLevel)
+	nc, err := nf.connect(ctx, "switchyard-broker", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg := newRegistry()
+	b, err := broker.New(nc, broker.Config{ID: *id, Prefix: nf.prefix, Bucket: nf.bucket, StateDir: *stateDir, Logger: log, Registerer: reg})
+	if err != nil {
+		return usageError{err}
+	}
+	stopMetrics, err := serveMetrics(*metricsListen, reg)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	return b.Run(ctx)
+}
+
+// newRegistry is a fresh Prometheus registry with the process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// serveMetrics serves /metrics on addr until the returned stop is called.
+func serveMetrics(addr string, g prometheus.Gatherer) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = err
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	var cfg devstack.Config
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "gateway HTTP address")
+	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address (the nats CLI connects here)")
+	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream and broker state (default: a temporary directory)")
+	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast)")
+	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
+	if _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if cfg.Speed <= 0 {
+		return usagef("--speed must be positive")
+	}
+	cfg.Logger = newLogger(stderr, *logLevel)
+	st, err := devstack.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = st.Ready(rctx)
+	cancel()
+	if err != nil {
+		_ = st.Close()
+		return err
+	}
+	url := st.GatewayURL()
+	fmt.Fprintf(stdout, `Switchyard dev is running.
+
+  gateway  %s   (OpenAI API; /metrics, /readyz)
+  NATS     %s   (nats --server %s kv ls llm-routing)
+
+Try:
+
+  curl -s %s/v1/chat/completions \
+    -H 'Content-Type: application/json' \
+    -d '{"model":"chat-large","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' -i
+
+Ctrl-C stops everything.
+`, url, st.NATSURL(), st.NATSURL(), url)
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping…")
+	return st.Close()
+}

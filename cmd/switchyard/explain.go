@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// runExplain asks a broker for the decision it would make, without
+// forwarding anything.
+func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	var nf natsFlags
+	nf.register(fs)
+	var x broker.ExplainRequest
+	tenant := fs.String("tenant", "default", "tenant")
+	fs.StringVar(&x.Model, "model", "", "alias, model id or model:adapter")
+	fs.StringVar(&x.Conversation, "conversation", "", "conversation id")
+	fs.IntVar(&x.PromptTokens, "prompt-tokens", 0, "prompt tokens")
+	fs.IntVar(&x.MaxTokens, "max-tokens", 0, "max_tokens")
+	fs.StringVar(&x.Priority, "priority", "", "interactive or batch")
+	feats := fs.String("features", "", "comma-separated feature flags, e.g. code")
+	asJSON := fs.Bool("json", false, "print the decision as JSON")
+	if _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if x.Model == "" {
+		return usagef("--model is required")
+	}
+	if err := subjects.ValidToken(*tenant); err != nil {
+		return usageError{err}
+	}
+	if *feats != "" {
+		x.Features = strings.Split(*feats, ",")
+	}
+	nc, err := nf.connect(ctx, "switchyard-explain", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	body, _ := json.Marshal(x)
+	msg, err := nc.RequestWithContext(withTimeout(ctx, 5*time.Second), subjects.New(nf.prefix).Explain(*tenant), body)
+	if err != nil {
+		return fmt.Errorf("no broker answered: %w", err)
+	}
+	if *asJSON {
+		fmt.Fprintf(stdout, "%s\n", msg.Data)
+		return nil
+	}
+	var d subjects.Decision
+	if err := json.Unmarshal(msg.Data, &d); err != nil || d.Reason == "" && d.Code == "" {
+		fmt.Fprintf(stdout, "%s\n", msg.Data)
+		return errCheckFailed
+	}
+	printDecision(stdout, &d)
+	if d.Code != "" {
+		return errCheckFailed
+	}
+	return nil
+}
+
+func withTimeout(ctx context.Context, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(ctx, d)
+	context.AfterFunc(c, cancel)
+	return c
+}
+
+func printDecision(w io.Writer, d *subjects.Decision) {
+	if d.Code != "" {
+		fmt.Fprintf(w, "rejected %d %s: %s\n", d.Status, d.Code, d.Message)
+	}
+	fmt.Fprintf(w, "model     %s → %s %s", d.Requested, d.Model, d.Version)
+	if d.Lora != "" {
+		fmt.Fprintf(w, " (LoRA %s)", d.Lora)
+	}
+	fmt.Fprintf(w, "\npool      %s\nreplica   %s (score %.3f)\nreason    %s\ntable rev %d, decided in %s\n",
+		d.Pool, d.Replica, d.Score, d.Reason, d.TableRevision, time.Duration(d.DurationNanos))
+	for _, a := range d.Alternatives {
+		fmt.Fprintf(w, "  lost    %s (score %.3f): %s\n", a.Replica, a.Score, a.Why)
+	}
+}

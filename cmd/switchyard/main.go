@@ -1,0 +1,120 @@
+// Command switchyard runs every part of Switchyard: `switchyard dev` runs
+// them all at once on an embedded NATS; the other subcommands run one part
+// against an existing NATS, or operate the routing table.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// exitUsage is the exit code for bad usage; a failed check or request is 1.
+const exitUsage = 2
+
+type command struct {
+	name  string
+	usage string
+	run   func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"dev", "run the whole stack on an embedded NATS with simulated engines", runDev},
+		{"broker", "run a broker (routing decisions) against NATS", runBroker},
+		{"gateway", "run the OpenAI-compatible HTTP gateway against NATS", runGateway},
+		{"adapter", "run a replica adapter beside an engine", runAdapter},
+		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
+		{"table", "read and edit the routing table", runTable},
+		{"explain", "explain the decision for a hypothetical request", runExplain},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], stdout, stderr)
+			var ue usageError
+			switch {
+			case err == nil:
+				return 0
+			case errors.Is(err, flag.ErrHelp):
+				return 0
+			case errors.As(err, &ue):
+				fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
+				return exitUsage
+			default:
+				fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
+				return 1
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "switchyard: unknown command %q\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: switchyard <command> [flags] [args]")
+	fmt.Fprintln(w)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.usage)
+	}
+}
+
+// usageError marks bad usage (exit 2).
+type usageError struct{ error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// parseArgs parses flags that may come before or after positional
+// arguments, and returns the positional ones.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if rest[0] == "--" {
+			return append(pos, rest[1:]...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}

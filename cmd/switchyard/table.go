@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+const tableUsage = "usage: switchyard table get KEY | put KEY [FILE|-] | watch [PREFIX] | import FILE | export | validate FILE"
+
+// errCheckFailed is a failed check (exit 1) whose details were printed.
+var errCheckFailed = errors.New("check failed")
+
+func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("table", flag.ContinueOnError)
+	var nf natsFlags
+	nf.register(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usagef("%s", tableUsage)
+	}
+	verb, rest := pos[0], pos[1:]
+	want := map[string][2]int{"get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1}}
+	n, ok := want[verb]
+	if !ok || len(rest) < n[0] || len(rest) > n[1] {
+		return usagef("%s", tableUsage)
+	}
+	if verb == "validate" {
+		return validateFile(rest[0], stdout, stderr)
+	}
+	nc, err := nf.connect(ctx, "switchyard-table", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	bucket, err := js.KeyValue(cctx, nf.bucket)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", nf.bucket, err)
+	}
+	switch verb {
+	case "get":
+		e, err := bucket.Get(cctx, rest[0])
+		if err != nil {
+			return fmt.Errorf("%s: %w", rest[0], err)
+		}
+		fmt.Fprintf(stdout, "%s\n", e.Value())
+	case "put":
+		src := "-"
+		if len(rest) == 2 {
+			src = rest[1]
+		}
+		b, err := readInput(src)
+		if err != nil {
+			return err
+		}
+		if _, err := table.Decode(rest[0], b); err != nil {
+			fmt.Fprintln(stderr, err)
+			return errCheckFailed
+		}
+		rev, err := bucket.Put(cctx, rest[0], b)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s stored at revision %d\n", rest[0], rev)
+	case "import":
+		b, err := readInput(rest[0])
+		if err != nil {
+			return err
+		}
+		flat, errs := table.ParseFlat(b)
+		if len(errs) > 0 {
+			for _, e := range errs {
+				fmt.Fprintln(stderr, e)
+			}
+			return errCheckFailed
+		}
+		rep, err := kv.Import(cctx, bucket, flat)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, rep)
+	case "export":
+		flat, err := kv.Export(cctx, bucket)
+		if err != nil {
+			return err
+		}
+		return writeFlat(stdout, flat)
+	case "watch":
+		cancel()
+		return watchTable(ctx, bucket, rest, stdout)
+	}
+	return nil
+}
+
+func readInput(src string) ([]byte, error) {
+	if src == "-" {
+		return io.ReadAll(os.Stdin)
+	}
+	return os.ReadFile(src)
+}
+
+func validateFile(path string, stdout, stderr io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	flat, errs := table.ParseFlat(b)
+	for _, e := range errs {
+		fmt.Fprintln(stderr, e)
+	}
+	if len(errs) > 0 {
+		return errCheckFailed
+	}
+	fmt.Fprintf(stdout, "%s: %d keys, all valid\n", path, len(flat))
+	return nil
+}
+
+// writeFlat prints a flat key → value object with sorted keys.
+func writeFlat(w io.Writer, flat map[string]json.RawMessage) error {
+	fmt.Fprintln(w, "{")
+	keys := slices.Sorted(maps.Keys(flat))
+	for i, k := range keys {
+		kb, _ := json.Marshal(k)
+		sep := ","
+		if i == len(keys)-1 {
+			sep = ""
+		}
+		fmt.Fprintf(w, "  %s: %s%s\n", kb, compact(flat[k]), sep)
+	}
+	fmt.Fprintln(w, "}")
+	return nil
+}
+
+func compact(b []byte) []byte {
+	var out []byte
+	if v, err := json.Marshal(json.RawMessage(b)); err == nil {
+		out = v
+	} else {
+		out = b
+	}
+	return out
+}
+
+func watchTable(ctx context.Context, bucket jetstream.KeyValue, rest []string, stdout io.Writer) error {
+	// A prefix names a key and everything below it: "aliases" watches
+	// aliases.*, "policy" the policy key.
+	patterns := []string{">"}
+	if len(rest) == 1 && rest[0] != "" {
+		p := strings.TrimSuffix(rest[0], ".")
+		patterns = []string{p, p + ".>"}
+	}
+	w, err := bucket.WatchFiltered(ctx, patterns)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e == nil {
+				fmt.Fprintln(stdout, "# caught up")
+				continue
+			}
+			status := ""
+			if _, err := table.Decode(e.Key(), e.Value()); err != nil && e.Operation() == jetstream.KeyValuePut {
+				status = "  # INVALID: " + err.Error()
+			}
+			fmt.Fprintf(stdout, "%s rev=%d %s %s%s\n", e.Created().Format(time.RFC3339), e.Revision(), e.Operation(), e.Key(), status)
+			if e.Operation() == jetstream.KeyValuePut {
+				fmt.Fprintf(stdout, "  %s\n", e.Value())
+			}
+		}
+	}
+}

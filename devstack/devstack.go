@@ -1,0 +1,360 @@
+// Package devstack runs the whole of Switchyard in one process: an embedded
+// nats-server with JetStream, the routing table seeded from the dev table, a
+// broker, a gateway, and one simulated engine with its adapter per dev
+// replica. `switchyard dev` and the end-to-end tests both start it.
+package devstack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/natsconn"
+	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// Replica is one simulated engine and its adapter.
+type Replica struct {
+	ID, Model, Version, Pool string
+	KVBlocks, MaxLoras       int
+	Adapters                 []string
+}
+
+// Replicas is the dev deployment of DESIGN.md "switchyard dev".
+func Replicas() []Replica {
+	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
+	return []Replica{
+		{ID: "l70-gen-0", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+		{ID: "l70-gen-1", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+		{ID: "l70-long-0", Model: l70, Version: "v1.5.0", Pool: table.PoolLongContext, KVBlocks: 16384},
+		{ID: "l70-prem-0", Model: l70, Version: "v1.5.0", Pool: table.PoolPremium, KVBlocks: 8192},
+		{ID: "l70-batch-0", Model: l70, Version: "v1.5.0", Pool: table.PoolBatch, KVBlocks: 8192},
+		{ID: "l70-canary-0", Model: l70, Version: "v1.6.0", Pool: table.PoolCanary, KVBlocks: 8192},
+		{ID: "l8-gen-0", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
+		{ID: "l8-gen-1", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
+		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+	}
+}
+
+// Config configures the stack. Zero values take the defaults of `switchyard dev`.
+type Config struct {
+	// Listen is the gateway's HTTP address (default 127.0.0.1:8080; port 0 = any).
+	Listen string
+	// NATSListen is the embedded server's client address (default 127.0.0.1:4222; port -1 = any).
+	NATSListen string
+	// DataDir holds JetStream's store and the brokers' state ("" = a temp dir).
+	DataDir string
+	// Speed scales the simulated engines' time (default 1).
+	Speed float64
+	// Replicas overrides the dev replicas (tests use fewer).
+	Replicas []Replica
+	// Brokers is the number of brokers in the queue group (default 1).
+	Brokers int
+	// Gateway tunes the gateway (Listen, Logger and metrics are set here).
+	Gateway gateway.Config
+	Logger  *slog.Logger
+}
+
+// Stack is a running dev stack.
+type Stack struct {
+	cfg      Config
+	log      *slog.Logger
+	nats     *natsconn.Embedded
+	conns    []*nats.Conn
+	gw       *gateway.Gateway
+	brokers  []*broker.Broker
+	gwLn     net.Listener
+	engines  map[string]*enginesim.Server
+	registry *prometheus.Registry
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	engineCtx    context.Context
+	engineCancel context.CancelFunc
+	engineWG     sync.WaitGroup
+	errMu        sync.Mutex
+	errs         []error
+
+	hbMu sync.Mutex
+	seen map[string]bool
+}
+
+// Start brings the stack up and returns once the gateway listens. Use
+// Ready to wait for every replica's first heartbeat, and Close to stop.
+func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8080"
+	}
+	if cfg.NATSListen == "" {
+		cfg.NATSListen = natsconn.DefaultListen
+	}
+	if cfg.Speed <= 0 {
+		cfg.Speed = 1
+	}
+	if cfg.Replicas == nil {
+		cfg.Replicas = Replicas()
+	}
+	if cfg.Brokers <= 0 {
+		cfg.Brokers = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Stack{cfg: cfg, log: cfg.Logger, engines: map[string]*enginesim.Server{}, seen: map[string]bool{}}
+	s.registry = prometheus.NewRegistry()
+	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.engineCtx, s.engineCancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+
+	storeDir := ""
+	if cfg.DataDir != "" {
+		storeDir = cfg.DataDir + "/jetstream"
+	}
+	s.nats, err = natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: cfg.NATSListen, StoreDir: storeDir, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	connect := func(name string) (*nats.Conn, error) {
+		nc, err := nats.Connect(s.nats.ClientURL(), nats.Name(name), nats.MaxReconnects(-1))
+		if err == nil {
+			s.conns = append(s.conns, nc)
+		}
+		return nc, err
+	}
+	nc, err := connect("switchyard-dev")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.seed(ctx, nc); err != nil {
+		return nil, err
+	}
+	if _, err := nc.Subscribe(subjects.New("").HeartbeatAll(), s.onHeartbeat); err != nil {
+		return nil, err
+	}
+
+	for i := 0; i < cfg.Brokers; i++ {
+		bnc, err := connect(fmt.Sprintf("switchyard-broker-%d", i))
+		if err != nil {
+			return nil, err
+		}
+		stateDir := ""
+		if cfg.DataDir != "" {
+			stateDir = fmt.Sprintf("%s/broker-%d", cfg.DataDir, i)
+		}
+		b, err := broker.New(bnc, broker.Config{ID: fmt.Sprintf("dev-broker-%d", i), StateDir: stateDir, Logger: cfg.Logger, Registerer: s.registry})
+		if err != nil {
+			return nil, err
+		}
+		s.brokers = append(s.brokers, b)
+		s.goRun("broker", b.Run, runCtx)
+	}
+
+	for _, r := range cfg.Replicas {
+		if err := s.startReplica(runCtx, r, connect); err != nil {
+			return nil, err
+		}
+	}
+
+	gnc, err := connect("switchyard-gateway")
+	if err != nil {
+		return nil, err
+	}
+	gcfg := cfg.Gateway
+	gcfg.Listen = cfg.Listen
+	gcfg.Logger = cfg.Logger
+	gcfg.Registerer, gcfg.Gatherer = s.registry, s.registry
+	if gcfg.Ready == nil {
+		gcfg.Ready = s.heartbeatsReady
+	}
+	s.gw, err = gateway.New(gnc, gcfg)
+	if err != nil {
+		return nil, err
+	}
+	s.gwLn, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("gateway listen: %w", err)
+	}
+	ln := s.gwLn
+	s.goRun("gateway", func(ctx context.Context) error { return s.gw.Serve(ctx, ln) }, runCtx)
+	return s, nil
+}
+
+// seed creates the bucket and writes the dev table's keys that are absent.
+func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 1)
+	if err != nil {
+		return fmt.Errorf("routing-table bucket: %w", err)
+	}
+	var flat map[string]json.RawMessage
+	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
+		return err
+	}
+	_, err = kv.Seed(ctx, bucket, flat)
+	return err
+}
+
+func (s *Stack) startReplica(ctx context.Context, r Replica, connect func(string) (*nats.Conn, error)) error {
+	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
+	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, Logger: s.log})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	s.engines[r.ID] = eng
+	// Engines outlive the adapters so that draining adapters can finish
+	// their requests: they stop on engineCtx, cancelled after the rest.
+	s.engineWG.Go(func() {
+		if err := eng.Serve(s.engineCtx, ln); err != nil {
+			s.log.Error("engine stopped", "replica", r.ID, "err", err)
+		}
+	})
+	anc, err := connect("switchyard-adapter-" + r.ID)
+	if err != nil {
+		return err
+	}
+	a, err := adapter.New(anc, adapter.Config{
+		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
+		EngineURL: "http://" + ln.Addr().String(), MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras,
+		Logger: s.log, Registerer: s.registry,
+	})
+	if err != nil {
+		return err
+	}
+	s.goRun("adapter "+r.ID, a.Run, ctx)
+	return nil
+}
+
+func (s *Stack) goRun(what string, run func(context.Context) error, ctx context.Context) {
+	s.wg.Go(func() {
+		if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			s.log.Error("stopped with an error", "part", what, "err", err)
+			s.errMu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("%s: %w", what, err))
+			s.errMu.Unlock()
+		}
+	})
+}
+
+func (s *Stack) onHeartbeat(m *nats.Msg) {
+	var hb subjects.Heartbeat
+	if json.Unmarshal(m.Data, &hb) == nil {
+		s.hbMu.Lock()
+		s.seen[hb.Replica] = hb.State == subjects.StateReady
+		s.hbMu.Unlock()
+	}
+}
+
+// heartbeatsReady is the dev gateway's extra readiness check: every dev
+// replica has sent a heartbeat saying ready, and every broker's table has it
+// registered as ready.
+func (s *Stack) heartbeatsReady() error {
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	var missing []string
+	for _, r := range s.cfg.Replicas {
+		ok := s.seen[r.ID]
+		for _, b := range s.brokers {
+			t := b.Table()
+			if t == nil || t.Replicas[r.ID] == nil || t.Replicas[r.ID].State != subjects.StateReady {
+				ok = false
+			}
+		}
+		if !ok {
+			missing = append(missing, r.ID)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return fmt.Errorf("waiting for replicas to be ready: %v", missing)
+	}
+	return nil
+}
+
+// Ready waits until the gateway's /readyz would say ready.
+func (s *Stack) Ready(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := s.heartbeatsReady()
+		if err == nil && s.gw.Table() != nil {
+			_, perr := s.conns[0].Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond)
+			if perr == nil {
+				return nil
+			}
+			err = perr
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stack not ready: %w", err)
+		case <-t.C:
+		}
+	}
+}
+
+// GatewayURL is the gateway's base URL.
+func (s *Stack) GatewayURL() string { return "http://" + s.gwLn.Addr().String() }
+
+// NATSURL is the embedded server's client URL.
+func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
+
+// Broker returns the i-th broker.
+func (s *Stack) Broker(i int) *broker.Broker { return s.brokers[i] }
+
+// Gateway returns the gateway.
+func (s *Stack) Gateway() *gateway.Gateway { return s.gw }
+
+// Engine returns a dev replica's simulated engine.
+func (s *Stack) Engine(id string) *enginesim.Server { return s.engines[id] }
+
+// Registry is the one Prometheus registry every part reports to.
+func (s *Stack) Registry() *prometheus.Registry { return s.registry }
+
+// Close stops every part (adapters drain) and the embedded server, and
+// returns the errors the parts stopped with.
+func (s *Stack) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+	if s.engineCancel != nil {
+		s.engineCancel()
+	}
+	s.engineWG.Wait()
+	for _, nc := range s.conns {
+		nc.Close()
+	}
+	if s.nats != nil {
+		s.nats.Shutdown()
+	}
+	s.errMu.Lock()
+	defer s.errMu.Unlock()
+	return errors.Join(s.errs...)
+}

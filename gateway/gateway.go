@@ -1,0 +1,240 @@
+// Package gateway is Switchyard's OpenAI-compatible HTTP ingress. It
+// authenticates, parses the body once, puts the routing features in NATS
+// headers, publishes to llm.route.<tenant> and relays the seq-numbered reply
+// to HTTP (SSE flushed per chunk), retrying only before the first byte
+// reaches the client.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// DefaultMaxBody is the body limit when --max-body is not given.
+const DefaultMaxBody = 8 << 20
+
+// Config configures a gateway. Zero values take the documented defaults.
+type Config struct {
+	// ID names this gateway; it is a token of its reply subjects (default NUID).
+	ID string
+	// Listen is the HTTP address (default 127.0.0.1:8080).
+	Listen string
+	// Prefix is the subject prefix (default "llm"); Bucket the table bucket.
+	Prefix, Bucket string
+	// StateDir keeps the last good table.
+	StateDir string
+	// MaxBody caps request bodies (default 8 MiB, and never above the NATS
+	// max payload less 64 KiB of header room).
+	MaxBody int64
+	// AcceptTimeout is how long to wait for an adapter's accept (default 1s).
+	AcceptTimeout time.Duration
+	// IdleTimeout fails a reply silent for this long (default 60s; keepalives reset it).
+	IdleTimeout time.Duration
+	// DefaultTimeout bounds a request without X-Request-Timeout (default 10m).
+	DefaultTimeout time.Duration
+	// MaxRetries per request (default 2) under a budget of RetryBudget of the
+	// active requests (default 0.2, at least 3 concurrent retries).
+	MaxRetries  int
+	RetryBudget float64
+	// ShutdownGrace lets in-flight requests finish on shutdown (default 30s).
+	ShutdownGrace time.Duration
+	// HandoffDepth is the per-request buffer between the NATS reply
+	// subscription and the HTTP writer (default 256 messages); a client
+	// slower than that fails its own stream.
+	HandoffDepth int
+	Logger       *slog.Logger
+	// Registerer receives the gateway's metrics; Gatherer serves /metrics.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Ready adds a readiness condition to /readyz (nil: none).
+	Ready func() error
+	// Extra mounts more handlers on the gateway's mux (the dashboard).
+	Extra map[string]http.Handler
+}
+
+// Gateway serves the OpenAI API over NATS.
+type Gateway struct {
+	nc       *nats.Conn
+	cfg      Config
+	subj     subjects.Subjects
+	log      *slog.Logger
+	table    atomic.Pointer[table.Snapshot]
+	watcher  *kv.Watcher
+	disp     *dispatcher
+	metrics  *metrics
+	budget   retryBudget
+	replyPfx string
+	mux      *http.ServeMux
+	maxBody  int64
+
+	readyMu    sync.Mutex
+	readyAt    time.Time
+	readyErr   error
+	listenAddr atomic.Value // string
+}
+
+// New validates cfg and returns a gateway bound to nc.
+func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
+	if nc == nil {
+		return nil, errors.New("gateway: nil NATS connection")
+	}
+	if cfg.ID == "" {
+		cfg.ID = nuid.Next()
+	}
+	if err := subjects.ValidToken(cfg.ID); err != nil {
+		return nil, fmt.Errorf("gateway id: %w", err)
+	}
+	setDefaults(&cfg)
+	g := &Gateway{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix)}
+	g.log = cfg.Logger.With("component", "gateway")
+	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
+	g.disp = newDispatcher(cfg.HandoffDepth)
+	g.metrics = newMetrics(cfg.Registerer)
+	g.budget.ratio = cfg.RetryBudget
+	g.maxBody = cfg.MaxBody
+	if mp := nc.MaxPayload(); mp > 0 && mp-64<<10 < g.maxBody {
+		g.maxBody = mp - 64<<10
+	}
+	g.mux = g.routes()
+	return g, nil
+}
+
+func setDefaults(cfg *Config) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8080"
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = subjects.DefaultBucket
+	}
+	if cfg.MaxBody <= 0 || cfg.MaxBody > DefaultMaxBody {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.AcceptTimeout <= 0 {
+		cfg.AcceptTimeout = time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 60 * time.Second
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = 10 * time.Minute
+	}
+	if cfg.MaxRetries < 0 {
+		cfg.MaxRetries = 0
+	} else if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = 2
+	}
+	if cfg.RetryBudget <= 0 {
+		cfg.RetryBudget = 0.2
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = 30 * time.Second
+	}
+	if cfg.HandoffDepth <= 0 {
+		cfg.HandoffDepth = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Handler is the gateway's HTTP handler (for tests and embedding).
+func (g *Gateway) Handler() http.Handler { return g.mux }
+
+// Table returns the routing table in force (nil before the first load).
+func (g *Gateway) Table() *table.Snapshot { return g.table.Load() }
+
+// Addr is the address the HTTP listener is bound to, once Run listens.
+func (g *Gateway) Addr() string {
+	s, _ := g.listenAddr.Load().(string)
+	return s
+}
+
+// Start subscribes to replies and loads the table; Run calls it. It is
+// exported so tests can serve Handler() from their own server.
+func (g *Gateway) Start(ctx context.Context, wg *sync.WaitGroup) error {
+	js, err := jetstream.New(g.nc)
+	if err != nil {
+		return err
+	}
+	sub, err := g.nc.Subscribe(g.replyPfx+"*", g.disp.onMsg)
+	if err != nil {
+		return err
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	g.watcher = kv.New(js, kv.Config{
+		Bucket:     g.cfg.Bucket,
+		StateDir:   g.cfg.StateDir,
+		Logger:     g.log,
+		OnSnapshot: func(s *table.Snapshot) { g.table.Store(s) },
+	})
+	wg.Go(func() {
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := g.watcher.Run(ctx); err != nil && ctx.Err() == nil {
+			g.log.Error("table watcher stopped", "err", err)
+		}
+	})
+	return nil
+}
+
+// Run listens on cfg.Listen and serves until ctx is cancelled; then it stops
+// accepting requests and lets in-flight ones finish within ShutdownGrace.
+func (g *Gateway) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", g.cfg.Listen)
+	if err != nil {
+		return err
+	}
+	return g.Serve(ctx, ln)
+}
+
+// Serve is Run on a listener the caller opened.
+func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	g.listenAddr.Store(ln.Addr().String())
+	var wg sync.WaitGroup
+	wctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); wg.Wait() }()
+	if err := g.Start(wctx, &wg); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler: g.mux,
+		// No WriteTimeout: it would cut long SSE streams. Writes get
+		// per-write deadlines through http.ResponseController instead.
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	g.log.Info("gateway listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), g.cfg.ShutdownGrace)
+	defer scancel()
+	err := srv.Shutdown(sctx)
+	<-errc
+	if errors.Is(err, context.DeadlineExceeded) {
+		_ = srv.Close()
+		return fmt.Errorf("gateway: requests still in flight after %s grace", g.cfg.ShutdownGrace)
+	}
+	return nil
+}

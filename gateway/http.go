@@ -1,0 +1,210 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+func (g *Gateway) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, ep := range []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings} {
+		mux.HandleFunc("POST "+ep, g.serveInference(ep))
+	}
+	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", g.serveReady)
+	if g.cfg.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	for p, h := range g.cfg.Extra {
+		mux.Handle(p, h)
+	}
+	mux.HandleFunc("/", g.serveNotFound)
+	return mux
+}
+
+func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, "/v1/models":
+		w.Header().Set("Allow", allowFor(r.URL.Path))
+		writeError(w, subjects.NewError(http.StatusMethodNotAllowed, subjects.CodeMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
+		return
+	}
+	writeError(w, subjects.NewError(http.StatusNotFound, subjects.CodeNotFound, "unknown path "+r.URL.Path))
+}
+
+func allowFor(p string) string {
+	if p == "/v1/models" {
+		return "GET"
+	}
+	return "POST"
+}
+
+// writeError renders e in the OpenAI shape with its retry headers.
+func writeError(w http.ResponseWriter, e *subjects.APIError) {
+	h := w.Header()
+	for _, kv := range e.RetryAfterHeaders() {
+		h.Set(kv[0], kv[1])
+	}
+	for k, v := range e.Headers {
+		h.Set(k, v)
+	}
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(e.Body())
+}
+
+func (g *Gateway) fail(w http.ResponseWriter, u *upstream, e *subjects.APIError) {
+	if e == nil {
+		e = subjects.NewError(502, subjects.CodeUpstreamError, "no replica could serve the request")
+	}
+	if u != nil {
+		g.setRequestID(w.Header(), u)
+		g.metrics.done(u, e.Status)
+	}
+	writeError(w, e)
+}
+
+func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct string, body []byte) {
+	h := w.Header()
+	if ct != "" {
+		h.Set("Content-Type", ct)
+	} else if h.Get("Content-Type") == "" {
+		h.Set("Content-Type", "application/json")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	g.setRequestID(h, u)
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	g.metrics.done(u, status)
+}
+
+func (g *Gateway) setRequestID(h http.Header, u *upstream) {
+	if u.clientID != "" {
+		h.Set("X-Request-Id", u.clientID)
+	} else if id := u.hdr.Get(subjects.HdrClientRequestID); id != "" {
+		h.Set("X-Request-Id", id)
+	}
+}
+
+// tenantOf maps the API key to a tenant through keys.<sha256 hex>. With
+// allow_anonymous on, a missing or unrecognised key is tenant "default".
+func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subjects.APIError) {
+	key := r.Header.Get("Authorization")
+	if len(key) > 7 && (key[:7] == "Bearer " || key[:7] == "bearer ") {
+		key = key[7:]
+	} else if key != "" {
+		key = ""
+	}
+	if key != "" {
+		sum := sha256.Sum256([]byte(key))
+		if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
+			return k.Tenant, nil
+		}
+	}
+	if t.Policy.AllowAnonymous {
+		return table.DefaultTenant, nil
+	}
+	if key == "" {
+		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key>")
+	}
+	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
+}
+
+func (g *Gateway) snapshot(w http.ResponseWriter) *table.Snapshot {
+	t := g.table.Load()
+	if t == nil {
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the routing table is not loaded yet")
+		e.RetryAfter = time.Second
+		writeError(w, e)
+	}
+	return t
+}
+
+// serveModels lists the aliases the tenant may use.
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+	t := g.snapshot(w)
+	if t == nil {
+		return
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, name := range t.AliasNames() {
+		if t.TenantMayUse(tenant, name) {
+			out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "switchyard"})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// serveReady is 200 when NATS is connected, the table is loaded and a broker
+// answers a micro ping (checked at most once a second).
+func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	if err := g.ready(); err != nil {
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable, "not ready: "+err.Error())
+		e.RetryAfter = time.Second
+		writeError(w, e)
+		return
+	}
+	_, _ = io.WriteString(w, "ready\n")
+}
+
+func (g *Gateway) ready() error {
+	g.readyMu.Lock()
+	defer g.readyMu.Unlock()
+	if time.Since(g.readyAt) < time.Second && g.readyErr == nil {
+		return nil
+	}
+	g.readyAt = time.Now()
+	g.readyErr = g.checkReady()
+	return g.readyErr
+}
+
+func (g *Gateway) checkReady() error {
+	if !g.nc.IsConnected() {
+		return errors.New("NATS is not connected")
+	}
+	if g.table.Load() == nil {
+		return errors.New("routing table not loaded")
+	}
+	if _, err := g.nc.Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond); err != nil {
+		return errors.New("no broker answers: " + err.Error())
+	}
+	if g.cfg.Ready != nil {
+		return g.cfg.Ready()
+	}
+	return nil
+}
+
+// newTraceparent starts a W3C trace when the client sent none.
+func newTraceparent() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
+}

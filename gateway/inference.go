@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// serveInference handles the three OpenAI inference endpoints: validate
+// everything the gateway can tell, compute the features into headers and
+// relay through NATS.
+func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		t := g.snapshot(w)
+		if t == nil {
+			return
+		}
+		u, apiErr := g.prepare(w, r, t, endpoint)
+		if apiErr != nil {
+			g.metrics.rejected(endpoint, apiErr.Status)
+			writeError(w, apiErr)
+			return
+		}
+		u.started = start
+		g.relay(w, r, u)
+	}
+}
+
+// prepare turns the HTTP request into an upstream request, or the 4xx that
+// it deserves without ever reaching a broker.
+func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (*upstream, *subjects.APIError) {
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	if err := subjects.ValidToken(tenant); err != nil {
+		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+	}
+	h := nats.Header{}
+	now := time.Now()
+	deadline := now.Add(g.cfg.DefaultTimeout)
+	if v := r.Header.Get("X-Request-Timeout"); v != "" {
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil || secs <= 0 || secs > 86400 {
+			return nil, badHeader("X-Request-Timeout", "must be a number of seconds between 0 and 86400")
+		}
+		deadline = now.Add(time.Duration(secs * float64(time.Second)))
+	}
+	if v := r.Header.Get("X-Conversation-Id"); v != "" {
+		if !printable(v, 128) {
+			return nil, badHeader("X-Conversation-Id", "must be 1 to 128 printable ASCII characters")
+		}
+		h[subjects.HdrConversation] = []string{v}
+	}
+	priority := subjects.PriorityInteractive
+	if v := r.Header.Get("X-Priority"); v != "" {
+		if v != subjects.PriorityInteractive && v != subjects.PriorityBatch {
+			return nil, badHeader("X-Priority", "must be interactive or batch")
+		}
+		priority = v
+	}
+	clientID := r.Header.Get("X-Request-Id")
+	if clientID != "" && !printable(clientID, 128) {
+		return nil, badHeader("X-Request-Id", "must be 1 to 128 printable ASCII characters")
+	}
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, subjects.NewError(http.StatusRequestEntityTooLarge, subjects.CodeRequestTooLarge,
+				"request body is over the limit of "+strconv.FormatInt(g.maxBody, 10)+" bytes")
+		}
+		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "could not read the request body: "+err.Error())
+	}
+	req, perr := features.ParseRequest(endpoint, body)
+	if perr != nil {
+		e := subjects.NewError(400, subjects.CodeInvalidRequest, perr.Error())
+		var pe *features.ParseError
+		if errors.As(perr, &pe) {
+			e.Param = pe.Param
+		}
+		return nil, e
+	}
+
+	tokens := req.PromptTokens
+	maxTokens := 0
+	if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	h[subjects.HdrModel] = []string{req.Model}
+	h[subjects.HdrEndpoint] = []string{endpoint}
+	h[subjects.HdrPriority] = []string{priority}
+	h[subjects.HdrPromptTokens] = []string{strconv.Itoa(tokens)}
+	if maxTokens > 0 {
+		h[subjects.HdrMaxTokens] = []string{strconv.Itoa(maxTokens)}
+	}
+	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}
+	if endpoint != subjects.EndpointEmbeddings {
+		pol := &t.Policy
+		var blocks [256]uint64
+		prefix := features.AppendPrefix(blocks[:0], req.Prompt, pol.PrefixBlockChars, pol.PrefixMaxBlocks)
+		if len(prefix) > 0 {
+			h[subjects.HdrPrefix] = []string{features.FormatPrefixHeader(prefix)}
+		}
+	}
+	if f := features.Flags(req.Prompt); f != "" {
+		h[subjects.HdrFeatures] = []string{f}
+	}
+	if req.Stream {
+		h[subjects.HdrStream] = []string{"1"}
+	}
+	if clientID != "" {
+		h[subjects.HdrClientRequestID] = []string{clientID}
+	}
+	if tp := r.Header.Get("Traceparent"); tp != "" {
+		h[subjects.HdrTraceparent] = []string{tp}
+		if ts := r.Header.Get("Tracestate"); ts != "" {
+			h[subjects.HdrTracestate] = []string{ts}
+		}
+	} else {
+		h[subjects.HdrTraceparent] = []string{newTraceparent()}
+	}
+	return &upstream{
+		tenant: tenant, endpoint: endpoint, model: req.Model, stream: req.Stream,
+		body: body, hdr: h, clientID: clientID, deadline: deadline,
+	}, nil
+}
+
+func badHeader(name, msg string) *subjects.APIError {
+	e := subjects.NewError(400, subjects.CodeInvalidRequest, name+" "+msg)
+	e.Param = name
+	return e
+}
+
+func printable(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,83 @@
+package gateway
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// maxModelLabels caps the distinct model label values; the rest fold into
+// "other" so a client inventing model names cannot blow up the series count.
+const maxModelLabels = 64
+
+type metrics struct {
+	requests     *prometheus.CounterVec
+	ttfb         *prometheus.HistogramVec
+	duration     *prometheus.HistogramVec
+	retries      prometheus.Counter
+	streamErrors *prometheus.CounterVec
+	clientGone   prometheus.Counter
+
+	mu     sync.Mutex
+	models map[string]struct{}
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_gateway_requests_total", Help: "HTTP inference requests by route, status and requested model.",
+		}, []string{"route", "status", "model"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_gateway_time_to_first_byte_seconds", Help: "Time from request to the first response byte.", Buckets: buckets,
+		}, []string{"route"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_gateway_request_duration_seconds", Help: "Time from request to the end of the response.", Buckets: buckets,
+		}, []string{"route"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_retries_total", Help: "Attempts retried on another replica before the first byte.",
+		}),
+		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_gateway_stream_errors_total", Help: "Responses ended with an explicit error, by cause.",
+		}, []string{"cause"}),
+		clientGone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_client_disconnects_total", Help: "Requests whose client went away; the engine call was cancelled.",
+		}),
+		models: map[string]struct{}{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.streamErrors, m.clientGone)
+	}
+	return m
+}
+
+func (m *metrics) model(name string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.models[name]; ok {
+		return name
+	}
+	if len(m.models) >= maxModelLabels {
+		return "other"
+	}
+	m.models[name] = struct{}{}
+	return name
+}
+
+func (m *metrics) firstByte(u *upstream, d time.Duration) {
+	m.ttfb.WithLabelValues(u.endpoint).Observe(d.Seconds())
+}
+
+func (m *metrics) done(u *upstream, status int) {
+	if u == nil {
+		return
+	}
+	m.requests.WithLabelValues(u.endpoint, strconv.Itoa(status), m.model(u.model)).Inc()
+	m.duration.WithLabelValues(u.endpoint).Observe(time.Since(u.started).Seconds())
+}
+
+func (m *metrics) rejected(route string, status int) {
+	m.requests.WithLabelValues(route, strconv.Itoa(status), "").Inc()
+}
