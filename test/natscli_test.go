@@ -1,0 +1,98 @@
+package test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+// natsCLI finds the nats CLI that `make tools` installs (NATS_CLI, then
+// .cache/tools/nats, then PATH). Under CI a missing CLI fails the test.
+func natsCLI(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("NATS_CLI"); p != "" {
+		return p
+	}
+	_, file, _, _ := runtime.Caller(0)
+	if p := filepath.Join(filepath.Dir(file), "..", ".cache", "tools", "nats"); fileExists(p) {
+		return p
+	}
+	if p, err := exec.LookPath("nats"); err == nil {
+		return p
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("the nats CLI is missing: `make tools` installs it")
+	}
+	t.Skip("the nats CLI is not installed; run `make tools`")
+	return ""
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// runNats runs the CLI against the stack's server and returns its output.
+func runNats(t *testing.T, cli, server string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, append([]string{"--server", server, "--no-context"}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("nats %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func TestNatsCLIWorkflows(t *testing.T) {
+	cli := natsCLI(t)
+	st := startStack(t, devstack.Config{})
+	srv := st.NATSURL()
+
+	t.Run("kv ls lists the table", func(t *testing.T) {
+		out := runNats(t, cli, srv, "kv", "ls", "llm-routing")
+		for _, k := range []string{"policy", "aliases.chat-large", "aliases.auto", "tenants.acme", "replicas.l70-gen-0"} {
+			if !strings.Contains(out, k) {
+				t.Errorf("kv ls lacks %s:\n%s", k, out)
+			}
+		}
+	})
+
+	t.Run("micro ls shows the services", func(t *testing.T) {
+		out := runNats(t, cli, srv, "micro", "ls")
+		for _, s := range []string{"switchyard-broker", "switchyard-adapter"} {
+			if !strings.Contains(out, s) {
+				t.Errorf("micro ls lacks %s:\n%s", s, out)
+			}
+		}
+	})
+
+	t.Run("a chat request straight on NATS", func(t *testing.T) {
+		body := `{"model":"chat-small","max_tokens":3,"messages":[{"role":"user","content":"hello from nats req"}]}`
+		out := runNats(t, cli, srv, "req", "--raw", "--replies", "0", "--reply-timeout", "2s", "llm.route.default", body)
+		if !strings.Contains(out, `"replica":"l8-gen-`) {
+			t.Errorf("no accept from a chat-small replica:\n%s", out)
+		}
+		if !strings.Contains(out, `"chat.completion"`) || !strings.Contains(out, `"completion_tokens":3`) {
+			t.Errorf("no chat completion in the replies:\n%s", out)
+		}
+	})
+
+	t.Run("kv put changes routing", func(t *testing.T) {
+		runNats(t, cli, srv, "kv", "put", "llm-routing", "aliases.chat-small",
+			`{"targets":[{"model":"qwen-coder-32b","version":"v1.0.0","weight":100}]}`)
+		eventually(t, 3*time.Second, func() (bool, string) {
+			rep := chatReplica(t, st.GatewayURL(), "chat-small")
+			return rep == "coder-gen-0", "chat-small still served by " + rep
+		})
+	})
+}
