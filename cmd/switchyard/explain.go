@@ -40,7 +40,7 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *feats != "" {
 		x.Features = strings.Split(*feats, ",")
 	}
-	nc, err := nf.connect(ctx, "switchyard-explain", nil)
+	nc, err := nf.connectOnce(ctx, "switchyard-explain")
 	if err != nil {
 		return err
 	}

@@ -35,3 +35,9 @@ func (f *natsFlags) connect(ctx context.Context, name string, log *slog.Logger, 
 	o.Logger = log
 	return natsconn.Connect(ctx, o, extra...)
 }
+
+// connectOnce is connect for one-shot commands: fail at once when no server
+// answers instead of retrying in the background.
+func (f *natsFlags) connectOnce(ctx context.Context, name string) (*nats.Conn, error) {
+	return f.connect(ctx, name, nil, nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))
+}

@@ -44,7 +44,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if verb == "validate" {
 		return validateFile(rest[0], stdout, stderr)
 	}
-	nc, err := nf.connect(ctx, "switchyard-table", nil)
+	nc, err := nf.connectOnce(ctx, "switchyard-table")
 	if err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			return errCheckFailed
 		}
-		rep, err := kv.Import(cctx, bucket, flat)
+		rep, err := kv.Import(cctx, bucket, flat, kv.Atomic(js))
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,380 @@
+// Package kv is the JetStream KV side of the routing table: a Watcher that
+// keeps an immutable table.Snapshot of the bucket (persisting the last good
+// one so a restart can route while JetStream is away), and the writes made by
+// adapters and `switchyard table`.
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// Where the snapshot in force came from (Watcher.Source).
+const (
+	SourceKV       = "kv"
+	SourceStateDir = "state-dir"
+)
+
+// Defaults of Config.
+const (
+	DefaultInitialTimeout = 2 * time.Second
+	DefaultMinRetry       = 250 * time.Millisecond
+	DefaultMaxRetry       = 5 * time.Second
+)
+
+// ErrRunning is returned by a second call to Run.
+var ErrRunning = errors.New("watcher already running")
+
+// Config configures a Watcher. Only the zero values noted have defaults.
+type Config struct {
+	// Bucket is the KV bucket (default subjects.DefaultBucket).
+	Bucket string
+	// StateDir keeps the last good snapshot in StateDir/table.json. Empty
+	// means no persistence.
+	StateDir string
+	// Logger receives rejected values and watch trouble (nil: discarded).
+	Logger *slog.Logger
+	// OnInvalid is told of every rejected value, e.g. to count it.
+	OnInvalid func(key string, err error)
+	// OnSnapshot is told of every published snapshot, on the watch
+	// goroutine: it must return quickly.
+	OnSnapshot func(*table.Snapshot)
+	// InitialTimeout bounds opening the bucket and reading its initial
+	// values before the persisted snapshot is used (default 2s).
+	InitialTimeout time.Duration
+	// MinRetry and MaxRetry bound the backoff between watch attempts
+	// (defaults 250ms and 5s).
+	MinRetry, MaxRetry time.Duration
+}
+
+// Watcher keeps the routing table of one bucket. Snapshot is safe for
+// concurrent use; Run owns the watch.
+type Watcher struct {
+	js  jetstream.JetStream
+	cfg Config
+	log *slog.Logger
+
+	snap      atomic.Pointer[table.Snapshot]
+	source    atomic.Pointer[string]
+	since     atomic.Int64 // unix nanoseconds the snapshot in force is from
+	ready     chan struct{}
+	running   atomic.Bool
+	readyDone bool // owned by the Run goroutine
+	stateRead bool // owned by the Run goroutine
+}
+
+// New returns a Watcher of cfg.Bucket; call Run to start it.
+func New(js jetstream.JetStream, cfg Config) *Watcher {
+	if cfg.Bucket == "" {
+		cfg.Bucket = subjects.DefaultBucket
+	}
+	if cfg.InitialTimeout <= 0 {
+		cfg.InitialTimeout = DefaultInitialTimeout
+	}
+	if cfg.MinRetry <= 0 {
+		cfg.MinRetry = DefaultMinRetry
+	}
+	if cfg.MaxRetry < cfg.MinRetry {
+		cfg.MaxRetry = max(DefaultMaxRetry, cfg.MinRetry)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Watcher{js: js, cfg: cfg, log: log.With("bucket", cfg.Bucket), ready: make(chan struct{})}
+}
+
+// Snapshot is the table in force: nil until Ready is closed, never nil after.
+// It must not be modified.
+func (w *Watcher) Snapshot() *table.Snapshot { return w.snap.Load() }
+
+// Ready is closed once a snapshot is in force: the bucket's initial values,
+// or the persisted snapshot when the bucket could not be read in time.
+func (w *Watcher) Ready() <-chan struct{} { return w.ready }
+
+// Source says where the snapshot in force came from: SourceKV,
+// SourceStateDir, or "" before Ready.
+func (w *Watcher) Source() string {
+	if s := w.source.Load(); s != nil {
+		return *s
+	}
+	return ""
+}
+
+// Age is how long ago the snapshot in force was built from the bucket (for a
+// persisted snapshot: when it was saved). Zero before Ready.
+func (w *Watcher) Age() time.Duration {
+	if n := w.since.Load(); n != 0 {
+		return time.Since(time.Unix(0, n))
+	}
+	return 0
+}
+
+// Run watches the bucket until ctx is done, then returns nil. When the bucket
+// cannot be read it serves the persisted snapshot, keeps the last good one
+// when a watch breaks, and retries with backoff until it can watch again.
+func (w *Watcher) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	retry := w.cfg.MinRetry
+	for {
+		synced, err := w.watch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if synced {
+			retry = w.cfg.MinRetry
+		}
+		w.log.Warn("routing table watch unavailable; keeping the table in force", "err", err, "retry_in", retry)
+		w.fallBack()
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		retry = min(2*retry, w.cfg.MaxRetry)
+	}
+}
+
+// update is one message of the bucket's stream, as the watch loop sees it.
+type update struct {
+	key     string
+	value   []byte
+	op      jetstream.KeyValueOp
+	rev     uint64
+	pending uint64 // messages still to come when this one was sent
+	// open is true for a message of an atomic batch other than its commit:
+	// the rest of the batch may not be stored yet, whatever pending says.
+	open bool
+}
+
+// watch runs one watch of the bucket. synced reports whether it got as far
+// as the initial values.
+//
+// It reads the bucket's stream with an ordered consumer rather than
+// KeyValue.WatchAll, because it needs the batch headers: JetStream stores an
+// atomic batch all or nothing, but a consumer may see its first messages
+// before the last is stored, with nothing pending.
+func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
+	openCtx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout)
+	defer cancel()
+	stream, err := w.js.Stream(openCtx, streamPrefix+w.cfg.Bucket)
+	if err != nil {
+		return false, fmt.Errorf("opening bucket: %w", err)
+	}
+	pre := subjectPrefix + w.cfg.Bucket + "."
+	cons, err := stream.OrderedConsumer(openCtx, jetstream.OrderedConsumerConfig{
+		FilterSubjects:   []string{pre + ">"},
+		DeliverPolicy:    jetstream.DeliverLastPerSubjectPolicy,
+		MaxResetAttempts: resetAttempts,
+	})
+	if err != nil {
+		return false, fmt.Errorf("watching bucket: %w", err)
+	}
+
+	quit := make(chan struct{})
+	updates := make(chan update, 256)
+	failed := make(chan error, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		u, ok := toUpdate(m, pre)
+		if !ok {
+			return
+		}
+		select {
+		case updates <- u:
+		case <-quit:
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		// The consumer recovers from lost connections and restarted
+		// servers by itself; these errors come once its own retries are
+		// spent, and the watch starts again from scratch.
+		if gaveUp(err) {
+			select {
+			case failed <- err:
+			default:
+			}
+		}
+	}))
+	if err != nil {
+		return false, fmt.Errorf("watching bucket: %w", err)
+	}
+	defer func() {
+		close(quit)
+		cc.Stop()
+		<-cc.Closed()
+		// The server would drop the consumer only after minutes idle.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = w.js.DeleteConsumer(dctx, streamPrefix+w.cfg.Bucket, info.Name)
+			cancel()
+		}
+	}()
+	cancel()
+
+	initial := time.NewTimer(w.cfg.InitialTimeout)
+	defer initial.Stop()
+
+	// The initial values are built into an empty table, so keys deleted
+	// while this watcher was away disappear; a key whose value is now
+	// invalid keeps its last good value (from the table in force).
+	next := table.NewSnapshot()
+	changed := false
+	done := func() {
+		synced = true
+		initial.Stop()
+		w.publish(next, SourceKV)
+		next, changed = nil, false
+	}
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		done()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return synced, ctx.Err()
+		case err := <-failed:
+			return synced, err
+		case <-initial.C:
+			w.log.Warn("routing table initial values not in yet", "after", w.cfg.InitialTimeout)
+			w.fallBack()
+		case u := <-updates:
+			if next == nil {
+				next = w.snap.Load().Clone()
+			}
+			if w.apply(next, u, !synced) {
+				changed = true
+			}
+			// Publish only once caught up, so that keys written together
+			// are seen together.
+			if u.pending == 0 && !u.open && (!synced || changed) {
+				done()
+			}
+		}
+	}
+}
+
+// resetAttempts bounds how often the ordered consumer recreates itself
+// (backing off 1s, 2s, 4s) before the watch starts over. Starting over also
+// handles a bucket that was deleted and made again, whose revisions restart.
+const resetAttempts = 4
+
+// gaveUp reports the errors an ordered consumer hands over once it stops
+// recreating itself.
+func gaveUp(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout)
+}
+
+func toUpdate(m jetstream.Msg, pre string) (update, bool) {
+	md, err := m.Metadata()
+	if err != nil || len(m.Subject()) <= len(pre) {
+		return update{}, false
+	}
+	u := update{
+		key:     m.Subject()[len(pre):],
+		value:   m.Data(),
+		op:      jetstream.KeyValuePut,
+		rev:     md.Sequence.Stream,
+		pending: md.NumPending,
+	}
+	h := m.Headers()
+	switch h.Get(hdrKVOperation) {
+	case "DEL":
+		u.op = jetstream.KeyValueDelete
+	case "PURGE":
+		u.op = jetstream.KeyValuePurge
+	}
+	// Markers left by per-key TTLs and limits (nats-server 2.11+).
+	switch h.Get(jetstream.MarkerReasonHeader) {
+	case "MaxAge", "Purge":
+		u.op = jetstream.KeyValuePurge
+	case "Remove":
+		u.op = jetstream.KeyValueDelete
+	}
+	u.open = h.Get(hdrBatchID) != "" && h.Get(hdrBatchCommit) == ""
+	return u, true
+}
+
+// apply puts one update into s and reports whether s changed. While the
+// initial values are read into an empty table, a rejected value falls back to
+// the key's value in the table in force.
+func (w *Watcher) apply(s *table.Snapshot, u update, initial bool) bool {
+	switch u.op {
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		s.Delete(u.key)
+		s.Revision = max(s.Revision, u.rev)
+		return true
+	}
+	v, err := table.Decode(u.key, u.value)
+	if err != nil {
+		w.log.Warn("routing table value rejected; the previous value stays in force",
+			"key", u.key, "revision", u.rev, "err", err)
+		if w.cfg.OnInvalid != nil {
+			w.cfg.OnInvalid(u.key, err)
+		}
+		if prev := w.snap.Load(); initial && prev != nil {
+			if raw, ok := prev.Raw[u.key]; ok {
+				if pv, err := table.Decode(u.key, raw); err == nil {
+					s.Set(pv, raw)
+				}
+			}
+		}
+		return false
+	}
+	s.Set(v, u.value)
+	s.Revision = max(s.Revision, u.rev)
+	return true
+}
+
+func (w *Watcher) publish(s *table.Snapshot, source string) {
+	w.snap.Store(s)
+	w.source.Store(&source)
+	if source == SourceKV {
+		w.since.Store(time.Now().UnixNano())
+		if w.cfg.StateDir != "" {
+			if err := saveState(w.cfg.StateDir, s); err != nil {
+				w.log.Warn("could not persist the routing table", "dir", w.cfg.StateDir, "err", err)
+			}
+		}
+	}
+	w.log.Debug("routing table snapshot", "source", source, "revision", s.Revision, "keys", len(s.Raw))
+	if w.cfg.OnSnapshot != nil {
+		w.cfg.OnSnapshot(s)
+	}
+	if !w.readyDone {
+		w.readyDone = true
+		close(w.ready)
+	}
+}
+
+// fallBack serves the persisted snapshot when nothing is in force yet.
+func (w *Watcher) fallBack() {
+	if w.readyDone || w.stateRead || w.cfg.StateDir == "" {
+		return
+	}
+	w.stateRead = true
+	s, saved, err := loadState(w.cfg.StateDir, w.log)
+	if err != nil {
+		w.log.Warn("no persisted routing table; waiting for the bucket", "dir", w.cfg.StateDir, "err", err)
+		return
+	}
+	w.since.Store(saved.UnixNano())
+	w.log.Warn("serving the persisted routing table until the bucket can be read",
+		"revision", s.Revision, "saved", saved)
+	w.publish(s, SourceStateDir)
+}
