@@ -38,17 +38,32 @@ func (s *scratch) reset() {
 
 // route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
+	s := b.scratch.Get().(*scratch)
+	defer b.scratch.Put(s)
+	var msg nats.Msg
+	b.handle(s, r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data(), &msg)
+	if msg.Subject == "" {
+		return
+	}
+	if err := b.nc.PublishMsg(&msg); err != nil && msg.Reply != "" {
+		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+		_ = b.nc.PublishMsg(&msg)
+	}
+}
+
+// handle decides one request and fills msg with what to publish: the
+// request for the chosen replica (body untouched, the gateway's reply
+// subject kept), or a rejection for the reply subject. It does no I/O, so
+// its cost is the broker's own per-request CPU.
+func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) {
 	start := b.cfg.Now()
-	h := nats.Header(r.Headers())
 	if h == nil {
 		h = nats.Header{}
 	}
-	s := b.scratch.Get().(*scratch)
-	defer b.scratch.Put(s)
 	s.reset()
-	tenant := subjects.TenantFromRoute(r.Subject())
-	if apiErr := b.fillRequest(s, tenant, h, r.Data()); apiErr != nil {
-		b.reject(r.Reply(), apiErr)
+	tenant := subjects.TenantFromRoute(subject)
+	if apiErr := b.fillRequest(s, tenant, h, data); apiErr != nil {
+		b.reject(msg, reply, apiErr)
 		b.metrics.rejected(apiErr.Code)
 		return
 	}
@@ -61,7 +76,7 @@ func (b *Broker) route(r micro.Request) {
 	}
 	b.sample(&s.req, d, h)
 	if d.Err != nil {
-		b.reject(r.Reply(), d.Err)
+		b.reject(msg, reply, d.Err)
 		return
 	}
 	if d.Placement && len(s.req.Prefix) > 0 {
@@ -83,10 +98,7 @@ func (b *Broker) route(r micro.Request) {
 	if s.req.MaxTokens > 0 && h.Get(subjects.HdrMaxTokens) == "" {
 		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(s.req.MaxTokens))
 	}
-	msg := nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: r.Reply(), Header: h, Data: r.Data()}
-	if err := b.nc.PublishMsg(&msg); err != nil {
-		b.reject(r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
-	}
+	*msg = nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: reply, Header: h, Data: data}
 }
 
 // setHeader sets one value, reusing the slice already there.
@@ -210,25 +222,24 @@ func traceID(tp string) string {
 	return ""
 }
 
-// reject answers a request with a single rejection message (DESIGN.md "The
-// reply protocol").
-func (b *Broker) reject(reply string, e *subjects.APIError) {
+// reject fills msg with a single rejection message for reply (DESIGN.md
+// "The reply protocol"); msg stays empty when there is no one to tell.
+func (b *Broker) reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 	if reply == "" {
+		*msg = nats.Msg{}
 		return
 	}
-	m := nats.NewMsg(reply)
-	m.Header.Set(subjects.HdrSeq, "0")
-	m.Header.Set(subjects.HdrStatus, strconv.Itoa(e.Status))
-	m.Header.Set(subjects.HdrEOS, "1")
-	m.Header.Set(subjects.HdrContent, "application/json")
+	*msg = nats.Msg{Subject: reply, Header: nats.Header{}, Data: e.Body()}
+	msg.Header.Set(subjects.HdrSeq, "0")
+	msg.Header.Set(subjects.HdrStatus, strconv.Itoa(e.Status))
+	msg.Header.Set(subjects.HdrEOS, "1")
+	msg.Header.Set(subjects.HdrContent, "application/json")
 	for _, kv := range e.RetryAfterHeaders() {
-		m.Header.Set(kv[0], kv[1])
+		msg.Header.Set(kv[0], kv[1])
 	}
 	for k, v := range e.Headers {
-		m.Header.Set(k, v)
+		msg.Header.Set(k, v)
 	}
-	m.Data = e.Body()
-	_ = b.nc.PublishMsg(m)
 }
 
 // explain answers a dry run: the decision with its alternatives, nothing

@@ -1,0 +1,153 @@
+package broker
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// newTestBroker is a broker whose table holds the dev table plus n general
+// replicas of llama-3-70b-instruct v1.5.0, each with a fresh heartbeat.
+func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
+	tb.Helper()
+	_, url := natstest.Start(tb)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	b, err := New(nc, Config{ID: "bench", Now: func() time.Time { return now }})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var flat map[string]json.RawMessage
+	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
+		tb.Fatal(err)
+	}
+	snap, errs := table.FromFlat(flat)
+	if len(errs) > 0 {
+		tb.Fatal(errs)
+	}
+	for i := range n {
+		id := fmt.Sprintf("r-%d", i)
+		v, err := table.Decode("replicas."+id, []byte(`{"model":"llama-3-70b-instruct","version":"v1.5.0","pool":"general","max_batch":32,"max_queue":128,"state":"ready"}`))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		snap.Set(v, nil)
+	}
+	canary, _ := table.Decode("replicas.c-0", []byte(`{"model":"llama-3-70b-instruct","version":"v1.6.0","pool":"canary","max_batch":32,"max_queue":128,"state":"ready"}`))
+	snap.Set(canary, nil)
+	b.setTable(snap)
+	for id, r := range snap.Replicas {
+		b.router.ObserveHeartbeat(&subjects.Heartbeat{
+			Replica: id, Model: r.Model, Version: r.Version, Pool: r.Pool, State: subjects.StateReady,
+			KVUsage: 0.3, Running: 4, Waiting: 1, MaxBatch: 32, MaxQueue: 128, ScrapeOK: true,
+		}, now)
+	}
+	return b
+}
+
+// gatewayHeaders are the headers the gateway sets for a chat request with
+// 32 prefix blocks.
+func gatewayHeaders() nats.Header {
+	prompt := make([]byte, 32*256)
+	for i := range prompt {
+		prompt[i] = byte('a' + i%26)
+	}
+	prefix := features.AppendPrefix(nil, prompt, 256, 64)
+	return nats.Header{
+		subjects.HdrRequestID:    {"req-1"},
+		subjects.HdrModel:        {"chat-large"},
+		subjects.HdrEndpoint:     {subjects.EndpointChat},
+		subjects.HdrConversation: {"conv-42"},
+		subjects.HdrPriority:     {subjects.PriorityInteractive},
+		subjects.HdrPromptTokens: {strconv.Itoa(len(prompt) / 4)},
+		subjects.HdrMaxTokens:    {"64"},
+		subjects.HdrPrefix:       {features.FormatPrefixHeader(prefix)},
+		subjects.HdrDeadline:     {"99999999999999"},
+	}
+}
+
+func TestHandleForwardsWithRouteHeaders(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	b := newTestBroker(t, 4, now)
+	var s scratch
+	var msg nats.Msg
+	h := gatewayHeaders()
+	body := []byte(`{"model":"chat-large"}`)
+	b.handle(&s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+	rep := msg.Header.Get(subjects.HdrRouteReplica)
+	if msg.Subject != "llm.replica."+rep || msg.Reply != "_INBOX.gw.1" || string(msg.Data) != string(body) {
+		t.Fatalf("forwarded %q reply %q body %q", msg.Subject, msg.Reply, msg.Data)
+	}
+	for _, k := range []string{subjects.HdrRouteModel, subjects.HdrRouteVersion, subjects.HdrRoutePool, subjects.HdrRouteReason, subjects.HdrRouteTableRev, subjects.HdrTenant, subjects.HdrBroker} {
+		if msg.Header.Get(k) == "" {
+			t.Errorf("%s missing", k)
+		}
+	}
+	if got := msg.Header.Get(subjects.HdrTenant); got != "default" {
+		t.Errorf("tenant = %q", got)
+	}
+}
+
+func TestHandleRejectsUnknownModel(t *testing.T) {
+	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
+	var s scratch
+	var msg nats.Msg
+	h := gatewayHeaders()
+	h.Set(subjects.HdrModel, "no-such-model")
+	b.handle(&s, "llm.route.default", "_INBOX.gw.2", h, nil, &msg)
+	if msg.Subject != "_INBOX.gw.2" || msg.Header.Get(subjects.HdrStatus) != "404" || msg.Header.Get(subjects.HdrEOS) != "1" || msg.Header.Get(subjects.HdrSeq) != "0" {
+		t.Fatalf("want a 404 rejection to the reply subject, got %q %v %s", msg.Subject, msg.Header, msg.Data)
+	}
+}
+
+func TestHandleScansTheBodyOfADirectClient(t *testing.T) {
+	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
+	var s scratch
+	var msg nats.Msg
+	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
+	b.handle(&s, "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg)
+	if msg.Header.Get(subjects.HdrRouteModel) != "llama-3-70b-instruct" {
+		t.Fatalf("direct client not routed: %q %v %s", msg.Subject, msg.Header, msg.Data)
+	}
+}
+
+// BenchmarkRoutePath is the broker's own per-request CPU: headers parsed, a
+// full decision, route headers written; NATS I/O excluded.
+func BenchmarkRoutePath(b *testing.B) {
+	for _, n := range []int{8, 64, 1024} {
+		b.Run(fmt.Sprintf("candidates=%d", n), func(b *testing.B) {
+			now := time.Unix(1_800_000_000, 0)
+			br := newTestBroker(b, n, now)
+			h := gatewayHeaders()
+			body := []byte(`{"model":"chat-large"}`)
+			var s scratch
+			var msg nats.Msg
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
+				br.handle(&s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+				if msg.Subject == "" {
+					b.Fatal("no message")
+				}
+				// Drain the publish queue as the publisher goroutine would.
+				for len(br.out) > 0 {
+					<-br.out
+				}
+			}
+		})
+	}
+}
