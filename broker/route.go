@@ -72,7 +72,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	d.Duration = b.cfg.Now().Sub(start)
 	b.metrics.decided(d)
 	if d.ControlLoad {
-		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.Model, Version: d.Version, Tenant: tenant, Requested: start.UnixMilli()})
+		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
 	}
 	b.sample(&s.req, d, h)
 	if d.Err != nil {
@@ -95,8 +95,10 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
 	setHeader(h, subjects.HdrTenant, tenant)
 	setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	if s.req.MaxTokens > 0 && h.Get(subjects.HdrMaxTokens) == "" {
-		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(s.req.MaxTokens))
+	// The adapter reports usage against prompt + max tokens, which must be
+	// what the quota reserved (the model's default when the client set none).
+	if h.Get(subjects.HdrMaxTokens) == "" && d.ReservedTokens > s.req.PromptTokens {
+		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
 	}
 	*msg = nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: reply, Header: h, Data: data}
 }

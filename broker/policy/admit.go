@@ -1,0 +1,133 @@
+package policy
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Retry-After hints. The router never queues (a second queue hides state
+// from the engine's scheduler, which knows better): it rejects with a hint.
+const (
+	RetryNoTable     = 1 * time.Second
+	RetryNoReplicas  = 5 * time.Second
+	RetryWarming     = 5 * time.Second  // a registered replica is loading
+	RetryColdLoad    = 30 * time.Second // a cold-tier model must be loaded first
+	RetryBusyMin     = 1 * time.Second
+	RetryBusyMax     = 30 * time.Second
+	RetryDeadlineMin = 1 * time.Second
+)
+
+// checkContext rejects a prompt longer than the model's context.
+func (st *decision) checkContext() *subjects.APIError {
+	m := st.snap.Models[st.target.Model]
+	if m == nil || m.MaxContextTokens <= 0 || st.req.PromptTokens <= m.MaxContextTokens {
+		return nil
+	}
+	e := subjects.NewError(400, subjects.CodeContextLength, "This model's maximum context length is "+
+		strconv.Itoa(m.MaxContextTokens)+" tokens, but the prompt has "+strconv.Itoa(st.req.PromptTokens)+" tokens.")
+	e.Param = "messages"
+	return e
+}
+
+// checkCapacity rejects when every candidate is at capacity, with a
+// Retry-After of the shortest estimated wait among them.
+func (st *decision) checkCapacity() *subjects.APIError {
+	if st.nfull < len(st.cands) {
+		return nil
+	}
+	wait := math.Inf(1)
+	for i := range st.cands {
+		wait = min(wait, st.cands[i].wait)
+	}
+	e := subjects.NewError(503, subjects.CodeAllReplicasBusy, "Every replica of "+st.target.Model+" is at capacity; retry later.")
+	e.RetryAfter = min(max(millis(wait), RetryBusyMin), RetryBusyMax)
+	return e
+}
+
+// checkDeadline keeps the chosen replica when its estimated wait to the
+// first token fits before the deadline; else it switches to the candidate
+// with the shortest estimate if that one fits, or rejects.
+func (st *decision) checkDeadline() *subjects.APIError {
+	if st.req.Deadline.IsZero() {
+		return nil
+	}
+	left := st.req.Deadline.Sub(st.now)
+	if left > 0 && millis(st.cands[st.chosen].wait) <= left {
+		return nil
+	}
+	best := st.chosen
+	for i := range st.cands {
+		if st.cands[i].wait < st.cands[best].wait {
+			best = i
+		}
+	}
+	wait := millis(st.cands[best].wait)
+	if left > 0 && wait <= left {
+		st.deadlineLoser, st.chosen, st.deadlineSwitch = st.chosen, best, true
+		return nil
+	}
+	e := subjects.NewError(503, subjects.CodeDeadlineUnmeetable, "The estimated wait of "+wait.String()+
+		" does not fit in the request's remaining time of "+max(left, 0).Round(time.Millisecond).String()+".")
+	e.RetryAfter = max(wait-max(left, 0), RetryDeadlineMin)
+	return e
+}
+
+// unavailable is the rejection when neither the model nor any fallback has
+// a candidate.
+func (st *decision) unavailable() *subjects.APIError {
+	model := st.primary.Model
+	var e *subjects.APIError
+	switch {
+	case st.d.ControlLoad && st.d.LoadModel == model:
+		e = subjects.NewError(503, subjects.CodeModelLoading, "Model "+model+" is not loaded; it has been requested, retry later.")
+		e.RetryAfter = RetryColdLoad
+	case st.loading(model):
+		e = subjects.NewError(503, subjects.CodeModelLoading, "Model "+model+" is loading; retry later.")
+		e.RetryAfter = RetryWarming
+	default:
+		e = subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available.")
+		e.RetryAfter = RetryNoReplicas
+	}
+	return e
+}
+
+func errNoTable() *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "The routing table is not loaded yet.")
+	e.RetryAfter = RetryNoTable
+	return e
+}
+
+func errModelNotFound(name string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodeModelNotFound, "The model `"+name+"` does not exist.")
+	e.Param = "model"
+	return e
+}
+
+func errNoCascadeRule(alias string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodeModelNotFound, "No cascade rule of alias `"+alias+"` matches this request.")
+	e.Param = "model"
+	return e
+}
+
+func errAliasLoop(name string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodeModelNotFound, "Alias `"+name+"` resolves in a loop.")
+	e.Param = "model"
+	return e
+}
+
+func errNotAllowed(tenant, name string) *subjects.APIError {
+	e := subjects.NewError(403, subjects.CodeModelNotAllowed, "Tenant "+tenant+" may not use model `"+name+"`.")
+	e.Param = "model"
+	return e
+}
+
+func errBadModel(msg string) *subjects.APIError {
+	e := subjects.NewError(400, subjects.CodeInvalidRequest, msg)
+	e.Param = "model"
+	return e
+}
+
+func millis(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }

@@ -1,0 +1,84 @@
+package policy_test
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// BenchmarkDecide measures full decisions: an alias with a canary, the pool
+// rules, the candidate filter, session affinity (half the requests) and
+// prefix affinity over 32 blocks (the other half), power of two, quota,
+// capacity and deadline admission, alternatives, and the commit.
+func BenchmarkDecide(b *testing.B) {
+	for _, n := range []int{8, 64, 1024} {
+		b.Run("candidates="+strconv.Itoa(n), func(b *testing.B) { benchDecide(b, n) })
+	}
+}
+
+func benchDecide(b *testing.B, n int) {
+	var sb strings.Builder
+	sb.WriteString(`{
+	"aliases.chat": {"targets": [{"model": "m", "version": "v1", "weight": 95}, {"model": "m", "version": "v2", "weight": 5}]},
+	"models.m": {"versions": ["v1", "v2"], "max_context_tokens": 131072, "default_max_tokens": 512},
+	"tenants.bench": {"quota": {"rpm": 1000000000000000, "tpm": 1000000000000000}},
+	"replicas.canary-0": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"},
+	"replicas.canary-1": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"},
+	"replicas.long-0": {"model": "m", "version": "v1", "pool": "long-context", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
+	for i := range n {
+		sb.WriteString(`,"replicas.gen-` + strconv.Itoa(i) + `": {"model": "m", "version": "v1", "pool": "general", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
+	}
+	sb.WriteString("}")
+	s := build(b, []byte(`{"policy": {}}`), []byte(sb.String()))
+	r := policy.New(policy.Config{Self: "bench"})
+	r.SetTable(s)
+	now := t0
+	rng := rand.New(rand.NewPCG(7, 7))
+	heartbeats := make([]*subjects.Heartbeat, 0, n+3)
+	for id := range s.Replicas {
+		heartbeats = append(heartbeats, &subjects.Heartbeat{Replica: id, State: subjects.StateReady,
+			KVUsage: rng.Float64() * 0.9, Running: rng.IntN(64), Waiting: rng.IntN(16), MaxBatch: 64, MaxQueue: 256,
+			TTFTEWMAMillis: 80, QueueWaitMillis: 20, ScrapeOK: true})
+	}
+	beat := func() {
+		for _, hb := range heartbeats {
+			r.ObserveHeartbeat(hb, now)
+		}
+	}
+	beat()
+
+	// 256 requests over 16 shared system prompts: prefixes hit after the
+	// first round, as they do in production.
+	reqs := make([]policy.Request, 256)
+	for i := range reqs {
+		prompt := strings.Repeat("system prompt "+strconv.Itoa(i%16)+" ", 1200) + strconv.Itoa(i)
+		reqs[i] = policy.Request{
+			Tenant: "bench", Model: "chat", Endpoint: subjects.EndpointChat,
+			PromptTokens: 2000, MaxTokens: 256, Deadline: now.Add(30 * time.Second),
+			Prefix: features.AppendPrefix(nil, []byte(prompt), 256, 32),
+		}
+		if i%2 == 0 {
+			reqs[i].Conversation = "conversation-" + strconv.Itoa(i)
+		}
+	}
+	var d policy.Decision
+	every := 8 * len(heartbeats) // each replica hears from its engine every 8·n decisions
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Decide(&reqs[i%len(reqs)], now, rng, &d)
+		if d.Err != nil {
+			b.Fatalf("rejected: %v", d.Err)
+		}
+		now = now.Add(time.Microsecond)
+		if i++; i%every == 0 {
+			beat()
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package policy
+
+import (
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// choose picks the replica among st.cands, trying in order: session
+// affinity, LoRA affinity, prefix affinity, then the load-aware choice
+// (power of two, or random when every candidate's load data is stale).
+// Each affinity step keeps its replica only while its kv_usage is below the
+// pool's release threshold: the valve that stops one popular conversation,
+// adapter or prefix from overloading a replica.
+func (st *decision) choose() {
+	st.chosen, st.released, st.other = -1, -1, -1
+	if st.req.Conversation != "" && st.session() {
+		return
+	}
+	if st.adapter != "" && st.lora() {
+		return
+	}
+	if len(st.req.Prefix) > 0 && st.prefix() {
+		return
+	}
+	st.loadAware()
+}
+
+// session keeps a conversation on its rendezvous-hash replica: the
+// candidate with the highest mix(hash(conversation) ^ hash(replica id)).
+// Adding or removing one of N replicas moves only ≈1/N of the
+// conversations, unlike hash mod N.
+func (st *decision) session() bool {
+	hc := xxhash.Sum64String(st.req.Conversation)
+	best, bestScore := -1, uint64(0)
+	for i := range st.cands {
+		if s := mix64(hc ^ st.cands[i].x.idHash); best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	if st.cands[best].kv < st.release {
+		st.chosen, st.step = best, stepSession
+		return true
+	}
+	st.released = best
+	return false
+}
+
+// mix64 is the splitmix64 finalizer: it spreads the xor of two hashes so
+// the rendezvous scores of one conversation are independent per replica.
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// lora concentrates an adapter: the least loaded replica already running
+// it; else the least loaded with a free adapter slot; else it leaves the
+// choice to the next steps. Fewer distinct adapters per batch means less
+// grouped-GEMM overhead, worth some imbalance.
+func (st *decision) lora() bool {
+	a := st.adapter
+	best := -1
+	for i := range st.cands {
+		c := &st.cands[i]
+		if c.kv < st.release && hasAdapter(c.x, a) && (best < 0 || c.load < st.cands[best].load) {
+			best = i
+		}
+	}
+	st.loraLoaded = best >= 0
+	if best < 0 {
+		for i := range st.cands {
+			c := &st.cands[i]
+			if c.kv < st.release && adapterRoom(c.x) && (best < 0 || c.load < st.cands[best].load) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	st.chosen, st.step = best, stepLora
+	return true
+}
+
+// hasAdapter: running or waiting in the engine, or sent there by this broker
+// since the last heartbeat.
+func hasAdapter(x *replica, a string) bool {
+	return slices.Contains(x.hb.Lora.Running, a) || slices.Contains(x.hb.Lora.Waiting, a) ||
+		slices.Contains(x.sent[:x.nsent], a)
+}
+
+// adapterRoom: fewer adapters running (counting those this broker just sent)
+// than the replica's slots. Unknown slots (0) mean no LoRA support.
+func adapterRoom(x *replica) bool {
+	slots := firstPositive(x.hb.Lora.Max, x.reg.MaxLoras, 0)
+	used := len(x.hb.Lora.Running)
+	for _, a := range x.sent[:x.nsent] {
+		if !slices.Contains(x.hb.Lora.Running, a) {
+			used++
+		}
+	}
+	return used < slots
+}
+
+// prefix picks the replica holding the longest chain of the request's prefix
+// blocks, among candidates below the release threshold; ties go to the
+// lowest kv_usage. Chained hashes make presence monotone in the chain (a
+// block is stored with every block before it), so a binary search finds the
+// longest stored level in O(log n) lookups; the walk down from there only
+// continues while that level's replicas are not usable.
+func (st *decision) prefix() bool {
+	m := st.r.prefixes[st.target.Model]
+	if m == nil {
+		return false
+	}
+	blocks := st.req.Prefix
+	top := -1
+	for lo, hi := 0, len(blocks); lo < hi; {
+		mid := int(uint(lo+hi) >> 1)
+		if m.find(blocks[mid]) >= 0 {
+			top, lo = mid, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	for lvl := top; lvl >= 0; lvl-- {
+		e := m.get(blocks[lvl])
+		if e == nil {
+			continue
+		}
+		best := -1
+		for _, x := range e.reps {
+			if x == nil || x.mark != st.r.epoch {
+				continue
+			}
+			ci := int(x.ci)
+			if c := &st.cands[ci]; c.kv < st.release && (best < 0 || c.kv < st.cands[best].kv) {
+				best = ci
+			}
+		}
+		if best >= 0 {
+			st.chosen, st.step, st.d.PrefixMatched = best, stepPrefix, lvl+1
+			return true
+		}
+	}
+	return false
+}
+
+// loadAware is the power of two choices: two random candidates, the lower
+// load_score wins. Sampling two instead of taking the global minimum keeps
+// brokers with the same stale view from herding onto one replica. When no
+// candidate's load data is fresher than stale_after, it is worse than
+// random, so the choice is random.
+func (st *decision) loadAware() {
+	n := len(st.cands)
+	switch {
+	case n == 1:
+		st.chosen, st.step = 0, stepOnly
+	case st.nfresh == 0:
+		st.chosen, st.step = st.rng.IntN(n), stepStale
+	default:
+		i, j := st.rng.IntN(n), st.rng.IntN(n-1)
+		if j >= i {
+			j++
+		}
+		if st.cands[j].load < st.cands[i].load {
+			i, j = j, i
+		}
+		st.chosen, st.other, st.step = i, j, stepPowerOfTwo
+	}
+}
+
+// alternatives records the (at most 3) lowest-load candidates that lost,
+// and why.
+func (st *decision) alternatives() {
+	var top [3]int
+	n := 0
+	for i := range st.cands {
+		if i == st.chosen {
+			continue
+		}
+		l := st.cands[i].load
+		if n == len(top) && l >= st.cands[top[n-1]].load {
+			continue
+		}
+		k := min(n, len(top)-1)
+		for k > 0 && st.cands[top[k-1]].load > l {
+			top[k] = top[k-1]
+			k--
+		}
+		top[k] = i
+		n = min(n+1, len(top))
+	}
+	d := st.d
+	for k := 0; k < n; k++ {
+		c := &st.cands[top[k]]
+		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: st.why(top[k])}
+	}
+	d.NAlts = n
+}
+
+// why says why candidate i lost to the chosen one.
+func (st *decision) why(i int) string {
+	c := &st.cands[i]
+	switch {
+	case i == st.deadlineLoser:
+		return WhyDeadline
+	case i == st.released:
+		return WhyReleased
+	}
+	switch st.step {
+	case stepSession:
+		return WhyNotAffine
+	case stepLora:
+		switch {
+		case c.kv >= st.release:
+			return WhyReleased
+		case st.loraLoaded && !hasAdapter(c.x, st.adapter):
+			return WhyNoAdapter
+		case !st.loraLoaded && !adapterRoom(c.x):
+			return WhyNoAdapterSlot
+		}
+		return WhyHigherLoad
+	case stepPrefix:
+		if c.kv >= st.release {
+			return WhyReleased
+		}
+		return WhyShorterPrefix
+	case stepStale:
+		return WhyNotDrawn
+	case stepPowerOfTwo:
+		if i != st.other {
+			return WhyNotSampled
+		}
+	}
+	if c.saturated {
+		return WhySaturated
+	}
+	return WhyHigherLoad
+}

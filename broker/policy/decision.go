@@ -1,0 +1,208 @@
+package policy
+
+import (
+	"slices"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Request is one request as the broker sees it: the gateway's headers,
+// parsed. Nothing in it is modified by the Router.
+type Request struct {
+	Tenant, Model, Endpoint, Conversation, Priority string // Model: alias, model id, or "model:adapter"
+	PromptTokens, MaxTokens                         int
+	Prefix                                          []uint64 // chained block hashes (Llm-Prefix)
+	Features                                        []string // Llm-Features, e.g. "code"
+	Deadline                                        time.Time
+	Exclude                                         []string
+	// Prompt returns the canonical prompt. It is called at most once per
+	// decision, and only when a regex cascade rule has to be evaluated; nil
+	// means no prompt (regex rules never match).
+	Prompt func() []byte
+}
+
+// Reason codes of a decision (X-Switchyard-Reason). A decision's Reason is
+// the step that picked the replica, preceded by what changed the route on
+// the way, joined with "+": "fallback:chat-small+pool-fallback-general+power-of-two".
+const (
+	ReasonSession      = "session-affinity" // rendezvous hash of the conversation
+	ReasonLora         = "lora-affinity"    // replica already running the adapter, or with a free slot
+	ReasonPrefix       = "prefix-affinity"  // longest warm prefix chain
+	ReasonPowerOfTwo   = "power-of-two"     // lower load_score of two random candidates
+	ReasonOnly         = "only-candidate"   // one candidate: nothing to choose
+	ReasonStaleRandom  = "stale-random"     // every candidate's load data older than stale_after
+	ReasonPoolFallback = "pool-fallback-general"
+	ReasonCanaryGone   = "canary-unavailable" // canary drawn, no canary replica: stable version instead
+	ReasonFallback     = "fallback:"          // followed by the alias fallen back to
+	ReasonDeadline     = "deadline"           // chosen replica could not meet the deadline; the fastest one could
+)
+
+// Why a candidate lost (Alternative.Why).
+const (
+	WhyHigherLoad    = "higher load_score"
+	WhySaturated     = "saturated"
+	WhyReleased      = "above release threshold"
+	WhyNotAffine     = "not session-affine"
+	WhyNoAdapter     = "adapter not loaded"
+	WhyNoAdapterSlot = "no free adapter slot"
+	WhyShorterPrefix = "shorter prefix match"
+	WhyNotSampled    = "not sampled by power-of-two"
+	WhyNotDrawn      = "not drawn (stale load data)"
+	WhyDeadline      = "estimated wait beyond the deadline"
+)
+
+// Decision is one explained routing decision. The caller owns it and passes
+// it back in; Decide and Explain overwrite every field.
+type Decision struct {
+	Requested, Model, Version, Lora, Pool, Replica, Reason string
+
+	Score float64 // the chosen replica's load_score
+	Alts  [3]subjects.Alternative
+	NAlts int // top alternatives, lowest load_score first, why each lost
+
+	PrefixBlocks, PrefixMatched int
+	TableRevision               uint64
+	// Duration is the time the decision took, measured only when
+	// Config.Clock is set; otherwise the caller fills it in.
+	Duration time.Duration
+
+	Err *subjects.APIError // non-nil: rejected (status, code, message, RetryAfter, Headers)
+
+	// ControlLoad: a cold-tier model was asked for and has no ready replica;
+	// the broker publishes llm.control.load for LoadModel/LoadVersion. The
+	// request itself may still be routed to a fallback (then Err is nil and
+	// Model is the fallback's model).
+	ControlLoad            bool
+	LoadModel, LoadVersion string
+	// Placement: the broker should publish Prefix → Replica on
+	// llm.placement.<Model>, because this decision placed blocks where the
+	// prefix map did not already have them.
+	Placement bool
+	// ReservedTokens is what the tenant's tpm bucket was charged (prompt +
+	// max_tokens, or the model's default_max_tokens); usage events settle it.
+	ReservedTokens int
+}
+
+// Alternatives returns the recorded alternatives.
+func (d *Decision) Alternatives() []subjects.Alternative { return d.Alts[:d.NAlts] }
+
+// Wire renders the decision for llm.decision.<pool> and llm.explain replies.
+// The caller adds request id, trace id and the decision time.
+func (d *Decision) Wire(req *Request) subjects.Decision {
+	w := subjects.Decision{
+		Tenant:        req.Tenant,
+		Requested:     d.Requested,
+		Model:         d.Model,
+		Version:       d.Version,
+		Lora:          d.Lora,
+		Pool:          d.Pool,
+		Replica:       d.Replica,
+		Reason:        d.Reason,
+		Score:         d.Score,
+		Alternatives:  slices.Clone(d.Alternatives()),
+		PromptTokens:  req.PromptTokens,
+		PrefixBlocks:  d.PrefixBlocks,
+		PrefixMatched: d.PrefixMatched,
+		Status:        200,
+		TableRevision: d.TableRevision,
+		DurationNanos: int64(d.Duration),
+	}
+	if d.Err != nil {
+		w.Status, w.Code, w.Message = d.Err.Status, d.Err.Code, d.Err.Message
+	}
+	return w
+}
+
+// step is the replica-choice step that decided.
+type step uint8
+
+const (
+	stepNone step = iota
+	stepSession
+	stepLora
+	stepPrefix
+	stepPowerOfTwo
+	stepOnly
+	stepStale
+)
+
+func (s step) String() string {
+	switch s {
+	case stepSession:
+		return ReasonSession
+	case stepLora:
+		return ReasonLora
+	case stepPrefix:
+		return ReasonPrefix
+	case stepPowerOfTwo:
+		return ReasonPowerOfTwo
+	case stepOnly:
+		return ReasonOnly
+	case stepStale:
+		return ReasonStaleRandom
+	}
+	return ""
+}
+
+// reason joins the route modifiers and the step. The common single-modifier
+// cases are constants so the hot path does not allocate.
+func reason(fallback string, poolFallback, canaryGone, deadline bool, s step) string {
+	if fallback == "" && !deadline && !(poolFallback && canaryGone) {
+		switch {
+		case poolFallback:
+			switch s {
+			case stepSession:
+				return ReasonPoolFallback + "+" + ReasonSession
+			case stepLora:
+				return ReasonPoolFallback + "+" + ReasonLora
+			case stepPrefix:
+				return ReasonPoolFallback + "+" + ReasonPrefix
+			case stepPowerOfTwo:
+				return ReasonPoolFallback + "+" + ReasonPowerOfTwo
+			case stepOnly:
+				return ReasonPoolFallback + "+" + ReasonOnly
+			case stepStale:
+				return ReasonPoolFallback + "+" + ReasonStaleRandom
+			}
+		case canaryGone:
+			switch s {
+			case stepSession:
+				return ReasonCanaryGone + "+" + ReasonSession
+			case stepLora:
+				return ReasonCanaryGone + "+" + ReasonLora
+			case stepPrefix:
+				return ReasonCanaryGone + "+" + ReasonPrefix
+			case stepPowerOfTwo:
+				return ReasonCanaryGone + "+" + ReasonPowerOfTwo
+			case stepOnly:
+				return ReasonCanaryGone + "+" + ReasonOnly
+			case stepStale:
+				return ReasonCanaryGone + "+" + ReasonStaleRandom
+			}
+		default:
+			return s.String()
+		}
+	}
+	r := ""
+	add := func(p string) {
+		if r != "" {
+			r += "+"
+		}
+		r += p
+	}
+	if fallback != "" {
+		add(ReasonFallback + fallback)
+	}
+	if canaryGone {
+		add(ReasonCanaryGone)
+	}
+	if poolFallback {
+		add(ReasonPoolFallback)
+	}
+	add(s.String())
+	if deadline {
+		add(ReasonDeadline)
+	}
+	return r
+}

@@ -1,0 +1,15 @@
+// Package policy is the broker's routing decision (DESIGN.md "The
+// decision"): which model, which pool, which replica, admit or reject. It is
+// a pipeline of small pure steps over plain values:
+//
+//	resolve model → pick version and pool → filter candidates → fallbacks →
+//	admission (context, quota, capacity) → session | LoRA | prefix affinity →
+//	power of two (or random when load data is stale) → deadline → commit
+//
+// The Router also holds the load view the steps read: the routing table
+// snapshot, the last heartbeat of every replica, this broker's in-flight
+// count since each heartbeat, the per-model prefix map and the tenant token
+// buckets. It imports no NATS: the broker feeds it heartbeats, placements
+// and usage events, and takes time and randomness as inputs, so the lab runs
+// it in virtual time and tests are deterministic. See README.md for the rules.
+package policy

@@ -1,0 +1,108 @@
+package policy
+
+import "slices"
+
+// Limits assumed when neither the heartbeat nor the table gives one.
+const (
+	DefaultMaxBatch = 256 // vLLM's default max_num_seqs
+	DefaultMaxQueue = 256
+	// SaturationPenalty is added to the load_score of a saturated replica:
+	// it sorts after every unsaturated one but stays a candidate, because
+	// excluding saturated replicas cascades the load onto the others.
+	SaturationPenalty = 1.0
+)
+
+// cand is one candidate of the current decision with its load view.
+type cand struct {
+	x         *replica
+	load      float64 // load_score, saturation penalty included
+	kv        float64
+	wait      float64 // estimated milliseconds to the first token
+	fresh     bool    // load data younger than stale_after
+	saturated bool
+	full      bool // at capacity: see load
+}
+
+// candidates makes the candidates of (model, version, pool): registered
+// (they come from the table index), effective state ready (the more
+// restrictive of the table's and the heartbeat's), a heartbeat younger than
+// dead_after, not excluded. It reports whether there is at least one.
+func (st *decision) candidates(model, version, pool string) bool {
+	r := st.r
+	r.epoch++
+	list := r.groups[groupKey{model, version, pool}]
+	st.release, st.saturation = st.snap.PoolOverrides(pool)
+	cands := r.cands[:0]
+	pol := &st.snap.Policy
+	now := st.now.UnixNano()
+	dead, stale := int64(pol.DeadAfter), int64(pol.StaleAfter)
+	st.nfresh, st.nfull = 0, 0
+	for _, x := range list {
+		if !x.ready {
+			continue
+		}
+		age := max(now-x.hbNano, 0)
+		if age >= dead || (len(st.req.Exclude) > 0 && slices.Contains(st.req.Exclude, x.id)) {
+			continue
+		}
+		c := cand{x: x, fresh: age < stale}
+		st.load(&c)
+		if c.fresh {
+			st.nfresh++
+		}
+		if c.full {
+			st.nfull++
+		}
+		x.mark, x.ci = r.epoch, int32(len(cands))
+		cands = append(cands, c)
+	}
+	r.cands, st.cands = cands, cands
+	return len(cands) > 0
+}
+
+// load computes a candidate's load_score (DESIGN.md):
+//
+//	w.kv·kv_usage + w.queue·waiting/max_queue + w.batch·running/max_batch
+//
+// This broker's in-flight requests since the heartbeat count as if the
+// engine had admitted them: into the batch while it has room, then into
+// the queue. So one in-flight request weighs w.batch/max_batch (or
+// w.queue/max_queue once the batch is full), which is what it will weigh in
+// the next heartbeat. A replica is saturated when kv ≥ saturation_kv or
+// its queue is full, and at capacity ("full") when its queue is full and it
+// cannot drain it (batch full or kv saturated); stale load data is never
+// full, since it cannot tell. An unknown max_queue counts as
+// DefaultMaxQueue in the score and never fills.
+func (st *decision) load(c *cand) {
+	x := c.x
+	running, waiting, maxBatch := x.running, x.waiting, x.maxBatch
+	if n := x.inflight; n > 0 {
+		add := min(max(maxBatch-running, 0), n)
+		running += add
+		waiting += n - add
+	}
+	queueDen := x.maxQueue
+	if queueDen <= 0 {
+		queueDen = DefaultMaxQueue
+	}
+	w := &st.snap.Policy.LoadWeights
+	c.kv = x.kv
+	c.load = w.KV*c.kv + w.Queue*float64(waiting)/float64(queueDen) + w.Batch*float64(running)/float64(maxBatch)
+	queueFull := x.maxQueue > 0 && waiting >= x.maxQueue
+	c.saturated = c.kv >= st.saturation || queueFull
+	if c.saturated {
+		c.load += SaturationPenalty
+	}
+	c.full = c.fresh && queueFull && (running >= maxBatch || c.kv >= st.saturation)
+	c.wait = x.wait
+}
+
+func firstPositive(a, b, c int) int {
+	switch {
+	case a > 0:
+		return a
+	case b > 0:
+		return b
+	}
+	return c
+}

@@ -1,0 +1,190 @@
+package policy
+
+import (
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// place picks the version and the pool for res: the first pool rule that
+// matches, in order. The canary version is drawn at the canary rule's place,
+// so long-context, premium and batch traffic always gets the stable version.
+// The stable target is the one with the highest weight (the first on a tie);
+// every other target is a canary. A table without a canary rule still splits
+// traffic by weight, in the general pool.
+func (st *decision) place(res *resolved) {
+	st.poolFallback, st.canaryGone = false, false
+	var targets []table.Target
+	if res.alias != nil {
+		targets = res.alias.Targets
+	}
+	st.stable = table.Target{Model: res.model, Weight: 1}
+	for i, t := range targets {
+		if i == 0 || t.Weight > st.stable.Weight {
+			st.stable = t
+		}
+	}
+	st.target, st.pool = st.stable, ""
+	canaryRule := false
+	pol := &st.snap.Policy
+	for _, rule := range pol.PoolRules {
+		match := false
+		switch rule.When {
+		case table.WhenLongContext:
+			match = st.req.PromptTokens > pol.LongContextTokens
+		case table.WhenPremium:
+			match = st.tier == table.TierPremium
+		case table.WhenBatch:
+			match = st.req.Priority == subjects.PriorityBatch
+		case table.WhenCanary:
+			canaryRule = true
+			if t, ok := st.draw(res.aliasName, targets); ok {
+				st.target, match = t, true
+			}
+		case table.WhenAlways:
+			match = true
+		}
+		if match {
+			st.pool = rule.Pool
+			return
+		}
+	}
+	st.pool = table.PoolGeneral
+	if !canaryRule {
+		if t, ok := st.draw(res.aliasName, targets); ok {
+			st.target = t
+		}
+	}
+}
+
+// draw picks a target by weight, sticky per conversation (a hash of alias
+// and conversation, so one conversation is not the canary of every alias at
+// once), random without one. ok is false when the stable target was drawn.
+func (st *decision) draw(alias string, targets []table.Target) (t table.Target, ok bool) {
+	total := 0
+	for _, t := range targets {
+		total += t.Weight
+	}
+	if len(targets) < 2 || total <= 0 {
+		return t, false
+	}
+	var x int
+	if c := st.req.Conversation; c != "" {
+		var h xxhash.Digest
+		h.Reset()
+		_, _ = h.WriteString(alias)
+		_, _ = h.Write([]byte{0})
+		_, _ = h.WriteString(c)
+		x = int(h.Sum64() % uint64(total))
+	} else {
+		x = st.rng.IntN(total)
+	}
+	for _, t := range targets {
+		if x -= t.Weight; x < 0 {
+			return t, t != st.stable
+		}
+	}
+	return t, false
+}
+
+// gather collects the candidates of the target in its pool. A pool without
+// a candidate for the model falls back to general; a drawn canary without
+// one falls back to the stable version in the general pool.
+func (st *decision) gather() bool {
+	t := &st.target
+	if st.candidates(t.Model, t.Version, st.pool) {
+		return true
+	}
+	if st.pool != table.PoolGeneral && st.candidates(t.Model, t.Version, table.PoolGeneral) {
+		st.pool, st.poolFallback = table.PoolGeneral, true
+		return true
+	}
+	if *t != st.stable {
+		st.target, st.pool, st.canaryGone = st.stable, table.PoolGeneral, true
+		return st.candidates(st.stable.Model, st.stable.Version, table.PoolGeneral)
+	}
+	return false
+}
+
+// fallbacks follows the fallbacks of the resolved alias, then those of the
+// cascade aliases that led to it, breadth first and loop-safe, until one
+// leads to a candidate. An explicit "model:adapter" never falls back: the
+// adapter belongs to its model.
+func (st *decision) fallbacks(res *resolved) bool {
+	if st.explicit {
+		return false
+	}
+	var q fallbackQueue
+	if res.alias != nil {
+		q.push(res.alias.Fallbacks)
+	}
+	for i := st.npath - 2; i >= 0; i-- {
+		if a := st.snap.Aliases[st.path[i]]; a != nil {
+			q.push(a.Fallbacks)
+		}
+	}
+	for q.head < q.n {
+		name := q.names[q.head]
+		q.head++
+		from := st.npath
+		var fb resolved
+		if st.resolve(name, &fb) != nil {
+			continue
+		}
+		st.place(&fb)
+		if m := st.snap.Models[st.target.Model]; m != nil && m.MaxContextTokens > 0 && st.req.PromptTokens > m.MaxContextTokens {
+			continue
+		}
+		st.adapter = st.tenantAdapter(from)
+		if st.gather() {
+			st.fallback = name
+			return true
+		}
+		st.noteCold()
+		if fb.alias != nil {
+			q.push(fb.alias.Fallbacks)
+		}
+	}
+	return false
+}
+
+type fallbackQueue struct {
+	names   [maxHops]string
+	n, head int
+}
+
+func (q *fallbackQueue) push(names []string) {
+	for _, n := range names {
+		dup := false
+		for _, m := range q.names[:q.n] {
+			dup = dup || m == n
+		}
+		if !dup && q.n < maxHops {
+			q.names[q.n] = n
+			q.n++
+		}
+	}
+}
+
+// noteCold asks for a load when the target's model is cold-tier and has no
+// ready replica (the first such model of the decision).
+func (st *decision) noteCold() {
+	m := st.snap.Models[st.target.Model]
+	if st.d.ControlLoad || m == nil || m.Tier != table.TierCold {
+		return
+	}
+	st.d.ControlLoad = true
+	st.d.LoadModel, st.d.LoadVersion = st.target.Model, st.target.Version
+}
+
+// loading reports whether a registered replica of model is loading: the
+// model is on its way, which a client should hear as model_loading.
+func (st *decision) loading(model string) bool {
+	for _, x := range st.r.byModel[model] {
+		if x.reg != nil && subjects.Restrictive(x.reg.State, x.hb.State) == subjects.StateLoading {
+			return true
+		}
+	}
+	return false
+}

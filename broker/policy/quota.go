@@ -1,0 +1,182 @@
+package policy
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// Tenant quotas are token buckets per tenant, one for requests (rpm) and
+// one for tokens (tpm). Each of n live brokers enforces limit ÷ n, since the
+// queue group spreads a tenant's requests evenly over them. A bucket holds
+// at most a minute's share and refills continuously. The tpm bucket is
+// charged prompt + max_tokens at admission and credited back what the
+// request did not use when its usage event arrives.
+
+type tenantQuota struct{ rpm, tpm bucket }
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+	limit  int // the table limit the level was computed for
+}
+
+// level is the bucket's content at now for capacity; a new bucket, or one
+// whose limit the table changed, starts full.
+func (b *bucket) level(limit int, capacity float64, now time.Time) float64 {
+	if b.at.IsZero() || b.limit != limit {
+		return capacity
+	}
+	elapsed := max(now.Sub(b.at).Seconds(), 0)
+	return min(b.tokens+elapsed*capacity/60, capacity)
+}
+
+func (b *bucket) set(limit int, tokens float64, now time.Time) {
+	b.tokens, b.at, b.limit = tokens, now, limit
+}
+
+// quotaCheck is the state of a tenant's buckets for one request.
+type quotaCheck struct {
+	rpmLevel, tpmLevel float64
+	cost               int
+}
+
+// checkQuota admits the request against the tenant's buckets without
+// charging them (commit does).
+func (st *decision) checkQuota() *subjects.APIError {
+	st.d.ReservedTokens = st.req.PromptTokens + st.maxTokens()
+	if st.tenant == nil {
+		return nil
+	}
+	q := st.tenant.Quota
+	if q.RPM == 0 && q.TPM == 0 {
+		return nil
+	}
+	tq := st.r.quotas[st.tenantKey]
+	if tq == nil {
+		tq = &tenantQuota{} // not stored: only commit creates state
+	}
+	n := float64(st.r.brokers)
+	st.quota.cost = st.d.ReservedTokens
+	var wait float64 // seconds until both buckets admit this request
+	if q.RPM > 0 {
+		capacity := float64(q.RPM) / n
+		st.quota.rpmLevel = tq.rpm.level(q.RPM, capacity, st.now)
+		// A share below one request (rpm 1 over 2 brokers) admits one
+		// request whenever its bucket is full.
+		need := min(1, capacity)
+		if lvl := st.quota.rpmLevel; lvl < need {
+			wait = max(wait, (need-lvl)/(capacity/60))
+		}
+	}
+	if q.TPM > 0 {
+		capacity := float64(q.TPM) / n
+		st.quota.tpmLevel = tq.tpm.level(q.TPM, capacity, st.now)
+		// A request larger than the whole share needs a full bucket, not
+		// more than it can ever hold.
+		need := min(float64(st.quota.cost), capacity)
+		if lvl := st.quota.tpmLevel; lvl < need {
+			wait = max(wait, (need-lvl)/(capacity/60))
+		}
+	}
+	if wait <= 0 {
+		return nil
+	}
+	e := subjects.NewError(429, subjects.CodeRateLimit, "Rate limit reached for tenant "+st.req.Tenant+": retry after the Retry-After delay.")
+	e.RetryAfter = time.Duration(math.Ceil(wait*1000)) * time.Millisecond
+	e.Headers = map[string]string{}
+	if q.RPM > 0 {
+		rateHeaders(e.Headers, subjects.HdrRateLimitLimitRequests, subjects.HdrRateLimitRemainingRequests,
+			subjects.HdrRateLimitResetRequests, q.RPM, st.quota.rpmLevel, n)
+	}
+	if q.TPM > 0 {
+		rateHeaders(e.Headers, subjects.HdrRateLimitLimitTokens, subjects.HdrRateLimitRemainingTokens,
+			subjects.HdrRateLimitResetTokens, q.TPM, st.quota.tpmLevel, n)
+	}
+	return e
+}
+
+// rateHeaders fills OpenAI's x-ratelimit-* trio. The limit is the tenant's
+// whole limit; remaining scales this broker's share back up, an estimate of
+// what the tenant has left across brokers; reset is the time until the
+// bucket is full again.
+func rateHeaders(h map[string]string, limitH, remainingH, resetH string, limit int, level, n float64) {
+	capacity := float64(limit) / n
+	remaining := min(max(int(level*n), 0), limit)
+	reset := time.Duration((capacity - max(level, 0)) / (capacity / 60) * float64(time.Second)).Round(time.Millisecond)
+	h[limitH] = strconv.Itoa(limit)
+	h[remainingH] = strconv.Itoa(remaining)
+	h[resetH] = reset.String()
+}
+
+// maxTokens is the request's max_tokens, or the model's default.
+func (st *decision) maxTokens() int {
+	if st.req.MaxTokens > 0 {
+		return st.req.MaxTokens
+	}
+	if m := st.snap.Models[st.target.Model]; m != nil {
+		return m.DefaultMaxTokens
+	}
+	return 0
+}
+
+// chargeQuota takes the request out of the buckets checkQuota read.
+func (st *decision) chargeQuota() {
+	if st.tenant == nil {
+		return
+	}
+	q := st.tenant.Quota
+	if q.RPM == 0 && q.TPM == 0 {
+		return
+	}
+	tq := st.r.quotas[st.tenantKey]
+	if tq == nil {
+		tq = &tenantQuota{}
+		st.r.quotas[st.tenantKey] = tq
+	}
+	if q.RPM > 0 {
+		tq.rpm.set(q.RPM, st.quota.rpmLevel-1, st.now)
+	}
+	if q.TPM > 0 {
+		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
+	}
+}
+
+// ObserveUsage settles a tpm reservation: the tokens reserved and not used
+// go back to the tenant's bucket (a request that used more than it reserved
+// takes the difference). A usage event naming another broker is ignored;
+// one naming none is settled by every broker, each for its 1/n share.
+func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) {
+	if u.ReservedTokens <= 0 || (u.Broker != "" && r.cfg.Self != "" && u.Broker != r.cfg.Self) {
+		return
+	}
+	s := r.snap.Load()
+	if s == nil {
+		return
+	}
+	key := u.Tenant
+	t := s.Tenants[key]
+	if t == nil {
+		key, t = table.DefaultTenant, s.Tenants[table.DefaultTenant]
+	}
+	if t == nil || t.Quota.TPM == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	tq := r.quotas[key]
+	if tq == nil {
+		return
+	}
+	refund := float64(u.ReservedTokens - u.PromptTokens - u.CompletionTokens)
+	n := float64(r.brokers)
+	if u.Broker == "" {
+		refund /= n
+	}
+	capacity := float64(t.Quota.TPM) / n
+	lvl := tq.tpm.level(t.Quota.TPM, capacity, now)
+	tq.tpm.set(t.Quota.TPM, max(min(lvl+refund, capacity), -capacity), now)
+}

@@ -1,0 +1,278 @@
+package policy
+
+import (
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// DefaultPrefixEntries is the per-model prefix map capacity.
+const DefaultPrefixEntries = 8192
+
+// Config configures a Router.
+type Config struct {
+	// PrefixEntries caps each model's prefix map (block hash → replicas);
+	// 0 means DefaultPrefixEntries.
+	PrefixEntries int
+	// Self is this broker's id: usage events naming another broker are not
+	// ours to settle.
+	Self string
+	// Clock, when set, measures Decision.Duration. Nil keeps the Router
+	// free of wall-clock reads; the caller then fills Duration.
+	Clock func() time.Time
+}
+
+// Router makes routing decisions. It is safe for concurrent use: one mutex
+// guards the load view, and a decision holds it for a couple of
+// microseconds.
+type Router struct {
+	cfg  Config
+	snap atomic.Pointer[table.Snapshot] // also read without mu by Table
+
+	mu sync.Mutex // guards everything below
+	// replicas is every replica known by id, registered in the table or only
+	// heartbeating. Entries keep their identity across table swaps, so the
+	// heartbeat and in-flight count survive a SetTable.
+	replicas map[string]*replica
+	// groups indexes registered replicas by (model, version, pool); version
+	// "" lists every version. Rebuilt by SetTable only.
+	groups   map[groupKey][]*replica
+	byModel  map[string][]*replica
+	prefixes map[string]*prefixMap // per model id
+	quotas   map[string]*tenantQuota
+	brokers  int
+	pruneAt  int        // replicas map size that triggers the next sweep
+	epoch    uint64     // stamps the candidates of the current decision
+	rng      *rand.Rand // used when a caller passes none
+	cands    []cand     // scratch, reused by every decision
+}
+
+type groupKey struct{ model, version, pool string }
+
+// replica is the load view of one replica. Lock: Router.mu.
+type replica struct {
+	// Hot: read for every candidate of every decision, derived from the
+	// table entry and the heartbeat by refresh, and kept together so a
+	// candidate costs about one cache line.
+	ready              bool  // registered, heartbeat seen, effective state ready
+	hbNano             int64 // heartbeat receive time, unix ns on the broker's clock
+	kv                 float64
+	wait               float64 // estimated ms to the first token
+	running, waiting   int32
+	maxBatch, maxQueue int32 // heartbeat, else table; maxQueue 0 = unknown
+	// inflight counts requests this broker sent since the last heartbeat:
+	// the heartbeat cannot know them yet, so they are added to its load.
+	inflight int32
+	ci       int32  // index in Router.cands while marked
+	mark     uint64 // == Router.epoch while a candidate of the current decision
+	idHash   uint64 // xxhash of id, for rendezvous hashing
+
+	id    string
+	reg   *table.Replica // nil when not registered in the table
+	hb    subjects.Heartbeat
+	hasHB bool
+	// sent holds adapters this broker sent since the last heartbeat, so a
+	// burst for a new adapter concentrates on the replica that got the first.
+	sent  [4]string
+	nsent int
+}
+
+// refresh derives the hot fields from the table entry and the heartbeat.
+func (x *replica) refresh() {
+	hb := &x.hb
+	x.ready = x.reg != nil && x.hasHB && subjects.Restrictive(x.reg.State, hb.State) == subjects.StateReady
+	var regBatch, regQueue int
+	if x.reg != nil {
+		regBatch, regQueue = x.reg.MaxBatch, x.reg.MaxQueue
+	}
+	x.kv, x.wait = hb.KVUsage, max(hb.TTFTEWMAMillis, hb.QueueWaitMillis)
+	x.running, x.waiting = clamp32(hb.Running), clamp32(hb.Waiting)
+	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
+	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
+}
+
+func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) }
+
+// New returns a Router with no table: every decision is 503
+// router_unavailable until SetTable.
+func New(cfg Config) *Router {
+	if cfg.PrefixEntries <= 0 {
+		cfg.PrefixEntries = DefaultPrefixEntries
+	}
+	return &Router{
+		cfg:      cfg,
+		replicas: map[string]*replica{},
+		groups:   map[groupKey][]*replica{},
+		byModel:  map[string][]*replica{},
+		prefixes: map[string]*prefixMap{},
+		quotas:   map[string]*tenantQuota{},
+		brokers:  1,
+		rng:      rand.New(rand.NewPCG(1, 2)),
+	}
+}
+
+// Table returns the snapshot in force (nil before the first SetTable).
+func (r *Router) Table() *table.Snapshot { return r.snap.Load() }
+
+// SetTable swaps in a new snapshot and re-indexes the registered replicas.
+// The snapshot must not be modified afterwards; nil empties the table.
+func (r *Router) SetTable(s *table.Snapshot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.snap.Store(s)
+	if s == nil {
+		s = table.NewSnapshot()
+	}
+	for _, x := range r.replicas {
+		x.reg = nil
+	}
+	groups := make(map[groupKey][]*replica, 2*len(s.Replicas))
+	byModel := make(map[string][]*replica, len(s.Models))
+	// Sorted, so the candidate order, and with a seeded rng every decision,
+	// is reproducible.
+	for _, id := range slices.Sorted(maps.Keys(s.Replicas)) {
+		reg := s.Replicas[id]
+		x := r.replicaLocked(id)
+		x.reg = reg
+		k := groupKey{reg.Model, reg.Version, reg.Pool}
+		groups[k] = append(groups[k], x)
+		if reg.Version != "" {
+			k.version = ""
+			groups[k] = append(groups[k], x)
+		}
+		byModel[reg.Model] = append(byModel[reg.Model], x)
+	}
+	for id, x := range r.replicas {
+		if x.reg == nil && !x.hasHB {
+			delete(r.replicas, id)
+			continue
+		}
+		x.refresh()
+	}
+	r.groups, r.byModel = groups, byModel
+}
+
+// replicaLocked returns the entry for id, creating it. Lock must be held.
+func (r *Router) replicaLocked(id string) *replica {
+	x := r.replicas[id]
+	if x == nil {
+		x = &replica{id: id, idHash: xxhash.Sum64String(id)}
+		r.replicas[id] = x
+	}
+	return x
+}
+
+// ObserveHeartbeat records a replica's load as of now and resets this
+// broker's in-flight count for it. hb must not be modified afterwards (its
+// slices are kept).
+func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := r.replicas[hb.Replica]
+	if x == nil {
+		r.pruneLocked(now)
+		x = r.replicaLocked(hb.Replica)
+	}
+	x.hb, x.hbNano, x.hasHB = *hb, now.UnixNano(), true
+	x.inflight, x.nsent = 0, 0
+	x.refresh()
+}
+
+// pruneLocked forgets unregistered replicas whose heartbeats stopped, so
+// heartbeats of replicas that never register cannot grow the map without
+// bound. Lock must be held.
+func (r *Router) pruneLocked(now time.Time) {
+	s := r.snap.Load()
+	registered, dead := 0, 15*time.Second
+	if s != nil {
+		registered, dead = len(s.Replicas), time.Duration(s.Policy.DeadAfter)
+	}
+	if len(r.replicas) < max(r.pruneAt, 2*registered+64) {
+		return
+	}
+	for id, x := range r.replicas {
+		if x.reg == nil && now.UnixNano()-x.hbNano >= int64(dead) {
+			delete(r.replicas, id)
+		}
+	}
+	r.pruneAt = 2 * len(r.replicas) // amortized: the next sweep waits for as many new ones
+}
+
+// ObservePlacement merges another broker's placement into the prefix map.
+// Placements for replicas this broker does not know are dropped.
+func (r *Router) ObservePlacement(p *subjects.Placement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := r.replicas[p.Replica]
+	if x == nil || len(p.Blocks) == 0 {
+		return
+	}
+	m := r.prefixMapLocked(p.Model)
+	if m == nil {
+		return
+	}
+	for _, h := range p.Blocks {
+		m.put(h, x)
+	}
+}
+
+// prefixMapLocked returns model's prefix map, creating it for models the
+// table or a registered replica knows (so a stream of placements for made-up
+// models cannot allocate maps). Lock must be held.
+func (r *Router) prefixMapLocked(model string) *prefixMap {
+	if m := r.prefixes[model]; m != nil {
+		return m
+	}
+	s := r.snap.Load()
+	if s == nil || (s.Models[model] == nil && len(r.byModel[model]) == 0) {
+		return nil
+	}
+	m := newPrefixMap(r.cfg.PrefixEntries)
+	r.prefixes[model] = m
+	return m
+}
+
+// SetLiveBrokers sets how many brokers share each tenant quota: each
+// enforces limit ÷ n.
+func (r *Router) SetLiveBrokers(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.brokers = max(n, 1)
+}
+
+// Decide makes the full decision for req, admission included, and commits
+// it when admitted: in-flight count, quota reservation, prefix map.
+func (r *Router) Decide(req *Request, now time.Time, rng *rand.Rand, d *Decision) {
+	r.decide(req, now, rng, d, true)
+}
+
+// Explain makes the same decision as Decide without side effects (rng is
+// still drawn from).
+func (r *Router) Explain(req *Request, now time.Time, rng *rand.Rand, d *Decision) {
+	r.decide(req, now, rng, d, false)
+}
+
+func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision, commit bool) {
+	var start time.Time
+	if r.cfg.Clock != nil {
+		start = r.cfg.Clock()
+	}
+	r.mu.Lock()
+	if rng == nil {
+		rng = r.rng
+	}
+	st := decision{r: r, req: req, now: now, rng: rng, d: d, commit: commit}
+	st.run()
+	r.mu.Unlock()
+	if r.cfg.Clock != nil {
+		d.Duration = r.cfg.Clock().Sub(start)
+	}
+}

@@ -1,0 +1,227 @@
+package features
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// MaxTokensLimit bounds max_tokens: a larger value is a client bug, not a
+// request any engine can honour.
+const MaxTokensLimit = 1 << 20
+
+// Request is what routing needs from an OpenAI request body.
+type Request struct {
+	Model        string
+	Stream       bool
+	IncludeUsage bool // stream_options.include_usage
+	// MaxTokens is max_completion_tokens, else max_tokens; nil when absent.
+	MaxTokens *int
+
+	HasMessages, HasPrompt, HasInput bool
+
+	// Prompt is the canonical prompt (see AppendPrompt for the rendering).
+	Prompt []byte
+	// PromptTokens is exact when ExactTokens (the body carried token ids),
+	// else EstimateTokens(len(Prompt)).
+	PromptTokens int
+	ExactTokens  bool
+}
+
+// ParseError is a request the gateway answers with 400 invalid_request_error.
+// Param names the offending field in OpenAI's style ("messages[2].content").
+type ParseError struct {
+	Param   string
+	Message string
+}
+
+func (e *ParseError) Error() string {
+	if e.Param == "" {
+		return e.Message
+	}
+	return e.Param + ": " + e.Message
+}
+
+// APIError renders the error as the 400 the gateway returns.
+func (e *ParseError) APIError() *subjects.APIError {
+	a := subjects.NewError(400, subjects.CodeInvalidRequest, e.Error())
+	a.Param = e.Param
+	return a
+}
+
+func perr(param, msg string) error { return &ParseError{Param: param, Message: msg} }
+
+// body is the top level of a request. Polymorphic fields stay raw so a wrong
+// type is reported with its own param instead of a generic decode error.
+type body struct {
+	Model               json.RawMessage `json:"model"`
+	Stream              json.RawMessage `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	Messages            json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Input               json.RawMessage `json:"input"`
+}
+
+// ParseRequest parses an OpenAI request body for endpoint (see
+// ParseRequestInto). Errors are *ParseError.
+func ParseRequest(endpoint string, b []byte) (*Request, error) {
+	r := new(Request)
+	if err := ParseRequestInto(r, endpoint, b); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ParseRequestInto parses b into r, reusing r.Prompt's storage. endpoint
+// decides which field is required: messages for /v1/chat/completions, prompt
+// for /v1/completions, input for /v1/embeddings; "" requires none. The prompt
+// is rendered from messages, else prompt, else input.
+func ParseRequestInto(r *Request, endpoint string, b []byte) error {
+	*r = Request{Prompt: r.Prompt[:0]}
+	var w body
+	if err := json.Unmarshal(b, &w); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "" {
+			return perr("", "the request body must be a JSON object")
+		}
+		return perr("", "malformed JSON: "+err.Error())
+	}
+	// encoding/json silently replaces invalid UTF-8 with U+FFFD; an engine
+	// would see a different prompt than the client sent, so refuse it.
+	if !utf8.Valid(b) {
+		return perr(invalidUTF8Param(&w), "strings must be valid UTF-8")
+	}
+	if err := w.scalars(r); err != nil {
+		return err
+	}
+	r.HasMessages, r.HasPrompt, r.HasInput = present(w.Messages), present(w.Prompt), present(w.Input)
+	switch endpoint {
+	case subjects.EndpointChat:
+		if !r.HasMessages {
+			return perr("messages", "messages is required")
+		}
+	case subjects.EndpointCompletions:
+		if !r.HasPrompt {
+			return perr("prompt", "prompt is required")
+		}
+	case subjects.EndpointEmbeddings:
+		if !r.HasInput {
+			return perr("input", "input is required")
+		}
+	}
+	var err error
+	exact := -1
+	switch {
+	case r.HasMessages:
+		r.Prompt, err = appendMessages(r.Prompt, w.Messages)
+	case r.HasPrompt:
+		r.Prompt, exact, err = appendPromptField(r.Prompt, "prompt", w.Prompt)
+	case r.HasInput:
+		r.Prompt, exact, err = appendPromptField(r.Prompt, "input", w.Input)
+	}
+	if err != nil {
+		return err
+	}
+	if exact >= 0 {
+		r.PromptTokens, r.ExactTokens = exact, true
+	} else {
+		r.PromptTokens = EstimateTokens(len(r.Prompt))
+	}
+	return nil
+}
+
+// scalars decodes model, stream, stream_options and the token limits.
+func (w *body) scalars(r *Request) error {
+	if !present(w.Model) {
+		return perr("model", "you must provide a model parameter")
+	}
+	if err := json.Unmarshal(w.Model, &r.Model); err != nil {
+		return perr("model", "must be a string")
+	}
+	if r.Model == "" {
+		return perr("model", "you must provide a model parameter")
+	}
+	if present(w.Stream) {
+		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {
+			return perr("stream", "must be a boolean")
+		}
+	}
+	if present(w.StreamOptions) {
+		var so struct {
+			IncludeUsage json.RawMessage `json:"include_usage"`
+		}
+		if err := json.Unmarshal(w.StreamOptions, &so); err != nil {
+			return perr("stream_options", "must be an object")
+		}
+		if present(so.IncludeUsage) {
+			if err := json.Unmarshal(so.IncludeUsage, &r.IncludeUsage); err != nil {
+				return perr("stream_options.include_usage", "must be a boolean")
+			}
+		}
+	}
+	mt, err := tokenLimit("max_tokens", w.MaxTokens)
+	if err != nil {
+		return err
+	}
+	mct, err := tokenLimit("max_completion_tokens", w.MaxCompletionTokens)
+	if err != nil {
+		return err
+	}
+	if mct != nil {
+		mt = mct
+	}
+	r.MaxTokens = mt
+	return nil
+}
+
+// tokenLimit decodes an optional non-negative integer no larger than
+// MaxTokensLimit. An integral float (100.0) is accepted.
+func tokenLimit(param string, raw json.RawMessage) (*int, error) {
+	if !present(raw) {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		f, ferr := strconv.ParseFloat(string(raw), 64)
+		if ferr != nil || f != float64(int64(f)) {
+			return nil, perr(param, "must be an integer")
+		}
+		n = int64(f)
+	}
+	if n < 0 {
+		return nil, perr(param, "must not be negative")
+	}
+	if n > MaxTokensLimit {
+		return nil, perr(param, "must be at most "+strconv.Itoa(MaxTokensLimit))
+	}
+	v := int(n)
+	return &v, nil
+}
+
+// present reports whether a field was given with a non-null value.
+func present(raw json.RawMessage) bool {
+	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
+}
+
+// invalidUTF8Param names the top-level field holding invalid UTF-8, when it
+// is one we know.
+func invalidUTF8Param(w *body) string {
+	for _, f := range [...]struct {
+		name string
+		raw  json.RawMessage
+	}{{"model", w.Model}, {"messages", w.Messages}, {"prompt", w.Prompt}, {"input", w.Input}} {
+		if !utf8.Valid(f.raw) {
+			return f.name
+		}
+	}
+	return ""
+}
+
+// EstimateTokens is the token estimate for n bytes of prompt: n/4, rounded up.
+func EstimateTokens(n int) int { return (n + 3) / 4 }
