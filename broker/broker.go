@@ -104,6 +104,9 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	return b, nil
 }
 
+// ID is this broker's id.
+func (b *Broker) ID() string { return b.cfg.ID }
+
 // Router exposes the policy state (for the dashboard and tests).
 func (b *Broker) Router() *policy.Router { return b.router }
 

@@ -81,6 +81,11 @@ func (p *presence) observe(id string, now time.Time, ttl time.Duration) int {
 	return n
 }
 
+// LiveBrokers is the number of brokers this one counts for quota shares.
+func (b *Broker) LiveBrokers() int {
+	return b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
+}
+
 func (b *Broker) onPresence(m *nats.Msg) {
 	n := b.peers.observe(string(m.Data), b.cfg.Now(), 3*b.cfg.PresenceEvery)
 	b.router.SetLiveBrokers(n)

@@ -1,0 +1,138 @@
+package test
+
+import (
+	"context"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/features"
+)
+
+// post sends a chat request and returns the status and response headers.
+func post(t *testing.T, url, key, body string) (int, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header
+}
+
+// twoBrokers runs the stack with two brokers in the queue group and waits
+// until each counts the other.
+func twoBrokers(t *testing.T) *devstack.Stack {
+	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.Replicas()[:2]})
+	eventually(t, 5*time.Second, func() (bool, string) {
+		return st.Broker(0).LiveBrokers() == 2 && st.Broker(1).LiveBrokers() == 2, "brokers have not seen each other"
+	})
+	return st
+}
+
+func TestTwoBrokersShareTheQuota(t *testing.T) {
+	st := twoBrokers(t)
+	// Tenant trial may send 5 requests a minute. Each broker enforces its
+	// share, so the two together never admit more than 5.
+	body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	ok, limited := 0, 0
+	for range 12 {
+		status, h := post(t, st.GatewayURL(), "sk-trial-dev", body)
+		switch status {
+		case 200:
+			ok++
+		case 429:
+			limited++
+			if h.Get("Retry-After") == "" || h.Get("x-ratelimit-limit-requests") == "" {
+				t.Errorf("429 without Retry-After and x-ratelimit headers: %v", h)
+			}
+		default:
+			t.Fatalf("unexpected status %d", status)
+		}
+	}
+	if ok > 5 || ok < 3 || limited == 0 {
+		t.Errorf("admitted %d and limited %d of 12; want at most 5 admitted by the two brokers together", ok, limited)
+	}
+}
+
+func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
+	st := twoBrokers(t)
+	// A long shared system prompt: many prefix blocks, no conversation id,
+	// so only prefix affinity keeps the requests together.
+	system := strings.Repeat("You are a careful assistant for the Switchyard platform team. ", 60)
+	body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"q"}]}`
+	status, h := post(t, st.GatewayURL(), "", body)
+	if status != 200 {
+		t.Fatalf("first request: %d", status)
+	}
+	first := h.Get("X-Switchyard-Replica")
+	// Let the placement reach the other broker.
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 16 {
+		if ctx.Err() != nil {
+			t.Fatal(ctx.Err())
+		}
+		status, h := post(t, st.GatewayURL(), "", body)
+		if status != 200 {
+			t.Fatalf("request %d: %d", i, status)
+		}
+		if rep, reason := h.Get("X-Switchyard-Replica"), h.Get("X-Switchyard-Reason"); rep != first || !strings.Contains(reason, "prefix-affinity") {
+			t.Errorf("request %d went to %s (%s); the warm replica is %s", i, rep, reason, first)
+		}
+	}
+	// Each broker, asked directly, knows where the prefix lives, whichever
+	// of them made the first decision.
+	fr, err := features.ParseRequest("/v1/chat/completions", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := features.AppendPrefix(nil, fr.Prompt, 256, 64)
+	for i := range 2 {
+		var d policy.Decision
+		req := policy.Request{Tenant: "default", Model: "chat-large", Endpoint: "/v1/chat/completions", PromptTokens: fr.PromptTokens, Prefix: prefix}
+		st.Broker(i).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)), &d)
+		if d.Replica != first || d.PrefixMatched != len(prefix) {
+			t.Errorf("broker %d would send the prompt to %s with %d/%d blocks matched (%s); want %s with all", i, d.Replica, d.PrefixMatched, len(prefix), d.Reason, first)
+		}
+		if n := decisions(t, st, i); n == 0 {
+			t.Errorf("broker %d decided nothing: the queue group did not spread the requests", i)
+		}
+	}
+}
+
+// decisions counts the decisions broker i made, from the shared registry.
+func decisions(t *testing.T, st *devstack.Stack, i int) float64 {
+	t.Helper()
+	mfs, err := st.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := st.Broker(i).ID()
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "switchyard_broker_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "broker" && l.GetValue() == want {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
