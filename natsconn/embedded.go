@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -132,10 +133,19 @@ func (e *Embedded) removeTemp() {
 type serverLogger struct{ l *slog.Logger }
 
 func (s serverLogger) Noticef(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
-func (s serverLogger) Warnf(format string, v ...any)   { s.l.Warn(fmt.Sprintf(format, v...)) }
-func (s serverLogger) Fatalf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
-func (s serverLogger) Errorf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
-func (s serverLogger) Debugf(format string, v ...any)  { s.l.Debug(fmt.Sprintf(format, v...)) }
-func (s serverLogger) Tracef(format string, v ...any)  { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s serverLogger) Warnf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	// The 8 MiB + 64 KiB max payload is deliberate (the body limit plus
+	// header room): the server's generic advice about it is only noise.
+	if strings.HasPrefix(msg, "Maximum payloads over") {
+		s.l.Debug(msg)
+		return
+	}
+	s.l.Warn(msg)
+}
+func (s serverLogger) Fatalf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s serverLogger) Errorf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s serverLogger) Debugf(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s serverLogger) Tracef(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
 
 var _ server.Logger = serverLogger{}
