@@ -140,6 +140,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 			g.metrics.streamErrors.WithLabelValues("idle_timeout").Inc()
 			return rel.failMidway(subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+replica+" went silent"))
 		case m := <-c.ch:
+			if m.Header.Get(subjects.HdrKeepalive) != "" {
+				// A keepalive repeats the last seq sent: slow, not dead.
+				resetTimer(timer, g.cfg.IdleTimeout)
+				continue
+			}
 			seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
 			if err != nil || seq != rel.next {
 				g.cancelUpstream(replica, id)
@@ -147,16 +152,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 				return rel.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+replica+" lost a message (sequence gap)"))
 			}
 			rel.next++
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-			timer.Reset(g.cfg.IdleTimeout)
-			if m.Header.Get(subjects.HdrKeepalive) != "" {
-				continue
-			}
+			resetTimer(timer, g.cfg.IdleTimeout)
 			if seq == 1 {
 				if res, apiErr, stop := rel.head(m); stop {
 					if res == retryable {
@@ -329,4 +325,9 @@ func (s *relayState) failMidway(e *subjects.APIError) (outcome, *subjects.APIErr
 	_, _ = s.w.Write([]byte("\n\n"))
 	_ = s.rc.Flush()
 	return done, nil
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	// Since Go 1.23 Reset on an unstopped timer discards a stale value.
+	t.Reset(d)
 }

@@ -1,0 +1,334 @@
+// Package adapter is the replica adapter: one per engine (vLLM, SGLang,
+// llama.cpp server, TGI or the built-in simulator). It registers its replica
+// in the routing table, takes requests on llm.replica.<id>, calls the
+// engine's OpenAI HTTP API and streams the answer back on the request's reply
+// subject (DESIGN.md "The reply protocol"), scrapes the engine's load and
+// heartbeats it, and drains when its context ends.
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// ErrConfig is wrapped by every configuration error of New.
+var ErrConfig = errors.New("adapter: invalid config")
+
+// serviceVersion is the micro service's version (micro requires SemVer); the
+// model's version travels in the metadata.
+const serviceVersion = "0.1.0"
+
+// Defaults of Config.
+const (
+	DefaultHeartbeatEvery  = time.Second
+	DefaultScrapeEvery     = time.Second
+	DefaultKeepaliveEvery  = subjects.KeepaliveEvery * time.Second
+	DefaultDrainGrace      = 30 * time.Second
+	DefaultScrapeFailLimit = 3
+	// DefaultMaxBatch is vLLM's default max_num_seqs; DefaultMaxQueue bounds
+	// the waiting requests brokers weigh as a full queue. Brokers divide by
+	// both, so neither is ever sent as 0.
+	DefaultMaxBatch = 256
+	DefaultMaxQueue = 1024
+)
+
+// Config configures an Adapter. Replica, Model and EngineURL are required;
+// every other field has a documented default.
+type Config struct {
+	Replica string
+	// Model is the model id the replica serves, and the engine's served
+	// name unless EngineModel is set.
+	Model       string
+	EngineModel string
+	Version     string
+	Pool        string // default "general"
+	Flavor      string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
+	EngineURL   string // e.g. http://127.0.0.1:8000, without /v1
+
+	MaxBatch int // default DefaultMaxBatch
+	MaxQueue int // default DefaultMaxQueue
+	MaxLoras int // 0: as the engine reports (vLLM's max_lora)
+
+	Bucket string // KV bucket, default subjects.DefaultBucket
+	Prefix string // subject prefix, default subjects.DefaultPrefix
+
+	HeartbeatEvery  time.Duration // default 1s
+	ScrapeEvery     time.Duration // default 1s; also the /health poll
+	KeepaliveEvery  time.Duration // default 5s
+	DrainGrace      time.Duration // default 30s
+	ScrapeFailLimit int           // consecutive failed scrapes before scrape_ok=false, default 3
+
+	Logger *slog.Logger // nil: discard
+	// HTTPClient calls the engine. nil: a client tuned for many concurrent
+	// streams to one host. It must not set Client.Timeout, which would cut
+	// long streams: each request carries its own deadline.
+	HTTPClient *http.Client
+	// Registerer receives the adapter's metrics (nil: not registered).
+	Registerer prometheus.Registerer
+}
+
+// Adapter serves one replica. Create it with New and start it with Run.
+type Adapter struct {
+	nc      *nats.Conn
+	cfg     Config
+	log     *slog.Logger
+	subj    subjects.Subjects
+	client  *http.Client
+	ownHTTP *http.Transport // closed when Run returns, when New made it
+	metrics *metrics
+	reg     *registrar
+	bufs    sync.Pool // *[]byte of chunkSize, for engine body reads
+	chunk   int
+
+	started atomic.Bool
+	reqBase context.Context // parent of every engine call; ends when the drain grace runs out
+
+	// mu orders the drain against new requests: a request is counted in wg
+	// under mu only while not draining, so the drain's wg.Wait sees it.
+	mu       sync.Mutex
+	draining bool
+	calls    map[string]*call // by Llm-Request-Id, for cancels
+	wg       sync.WaitGroup
+	inflight atomic.Int64
+
+	load  loadState
+	hbSeq atomic.Uint64
+}
+
+// New validates cfg, fills its defaults and returns an Adapter ready to Run.
+func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil NATS connection", ErrConfig)
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Replica)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("adapter: jetstream: %w", err)
+	}
+	a := &Adapter{
+		nc:      nc,
+		cfg:     cfg,
+		log:     cfg.Logger.With("replica", cfg.Replica),
+		subj:    subjects.New(cfg.Prefix),
+		client:  cfg.HTTPClient,
+		metrics: m,
+		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
+		calls:   map[string]*call{},
+	}
+	if a.client == nil {
+		a.ownHTTP = engineTransport()
+		a.client = &http.Client{Transport: a.ownHTTP}
+	}
+	// A data message carries one read; keep it well inside the server's
+	// max payload, with room for headers.
+	a.chunk = 32 << 10
+	if mp := int(nc.MaxPayload()); mp > 0 && mp-4096 < a.chunk {
+		a.chunk = max(mp-4096, 1024)
+	}
+	a.bufs.New = func() any { b := make([]byte, a.chunk); return &b }
+	return a, nil
+}
+
+func (c *Config) fill() error {
+	if err := subjects.ValidToken(c.Replica); err != nil {
+		return fmt.Errorf("%w: replica: %w", ErrConfig, err)
+	}
+	if !table.ValidName(c.Model) {
+		return fmt.Errorf("%w: model %q is not a valid model id", ErrConfig, c.Model)
+	}
+	if c.EngineModel == "" {
+		c.EngineModel = c.Model
+	}
+	if c.Pool == "" {
+		c.Pool = table.PoolGeneral
+	}
+	if err := subjects.ValidToken(c.Pool); err != nil {
+		return fmt.Errorf("%w: pool: %w", ErrConfig, err)
+	}
+	switch c.Flavor {
+	case "":
+		c.Flavor = FlavorAuto
+	case FlavorAuto, FlavorVLLM, FlavorSGLang, FlavorLlamaCpp, FlavorTGI:
+	default:
+		return fmt.Errorf("%w: flavor %q: want auto, vllm, sglang, llamacpp or tgi", ErrConfig, c.Flavor)
+	}
+	u, err := url.Parse(c.EngineURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: engine URL %q: want http(s)://host[:port]", ErrConfig, c.EngineURL)
+	}
+	c.EngineURL = strings.TrimRight(c.EngineURL, "/")
+	if c.MaxBatch < 0 || c.MaxQueue < 0 || c.MaxLoras < 0 || c.ScrapeFailLimit < 0 {
+		return fmt.Errorf("%w: negative limit", ErrConfig)
+	}
+	c.MaxBatch = orDefault(c.MaxBatch, DefaultMaxBatch)
+	c.MaxQueue = orDefault(c.MaxQueue, DefaultMaxQueue)
+	c.ScrapeFailLimit = orDefault(c.ScrapeFailLimit, DefaultScrapeFailLimit)
+	if c.Bucket == "" {
+		c.Bucket = subjects.DefaultBucket
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	c.HeartbeatEvery = orDefault(c.HeartbeatEvery, DefaultHeartbeatEvery)
+	c.ScrapeEvery = orDefault(c.ScrapeEvery, DefaultScrapeEvery)
+	c.KeepaliveEvery = orDefault(c.KeepaliveEvery, DefaultKeepaliveEvery)
+	c.DrainGrace = orDefault(c.DrainGrace, DefaultDrainGrace)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func orDefault[T int | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// engineTransport is tuned for many concurrent long streams to one engine:
+// enough idle connections that every stream keeps its own, no response
+// header timeout (a long prefill or a non-streamed generation sends headers
+// late) and no compression (gzip would hold back SSE chunks). The engine is
+// a local upstream, so no proxy.
+func engineTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 4096,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+}
+
+// InFlight is the number of requests taken and not yet finished.
+func (a *Adapter) InFlight() int { return int(a.inflight.Load()) }
+
+// Run serves until ctx ends, then drains: it marks the replica draining (KV
+// and heartbeat), answers new requests with 503, lets in-flight ones finish
+// within DrainGrace (then cancels them), deregisters and returns. Run may be
+// called once.
+func (a *Adapter) Run(ctx context.Context) error {
+	if !a.started.CompareAndSwap(false, true) {
+		return errors.New("adapter: Run called twice")
+	}
+	if a.ownHTTP != nil {
+		defer a.ownHTTP.CloseIdleConnections()
+	}
+	// Engine calls and the control loops outlive ctx: they run through the
+	// drain and are ended by it.
+	reqBase, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelReqs()
+	a.reqBase = reqBase
+	ctrl, stopCtrl := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCtrl()
+
+	svc, err := a.startService()
+	if err != nil {
+		return err
+	}
+	var loops sync.WaitGroup
+	loops.Go(func() { a.scrapeLoop(ctrl) })
+	loops.Go(func() { a.heartbeatLoop(ctrl) })
+	a.log.Info("adapter serving", "subject", a.subj.Replica(a.cfg.Replica), "engine", a.cfg.EngineURL)
+
+	<-ctx.Done()
+	a.drain(cancelReqs)
+	stopCtrl()
+	loops.Wait()
+
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.reg.deregister(dctx); err != nil {
+		a.log.Warn("deregister failed", "err", err)
+	}
+	if err := svc.Stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		a.log.Warn("stopping micro service", "err", err)
+	}
+	a.log.Info("adapter stopped")
+	return nil
+}
+
+// startService registers the micro service. Requests and cancels are both
+// its endpoints, outside any queue group: each replica has its own subject.
+// micro.Request gives the reply subject, headers and body, which is all a
+// request needs, so no plain subscription is required.
+func (a *Adapter) startService() (micro.Service, error) {
+	svc, err := micro.AddService(a.nc, micro.Config{
+		Name:        subjects.AdapterService,
+		Version:     serviceVersion,
+		Description: "Switchyard replica adapter for " + a.cfg.Model,
+		Metadata: map[string]string{
+			"replica": a.cfg.Replica,
+			"model":   a.cfg.Model,
+			"version": a.cfg.Version,
+			"pool":    a.cfg.Pool,
+			"flavor":  a.cfg.Flavor,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adapter: micro service: %w", err)
+	}
+	if err := svc.AddEndpoint("request", micro.HandlerFunc(a.onRequest),
+		micro.WithEndpointSubject(a.subj.Replica(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("adapter: request endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("cancel", micro.HandlerFunc(a.onCancel),
+		micro.WithEndpointSubject(a.subj.ReplicaCancel(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("adapter: cancel endpoint: %w", err)
+	}
+	return svc, nil
+}
+
+// drain stops taking requests and waits for the in-flight ones, at most
+// DrainGrace, then cancels what is left and waits for it to end.
+func (a *Adapter) drain(cancelReqs context.CancelFunc) {
+	a.mu.Lock()
+	a.draining = true
+	a.mu.Unlock()
+	a.log.Info("draining", "inflight", a.InFlight(), "grace", a.cfg.DrainGrace)
+	// Tell brokers at once rather than at the next tick.
+	a.publishHeartbeat()
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := a.register(rctx, true); err != nil {
+		a.log.Warn("marking draining in KV failed", "err", err)
+	}
+	cancel()
+
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	grace := time.NewTimer(a.cfg.DrainGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		a.log.Warn("drain grace over, cancelling in-flight requests", "inflight", a.InFlight())
+		cancelReqs()
+		<-done
+	}
+}

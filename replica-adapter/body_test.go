@@ -1,0 +1,85 @@
+package adapter
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+func TestRewriteModel(t *testing.T) {
+	tests := []struct {
+		name, in, model, want string
+	}{
+		{"plain", `{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`, "team-x-v3",
+			`{"model":"team-x-v3","messages":[{"role":"user","content":"hi"}]}`},
+		{"model later, nested model untouched", `{"messages":[{"model":"x","content":"\"model\":"}],"model" : "a", "n":1}`, "b",
+			`{"messages":[{"model":"x","content":"\"model\":"}],"model" : "b", "n":1}`},
+		{"duplicates all rewritten", `{"model":"a","model":"c"}`, "b", `{"model":"b","model":"b"}`},
+		{"escaped key", `{"mod\u0065l":"a"}`, "b", `{"mod\u0065l":"b"}`},
+		{"non-string value", `{"model":null,"x":[1,{"y":"}"}]}`, "b", `{"model":"b","x":[1,{"y":"}"}]}`},
+		{"missing", `{"prompt":"hi"}`, "b", `{"prompt":"hi","model":"b"}`},
+		{"missing, empty object", ` { } `, "b", ` { "model":"b"} `},
+		{"name needing escapes", `{"model":"a"}`, `q"\`, `{"model":"q\"\\"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := rewriteModel([]byte(tt.in), tt.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRewriteModelUnchanged(t *testing.T) {
+	in := []byte(`{"model":"same","prompt":"x"}`)
+	got, err := rewriteModel(in, "same")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &got[0] != &in[0] {
+		t.Error("a body already naming the model was copied")
+	}
+}
+
+func TestRewriteModelRejects(t *testing.T) {
+	for _, in := range []string{``, `[]`, `"model"`, `{"model":"a"`, `{"model" "a"}`, `{"model":"a"} x`, `{"a":[1,2}`, `{"a":"unterminated}`, `{model:1}`} {
+		if _, err := rewriteModel([]byte(in), "b"); err == nil {
+			t.Errorf("%q: want an error", in)
+		}
+	}
+}
+
+// FuzzRewriteModel checks the byte-level rewrite against encoding/json: a body
+// that decodes as an object still decodes after the rewrite, with only
+// "model" changed.
+func FuzzRewriteModel(f *testing.F) {
+	for _, s := range []string{`{"model":"a","messages":[{"role":"user","content":"hi"}]}`, `{}`, `{"x":{"model":"y"},"model":1}`, `{"a":"\\\"","model":"q"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var before map[string]any
+		if json.Unmarshal([]byte(in), &before) != nil || before == nil {
+			return
+		}
+		out, err := rewriteModel([]byte(in), "lora-1")
+		if err != nil {
+			t.Fatalf("rewrite of valid object %q: %v", in, err)
+		}
+		var after map[string]any
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("rewrite of %q gave invalid JSON %q: %v", in, out, err)
+		}
+		if after["model"] != "lora-1" {
+			t.Fatalf("rewrite of %q: model %v", in, after["model"])
+		}
+		delete(before, "model")
+		delete(after, "model")
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("rewrite of %q changed other fields: %q", in, out)
+		}
+	})
+}

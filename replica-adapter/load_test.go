@@ -1,0 +1,188 @@
+package adapter
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestParseMetricsGolden reads each engine's exposition (testdata/SOURCES.md
+// says where each file comes from) under its own flavor and under "auto".
+func TestParseMetricsGolden(t *testing.T) {
+	tests := []struct {
+		file   string
+		flavor string
+		want   LoadSample
+	}{
+		{"vllm/metrics-under-load.txt", FlavorVLLM, LoadSample{
+			KVUsage: 0.00146484375, KVKnown: true, Running: 6, Waiting: 0,
+			// Six series share the newest timestamp 1.795985578e+09: their union.
+			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{"lora-a", "lora-b"}, MaxLora: 2,
+		}},
+		{"vllm/metrics-idle.txt", FlavorVLLM, LoadSample{
+			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
+			// The newest series (1.79598558e+09) has empty adapter lists.
+			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
+		}},
+		{"sglang/metrics-from-source.txt", FlavorSGLang, LoadSample{
+			KVUsage: 0.3699415312370517, KVKnown: true, Running: 12, Waiting: 3,
+			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 8,
+		}},
+		{"sglang/metrics-docs-sample.txt", FlavorSGLang, LoadSample{
+			KVUsage: 0.28, KVKnown: true, Running: 162, Waiting: 2826,
+			LoraRunning: []string{}, LoraWaiting: []string{},
+		}},
+		{"llamacpp/metrics-from-source.txt", FlavorLlamaCpp, LoadSample{
+			Running: 3, Waiting: 2, LoraRunning: []string{}, LoraWaiting: []string{},
+		}},
+		{"llamacpp/metrics-from-source-idle.txt", FlavorLlamaCpp, LoadSample{
+			LoraRunning: []string{}, LoraWaiting: []string{},
+		}},
+		{"tgi/metrics-from-source.txt", FlavorTGI, LoadSample{
+			Running: 21, Waiting: 4, LoraRunning: []string{}, LoraWaiting: []string{},
+		}},
+	}
+	for _, tt := range tests {
+		for _, flavor := range []string{tt.flavor, FlavorAuto} {
+			t.Run(tt.file+"/"+flavor, func(t *testing.T) {
+				f, err := os.Open(filepath.Join("testdata", tt.file))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				got, as, err := ParseMetrics(flavor, f)
+				if err != nil {
+					t.Fatalf("ParseMetrics: %v", err)
+				}
+				if as != tt.flavor {
+					t.Errorf("read as %q, want %q", as, tt.flavor)
+				}
+				if !reflect.DeepEqual(got, tt.want) {
+					t.Errorf("sample\n got %+v\nwant %+v", got, tt.want)
+				}
+			})
+		}
+	}
+}
+
+func TestParseMetricsRules(t *testing.T) {
+	tests := []struct {
+		name string
+		text string
+		want LoadSample
+	}{
+		{
+			name: "vLLM v1 engine label: counts add, usage averages",
+			text: `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:num_requests_running{engine="1",model_name="m"} 4
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1
+vllm:num_requests_waiting{engine="1",model_name="m"} 2
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.2
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.6
+`,
+			want: LoadSample{KVUsage: 0.4, KVKnown: true, Running: 7, Waiting: 3, LoraRunning: []string{}, LoraWaiting: []string{}},
+		},
+		{
+			name: "older vLLM gpu_cache_usage_perc",
+			text: `vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+vllm:num_requests_running{model_name="m"} 1
+`,
+			want: LoadSample{KVUsage: 0.5, KVKnown: true, Running: 1, LoraRunning: []string{}, LoraWaiting: []string{}},
+		},
+		{
+			name: "lora: only the newest series counts",
+			text: `vllm:num_requests_running 1
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="old-a,old-b",waiting_lora_adapters="old-c"} 1.7e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="new-a",waiting_lora_adapters=""} 1.700000002e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="mid",waiting_lora_adapters="mid-w"} 1.700000001e+09
+`,
+			want: LoadSample{KVKnown: false, Running: 1, LoraRunning: []string{"new-a"}, LoraWaiting: []string{}, MaxLora: 4},
+		},
+		{
+			name: "lora: union of the series sharing the newest value",
+			text: `vllm:num_requests_running 1
+vllm:lora_requests_info{engine="0",max_lora="2",running_lora_adapters="b,a",waiting_lora_adapters=""} 1.700000002e+09
+vllm:lora_requests_info{engine="1",max_lora="2",running_lora_adapters="c",waiting_lora_adapters="a, d"} 1.700000002e+09
+vllm:lora_requests_info{engine="0",max_lora="2",running_lora_adapters="stale",waiting_lora_adapters="stale"} 1.7e+09
+`,
+			want: LoadSample{Running: 1, LoraRunning: []string{"a", "b", "c"}, LoraWaiting: []string{"a", "d"}, MaxLora: 2},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, as, err := ParseMetrics(FlavorAuto, strings.NewReader(tt.text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if as != FlavorVLLM {
+				t.Errorf("read as %q", as)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("sample\n got %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseMetricsErrors(t *testing.T) {
+	if _, _, err := ParseMetrics(FlavorAuto, strings.NewReader("process_cpu_seconds_total 3\n")); !errors.Is(err, ErrNoLoadMetrics) {
+		t.Errorf("auto on foreign metrics: err %v, want ErrNoLoadMetrics", err)
+	}
+	f, err := os.Open("testdata/tgi/metrics-from-source.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := ParseMetrics(FlavorVLLM, f); !errors.Is(err, ErrNoLoadMetrics) {
+		t.Errorf("vllm flavor on TGI metrics: err %v, want ErrNoLoadMetrics", err)
+	}
+	if _, _, err := ParseMetrics(FlavorVLLM, strings.NewReader("{{{ not metrics")); err == nil {
+		t.Error("garbage parsed without error")
+	}
+}
+
+func TestSlotUsage(t *testing.T) {
+	f, err := os.Open("testdata/llamacpp/slots-docs-example.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := slotUsage(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 1 {
+		t.Errorf("slot usage %v, want 1 (both slots processing)", got)
+	}
+	got, err = slotUsage(strings.NewReader(`[{"id":0,"is_processing":true},{"id":1,"is_processing":false},{"id":2},{"id":3}]`))
+	if err != nil || got != 0.25 {
+		t.Errorf("slot usage %v, %v; want 0.25", got, err)
+	}
+	if _, err := slotUsage(strings.NewReader(`[]`)); err == nil {
+		t.Error("no slots: want an error")
+	}
+}
+
+func TestEstimateKV(t *testing.T) {
+	s := LoadSample{Running: 21}
+	estimateKV(&s, 42)
+	if s.KVUsage != 0.5 {
+		t.Errorf("estimate %v, want 0.5", s.KVUsage)
+	}
+	s = LoadSample{Running: 100}
+	estimateKV(&s, 42)
+	if s.KVUsage != 1 {
+		t.Errorf("estimate %v, want capped at 1", s.KVUsage)
+	}
+	s = LoadSample{KVUsage: 0.3, KVKnown: true, Running: 100}
+	estimateKV(&s, 42)
+	if s.KVUsage != 0.3 {
+		t.Errorf("a known KV usage was overwritten: %v", s.KVUsage)
+	}
+}

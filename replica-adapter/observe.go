@@ -1,0 +1,52 @@
+package adapter
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the adapter's Prometheus series, labelled with the replica.
+// They exist even without a Registerer, so the code that counts never checks.
+type metrics struct {
+	requests       *prometheus.CounterVec
+	engineErrors   prometheus.Counter
+	scrapeFailures prometheus.Counter
+	inflight       prometheus.Gauge
+	heartbeatSeq   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
+	cl := prometheus.Labels{"replica": replica}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_engine_requests_total", ConstLabels: cl,
+			Help: "Engine calls by HTTP status (\"error\" when the engine gave none).",
+		}, []string{"status"}),
+		engineErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_adapter_engine_errors_total", ConstLabels: cl,
+			Help: "Engine calls that failed before a status or broke mid-stream.",
+		}),
+		scrapeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_adapter_scrape_failures_total", ConstLabels: cl,
+			Help: "Engine scrapes (/metrics or /health) that failed.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_adapter_inflight", ConstLabels: cl,
+			Help: "Requests taken by the adapter and not yet finished.",
+		}),
+		heartbeatSeq: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_adapter_heartbeat_seq", ConstLabels: cl,
+			Help: "Sequence number of the last heartbeat sent.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("adapter: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,148 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// registerRefresh is how often the registration is checked even when
+// nothing changed, so a deleted key or a recreated bucket heals.
+const registerRefresh = 10 * time.Second
+
+// casAttempts bounds the compare-and-set retries of one registration.
+const casAttempts = 8
+
+// registrar writes the replica's key, replicas.<id>, with compare-and-set.
+// Writes are serialised, so the scraper's and the drain's never interleave.
+type registrar struct {
+	js     jetstream.JetStream
+	bucket string
+	key    string
+
+	mu      sync.Mutex
+	kv      jetstream.KeyValue // nil until the bucket was found
+	written []byte             // the value last written or confirmed
+	synced  time.Time
+}
+
+// register brings replicas.<id> up to date with the adapter's state. Unless
+// force is set, it writes only when the value changed or the last check is
+// older than registerRefresh.
+func (a *Adapter) register(ctx context.Context, force bool) error {
+	a.load.mu.Lock()
+	flavor := a.load.flavor
+	a.load.mu.Unlock()
+	if flavor == "" {
+		flavor = a.cfg.Flavor
+	}
+	want := table.Replica{
+		Model:    a.cfg.Model,
+		Version:  a.cfg.Version,
+		Pool:     a.cfg.Pool,
+		Flavor:   flavor,
+		MaxBatch: a.cfg.MaxBatch,
+		MaxQueue: a.cfg.MaxQueue,
+		MaxLoras: a.cfg.MaxLoras,
+		State:    a.state(),
+	}
+	return a.reg.sync(ctx, want, force)
+}
+
+func (r *registrar) sync(ctx context.Context, want table.Replica, force bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	val, err := table.Encode(want)
+	if err != nil {
+		return err
+	}
+	if !force && bytes.Equal(val, r.written) && time.Since(r.synced) < registerRefresh {
+		return nil
+	}
+	if r.kv == nil {
+		kv, err := r.js.KeyValue(ctx, r.bucket)
+		if err != nil {
+			return fmt.Errorf("bucket %s: %w", r.bucket, err)
+		}
+		r.kv = kv
+	}
+	for range casAttempts {
+		cur, err := r.kv.Get(ctx, r.key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			_, err = r.kv.Create(ctx, r.key, val)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // created meanwhile: read it and decide again
+			}
+			if err == nil {
+				r.written, r.synced = val, time.Now()
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		next := val
+		if kept := keepOperatorState(cur.Value(), want.State); kept != want.State {
+			w := want
+			w.State = kept
+			if next, err = table.Encode(w); err != nil {
+				return err
+			}
+		}
+		if bytes.Equal(cur.Value(), next) {
+			r.written, r.synced = val, time.Now()
+			return nil
+		}
+		_, err = r.kv.Update(ctx, r.key, next, cur.Revision())
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err == nil {
+			r.written, r.synced = val, time.Now()
+		}
+		return err
+	}
+	return fmt.Errorf("%s: compare-and-set lost %d times", r.key, casAttempts)
+}
+
+// keepOperatorState returns the state to write over the current value. An
+// operator's draining or disabled is never cleared: the more restrictive of
+// it and ours is kept. Anything else is the adapter's own and is replaced.
+// (A replica that crashed mid-drain leaves its own "draining" behind, which
+// its successor also keeps: an operator re-enables it.)
+func keepOperatorState(cur []byte, ours string) string {
+	var v struct {
+		State string `json:"state"`
+	}
+	if json.Unmarshal(cur, &v) != nil {
+		return ours
+	}
+	if v.State == subjects.StateDraining || v.State == subjects.StateDisabled {
+		return subjects.Restrictive(v.State, ours)
+	}
+	return ours
+}
+
+// deregister deletes replicas.<id>.
+func (r *registrar) deregister(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.kv == nil {
+		kv, err := r.js.KeyValue(ctx, r.bucket)
+		if err != nil {
+			return fmt.Errorf("bucket %s: %w", r.bucket, err)
+		}
+		r.kv = kv
+	}
+	r.written = nil
+	return r.kv.Delete(ctx, r.key)
+}

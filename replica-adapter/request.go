@@ -1,0 +1,307 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// maxErrorBody bounds an engine error body read for translation.
+const maxErrorBody = 64 << 10
+
+// call is one request in flight, findable by its Llm-Request-Id for cancels.
+type call struct {
+	cancel context.CancelFunc
+}
+
+// onRequest is the micro handler. micro runs it one message at a time, so it
+// only books the request and hands it to its own goroutine.
+func (a *Adapter) onRequest(r micro.Request) {
+	reply := r.Reply()
+	if reply == "" {
+		a.log.Warn("request without a reply subject dropped")
+		return
+	}
+	h := nats.Header(r.Headers())
+	id := h.Get(subjects.HdrRequestID)
+	a.mu.Lock()
+	if a.draining {
+		a.mu.Unlock()
+		a.reject(reply, h, &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeNoReplicas,
+			Message: "replica " + a.cfg.Replica + " is draining", RetryAfter: time.Second})
+		return
+	}
+	ctx, cancel := context.WithCancel(a.reqBase)
+	c := &call{cancel: cancel}
+	if id != "" {
+		a.calls[id] = c
+	}
+	a.wg.Add(1)
+	a.mu.Unlock()
+	a.metrics.inflight.Set(float64(a.inflight.Add(1)))
+	go a.serve(ctx, c, id, reply, h, r.Data())
+}
+
+// onCancel cancels the engine call of the request named by Llm-Request-Id.
+func (a *Adapter) onCancel(r micro.Request) {
+	id := r.Headers().Get(subjects.HdrRequestID)
+	a.mu.Lock()
+	c := a.calls[id]
+	a.mu.Unlock()
+	if c != nil {
+		c.cancel()
+	}
+}
+
+func (a *Adapter) done(c *call, id string) {
+	c.cancel()
+	a.mu.Lock()
+	if a.calls[id] == c {
+		delete(a.calls, id)
+	}
+	a.mu.Unlock()
+	a.metrics.inflight.Set(float64(a.inflight.Add(-1)))
+	a.wg.Done()
+}
+
+// reject answers with a single rejection message (seq 0, status, end).
+func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
+	m := nats.Msg{Subject: reply, Header: errorHeader(0, e), Data: e.Body()}
+	if err := a.nc.PublishMsg(&m); err != nil {
+		a.log.Warn("rejection not sent", "err", err)
+	}
+	a.publishUsage(h, tokens{})
+}
+
+func errorHeader(seq int, e *subjects.APIError) nats.Header {
+	h := nats.Header{
+		subjects.HdrSeq:     {strconv.Itoa(seq)},
+		subjects.HdrStatus:  {strconv.Itoa(e.Status)},
+		subjects.HdrEOS:     {"1"},
+		subjects.HdrContent: {"application/json"},
+	}
+	for _, kv := range e.RetryAfterHeaders() {
+		h[kv[0]] = []string{kv[1]}
+	}
+	return h
+}
+
+// serve runs one request: accept, engine call, head, data, end, usage.
+func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.Header, body []byte) {
+	defer a.done(c, id)
+	st := &stream{nc: a.nc, reply: reply}
+	if err := st.send(nats.Header{subjects.HdrAccepted: {a.cfg.Replica}}, []byte(`{"replica":"`+a.cfg.Replica+`"}`)); err != nil {
+		a.log.Warn("accept not sent", "request", id, "err", err)
+		return
+	}
+	if ms, err := strconv.ParseInt(h.Get(subjects.HdrDeadline), 10, 64); err == nil && ms > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
+		defer cancel()
+	}
+	used := a.callEngine(ctx, st, h, body)
+	a.publishUsage(h, used)
+}
+
+// callEngine calls the engine and relays its answer. It returns the tokens
+// to settle: the engine's usage, an estimate when it reported none, zero
+// when the engine did no work.
+func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, body []byte) tokens {
+	endpoint := h.Get(subjects.HdrEndpoint)
+	if !validEndpoint(endpoint) {
+		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "Llm-Endpoint must be an /v1/ path, got "+strconv.Quote(endpoint)))
+		return tokens{}
+	}
+	model := h.Get(subjects.HdrRouteLora)
+	if model == "" {
+		model = a.cfg.EngineModel
+	}
+	body, err := rewriteModel(body, model)
+	if err != nil {
+		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error()))
+		return tokens{}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.EngineURL+endpoint, bytes.NewReader(body))
+	if err != nil {
+		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error()))
+		return tokens{}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, k := range [...]string{subjects.HdrTraceparent, subjects.HdrTracestate} {
+		if v := h.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+
+	start := time.Now()
+	st.startKeepalive(a.cfg.KeepaliveEvery)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		a.metrics.requests.WithLabelValues("error").Inc()
+		a.metrics.engineErrors.Inc()
+		st.fail(callError(ctx, err))
+		return tokens{}
+	}
+	defer resp.Body.Close()
+	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
+
+	if resp.StatusCode >= 400 {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err != nil && len(b) == 0 {
+			a.metrics.engineErrors.Inc()
+			st.fail(callError(ctx, err))
+			return tokens{}
+		}
+		st.stopKeepalive() // the whole answer is here
+		e := engineError(resp.StatusCode, b)
+		hd := a.head(h, resp, "application/json")
+		if st.send(hd, nil) == nil && st.send(nil, e.Body()) == nil {
+			st.end("")
+		}
+		return tokens{}
+	}
+
+	if st.send(a.head(h, resp, resp.Header.Get("Content-Type")), nil) != nil {
+		return tokens{}
+	}
+	sse := isSSE(resp.Header.Get("Content-Type"))
+	scan := usageScanner{sse: sse}
+	bp := a.bufs.Get().(*[]byte)
+	defer a.bufs.Put(bp)
+	buf := *bp
+	first := true
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				st.stopKeepalive()
+				// Only a stream's first byte is a time to first token: a
+				// non-streamed body arrives when generation is over.
+				if sse {
+					a.load.observeTTFT(time.Since(start))
+				}
+			}
+			scan.Write(buf[:n])
+			if st.send(nil, buf[:n]) != nil {
+				return a.settle(&scan, h)
+			}
+		}
+		if rerr == io.EOF {
+			st.end("")
+			break
+		}
+		if rerr != nil {
+			a.metrics.engineErrors.Inc()
+			st.end(streamError(ctx, rerr))
+			break
+		}
+	}
+	return a.settle(&scan, h)
+}
+
+// settle returns the engine's usage, or an estimate: the gateway's prompt
+// estimate and, for a stream, one token per data event.
+func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
+	if t, ok := scan.Finish(); ok {
+		return t
+	}
+	prompt, _ := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
+	return tokens{PromptTokens: prompt, CompletionTokens: scan.events}
+}
+
+// head builds the head: the engine's status and content type, the route
+// headers echoed with this replica, and the engine's retry hints.
+func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) nats.Header {
+	hd := nats.Header{subjects.HdrStatus: {strconv.Itoa(resp.StatusCode)}}
+	if contentType != "" {
+		hd[subjects.HdrContent] = []string{contentType}
+	}
+	for k, v := range req {
+		if strings.HasPrefix(k, "Llm-Route-") {
+			hd[k] = v
+		}
+	}
+	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
+	for _, k := range subjects.PassThroughHeaders() {
+		if v := resp.Header.Get(k); v != "" {
+			hd[k] = []string{v}
+		}
+	}
+	return hd
+}
+
+// validEndpoint accepts the OpenAI paths under /v1/, and nothing that could
+// step out of them.
+func validEndpoint(p string) bool {
+	return strings.HasPrefix(p, "/v1/") && !strings.Contains(p, "..") && !strings.ContainsAny(p, "?#\\ \t\r\n")
+}
+
+func isSSE(contentType string) bool {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	return mt == "text/event-stream"
+}
+
+// callError is the error answered when the engine call failed before a head.
+func callError(ctx context.Context, err error) *subjects.APIError {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "request deadline passed before the engine answered")
+	case errors.Is(ctx.Err(), context.Canceled):
+		return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "request cancelled before the engine answered")
+	}
+	return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "engine unreachable: "+err.Error())
+}
+
+// streamError is the Llm-Error of an end after the engine failed mid-way.
+func streamError(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return "deadline exceeded"
+	case errors.Is(ctx.Err(), context.Canceled):
+		return "cancelled"
+	}
+	return "engine stream broke: " + err.Error()
+}
+
+// publishUsage reports the tokens a request used on llm.usage.<tenant>, so
+// the broker that reserved prompt + max_tokens at admission can settle them.
+// Requests that did not come through a broker carry no tenant and report
+// nothing.
+func (a *Adapter) publishUsage(h nats.Header, t tokens) {
+	tenant := h.Get(subjects.HdrTenant)
+	if subjects.ValidToken(tenant) != nil {
+		return
+	}
+	prompt, _ := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
+	maxTokens, _ := strconv.Atoi(h.Get(subjects.HdrMaxTokens))
+	model := h.Get(subjects.HdrRouteModel)
+	if model == "" {
+		model = a.cfg.Model
+	}
+	b, _ := json.Marshal(subjects.Usage{
+		Tenant:           tenant,
+		Model:            model,
+		Replica:          a.cfg.Replica,
+		RequestID:        h.Get(subjects.HdrRequestID),
+		PromptTokens:     t.PromptTokens,
+		CompletionTokens: t.CompletionTokens,
+		ReservedTokens:   prompt + maxTokens,
+		Broker:           h.Get(subjects.HdrBroker),
+	})
+	if err := a.nc.Publish(a.subj.Usage(tenant), b); err != nil {
+		a.log.Warn("usage not published", "err", err)
+	}
+}

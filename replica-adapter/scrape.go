@@ -1,0 +1,242 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// ttftAlpha weighs the newest time to first token in its moving average.
+const ttftAlpha = 0.2
+
+// maxScrapeBody bounds what is read from /metrics and /slots.
+const maxScrapeBody = 8 << 20
+
+// loadState is what the scraper learned about the engine, read by the
+// heartbeat.
+type loadState struct {
+	mu       sync.Mutex
+	sample   LoadSample
+	have     bool   // a scrape has succeeded
+	fails    int    // consecutive failed scrapes (metrics or /health)
+	ready    bool   // /health has answered 200
+	flavor   string // the flavor read, once known
+	ttftEWMA float64
+	ttftMin  float64 // the fastest first token seen: the unloaded baseline
+}
+
+func (l *loadState) observeTTFT(d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ttftEWMA == 0 {
+		l.ttftEWMA, l.ttftMin = ms, ms
+		return
+	}
+	l.ttftEWMA += ttftAlpha * (ms - l.ttftEWMA)
+	l.ttftMin = min(l.ttftMin, ms)
+}
+
+func (a *Adapter) scrapeLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.ScrapeEvery)
+	defer t.Stop()
+	var regErr string // the last registration error, logged once, not every tick
+	for {
+		a.scrape(ctx)
+		switch err := a.register(ctx, false); {
+		case err != nil && ctx.Err() == nil && err.Error() != regErr:
+			regErr = err.Error()
+			a.log.Warn("registering replica failed", "err", err)
+		case err == nil && regErr != "":
+			regErr = ""
+			a.log.Info("replica registered")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scrape polls /health and /metrics once. The replica is "loading" until
+// /health first answers 200, "ready" after. A scrape fails when either
+// fails; after ScrapeFailLimit consecutive failures the heartbeat says
+// scrape_ok=false, and brokers exclude a replica whose heartbeat says so, as
+// they would a dead one, without touching its registered state.
+func (a *Adapter) scrape(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(a.cfg.ScrapeEvery, time.Second))
+	defer cancel()
+	healthErr := a.health(ctx)
+	sample, flavor, metricsErr := a.metricsSample(ctx)
+
+	l := &a.load
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if healthErr == nil {
+		l.ready = true
+	}
+	if metricsErr == nil {
+		l.sample, l.have, l.flavor = sample, true, flavor
+	}
+	if healthErr != nil || metricsErr != nil {
+		l.fails++
+		a.metrics.scrapeFailures.Inc()
+		if l.fails == a.cfg.ScrapeFailLimit && ctx.Err() == nil {
+			a.log.Warn("engine scrape failing, heartbeat says scrape_ok=false", "health", healthErr, "metrics", metricsErr)
+		}
+		return
+	}
+	if l.fails >= a.cfg.ScrapeFailLimit {
+		a.log.Info("engine scrape recovered")
+	}
+	l.fails = 0
+}
+
+func (a *Adapter) health(ctx context.Context) error {
+	resp, err := a.get(ctx, "/health")
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/health answered %d", resp.StatusCode)
+	}
+	return nil
+}
+
+func (a *Adapter) metricsSample(ctx context.Context) (LoadSample, string, error) {
+	resp, err := a.get(ctx, "/metrics")
+	if err != nil {
+		return LoadSample{}, "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return LoadSample{}, "", fmt.Errorf("/metrics answered %d", resp.StatusCode)
+	}
+	a.load.mu.Lock()
+	flavor := a.load.flavor
+	a.load.mu.Unlock()
+	if flavor == "" {
+		flavor = a.cfg.Flavor
+	}
+	s, flavor, err := ParseMetrics(flavor, io.LimitReader(resp.Body, maxScrapeBody))
+	if err != nil {
+		return s, flavor, err
+	}
+	if flavor == FlavorLlamaCpp {
+		// llama.cpp has no KV metric; the share of busy slots stands in.
+		if u, err := a.slots(ctx); err == nil {
+			s.KVUsage, s.KVKnown = u, true
+		}
+	}
+	estimateKV(&s, a.cfg.MaxBatch)
+	return s, flavor, nil
+}
+
+func (a *Adapter) slots(ctx context.Context) (float64, error) {
+	resp, err := a.get(ctx, "/slots")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("/slots answered %d", resp.StatusCode)
+	}
+	return slotUsage(io.LimitReader(resp.Body, maxScrapeBody))
+}
+
+func (a *Adapter) get(ctx context.Context, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.cfg.EngineURL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return a.client.Do(req)
+}
+
+// state is the replica's own state: loading until the engine is healthy,
+// ready after, draining once the drain began.
+func (a *Adapter) state() string {
+	a.mu.Lock()
+	draining := a.draining
+	a.mu.Unlock()
+	if draining {
+		return subjects.StateDraining
+	}
+	a.load.mu.Lock()
+	defer a.load.mu.Unlock()
+	if a.load.ready {
+		return subjects.StateReady
+	}
+	return subjects.StateLoading
+}
+
+func (a *Adapter) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.HeartbeatEvery)
+	defer t.Stop()
+	for {
+		a.publishHeartbeat()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Adapter) heartbeat() subjects.Heartbeat {
+	hb := subjects.Heartbeat{
+		Replica:  a.cfg.Replica,
+		Model:    a.cfg.Model,
+		Version:  a.cfg.Version,
+		Pool:     a.cfg.Pool,
+		State:    a.state(),
+		MaxBatch: a.cfg.MaxBatch,
+		MaxQueue: a.cfg.MaxQueue,
+		Inflight: a.InFlight(),
+	}
+	l := &a.load
+	l.mu.Lock()
+	s := l.sample
+	hb.KVUsage, hb.Running, hb.Waiting = s.KVUsage, s.Running, s.Waiting
+	hb.Lora = subjects.LoraState{Running: orEmpty(s.LoraRunning), Waiting: orEmpty(s.LoraWaiting), Max: s.MaxLora}
+	hb.TTFTEWMAMillis = l.ttftEWMA
+	// Queue wait is approximated as the time to first token above the
+	// fastest one seen: what an unloaded engine needs is not waiting.
+	hb.QueueWaitMillis = max(0, l.ttftEWMA-l.ttftMin)
+	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit
+	l.mu.Unlock()
+	if hb.Lora.Max == 0 {
+		hb.Lora.Max = a.cfg.MaxLoras
+	}
+	hb.Seq = a.hbSeq.Add(1)
+	hb.SentUnixMillis = time.Now().UnixMilli()
+	return hb
+}
+
+func (a *Adapter) publishHeartbeat() {
+	hb := a.heartbeat()
+	b, err := json.Marshal(hb)
+	if err == nil {
+		err = a.nc.Publish(a.subj.Heartbeat(a.cfg.Replica), b)
+	}
+	if err != nil {
+		a.log.Warn("heartbeat not sent", "err", err)
+		return
+	}
+	a.metrics.heartbeatSeq.Set(float64(hb.Seq))
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,139 @@
+package adapter
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+const (
+	// usageWindow is how much of each end of a non-streamed body is kept to
+	// find "usage": engines put it first (vLLM) or last (OpenAI), and an
+	// embeddings body can be far larger than both ends together.
+	usageWindow = 64 << 10
+	// maxSSELine bounds the partial SSE line kept between reads; a longer
+	// line is skipped, not buffered.
+	maxSSELine = 1 << 20
+)
+
+// tokens is the engine's usage object.
+type tokens struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// usageScanner finds the engine's token usage in a response while it streams
+// past, without holding the response: in a stream, the last data event with
+// a usage object (stream_options.include_usage); in a JSON body, its usage
+// object.
+type usageScanner struct {
+	sse   bool
+	found bool
+	usage tokens
+	// events counts SSE data events, the estimate of completion tokens when
+	// the engine reports no usage (one token per chunk, as vLLM streams).
+	events int
+
+	line     []byte // SSE: the line not yet ended
+	skipLine bool   // SSE: the current line outgrew maxSSELine
+	head     []byte // JSON: the first usageWindow bytes
+	tail     []byte // JSON: at least the last usageWindow bytes
+	total    int
+}
+
+func (u *usageScanner) Write(p []byte) {
+	if u.sse {
+		u.writeSSE(p)
+		return
+	}
+	u.total += len(p)
+	if n := min(len(p), usageWindow-len(u.head)); n > 0 {
+		u.head = append(u.head, p[:n]...)
+	}
+	u.tail = append(u.tail, p...)
+	if len(u.tail) > 2*usageWindow {
+		u.tail = append(u.tail[:0], u.tail[len(u.tail)-usageWindow:]...)
+	}
+}
+
+func (u *usageScanner) writeSSE(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if !u.skipLine && len(u.line)+len(p) <= maxSSELine {
+				u.line = append(u.line, p...)
+			} else {
+				u.skipLine, u.line = true, u.line[:0]
+			}
+			return
+		}
+		line := p[:i]
+		if len(u.line) > 0 {
+			u.line = append(u.line, line...)
+			line = u.line
+		}
+		if !u.skipLine {
+			u.sseLine(line)
+		}
+		u.line, u.skipLine = u.line[:0], false
+		p = p[i+1:]
+	}
+}
+
+func (u *usageScanner) sseLine(line []byte) {
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
+		return
+	}
+	u.events++
+	if t, ok := findUsage(data); ok {
+		u.usage, u.found = t, true
+	}
+}
+
+// Finish returns the usage found, if any.
+func (u *usageScanner) Finish() (tokens, bool) {
+	if u.sse {
+		if len(u.line) > 0 && !u.skipLine {
+			u.sseLine(u.line)
+			u.line = u.line[:0]
+		}
+		return u.usage, u.found
+	}
+	if u.total > len(u.head) {
+		if t, ok := findUsage(u.tail); ok {
+			return t, true
+		}
+	}
+	return findUsage(u.head)
+}
+
+// findUsage decodes the last "usage" object in b. It looks for the key
+// rather than decoding b: b may be a cut window of a larger body, and a
+// "usage" inside a string value is escaped (\"usage\") so it cannot match.
+func findUsage(b []byte) (tokens, bool) {
+	key := []byte(`"usage"`)
+	for end := len(b); end > 0; {
+		i := bytes.LastIndex(b[:end], key)
+		if i < 0 {
+			return tokens{}, false
+		}
+		end = i
+		j := skipSpace(b, i+len(key))
+		if j >= len(b) || b[j] != ':' {
+			continue
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) || b[j] != '{' {
+			continue
+		}
+		var t tokens
+		if json.NewDecoder(bytes.NewReader(b[j:])).Decode(&t) == nil {
+			return t, true
+		}
+	}
+	return tokens{}, false
+}
