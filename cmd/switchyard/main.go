@@ -33,6 +33,7 @@ func commands() []command {
 		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
+		{"key", "add an API key for a tenant (printed once, stored hashed)", runKey},
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
-const tableUsage = "usage: switchyard table get KEY | put KEY [FILE|-] | watch [PREFIX] | import FILE | export | validate FILE"
+const tableUsage = "usage: switchyard table get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE | export | validate FILE | history KEY | rollback KEY REV"
 
 // errCheckFailed is a failed check (exit 1) whose details were printed.
 var errCheckFailed = errors.New("check failed")
@@ -36,7 +37,8 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("%s", tableUsage)
 	}
 	verb, rest := pos[0], pos[1:]
-	want := map[string][2]int{"get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1}}
+	want := map[string][2]int{"get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1},
+		"edit": {1, 1}, "history": {1, 1}, "rollback": {2, 2}}
 	n, ok := want[verb]
 	if !ok || len(rest) < n[0] || len(rest) > n[1] {
 		return usagef("%s", tableUsage)
@@ -79,7 +81,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintln(stderr, err)
 			return errCheckFailed
 		}
-		rev, err := bucket.Put(cctx, rest[0], b)
+		rev, err := bucket.Put(cctx, rest[0], compactJSON(b))
 		if err != nil {
 			return err
 		}
@@ -110,6 +112,17 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "watch":
 		cancel()
 		return watchTable(ctx, bucket, rest, stdout)
+	case "history":
+		return tableHistory(cctx, bucket, rest[0], stdout)
+	case "rollback":
+		rev, err := strconv.ParseUint(rest[1], 10, 64)
+		if err != nil {
+			return usagef("REV must be a revision number")
+		}
+		return tableRollback(cctx, bucket, rest[0], rev, stdout, stderr)
+	case "edit":
+		cancel()
+		return tableEdit(ctx, bucket, rest[0], stdout, stderr)
 	}
 	return nil
 }
@@ -147,20 +160,10 @@ func writeFlat(w io.Writer, flat map[string]json.RawMessage) error {
 		if i == len(keys)-1 {
 			sep = ""
 		}
-		fmt.Fprintf(w, "  %s: %s%s\n", kb, compact(flat[k]), sep)
+		fmt.Fprintf(w, "  %s: %s%s\n", kb, compactJSON(flat[k]), sep)
 	}
 	fmt.Fprintln(w, "}")
 	return nil
-}
-
-func compact(b []byte) []byte {
-	var out []byte
-	if v, err := json.Marshal(json.RawMessage(b)); err == nil {
-		out = v
-	} else {
-		out = b
-	}
-	return out
 }
 
 func watchTable(ctx context.Context, bucket jetstream.KeyValue, rest []string, stdout io.Writer) error {

@@ -1,0 +1,172 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+var buildOnce struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// binary builds cmd/switchyard once per test run.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..")
+		dir, err := os.MkdirTemp("", "switchyard-bin")
+		if err != nil {
+			buildOnce.err = err
+			return
+		}
+		buildOnce.path = filepath.Join(dir, "switchyard")
+		cmd := exec.Command("go", "build", "-o", buildOnce.path, "./cmd/switchyard")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildOnce.err = errors.New(string(out))
+		}
+	})
+	if buildOnce.err != nil {
+		t.Fatalf("build: %v", buildOnce.err)
+	}
+	return buildOnce.path
+}
+
+// sy runs the binary and returns stdout, stderr and the exit code.
+func sy(t *testing.T, env []string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func TestTableValidateOffline(t *testing.T) {
+	_, file, _, _ := runtime.Caller(0)
+	good := filepath.Join(filepath.Dir(file), "..", "deploy", "examples", "table.json")
+	out, _, code := sy(t, nil, "", "table", "validate", good)
+	if code != 0 || !strings.Contains(out, "all valid") {
+		t.Errorf("validate dev table: exit %d: %s", code, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	_ = os.WriteFile(bad, []byte(`{"aliases.x":{"targets":[{"model":"m","weight":-1}]},"policy":{"saturation_kv":3}}`), 0o644)
+	_, errOut, code := sy(t, nil, "", "table", "validate", bad)
+	if code != 1 || !strings.Contains(errOut, "aliases.x: targets[0].weight") || !strings.Contains(errOut, "policy: saturation_kv") {
+		t.Errorf("validate bad table: exit %d, stderr %q", code, errOut)
+	}
+	if _, _, code := sy(t, nil, "", "table", "frobnicate"); code != 2 {
+		t.Errorf("bad usage: exit %d, want 2", code)
+	}
+	if _, _, code := sy(t, nil, "", "nosuchcommand"); code != 2 {
+		t.Errorf("unknown command: exit %d, want 2", code)
+	}
+}
+
+func TestTableCommandsAgainstTheBucket(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	env := []string{"NATS_URL=" + st.NATSURL(), "HOME=" + t.TempDir()}
+
+	out, _, code := sy(t, env, "", "table", "get", "aliases.chat-small")
+	if code != 0 || !strings.Contains(out, "llama-3-8b-instruct") {
+		t.Fatalf("get: exit %d: %s", code, out)
+	}
+
+	// put refuses an invalid value and keeps the old one.
+	_, errOut, code := sy(t, env, `{"targets":"nope"}`, "table", "put", "aliases.chat-small", "-")
+	if code != 1 || !strings.Contains(errOut, "aliases.chat-small") {
+		t.Errorf("invalid put: exit %d, %s", code, errOut)
+	}
+	if out, _, _ := sy(t, env, "", "table", "get", "aliases.chat-small"); !strings.Contains(out, "llama-3-8b-instruct") {
+		t.Errorf("invalid put changed the value: %s", out)
+	}
+
+	// edit with a scripted editor, then history and rollback.
+	out, errOut, code = sy(t, append(env, "EDITOR=sed -i s/llama-3-8b-instruct/qwen-coder-32b/"), "", "table", "edit", "aliases.chat-small")
+	if code != 0 || !strings.Contains(out, "stored at revision") {
+		t.Fatalf("edit: exit %d: %s %s", code, out, errOut)
+	}
+	_, errOut, code = sy(t, append(env, "EDITOR=sed -i s/weight/wait/"), "", "table", "edit", "aliases.chat-small")
+	if code != 1 || !strings.Contains(errOut, "refused") {
+		t.Errorf("an invalid edit must be refused: exit %d: %s", code, errOut)
+	}
+	out, _, code = sy(t, env, "", "table", "history", "aliases.chat-small")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 2 || !strings.Contains(lines[1], "qwen-coder-32b") {
+		t.Fatalf("history: exit %d: %s", code, out)
+	}
+	firstRev := strings.Fields(lines[0])[1]
+	out, _, code = sy(t, env, "", "table", "rollback", "aliases.chat-small", firstRev)
+	if code != 0 || !strings.Contains(out, "rolled back") {
+		t.Fatalf("rollback: exit %d: %s", code, out)
+	}
+	if out, _, _ := sy(t, env, "", "table", "get", "aliases.chat-small"); !strings.Contains(out, "llama-3-8b-instruct") {
+		t.Errorf("rollback did not restore the value: %s", out)
+	}
+
+	// export → import round trip reports nothing changed.
+	exported, _, code := sy(t, env, "", "table", "export")
+	if code != 0 || !strings.Contains(exported, `"aliases.auto"`) {
+		t.Fatalf("export: exit %d: %s", code, exported)
+	}
+	f := filepath.Join(t.TempDir(), "t.json")
+	_ = os.WriteFile(f, []byte(exported), 0o644)
+	out, errOut, code = sy(t, env, "", "table", "import", f)
+	if code != 0 {
+		t.Fatalf("import: exit %d: %s %s", code, out, errOut)
+	}
+	t.Logf("import report: %s", strings.TrimSpace(out))
+}
+
+func TestKeyAddAndExplain(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[:4]})
+	env := []string{"NATS_URL=" + st.NATSURL(), "HOME=" + t.TempDir()}
+	out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
+	key := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(key, "sk-") {
+		t.Fatalf("key add: exit %d: %q", code, out)
+	}
+	// The new key speaks for acme (premium) once the gateway has the table.
+	body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	eventually(t, 3*time.Second, func() (bool, string) {
+		status, h := post(t, st.GatewayURL(), key, body)
+		return status == 200 && h.Get("X-Switchyard-Pool") == "premium", "pool " + h.Get("X-Switchyard-Pool")
+	})
+
+	out, _, code = sy(t, env, "", "explain", "--model", "chat-large", "--prompt-tokens", "20000")
+	if code != 0 || !strings.Contains(out, "long-context") || !strings.Contains(out, "l70-long-0") {
+		t.Errorf("explain long prompt: exit %d: %s", code, out)
+	}
+	out, _, code = sy(t, env, "", "explain", "--tenant", "intern", "--model", "chat-large")
+	if code != 1 || !strings.Contains(out, "model_not_allowed") {
+		t.Errorf("explain restricted: exit %d: %s", code, out)
+	}
+	if _, _, code := sy(t, env, "", "explain"); code != 2 {
+		t.Errorf("explain without --model: exit %d, want 2", code)
+	}
+}
