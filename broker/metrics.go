@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,13 +21,57 @@ type metrics struct {
 	tableRevision  prometheus.Gauge
 	tableLoadedAt  prometheus.Gauge
 	invalidValues  *prometheus.CounterVec
-	heartbeatAge   *prometheus.GaugeVec
+	heartbeatAge   *ageCollector
 	replicaKV      *prometheus.GaugeVec
 	replicaWaiting *prometheus.GaugeVec
 	replicaRunning *prometheus.GaugeVec
 	badMessages    *prometheus.CounterVec
 	publishDropped prometheus.Counter
 	liveBrokers    prometheus.Gauge
+
+	mu       sync.Mutex
+	loadedAt time.Time
+}
+
+// ageCollector reports each replica's heartbeat age at scrape time.
+type ageCollector struct {
+	now  func() time.Time
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func newAgeCollector(now func() time.Time) *ageCollector {
+	return &ageCollector{
+		now:  now,
+		desc: prometheus.NewDesc("switchyard_broker_heartbeat_age_seconds", "Time since each replica's last heartbeat was received.", []string{"replica"}, nil),
+		last: map[string]time.Time{},
+	}
+}
+
+func (c *ageCollector) seen(replica string, at time.Time) {
+	c.mu.Lock()
+	c.last[replica] = at
+	c.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (c *ageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector. Replicas silent for an hour are
+// forgotten, so the series count stays bounded by the live fleet.
+func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for r, t := range c.last {
+		age := now.Sub(t)
+		if age > time.Hour {
+			delete(c.last, r)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, age.Seconds(), r)
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -50,9 +95,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		invalidValues: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_table_invalid_values_total", Help: "Routing-table values rejected as invalid; the last good value stays in force.",
 		}, []string{"kind"}),
-		heartbeatAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "switchyard_broker_heartbeat_sent_timestamp_seconds", Help: "When each replica's last heartbeat was received (age is time() minus this).",
-		}, []string{"replica"}),
+		heartbeatAge: newAgeCollector(b.cfg.Now),
 		replicaKV: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_broker_replica_kv_usage_ratio", Help: "KV-cache usage reported by each replica (0–1).",
 		}, []string{"replica"}),
@@ -72,8 +115,19 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "switchyard_broker_live_brokers", Help: "Brokers seen alive; each enforces its share of tenant quotas.",
 		}),
 	}
+	tableAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_broker_table_age_seconds", Help: "Time since the routing table in force was loaded.",
+	}, func() float64 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.loadedAt.IsZero() {
+			return 0
+		}
+		return b.cfg.Now().Sub(m.loadedAt).Seconds()
+	})
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
+		reg.MustRegister(tableAge)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.publishDropped, m.liveBrokers)
 	}
@@ -94,6 +148,9 @@ func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc
 func (m *metrics) tableLoaded(s *table.Snapshot, now time.Time) {
 	m.tableRevision.Set(float64(s.Revision))
 	m.tableLoadedAt.Set(float64(now.UnixNano()) / 1e9)
+	m.mu.Lock()
+	m.loadedAt = now
+	m.mu.Unlock()
 }
 
 func (m *metrics) invalidValue(key string, _ error) {
@@ -122,7 +179,7 @@ func kindName(k table.Kind) string {
 }
 
 func (m *metrics) heartbeat(hb *subjects.Heartbeat, now time.Time) {
-	m.heartbeatAge.WithLabelValues(hb.Replica).Set(float64(now.UnixNano()) / 1e9)
+	m.heartbeatAge.seen(hb.Replica, now)
 	m.replicaKV.WithLabelValues(hb.Replica).Set(hb.KVUsage)
 	m.replicaWaiting.WithLabelValues(hb.Replica).Set(float64(hb.Waiting))
 	m.replicaRunning.WithLabelValues(hb.Replica).Set(float64(hb.Running))

@@ -47,6 +47,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		models: map[string]struct{}{},
 	}
+	// Every cause is exported from the start, so a rate() over it works
+	// before the first error.
+	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "slow_client"} {
+		m.streamErrors.WithLabelValues(cause)
+	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.streamErrors, m.clientGone)
 	}

@@ -1,0 +1,103 @@
+package test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+// scrape fetches and parses a Prometheus text exposition.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	return mfs
+}
+
+func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:8]})
+	body := `{"model":"chat-small","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	if status, _ := post(t, st.GatewayURL(), "", body); status != 200 {
+		t.Fatalf("status %d", status)
+	}
+	post(t, st.GatewayURL(), "", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)
+	mfs := scrape(t, st.GatewayURL()+"/metrics")
+	for _, want := range []struct {
+		name string
+		typ  dto.MetricType
+	}{
+		{"switchyard_gateway_requests_total", dto.MetricType_COUNTER},
+		{"switchyard_gateway_time_to_first_byte_seconds", dto.MetricType_HISTOGRAM},
+		{"switchyard_gateway_request_duration_seconds", dto.MetricType_HISTOGRAM},
+		{"switchyard_gateway_retries_total", dto.MetricType_COUNTER},
+		{"switchyard_gateway_stream_errors_total", dto.MetricType_COUNTER},
+		{"switchyard_broker_decisions_total", dto.MetricType_COUNTER},
+		{"switchyard_broker_rejections_total", dto.MetricType_COUNTER},
+		{"switchyard_broker_decision_duration_seconds", dto.MetricType_HISTOGRAM},
+		{"switchyard_broker_table_revision", dto.MetricType_GAUGE},
+		{"switchyard_broker_table_age_seconds", dto.MetricType_GAUGE},
+		{"switchyard_broker_heartbeat_age_seconds", dto.MetricType_GAUGE},
+		{"switchyard_broker_replica_kv_usage_ratio", dto.MetricType_GAUGE},
+		{"switchyard_adapter_engine_requests_total", dto.MetricType_COUNTER},
+		{"switchyard_adapter_engine_errors_total", dto.MetricType_COUNTER},
+		{"switchyard_adapter_scrape_failures_total", dto.MetricType_COUNTER},
+		{"switchyard_adapter_inflight", dto.MetricType_GAUGE},
+		{"switchyard_adapter_heartbeat_seq", dto.MetricType_GAUGE},
+	} {
+		mf, ok := mfs[want.name]
+		if !ok {
+			t.Errorf("missing %s", want.name)
+			continue
+		}
+		if mf.GetType() != want.typ {
+			t.Errorf("%s is %s, want %s", want.name, mf.GetType(), want.typ)
+		}
+	}
+	// The request above shows with its route, status and model; the
+	// rejection with its code.
+	if !hasSample(mfs["switchyard_gateway_requests_total"], map[string]string{"route": "/v1/chat/completions", "status": "200", "model": "chat-small"}) {
+		t.Error("no gateway sample for the chat request")
+	}
+	if !hasSample(mfs["switchyard_broker_rejections_total"], map[string]string{"code": "model_not_found"}) {
+		t.Error("no rejection sample for the unknown model")
+	}
+	for name := range mfs {
+		if strings.HasPrefix(name, "switchyard_") && strings.HasSuffix(name, "_total") && mfs[name].GetType() != dto.MetricType_COUNTER {
+			t.Errorf("%s ends in _total but is not a counter", name)
+		}
+	}
+}
+
+func hasSample(mf *dto.MetricFamily, labels map[string]string) bool {
+	if mf == nil {
+		return false
+	}
+	for _, m := range mf.GetMetric() {
+		match := 0
+		for _, l := range m.GetLabel() {
+			if v, ok := labels[l.GetName()]; ok && v == l.GetValue() {
+				match++
+			}
+		}
+		if match == len(labels) {
+			return true
+		}
+	}
+	return false
+}
