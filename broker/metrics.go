@@ -115,6 +115,16 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "switchyard_broker_live_brokers", Help: "Brokers seen alive; each enforces its share of tenant quotas.",
 		}),
 	}
+	// Known label values are exported from the start, so alerts and rate()
+	// work before the first event.
+	for _, code := range []string{subjects.CodeInvalidRequest, subjects.CodeContextLength, subjects.CodeModelNotAllowed,
+		subjects.CodeModelNotFound, subjects.CodeRateLimit, subjects.CodeAllReplicasBusy, subjects.CodeDeadlineUnmeetable,
+		subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable} {
+		m.rejections.WithLabelValues(code)
+	}
+	for k := table.KindPolicy; k <= table.KindReplica; k++ {
+		m.invalidValues.WithLabelValues(kindName(k))
+	}
 	tableAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_table_age_seconds", Help: "Time since the routing table in force was loaded.",
 	}, func() float64 {

@@ -3,6 +3,10 @@ package test
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -100,4 +104,31 @@ func hasSample(mf *dto.MetricFamily, labels map[string]string) bool {
 		}
 	}
 	return false
+}
+
+// TestDeployArtefactsNameRealSeries keeps the alert rules and the Grafana
+// dashboard true to the series the parts export.
+func TestDeployArtefactsNameRealSeries(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	post(t, st.GatewayURL(), "", `{"model":"chat-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	mfs := scrape(t, st.GatewayURL()+"/metrics")
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..")
+	re := regexp.MustCompile(`switchyard_[a-z_]+`)
+	for _, f := range []string{"deploy/prometheus/switchyard-alerts.yml", "deploy/grafana/switchyard-dashboard.json"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := re.FindAllString(string(b), -1)
+		if len(names) == 0 {
+			t.Fatalf("%s names no series", f)
+		}
+		for _, n := range names {
+			base := strings.TrimSuffix(n, "_bucket")
+			if _, ok := mfs[base]; !ok {
+				t.Errorf("%s uses %s, which no part exports", f, n)
+			}
+		}
+	}
 }
