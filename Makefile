@@ -9,7 +9,7 @@ NATS_CLI  := $(TOOLS_DIR)/nats
 NATSCLI_VERSION := v0.5.0
 export GOFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-e2e lint vet fmt fuzz lab soak tools clean
+.PHONY: all build run test test-deps test-short bench bench-e2e lint vet fmt fuzz lab soak tools clean
 
 all: build
 
@@ -26,7 +26,12 @@ tools: $(NATS_CLI)
 $(NATS_CLI):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
 
-test: tools vet
+# The dashboard test drives headless Chromium; CI runs as root on Debian, so
+# the package is installed from apt when it is missing.
+test-deps:
+	command -v chromium || (apt-get update && apt-get install -y chromium)
+
+test: tools vet test-deps
 	NATS_CLI=$(NATS_CLI) $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 test-short:
@@ -43,6 +48,12 @@ lint: vet
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Direct vs. httputil.ReverseProxy vs. Switchyard in front of one fixed-latency
+# engine, open loop, on this machine; rewrites the bench-e2e section of
+# docs/benchmarks.md (about 4 minutes). BENCH_E2E_FLAGS go to cmd/benche2e.
+bench-e2e:
+	GO=$(GO) ./scripts/bench-e2e.sh $(BENCH_E2E_FLAGS)
 
 FUZZTIME ?= 20s
 fuzz:

@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -29,6 +31,7 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
+	"github.com/switchyard-llm/switchyard/ui"
 )
 
 // Replica is one simulated engine and its adapter.
@@ -36,6 +39,14 @@ type Replica struct {
 	ID, Model, Version, Pool string
 	KVBlocks, MaxLoras       int
 	Adapters                 []string
+	// EngineURL points the adapter at an engine running elsewhere (e.g.
+	// http://127.0.0.1:8000); no simulated engine is started for it, and
+	// Engine returns nil for its id. Benchmarks use it to put the stack and
+	// a plain proxy in front of the same engine.
+	EngineURL string
+	// MaxBatch and MaxQueue are the capacity the adapter declares
+	// (default 32 and 128, the simulated engine's).
+	MaxBatch, MaxQueue int
 }
 
 // Replicas is the dev deployment of DESIGN.md "switchyard dev".
@@ -190,10 +201,21 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if gcfg.Ready == nil {
 		gcfg.Ready = s.heartbeatsReady
 	}
+	// The dashboard reads the gateway's table; s.gw is set before the
+	// dashboard runs or the gateway serves.
+	dash := ui.New(gnc, ui.Config{
+		Prefix: gcfg.Prefix, Bucket: gcfg.Bucket, Logger: cfg.Logger,
+		Table: func() *table.Snapshot { return s.gw.Table() },
+	})
+	extra := map[string]http.Handler{}
+	maps.Copy(extra, dash.Mounts())
+	maps.Copy(extra, gcfg.Extra)
+	gcfg.Extra = extra
 	s.gw, err = gateway.New(gnc, gcfg)
 	if err != nil {
 		return nil, err
 	}
+	s.goRun("dashboard", dash.Run, runCtx)
 	s.gwLn, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("gateway listen: %w", err)
@@ -222,27 +244,38 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 }
 
 func (s *Stack) startReplica(ctx context.Context, r Replica, connect func(string) (*nats.Conn, error)) error {
-	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
-	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, Logger: s.log})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	s.engines[r.ID] = eng
-	// Engines outlive the adapters so that draining adapters can finish
-	// their requests: they stop on engineCtx, cancelled after the rest.
-	s.engineWG.Go(func() {
-		if err := eng.Serve(s.engineCtx, ln); err != nil {
-			s.log.Error("engine stopped", "replica", r.ID, "err", err)
+	engineURL := r.EngineURL
+	if engineURL == "" {
+		ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
+		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, Logger: s.log})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
 		}
-	})
+		s.engines[r.ID] = eng
+		// Engines outlive the adapters so that draining adapters can finish
+		// their requests: they stop on engineCtx, cancelled after the rest.
+		s.engineWG.Go(func() {
+			if err := eng.Serve(s.engineCtx, ln); err != nil {
+				s.log.Error("engine stopped", "replica", r.ID, "err", err)
+			}
+		})
+		engineURL = "http://" + ln.Addr().String()
+	}
+	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
+	if maxBatch <= 0 {
+		maxBatch = 32
+	}
+	if maxQueue <= 0 {
+		maxQueue = 128
+	}
 	anc, err := connect("switchyard-adapter-" + r.ID)
 	if err != nil {
 		return err
 	}
 	a, err := adapter.New(anc, adapter.Config{
 		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
-		EngineURL: "http://" + ln.Addr().String(), MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras,
+		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras,
 		Logger: s.log, Registerer: s.registry,
 	})
 	if err != nil {
@@ -331,7 +364,8 @@ func (s *Stack) Broker(i int) *broker.Broker { return s.brokers[i] }
 // Gateway returns the gateway.
 func (s *Stack) Gateway() *gateway.Gateway { return s.gw }
 
-// Engine returns a dev replica's simulated engine.
+// Engine returns a dev replica's simulated engine (nil for a replica with
+// an EngineURL).
 func (s *Stack) Engine(id string) *enginesim.Server { return s.engines[id] }
 
 // Registry is the one Prometheus registry every part reports to.

@@ -39,7 +39,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	url := st.GatewayURL()
 	fmt.Fprintf(stdout, `Switchyard dev is running.
 
-  gateway  %s   (OpenAI API; /metrics, /readyz)
+  gateway  %s   (OpenAI API; dashboard at /ui; /metrics, /readyz)
   NATS     %s   (nats --server %s kv ls llm-routing)
 
 Try:

@@ -4,8 +4,11 @@ import (
 	"context"
 	"flag"
 	"io"
+	"sync"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/ui"
 )
 
 func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -30,12 +33,28 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	g, err := gateway.New(nc, gateway.Config{
+	// The dashboard shows the gateway's own table; g is set before either runs.
+	var g *gateway.Gateway
+	dash := ui.New(nc, ui.Config{
+		Prefix: nf.prefix, Bucket: nf.bucket, Logger: log,
+		Table: func() *table.Snapshot { return g.Table() },
+	})
+	g, err = gateway.New(nc, gateway.Config{
 		Listen: *listen, Prefix: nf.prefix, Bucket: nf.bucket, StateDir: *stateDir,
 		MaxBody: mb, Logger: log, Registerer: reg, Gatherer: reg,
+		Extra: dash.Mounts(),
 	})
 	if err != nil {
 		return usageError{err}
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() {
+		if err := dash.Run(ctx); err != nil {
+			log.Error("dashboard stopped", "err", err)
+		}
+	})
 	return g.Run(ctx)
 }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+func decisionAt(ms int64) subjects.Decision {
+	return subjects.Decision{
+		Tenant: "default", Requested: "chat-large", Model: "llama-3-70b-instruct", Version: "v1.5.0",
+		Pool: "general", Replica: "l70-gen-1", Reason: "power-of-two", Score: 0.118,
+		Alternatives:   []subjects.Alternative{{Replica: "l70-gen-0", Score: 0.412, Why: "higher load_score"}},
+		Status:         200,
+		DecidedUnixMil: ms,
+	}
+}
+
+func TestFormatDecision(t *testing.T) {
+	at := time.Date(2025, 3, 4, 14, 3, 7, 412e6, time.UTC).UnixMilli()
+	lora := decisionAt(at)
+	lora.Tenant, lora.Requested, lora.Model, lora.Version, lora.Lora = "team-x", "chat-small", "llama-3-8b-instruct", "v1.0.0", "team-x-v3"
+	lora.Replica, lora.Reason, lora.Alternatives = "l8-gen-0", "lora-affinity", nil
+	rejected := subjects.Decision{
+		Tenant: "trial", Requested: "chat-large", Status: 429, Code: "rate_limit_exceeded",
+		Message: "rpm quota of 5 reached", Reason: "", DecidedUnixMil: at,
+	}
+	for _, tc := range []struct {
+		name string
+		d    subjects.Decision
+		want string
+	}{
+		{"routed with a runner-up", decisionAt(at),
+			"14:03:07.412 default  chat-large → llama-3-70b-instruct v1.5.0  pool general  → l70-gen-1  power-of-two  runner-up l70-gen-0 (0.412 vs 0.118): higher load_score"},
+		{"LoRA, no runner-up", lora,
+			"14:03:07.412 team-x   chat-small → llama-3-8b-instruct v1.0.0 +lora team-x-v3  pool general  → l8-gen-0  lora-affinity  no runner-up"},
+		{"rejected before a model", rejected,
+			"14:03:07.412 trial    chat-large  rejected 429 rate_limit_exceeded: rpm quota of 5 reached"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := formatDecision(&tc.d, time.UTC); got != tc.want {
+				t.Errorf("formatDecision\n got: %s\nwant: %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecisionFilter(t *testing.T) {
+	d := decisionAt(0)
+	d.Requested = "chat-large:team-x-v3"
+	for _, tc := range []struct {
+		f    decisionFilter
+		want bool
+	}{
+		{decisionFilter{}, true},
+		{decisionFilter{pool: "general"}, true},
+		{decisionFilter{pool: "canary"}, false},
+		{decisionFilter{model: "chat-large"}, true},
+		{decisionFilter{model: "chat-large:team-x-v3"}, true},
+		{decisionFilter{model: "llama-3-70b-instruct"}, true},
+		{decisionFilter{model: "chat-small"}, false},
+		{decisionFilter{replica: "l70-gen-1"}, true},
+		{decisionFilter{replica: "l70-gen-0"}, false},
+		{decisionFilter{pool: "general", model: "chat-large", replica: "l70-gen-0"}, false},
+	} {
+		if got := tc.f.match(&d); got != tc.want {
+			t.Errorf("%+v.match = %v, want %v", tc.f, got, tc.want)
+		}
+	}
+}
+
+// decisionsOutput is a bytes.Buffer safe to read while the command writes it.
+type decisionsOutput struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *decisionsOutput) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *decisionsOutput) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestDecisionsFollowsAndFilters(t *testing.T) {
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut decisionsOutput
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"decisions", "--nats", url, "--model", "chat-large", "--replica", "l70-gen-1"}, &out, &errOut)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("exit code %d, stderr %q", code, errOut.String())
+		}
+	}()
+	waitForDecisions(t, func() bool { return strings.Contains(errOut.String(), "following llm.decision.>") })
+
+	publish := func(d subjects.Decision) {
+		b, _ := json.Marshal(d)
+		if err := nc.Publish(subjects.New("").Decision(d.Pool), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := decisionAt(time.Now().UnixMilli())
+	other.Replica = "l70-gen-0"
+	publish(other)
+	want := decisionAt(time.Now().UnixMilli())
+	want.RequestID = "wanted"
+	publish(want)
+	line := formatDecision(&want, time.Local)
+	waitForDecisions(t, func() bool { return strings.Contains(out.String(), line) })
+	if n := strings.Count(out.String(), "\n"); n != 1 {
+		t.Errorf("printed %d lines, want only the matching one:\n%s", n, out.String())
+	}
+}
+
+func TestDecisionsRejectsABadPool(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"decisions", "--pool", "a.b"}, &out, &errOut); code != exitUsage {
+		t.Errorf("exit code %d, want %d (stderr %q)", code, exitUsage, errOut.String())
+	}
+}
+
+func waitForDecisions(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

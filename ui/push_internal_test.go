@@ -1,0 +1,55 @@
+package ui
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// A browser that stops reading is dropped once its buffer is full; the
+// others keep getting every push, and nothing is pushed without a change.
+func TestASlowClientIsDroppedAndTheOthersKeepUp(t *testing.T) {
+	u := New(nil, Config{ClientBuffer: 2, Table: func() *table.Snapshot { return nil }})
+	slow, _ := u.register(time.Now())
+	fast, _ := u.register(time.Now())
+	for i := range 5 {
+		u.onDecision(&nats.Msg{Subject: "llm.decision.general", Data: []byte(`{"replica":"r"}`)})
+		u.push(time.Now())
+		select {
+		case b := <-fast.ch:
+			if len(b) == 0 {
+				t.Fatalf("push %d empty", i)
+			}
+		default:
+			t.Fatalf("push %d did not reach the client that reads", i)
+		}
+	}
+	u.push(time.Now())
+	select {
+	case <-fast.ch:
+		t.Error("pushed although nothing changed")
+	default:
+	}
+	n := 0
+	for range slow.ch { // closed when dropped, so this ends
+		n++
+	}
+	if n != 2 {
+		t.Errorf("slow client got %d pushes before being dropped, want its buffer of 2", n)
+	}
+	u.mu.Lock()
+	_, slowKept := u.clients[slow]
+	_, fastKept := u.clients[fast]
+	u.mu.Unlock()
+	if slowKept || !fastKept {
+		t.Errorf("clients after the drop: slow %v, fast %v; want only the fast one", slowKept, fastKept)
+	}
+	u.unregister(slow) // the handler's deferred unregister after a drop is harmless
+	u.stop()
+	if _, ok := <-fast.ch; ok {
+		t.Error("stop left a client channel open")
+	}
+}

@@ -1,0 +1,193 @@
+package ui
+
+import (
+	"cmp"
+	"encoding/json"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// State is one push to the browser. A full state carries every kept
+// decision and the whole table; the pushes after it carry only the
+// decisions that are new and the table only when its revision moved.
+type State struct {
+	Full      bool           `json:"full"`
+	NowUnixMs int64          `json:"now_unix_ms"`
+	Policy    policyView     `json:"policy"`
+	Models    []modelGroup   `json:"models"`
+	Decisions []decisionView `json:"decisions"` // newest first
+	Seen      uint64         `json:"decisions_seen"`
+	Keep      int            `json:"decisions_kept"`
+	Table     *tableView     `json:"table,omitempty"`
+}
+
+type policyView struct {
+	StaleAfterMs int64 `json:"stale_after_ms"`
+	DeadAfterMs  int64 `json:"dead_after_ms"`
+}
+
+type modelGroup struct {
+	Model string      `json:"model"`
+	Pools []poolGroup `json:"pools"`
+}
+
+type poolGroup struct {
+	Pool     string        `json:"pool"`
+	Replicas []replicaView `json:"replicas"`
+}
+
+// replicaView joins a replica's registration in the table with its latest
+// heartbeat. State is the effective one: the more restrictive of the two.
+type replicaView struct {
+	ID         string   `json:"id"`
+	Version    string   `json:"version"`
+	State      string   `json:"state"`
+	Registered bool     `json:"registered"`
+	Heartbeat  bool     `json:"heartbeat"`
+	AgeMs      int64    `json:"age_ms"`
+	KVUsage    float64  `json:"kv_usage"`
+	Release    float64  `json:"release_threshold"`
+	Saturation float64  `json:"saturation_kv"`
+	Running    int      `json:"running"`
+	Waiting    int      `json:"waiting"`
+	MaxBatch   int      `json:"max_batch"`
+	MaxQueue   int      `json:"max_queue"`
+	Inflight   int      `json:"inflight"`
+	Loras      []string `json:"loras,omitempty"`
+	MaxLoras   int      `json:"max_loras,omitempty"`
+	TTFTMs     float64  `json:"ttft_ewma_ms"`
+	ScrapeOK   bool     `json:"scrape_ok"`
+}
+
+type decisionView struct {
+	Seq uint64 `json:"seq"`
+	subjects.Decision
+}
+
+type tableView struct {
+	Revision uint64     `json:"revision"`
+	Keys     []tableKey `json:"keys"`
+}
+
+type tableKey struct {
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
+}
+
+// state builds the push for clients that have seen decisions up to
+// afterSeq and the table at revision afterRev (full: everything).
+// Lock should be held.
+func (u *UI) state(now time.Time, full bool, afterSeq, afterRev uint64) *State {
+	t := u.table()
+	pol := table.DefaultPolicy()
+	if t != nil {
+		pol = t.Policy
+	}
+	s := &State{
+		Full:      full,
+		NowUnixMs: now.UnixMilli(),
+		Policy: policyView{
+			StaleAfterMs: time.Duration(pol.StaleAfter).Milliseconds(),
+			DeadAfterMs:  time.Duration(pol.DeadAfter).Milliseconds(),
+		},
+		Models: u.groups(now, t, pol),
+		Seen:   u.seq,
+		Keep:   u.cfg.MaxDecisions,
+	}
+	if full {
+		afterSeq, afterRev = 0, 0
+	}
+	s.Decisions = u.decisionsAfter(afterSeq)
+	if t != nil && (full || t.Revision != afterRev) {
+		s.Table = tableOf(t)
+	}
+	return s
+}
+
+// groups lists every replica known from the table or a heartbeat, by model,
+// then pool, then id. Lock should be held.
+func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelGroup {
+	var reg map[string]*table.Replica
+	if t != nil {
+		reg = t.Replicas
+	}
+	ids := map[string]bool{}
+	for id := range reg {
+		ids[id] = true
+	}
+	for id, h := range u.replicas {
+		if reg[id] == nil && now.Sub(h.at) > forgetAfter {
+			delete(u.replicas, id)
+			continue
+		}
+		ids[id] = true
+	}
+	type keyed struct {
+		model, pool string
+		r           replicaView
+	}
+	var all []keyed
+	for id := range ids {
+		k := keyed{r: replicaView{ID: id, Release: pol.AffinityReleaseThreshold, Saturation: pol.SaturationKV}}
+		state := ""
+		if r := reg[id]; r != nil {
+			k.model, k.pool, k.r.Version = r.Model, r.Pool, r.Version
+			k.r.Registered = true
+			k.r.MaxBatch, k.r.MaxQueue, k.r.MaxLoras = r.MaxBatch, r.MaxQueue, r.MaxLoras
+			state = r.State
+		}
+		if h, ok := u.replicas[id]; ok {
+			hb := h.hb
+			if k.model == "" {
+				k.model, k.pool, k.r.Version = hb.Model, hb.Pool, hb.Version
+			}
+			k.r.Heartbeat = true
+			k.r.AgeMs = max(0, now.Sub(h.at).Milliseconds())
+			k.r.KVUsage, k.r.Running, k.r.Waiting, k.r.Inflight = hb.KVUsage, hb.Running, hb.Waiting, hb.Inflight
+			k.r.MaxBatch, k.r.MaxQueue = cmp.Or(hb.MaxBatch, k.r.MaxBatch), cmp.Or(hb.MaxQueue, k.r.MaxQueue)
+			k.r.Loras, k.r.MaxLoras = hb.Lora.Running, cmp.Or(hb.Lora.Max, k.r.MaxLoras)
+			k.r.TTFTMs, k.r.ScrapeOK = hb.TTFTEWMAMillis, hb.ScrapeOK
+			state = subjects.Restrictive(state, hb.State)
+		}
+		k.r.State = state
+		if t != nil {
+			if p := t.Pools[k.pool]; p != nil {
+				if p.AffinityReleaseThreshold != nil {
+					k.r.Release = *p.AffinityReleaseThreshold
+				}
+				if p.SaturationKV != nil {
+					k.r.Saturation = *p.SaturationKV
+				}
+			}
+		}
+		all = append(all, k)
+	}
+	slices.SortFunc(all, func(a, b keyed) int {
+		return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.pool, b.pool), cmp.Compare(a.r.ID, b.r.ID))
+	})
+	out := []modelGroup{}
+	for _, k := range all {
+		if len(out) == 0 || out[len(out)-1].Model != k.model {
+			out = append(out, modelGroup{Model: k.model})
+		}
+		m := &out[len(out)-1]
+		if len(m.Pools) == 0 || m.Pools[len(m.Pools)-1].Pool != k.pool {
+			m.Pools = append(m.Pools, poolGroup{Pool: k.pool})
+		}
+		p := &m.Pools[len(m.Pools)-1]
+		p.Replicas = append(p.Replicas, k.r)
+	}
+	return out
+}
+
+func tableOf(t *table.Snapshot) *tableView {
+	v := &tableView{Revision: t.Revision, Keys: make([]tableKey, 0, len(t.Raw))}
+	for _, k := range slices.Sorted(maps.Keys(t.Raw)) {
+		v.Keys = append(v.Keys, tableKey{Key: k, Value: t.Raw[k]})
+	}
+	return v
+}

@@ -1,0 +1,209 @@
+// Package ui is Switchyard's live dashboard: the replicas with their KV usage
+// and queues, the routing table and the latest explained decisions, pushed to
+// the browser as Server-Sent Events. The page is plain HTML, CSS and
+// JavaScript embedded in the binary: no build step, nothing fetched from
+// elsewhere.
+package ui
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval     = 500 * time.Millisecond
+	DefaultMaxDecisions = 200
+	DefaultClientBuffer = 8
+)
+
+// forgetAfter drops a replica that stopped heartbeating and is no longer in
+// the table, so a dashboard left open does not collect ghosts.
+const forgetAfter = 5 * time.Minute
+
+// Config configures the dashboard. Only the zero values noted have defaults.
+type Config struct {
+	// Prefix is the subject prefix (default "llm").
+	Prefix string
+	// Bucket is the routing-table bucket, watched by the dashboard itself
+	// when Table is nil (default subjects.DefaultBucket).
+	Bucket string
+	// Table returns the routing table in force, e.g. (*gateway.Gateway).Table.
+	// Nil: Run watches Bucket.
+	Table func() *table.Snapshot
+	// Logger receives subscription trouble (nil: discarded).
+	Logger *slog.Logger
+	// Interval is the shortest time between two pushes (default 500ms).
+	Interval time.Duration
+	// MaxDecisions is how many recent decisions are kept (default 200).
+	MaxDecisions int
+	// ClientBuffer is how many pushes may wait for one browser (default 8);
+	// a browser further behind is disconnected, and its EventSource
+	// reconnects to a fresh snapshot.
+	ClientBuffer int
+}
+
+// UI holds the dashboard's state and serves it.
+type UI struct {
+	nc   *nats.Conn
+	cfg  Config
+	subj subjects.Subjects
+	log  *slog.Logger
+
+	// mu guards everything below. Broadcasts and client registration both
+	// hold it, so a new client's full snapshot and the deltas after it
+	// never miss or repeat a decision.
+	mu        sync.Mutex
+	replicas  map[string]heartbeatSeen
+	ring      []decisionView // len MaxDecisions once full; next is the oldest
+	next      int
+	seq       uint64 // decisions received
+	pushedSeq uint64 // decisions already pushed to clients
+	pushedRev uint64 // table revision already pushed
+	dirty     bool   // a heartbeat arrived since the last push
+	clients   map[*client]struct{}
+	stopped   bool
+	table     func() *table.Snapshot
+}
+
+type heartbeatSeen struct {
+	hb subjects.Heartbeat
+	at time.Time // receiver's clock, as DESIGN.md measures heartbeat age
+}
+
+// New returns a dashboard bound to nc; call Run to start it.
+func New(nc *nats.Conn, cfg Config) *UI {
+	if cfg.Bucket == "" {
+		cfg.Bucket = subjects.DefaultBucket
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.MaxDecisions <= 0 {
+		cfg.MaxDecisions = DefaultMaxDecisions
+	}
+	if cfg.ClientBuffer <= 0 {
+		cfg.ClientBuffer = DefaultClientBuffer
+	}
+	u := &UI{
+		nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix),
+		log:      cfg.Logger.With("component", "ui"),
+		replicas: map[string]heartbeatSeen{},
+		clients:  map[*client]struct{}{},
+		table:    cfg.Table,
+	}
+	if u.table == nil {
+		u.table = func() *table.Snapshot { return nil }
+	}
+	return u
+}
+
+// Run subscribes to heartbeats and decisions (plain subscriptions: the
+// dashboard wants every one) and pushes changes to the browsers until ctx is
+// done. Then it disconnects every browser and returns nil.
+func (u *UI) Run(ctx context.Context) error {
+	if u.nc == nil {
+		return errors.New("ui: nil NATS connection")
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer u.stop()
+
+	if u.cfg.Table == nil {
+		js, err := jetstream.New(u.nc)
+		if err != nil {
+			return err
+		}
+		w := kv.New(js, kv.Config{Bucket: u.cfg.Bucket, Logger: u.log})
+		u.mu.Lock()
+		u.table = w.Snapshot
+		u.mu.Unlock()
+		wg.Go(func() {
+			if err := w.Run(ctx); err != nil {
+				u.log.Error("table watcher stopped", "err", err)
+			}
+		})
+	}
+	hbSub, err := u.nc.Subscribe(u.subj.HeartbeatAll(), u.onHeartbeat)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = hbSub.Unsubscribe() }()
+	decSub, err := u.nc.Subscribe(u.subj.DecisionAll(), u.onDecision)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = decSub.Unsubscribe() }()
+
+	t := time.NewTicker(u.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			u.push(now)
+		}
+	}
+}
+
+func (u *UI) onHeartbeat(m *nats.Msg) {
+	var hb subjects.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Replica == "" {
+		u.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
+		return
+	}
+	u.mu.Lock()
+	u.replicas[hb.Replica] = heartbeatSeen{hb: hb, at: time.Now()}
+	u.dirty = true
+	u.mu.Unlock()
+}
+
+func (u *UI) onDecision(m *nats.Msg) {
+	var d subjects.Decision
+	if err := json.Unmarshal(m.Data, &d); err != nil {
+		u.log.Debug("bad decision", "subject", m.Subject, "err", err)
+		return
+	}
+	u.mu.Lock()
+	u.seq++
+	v := decisionView{Seq: u.seq, Decision: d}
+	if len(u.ring) < u.cfg.MaxDecisions {
+		u.ring = append(u.ring, v)
+	} else {
+		u.ring[u.next] = v
+		u.next = (u.next + 1) % len(u.ring)
+	}
+	u.mu.Unlock()
+}
+
+// decisionsAfter returns the kept decisions with Seq > after, newest first.
+// Lock should be held.
+func (u *UI) decisionsAfter(after uint64) []decisionView {
+	out := []decisionView{}
+	n := len(u.ring)
+	for i := 1; i <= n; i++ {
+		v := u.ring[(u.next-i+n)%n]
+		if v.Seq <= after {
+			break
+		}
+		out = append(out, v)
+	}
+	return out
+}
