@@ -360,3 +360,19 @@ func TestConcurrentUse(t *testing.T) {
 		<-done
 	}
 }
+
+// TestOwnInFlightNeverRejects: between two heartbeats a broker may send a
+// replica far more requests than its batch and queue hold (they are short
+// and finish); only the replica's reported state can make it "busy".
+func TestOwnInFlightNeverRejects(t *testing.T) {
+	e := newEnv(t)
+	for i := range 1000 {
+		d := e.decide(chat("code"))
+		if d.Err != nil {
+			t.Fatalf("request %d since the heartbeat rejected: %v", i, d.Err)
+		}
+	}
+	// The reported state still can: a full queue and a full batch.
+	e.beat("coder-gen-0", 0.5, 32, 128)
+	mustReject(t, e.decide(chat("code")), 503, "all_replicas_busy")
+}

@@ -68,10 +68,10 @@ func (st *decision) candidates(model, version, pool string) bool {
 // engine had admitted them: into the batch while it has room, then into
 // the queue. So one in-flight request weighs w.batch/max_batch (or
 // w.queue/max_queue once the batch is full), which is what it will weigh in
-// the next heartbeat. A replica is saturated when kv ≥ saturation_kv or
-// its queue is full, and at capacity ("full") when its queue is full and it
-// cannot drain it (batch full or kv saturated); stale load data is never
-// full, since it cannot tell. An unknown max_queue counts as
+// the next heartbeat. A replica is saturated when its reported kv ≥
+// saturation_kv or its reported queue is full, and at capacity ("full") when
+// its reported queue is full and it cannot drain it (batch full or kv
+// saturated); stale load data is never full, since it cannot tell. An unknown max_queue counts as
 // DefaultMaxQueue in the score and never fills.
 func (st *decision) load(c *cand) {
 	x := c.x
@@ -88,12 +88,17 @@ func (st *decision) load(c *cand) {
 	w := &st.snap.Policy.LoadWeights
 	c.kv = x.kv
 	c.load = w.KV*c.kv + w.Queue*float64(waiting)/float64(queueDen) + w.Batch*float64(running)/float64(maxBatch)
-	queueFull := x.maxQueue > 0 && waiting >= x.maxQueue
+	// Saturation and capacity come from what the replica reported, not
+	// from this broker's in-flight count: that count only resets at the next
+	// heartbeat (the broker never sees a request end), so at a high request
+	// rate it would call an idle replica full. It steers the score only; the
+	// engine keeps the final say on admission.
+	queueFull := x.maxQueue > 0 && x.waiting >= x.maxQueue
 	c.saturated = c.kv >= st.saturation || queueFull
 	if c.saturated {
 		c.load += SaturationPenalty
 	}
-	c.full = c.fresh && queueFull && (running >= maxBatch || c.kv >= st.saturation)
+	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= st.saturation)
 	c.wait = x.wait
 }
 
