@@ -34,6 +34,7 @@ func commands() []command {
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
 		{"key", "add an API key for a tenant (printed once, stored hashed)", runKey},
+		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
 	}
 }

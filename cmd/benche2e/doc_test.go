@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/loadgen"
+)
+
+func TestSectionReplacesOnlyBetweenMarkers(t *testing.T) {
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"empty file", "", "# Benchmarks\n\n" + markStart + "\nnew\n" + markEnd + "\n"},
+		{"no markers: appended", "# Benchmarks\n\n## Micro\nfast\n", "# Benchmarks\n\n## Micro\nfast\n\n" + markStart + "\nnew\n" + markEnd + "\n"},
+		{
+			"markers: replaced, the rest kept",
+			"# B\n\n## Micro\nfast\n\n" + markStart + "\nold\nlines\n" + markEnd + "\n\n## After\nkept\n",
+			"# B\n\n## Micro\nfast\n\n" + markStart + "\nnew\n" + markEnd + "\n\n## After\nkept\n",
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := string(replaceSection([]byte(c.doc), "new\n")); got != c.want {
+				t.Errorf("got\n%q\nwant\n%q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestWriteSectionTwiceIsStable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "benchmarks.md")
+	if err := os.WriteFile(path, []byte("# Benchmarks\n\n## Micro-benchmarks\nBenchmarkDecide 900 ns/op\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"first run", "second run"} {
+		if err := writeSection(path, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := os.ReadFile(path)
+	got := string(b)
+	if !strings.Contains(got, "BenchmarkDecide 900 ns/op") || strings.Contains(got, "first run") ||
+		strings.Count(got, markStart) != 1 || !strings.Contains(got, "second run") {
+		t.Errorf("after two runs:\n%s", got)
+	}
+}
+
+func TestJudge(t *testing.T) {
+	tr := func(ok, errs int, p99 time.Duration) *loadgen.TargetReport {
+		return &loadgen.TargetReport{Scheduled: ok + errs, OK: ok, Errors: errs, Latency: loadgen.Summary{P99: loadgen.Dur(p99)}}
+	}
+	cases := []struct {
+		name string
+		t    *loadgen.TargetReport
+		held bool
+	}{
+		{"fast, no errors", tr(5000, 0, 10*time.Millisecond), true},
+		{"p99 at the limit", tr(5000, 0, 50*time.Millisecond), false},
+		{"0.1% errors is tolerated", tr(4995, 5, 10*time.Millisecond), true},
+		{"more errors fail", tr(4990, 10, 10*time.Millisecond), false},
+		{"nothing succeeded", tr(0, 0, 0), false},
+	}
+	for _, c := range cases {
+		if s := judge(1000, "p", c.t, 50*time.Millisecond); s.Held != c.held {
+			t.Errorf("%s: held %v (%s), want %v", c.name, s.Held, s.Why, c.held)
+		}
+	}
+}

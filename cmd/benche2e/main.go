@@ -1,0 +1,98 @@
+// Command benche2e measures what Switchyard adds to a request. In one run
+// it starts an engine simulator with a fixed fast answer, a plain
+// httputil.ReverseProxy in front of it and the Switchyard stack in front of
+// it, each in its own process, then loads the three paths from this
+// process: at a fixed rate, interleaved, streamed and not; then step by
+// step to find the highest rate each holds. It writes its section of
+// docs/benchmarks.md between markers, leaving the rest of the file alone.
+//
+// `make bench-e2e` runs it (scripts/bench-e2e.sh).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	out, jsonOut, cpuProfile string
+
+	model     string
+	ttft, itl time.Duration
+	maxTokens int
+
+	maxBatch, maxQueue int
+
+	rate             float64
+	duration, warmup time.Duration
+
+	steps        []float64
+	stepDuration time.Duration
+	stepWarmup   time.Duration
+	p99Limit     time.Duration
+	budget       time.Duration
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benche2e:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("benche2e", flag.ContinueOnError)
+	var cfg config
+	var rc roleConfig
+	role := fs.String("role", "", "internal: run one process of the benchmark (engine, proxy or stack)")
+	fs.StringVar(&rc.engineURL, "engine", "", "internal: the engine's URL, for the proxy and stack roles")
+	fs.StringVar(&cfg.out, "out", "docs/benchmarks.md", "Markdown file whose bench-e2e section is (re)written")
+	fs.StringVar(&cfg.jsonOut, "json", "", "also write every raw report as JSON here")
+	fromJSON := fs.String("from-json", "", "measure nothing: rewrite the section of --out from a --json file of an earlier run")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "CPU profile of the Switchyard process during the non-stream fixed-rate phase")
+	fs.StringVar(&cfg.model, "model", "llama-3-8b-instruct", "model served by the engine and asked for")
+	fs.DurationVar(&cfg.ttft, "ttft", 2*time.Millisecond, "engine time to first token")
+	fs.DurationVar(&cfg.itl, "itl", 500*time.Microsecond, "engine time between tokens")
+	fs.IntVar(&cfg.maxTokens, "max-tokens", 8, "tokens per answer")
+	// The replica declares the dev capacity: the broker's admission is part
+	// of what is measured.
+	fs.IntVar(&rc.maxBatch, "max-batch", 32, "max_batch the Switchyard replica declares")
+	fs.IntVar(&rc.maxQueue, "max-queue", 128, "max_queue the Switchyard replica declares")
+	fs.Float64Var(&cfg.rate, "rate", 500, "requests/s per path in the fixed-rate phases")
+	fs.DurationVar(&cfg.duration, "duration", 20*time.Second, "length of each fixed-rate phase")
+	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warmup before each fixed-rate phase")
+	steps := fs.String("steps", "500,1000,2000,3000,4000,5000,6000,8000,10000,12000", "rates tried, in order, for the highest rate held")
+	fs.DurationVar(&cfg.stepDuration, "step-duration", 5*time.Second, "length of each step")
+	fs.DurationVar(&cfg.stepWarmup, "step-warmup", time.Second, "warmup before each step")
+	fs.DurationVar(&cfg.p99Limit, "p99", 50*time.Millisecond, "a step is held when p99 is under this and errors ≤ 0.1%")
+	fs.DurationVar(&cfg.budget, "budget", 4*time.Minute, "stop stepping when the run would exceed this")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rc.model, rc.ttft, rc.itl = cfg.model, cfg.ttft, cfg.itl
+	cfg.maxBatch, cfg.maxQueue = rc.maxBatch, rc.maxQueue
+	if *role != "" {
+		return runRole(ctx, *role, rc)
+	}
+	if *fromJSON != "" {
+		return rerender(*fromJSON, cfg.out)
+	}
+	for _, s := range strings.Split(*steps, ",") {
+		r, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || r <= 0 {
+			return fmt.Errorf("bad --steps entry %q", s)
+		}
+		cfg.steps = append(cfg.steps, r)
+	}
+	return orchestrate(ctx, cfg)
+}

@@ -1,0 +1,150 @@
+package loadgen
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// recorder collects results per target. Requests finish on their own
+// goroutines; one mutex is plenty at the rates one machine can drive.
+type recorder struct {
+	stream bool
+
+	mu  sync.Mutex
+	per []*samples
+}
+
+type samples struct {
+	latency, service, ttfb, first, gaps, lag []time.Duration
+	ok, errs                                 int
+	errsBy                                   map[string]int
+	errSample                                map[string]string
+	firstSched, lastSched, lastEnd           time.Time
+
+	// The progress window: what finished since the last line.
+	winLat       []time.Duration
+	winOK, winEr int
+}
+
+func newRecorder(targets, perTarget int, stream bool) *recorder {
+	rec := &recorder{stream: stream}
+	for range targets {
+		s := &samples{
+			latency:   make([]time.Duration, 0, perTarget),
+			service:   make([]time.Duration, 0, perTarget),
+			ttfb:      make([]time.Duration, 0, perTarget),
+			lag:       make([]time.Duration, 0, perTarget),
+			errsBy:    map[string]int{},
+			errSample: map[string]string{},
+		}
+		if stream {
+			s.first = make([]time.Duration, 0, perTarget)
+		}
+		rec.per = append(rec.per, s)
+	}
+	return rec
+}
+
+func (rec *recorder) add(target int, r result) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	s := rec.per[target]
+	if s.firstSched.IsZero() || r.sched.Before(s.firstSched) {
+		s.firstSched = r.sched
+	}
+	if r.sched.After(s.lastSched) {
+		s.lastSched = r.sched
+	}
+	if r.end.After(s.lastEnd) {
+		s.lastEnd = r.end
+	}
+	if !r.sent.IsZero() {
+		s.lag = append(s.lag, r.sent.Sub(r.sched))
+	}
+	if r.errKind != "" {
+		s.errs++
+		s.winEr++
+		s.errsBy[r.errKind]++
+		if _, ok := s.errSample[r.errKind]; !ok && r.errDetail != "" {
+			s.errSample[r.errKind] = r.errDetail
+		}
+		return
+	}
+	s.ok++
+	s.winOK++
+	lat := r.end.Sub(r.sched)
+	s.latency = append(s.latency, lat)
+	s.winLat = append(s.winLat, lat)
+	s.service = append(s.service, r.end.Sub(r.sent))
+	s.ttfb = append(s.ttfb, r.head.Sub(r.sched))
+	if rec.stream {
+		s.first = append(s.first, r.first.Sub(r.sched))
+		s.gaps = append(s.gaps, r.gaps...)
+	}
+}
+
+// windowStats is one target's part of a progress line.
+type windowStats struct {
+	ok, errs int
+	p50, p99 Dur
+}
+
+// window returns and resets what finished since the last call.
+func (rec *recorder) window() []windowStats {
+	rec.mu.Lock()
+	out := make([]windowStats, len(rec.per))
+	lats := make([][]time.Duration, len(rec.per))
+	for i, s := range rec.per {
+		out[i] = windowStats{ok: s.winOK, errs: s.winEr}
+		lats[i] = slices.Clone(s.winLat)
+		s.winLat, s.winOK, s.winEr = s.winLat[:0], 0, 0
+	}
+	rec.mu.Unlock()
+	for i, l := range lats {
+		slices.Sort(l)
+		out[i].p50, out[i].p99 = Dur(Percentile(l, 50)), Dur(Percentile(l, 99))
+	}
+	return out
+}
+
+// report summarizes the run; it is called once every request has finished.
+func (rec *recorder) report(cfg *Config, perTarget int) *Report {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rep := &Report{
+		Rate: cfg.Rate, Targets: make([]TargetReport, len(rec.per)),
+		Duration: Dur(cfg.Duration), Warmup: Dur(cfg.Warmup), Requests: perTarget,
+		Stream: cfg.Stream, MaxTokens: cfg.MaxTokens, Model: cfg.Model,
+		Schedule: "open loop; each target at the full rate, targets interleaved slot by slot; latency from the scheduled send time",
+	}
+	for i, s := range rec.per {
+		t := TargetReport{
+			Name: cfg.Names[i], URL: cfg.Targets[i],
+			Scheduled: perTarget, Sent: len(s.lag), OK: s.ok, Errors: s.errs,
+			Latency: Summarize(s.latency), Service: Summarize(s.service),
+			TTFB: Summarize(s.ttfb), SendLag: Summarize(s.lag),
+		}
+		if s.errs > 0 {
+			t.ErrorsBy = s.errsBy
+		}
+		if len(s.errSample) > 0 {
+			t.ErrorSamples = s.errSample
+		}
+		if span := s.lastSched.Sub(s.firstSched).Seconds(); span > 0 && t.Sent > 1 {
+			t.SentRate = float64(t.Sent-1) / span
+		}
+		if span := s.lastEnd.Sub(s.firstSched).Seconds(); span > 0 {
+			t.OKRate = float64(s.ok) / span
+		}
+		if rec.stream {
+			first, gaps := Summarize(s.first), Summarize(s.gaps)
+			t.FirstData, t.Gaps = &first, &gaps
+		}
+		rep.Targets[i] = t
+	}
+	for i := 1; i < len(rep.Targets); i++ {
+		rep.Diffs = append(rep.Diffs, Compare(&rep.Targets[0], &rep.Targets[i]))
+	}
+	return rep
+}

@@ -1,0 +1,148 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Error kinds that are not an HTTP status.
+const (
+	errTimeout    = "timeout"
+	errTransport  = "transport"
+	errCanceled   = "canceled"
+	errIncomplete = "incomplete stream" // ended without data: [DONE]
+	errEvent      = "stream error event"
+	errEmpty      = "empty body"
+)
+
+// result is one request's measurements; times are absolute.
+type result struct {
+	sched, sent, head, first, end time.Time
+	gaps                          []time.Duration // between successive data lines
+	errKind                       string          // "" when the request succeeded
+	errDetail                     string          // what the failure said, shortened
+}
+
+// maxDetail bounds the error text kept per request.
+const maxDetail = 300
+
+func shorten(s string) string {
+	if len(s) > maxDetail {
+		return s[:maxDetail] + "…"
+	}
+	return s
+}
+
+var (
+	dataPrefix  = []byte("data:")
+	doneLine    = []byte("data: [DONE]")
+	errorEvent  = []byte("event: error")
+	contentType = []string{"application/json"}
+)
+
+// do sends one request and reads its answer to the end.
+func (g *generator) do(ctx context.Context, target int, sched time.Time) result {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	defer cancel()
+	r := result{sched: sched}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.cfg.Targets[target], bytes.NewReader(g.body))
+	if err != nil {
+		r.errKind, r.end = errTransport, time.Now()
+		return r
+	}
+	req.Header = http.Header{"Content-Type": contentType}
+	r.sent = time.Now()
+	resp, err := g.client.Do(req)
+	if err != nil {
+		r.errKind, r.errDetail, r.end = classify(ctx, err), shorten(err.Error()), time.Now()
+		return r
+	}
+	defer resp.Body.Close()
+	r.head = time.Now()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		r.errKind, r.errDetail, r.end = strconv.Itoa(resp.StatusCode), shorten(string(bytes.TrimSpace(b))), time.Now()
+		return r
+	}
+	if g.cfg.Stream {
+		err = readStream(resp.Body, &r)
+	} else {
+		var n int64
+		n, err = io.Copy(io.Discard, resp.Body)
+		if err == nil && n == 0 {
+			r.errKind = errEmpty
+		}
+	}
+	r.end = time.Now()
+	if err != nil {
+		r.errKind, r.errDetail = classify(ctx, err), shorten(err.Error())
+	}
+	return r
+}
+
+// readStream reads server-sent events, timing each data line as it is read.
+// Two lines that arrive in one read have a gap of about zero: that is what
+// a client sees.
+func readStream(body io.Reader, r *result) error {
+	br := bufio.NewReaderSize(body, 16<<10)
+	var last time.Time
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			line = bytes.TrimRight(line, "\r\n")
+			switch {
+			case bytes.HasPrefix(line, dataPrefix):
+				now := time.Now()
+				if last.IsZero() {
+					r.first = now
+				} else {
+					r.gaps = append(r.gaps, now.Sub(last))
+				}
+				last = now
+				if bytes.Equal(line, doneLine) {
+					_, _ = io.Copy(io.Discard, br)
+					return nil
+				}
+			case bytes.Equal(line, errorEvent):
+				r.errKind = errEvent
+			}
+			if r.errKind == errEvent && r.errDetail == "" && bytes.HasPrefix(line, dataPrefix) {
+				r.errDetail = shorten(string(line))
+			}
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			// A data line longer than the buffer: its first part was timed.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+		case errors.Is(err, io.EOF):
+			if r.errKind == "" {
+				r.errKind = errIncomplete
+			}
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+}
+
+func classify(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return errTimeout
+	case ctx.Err() != nil:
+		return errCanceled
+	default:
+		return errTransport
+	}
+}
