@@ -3,6 +3,7 @@ package policy_test
 import (
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -375,4 +376,30 @@ func TestOwnInFlightNeverRejects(t *testing.T) {
 	// The reported state still can: a full queue and a full batch.
 	e.beat("coder-gen-0", 0.5, 32, 128)
 	mustReject(t, e.decide(chat("code")), 503, "all_replicas_busy")
+}
+
+// TestLateHeartbeatIsStaleButAlive: load data is dated by the older of
+// receipt and sent_unix_ms, liveness by receipt alone.
+func TestLateHeartbeatIsStaleButAlive(t *testing.T) {
+	e := newEnv(t)
+	for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
+		e.beat(id, 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.SentUnixMillis = e.now.Add(-30 * time.Second).UnixMilli() })
+	}
+	d := e.decide(chat("chat-small"))
+	mustRoute(t, d)
+	if !strings.Contains(d.Reason, "stale-random") {
+		t.Errorf("reason %q: load data sent 30 s ago must count as stale", d.Reason)
+	}
+	// An adapter clock an hour behind makes the data stale, never the replica dead.
+	for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
+		e.beat(id, 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.SentUnixMillis = e.now.Add(-time.Hour).UnixMilli() })
+	}
+	mustRoute(t, e.decide(chat("chat-small")))
+	// A fresh one is fresh again.
+	for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
+		e.beat(id, 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.SentUnixMillis = e.now.UnixMilli() })
+	}
+	if d := e.decide(chat("chat-small")); strings.Contains(d.Reason, "stale") {
+		t.Errorf("fresh heartbeat, reason %q", d.Reason)
+	}
 }

@@ -45,7 +45,7 @@ func (st *decision) candidates(model, version, pool string) bool {
 		if age >= dead || (len(st.req.Exclude) > 0 && slices.Contains(st.req.Exclude, x.id)) {
 			continue
 		}
-		c := cand{x: x, fresh: age < stale}
+		c := cand{x: x, fresh: max(now-x.dataNano, 0) < stale}
 		st.load(&c)
 		if c.fresh {
 			st.nfresh++

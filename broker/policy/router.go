@@ -62,8 +62,14 @@ type replica struct {
 	// Hot: read for every candidate of every decision, derived from the
 	// table entry and the heartbeat by refresh, and kept together so a
 	// candidate costs about one cache line.
-	ready              bool  // registered, heartbeat seen, effective state ready
-	hbNano             int64 // heartbeat receive time, unix ns on the broker's clock
+	ready  bool  // registered, heartbeat seen, effective state ready
+	hbNano int64 // heartbeat receive time, unix ns on the broker's clock: liveness (dead_after)
+	// dataNano dates the load data for stale_after: the older of receipt and
+	// the adapter's sent_unix_ms, so a heartbeat delivered late (or one the
+	// adapter kept resending) is not taken as fresh. Liveness stays on the
+	// broker's own clock, so a skewed adapter clock can make load data look
+	// stale (routing turns random) but can never make a replica look dead.
+	dataNano           int64
 	kv                 float64
 	wait               float64 // estimated ms to the first token
 	running, waiting   int32
@@ -182,6 +188,10 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 		x = r.replicaLocked(hb.Replica)
 	}
 	x.hb, x.hbNano, x.hasHB = *hb, now.UnixNano(), true
+	x.dataNano = x.hbNano
+	if sent := hb.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < x.dataNano {
+		x.dataNano = sent
+	}
 	x.inflight, x.nsent = 0, 0
 	x.refresh()
 }
