@@ -9,7 +9,7 @@ NATS_CLI  := $(TOOLS_DIR)/nats
 NATSCLI_VERSION := v0.5.0
 export GOFLAGS ?=
 
-.PHONY: all build run test test-deps test-short bench bench-e2e lint vet fmt fuzz lab soak tools clean
+.PHONY: all build run test test-deps test-short bench bench-e2e bench-heap lint vet fmt fuzz lab test-lab soak tools clean
 
 all: build
 
@@ -33,6 +33,7 @@ test-deps:
 
 test: tools vet test-deps
 	NATS_CLI=$(NATS_CLI) $(GO) test -race -count=1 -timeout 12m $(PKGS)
+	$(MAKE) test-lab
 
 test-short:
 	$(GO) test -race -short -count=1 $(PKGS)
@@ -55,6 +56,17 @@ bench:
 bench-e2e:
 	GO=$(GO) ./scripts/bench-e2e.sh $(BENCH_E2E_FLAGS)
 
+# 100,000 requests through the in-process stack; the live heap must stay flat.
+bench-heap:
+	SWITCHYARD_HEAP=1 $(GO) test -count=1 -run TestHeapFlat -v -timeout 10m ./test
+
+# Mixed load for SOAK (default 60s) with engines killed and restarted and
+# adapters stopped and started; fails on any request lost (neither complete
+# nor an explicit error). `make test` runs a 6 s version of the same test.
+SOAK ?= 60s
+soak:
+	SWITCHYARD_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 10m ./test
+
 FUZZTIME ?= 20s
 fuzz:
 	@for t in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
@@ -62,6 +74,16 @@ fuzz:
 	    echo "== $$t $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$t || exit 1; \
 	  done; \
 	done
+
+# The routing lab: every experiment in virtual time, report.md + charts + CSV.
+LAB_OUT ?= lab-out
+lab: build
+	./$(BIN) lab all --out $(LAB_OUT)
+
+# The lab's experiment tests run without -race (the detector slows the
+# simulator about tenfold; under -race they skip).
+test-lab:
+	$(GO) test -count=1 -run 'TestLab' ./lab/...
 
 clean:
 	rm -rf bin .cache

@@ -36,6 +36,7 @@ func commands() []command {
 		{"key", "add an API key for a tenant (printed once, stored hashed)", runKey},
 		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
+		{"lab", "run routing experiments in virtual time and write a report", runLab},
 	}
 }
 

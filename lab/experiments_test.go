@@ -1,0 +1,132 @@
+package lab_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/lab"
+)
+
+// Each test runs one experiment at the tiny scale with a fixed seed and
+// asserts its finding, so a change in the policy that breaks a finding
+// fails here.
+
+var tiny = lab.Options{Scale: lab.Tiny, Seed: 1}
+
+func heavy(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("experiment tests run without -race (make test-lab)")
+	}
+	if testing.Short() {
+		t.Skip("experiment tests skipped in -short")
+	}
+	t.Parallel()
+}
+
+func TestLabLongCtxSegregation(t *testing.T) {
+	heavy(t)
+	r := lab.LongCtx(tiny)
+	t.Logf("short p99: mixed %.0f ms, segregated %.0f ms (%.1f×)", r.Short[0].P99, r.Short[1].P99, r.Improvement())
+	if r.Short[0].N == 0 || r.Long[0].N == 0 {
+		t.Fatalf("no requests measured: short %d, long %d", r.Short[0].N, r.Long[0].N)
+	}
+	if r.Improvement() < 3 {
+		t.Errorf("segregation improves the short requests' p99 TTFT only %.2f×, want ≥ 3×", r.Improvement())
+	}
+}
+
+func TestLabLoraAffinity(t *testing.T) {
+	heavy(t)
+	r := lab.Lora(tiny)
+	t.Logf("adapters per batch: %.2f without affinity, %.2f with", r.AdaptersPerBatch[0], r.AdaptersPerBatch[1])
+	if r.Summary[1].StepShare("lora-affinity") < 0.99 {
+		t.Errorf("lora-affinity decided %.2f of requests, want all", r.Summary[1].StepShare("lora-affinity"))
+	}
+	if r.Reduction() < 2 {
+		t.Errorf("adapter affinity cuts distinct adapters per batch %.2f×, want ≥ 2×", r.Reduction())
+	}
+}
+
+func TestLabCascadeExclusion(t *testing.T) {
+	heavy(t)
+	r := lab.Cascade(tiny)
+	d, e := r.Collapse(5 * time.Second)
+	if d.N == 0 {
+		t.Fatal("no load where deprioritizing serves ≥ 80% of the offered load")
+	}
+	t.Logf("at %.1f req/s: deprioritize %.2f req/s good, exclude %.2f (%.1f%% rejected)", d.Offered, d.Goodput, e.Goodput, 100*e.FailShare())
+	if e.Goodput > 0.8*d.Goodput {
+		t.Errorf("excluding keeps %.2f of deprioritizing's goodput, want ≤ 0.8", e.Goodput/d.Goodput)
+	}
+}
+
+func TestLabStalenessGuard(t *testing.T) {
+	heavy(t)
+	r := lab.Staleness(tiny)
+	c := r.Crossover(lab.ArmUnguarded)
+	if c == 0 {
+		t.Errorf("unguarded load-aware routing never lost to random: %+v", r.Points[lab.ArmUnguarded])
+	}
+	fresh := r.Points[lab.ArmUnguarded][0]
+	if rnd := r.Points[lab.ArmRandom][0]; fresh.P99 >= rnd.P99 {
+		t.Errorf("with fresh data load-aware p99 %.0f ms, random %.0f ms: want load-aware better", fresh.P99, rnd.P99)
+	}
+	for i, s := range r.Levels {
+		g, u := r.Points[lab.ArmGuarded][i], r.Points[lab.ArmUnguarded][i]
+		switch {
+		case s < 5*time.Second && g.P99 != u.P99:
+			// Fresh data: the guard must not interfere.
+			t.Errorf("at %s (fresh) guarded p99 %.0f ms differs from unguarded %.0f ms", s, g.P99, u.P99)
+		case s >= 5*time.Second && r.GuardedRatio(i) > 1:
+			t.Errorf("at %s the guarded policy's p99 is %.2f× random's, want ≤ 1", s, r.GuardedRatio(i))
+		}
+	}
+	last := r.Points[lab.ArmGuarded][len(r.Levels)-1]
+	if last.StepShare("stale-random") < 0.99 {
+		t.Errorf("at %s the guard chose at random for %.2f of requests, want all", last.Staleness, last.StepShare("stale-random"))
+	}
+}
+
+func TestLabBaselinesSwitchyardBeatsRoundRobin(t *testing.T) {
+	heavy(t)
+	r := lab.Baselines(tiny)
+	sy, rr := r.Of(0, lab.PickSwitchyard), r.Of(0, lab.PickRoundRobin)
+	t.Logf("Switchyard: hit %.3f p99 %.0f; round-robin: hit %.3f p99 %.0f", sy.HitRate, sy.P99, rr.HitRate, rr.P99)
+	if sy.HitRate <= rr.HitRate+0.05 {
+		t.Errorf("prefix hit rate: Switchyard %.3f, round-robin %.3f", sy.HitRate, rr.HitRate)
+	}
+	if sy.P99 >= rr.P99 {
+		t.Errorf("p99 TTFT: Switchyard %.0f ms, round-robin %.0f ms", sy.P99, rr.P99)
+	}
+}
+
+func TestLabThresholdValve(t *testing.T) {
+	heavy(t)
+	r := lab.Threshold(tiny)
+	pts := r.Points[0]
+	lo, mid, hi := pts[0], pts[1], pts[len(pts)-1]
+	if lo.Threshold != 0.5 || mid.Threshold != 0.85 || hi.Threshold != 1.0 {
+		t.Fatalf("thresholds %v, %v, %v", lo.Threshold, mid.Threshold, hi.Threshold)
+	}
+	if lo.HitRate >= hi.HitRate {
+		t.Errorf("hit rate at 0.5 (%.3f) not below 1.0 (%.3f)", lo.HitRate, hi.HitRate)
+	}
+	if mid.P99*3 > hi.P99 {
+		t.Errorf("p99 at 0.85 is %.0f ms and at 1.0 %.0f ms: want the never-releasing valve ≥ 3× worse", mid.P99, hi.P99)
+	}
+}
+
+func TestLabHerding(t *testing.T) {
+	heavy(t)
+	r := lab.Herding(tiny)
+	n := len(r.Routers) - 1
+	ll, p2c := r.Points[lab.ArmLLInFlight], r.Points[lab.ArmP2C]
+	if ll[n].Imbalance <= ll[0].Imbalance {
+		t.Errorf("least-loaded imbalance did not grow with routers: %.2f → %.2f", ll[0].Imbalance, ll[n].Imbalance)
+	}
+	if p2c[n].Imbalance >= ll[n].Imbalance || p2c[n].P99 >= ll[n].P99 {
+		t.Errorf("with %d routers power of two (imbalance %.2f, p99 %.0f) should beat least-loaded (%.2f, %.0f)",
+			r.Routers[n], p2c[n].Imbalance, p2c[n].P99, ll[n].Imbalance, ll[n].P99)
+	}
+}

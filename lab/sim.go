@@ -1,0 +1,356 @@
+package lab
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Epoch is the virtual clock's origin, 2026-01-01 UTC: every run starts
+// there.
+func Epoch() time.Time { return time.Unix(1767225600, 0).UTC() }
+
+// Scenario is one simulation run: replicas, router instances, a workload.
+type Scenario struct {
+	Replicas []Replica
+	// Routers is the number of router instances (default 1); NewPicker
+	// builds instance i. Each request goes to one instance drawn at random,
+	// as a NATS queue group spreads them.
+	Routers   int
+	NewPicker func(i int) Picker
+	Requests  []*Request
+
+	// Heartbeat is each replica's heartbeat period (default 1 s). Replicas
+	// beat out of phase, as independent adapters do.
+	Heartbeat time.Duration
+	// Staleness delays every heartbeat: the load it reports is that old
+	// when the routers see it.
+	Staleness time.Duration
+
+	// Requests arriving in [Warmup, Horizon) are measured. Drain is how
+	// long after Horizon they may still get their first token (default
+	// 60 s); the rest count as failed.
+	Warmup, Horizon time.Duration
+	Drain           time.Duration
+	// SLO is the time to first token within which a request counts as
+	// goodput.
+	SLO time.Duration
+	// Seed seeds the routers' random choices.
+	Seed uint64
+	// SampleBatches records the distinct adapters of every engine step.
+	SampleBatches bool
+}
+
+// Outcome is what happened to one request.
+type Outcome struct {
+	Replica int // index in Scenario.Replicas; -1 when rejected
+	Router  int
+	Reason  string // the router's reason, or the rejection's code
+	// TTFT is the time from arrival to the first token; negative when the
+	// request never got one.
+	TTFT   time.Duration
+	Cached int    // prompt tokens served by the prefix cache
+	Failed string // why it failed: a router code, or an engine rejection
+}
+
+// Engine rejections, as Outcome.Failed.
+const (
+	FailQueueFull = "engine_queue_full"
+	FailTooLarge  = "engine_too_large"
+	FailTimeout   = "no_first_token"
+)
+
+type delivery struct {
+	at, captured time.Time
+	hb           *subjects.Heartbeat
+}
+
+// sim is the state of one run.
+type sim struct {
+	sc      *Scenario
+	start   time.Time // Epoch
+	now     time.Time
+	engines []*enginesim.Engine
+	live    []map[enginesim.ID]int // engine request → request index
+	routers []Picker
+	rngs    []*rand.Rand
+	spread  *rand.Rand // which router a request reaches
+	res     *Result
+
+	hbNext  []time.Time
+	hbSeq   uint64
+	pending []delivery // in delivery order: the delay is the same for all
+	ewma    []float64  // TTFT EWMA per replica, ms
+	ewmaMin []float64
+
+	outstanding []int
+	sampleAt    time.Time
+	imbSum      float64
+	imbN        int
+	batchSum    float64
+	batchN      int
+	resolved    int
+}
+
+// Run simulates the scenario and returns its outcomes. It is
+// deterministic: the same scenario and seed give the same result.
+func Run(sc *Scenario) *Result {
+	if sc.Routers <= 0 {
+		sc.Routers = 1
+	}
+	if sc.Heartbeat <= 0 {
+		sc.Heartbeat = time.Second
+	}
+	if sc.Drain <= 0 {
+		sc.Drain = 60 * time.Second
+	}
+	n := len(sc.Replicas)
+	s := &sim{
+		sc: sc, start: Epoch(), now: Epoch(),
+		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n),
+		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
+		outstanding: make([]int, n),
+		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
+		res:         &Result{Requests: sc.Requests, Outcomes: make([]Outcome, len(sc.Requests)), Window: sc.Horizon - sc.Warmup, SLO: sc.SLO, Warmup: sc.Warmup, Horizon: sc.Horizon},
+	}
+	for i, r := range sc.Replicas {
+		s.engines[i] = enginesim.New(r.Engine)
+		s.live[i] = map[enginesim.ID]int{}
+		// Out of phase, as independent adapters beat.
+		s.hbNext[i] = s.start.Add(sc.Heartbeat * time.Duration(i+1) / time.Duration(n))
+	}
+	for i := range sc.Routers {
+		s.routers = append(s.routers, sc.NewPicker(i))
+		s.rngs = append(s.rngs, rand.New(rand.NewPCG(sc.Seed, uint64(i)+1)))
+	}
+	for i := range s.res.Outcomes {
+		s.res.Outcomes[i] = Outcome{Replica: -1, TTFT: -1}
+	}
+	s.sampleAt = s.start.Add(sc.Warmup)
+	// Every replica has heartbeated once before the first request, as a
+	// broker only routes to replicas it has heard from. With a delay, that
+	// first heartbeat is as old as every later one will be; the replicas
+	// were idle then as now.
+	for i := range n {
+		s.capture(i, s.start.Add(-sc.Staleness))
+	}
+	s.deliver(s.start)
+	s.loop()
+	s.finish()
+	return s.res
+}
+
+const sampleEvery = 200 * time.Millisecond
+
+func (s *sim) loop() {
+	reqs := s.sc.Requests
+	next := 0
+	end := s.start.Add(s.sc.Horizon + s.sc.Drain)
+	for s.resolved < len(reqs) {
+		t := end
+		if next < len(reqs) {
+			t = minTime(t, s.start.Add(reqs[next].At))
+		}
+		for i, e := range s.engines {
+			if at, ok := e.NextEvent(); ok {
+				t = minTime(t, at)
+			}
+			t = minTime(t, s.hbNext[i])
+		}
+		if len(s.pending) > 0 {
+			t = minTime(t, s.pending[0].at)
+		}
+		t = minTime(t, s.sampleAt)
+		if !t.Before(end) {
+			return
+		}
+		s.now = t
+		s.deliver(t)
+		for next < len(reqs) && !s.start.Add(reqs[next].At).After(t) {
+			s.route(next)
+			next++
+		}
+		for i, e := range s.engines {
+			if at, ok := e.NextEvent(); ok && !at.After(t) {
+				s.events(i, e.Advance(t))
+				if s.sc.SampleBatches {
+					s.sampleBatch(e)
+				}
+			}
+		}
+		for i := range s.engines {
+			if !s.hbNext[i].After(t) {
+				s.capture(i, t)
+				s.hbNext[i] = s.hbNext[i].Add(s.sc.Heartbeat)
+			}
+		}
+		if !s.sampleAt.After(t) {
+			s.sample()
+			s.sampleAt = s.sampleAt.Add(sampleEvery)
+		}
+	}
+}
+
+// route hands request i to a router instance and the replica it picks.
+func (s *sim) route(i int) {
+	req := s.sc.Requests[i]
+	ri := s.spread.IntN(len(s.routers))
+	pk := s.routers[ri].Pick(req, s.now, s.rngs[ri])
+	o := &s.res.Outcomes[i]
+	o.Router, o.Reason = ri, pk.Reason
+	if pk.Err != nil {
+		s.fail(i, pk.Err.Code)
+		return
+	}
+	rep := s.replicaIndex(pk.Replica)
+	o.Replica = rep
+	id, err := s.engines[rep].Submit(enginesim.Request{
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: req.Blocks, Lora: req.Lora,
+	}, s.now)
+	switch {
+	case errors.Is(err, enginesim.ErrQueueFull):
+		s.fail(i, FailQueueFull)
+	case err != nil:
+		s.fail(i, FailTooLarge)
+	default:
+		s.live[rep][id] = i
+		s.outstanding[rep]++
+	}
+}
+
+func (s *sim) fail(i int, code string) {
+	s.res.Outcomes[i].Failed = code
+	s.resolved++
+}
+
+func (s *sim) replicaIndex(id string) int {
+	for i, r := range s.sc.Replicas {
+		if r.ID == id {
+			return i
+		}
+	}
+	panic("lab: router picked unknown replica " + id)
+}
+
+// events records first tokens and completions of replica i.
+func (s *sim) events(i int, evs []enginesim.Event) {
+	for _, ev := range evs {
+		switch ev.Kind {
+		case enginesim.EventFirstToken:
+			ri := s.live[i][ev.ID]
+			o := &s.res.Outcomes[ri]
+			o.TTFT = ev.At.Sub(s.start.Add(s.sc.Requests[ri].At))
+			o.Cached = ev.CachedTokens
+			s.resolved++
+			ms := float64(o.TTFT) / float64(time.Millisecond)
+			if s.ewma[i] == 0 {
+				s.ewma[i], s.ewmaMin[i] = ms, ms
+			}
+			s.ewma[i] += 0.2 * (ms - s.ewma[i])
+			s.ewmaMin[i] = min(s.ewmaMin[i], ms)
+		case enginesim.EventFinish:
+			delete(s.live[i], ev.ID)
+			s.outstanding[i]--
+		}
+	}
+}
+
+// capture takes replica i's heartbeat at t, as its adapter would build it
+// from the engine's metrics, and queues its delivery to every router.
+func (s *sim) capture(i int, t time.Time) {
+	st := s.engines[i].Stats()
+	r := &s.sc.Replicas[i]
+	c := s.engines[i].Config()
+	s.hbSeq++
+	hb := &subjects.Heartbeat{
+		Replica: r.ID, Model: ModelID, Version: Version, Pool: r.Pool, State: subjects.StateReady,
+		KVUsage: st.KVUsage, Running: st.Running, Waiting: st.Waiting,
+		MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, Inflight: s.outstanding[i],
+		Lora:           subjects.LoraState{Running: orEmpty(st.RunningLoras), Waiting: orEmpty(st.WaitingLoras), Max: st.MaxLoras},
+		TTFTEWMAMillis: s.ewma[i], QueueWaitMillis: max(0, s.ewma[i]-s.ewmaMin[i]),
+		ScrapeOK: true, Seq: s.hbSeq, SentUnixMillis: t.UnixMilli(),
+	}
+	s.pending = append(s.pending, delivery{at: t.Add(s.sc.Staleness), captured: t, hb: hb})
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// deliver hands every heartbeat due by t to every router.
+func (s *sim) deliver(t time.Time) {
+	k := 0
+	for ; k < len(s.pending) && !s.pending[k].at.After(t); k++ {
+		d := s.pending[k]
+		// Delivered as the broker takes it: at receipt, with the capture
+		// time in sent_unix_ms (the policy dates load data by the older).
+		for _, r := range s.routers {
+			r.ObserveHeartbeat(d.hb, d.at)
+		}
+	}
+	s.pending = s.pending[k:]
+}
+
+// sample measures load imbalance: the busiest replica's outstanding
+// requests over the mean.
+func (s *sim) sample() {
+	if s.now.Sub(s.start) >= s.sc.Horizon {
+		return
+	}
+	total, top := 0, 0
+	for _, n := range s.outstanding {
+		total += n
+		top = max(top, n)
+	}
+	if total > 0 {
+		s.imbSum += float64(top) * float64(len(s.outstanding)) / float64(total)
+		s.imbN++
+	}
+}
+
+func (s *sim) sampleBatch(e *enginesim.Engine) {
+	if d := s.now.Sub(s.start); d < s.sc.Warmup || d >= s.sc.Horizon {
+		return
+	}
+	if st := e.Stats(); st.Running > 0 {
+		s.batchSum += float64(st.BatchLoras)
+		s.batchN++
+	}
+}
+
+func (s *sim) finish() {
+	for i := range s.res.Outcomes {
+		if o := &s.res.Outcomes[i]; o.TTFT < 0 && o.Failed == "" {
+			o.Failed = FailTimeout
+		}
+	}
+	s.res.Imbalance = ratio(s.imbSum, float64(s.imbN))
+	s.res.AdaptersPerBatch = ratio(s.batchSum, float64(s.batchN))
+	s.res.End = s.now.Sub(s.start)
+	for _, e := range s.engines {
+		st := e.Stats()
+		s.res.LoraLoads += st.LoraLoads
+		s.res.Preemptions += st.Preemptions
+	}
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return a / b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
