@@ -10,8 +10,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -33,21 +31,13 @@ func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("--tenant: %v", err)
 	}
 	key, hash := newAPIKey()
-	nc, err := nf.connectOnce(ctx, "switchyard-key")
+	bucket, _, closeConn, err := nf.openBucket(ctx, "switchyard-key")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeConn()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	bucket, err := js.KeyValue(cctx, nf.bucket)
-	if err != nil {
-		return fmt.Errorf("bucket %s: %w", nf.bucket, err)
-	}
 	value := []byte(fmt.Sprintf(`{"tenant":%q}`, *tenant))
 	k := table.PrefixKeys + hash
 	if _, err := table.Decode(k, value); err != nil {

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/natsconn"
 )
@@ -40,4 +43,24 @@ func (f *natsFlags) connect(ctx context.Context, name string, log *slog.Logger, 
 // answers instead of retrying in the background.
 func (f *natsFlags) connectOnce(ctx context.Context, name string) (*nats.Conn, error) {
 	return f.connect(ctx, name, nil, nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))
+}
+
+// openBucket connects once and opens the routing-table bucket. close
+// releases both.
+func (f *natsFlags) openBucket(ctx context.Context, name string) (bucket jetstream.KeyValue, js jetstream.JetStream, closeFn func(), err error) {
+	nc, err := f.connectOnce(ctx, name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if bucket, err = js.KeyValue(cctx, f.bucket); err != nil {
+		nc.Close()
+		return nil, nil, nil, fmt.Errorf("bucket %s: %w", f.bucket, err)
+	}
+	return bucket, js, nc.Close, nil
 }

@@ -46,21 +46,13 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if verb == "validate" {
 		return validateFile(rest[0], stdout, stderr)
 	}
-	nc, err := nf.connectOnce(ctx, "switchyard-table")
+	bucket, js, closeConn, err := nf.openBucket(ctx, "switchyard-table")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeConn()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	bucket, err := js.KeyValue(cctx, nf.bucket)
-	if err != nil {
-		return fmt.Errorf("bucket %s: %w", nf.bucket, err)
-	}
 	switch verb {
 	case "get":
 		e, err := bucket.Get(cctx, rest[0])
