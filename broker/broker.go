@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,7 +40,11 @@ type Config struct {
 	// PresenceEvery is how often the broker announces itself so brokers can
 	// count each other for quota shares (default 1s).
 	PresenceEvery time.Duration
-	Logger        *slog.Logger
+	// WarmUp bounds how long a starting broker waits, before it joins the
+	// queue group, for a heartbeat from every replica its table has ready
+	// (default 2s, negative: no wait).
+	WarmUp time.Duration
+	Logger *slog.Logger
 	// Registerer receives the broker's metrics (nil: none).
 	Registerer prometheus.Registerer
 	// Now is the clock (default time.Now); tests may replace it.
@@ -59,6 +64,9 @@ type Broker struct {
 	rng     *rand.Rand // only used by the route endpoint handler, which runs one message at a time
 	scratch sync.Pool
 	peers   presence
+	health  health
+	heard   heard
+	handled atomic.Uint64 // route messages handled, watched by stop
 }
 
 type outMsg struct {
@@ -83,6 +91,9 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	if cfg.PresenceEvery <= 0 {
 		cfg.PresenceEvery = time.Second
 	}
+	if cfg.WarmUp == 0 {
+		cfg.WarmUp = 2 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -101,8 +112,23 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	b.metrics = newMetrics(cfg.Registerer, b)
 	b.scratch.New = func() any { return new(scratch) }
 	b.peers.init(cfg.ID)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	b.watcher = kv.New(js, kv.Config{
+		Bucket:     cfg.Bucket,
+		StateDir:   cfg.StateDir,
+		Logger:     b.log,
+		OnSnapshot: b.setTable,
+		OnInvalid:  b.metrics.invalidValue,
+	})
 	return b, nil
 }
+
+// TableSource says where the table in force came from: kv.SourceKV, or
+// kv.SourceStateDir when the bucket could not be read at start-up.
+func (b *Broker) TableSource() string { return b.watcher.Source() }
 
 // ID is this broker's id.
 func (b *Broker) ID() string { return b.cfg.ID }
@@ -115,23 +141,12 @@ func (b *Broker) Table() *table.Snapshot { return b.router.Table() }
 
 // Run serves until ctx is cancelled, then stops taking requests and returns.
 func (b *Broker) Run(ctx context.Context) error {
-	js, err := jetstream.New(b.nc)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 
-	b.watcher = kv.New(js, kv.Config{
-		Bucket:     b.cfg.Bucket,
-		StateDir:   b.cfg.StateDir,
-		Logger:     b.log,
-		OnSnapshot: b.setTable,
-		OnInvalid:  b.metrics.invalidValue,
-	})
 	wg.Go(func() {
 		if err := b.watcher.Run(ctx); err != nil && ctx.Err() == nil {
 			b.log.Error("table watcher stopped", "err", err)
@@ -154,6 +169,9 @@ func (b *Broker) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { b.publishLoop(ctx) })
 	wg.Go(func() { b.presenceLoop(ctx) })
+	if !b.warmUp(ctx) {
+		return nil
+	}
 
 	svc, err := micro.AddService(b.nc, micro.Config{
 		Name:        subjects.BrokerService,
@@ -164,7 +182,7 @@ func (b *Broker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: micro service: %w", err)
 	}
-	defer func() { _ = svc.Stop() }()
+	defer b.stop(svc)
 	if err := svc.AddEndpoint("route", micro.HandlerFunc(b.route),
 		micro.WithEndpointSubject(b.subj.RouteAll()),
 		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
@@ -179,6 +197,35 @@ func (b *Broker) Run(ctx context.Context) error {
 	b.log.Info("broker serving", "route", b.subj.RouteAll())
 	<-ctx.Done()
 	return nil
+}
+
+// drainWait bounds how long a stopping broker waits for the requests
+// already delivered to it.
+const drainWait = 2 * time.Second
+
+// stop takes the broker out of the queue group without dropping what the
+// server already delivered to it: the endpoints drain (the server stops
+// sending; pending requests are still handled), the flush's round trip
+// confirms the server saw it, and stop waits until the route handler has
+// been idle for a poll interval, at most drainWait.
+func (b *Broker) stop(svc micro.Service) {
+	if err := svc.Stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		b.log.Warn("stopping micro service", "err", err)
+	}
+	if b.nc.FlushTimeout(drainWait) != nil {
+		return
+	}
+	deadline := time.Now().Add(drainWait)
+	last := b.handled.Load()
+	for time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		n := b.handled.Load()
+		if n == last {
+			break
+		}
+		last = n
+	}
+	b.log.Info("broker stopped", "routed", last)
 }
 
 func (b *Broker) setTable(s *table.Snapshot) {

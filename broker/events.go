@@ -14,10 +14,25 @@ func encode(v any) ([]byte, error) { return json.Marshal(v) }
 
 func (b *Broker) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
-	if err := json.Unmarshal(m.Data, &hb); err != nil || subjects.ValidToken(hb.Replica) != nil {
+	unhealthy, err := decodeHeartbeat(m.Subject, m.Data, &hb)
+	if err != nil {
 		b.metrics.badMessages.WithLabelValues("heartbeat").Inc()
 		return
 	}
+	if unhealthy {
+		b.metrics.unhealthy.WithLabelValues(hb.Replica).Inc()
+	}
+	// A replica that is not ready says nothing of its engine's health
+	// while it fails its scrapes (loading, draining): only a good scrape
+	// clears an exclusion.
+	if (unhealthy || hb.ScrapeOK) && b.health.changed(hb.Replica, unhealthy) {
+		if unhealthy {
+			b.log.Warn("replica excluded: its engine fails health checks (scrape_ok=false)", "replica", hb.Replica)
+		} else {
+			b.log.Info("replica healthy again", "replica", hb.Replica)
+		}
+	}
+	b.heard.add(hb.Replica)
 	now := b.cfg.Now()
 	b.router.ObserveHeartbeat(&hb, now)
 	b.metrics.heartbeat(&hb, now)

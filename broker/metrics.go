@@ -26,6 +26,7 @@ type metrics struct {
 	replicaWaiting *prometheus.GaugeVec
 	replicaRunning *prometheus.GaugeVec
 	badMessages    *prometheus.CounterVec
+	unhealthy      *prometheus.CounterVec
 	publishDropped prometheus.Counter
 	liveBrokers    prometheus.Gauge
 
@@ -108,6 +109,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_bad_messages_total", Help: "Messages that could not be decoded, by kind.",
 		}, []string{"kind"}),
+		unhealthy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_unhealthy_heartbeats_total", Help: "Heartbeats of ready replicas whose engine fails health checks (scrape_ok=false); each excludes the replica until the next.",
+		}, []string{"replica"}),
 		publishDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_broker_publish_dropped_total", Help: "Decision or placement messages dropped because the publish queue was full.",
 		}),
@@ -139,7 +143,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
-			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.publishDropped, m.liveBrokers)
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.unhealthy, m.publishDropped, m.liveBrokers)
 	}
 	return m
 }

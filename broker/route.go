@@ -25,6 +25,7 @@ type scratch struct {
 	exclude  []string
 	prompt   []byte
 	body     []byte
+	routed   nats.Header // the routed notice's header, reused
 }
 
 func (s *scratch) reset() {
@@ -38,12 +39,23 @@ func (s *scratch) reset() {
 
 // route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
+	defer b.handled.Add(1)
 	s := b.scratch.Get().(*scratch)
 	defer b.scratch.Put(s)
 	var msg nats.Msg
 	b.handle(s, r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data(), &msg)
 	if msg.Subject == "" {
 		return
+	}
+	if msg.Reply != "" {
+		// A forward (a rejection has no reply of its own). The routed notice
+		// goes first, so a gateway that hears no accept knows which replica
+		// to exclude on its retry (docs/architecture.md, "Decisions").
+		if s.routed == nil {
+			s.routed = nats.Header{subjects.HdrRouted: {""}}
+		}
+		s.routed[subjects.HdrRouted][0] = msg.Header.Get(subjects.HdrRouteReplica)
+		_ = b.nc.PublishMsg(&nats.Msg{Subject: msg.Reply, Header: s.routed})
 	}
 	if err := b.nc.PublishMsg(&msg); err != nil && msg.Reply != "" {
 		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))

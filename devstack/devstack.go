@@ -27,7 +27,6 @@ import (
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/natsconn"
-	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -82,6 +81,13 @@ type Config struct {
 	// Gateway tunes the gateway (Listen, Logger and metrics are set here).
 	Gateway gateway.Config
 	Logger  *slog.Logger
+
+	// KeepaliveEvery, HeartbeatEvery, ScrapeEvery and DrainGrace tune every
+	// adapter (zero: the adapter's defaults of 5s, 1s, 1s and 30s).
+	KeepaliveEvery, HeartbeatEvery, ScrapeEvery, DrainGrace time.Duration
+	// Faults are in force from the start for the replicas named (the others
+	// get an empty one); see Stack.Faults.
+	Faults map[string]*Faults
 }
 
 // Stack is a running dev stack.
@@ -95,8 +101,20 @@ type Stack struct {
 	gwLn     net.Listener
 	engines  map[string]*enginesim.Server
 	registry *prometheus.Registry
+	runCtx   context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+
+	// partsMu guards what a test may stop and start while the stack runs.
+	partsMu     sync.Mutex
+	connect     func(string) (*nats.Conn, error)
+	adapters    map[string]*part
+	brokerParts []*part
+	faults      map[string]*Faults
+	storeDir    string
+	natsListen  string
+	natsDown    bool
+	devNC       *nats.Conn // the stack's own connection (seed, heartbeats, pings)
 
 	engineCtx    context.Context
 	engineCancel context.CancelFunc
@@ -133,7 +151,8 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	s.registry = prometheus.NewRegistry()
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	runCtx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
+	s.runCtx, s.cancel = runCtx, cancel
+	s.adapters, s.faults = map[string]*part{}, map[string]*Faults{}
 	s.engineCtx, s.engineCancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -149,17 +168,24 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
+	s.storeDir, s.natsListen = storeDir, s.nats.Server().Addr().String()
+	url := s.nats.ClientURL()
 	connect := func(name string) (*nats.Conn, error) {
-		nc, err := nats.Connect(s.nats.ClientURL(), nats.Name(name), nats.MaxReconnects(-1))
+		// The server is local: reconnect quickly after it restarts.
+		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err == nil {
+			s.partsMu.Lock()
 			s.conns = append(s.conns, nc)
+			s.partsMu.Unlock()
 		}
 		return nc, err
 	}
+	s.connect = connect
 	nc, err := connect("switchyard-dev")
 	if err != nil {
 		return nil, err
 	}
+	s.devNC = nc
 	if err := s.seed(ctx, nc); err != nil {
 		return nil, err
 	}
@@ -167,25 +193,16 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 
+	s.brokers = make([]*broker.Broker, cfg.Brokers)
+	s.brokerParts = make([]*part, cfg.Brokers)
 	for i := 0; i < cfg.Brokers; i++ {
-		bnc, err := connect(fmt.Sprintf("switchyard-broker-%d", i))
-		if err != nil {
+		if err := s.startBroker(i); err != nil {
 			return nil, err
 		}
-		stateDir := ""
-		if cfg.DataDir != "" {
-			stateDir = fmt.Sprintf("%s/broker-%d", cfg.DataDir, i)
-		}
-		b, err := broker.New(bnc, broker.Config{ID: fmt.Sprintf("dev-broker-%d", i), StateDir: stateDir, Logger: cfg.Logger, Registerer: s.registry})
-		if err != nil {
-			return nil, err
-		}
-		s.brokers = append(s.brokers, b)
-		s.goRun("broker", b.Run, runCtx)
 	}
 
 	for _, r := range cfg.Replicas {
-		if err := s.startReplica(runCtx, r, connect); err != nil {
+		if err := s.startReplica(r); err != nil {
 			return nil, err
 		}
 	}
@@ -243,7 +260,7 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 	return err
 }
 
-func (s *Stack) startReplica(ctx context.Context, r Replica, connect func(string) (*nats.Conn, error)) error {
+func (s *Stack) startReplica(r Replica) error {
 	engineURL := r.EngineURL
 	if engineURL == "" {
 		ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
@@ -252,37 +269,22 @@ func (s *Stack) startReplica(ctx context.Context, r Replica, connect func(string
 		if err != nil {
 			return err
 		}
-		s.engines[r.ID] = eng
+		f := s.cfg.Faults[r.ID]
+		if f == nil {
+			f = new(Faults)
+		}
+		s.engines[r.ID], s.faults[r.ID] = eng, f
+		host := newEngineHost(eng, f, s.log)
 		// Engines outlive the adapters so that draining adapters can finish
 		// their requests: they stop on engineCtx, cancelled after the rest.
 		s.engineWG.Go(func() {
-			if err := eng.Serve(s.engineCtx, ln); err != nil {
+			if err := host.run(s.engineCtx, ln); err != nil {
 				s.log.Error("engine stopped", "replica", r.ID, "err", err)
 			}
 		})
 		engineURL = "http://" + ln.Addr().String()
 	}
-	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
-	if maxBatch <= 0 {
-		maxBatch = 32
-	}
-	if maxQueue <= 0 {
-		maxQueue = 128
-	}
-	anc, err := connect("switchyard-adapter-" + r.ID)
-	if err != nil {
-		return err
-	}
-	a, err := adapter.New(anc, adapter.Config{
-		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
-		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras,
-		Logger: s.log, Registerer: s.registry,
-	})
-	if err != nil {
-		return err
-	}
-	s.goRun("adapter "+r.ID, a.Run, ctx)
-	return nil
+	return s.startAdapter(r, engineURL)
 }
 
 func (s *Stack) goRun(what string, run func(context.Context) error, ctx context.Context) {
@@ -312,9 +314,10 @@ func (s *Stack) heartbeatsReady() error {
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	var missing []string
+	brokers := s.brokerList()
 	for _, r := range s.cfg.Replicas {
 		ok := s.seen[r.ID]
-		for _, b := range s.brokers {
+		for _, b := range brokers {
 			t := b.Table()
 			if t == nil || t.Replicas[r.ID] == nil || t.Replicas[r.ID].State != subjects.StateReady {
 				ok = false
@@ -338,7 +341,7 @@ func (s *Stack) Ready(ctx context.Context) error {
 	for {
 		err := s.heartbeatsReady()
 		if err == nil && s.gw.Table() != nil {
-			_, perr := s.conns[0].Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond)
+			_, perr := s.devNC.Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond)
 			if perr == nil {
 				return nil
 			}
@@ -356,10 +359,20 @@ func (s *Stack) Ready(ctx context.Context) error {
 func (s *Stack) GatewayURL() string { return "http://" + s.gwLn.Addr().String() }
 
 // NATSURL is the embedded server's client URL.
-func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
+func (s *Stack) NATSURL() string {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	return s.nats.ClientURL()
+}
 
-// Broker returns the i-th broker.
-func (s *Stack) Broker(i int) *broker.Broker { return s.brokers[i] }
+// Broker returns the i-th broker (after StartBroker, the new one).
+func (s *Stack) Broker(i int) *broker.Broker { return s.brokerList()[i] }
+
+func (s *Stack) brokerList() []*broker.Broker {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	return append([]*broker.Broker(nil), s.brokers...)
+}
 
 // Gateway returns the gateway.
 func (s *Stack) Gateway() *gateway.Gateway { return s.gw }
@@ -382,10 +395,12 @@ func (s *Stack) Close() error {
 		s.engineCancel()
 	}
 	s.engineWG.Wait()
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
 	for _, nc := range s.conns {
 		nc.Close()
 	}
-	if s.nats != nil {
+	if s.nats != nil && !s.natsDown {
 		s.nats.Shutdown()
 	}
 	s.errMu.Lock()

@@ -25,6 +25,10 @@ type call struct {
 	overflow chan struct{}
 	once     sync.Once
 	dropped  atomic.Bool
+	// lost is closed when the NATS connection drops while the call waits:
+	// its replies may be gone.
+	lost     chan struct{}
+	lostOnce sync.Once
 }
 
 func newDispatcher(depth int) *dispatcher {
@@ -32,7 +36,7 @@ func newDispatcher(depth int) *dispatcher {
 }
 
 func (d *dispatcher) register(id string) *call {
-	c := &call{ch: make(chan *nats.Msg, d.depth), overflow: make(chan struct{})}
+	c := &call{ch: make(chan *nats.Msg, d.depth), overflow: make(chan struct{}), lost: make(chan struct{})}
 	d.mu.Lock()
 	d.calls[id] = c
 	d.mu.Unlock()
@@ -62,6 +66,17 @@ func (d *dispatcher) onMsg(m *nats.Msg) {
 		c.dropped.Store(true)
 		c.once.Do(func() { close(c.overflow) })
 	}
+}
+
+// disconnect tells every waiting call that the connection dropped, and
+// returns how many there were.
+func (d *dispatcher) disconnect() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, c := range d.calls {
+		c.lostOnce.Do(func() { close(c.lost) })
+	}
+	return len(d.calls)
 }
 
 func (d *dispatcher) active() int {

@@ -54,6 +54,9 @@ type Config struct {
 	RetryBudget float64
 	// ShutdownGrace lets in-flight requests finish on shutdown (default 30s).
 	ShutdownGrace time.Duration
+	// WriteTimeout bounds each write to a streaming client (default 10s): a
+	// client that stops reading fails its own stream, never the others.
+	WriteTimeout time.Duration
 	// HandoffDepth is the per-request buffer between the NATS reply
 	// subscription and the HTTP writer (default 256 messages); a client
 	// slower than that fails its own stream.
@@ -145,6 +148,9 @@ func setDefaults(cfg *Config) {
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 30 * time.Second
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
 	if cfg.HandoffDepth <= 0 {
 		cfg.HandoffDepth = 256
 	}
@@ -177,6 +183,22 @@ func (g *Gateway) Start(ctx context.Context, wg *sync.WaitGroup) error {
 		return err
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	// Replies sent while the connection is down are lost, so a gap would
+	// only show at the idle timeout: every request in flight fails now.
+	status := g.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	wg.Go(func() {
+		defer g.nc.RemoveStatusListener(status)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case st := <-status:
+				if n := g.disp.disconnect(); n > 0 {
+					g.log.Warn("NATS connection lost; requests in flight fail", "status", st.String(), "requests", n)
+				}
+			}
+		}
+	})
 	g.watcher = kv.New(js, kv.Config{
 		Bucket:     g.cfg.Bucket,
 		StateDir:   g.cfg.StateDir,

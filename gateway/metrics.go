@@ -13,12 +13,13 @@ import (
 const maxModelLabels = 64
 
 type metrics struct {
-	requests     *prometheus.CounterVec
-	ttfb         *prometheus.HistogramVec
-	duration     *prometheus.HistogramVec
-	retries      prometheus.Counter
-	streamErrors *prometheus.CounterVec
-	clientGone   prometheus.Counter
+	requests       *prometheus.CounterVec
+	ttfb           *prometheus.HistogramVec
+	duration       *prometheus.HistogramVec
+	retries        prometheus.Counter
+	acceptTimeouts prometheus.Counter
+	streamErrors   *prometheus.CounterVec
+	clientGone     prometheus.Counter
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -39,6 +40,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_retries_total", Help: "Attempts retried on another replica before the first byte.",
 		}),
+		acceptTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeout; the retry excludes it.",
+		}),
 		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_gateway_stream_errors_total", Help: "Responses ended with an explicit error, by cause.",
 		}, []string{"cause"}),
@@ -49,11 +53,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	// Every cause is exported from the start, so a rate() over it works
 	// before the first error.
-	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "slow_client"} {
+	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "slow_client", "nats_disconnect"} {
 		m.streamErrors.WithLabelValues(cause)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.streamErrors, m.clientGone)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone)
 	}
 	return m
 }

@@ -14,10 +14,6 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// writeDeadline bounds each write to the client: a client that stops reading
-// fails its own stream instead of holding the relay forever.
-const writeDeadline = 10 * time.Second
-
 // upstream is one request on its way through NATS.
 type upstream struct {
 	tenant   string
@@ -48,6 +44,13 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	defer cancel()
 	var last *subjects.APIError
 	for attempt := 0; ; attempt++ {
+		if !g.nc.IsConnected() {
+			// Published now, the request would wait in the reconnect buffer
+			// and reach a replica after the client gave up: say so instead.
+			last = subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway is not connected to NATS")
+			last.RetryAfter = time.Second
+			break
+		}
 		if attempt > 0 {
 			if attempt > g.cfg.MaxRetries || !g.budget.acquire() {
 				break
@@ -96,16 +99,33 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 	// Phase 1: the accept (or a rejection) within the accept timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
-	var replica string
+	var replica, routed string
 	for replica == "" {
 		select {
 		case <-ctx.Done():
-			return g.gone(ctx, w, u, "", id)
+			return g.gone(ctx, w, u, routed, id)
 		case <-c.overflow:
 			return done, nil
+		case <-c.lost:
+			if routed != "" {
+				g.cancelUpstream(routed, id)
+			}
+			return retryable, lostConnection()
 		case <-timer.C:
-			return retryable, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "no replica accepted the request in time")
+			if routed == "" {
+				return retryable, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "no broker routed the request in time")
+			}
+			// The broker chose a replica that did not accept: leave it out
+			// of the retry, and stop it in case it was only slow.
+			g.cancelUpstream(routed, id)
+			u.exclude = append(u.exclude, routed)
+			g.metrics.acceptTimeouts.Inc()
+			return retryable, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+routed+" did not accept the request in time")
 		case m := <-c.ch:
+			if r := m.Header.Get(subjects.HdrRouted); r != "" {
+				routed = r
+				continue
+			}
 			if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 				// NATS no-responders: no broker is listening.
 				return retryable, subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")
@@ -131,6 +151,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 				return g.goneAfter(ctx, &rel, id)
 			}
 			return g.gone(ctx, w, u, replica, id)
+		case <-c.lost:
+			g.cancelUpstream(replica, id)
+			g.metrics.streamErrors.WithLabelValues("nats_disconnect").Inc()
+			return rel.failMidway(lostConnection())
 		case <-c.overflow:
 			g.cancelUpstream(replica, id)
 			g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
@@ -140,6 +164,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 			g.metrics.streamErrors.WithLabelValues("idle_timeout").Inc()
 			return rel.failMidway(subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+replica+" went silent"))
 		case m := <-c.ch:
+			if m.Header.Get(subjects.HdrRouted) != "" {
+				continue // the broker's notice, overtaken by the accept
+			}
 			if m.Header.Get(subjects.HdrKeepalive) != "" {
 				// A keepalive repeats the last seq sent: slow, not dead.
 				resetTimer(timer, g.cfg.IdleTimeout)
@@ -161,11 +188,15 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 					}
 					return res, apiErr
 				}
-				continue
+				// A head may carry the body and the end too: an adapter
+				// that failed before the engine answered sends one message.
 			}
 			if len(m.Data) > 0 {
 				if err := rel.data(m.Data); err != nil {
+					// The client stopped reading (the write deadline passed)
+					// or went away: only its own stream ends.
 					g.cancelUpstream(replica, id)
+					g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
 					return done, nil
 				}
 			}
@@ -174,6 +205,14 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 			}
 		}
 	}
+}
+
+// lostConnection is the error of a request whose replies may have been lost
+// with the NATS connection.
+func lostConnection() *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway lost its NATS connection while the request was in flight")
+	e.RetryAfter = time.Second
+	return e
 }
 
 // rejected copies a broker's or adapter's rejection to the client, or asks
@@ -247,7 +286,7 @@ func (s *relayState) head(m *nats.Msg) (outcome, *subjects.APIError, bool) {
 		s.status = 502
 	}
 	if s.status == http.StatusTooManyRequests || s.status == http.StatusServiceUnavailable {
-		return retryable, &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + s.replica + " is busy"}, true
+		return retryable, &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + s.replica + " turned the request away (" + strconv.Itoa(s.status) + ")"}, true
 	}
 	hd := s.w.Header()
 	for _, rh := range subjects.RouteHeaders() {
@@ -270,7 +309,7 @@ func (s *relayState) head(m *nats.Msg) (outcome, *subjects.APIError, bool) {
 		hd.Set("Cache-Control", "no-cache")
 		hd.Set("X-Accel-Buffering", "no")
 		s.rc = http.NewResponseController(s.w)
-		_ = s.rc.SetWriteDeadline(time.Now().Add(writeDeadline))
+		_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 		s.w.WriteHeader(s.status)
 		s.wrote = true
 		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
@@ -288,7 +327,7 @@ func (s *relayState) data(b []byte) error {
 		s.buf.Write(b)
 		return nil
 	}
-	_ = s.rc.SetWriteDeadline(time.Now().Add(writeDeadline))
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	if _, err := s.w.Write(b); err != nil {
 		return err
 	}
@@ -319,7 +358,7 @@ func (s *relayState) failMidway(e *subjects.APIError) (outcome, *subjects.APIErr
 		return done, nil
 	}
 	s.g.metrics.done(s.u, e.Status)
-	_ = s.rc.SetWriteDeadline(time.Now().Add(writeDeadline))
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	_, _ = s.w.Write([]byte("event: error\ndata: "))
 	_, _ = s.w.Write(e.Body())
 	_, _ = s.w.Write([]byte("\n\n"))

@@ -33,6 +33,10 @@ type registrar struct {
 	kv      jetstream.KeyValue // nil until the bucket was found
 	written []byte             // the value last written or confirmed
 	synced  time.Time
+	own     string // the adapter's own state at the last sync
+	// operator is the draining or disabled an operator put on the key, as
+	// last seen: the adapter never wrote it, so deregister keeps the key.
+	operator string
 }
 
 // register brings replicas.<id> up to date with the adapter's state. Unless
@@ -83,13 +87,15 @@ func (r *registrar) sync(ctx context.Context, want table.Replica, force bool) er
 				continue // created meanwhile: read it and decide again
 			}
 			if err == nil {
-				r.written, r.synced = val, time.Now()
+				r.written, r.synced, r.own, r.operator = val, time.Now(), want.State, ""
 			}
 			return err
 		}
 		if err != nil {
 			return err
 		}
+		r.noteOperator(stateOf(cur.Value()))
+		r.own = want.State
 		next := val
 		if kept := keepOperatorState(cur.Value(), want.State); kept != want.State {
 			w := want
@@ -132,7 +138,30 @@ func keepOperatorState(cur []byte, ours string) string {
 	return ours
 }
 
-// deregister deletes replicas.<id>.
+// noteOperator records whether the key's current state is an operator's:
+// a draining or disabled the adapter did not choose itself. Lock must be
+// held.
+func (r *registrar) noteOperator(cur string) {
+	switch {
+	case cur != subjects.StateDraining && cur != subjects.StateDisabled:
+		r.operator = ""
+	case cur != r.own:
+		r.operator = cur
+	}
+}
+
+func stateOf(val []byte) string {
+	var v struct {
+		State string `json:"state"`
+	}
+	_ = json.Unmarshal(val, &v)
+	return v.State
+}
+
+// deregister deletes replicas.<id>, unless an operator drained or disabled
+// the replica: that choice outlives this process, so its successor (which
+// keeps it too) comes up drained. The delete is conditional on the
+// revision read, so an operator's write racing it is not lost.
 func (r *registrar) deregister(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -144,5 +173,23 @@ func (r *registrar) deregister(ctx context.Context) error {
 		r.kv = kv
 	}
 	r.written = nil
-	return r.kv.Delete(ctx, r.key)
+	for range casAttempts {
+		cur, err := r.kv.Get(ctx, r.key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		r.noteOperator(stateOf(cur.Value()))
+		if r.operator != "" {
+			return nil
+		}
+		err = r.kv.Delete(ctx, r.key, jetstream.LastRevision(cur.Revision()))
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		return err
+	}
+	return fmt.Errorf("%s: conditional delete lost %d times", r.key, casAttempts)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -151,7 +152,11 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	if err != nil {
 		a.metrics.requests.WithLabelValues("error").Inc()
 		a.metrics.engineErrors.Inc()
-		st.fail(callError(ctx, err))
+		e := callError(ctx, err)
+		if e.Status == http.StatusServiceUnavailable {
+			a.engineUnreachable(err)
+		}
+		st.fail(e)
 		return tokens{}
 	}
 	defer resp.Body.Close()
@@ -262,7 +267,15 @@ func callError(ctx context.Context, err error) *subjects.APIError {
 	case errors.Is(ctx.Err(), context.Canceled):
 		return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "request cancelled before the engine answered")
 	}
-	return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "engine unreachable: "+err.Error())
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		// The engine did no work (it is down or restarting): a 503 lets the
+		// gateway retry on another replica before the first byte.
+		e := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError, "engine unreachable: "+err.Error())
+		e.RetryAfter = time.Second
+		return e
+	}
+	return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "engine failed before answering: "+err.Error())
 }
 
 // streamError is the Llm-Error of an end after the engine failed mid-way.

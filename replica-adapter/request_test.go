@@ -287,8 +287,8 @@ func TestCancel(t *testing.T) {
 	})
 }
 
-// TestEngineUnreachable checks the single head+end with 502 when the engine
-// refuses the connection.
+// TestEngineUnreachable checks the single head+end with 503 when the engine
+// refuses the connection: it did no work, so the gateway may retry elsewhere.
 func TestEngineUnreachable(t *testing.T) {
 	e := newEnv(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -305,7 +305,7 @@ func TestEngineUnreachable(t *testing.T) {
 		t.Fatalf("%d messages, want accept and one head+end", len(msgs))
 	}
 	m := msgs[1]
-	if seq(t, m) != 1 || m.Header.Get(subjects.HdrStatus) != "502" || m.Header.Get(subjects.HdrEOS) != "1" {
+	if seq(t, m) != 1 || m.Header.Get(subjects.HdrStatus) != "503" || m.Header.Get(subjects.HdrEOS) != "1" || m.Header.Get(subjects.HdrRetryAfter) == "" {
 		t.Errorf("head+end: %v", m.Header)
 	}
 	var eb subjects.ErrorBody

@@ -99,6 +99,26 @@ func (a *Adapter) scrape(ctx context.Context) {
 	l.fails = 0
 }
 
+// engineUnreachable takes a request that could not connect to the engine
+// as a failed health check past the limit: the replica says
+// scrape_ok=false at once, rather than after ScrapeFailLimit scrapes, so
+// brokers stop sending it requests that would only be retried (an engine
+// that is down reports no load, which makes it look like the best choice).
+// The next good scrape clears it.
+func (a *Adapter) engineUnreachable(err error) {
+	l := &a.load
+	l.mu.Lock()
+	first := l.fails < a.cfg.ScrapeFailLimit
+	if first {
+		l.fails = a.cfg.ScrapeFailLimit
+	}
+	l.mu.Unlock()
+	if first {
+		a.log.Warn("engine unreachable, heartbeat says scrape_ok=false", "err", err)
+		a.publishHeartbeat()
+	}
+}
+
 func (a *Adapter) health(ctx context.Context) error {
 	resp, err := a.get(ctx, "/health")
 	if err != nil {

@@ -48,7 +48,8 @@ func RouteHeaders() [6][2]string {
 	}
 }
 
-// Reply protocol headers. Every message on a reply subject has Llm-Seq.
+// Reply protocol headers. Every message on a reply subject has Llm-Seq,
+// except the broker's routed notice (HdrRouted).
 const (
 	HdrSeq      = "Llm-Seq"
 	HdrAccepted = "Llm-Accepted"
@@ -58,8 +59,13 @@ const (
 	// head stays seq 1 and data starts at seq 2 however long the prefill.
 	HdrKeepalive = "Llm-Keepalive"
 	HdrEOS       = "Llm-Eos"
-	HdrError     = "Llm-Error"
-	HdrContent   = "Content-Type"
+	// HdrRouted marks the broker's routed notice: a header-only message
+	// without Llm-Seq, sent to the reply subject just before the request is
+	// forwarded, naming the chosen replica. It is outside the adapter's
+	// sequence; a gateway uses it to exclude a replica that never accepts.
+	HdrRouted  = "Llm-Routed"
+	HdrError   = "Llm-Error"
+	HdrContent = "Content-Type"
 
 	HdrRetryAfter   = "Retry-After"
 	HdrRetryAfterMS = "retry-after-ms"

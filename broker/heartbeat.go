@@ -1,0 +1,149 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// maxUnhealthyTracked bounds the set of replicas remembered as unhealthy
+// (for logging transitions only); beyond it transitions are not logged.
+const maxUnhealthyTracked = 4096
+
+// errHeartbeat is wrapped by every reason a heartbeat is refused.
+var errHeartbeat = errors.New("bad heartbeat")
+
+// decodeHeartbeat decodes a heartbeat received on subject and validates it
+// as the broker takes it: the replica id is a valid token and the one the
+// subject names (NATS permissions decide who may publish on
+// llm.heartbeat.<id>, so the body may not speak for another replica), and
+// the state is one of the four.
+//
+// A ready replica whose adapter cannot scrape its engine (scrape_ok false:
+// /health or /metrics failing past the adapter's limit) is taken as
+// draining: no new requests, the ones it has continue. The policy's
+// candidate filter looks only at the state, so this is where scrape_ok is
+// honoured. unhealthy reports that rewrite. A loading replica stays
+// loading, so a model on its way is still answered as model_loading.
+func decodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhealthy bool, err error) {
+	if err := json.Unmarshal(data, hb); err != nil {
+		return false, fmt.Errorf("%w: %w", errHeartbeat, err)
+	}
+	if err := subjects.ValidToken(hb.Replica); err != nil {
+		return false, fmt.Errorf("%w: replica: %w", errHeartbeat, err)
+	}
+	if i := strings.LastIndexByte(subject, '.'); i < 0 || subject[i+1:] != hb.Replica {
+		return false, fmt.Errorf("%w: replica %q published on %q", errHeartbeat, hb.Replica, subject)
+	}
+	if !subjects.ValidState(hb.State) {
+		return false, fmt.Errorf("%w: state %q", errHeartbeat, hb.State)
+	}
+	if !hb.ScrapeOK && hb.State == subjects.StateReady {
+		hb.State = subjects.StateDraining
+		return true, nil
+	}
+	return false, nil
+}
+
+// health remembers which replicas are excluded for failing scrapes, so the
+// broker logs each exclusion and recovery once rather than every second.
+type health struct {
+	mu        sync.Mutex
+	unhealthy map[string]struct{}
+}
+
+// changed records replica's health and reports whether it changed.
+func (h *health) changed(replica string, unhealthy bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, was := h.unhealthy[replica]
+	switch {
+	case unhealthy && !was:
+		if h.unhealthy == nil {
+			h.unhealthy = map[string]struct{}{}
+		}
+		if len(h.unhealthy) >= maxUnhealthyTracked {
+			return false
+		}
+		h.unhealthy[replica] = struct{}{}
+		return true
+	case !unhealthy && was:
+		delete(h.unhealthy, replica)
+		return true
+	}
+	return false
+}
+
+// heard remembers which registered replicas a starting broker has heard
+// from, until it is warm.
+type heard struct {
+	mu   sync.Mutex
+	ids  map[string]struct{}
+	warm bool
+}
+
+func (h *heard) add(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.warm {
+		return
+	}
+	if h.ids == nil {
+		h.ids = map[string]struct{}{}
+	}
+	h.ids[id] = struct{}{}
+}
+
+// all reports whether every replica ready in t was heard from.
+func (h *heard) all(t *table.Snapshot) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, r := range t.Replicas {
+		if _, ok := h.ids[id]; !ok && r.State == subjects.StateReady {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *heard) done() {
+	h.mu.Lock()
+	h.warm, h.ids = true, nil
+	h.mu.Unlock()
+}
+
+// warmUp waits until the broker has heard a heartbeat from every replica
+// its table has ready, at most cfg.WarmUp. A broker that joined the queue
+// group cold would answer no_replicas to its share of the requests until
+// the first heartbeats came in (a rolling restart would show them). It
+// reports false when ctx ended.
+func (b *Broker) warmUp(ctx context.Context) bool {
+	defer b.heard.done()
+	if b.cfg.WarmUp < 0 {
+		return true
+	}
+	deadline := time.NewTimer(b.cfg.WarmUp)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if b.heard.all(b.router.Table()) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			b.log.Warn("joining the queue group without a heartbeat from every ready replica", "waited", b.cfg.WarmUp)
+			return true
+		case <-tick.C:
+		}
+	}
+}

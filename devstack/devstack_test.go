@@ -1,0 +1,112 @@
+package devstack_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+// TestMain fails the package when a goroutine outlives Close.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	http.DefaultClient.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func chat(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func eventually200(t *testing.T, url, after string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for chat(t, url) != 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no 200 within 15s after %s", after)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFaultControlsAndClose drives every control a fault test uses (engine
+// kill and restart, adapter and broker stop and start, NATS stop and start)
+// and checks the stack still serves after each and stops cleanly.
+func TestFaultControlsAndClose(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Config{
+		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", DataDir: t.TempDir(), Speed: 4,
+		Replicas: devstack.Replicas()[6:7], HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	url := st.GatewayURL()
+	eventually200(t, url, "start")
+
+	f := st.Faults("l8-gen-0")
+	f.Kill()
+	if code := chat(t, url); code == 200 {
+		t.Error("served with its only engine killed")
+	}
+	if err := f.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually200(t, url, "the engine's restart")
+
+	f.SetReject(429)
+	if code := chat(t, url); code == 200 || f.Rejected() == 0 {
+		t.Errorf("engine rejecting: status %d, %d rejected", code, f.Rejected())
+	}
+	f.SetReject(0)
+
+	if err := st.StopReplica("l8-gen-0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.StartReplica("l8-gen-0"); err != nil {
+		t.Fatal(err)
+	}
+	eventually200(t, url, "the adapter's restart")
+
+	st.StopBroker(0)
+	if err := st.StartBroker(0); err != nil {
+		t.Fatal(err)
+	}
+	eventually200(t, url, "the broker's restart")
+
+	if err := st.StopNATS(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.StartNATS(); err != nil {
+		t.Fatal(err)
+	}
+	eventually200(t, url, "the NATS server's restart")
+
+	if err := st.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}

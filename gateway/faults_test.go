@@ -1,0 +1,508 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// upstream plays broker and adapter for one gateway: every request on
+// llm.route.* is handed, in its own goroutine, to the test's script with
+// its attempt number, and the script answers on the reply subject.
+type upstream struct {
+	t        *testing.T
+	srv      *server.Server
+	url      string
+	gw       string // the gateway's base URL
+	nc       *nats.Conn
+	reg      *prometheus.Registry
+	attempts atomic.Int64
+	mu       sync.Mutex
+	excludes []string // Llm-Exclude of each attempt, in order
+	script   func(r *reply, attempt int)
+}
+
+// reply answers one attempt.
+type reply struct {
+	t   *testing.T
+	nc  *nats.Conn
+	m   *nats.Msg
+	seq int
+}
+
+// send publishes the next message of the reply protocol.
+func (r *reply) send(h nats.Header, data string) {
+	if h == nil {
+		h = nats.Header{}
+	}
+	h.Set(subjects.HdrSeq, strconv.Itoa(r.seq))
+	r.seq++
+	_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: h, Data: []byte(data)})
+}
+
+func (r *reply) routed(replica string) {
+	_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: nats.Header{subjects.HdrRouted: {replica}}})
+}
+
+func (r *reply) accept(replica string) {
+	r.routed(replica)
+	r.send(nats.Header{subjects.HdrAccepted: {replica}}, `{"replica":"`+replica+`"}`)
+}
+
+func (r *reply) head(status int, ct string) {
+	r.send(nats.Header{subjects.HdrStatus: {strconv.Itoa(status)}, subjects.HdrContent: {ct}}, "")
+}
+
+func (r *reply) keepalive() {
+	_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: nats.Header{
+		subjects.HdrSeq: {strconv.Itoa(max(r.seq-1, 0))}, subjects.HdrKeepalive: {"1"}}})
+}
+
+func (r *reply) end(errText string) {
+	h := nats.Header{subjects.HdrEOS: {"1"}}
+	if errText != "" {
+		h.Set(subjects.HdrError, errText)
+	}
+	r.send(h, "")
+}
+
+// stream answers a whole SSE stream of n chunks from replica.
+func (r *reply) stream(replica string, n int) {
+	r.accept(replica)
+	r.head(200, "text/event-stream")
+	for i := range n {
+		r.send(nil, "data: {\"i\":"+strconv.Itoa(i)+"}\n\n")
+	}
+	r.send(nil, "data: [DONE]\n\n")
+	r.end("")
+}
+
+func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt int)) *upstream {
+	t.Helper()
+	srv, url := natstest.Start(t)
+	u := &upstream{t: t, srv: srv, url: url, script: script, reg: prometheus.NewRegistry()}
+	nc := connect(t, url)
+	u.nc = nc
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flat map[string]json.RawMessage
+	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
+		t.Fatal(err)
+	}
+	if script != nil {
+		var wg sync.WaitGroup
+		t.Cleanup(wg.Wait)
+		if _, err := nc.Subscribe("llm.route.*", func(m *nats.Msg) {
+			n := int(u.attempts.Add(1))
+			u.mu.Lock()
+			u.excludes = append(u.excludes, m.Header.Get(subjects.HdrExclude))
+			u.mu.Unlock()
+			wg.Go(func() { u.script(&reply{t: t, nc: nc, m: m}, n) })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+	}
+	gnc := connect(t, url)
+	cfg.Registerer, cfg.Gatherer = u.reg, u.reg
+	g, err := gateway.New(gnc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Serve(rctx, ln) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	u.gw = "http://" + ln.Addr().String()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Table() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("gateway never loaded the table")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return u
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func (u *upstream) excluded() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.excludes...)
+}
+
+// counter reads a gateway counter (summed over its labels matching want).
+func (u *upstream) counter(name string, want map[string]string) float64 {
+	mfs, _ := u.reg.Gather()
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// result is what a client saw.
+type result struct {
+	status int
+	code   string // the OpenAI error code of a non-200 answer
+	body   string
+	took   time.Duration
+}
+
+func (u *upstream) post(stream bool) result {
+	u.t.Helper()
+	body := `{"model":"chat-small","messages":[{"role":"user","content":"hi"}],"stream":` + strconv.FormatBool(stream) + `}`
+	start := time.Now()
+	resp, err := http.Post(u.gw+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := result{status: resp.StatusCode, body: string(b), took: time.Since(start)}
+	if resp.StatusCode != 200 {
+		var e openAIError
+		if err := json.Unmarshal(b, &e); err != nil {
+			u.t.Fatalf("status %d without the OpenAI error shape: %s", resp.StatusCode, b)
+		}
+		r.code = e.Error.Code
+	}
+	return r
+}
+
+// sseError returns the code of the stream's SSE error event, or "".
+func sseError(body string) string {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if sc.Text() != "event: error" || !sc.Scan() {
+			continue
+		}
+		var e openAIError
+		if json.Unmarshal([]byte(strings.TrimPrefix(sc.Text(), "data: ")), &e) == nil {
+			return e.Error.Code
+		}
+	}
+	return ""
+}
+
+func TestSequenceGapEndsTheResponseExplicitly(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, "data: {\"i\":0}\n\n")
+		r.seq++ // message 3 is lost
+		r.send(nil, "data: {\"i\":2}\n\n")
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, `{"i":0}`) || sseError(s.body) != subjects.CodeUpstreamError || strings.Contains(s.body, "[DONE]") {
+		t.Errorf("stream with a gap: %d %q; want the first chunk, then an SSE error event, no [DONE]", s.status, s.body)
+	}
+	if n := u.attempts.Load(); n != 1 {
+		t.Errorf("%d attempts: after the first byte nothing is retried", n)
+	}
+	ns := u.post(false)
+	if ns.status != 502 || ns.code != subjects.CodeUpstreamError {
+		t.Errorf("non-streamed answer with a gap: %d %s, want 502 upstream_error", ns.status, ns.code)
+	}
+	if n := u.counter("switchyard_gateway_stream_errors_total", map[string]string{"cause": "sequence_gap"}); n != 2 {
+		t.Errorf("sequence_gap errors counted %v, want 2", n)
+	}
+}
+
+func TestSilencePastTheIdleTimeoutFailsExplicitly(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	release := make(chan struct{})
+	u := newUpstream(t, gateway.Config{IdleTimeout: idle}, func(r *reply, attempt int) {
+		switch attempt {
+		case 1, 2: // accepted, then nothing: before the first byte
+			r.accept("r-0")
+		case 3: // a stream that stops mid-way
+			r.accept("r-0")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+		case 4: // slow but alive: keepalives for 3 idle timeouts
+			r.accept("r-0")
+			for range 12 {
+				time.Sleep(idle / 4)
+				r.keepalive()
+			}
+			r.head(200, "application/json")
+			r.send(nil, `{"ok":true}`)
+			r.end("")
+		}
+		<-release
+	})
+	t.Cleanup(func() { close(release) }) // runs before the scripts are awaited
+	if s := u.post(false); s.status != 504 || s.code != subjects.CodeUpstreamTimeout || s.took > 2*time.Second {
+		t.Errorf("silent replica, non-streamed: %d %s after %v; want 504 upstream_timeout", s.status, s.code, s.took)
+	}
+	if s := u.post(true); s.status != 504 || s.code != subjects.CodeUpstreamTimeout {
+		t.Errorf("silent replica before the head of a stream: %d %s; want 504", s.status, s.code)
+	}
+	s := u.post(true)
+	if s.status != 200 || sseError(s.body) != subjects.CodeUpstreamTimeout || s.took > 2*time.Second {
+		t.Errorf("stream gone silent: %d %q after %v; want an SSE error event upstream_timeout", s.status, s.body, s.took)
+	}
+	s = u.post(false)
+	if s.status != 200 || s.body != `{"ok":true}` {
+		t.Errorf("keepalives did not keep a slow answer alive: %d %q", s.status, s.body)
+	}
+	t.Logf("slow answer with keepalives took %v against an idle timeout of %v", s.took.Round(time.Millisecond), idle)
+}
+
+func TestEngineFailureMidStreamIsAnSSEErrorEvent(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, "data: {\"i\":0}\n\n")
+		r.end("engine stream broke: connection reset")
+	})
+	s := u.post(true)
+	if s.status != 200 || sseError(s.body) != subjects.CodeUpstreamError || strings.Contains(s.body, "[DONE]") {
+		t.Errorf("got %d %q; want an SSE error event and no [DONE]", s.status, s.body)
+	}
+	if s := u.post(false); s.status != 502 || s.code != subjects.CodeUpstreamError {
+		t.Errorf("non-streamed: %d %s, want 502 upstream_error", s.status, s.code)
+	}
+}
+
+// TestHeadThatIsAlsoTheEnd: an adapter that fails before the engine
+// answers sends one message, head, error body and end together; the client
+// gets it at once, not at the idle timeout.
+func TestHeadThatIsAlsoTheEnd(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.send(nats.Header{subjects.HdrStatus: {"502"}, subjects.HdrContent: {"application/json"}, subjects.HdrEOS: {"1"}},
+			`{"error":{"message":"engine unreachable","type":"server_error","param":null,"code":"upstream_error"}}`)
+	})
+	for _, stream := range []bool{false, true} {
+		s := u.post(stream)
+		if s.status != 502 || s.code != subjects.CodeUpstreamError || s.took > time.Second {
+			t.Errorf("stream=%v: %d %s after %v, want 502 upstream_error at once", stream, s.status, s.code, s.took)
+		}
+	}
+}
+
+func TestEngineRejectionIsRetriedElsewhere(t *testing.T) {
+	for _, status := range []int{429, 503} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+				if attempt == 1 {
+					r.accept("r-0")
+					r.send(nats.Header{subjects.HdrStatus: {strconv.Itoa(status)}, subjects.HdrContent: {"application/json"}}, "")
+					r.send(nil, `{"error":{"message":"busy","type":"server_error","code":"busy"}}`)
+					r.end("")
+					return
+				}
+				r.stream("r-1", 3)
+			})
+			s := u.post(true)
+			if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+				t.Fatalf("got %d %q; want the retry's stream", s.status, s.body)
+			}
+			if ex := u.excluded(); len(ex) != 2 || ex[0] != "" || ex[1] != "r-0" {
+				t.Errorf("Llm-Exclude per attempt = %q, want the rejecting replica excluded on the retry", ex)
+			}
+		})
+	}
+}
+
+func TestAcceptTimeoutExcludesTheRoutedReplica(t *testing.T) {
+	cancels := make(chan string, 4)
+	u := newUpstream(t, gateway.Config{AcceptTimeout: 100 * time.Millisecond}, func(r *reply, attempt int) {
+		if attempt == 1 {
+			r.routed("r-dead") // the broker chose it; it never accepts
+			return
+		}
+		r.stream("r-1", 2)
+	})
+	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) { cancels <- m.Subject }); err != nil {
+		t.Fatal(err)
+	}
+	_ = u.nc.Flush()
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+		t.Fatalf("got %d %q", s.status, s.body)
+	}
+	if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-dead" {
+		t.Errorf("Llm-Exclude per attempt = %q, want r-dead excluded on the retry", ex)
+	}
+	select {
+	case c := <-cancels:
+		if c != "llm.replica.r-dead.cancel" {
+			t.Errorf("cancel sent to %s", c)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("no cancel sent to the replica that did not accept")
+	}
+	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 1 {
+		t.Errorf("accept timeouts counted %v, want 1", n)
+	}
+}
+
+func TestRetriesStopAtTwo(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+		r.accept("r-" + strconv.Itoa(attempt))
+		r.send(nats.Header{subjects.HdrStatus: {"503"}, subjects.HdrContent: {"application/json"}}, "")
+		r.end("")
+	})
+	s := u.post(false)
+	if s.status != 503 {
+		t.Errorf("got %d %s, want 503 after the retries", s.status, s.code)
+	}
+	if n := u.attempts.Load(); n != 3 {
+		t.Errorf("%d attempts, want 3 (one try, two retries)", n)
+	}
+	if ex := u.excluded(); len(ex) != 3 || ex[2] != "r-1,r-2" {
+		t.Errorf("Llm-Exclude per attempt = %q", ex)
+	}
+}
+
+func TestNoRespondersIsAFast503(t *testing.T) {
+	u := newUpstream(t, gateway.Config{AcceptTimeout: 5 * time.Second}, nil)
+	s := u.post(false)
+	if s.status != 503 || s.code != subjects.CodeRouterUnavailable || s.took > time.Second {
+		t.Errorf("no broker: %d %s after %v, want a fast 503 router_unavailable", s.status, s.code, s.took)
+	}
+	if n := u.counter("switchyard_gateway_retries_total", nil); n != 2 {
+		t.Errorf("retries = %v, want 2", n)
+	}
+}
+
+// TestRetryBudgetCapsRetries fails every attempt of many concurrent
+// requests: the budget (20% of active requests, at least 3) lets only a few
+// of them retry, so a failing fleet is not sent three times the load.
+func TestRetryBudgetCapsRetries(t *testing.T) {
+	const clients = 30
+	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+		r.accept("r-x")
+		time.Sleep(200 * time.Millisecond) // every attempt is in flight together
+		r.send(nats.Header{subjects.HdrStatus: {"503"}, subjects.HdrContent: {"application/json"}}, "")
+		r.end("")
+	})
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range clients {
+		wg.Go(func() {
+			if s := u.post(false); s.status == 503 {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	attempts := u.attempts.Load()
+	retries := attempts - clients
+	t.Logf("%d requests, %d attempts: %d retries (no budget: %d)", clients, attempts, retries, 2*clients)
+	if failed.Load() != clients {
+		t.Errorf("%d of %d failed explicitly", failed.Load(), clients)
+	}
+	// Concurrent retries are capped at max(3, 0.2·30) = 6; each request
+	// retries at most twice, so at most 12 retries, never 60.
+	if retries > 12 || retries < 1 {
+		t.Errorf("%d retries, want between 1 and 12", retries)
+	}
+}
+
+func TestNATSDisconnectFailsInFlightThenRecovers(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	u := newUpstream(t, gateway.Config{IdleTimeout: time.Minute}, func(r *reply, attempt int) {
+		if attempt == 1 {
+			r.accept("r-0")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+			<-release // the rest would come after the outage
+			return
+		}
+		r.stream("r-1", 2)
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	resp, err := http.Post(u.gw+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); !strings.Contains(line, `"i":0`) {
+		t.Fatalf("first chunk: %q", line)
+	}
+	start := time.Now()
+	srv := natstest.Restart(t, u.srv)
+	u.srv = srv
+	rest, _ := io.ReadAll(br)
+	failedIn := time.Since(start)
+	once.Do(func() { close(release) })
+	if sseError(string(rest)) != subjects.CodeRouterUnavailable {
+		t.Errorf("in-flight stream after the disconnect: %q; want an SSE error event router_unavailable", rest)
+	}
+	// New requests flow again once the connections are back.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := u.post(true)
+		if s.status == 200 && strings.Contains(s.body, "[DONE]") {
+			break
+		}
+		if s.status != 503 || s.code != subjects.CodeRouterUnavailable {
+			t.Fatalf("during the outage: %d %s %q; want 200 or an explicit 503", s.status, s.code, s.body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("requests did not flow again after the reconnect")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("in-flight stream failed %v after the server went down; requests flowed again %v after", failedIn.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}

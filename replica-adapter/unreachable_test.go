@@ -1,0 +1,41 @@
+package adapter_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestUnreachableEngineMarksTheReplicaUnhealthy: a request that cannot
+// connect to the engine is answered 503 (retryable elsewhere) and the next
+// heartbeat, sent at once, says scrape_ok=false, long before the scraper
+// would have noticed.
+func TestUnreachableEngineMarksTheReplicaUnhealthy(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.ScrapeEvery = time.Hour // only the first scrape runs
+	cfg.HeartbeatEvery = 50 * time.Millisecond
+	nextHB := heartbeats(t, e.nc, "r-1")
+	e.start(cfg)
+	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		if !hb.ScrapeOK || hb.State != subjects.StateReady {
+			return fmt.Errorf("state %q scrape_ok %v", hb.State, hb.ScrapeOK)
+		}
+		return nil
+	})
+	e.eng.srv.Close() // the engine dies; nothing scrapes it for an hour
+	start := time.Now()
+	msgs := untilEnd(t, e.request("r-1", chatHeaders("req-dead"), `{"model":"x"}`))
+	if st := msgs[len(msgs)-1].Header.Get(subjects.HdrStatus); st != "503" {
+		t.Errorf("request to a dead engine answered %s, want 503", st)
+	}
+	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		if hb.ScrapeOK {
+			return fmt.Errorf("scrape_ok still true")
+		}
+		return nil
+	})
+	t.Logf("heartbeat with scrape_ok=false %v after the engine died, without a scrape", time.Since(start).Round(time.Millisecond))
+}

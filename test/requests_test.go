@@ -1,0 +1,256 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestEngineRejectionIsRetriedOnAnotherReplica: an engine answering 429
+// or 503 before the first byte is retried on the other replica with
+// Llm-Exclude; with every engine refusing, the client gets an explicit
+// error, after at most two retries each.
+func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: l8()})
+	url := st.GatewayURL()
+	f0, f1 := st.Faults("l8-gen-0"), st.Faults("l8-gen-1")
+	for _, status := range []int{429, 503} {
+		f0.SetReject(status)
+		retriesBefore := metric(st, "switchyard_gateway_retries_total", nil)
+		rejectedBefore := f0.Rejected()
+		for i := range 20 {
+			o := send(context.Background(), url, chatBody("chat-small", 2, i%2 == 0))
+			if o.status != 200 || !o.done || o.replica != "l8-gen-1" {
+				t.Errorf("engine l8-gen-0 answering %d: %v", status, o)
+			}
+		}
+		rejected := f0.Rejected() - rejectedBefore
+		retries := metric(st, "switchyard_gateway_retries_total", nil) - retriesBefore
+		if rejected == 0 || retries != float64(rejected) {
+			t.Errorf("engine %d: %d rejections, %v retries; want one retry per rejection", status, rejected, retries)
+		}
+		t.Logf("engine answering %d: 20 of 20 requests served, %d rejected and retried elsewhere", status, rejected)
+	}
+	f1.SetReject(503)
+	for range 5 {
+		o := send(context.Background(), url, chatBody("chat-small", 2, false))
+		if o.status != 503 || o.code == "" {
+			t.Errorf("every engine refusing: %v; want an explicit 503", o)
+		}
+	}
+	f0.SetReject(0)
+	f1.SetReject(0)
+}
+
+// TestEngineDeathMidResponseIsExplicit kills an engine under a stream and
+// under a non-streamed generation: the stream ends with an SSE error event,
+// the other with a 502, never a silent truncation. Requests meanwhile go to
+// the other replica (a refused connection is retried), and the engine
+// serves again after its restart.
+func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1})
+	url := st.GatewayURL()
+	f := st.Faults("l8-gen-0")
+	// Both requests land on l8-gen-0: l8-gen-1 turns them away for now.
+	st.Faults("l8-gen-1").SetReject(503)
+	stream := openStream(context.Background(), t, url, chatBody("chat-small", 2000, true))
+	nonStream := make(chan outcome, 1)
+	go func() { nonStream <- send(context.Background(), url, chatBody("chat-small", 2000, false)) }()
+	within(t, 10*time.Second, func() error {
+		if n := st.Engine("l8-gen-0").InFlight(); n != 2 {
+			return fmt.Errorf("%d requests in the engine", n)
+		}
+		return nil
+	})
+	st.Faults("l8-gen-1").SetReject(0)
+	killed := time.Now()
+	f.Kill()
+	o := readAnswer(stream)
+	stream.Body.Close()
+	if o.done || o.code != subjects.CodeUpstreamError {
+		t.Errorf("stream whose engine died: %v; want an SSE error event upstream_error", o)
+	}
+	ns := <-nonStream
+	if ns.status != 502 || ns.code != subjects.CodeUpstreamError {
+		t.Errorf("non-streamed generation whose engine died: %v; want 502 upstream_error", ns)
+	}
+	t.Logf("engine killed: the stream failed explicitly after %v", time.Since(killed).Round(time.Millisecond))
+	for range 10 {
+		if o := send(context.Background(), url, chatBody("chat-small", 2, false)); o.status != 200 || o.replica != "l8-gen-1" {
+			t.Errorf("while l8-gen-0's engine is down: %v", o)
+		}
+	}
+	if err := f.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	took := within(t, 10*time.Second, func() error {
+		if got := spread(t, url, "chat-small", 10); got["l8-gen-0"] == 0 {
+			return fmt.Errorf("l8-gen-0 gets nothing yet: %v", got)
+		}
+		return nil
+	})
+	t.Logf("engine restarted: serving again after %v", took.Round(time.Millisecond))
+}
+
+// TestClientDisconnectCancelsTheEngineCall: the engine stops working on a
+// request within a second of its client going away, streamed or not.
+func TestClientDisconnectCancelsTheEngineCall(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: 1})
+	eng := st.Engine("l8-gen-0")
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan outcome, 1)
+			go func() { done <- send(ctx, st.GatewayURL(), chatBody("chat-small", 4000, stream)) }()
+			within(t, 5*time.Second, func() error {
+				if n := eng.InFlight(); n != 1 {
+					return fmt.Errorf("%d in flight", n)
+				}
+				return nil
+			})
+			cancel()
+			took := within(t, time.Second, func() error {
+				if n := eng.InFlight(); n != 0 {
+					return fmt.Errorf("the engine still works on %d request(s)", n)
+				}
+				return nil
+			})
+			<-done
+			t.Logf("client gone → engine call cancelled in %v", took.Round(time.Millisecond))
+		})
+	}
+}
+
+// TestLongGenerationIsNotMistakenForDead runs a 1.5 s non-streamed
+// generation and a long prefill against a 400 ms idle timeout: keepalives
+// every 100 ms keep them alive. Without keepalives the same generation is
+// cut at the idle timeout, which shows the test can fail.
+func TestLongGenerationIsNotMistakenForDead(t *testing.T) {
+	long := chatBody("chat-small", 280, false) // 280 tokens × 5 ms ≈ 1.5 s
+	prefill := `{"model":"chat-small","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat("word ", 6000) + `"}]}` // ≈ 7500 tokens × 100 µs of prefill
+	for _, tc := range []struct {
+		name      string
+		keepalive time.Duration
+		wantOK    bool
+	}{
+		{"keepalives every 100ms", 100 * time.Millisecond, true},
+		{"no keepalive within the idle timeout", 5 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := startStack(t, devstack.Config{
+				Replicas: devstack.Replicas()[6:7], Speed: 1, KeepaliveEvery: tc.keepalive,
+				Gateway: gateway.Config{IdleTimeout: 400 * time.Millisecond},
+			})
+			o := send(context.Background(), st.GatewayURL(), long)
+			if tc.wantOK != (o.status == 200 && o.done) {
+				t.Errorf("1.5 s generation: %v", o)
+			}
+			if !tc.wantOK && (o.status != 504 || o.code != subjects.CodeUpstreamTimeout) {
+				t.Errorf("without keepalives: %v; want 504 upstream_timeout", o)
+			}
+			t.Logf("1.5 s generation: %v", o)
+			if tc.wantOK {
+				p := send(context.Background(), st.GatewayURL(), prefill)
+				if p.status != 200 || !p.done {
+					t.Errorf("long prefill: %v", p)
+				}
+				t.Logf("long prefill: %v", p)
+			}
+		})
+	}
+}
+
+// TestSlowClientFailsOnlyItsOwnStream: one client stops reading a long
+// stream. Other clients stream to [DONE] all along, including during the
+// write timeout in which the gateway's write to the slow client is blocked;
+// then the slow stream is cut and its engine call cancelled.
+func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
+	const writeTimeout = time.Second
+	st := startStack(t, devstack.Config{
+		Replicas: devstack.Replicas()[6:7], Speed: 40,
+		Gateway: gateway.Config{WriteTimeout: writeTimeout, HandoffDepth: 64},
+	})
+	url := st.GatewayURL()
+	eng := st.Engine("l8-gen-0")
+
+	// The slow client: reads the head, then nothing, on a small receive
+	// buffer so the gateway's writes block once the socket buffers fill.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(chatBody("chat-small", 60000, true)))
+	resp, err := slowClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+
+	var (
+		mu   sync.Mutex
+		ends []time.Time // when each normal stream completed
+		stop = make(chan struct{})
+		wg   sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o := send(context.Background(), url, chatBody("chat-small", 200, true))
+				if o.status != 200 || !o.done || o.took > 2*time.Second {
+					t.Errorf("a normal stream beside the slow one: %v", o)
+				}
+				mu.Lock()
+				ends = append(ends, time.Now())
+				mu.Unlock()
+			}
+		})
+	}
+	cutAfter := within(t, 20*time.Second, func() error {
+		if metric(st, "switchyard_gateway_stream_errors_total", map[string]string{"cause": "slow_client"}) == 0 {
+			return errors.New("the slow stream is not cut yet")
+		}
+		return nil
+	})
+	cut := time.Now()
+	close(stop)
+	wg.Wait()
+	within(t, 2*time.Second, func() error {
+		if n := eng.InFlight(); n != 0 {
+			return fmt.Errorf("the engine still works on %d request(s)", n)
+		}
+		return nil
+	})
+	// The gateway's write to the slow client was blocked for the whole
+	// write timeout before the cut: the streams that ended then prove the
+	// others were not held up by it.
+	during := 0
+	for _, e := range ends {
+		if e.After(cut.Add(-writeTimeout)) && e.Before(cut) {
+			during++
+		}
+	}
+	if during < 4 {
+		t.Errorf("%d normal streams completed while the slow client's write was blocked, want several", during)
+	}
+	t.Logf("slow client stalled; its stream cut %v later and the engine call cancelled; %d normal streams completed meanwhile, %d of them while the gateway's write to it was blocked",
+		cutAfter.Round(time.Millisecond), len(ends), during)
+	// The slow client, reading at last, finds its stream ended, not complete.
+	done, _, _ := readSSE(bufio.NewReader(resp.Body))
+	if done {
+		t.Error("the slow client's stream completed; it should have been cut")
+	}
+}
