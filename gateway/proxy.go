@@ -100,6 +100,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
 	var replica, routed string
+	var combined *nats.Msg
 	for replica == "" {
 		select {
 		case <-ctx.Done():
@@ -132,6 +133,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 			}
 			if a := m.Header.Get(subjects.HdrAccepted); a != "" {
 				replica = a
+				if m.Header.Get(subjects.HdrStatus) != "" {
+					// The accept rode on the head: the engine answered
+					// before the adapter's accept delay ran out.
+					combined = m
+				}
 				break
 			}
 			if m.Header.Get(subjects.HdrEOS) != "" {
@@ -144,6 +150,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 	// the idle timer.
 	rel := relayState{g: g, w: w, u: u, replica: replica, next: 1}
 	timer.Reset(g.cfg.IdleTimeout)
+	if combined != nil {
+		if res, apiErr, stop := rel.onMsg(combined, timer, id); stop {
+			return res, apiErr
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -164,47 +175,59 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 			g.metrics.streamErrors.WithLabelValues("idle_timeout").Inc()
 			return rel.failMidway(subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+replica+" went silent"))
 		case m := <-c.ch:
-			if m.Header.Get(subjects.HdrRouted) != "" {
-				continue // the broker's notice, overtaken by the accept
-			}
-			if m.Header.Get(subjects.HdrKeepalive) != "" {
-				// A keepalive repeats the last seq sent: slow, not dead.
-				resetTimer(timer, g.cfg.IdleTimeout)
-				continue
-			}
-			seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
-			if err != nil || seq != rel.next {
-				g.cancelUpstream(replica, id)
-				g.metrics.streamErrors.WithLabelValues("sequence_gap").Inc()
-				return rel.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+replica+" lost a message (sequence gap)"))
-			}
-			rel.next++
-			resetTimer(timer, g.cfg.IdleTimeout)
-			if seq == 1 {
-				if res, apiErr, stop := rel.head(m); stop {
-					if res == retryable {
-						g.cancelUpstream(replica, id)
-						u.exclude = append(u.exclude, replica)
-					}
-					return res, apiErr
-				}
-				// A head may carry the body and the end too: an adapter
-				// that failed before the engine answered sends one message.
-			}
-			if len(m.Data) > 0 {
-				if err := rel.data(m.Data); err != nil {
-					// The client stopped reading (the write deadline passed)
-					// or went away: only its own stream ends.
-					g.cancelUpstream(replica, id)
-					g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
-					return done, nil
-				}
-			}
-			if m.Header.Get(subjects.HdrEOS) != "" {
-				return rel.end(m.Header.Get(subjects.HdrError))
+			if res, apiErr, stop := rel.onMsg(m, timer, id); stop {
+				return res, apiErr
 			}
 		}
 	}
+}
+
+// onMsg handles one reply message after the accept: the head, data and end,
+// in Llm-Seq order. stop reports that the attempt is over.
+func (s *relayState) onMsg(m *nats.Msg, timer *time.Timer, id string) (outcome, *subjects.APIError, bool) {
+	g, replica := s.g, s.replica
+	if m.Header.Get(subjects.HdrRouted) != "" {
+		return done, nil, false // the broker's notice, overtaken by the accept
+	}
+	if m.Header.Get(subjects.HdrKeepalive) != "" {
+		// A keepalive repeats the last seq sent: slow, not dead.
+		resetTimer(timer, g.cfg.IdleTimeout)
+		return done, nil, false
+	}
+	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
+	if err != nil || seq != s.next {
+		g.cancelUpstream(replica, id)
+		g.metrics.streamErrors.WithLabelValues("sequence_gap").Inc()
+		res, e := s.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+replica+" lost a message (sequence gap)"))
+		return res, e, true
+	}
+	s.next++
+	resetTimer(timer, g.cfg.IdleTimeout)
+	if seq == 1 {
+		if res, apiErr, stop := s.head(m); stop {
+			if res == retryable {
+				g.cancelUpstream(replica, id)
+				s.u.exclude = append(s.u.exclude, replica)
+			}
+			return res, apiErr, true
+		}
+		// A head may carry the body and the end too: a non-streamed answer,
+		// or an adapter that failed before the engine answered.
+	}
+	if len(m.Data) > 0 {
+		if err := s.data(m.Data); err != nil {
+			// The client stopped reading (the write deadline passed)
+			// or went away: only its own stream ends.
+			g.cancelUpstream(replica, id)
+			g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
+			return done, nil, true
+		}
+	}
+	if m.Header.Get(subjects.HdrEOS) != "" {
+		res, e := s.end(m.Header.Get(subjects.HdrError))
+		return res, e, true
+	}
+	return done, nil, false
 }
 
 // lostConnection is the error of a request whose replies may have been lost

@@ -37,10 +37,14 @@ const serviceVersion = "0.1.0"
 
 // Defaults of Config.
 const (
-	DefaultHeartbeatEvery  = time.Second
-	DefaultScrapeEvery     = time.Second
-	DefaultKeepaliveEvery  = subjects.KeepaliveEvery * time.Second
-	DefaultDrainGrace      = 30 * time.Second
+	DefaultHeartbeatEvery = time.Second
+	DefaultScrapeEvery    = time.Second
+	DefaultKeepaliveEvery = subjects.KeepaliveEvery * time.Second
+	DefaultDrainGrace     = 30 * time.Second
+	// DefaultAcceptDelay is how long the accept may wait to ride on the
+	// head: well inside the gateway's 1 s accept timeout, and longer than a
+	// healthy engine takes to send its response headers.
+	DefaultAcceptDelay     = 50 * time.Millisecond
 	DefaultScrapeFailLimit = 3
 	// DefaultMaxBatch is vLLM's default max_num_seqs; DefaultMaxQueue bounds
 	// the waiting requests brokers weigh as a full queue. Brokers divide by
@@ -69,9 +73,13 @@ type Config struct {
 	Bucket string // KV bucket, default subjects.DefaultBucket
 	Prefix string // subject prefix, default subjects.DefaultPrefix
 
-	HeartbeatEvery  time.Duration // default 1s
-	ScrapeEvery     time.Duration // default 1s; also the /health poll
-	KeepaliveEvery  time.Duration // default 5s
+	HeartbeatEvery time.Duration // default 1s
+	ScrapeEvery    time.Duration // default 1s; also the /health poll
+	KeepaliveEvery time.Duration // default 5s
+	// AcceptDelay holds the accept back this long so that it can ride on the
+	// head (one message instead of two); past it the accept goes alone.
+	// Default DefaultAcceptDelay; negative sends it at once.
+	AcceptDelay     time.Duration
 	DrainGrace      time.Duration // default 30s
 	ScrapeFailLimit int           // consecutive failed scrapes before scrape_ok=false, default 3
 
@@ -95,6 +103,7 @@ type Adapter struct {
 	metrics *metrics
 	reg     *registrar
 	bufs    sync.Pool // *[]byte of chunkSize, for engine body reads
+	inline  int       // largest non-streamed answer sent as one message
 	chunk   int
 
 	started atomic.Bool
@@ -149,6 +158,11 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		a.chunk = max(mp-4096, 1024)
 	}
 	a.bufs.New = func() any { b := make([]byte, a.chunk); return &b }
+	// A non-streamed answer up to this size goes back as one message.
+	a.inline = 1 << 20
+	if mp := int(nc.MaxPayload()); mp > 0 && mp-64<<10 < a.inline {
+		a.inline = max(mp-64<<10, a.chunk)
+	}
 	return a, nil
 }
 
@@ -195,6 +209,9 @@ func (c *Config) fill() error {
 	c.HeartbeatEvery = orDefault(c.HeartbeatEvery, DefaultHeartbeatEvery)
 	c.ScrapeEvery = orDefault(c.ScrapeEvery, DefaultScrapeEvery)
 	c.KeepaliveEvery = orDefault(c.KeepaliveEvery, DefaultKeepaliveEvery)
+	if c.AcceptDelay == 0 {
+		c.AcceptDelay = DefaultAcceptDelay
+	}
 	c.DrainGrace = orDefault(c.DrainGrace, DefaultDrainGrace)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

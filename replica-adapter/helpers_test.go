@@ -106,17 +106,20 @@ func (r *running) stop(t *testing.T) error {
 
 func (e *env) config() adapter.Config {
 	return adapter.Config{
-		Replica:         "r-1",
-		Model:           "sim-model",
-		Version:         "v1",
-		Pool:            "general",
-		Flavor:          adapter.FlavorAuto,
-		EngineURL:       e.eng.srv.URL,
-		MaxBatch:        32,
-		MaxQueue:        128,
-		HeartbeatEvery:  20 * time.Millisecond,
-		ScrapeEvery:     20 * time.Millisecond,
-		KeepaliveEvery:  time.Minute,
+		Replica:        "r-1",
+		Model:          "sim-model",
+		Version:        "v1",
+		Pool:           "general",
+		Flavor:         adapter.FlavorAuto,
+		EngineURL:      e.eng.srv.URL,
+		MaxBatch:       32,
+		MaxQueue:       128,
+		HeartbeatEvery: 20 * time.Millisecond,
+		ScrapeEvery:    20 * time.Millisecond,
+		KeepaliveEvery: time.Minute,
+		// The accept goes alone at once, so tests see every message of the
+		// protocol; TestAcceptRidesOnTheHead covers the delayed accept.
+		AcceptDelay:     -1,
 		DrainGrace:      5 * time.Second,
 		ScrapeFailLimit: 3,
 	}

@@ -103,7 +103,7 @@ func errorHeader(seq int, e *subjects.APIError) nats.Header {
 func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.Header, body []byte) {
 	defer a.done(c, id)
 	st := &stream{nc: a.nc, reply: reply}
-	if err := st.send(nats.Header{subjects.HdrAccepted: {a.cfg.Replica}}, []byte(`{"replica":"`+a.cfg.Replica+`"}`)); err != nil {
+	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
 		a.log.Warn("accept not sent", "request", id, "err", err)
 		return
 	}
@@ -169,20 +169,41 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 			st.fail(callError(ctx, err))
 			return tokens{}
 		}
-		st.stopKeepalive() // the whole answer is here
 		e := engineError(resp.StatusCode, b)
-		hd := a.head(h, resp, "application/json")
-		if st.send(hd, nil) == nil && st.send(nil, e.Body()) == nil {
-			st.end("")
-		}
+		st.last(a.head(h, resp, "application/json"), e.Body()) // the whole answer is here
 		return tokens{}
 	}
 
-	if st.send(a.head(h, resp, resp.Header.Get("Content-Type")), nil) != nil {
-		return tokens{}
-	}
+	hd := a.head(h, resp, resp.Header.Get("Content-Type"))
 	sse := isSSE(resp.Header.Get("Content-Type"))
 	scan := usageScanner{sse: sse}
+	if !sse {
+		// A non-streamed answer arrives whole when generation ends: head,
+		// body and end go back as one message when it fits.
+		b, err := io.ReadAll(io.LimitReader(resp.Body, int64(a.inline)+1))
+		if err == nil && len(b) <= a.inline {
+			scan.Write(b)
+			st.last(hd, b)
+			return a.settle(&scan, h)
+		}
+		if st.send(hd, nil) != nil {
+			return tokens{}
+		}
+		if len(b) > 0 {
+			st.stopKeepalive()
+			scan.Write(b)
+			if st.send(nil, b) != nil {
+				return a.settle(&scan, h)
+			}
+		}
+		if err != nil {
+			a.metrics.engineErrors.Inc()
+			st.end(streamError(ctx, err))
+			return a.settle(&scan, h)
+		}
+	} else if st.send(hd, nil) != nil {
+		return tokens{}
+	}
 	bp := a.bufs.Get().(*[]byte)
 	defer a.bufs.Put(bp)
 	buf := *bp

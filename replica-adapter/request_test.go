@@ -345,8 +345,9 @@ func TestEngineErrors(t *testing.T) {
 				_, _ = w.Write([]byte(tt.body))
 			})
 			msgs := untilEnd(t, e.request("r-1", chatHeaders("req-err"), `{"model":"x"}`))
-			if len(msgs) != 4 {
-				t.Fatalf("%d messages, want accept, head, data, end", len(msgs))
+			// The error arrives whole: accept, then one head with the body and the end.
+			if len(msgs) != 2 {
+				t.Fatalf("%d messages, want accept and a head with body and end", len(msgs))
 			}
 			head := msgs[1]
 			if head.Header.Get(subjects.HdrStatus) != fmt.Sprint(tt.status) || head.Header.Get(subjects.HdrRetryAfter) != tt.retryAfter {
@@ -358,8 +359,8 @@ func TestEngineErrors(t *testing.T) {
 					Code    any    `json:"code"`
 				} `json:"error"`
 			}
-			if err := json.Unmarshal(msgs[2].Data, &eb); err != nil {
-				t.Fatalf("body %q: %v", msgs[2].Data, err)
+			if err := json.Unmarshal(msgs[1].Data, &eb); err != nil {
+				t.Fatalf("body %q: %v", msgs[1].Data, err)
 			}
 			if eb.Error.Code != tt.wantCode || eb.Error.Message == "" {
 				t.Errorf("error %+v, want code %q", eb.Error, tt.wantCode)

@@ -22,6 +22,12 @@ type stream struct {
 	nc    *nats.Conn
 	reply string
 
+	// The accept waits up to the accept delay to ride on the head; replica
+	// names it. acceptTimer sends it alone if the head is late.
+	replica       string
+	acceptPending bool
+	acceptTimer   *time.Timer
+
 	mu    sync.Mutex
 	next  int   // Llm-Seq of the next message
 	err   error // the first publish error; nothing is sent after it
@@ -46,10 +52,61 @@ func (s *stream) sendLocked(h nats.Header, data []byte) error {
 	if h == nil {
 		h = make(nats.Header, 1)
 	}
+	if s.acceptPending {
+		if _, head := h[subjects.HdrStatus]; head {
+			// The head carries the accept: seq 0 is never sent alone.
+			s.acceptPending = false
+			s.acceptTimer.Stop()
+			h[subjects.HdrAccepted] = []string{s.replica}
+			s.next = 1
+		} else if err := s.sendAcceptLocked(); err != nil {
+			return err
+		}
+	}
 	h[subjects.HdrSeq] = []string{strconv.Itoa(s.next)}
 	s.next++
 	s.err = s.nc.PublishMsg(&nats.Msg{Subject: s.reply, Header: h, Data: data})
 	return s.err
+}
+
+// accept sends the accept now (delay ≤ 0), or arms it to go after delay
+// unless a head goes first and carries it.
+func (s *stream) accept(replica string, delay time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replica = replica
+	if delay <= 0 {
+		return s.sendAcceptLocked()
+	}
+	s.acceptPending = true
+	s.acceptTimer = time.AfterFunc(delay, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acceptPending {
+			_ = s.sendAcceptLocked()
+		}
+	})
+	return nil
+}
+
+// Lock should be held.
+func (s *stream) sendAcceptLocked() error {
+	if s.acceptTimer != nil {
+		s.acceptTimer.Stop()
+	}
+	s.acceptPending = false
+	return s.sendLocked(nats.Header{subjects.HdrAccepted: {s.replica}}, []byte(`{"replica":"`+s.replica+`"}`))
+}
+
+// last sends a head that is also the whole answer and the end: one message
+// for a non-streamed answer.
+func (s *stream) last(h nats.Header, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopKeepaliveLocked()
+	h[subjects.HdrEOS] = []string{"1"}
+	_ = s.sendLocked(h, data)
+	s.ended = true
 }
 
 // end sends the end of the stream, with Llm-Error when errText is set.
@@ -89,6 +146,9 @@ func (s *stream) keepalive() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.kaOn || s.err != nil || s.ended {
+		return
+	}
+	if s.acceptPending && s.sendAcceptLocked() != nil {
 		return
 	}
 	seq := max(s.next-1, 0)

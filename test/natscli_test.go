@@ -79,10 +79,9 @@ func TestNatsCLIWorkflows(t *testing.T) {
 	t.Run("a chat request straight on NATS", func(t *testing.T) {
 		body := `{"model":"chat-small","max_tokens":3,"messages":[{"role":"user","content":"hello from nats req"}]}`
 		out := runNats(t, cli, srv, "req", "--raw", "--replies", "0", "--reply-timeout", "2s", "llm.route.default", body)
-		if !strings.Contains(out, `"replica":"l8-gen-`) {
-			t.Errorf("no accept from a chat-small replica:\n%s", out)
-		}
-		if !strings.Contains(out, `"chat.completion"`) || !strings.Contains(out, `"completion_tokens":3`) {
+		// The accept rides on the head here (a fast engine), so the
+		// replies are the broker's routed notice and the answer.
+		if !strings.Contains(out, `"chat.completion"`) || !strings.Contains(out, `"completion_tokens":3`) || !strings.Contains(out, `"model":"llama-3-8b-instruct"`) {
 			t.Errorf("no chat completion in the replies:\n%s", out)
 		}
 	})

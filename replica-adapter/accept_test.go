@@ -1,0 +1,63 @@
+package adapter_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestAcceptRidesOnTheHead: with a fast engine, a non-streamed answer is one
+// message: seq 1 carrying the accept, the head, the whole body and the end.
+func TestAcceptRidesOnTheHead(t *testing.T) {
+	e := newEnv(t)
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":2}}`))
+	})
+	cfg := e.config()
+	cfg.AcceptDelay = time.Second
+	e.start(cfg)
+	e.waitReady("r-1")
+	h := chatHeaders("req-fast")
+	h.Del(subjects.HdrStream)
+	msgs := untilEnd(t, e.request("r-1", h, `{"model":"x"}`))
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages, want one", len(msgs))
+	}
+	m := msgs[0]
+	if seq(t, m) != 1 || m.Header.Get(subjects.HdrAccepted) != "r-1" || m.Header.Get(subjects.HdrStatus) != "200" ||
+		m.Header.Get(subjects.HdrEOS) != "1" || string(m.Data) != `{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":2}}` {
+		t.Errorf("want seq 1 with accept, head, body and end; got %v %s", m.Header, m.Data)
+	}
+}
+
+// TestAcceptGoesAloneWhenTheEngineIsSlow: past the accept delay the accept
+// is sent on its own (seq 0), so the gateway's accept timeout never fires on
+// a slow engine, and the head follows as seq 1.
+func TestAcceptGoesAloneWhenTheEngineIsSlow(t *testing.T) {
+	e := newEnv(t)
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: {\"n\":1}\n\ndata: [DONE]\n\n"))
+	})
+	cfg := e.config()
+	cfg.AcceptDelay = 20 * time.Millisecond
+	e.start(cfg)
+	e.waitReady("r-1")
+	start := time.Now()
+	ch := e.request("r-1", chatHeaders("req-slow"), `{"model":"x"}`)
+	accept := next(t, ch)
+	if took := time.Since(start); took > 250*time.Millisecond {
+		t.Errorf("accept after %s; the engine's delay must not hold it", took)
+	}
+	if seq(t, accept) != 0 || accept.Header.Get(subjects.HdrAccepted) != "r-1" || accept.Header.Get(subjects.HdrStatus) != "" {
+		t.Errorf("want a lone accept at seq 0, got %v", accept.Header)
+	}
+	rest := untilEnd(t, ch)
+	if seq(t, rest[0]) != 1 || rest[0].Header.Get(subjects.HdrStatus) != "200" || rest[0].Header.Get(subjects.HdrAccepted) != "" {
+		t.Errorf("want the head alone at seq 1, got %v", rest[0].Header)
+	}
+}
