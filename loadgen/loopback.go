@@ -77,6 +77,10 @@ func NewClient() *http.Client {
 		DialContext:         d.DialContext,
 		MaxIdleConns:        0, // no limit across hosts
 		MaxIdleConnsPerHost: 1 << 16,
+		// A target that stops answering must not take every descriptor:
+		// past this, requests wait for a connection (and that wait counts
+		// in their latency, as it should in an open loop).
+		MaxConnsPerHost:     4096,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 		DisableCompression:  true,

@@ -157,6 +157,9 @@ func (b *bench) startPaths(ctx context.Context) error {
 }
 
 func (b *bench) load(ctx context.Context, targets, names []string, rate float64, d, warmup time.Duration, stream bool, progress io.Writer) (*loadgen.Report, error) {
+	// An overloaded step leaves thousands of idle connections behind; they
+	// would hold their descriptors into the next step.
+	defer b.client.CloseIdleConnections()
 	return loadgen.Run(ctx, loadgen.Config{
 		Targets: targets, Names: names, Rate: rate, Duration: d, Warmup: warmup,
 		Stream: stream, MaxTokens: b.cfg.maxTokens, Model: b.cfg.model,

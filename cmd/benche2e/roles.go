@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/gctune"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -111,6 +112,7 @@ func serveProxy(ctx context.Context, rc roleConfig) error {
 // broker, the gateway, the dev routing table) with one replica whose
 // adapter calls the shared engine. A second listener serves CPU profiles.
 func serveStack(ctx context.Context, rc roleConfig) error {
+	gctune.Apply() // as the switchyard binary runs
 	dir, err := os.MkdirTemp("", "switchyard-bench-")
 	if err != nil {
 		return err

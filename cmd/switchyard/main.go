@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/switchyard-llm/switchyard/internal/gctune"
 )
 
 // exitUsage is the exit code for bad usage; a failed check or request is 1.
@@ -41,6 +43,7 @@ func commands() []command {
 }
 
 func main() {
+	gctune.Apply()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
