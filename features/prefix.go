@@ -111,18 +111,24 @@ func parseHex64(s string) (uint64, bool) {
 	}
 	var h uint64
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
+		v, ok := hexDigit(s[i])
+		if !ok {
 			return 0, false
 		}
-		h = h<<4 | uint64(c)
+		h = h<<4 | uint64(v)
 	}
 	return h, true
+}
+
+// hexDigit is the value of one hex digit, either case.
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }

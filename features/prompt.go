@@ -204,17 +204,11 @@ func hex4(b []byte) rune {
 	}
 	var r rune
 	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
+		v, ok := hexDigit(c)
+		if !ok {
 			return utf8.RuneError
 		}
-		r = r<<4 | rune(c)
+		r = r<<4 | rune(v)
 	}
 	return r
 }
