@@ -110,7 +110,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
 	b.metrics = newMetrics(cfg.Registerer, b)
-	b.scratch.New = func() any { return new(scratch) }
+	b.scratch.New = func() any { return newScratch() }
 	b.peers.init(cfg.ID)
 	js, err := jetstream.New(nc)
 	if err != nil {

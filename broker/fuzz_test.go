@@ -34,9 +34,9 @@ func FuzzRouteHeaders(f *testing.F) {
 				h.Set(k, v)
 			}
 		}
-		var s scratch
+		s := newScratch()
 		var msg nats.Msg
-		b.handle(&s, "llm.route."+tenant, "_INBOX.fuzz", h, body, &msg)
+		b.handle(s, "llm.route."+tenant, "_INBOX.fuzz", h, body, &msg)
 		for len(b.out) > 0 {
 			<-b.out
 		}

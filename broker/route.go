@@ -25,7 +25,14 @@ type scratch struct {
 	exclude  []string
 	prompt   []byte
 	body     []byte
-	routed   nats.Header // the routed notice's header, reused
+	routed   nats.Header   // the routed notice's header, reused
+	promptFn func() []byte // s.renderPrompt, bound once (a method value allocates)
+}
+
+func newScratch() *scratch {
+	s := new(scratch)
+	s.promptFn = s.renderPrompt
+	return s
 }
 
 func (s *scratch) reset() {
@@ -41,7 +48,7 @@ func (s *scratch) reset() {
 func (b *Broker) route(r micro.Request) {
 	defer b.handled.Add(1)
 	s := b.scratch.Get().(*scratch)
-	defer b.scratch.Put(s)
+	defer b.release(s)
 	var msg nats.Msg
 	b.handle(s, r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data(), &msg)
 	if msg.Subject == "" {
@@ -61,6 +68,16 @@ func (b *Broker) route(r micro.Request) {
 		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
 		_ = b.nc.PublishMsg(&msg)
 	}
+}
+
+// release returns s to the pool without the request's body (up to 8 MiB)
+// or an unusually large rendered prompt.
+func (b *Broker) release(s *scratch) {
+	s.body = nil
+	if cap(s.prompt) > 64<<10 {
+		s.prompt = nil
+	}
+	b.scratch.Put(s)
 }
 
 // handle decides one request and fills msg with what to publish: the
@@ -173,7 +190,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []by
 		q.Exclude = s.exclude
 	}
 	s.body = body
-	q.Prompt = s.renderPrompt
+	q.Prompt = s.promptFn
 	if q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
 		return b.scanBody(s, h)
 	}
@@ -260,7 +277,7 @@ func (b *Broker) reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 // forwarded and nothing committed. The request is given in headers, as for
 // llm.route, or as a JSON body {"model", "conversation", "prompt_tokens", ...}.
 func (b *Broker) explain(r micro.Request) {
-	s := new(scratch)
+	s := newScratch()
 	tenant := subjects.TenantFromRoute(r.Subject())
 	h := nats.Header(r.Headers())
 	if h == nil {

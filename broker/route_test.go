@@ -82,11 +82,11 @@ func gatewayHeaders() nats.Header {
 func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	b := newTestBroker(t, 4, now)
-	var s scratch
+	s := newScratch()
 	var msg nats.Msg
 	h := gatewayHeaders()
 	body := []byte(`{"model":"chat-large"}`)
-	b.handle(&s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+	b.handle(s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
 	rep := msg.Header.Get(subjects.HdrRouteReplica)
 	if msg.Subject != "llm.replica."+rep || msg.Reply != "_INBOX.gw.1" || string(msg.Data) != string(body) {
 		t.Fatalf("forwarded %q reply %q body %q", msg.Subject, msg.Reply, msg.Data)
@@ -103,11 +103,11 @@ func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 
 func TestHandleRejectsUnknownModel(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
-	var s scratch
+	s := newScratch()
 	var msg nats.Msg
 	h := gatewayHeaders()
 	h.Set(subjects.HdrModel, "no-such-model")
-	b.handle(&s, "llm.route.default", "_INBOX.gw.2", h, nil, &msg)
+	b.handle(s, "llm.route.default", "_INBOX.gw.2", h, nil, &msg)
 	if msg.Subject != "_INBOX.gw.2" || msg.Header.Get(subjects.HdrStatus) != "404" || msg.Header.Get(subjects.HdrEOS) != "1" || msg.Header.Get(subjects.HdrSeq) != "0" {
 		t.Fatalf("want a 404 rejection to the reply subject, got %q %v %s", msg.Subject, msg.Header, msg.Data)
 	}
@@ -115,10 +115,10 @@ func TestHandleRejectsUnknownModel(t *testing.T) {
 
 func TestHandleScansTheBodyOfADirectClient(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
-	var s scratch
+	s := newScratch()
 	var msg nats.Msg
 	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
-	b.handle(&s, "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg)
+	b.handle(s, "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg)
 	if msg.Header.Get(subjects.HdrRouteModel) != "llama-3-70b-instruct" {
 		t.Fatalf("direct client not routed: %q %v %s", msg.Subject, msg.Header, msg.Data)
 	}
@@ -133,13 +133,13 @@ func BenchmarkRoutePath(b *testing.B) {
 			br := newTestBroker(b, n, now)
 			h := gatewayHeaders()
 			body := []byte(`{"model":"chat-large"}`)
-			var s scratch
+			s := newScratch()
 			var msg nats.Msg
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
-				br.handle(&s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+				br.handle(s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
 				if msg.Subject == "" {
 					b.Fatal("no message")
 				}

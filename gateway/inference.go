@@ -122,9 +122,13 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	if clientID != "" {
 		h[subjects.HdrClientRequestID] = []string{clientID}
 	}
-	if tp := r.Header.Get("Traceparent"); tp != "" {
+	// A client's trace is continued only when its traceparent is valid W3C
+	// (anything else starts a new trace, as the spec says), and tracestate
+	// is bounded: an oversized header must not push a request past the
+	// NATS max payload.
+	if tp := r.Header.Get("Traceparent"); validTraceparent(tp) {
 		h[subjects.HdrTraceparent] = []string{tp}
-		if ts := r.Header.Get("Tracestate"); ts != "" {
+		if ts := r.Header.Get("Tracestate"); ts != "" && len(ts) <= 512 {
 			h[subjects.HdrTracestate] = []string{ts}
 		}
 	} else {
@@ -134,6 +138,32 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		tenant: tenant, endpoint: endpoint, model: req.Model, stream: req.Stream,
 		body: body, hdr: h, clientID: clientID, deadline: deadline,
 	}, nil
+}
+
+// validTraceparent accepts version-traceid-spanid-flags in lowercase hex,
+// with non-zero trace and span ids.
+func validTraceparent(tp string) bool {
+	if len(tp) != 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-' || tp[:2] == "ff" {
+		return false
+	}
+	zeroTrace, zeroSpan := true, true
+	for i := 0; i < len(tp); i++ {
+		if i == 2 || i == 35 || i == 52 {
+			continue
+		}
+		c := tp[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+		if c != '0' {
+			if i > 2 && i < 35 {
+				zeroTrace = false
+			} else if i > 35 && i < 52 {
+				zeroSpan = false
+			}
+		}
+	}
+	return !zeroTrace && !zeroSpan
 }
 
 func badHeader(name, msg string) *subjects.APIError {

@@ -44,6 +44,11 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	defer cancel()
 	var last *subjects.APIError
 	for attempt := 0; ; attempt++ {
+		if ctx.Err() != nil {
+			// The client left or the deadline passed: a new attempt would
+			// only start an engine call nobody waits for.
+			break
+		}
 		if !g.nc.IsConnected() {
 			// Published now, the request would wait in the reconnect buffer
 			// and reach a replica after the client gave up: say so instead.
@@ -106,6 +111,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 		case <-ctx.Done():
 			return g.gone(ctx, w, u, routed, id)
 		case <-c.overflow:
+			if routed != "" {
+				g.cancelUpstream(routed, id)
+			}
+			g.fail(w, u, subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted"))
 			return done, nil
 		case <-c.lost:
 			if routed != "" {
@@ -205,9 +214,14 @@ func (s *relayState) onMsg(m *nats.Msg, timer *time.Timer, id string) (outcome, 
 	resetTimer(timer, g.cfg.IdleTimeout)
 	if seq == 1 {
 		if res, apiErr, stop := s.head(m); stop {
-			if res == retryable {
+			switch {
+			case res == retryable:
 				g.cancelUpstream(replica, id)
 				s.u.exclude = append(s.u.exclude, replica)
+			case m.Header.Get(subjects.HdrEOS) == "":
+				// The client went away as the head was flushed: stop the engine.
+				g.cancelUpstream(replica, id)
+				g.metrics.clientGone.Inc()
 			}
 			return res, apiErr, true
 		}
@@ -267,6 +281,7 @@ func (g *Gateway) gone(ctx context.Context, w http.ResponseWriter, u *upstream, 
 	}
 	if ctx.Err() == context.DeadlineExceeded {
 		g.fail(w, u, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "the request deadline passed"))
+		return done, nil
 	}
 	g.metrics.clientGone.Inc()
 	return done, nil
@@ -309,7 +324,11 @@ func (s *relayState) head(m *nats.Msg) (outcome, *subjects.APIError, bool) {
 		s.status = 502
 	}
 	if s.status == http.StatusTooManyRequests || s.status == http.StatusServiceUnavailable {
-		return retryable, &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + s.replica + " turned the request away (" + strconv.Itoa(s.status) + ")"}, true
+		e := &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + s.replica + " turned the request away (" + strconv.Itoa(s.status) + ")"}
+		if n, err := strconv.Atoi(m.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
+			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
+		}
+		return retryable, e, true
 	}
 	hd := s.w.Header()
 	for _, rh := range subjects.RouteHeaders() {
@@ -366,7 +385,8 @@ func (s *relayState) end(engineErr string) (outcome, *subjects.APIError) {
 	}
 	if !s.sse {
 		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
-		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes())
+		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
+		return done, nil
 	}
 	s.g.metrics.done(s.u, s.status)
 	return done, nil

@@ -79,7 +79,11 @@ func (a *Adapter) done(c *call, id string) {
 
 // reject answers with a single rejection message (seq 0, status, end).
 func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
-	m := nats.Msg{Subject: reply, Header: errorHeader(0, e), Data: e.Body()}
+	hd := errorHeader(0, e)
+	// Naming the replica tells the gateway a replica (not a broker) turned
+	// the request away, so it retries elsewhere with this one excluded.
+	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
+	m := nats.Msg{Subject: reply, Header: hd, Data: e.Body()}
 	if err := a.nc.PublishMsg(&m); err != nil {
 		a.log.Warn("rejection not sent", "err", err)
 	}

@@ -75,8 +75,8 @@ func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
 	}
 	// The request above shows with its route, status and model; the
 	// rejection with its code.
-	if !hasSample(mfs["switchyard_gateway_requests_total"], map[string]string{"route": "/v1/chat/completions", "status": "200", "model": "chat-small"}) {
-		t.Error("no gateway sample for the chat request")
+	if v, ok := sampleValue(mfs["switchyard_gateway_requests_total"], map[string]string{"route": "/v1/chat/completions", "status": "200", "model": "chat-small"}); !ok || v != 1 {
+		t.Errorf("gateway counted the one chat request %v times (found %v)", v, ok)
 	}
 	if !hasSample(mfs["switchyard_broker_rejections_total"], map[string]string{"code": "model_not_found"}) {
 		t.Error("no rejection sample for the unknown model")
@@ -89,8 +89,14 @@ func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
 }
 
 func hasSample(mf *dto.MetricFamily, labels map[string]string) bool {
+	_, ok := sampleValue(mf, labels)
+	return ok
+}
+
+// sampleValue is the value of the first sample carrying labels.
+func sampleValue(mf *dto.MetricFamily, labels map[string]string) (float64, bool) {
 	if mf == nil {
-		return false
+		return 0, false
 	}
 	for _, m := range mf.GetMetric() {
 		match := 0
@@ -100,10 +106,10 @@ func hasSample(mf *dto.MetricFamily, labels map[string]string) bool {
 			}
 		}
 		if match == len(labels) {
-			return true
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue(), true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // TestDeployArtefactsNameRealSeries keeps the alert rules and the Grafana
