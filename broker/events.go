@@ -51,6 +51,10 @@ func (b *Broker) onPlacement(m *nats.Msg) {
 }
 
 func (b *Broker) onUsage(m *nats.Msg) {
+	// Usage reserved by another broker is skipped before it is decoded.
+	if id := m.Header.Get(subjects.HdrBroker); id != "" && id != b.cfg.ID {
+		return
+	}
 	var u subjects.Usage
 	if err := json.Unmarshal(m.Data, &u); err != nil {
 		b.metrics.badMessages.WithLabelValues("usage").Inc()

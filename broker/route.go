@@ -126,7 +126,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	setHeader(h, subjects.HdrBroker, b.cfg.ID)
 	// The adapter reports usage against prompt + max tokens, which must be
 	// what the quota reserved (the model's default when the client set none).
-	if h.Get(subjects.HdrMaxTokens) == "" && d.ReservedTokens > s.req.PromptTokens {
+	if s.req.MaxTokens == 0 && d.ReservedTokens > s.req.PromptTokens {
 		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
 	}
 	*msg = nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: reply, Header: h, Data: data}

@@ -1,9 +1,13 @@
 package adapter_test
 
 import (
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -60,4 +64,66 @@ func TestAcceptGoesAloneWhenTheEngineIsSlow(t *testing.T) {
 	if seq(t, rest[0]) != 1 || rest[0].Header.Get(subjects.HdrStatus) != "200" || rest[0].Header.Get(subjects.HdrAccepted) != "" {
 		t.Errorf("want the head alone at seq 1, got %v", rest[0].Header)
 	}
+}
+
+// TestCancelBeforeTheRequest: a cancel that overtakes its request (separate
+// subscriptions) still stops it: the request is dropped when it arrives.
+func TestCancelBeforeTheRequest(t *testing.T) {
+	e := newEnv(t)
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	})
+	e.start(e.config())
+	e.waitReady("r-1")
+	cancel := nats.NewMsg(subjects.New("").ReplicaCancel("r-1"))
+	cancel.Header.Set(subjects.HdrRequestID, "req-early")
+	if err := e.nc.PublishMsg(cancel); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the adapter's cancel endpoint has handled it (micro stats).
+	deadline := time.Now().Add(5 * time.Second)
+	for cancelsHandled(t, e.nc) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancel was never handled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ch := e.request("r-1", chatHeaders("req-early"), `{"model":"x"}`)
+	select {
+	case m := <-ch:
+		t.Fatalf("a cancelled request was served: %v", m.Header)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if n := len(e.eng.requests()); n != 0 {
+		t.Errorf("the engine got %d requests", n)
+	}
+	// Another request goes through as usual.
+	if msgs := untilEnd(t, e.request("r-1", chatHeaders("req-next"), `{"model":"x"}`)); len(msgs) == 0 {
+		t.Fatal("no answer")
+	}
+}
+
+// cancelsHandled reads the adapter's micro stats for its cancel endpoint.
+func cancelsHandled(t *testing.T, nc *nats.Conn) int {
+	t.Helper()
+	m, err := nc.Request("$SRV.STATS.switchyard-adapter", nil, time.Second)
+	if err != nil {
+		return 0
+	}
+	var st struct {
+		Endpoints []struct {
+			Subject     string `json:"subject"`
+			NumRequests int    `json:"num_requests"`
+		} `json:"endpoints"`
+	}
+	if err := json.Unmarshal(m.Data, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range st.Endpoints {
+		if strings.HasSuffix(ep.Subject, ".cancel") {
+			return ep.NumRequests
+		}
+	}
+	return 0
 }

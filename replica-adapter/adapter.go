@@ -114,6 +114,10 @@ type Adapter struct {
 	mu       sync.Mutex
 	draining bool
 	calls    map[string]*call // by Llm-Request-Id, for cancels
+	// early holds cancels that arrived before their request (the request
+	// and cancel subscriptions are separate, so a backlogged adapter can
+	// see the cancel first), so the request is dropped when it comes.
+	early    map[string]time.Time
 	wg       sync.WaitGroup
 	inflight atomic.Int64
 
@@ -146,6 +150,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		metrics: m,
 		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
 		calls:   map[string]*call{},
+		early:   map[string]time.Time{},
 	}
 	if a.client == nil {
 		a.ownHTTP = engineTransport()

@@ -44,6 +44,12 @@ func (a *Adapter) onRequest(r micro.Request) {
 			Message: "replica " + a.cfg.Replica + " is draining", RetryAfter: time.Second})
 		return
 	}
+	if _, gone := a.early[id]; gone && id != "" {
+		// Cancelled before it arrived: the gateway has given up on it.
+		delete(a.early, id)
+		a.mu.Unlock()
+		return
+	}
 	ctx, cancel := context.WithCancel(a.reqBase)
 	c := &call{cancel: cancel}
 	if id != "" {
@@ -60,10 +66,33 @@ func (a *Adapter) onCancel(r micro.Request) {
 	id := r.Headers().Get(subjects.HdrRequestID)
 	a.mu.Lock()
 	c := a.calls[id]
+	if c == nil && id != "" {
+		a.rememberEarlyLocked(id, time.Now())
+	}
 	a.mu.Unlock()
 	if c != nil {
 		c.cancel()
 	}
+}
+
+// earlyTTL bounds how long a cancel waits for its request; earlyMax how
+// many such cancels are kept.
+const (
+	earlyTTL = 30 * time.Second
+	earlyMax = 4096
+)
+
+// rememberEarlyLocked records a cancel whose request has not arrived (or
+// already finished). Lock should be held.
+func (a *Adapter) rememberEarlyLocked(id string, now time.Time) {
+	if len(a.early) >= earlyMax {
+		for k, t := range a.early {
+			if now.Sub(t) > earlyTTL || len(a.early) >= earlyMax {
+				delete(a.early, k)
+			}
+		}
+	}
+	a.early[id] = now
 }
 
 func (a *Adapter) done(c *call, id string) {
@@ -339,7 +368,12 @@ func (a *Adapter) publishUsage(h nats.Header, t tokens) {
 		ReservedTokens:   prompt + maxTokens,
 		Broker:           h.Get(subjects.HdrBroker),
 	})
-	if err := a.nc.Publish(a.subj.Usage(tenant), b); err != nil {
+	m := &nats.Msg{Subject: a.subj.Usage(tenant), Data: b}
+	if broker := h.Get(subjects.HdrBroker); broker != "" {
+		// Brokers that did not reserve the tokens skip it on the header.
+		m.Header = nats.Header{subjects.HdrBroker: {broker}}
+	}
+	if err := a.nc.PublishMsg(m); err != nil {
 		a.log.Warn("usage not published", "err", err)
 	}
 }
