@@ -61,10 +61,7 @@ func startFaultEnv(t *testing.T, warmUp time.Duration) *faultEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
-		t.Fatal(err)
-	}
+	flat := examples.Flat()
 	if _, err := kv.Seed(ctx, e.bucket, flat); err != nil {
 		t.Fatal(err)
 	}
@@ -470,8 +467,7 @@ func TestStopForwardsWhatWasDelivered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	_ = json.Unmarshal(examples.Table(), &flat)
+	flat := examples.Flat()
 	if _, err := kv.Seed(context.Background(), bucket, flat); err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if d.ControlLoad {
 		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
 	}
-	b.sample(&s.req, d, h)
+	b.sample(&s.req, d, h, start)
 	if d.Err != nil {
 		b.reject(msg, reply, d.Err)
 		return
@@ -225,7 +225,7 @@ func appendSplit(dst []string, v string) []string {
 
 // sample publishes the explained decision on llm.decision.<pool>, at the
 // table's decision_sample rate.
-func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header) {
+func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header, decided time.Time) {
 	t := b.router.Table()
 	rate := 1.0
 	if t != nil {
@@ -237,7 +237,7 @@ func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header) {
 	w := d.Wire(q)
 	w.RequestID = h.Get(subjects.HdrRequestID)
 	w.TraceID = traceID(h.Get(subjects.HdrTraceparent))
-	w.DecidedUnixMil = b.cfg.Now().UnixMilli()
+	w.DecidedUnixMil = decided.UnixMilli()
 	pool := d.Pool
 	if pool == "" {
 		pool = "none"

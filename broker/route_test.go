@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"testing"
@@ -30,10 +29,7 @@ func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
-		tb.Fatal(err)
-	}
+	flat := examples.Flat()
 	snap, errs := table.FromFlat(flat)
 	if len(errs) > 0 {
 		tb.Fatal(errs)

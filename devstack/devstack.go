@@ -252,10 +252,7 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return fmt.Errorf("routing-table bucket: %w", err)
 	}
-	var flat map[string]json.RawMessage
-	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
-		return err
-	}
+	flat := examples.Flat()
 	_, err = kv.Seed(ctx, bucket, flat)
 	return err
 }

@@ -2,30 +2,17 @@ package devstack_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/leaktest"
 )
 
 // TestMain fails the package when a goroutine outlives Close.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	http.DefaultClient.CloseIdleConnections()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { leaktest.Main(m) }
 
 func chat(t *testing.T, url string) int {
 	t.Helper()

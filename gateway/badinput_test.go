@@ -37,10 +37,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
-		t.Fatal(err)
-	}
+	flat := examples.Flat()
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
 		t.Fatal(err)
 	}

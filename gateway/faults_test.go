@@ -109,10 +109,7 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	if err := json.Unmarshal(examples.Table(), &flat); err != nil {
-		t.Fatal(err)
-	}
+	flat := examples.Flat()
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
 		t.Fatal(err)
 	}

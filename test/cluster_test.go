@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -54,8 +53,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flat map[string]json.RawMessage
-	_ = json.Unmarshal(examples.Table(), &flat)
+	flat := examples.Flat()
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
 		t.Fatal(err)
 	}

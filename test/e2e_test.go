@@ -21,8 +21,8 @@ import (
 	"github.com/switchyard-llm/switchyard/devstack"
 )
 
-// startStack runs the dev stack on free ports and waits until it is ready.
-func startStack(t *testing.T, cfg devstack.Config) *devstack.Stack {
+// launch starts the dev stack on free ports, stopped when the test ends.
+func launch(t *testing.T, cfg devstack.Config) *devstack.Stack {
 	t.Helper()
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -47,6 +47,15 @@ func startStack(t *testing.T, cfg devstack.Config) *devstack.Stack {
 			t.Errorf("stack stopped with errors: %v", err)
 		}
 	})
+	return st
+}
+
+// startStack runs the dev stack and waits until it is ready.
+func startStack(t *testing.T, cfg devstack.Config) *devstack.Stack {
+	t.Helper()
+	st := launch(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if err := st.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -228,24 +228,7 @@ func metric(st *devstack.Stack, name string, want map[string]string) float64 {
 // table and a broker.
 func startUnready(t *testing.T, cfg devstack.Config) *devstack.Stack {
 	t.Helper()
-	cfg.Listen, cfg.NATSListen = "127.0.0.1:0", "127.0.0.1:-1"
-	if cfg.Speed == 0 {
-		cfg.Speed = 4
-	}
-	if cfg.DataDir == "" {
-		cfg.DataDir = t.TempDir()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := devstack.Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("start stack: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := st.Close(); err != nil {
-			t.Errorf("stack stopped with errors: %v", err)
-		}
-	})
+	st := launch(t, cfg)
 	within(t, 10*time.Second, func() error {
 		if st.Gateway().Table() == nil || st.Broker(0).Table() == nil {
 			return errors.New("table not loaded")
