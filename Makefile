@@ -9,7 +9,7 @@ NATS_CLI  := $(TOOLS_DIR)/nats
 NATSCLI_VERSION := v0.5.0
 export GOFLAGS ?=
 
-.PHONY: all build run test test-deps test-short bench bench-e2e bench-heap lint vet fmt fuzz lab test-lab soak tools clean
+.PHONY: all build run test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools clean
 
 all: build
 
@@ -46,6 +46,15 @@ fmt:
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# go.mod and go.sum must be what `go mod tidy` makes of them.
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+
+# Known vulnerabilities in the code paths this module uses; skipped, saying
+# so, when the vulnerability database cannot be reached.
+vulncheck:
+	GO=$(GO) ./scripts/vulncheck.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
