@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -42,7 +44,7 @@ type Config struct {
 	PresenceEvery time.Duration
 	// WarmUp bounds how long a starting broker waits, before it joins the
 	// queue group, for a heartbeat from every replica its table has ready
-	// (default 2s, negative: no wait).
+	// (default 2s, negative: no wait; at most a minute).
 	WarmUp time.Duration
 	Logger *slog.Logger
 	// Registerer receives the broker's metrics (nil: none).
@@ -74,16 +76,34 @@ type outMsg struct {
 	data    any
 }
 
+// Validate range-checks cfg without connecting to anything. Zero values
+// stand for their defaults; errors name the flag that sets the value.
+func (c *Config) Validate() error {
+	var idErr error
+	if c.ID != "" {
+		idErr = check.Wrap("id", c.ID, subjects.ValidToken(c.ID))
+	}
+	var prefixErr error
+	if c.Prefix != "" {
+		prefixErr = check.Wrap("prefix", c.Prefix, subjects.ValidToken(c.Prefix))
+	}
+	return check.All(
+		idErr, prefixErr,
+		check.Duration("presence-every", c.PresenceEvery, 0, time.Minute),
+		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
+	)
+}
+
 // New validates cfg and returns a broker bound to nc.
 func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	if nc == nil {
 		return nil, errors.New("broker: nil NATS connection")
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.ID == "" {
 		cfg.ID = nuid.Next()
-	}
-	if err := subjects.ValidToken(cfg.ID); err != nil {
-		return nil, fmt.Errorf("broker id: %w", err)
 	}
 	if cfg.Bucket == "" {
 		cfg.Bucket = subjects.DefaultBucket

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"sort"
@@ -26,6 +27,7 @@ import (
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -126,16 +128,33 @@ type Stack struct {
 	seen map[string]bool
 }
 
+// Validate range-checks cfg before anything starts. Zero values stand for
+// their defaults; errors name the flag that sets the value.
+func (c *Config) Validate() error {
+	return check.All(
+		check.Range("speed", c.Speed, 0, 1e6),
+		check.Range("brokers", c.Brokers, 0, 64),
+		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Minute),
+		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Minute),
+		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Minute),
+		check.Duration("drain-grace", c.DrainGrace, math.MinInt64, time.Hour),
+		c.Gateway.Validate(),
+	)
+}
+
 // Start brings the stack up and returns once the gateway listens. Use
 // Ready to wait for every replica's first heartbeat, and Close to stop.
 func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:8080"
 	}
 	if cfg.NATSListen == "" {
 		cfg.NATSListen = natsconn.DefaultListen
 	}
-	if cfg.Speed <= 0 {
+	if cfg.Speed == 0 {
 		cfg.Speed = 1
 	}
 	if cfg.Replicas == nil {

@@ -15,7 +15,10 @@ package enginesim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/check"
 )
 
 // Config describes one simulated engine. Zero fields take the defaults noted;
@@ -52,6 +55,25 @@ type Config struct {
 	// PrefixCacheBlocks is how many block hashes the prefix cache remembers
 	// (default KVBlocks; negative disables the cache).
 	PrefixCacheBlocks int
+}
+
+// Validate range-checks c. Zero values stand for their defaults; errors
+// name the flag that sets the value.
+func (c Config) Validate() error {
+	return check.All(
+		check.Range("kv-blocks", c.KVBlocks, 0, 1<<24),
+		check.Range("block-tokens", c.BlockTokens, 0, 1<<10),
+		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
+		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
+		check.Range("max-loras", c.MaxLoras, 0, 1<<10),
+		check.Range("prefix-cache-blocks", c.PrefixCacheBlocks, math.MinInt, 1<<24),
+		check.Duration("ttft-base", c.TTFTBase, math.MinInt64, time.Minute),
+		check.Duration("prefill-per-token", c.PrefillPerToken, math.MinInt64, time.Second),
+		check.Duration("itl", c.ITL, math.MinInt64, time.Minute),
+		check.Duration("itl-per-batch", c.ITLPerBatch, math.MinInt64, time.Second),
+		check.Duration("lora-load", c.LoraLoad, math.MinInt64, time.Minute),
+		check.Duration("lora-per-adapter-step", c.LoraPerAdapterStep, math.MinInt64, time.Second),
+	)
 }
 
 // WithDefaults returns c with every zero field set to its default and every

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/internal/check"
 )
 
 // ServerConfig configures the real-time HTTP shell around an Engine.
@@ -88,6 +90,17 @@ type flight struct {
 	submitted time.Time
 	last      time.Time
 	reason    string
+}
+
+// Validate range-checks cfg. Zero values stand for their defaults; errors
+// name the flag that sets the value.
+func (cfg ServerConfig) Validate() error {
+	return check.All(
+		cfg.Engine.Validate(),
+		check.Range("speed", cfg.Speed, 0, 1e6),
+		check.Range("max-model-len", cfg.MaxModelLen, 0, 1<<24),
+		check.Range("default-max-tokens", cfg.DefaultMaxTokens, 0, 1<<20),
+	)
 }
 
 // NewServer returns a server; Run must be running for it to answer.

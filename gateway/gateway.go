@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -28,6 +30,18 @@ import (
 
 // DefaultMaxBody is the body limit when --max-body is not given.
 const DefaultMaxBody = 8 << 20
+
+// HeaderRoom is what a request message keeps free for its NATS headers: a
+// body may take the server's max payload less this.
+const HeaderRoom = 64 << 10
+
+// MaxBodyCeiling is the largest body limit any NATS server can carry: a
+// server's max payload cannot exceed 64 MiB (its max pending), less
+// HeaderRoom. The server actually connected to may carry less; New checks.
+const MaxBodyCeiling = 64<<20 - HeaderRoom
+
+// MaxRetriesCeiling bounds MaxRetries: each retry is another replica tried.
+const MaxRetriesCeiling = 10
 
 // Config configures a gateway. Zero values take the documented defaults.
 type Config struct {
@@ -39,8 +53,9 @@ type Config struct {
 	Prefix, Bucket string
 	// StateDir keeps the last good table.
 	StateDir string
-	// MaxBody caps request bodies (default 8 MiB, and never above the NATS
-	// max payload less 64 KiB of header room).
+	// MaxBody caps request bodies (default 8 MiB, or the server's max
+	// payload less HeaderRoom when that is less). A limit set above what
+	// the server carries is an error, never quietly lowered.
 	MaxBody int64
 	// AcceptTimeout is how long to wait for an adapter's accept (default 1s).
 	AcceptTimeout time.Duration
@@ -48,8 +63,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// DefaultTimeout bounds a request without X-Request-Timeout (default 10m).
 	DefaultTimeout time.Duration
-	// MaxRetries per request (default 2) under a budget of RetryBudget of the
-	// active requests (default 0.2, at least 3 concurrent retries).
+	// MaxRetries per request (default 2, -1: none) under a budget of
+	// RetryBudget of the active requests (default 0.2, at least 3
+	// concurrent retries).
 	MaxRetries  int
 	RetryBudget float64
 	// ShutdownGrace lets in-flight requests finish on shutdown (default 30s).
@@ -92,16 +108,49 @@ type Gateway struct {
 	listenAddr atomic.Value // string
 }
 
+// Validate range-checks cfg without connecting to anything. Zero values
+// stand for their defaults; errors name the flag that sets the value.
+func (c *Config) Validate() error {
+	var idErr error
+	if c.ID != "" {
+		idErr = check.Wrap("id", c.ID, subjects.ValidToken(c.ID))
+	}
+	return check.All(
+		idErr,
+		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
+		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
+		check.Duration("idle-timeout", c.IdleTimeout, 0, time.Hour),
+		check.Duration("default-timeout", c.DefaultTimeout, 0, 24*time.Hour),
+		check.Range("max-retries", c.MaxRetries, -1, MaxRetriesCeiling),
+		check.Range("retry-budget", c.RetryBudget, 0, 1),
+		check.Duration("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
+		check.Duration("write-timeout", c.WriteTimeout, 0, 10*time.Minute),
+		check.Range("handoff-depth", c.HandoffDepth, 0, 1<<16),
+	)
+}
+
 // New validates cfg and returns a gateway bound to nc.
 func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	if nc == nil {
 		return nil, errors.New("gateway: nil NATS connection")
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.ID == "" {
 		cfg.ID = nuid.Next()
 	}
-	if err := subjects.ValidToken(cfg.ID); err != nil {
-		return nil, fmt.Errorf("gateway id: %w", err)
+	// The body limit must fit in one message of the server connected to.
+	room := int64(math.MaxInt64)
+	if mp := nc.MaxPayload(); mp > 0 {
+		room = mp - HeaderRoom
+	}
+	if cfg.MaxBody > room {
+		return nil, fmt.Errorf("--max-body %s: the NATS server carries at most %s (max_payload %s less %s for headers)",
+			check.FormatSize(cfg.MaxBody), check.FormatSize(room), check.FormatSize(nc.MaxPayload()), check.FormatSize(HeaderRoom))
+	}
+	if cfg.MaxBody == 0 {
+		cfg.MaxBody = min(DefaultMaxBody, room)
 	}
 	setDefaults(&cfg)
 	g := &Gateway{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix)}
@@ -111,9 +160,6 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.metrics = newMetrics(cfg.Registerer)
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
-	if mp := nc.MaxPayload(); mp > 0 && mp-64<<10 < g.maxBody {
-		g.maxBody = mp - 64<<10
-	}
 	g.mux = g.routes()
 	return g, nil
 }
@@ -125,7 +171,7 @@ func setDefaults(cfg *Config) {
 	if cfg.Bucket == "" {
 		cfg.Bucket = subjects.DefaultBucket
 	}
-	if cfg.MaxBody <= 0 || cfg.MaxBody > DefaultMaxBody {
+	if cfg.MaxBody == 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.AcceptTimeout <= 0 {
@@ -138,11 +184,11 @@ func setDefaults(cfg *Config) {
 		cfg.DefaultTimeout = 10 * time.Minute
 	}
 	if cfg.MaxRetries < 0 {
-		cfg.MaxRetries = 0
+		cfg.MaxRetries = 0 // none, asked for explicitly
 	} else if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = 2
 	}
-	if cfg.RetryBudget <= 0 {
+	if cfg.RetryBudget == 0 {
 		cfg.RetryBudget = 0.2
 	}
 	if cfg.ShutdownGrace <= 0 {

@@ -23,6 +23,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/check"
 )
 
 // Config describes one run.
@@ -68,16 +70,43 @@ var (
 // maxSlots bounds the memory a run may take (one record per request).
 const maxSlots = 20_000_000
 
+// Validate range-checks c before anything is sent. Zero values stand for
+// their defaults; errors name the flag that sets the value.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Targets) == 0 {
+		errs = append(errs, fmt.Errorf("--target: %w", ErrNoTargets))
+	}
+	if !(c.Rate > 0) {
+		errs = append(errs, fmt.Errorf("--rate %v: %w", c.Rate, ErrBadRate))
+	}
+	if c.Duration == 0 && c.Requests == 0 {
+		errs = append(errs, fmt.Errorf("--duration, --requests: %w", ErrUnbounded))
+	}
+	errs = append(errs,
+		check.Range("rate", c.Rate, 0, 1e6),
+		check.Duration("duration", c.Duration, 0, 24*time.Hour),
+		check.Range("requests", c.Requests, 0, maxSlots),
+		check.Duration("warmup", c.Warmup, 0, time.Hour),
+		check.Range("max-tokens", c.MaxTokens, 0, 1<<20),
+		check.Duration("timeout", c.Timeout, 0, time.Hour),
+		check.Range("max-in-flight", c.MaxInFlight, 0, 1<<20),
+	)
+	if err := check.All(errs...); err != nil {
+		return err
+	}
+	perTarget := c.perTarget()
+	if total := (int(c.Rate*c.Warmup.Seconds()) + perTarget) * len(c.Targets); total > maxSlots {
+		return &check.Error{Flag: "rate", Value: fmt.Sprint(c.Rate),
+			Want: fmt.Sprintf("%d requests in all (warmup and measured, every target) is more than a run may send (%d)", total, maxSlots)}
+	}
+	return nil
+}
+
 func (c *Config) withDefaults() (Config, error) {
 	cfg := *c
-	if len(cfg.Targets) == 0 {
-		return cfg, ErrNoTargets
-	}
-	if !(cfg.Rate > 0) {
-		return cfg, ErrBadRate
-	}
-	if cfg.Duration <= 0 && cfg.Requests <= 0 {
-		return cfg, ErrUnbounded
+	if err := c.Validate(); err != nil {
+		return cfg, err
 	}
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = 8

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -80,7 +82,7 @@ type Config struct {
 	// head (one message instead of two); past it the accept goes alone.
 	// Default DefaultAcceptDelay; negative sends it at once.
 	AcceptDelay     time.Duration
-	DrainGrace      time.Duration // default 30s
+	DrainGrace      time.Duration // default 30s; negative: none
 	ScrapeFailLimit int           // consecutive failed scrapes before scrape_ok=false, default 3
 
 	Logger *slog.Logger // nil: discard
@@ -171,12 +173,42 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 	return a, nil
 }
 
-func (c *Config) fill() error {
-	if err := subjects.ValidToken(c.Replica); err != nil {
-		return fmt.Errorf("%w: replica: %w", ErrConfig, err)
+// Validate checks cfg without connecting to anything. Zero values stand
+// for their defaults; errors name the flag that sets the value.
+func (c *Config) Validate() error {
+	var flavorErr, urlErr, modelErr, poolErr error
+	switch c.Flavor {
+	case "", FlavorAuto, FlavorVLLM, FlavorSGLang, FlavorLlamaCpp, FlavorTGI:
+	default:
+		flavorErr = check.Wrap("flavor", c.Flavor, errors.New("want auto, vllm, sglang, llamacpp or tgi"))
+	}
+	if u, err := url.Parse(c.EngineURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		urlErr = check.Wrap("engine", c.EngineURL, errors.New("want http(s)://host[:port]"))
 	}
 	if !table.ValidName(c.Model) {
-		return fmt.Errorf("%w: model %q is not a valid model id", ErrConfig, c.Model)
+		modelErr = check.Wrap("model", c.Model, errors.New("not a valid model id"))
+	}
+	if c.Pool != "" {
+		poolErr = check.Wrap("pool", c.Pool, subjects.ValidToken(c.Pool))
+	}
+	return check.All(
+		check.Wrap("replica", c.Replica, subjects.ValidToken(c.Replica)),
+		modelErr, poolErr, flavorErr, urlErr,
+		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
+		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
+		check.Range("max-loras", c.MaxLoras, 0, 1<<10),
+		check.Range("scrape-fail-limit", c.ScrapeFailLimit, 0, 1000),
+		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Minute),
+		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Minute),
+		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Minute),
+		check.Duration("accept-delay", c.AcceptDelay, math.MinInt64, time.Second),
+		check.Duration("drain-grace", c.DrainGrace, math.MinInt64, time.Hour),
+	)
+}
+
+func (c *Config) fill() error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.EngineModel == "" {
 		c.EngineModel = c.Model
@@ -184,24 +216,10 @@ func (c *Config) fill() error {
 	if c.Pool == "" {
 		c.Pool = table.PoolGeneral
 	}
-	if err := subjects.ValidToken(c.Pool); err != nil {
-		return fmt.Errorf("%w: pool: %w", ErrConfig, err)
-	}
-	switch c.Flavor {
-	case "":
+	if c.Flavor == "" {
 		c.Flavor = FlavorAuto
-	case FlavorAuto, FlavorVLLM, FlavorSGLang, FlavorLlamaCpp, FlavorTGI:
-	default:
-		return fmt.Errorf("%w: flavor %q: want auto, vllm, sglang, llamacpp or tgi", ErrConfig, c.Flavor)
-	}
-	u, err := url.Parse(c.EngineURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%w: engine URL %q: want http(s)://host[:port]", ErrConfig, c.EngineURL)
 	}
 	c.EngineURL = strings.TrimRight(c.EngineURL, "/")
-	if c.MaxBatch < 0 || c.MaxQueue < 0 || c.MaxLoras < 0 || c.ScrapeFailLimit < 0 {
-		return fmt.Errorf("%w: negative limit", ErrConfig)
-	}
 	c.MaxBatch = orDefault(c.MaxBatch, DefaultMaxBatch)
 	c.MaxQueue = orDefault(c.MaxQueue, DefaultMaxQueue)
 	c.ScrapeFailLimit = orDefault(c.ScrapeFailLimit, DefaultScrapeFailLimit)
@@ -217,7 +235,12 @@ func (c *Config) fill() error {
 	if c.AcceptDelay == 0 {
 		c.AcceptDelay = DefaultAcceptDelay
 	}
-	c.DrainGrace = orDefault(c.DrainGrace, DefaultDrainGrace)
+	switch {
+	case c.DrainGrace == 0:
+		c.DrainGrace = DefaultDrainGrace
+	case c.DrainGrace < 0:
+		c.DrainGrace = 0 // no grace, asked for explicitly
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

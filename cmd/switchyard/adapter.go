@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"io"
-	"time"
 
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
@@ -21,17 +20,21 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.Version, "version", "", "model version")
 	fs.StringVar(&cfg.Pool, "pool", "general", "pool")
 	fs.StringVar(&cfg.Flavor, "flavor", "auto", "engine metrics flavor: auto, vllm, sglang, llamacpp or tgi")
-	fs.IntVar(&cfg.MaxBatch, "max-batch", 32, "engine batch size")
-	fs.IntVar(&cfg.MaxQueue, "max-queue", 128, "engine queue size")
-	fs.IntVar(&cfg.MaxLoras, "max-loras", 0, "LoRA slots")
-	fs.DurationVar(&cfg.DrainGrace, "drain-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM")
+	fs.IntVar(&cfg.MaxBatch, "max-batch", adapter.DefaultMaxBatch, "requests the engine runs at once (vLLM's max_num_seqs; at most 65536)")
+	fs.IntVar(&cfg.MaxQueue, "max-queue", adapter.DefaultMaxQueue, "waiting requests weighed as a full queue (at most 1048576)")
+	fs.IntVar(&cfg.MaxLoras, "max-loras", 0, "LoRA slots (0: as the engine reports; at most 1024)")
+	fs.DurationVar(&cfg.DrainGrace, "drain-grace", adapter.DefaultDrainGrace, "how long in-flight requests may run after SIGTERM (0: none; at most 1h)")
 	metricsListen := fs.String("metrics-listen", "", "address of the /metrics listener (default: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if cfg.EngineURL == "" || cfg.Replica == "" || cfg.Model == "" {
-		return usagef("--engine, --replica and --model are required")
+	if cfg.DrainGrace == 0 {
+		cfg.DrainGrace = -1 // none, asked for explicitly
+	}
+	cfg.Prefix, cfg.Bucket = nf.prefix, nf.bucket
+	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
+		return err
 	}
 	log := newLogger(stderr, *logLevel)
 	nc, err := nf.connect(ctx, "switchyard-adapter-"+cfg.Replica, log)
@@ -40,10 +43,10 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	cfg.Prefix, cfg.Bucket, cfg.Logger, cfg.Registerer = nf.prefix, nf.bucket, log, reg
+	cfg.Logger, cfg.Registerer = log, reg
 	a, err := adapter.New(nc, cfg)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	stop, err := serveMetrics(*metricsListen, reg)
 	if err != nil {

@@ -26,29 +26,25 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	})
 	names := fs.String("names", "", "comma-separated labels for the target and each --compare")
-	fs.Float64Var(&cfg.Rate, "rate", 100, "requests per second sent to each target")
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the measured schedule (0: --requests only)")
+	fs.Float64Var(&cfg.Rate, "rate", 100, "requests per second sent to each target (at most 1e6)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the measured schedule (0: --requests only; at most 24h)")
 	fs.IntVar(&cfg.Requests, "requests", 0, "measured requests per target (0: rate × duration)")
-	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "schedule run before measuring, not counted")
+	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "schedule run before measuring, not counted (at most 1h)")
 	fs.BoolVar(&cfg.Stream, "stream", false, "ask for server-sent events and measure the gaps between chunks")
-	fs.IntVar(&cfg.MaxTokens, "max-tokens", 8, "max_tokens of each request")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", 8, "max_tokens of each request (at most 1048576)")
 	fs.StringVar(&cfg.Model, "model", "llama-3-8b-instruct", "model of each request")
-	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "deadline of each request from its send")
+	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "deadline of each request from its send (at most 1h)")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file (- for stdout)")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if *target == "" {
-		return usagef("--target is required")
+	if *target != "" {
+		cfg.Targets = append([]string{*target}, compare...)
 	}
-	if cfg.Rate <= 0 {
-		return usagef("--rate must be positive")
+	if err := checked(cfg.Validate()); err != nil {
+		return err
 	}
-	if cfg.Duration <= 0 && cfg.Requests <= 0 {
-		return usagef("--duration or --requests is required")
-	}
-	cfg.Targets = append([]string{*target}, compare...)
 	if *names != "" {
 		cfg.Names = strings.Split(*names, ",")
 	}

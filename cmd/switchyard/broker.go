@@ -20,11 +20,20 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	stateDir := fs.String("state-dir", "", "directory for the last good routing table")
+	var cfg broker.Config
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	metricsListen := fs.String("metrics-listen", ":9101", "address of the /metrics listener")
-	id := fs.String("id", "", "broker id (default: random)")
+	fs.StringVar(&cfg.ID, "id", "", "broker id (default: random)")
+	fs.DurationVar(&cfg.WarmUp, "warm-up", 2*time.Second, "longest wait, before taking requests, for a heartbeat from every ready replica (0: none; at most 1m)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if cfg.WarmUp == 0 {
+		cfg.WarmUp = -1 // none, asked for explicitly
+	}
+	cfg.Prefix, cfg.Bucket = nf.prefix, nf.bucket
+	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
@@ -34,9 +43,10 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	b, err := broker.New(nc, broker.Config{ID: *id, Prefix: nf.prefix, Bucket: nf.bucket, StateDir: *stateDir, Logger: log, Registerer: reg})
+	cfg.Logger, cfg.Registerer = log, reg
+	b, err := broker.New(nc, cfg)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	stopMetrics, err := serveMetrics(*metricsListen, reg)
 	if err != nil {

@@ -55,6 +55,9 @@ func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	} else if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
+	if err := checked(nf.validate()); err != nil {
+		return err
+	}
 	subj := subjects.New(nf.prefix)
 	subject := subj.DecisionAll()
 	if f.pool != "" {

@@ -16,13 +16,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "gateway HTTP address")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address (the nats CLI connects here)")
 	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream and broker state (default: a temporary directory)")
-	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast)")
+	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if cfg.Speed <= 0 {
-		return usagef("--speed must be positive")
+	if err := checked(cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
+		return err
 	}
 	cfg.Logger = newLogger(stderr, *logLevel)
 	st, err := devstack.Start(ctx, cfg)

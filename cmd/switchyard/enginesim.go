@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/check"
 )
 
 func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -16,18 +17,18 @@ func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var cfg enginesim.ServerConfig
 	listen := fs.String("listen", "127.0.0.1:8000", "HTTP listen address")
 	fs.StringVar(&cfg.Engine.Model, "model", "", "served model name")
-	fs.IntVar(&cfg.Engine.KVBlocks, "kv-blocks", 8192, "KV-cache blocks of 16 tokens")
-	fs.IntVar(&cfg.Engine.MaxBatch, "max-batch", 32, "continuous-batching limit")
-	fs.IntVar(&cfg.Engine.MaxQueue, "max-queue", 128, "waiting-queue limit")
-	fs.IntVar(&cfg.Engine.MaxLoras, "max-loras", 0, "LoRA slots")
+	fs.IntVar(&cfg.Engine.KVBlocks, "kv-blocks", 8192, "KV-cache blocks of 16 tokens (at most 16777216)")
+	fs.IntVar(&cfg.Engine.MaxBatch, "max-batch", 32, "continuous-batching limit (at most 65536)")
+	fs.IntVar(&cfg.Engine.MaxQueue, "max-queue", 128, "waiting-queue limit (at most 1048576)")
+	fs.IntVar(&cfg.Engine.MaxLoras, "max-loras", 0, "LoRA slots (0: none, or one when --adapters is set; at most 1024)")
 	adapters := fs.String("adapters", "", "comma-separated LoRA adapters it can serve")
-	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale (2 = twice as fast)")
+	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale (2 = twice as fast; at most 1e6)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if cfg.Engine.Model == "" {
-		return usagef("--model is required")
+	if err := checked(cfg.Validate(), check.Required("model", cfg.Engine.Model), checkLogLevel(*logLevel)); err != nil {
+		return err
 	}
 	if *adapters != "" {
 		cfg.Adapters = strings.Split(*adapters, ",")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -23,19 +24,21 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tenant := fs.String("tenant", "default", "tenant")
 	fs.StringVar(&x.Model, "model", "", "alias, model id or model:adapter")
 	fs.StringVar(&x.Conversation, "conversation", "", "conversation id")
-	fs.IntVar(&x.PromptTokens, "prompt-tokens", 0, "prompt tokens")
-	fs.IntVar(&x.MaxTokens, "max-tokens", 0, "max_tokens")
+	fs.IntVar(&x.PromptTokens, "prompt-tokens", 0, "prompt tokens (at most 16777216)")
+	fs.IntVar(&x.MaxTokens, "max-tokens", 0, "max_tokens (at most 16777216)")
 	fs.StringVar(&x.Priority, "priority", "", "interactive or batch")
 	feats := fs.String("features", "", "comma-separated feature flags, e.g. code")
 	asJSON := fs.Bool("json", false, "print the decision as JSON")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if x.Model == "" {
-		return usagef("--model is required")
-	}
-	if err := subjects.ValidToken(*tenant); err != nil {
-		return usageError{err}
+	if err := checked(nf.validate(),
+		check.Range("prompt-tokens", x.PromptTokens, 0, 1<<24),
+		check.Range("max-tokens", x.MaxTokens, 0, 1<<24),
+		check.Required("model", x.Model),
+		check.Wrap("tenant", *tenant, subjects.ValidToken(*tenant)),
+	); err != nil {
+		return err
 	}
 	if *feats != "" {
 		x.Features = strings.Split(*feats, ",")

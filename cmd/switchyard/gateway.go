@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/ui"
 )
@@ -15,16 +18,22 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	listen := fs.String("listen", ":8080", "HTTP listen address")
-	maxBody := fs.String("max-body", "8MiB", "largest request body")
-	stateDir := fs.String("state-dir", "", "directory for the last good routing table")
+	var cfg gateway.Config
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address")
+	sizeVar(fs, &cfg.MaxBody, "max-body", gateway.DefaultMaxBody,
+		"largest request body `size`, e.g. 512KiB (at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
+	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	mb, err := parseSize(*maxBody)
-	if err != nil {
-		return usagef("--max-body: %v", err)
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = -1 // none, asked for explicitly
+	}
+	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
+		return err
 	}
 	log := newLogger(stderr, *logLevel)
 	nc, err := nf.connect(ctx, "switchyard-gateway", log)
@@ -39,11 +48,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Prefix: nf.prefix, Bucket: nf.bucket, Logger: log,
 		Table: func() *table.Snapshot { return g.Table() },
 	})
-	g, err = gateway.New(nc, gateway.Config{
-		Listen: *listen, Prefix: nf.prefix, Bucket: nf.bucket, StateDir: *stateDir,
-		MaxBody: mb, Logger: log, Registerer: reg, Gatherer: reg,
-		Extra: dash.Mounts(),
-	})
+	cfg.Prefix, cfg.Bucket, cfg.Logger, cfg.Registerer, cfg.Gatherer = nf.prefix, nf.bucket, log, reg, reg
+	cfg.Extra = dash.Mounts()
+	g, err = gateway.New(nc, cfg)
 	if err != nil {
 		return usageError{err}
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -24,11 +25,11 @@ func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if err := checked(nf.validate(), check.Wrap("tenant", *tenant, subjects.ValidToken(*tenant))); err != nil {
+		return err
+	}
 	if len(pos) != 1 || pos[0] != "add" {
 		return usagef("usage: switchyard key add --tenant T")
-	}
-	if err := subjects.ValidToken(*tenant); err != nil {
-		return usagef("--tenant: %v", err)
 	}
 	key, hash := newAPIKey()
 	bucket, _, closeConn, err := nf.openBucket(ctx, "switchyard-key")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/lab"
 )
 
@@ -18,9 +19,12 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	quick := fs.Bool("quick", false, "a smaller, faster run")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same numbers")
 	out := fs.String("out", "lab-out", "directory for report.md, charts and CSV files")
-	workers := fs.Int("workers", 0, "simulations run at once (default: one per CPU)")
+	workers := fs.Int("workers", 0, "simulations run at once (0: one per CPU; at most 1024)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := checked(check.Range("workers", *workers, 0, 1024)); err != nil {
 		return err
 	}
 	names := make([]string, 0, len(lab.Experiments()))

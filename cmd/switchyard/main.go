@@ -12,8 +12,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/gctune"
 )
 
@@ -62,8 +64,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], stdout, stderr)
 			var ue usageError
+			var he helpError
 			switch {
 			case err == nil:
+				return 0
+			case errors.As(err, &he):
+				printHelp(stdout, c, he.fs)
 				return 0
 			case errors.Is(err, flag.ErrHelp):
 				return 0
@@ -89,10 +95,48 @@ func usage(w io.Writer) {
 	}
 }
 
+// synopsis is the usage line of a command: "switchyard NAME [flags]" but
+// for the commands that take arguments too.
+func synopsis(name string) string {
+	switch name {
+	case "table":
+		return strings.TrimPrefix(tableUsage, "usage: ")
+	case "key":
+		return "switchyard key add --tenant T [flags]"
+	case "lab":
+		return "switchyard lab [flags] EXPERIMENT|all"
+	}
+	return "switchyard " + name + " [flags]"
+}
+
+// printHelp is `switchyard NAME -h`: the synopsis, what the command does and
+// every flag with its default.
+func printHelp(w io.Writer, c command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: %s\n\n%s\n\nflags:\n", synopsis(c.name), c.usage)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// helpError is -h or --help: run prints the command's help, exit 0.
+type helpError struct{ fs *flag.FlagSet }
+
+func (helpError) Error() string { return flag.ErrHelp.Error() }
+func (helpError) Unwrap() error { return flag.ErrHelp }
+
 // usageError marks bad usage (exit 2).
 type usageError struct{ error }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// checked is bad usage when any of errs (each a Config's Validate, or a
+// single flag's check) is not nil. Every command calls it after parsing its
+// flags and before it connects to or starts anything.
+func checked(errs ...error) error {
+	if err := errors.Join(errs...); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
 
 // parseArgs parses flags that may come before or after positional
 // arguments, and returns the positional ones.
@@ -102,20 +146,37 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
+				return nil, helpError{fs}
 			}
 			return nil, usageError{err}
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
-			return pos, nil
+			return pos, notNegative(fs)
 		}
 		if rest[0] == "--" {
-			return append(pos, rest[1:]...), nil
+			return append(pos, rest[1:]...), notNegative(fs)
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// checkLogLevel is the check of every --log-level flag.
+func checkLogLevel(level string) error {
+	var l slog.Level
+	return check.Wrap("log-level", level, l.UnmarshalText([]byte(level)))
+}
+
+// notNegative refuses a negative value for any numeric flag given.
+func notNegative(fs *flag.FlagSet) error {
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			errs = append(errs, check.NotNegative(f.Name, g.Get()))
+		}
+	})
+	return checked(errs...)
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {

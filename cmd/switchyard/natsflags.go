@@ -10,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/natsconn"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // natsFlags are the connection flags every NATS command shares, named as the
@@ -30,6 +32,14 @@ func (f *natsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.opts.TLSCA, "tlsca", "", "TLS CA certificate")
 	fs.StringVar(&f.prefix, "prefix", "llm", "subject prefix")
 	fs.StringVar(&f.bucket, "bucket", "llm-routing", "routing-table KV bucket")
+}
+
+// validate checks the flags that become subject tokens and the bucket name.
+func (f *natsFlags) validate() error {
+	return check.All(
+		check.Wrap("prefix", f.prefix, subjects.ValidToken(f.prefix)),
+		check.Wrap("bucket", f.bucket, subjects.ValidToken(f.bucket)),
+	)
 }
 
 func (f *natsFlags) connect(ctx context.Context, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {

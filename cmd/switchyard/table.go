@@ -33,6 +33,9 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if err := checked(nf.validate()); err != nil {
+		return err
+	}
 	if len(pos) == 0 {
 		return usagef("%s", tableUsage)
 	}
