@@ -50,7 +50,8 @@ type Replica struct {
 	MaxBatch, MaxQueue int
 }
 
-// Replicas is the dev deployment of DESIGN.md "switchyard dev".
+// Replicas is the deployment `switchyard dev` runs: nine simulated replicas
+// of three models across the five pools of the dev table.
 func Replicas() []Replica {
 	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
 	return []Replica{
@@ -134,9 +135,9 @@ func (c *Config) Validate() error {
 	return check.All(
 		check.Range("speed", c.Speed, 0, 1e6),
 		check.Range("brokers", c.Brokers, 0, 64),
-		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Minute),
-		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Minute),
-		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Minute),
+		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Hour),
+		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Hour),
+		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Hour),
 		check.Duration("drain-grace", c.DrainGrace, math.MinInt64, time.Hour),
 		c.Gateway.Validate(),
 	)

@@ -78,7 +78,7 @@ type openAIError struct {
 }
 
 func TestBadInputIsRejectedAtTheGateway(t *testing.T) {
-	url, routed := startGateway(t, gateway.Config{MaxBody: 1 << 20})
+	url, routed := startGateway(t, gateway.Config{MaxBody: 512 << 10})
 	chat := "/v1/chat/completions"
 	big := `{"model":"chat-small","messages":[{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"}]}`
 	for _, tc := range []struct {

@@ -2,7 +2,7 @@
 // llama.cpp server, TGI or the built-in simulator). It registers its replica
 // in the routing table, takes requests on llm.replica.<id>, calls the
 // engine's OpenAI HTTP API and streams the answer back on the request's reply
-// subject (DESIGN.md "The reply protocol"), scrapes the engine's load and
+// subject (docs/protocol.md, "The reply protocol"), scrapes the engine's load and
 // heartbeats it, and drains when its context ends.
 package adapter
 
@@ -198,9 +198,9 @@ func (c *Config) Validate() error {
 		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
 		check.Range("max-loras", c.MaxLoras, 0, 1<<10),
 		check.Range("scrape-fail-limit", c.ScrapeFailLimit, 0, 1000),
-		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Minute),
-		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Minute),
-		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Minute),
+		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Hour),
+		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Hour),
+		check.Duration("keepalive-every", c.KeepaliveEvery, 0, time.Hour),
 		check.Duration("accept-delay", c.AcceptDelay, math.MinInt64, time.Second),
 		check.Duration("drain-grace", c.DrainGrace, math.MinInt64, time.Hour),
 	)
