@@ -253,8 +253,8 @@ func traceID(tp string) string {
 	return ""
 }
 
-// reject fills msg with a single rejection message for reply (DESIGN.md
-// "The reply protocol"); msg stays empty when there is no one to tell.
+// reject fills msg with a single rejection message for reply
+// (docs/protocol.md, "The reply protocol"); msg stays empty when there is no one to tell.
 func (b *Broker) reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 	if reply == "" {
 		*msg = nats.Msg{}

@@ -21,7 +21,7 @@ var ErrPrefixHeader = errors.New("invalid Llm-Prefix")
 // maxBlocks of them, h[0] = xxhash(block[0]) and h[i] = xxhash(h[i-1] as 8
 // little-endian bytes || block[i]). Chaining makes h[i] name the whole prefix
 // up to block i, so equal hashes mean equal prefixes, and the longest shared
-// hash is the longest shared prefix (DESIGN.md "Prefix features").
+// hash is the longest shared prefix (docs/protocol.md, "Prefix features").
 // blockChars or maxBlocks ≤ 0 appends nothing.
 func AppendPrefix(dst []uint64, prompt []byte, blockChars, maxBlocks int) []uint64 {
 	if blockChars <= 0 || maxBlocks <= 0 {

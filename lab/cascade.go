@@ -86,7 +86,7 @@ func (r *rotation) zeroShare(from, to float64) float64 {
 // policy as it is (saturated replicas deprioritized) and with saturated
 // replicas excluded (ExcludeSaturated). It runs once with heartbeats every
 // second and once with a load view refreshed every 5 s (metrics scraped
-// every 5 s, the slow end of what DESIGN.md allows).
+// every 5 s, the slow end of common Prometheus scrape intervals).
 func Cascade(o Options) *CascadeResult {
 	win := o.window(600*time.Second, 240*time.Second, 400*time.Second)
 	reps := pick(o, 2, 1, 1)

@@ -84,7 +84,7 @@ func (v *loadView) live(now time.Time) []int {
 	return v.ready
 }
 
-// score is load_score (DESIGN.md), with or without this router's
+// score is load_score (policy.load_weights), with or without this router's
 // in-flight requests.
 func (v *loadView) score(i int, inflight bool) float64 {
 	hb := &v.hb[i]

@@ -59,7 +59,7 @@ func (p *Switchyard) Pick(req *Request, now time.Time, rng *rand.Rand) Pick {
 }
 
 // ExcludeSaturated turns the policy's "deprioritize saturated replicas" into
-// "exclude them", to show the cascade DESIGN.md warns of. It does so without
+// "exclude them", to show the cascade exclusion sets off. It does so without
 // touching the policy: a heartbeat that reports a saturated replica (kv ≥
 // saturation_kv, or a full queue, the policy's own definition) reaches the
 // wrapped Picker with its state set to draining, so the replica is no

@@ -103,7 +103,7 @@ func (b Burst) peak() float64 {
 }
 
 // Sizes of the prefix blocks used by every workload: the engine's KV block
-// and the router's prefix_block_chars (DESIGN.md defaults).
+// and the router's prefix_block_chars (the policy defaults of docs/protocol.md).
 const (
 	BlockTokens      = 16
 	PrefixBlockChars = 256

@@ -14,7 +14,7 @@ import (
 )
 
 // DefaultMaxPayload leaves 64 KiB of header room above the 8 MiB body limit
-// (DESIGN.md "Errors", 413): nats.go counts headers against max payload.
+// (docs/protocol.md, "Errors", 413): nats.go counts headers against max payload.
 const DefaultMaxPayload int32 = 8<<20 + 64<<10
 
 // DefaultListen is the embedded server's address under `switchyard dev`.

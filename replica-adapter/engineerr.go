@@ -11,7 +11,7 @@ import (
 )
 
 // engineError translates an engine's error response into the OpenAI shape
-// of DESIGN.md "Errors". Engines disagree on it: vLLM and llama.cpp send
+// of docs/protocol.md, "Errors". Engines disagree on it: vLLM and llama.cpp send
 // {"error":{"message","type","code":<int>}}, older vLLM a flat
 // {"object":"error","message","type","code":<int>}, TGI
 // {"error":"...","error_type":"..."}. A string code is kept; a number, or

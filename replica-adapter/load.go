@@ -27,7 +27,7 @@ const (
 // metrics of the flavor (or, for "auto", of any known flavor).
 var ErrNoLoadMetrics = errors.New("no engine load metrics")
 
-// Metric names read from each engine (DESIGN.md "Heartbeat").
+// Metric names read from each engine (docs/protocol.md, "Messages").
 const (
 	vllmKVUsage    = "vllm:kv_cache_usage_perc"
 	vllmGPUCache   = "vllm:gpu_cache_usage_perc" // before vLLM v0.10

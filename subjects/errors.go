@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Error codes of DESIGN.md "Errors". The OpenAI error shape carries them in
+// Error codes of docs/protocol.md, "Errors". The OpenAI error shape carries them in
 // "code"; the HTTP status travels as Llm-Status over NATS.
 const (
 	CodeInvalidRequest     = "invalid_request_error"

@@ -26,7 +26,7 @@ func devFlat(t *testing.T) map[string]json.RawMessage {
 }
 
 // Every value of deploy/examples/table.json is valid, and the snapshot built
-// from it is the dev table DESIGN.md describes.
+// from it is the dev table the README describes.
 func TestDevTable(t *testing.T) {
 	flat := devFlat(t)
 	s, errs := table.FromFlat(flat)

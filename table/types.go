@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Key prefixes of the KV layout (DESIGN.md "Routing table").
+// Key prefixes of the KV layout (docs/protocol.md, "Routing table").
 const (
 	KeyPolicy       = "policy"
 	PrefixAliases   = "aliases."

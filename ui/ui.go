@@ -79,7 +79,7 @@ type UI struct {
 
 type heartbeatSeen struct {
 	hb subjects.Heartbeat
-	at time.Time // receiver's clock, as DESIGN.md measures heartbeat age
+	at time.Time // receiver's clock: the dashboard shows how long since it heard
 }
 
 // New returns a dashboard bound to nc; call Run to start it.

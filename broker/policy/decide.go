@@ -49,7 +49,7 @@ type decision struct {
 	step                    step
 }
 
-// run is the pipeline of DESIGN.md "The decision".
+// run is the pipeline the package README describes, step by step.
 func (st *decision) run() {
 	d, req := st.d, st.req
 	*d = Decision{Requested: req.Model, PrefixBlocks: len(req.Prefix)}

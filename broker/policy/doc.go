@@ -1,5 +1,5 @@
-// Package policy is the broker's routing decision (DESIGN.md "The
-// decision"): which model, which pool, which replica, admit or reject. It is
+// Package policy is the broker's routing decision (README.md in this
+// directory): which model, which pool, which replica, admit or reject. It is
 // a pipeline of small pure steps over plain values:
 //
 //	resolve model → pick version and pool → filter candidates → fallbacks →

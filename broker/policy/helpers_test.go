@@ -13,7 +13,7 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// devReplicas registers the dev replicas of DESIGN.md "switchyard dev".
+// devReplicas registers the replicas `switchyard dev` runs (devstack.Replicas).
 const devReplicas = `{
   "replicas.l70-gen-0":    {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "general", "max_batch": 32, "max_queue": 128, "state": "ready"},
   "replicas.l70-gen-1":    {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "general", "max_batch": 32, "max_queue": 128, "state": "ready"},

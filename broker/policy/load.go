@@ -60,7 +60,8 @@ func (st *decision) candidates(model, version, pool string) bool {
 	return len(cands) > 0
 }
 
-// load computes a candidate's load_score (DESIGN.md):
+// load computes a candidate's load_score (policy.load_weights in
+// docs/protocol.md):
 //
 //	w.kv·kv_usage + w.queue·waiting/max_queue + w.batch·running/max_batch
 //

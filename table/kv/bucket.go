@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// History is how many values of each key the bucket keeps (DESIGN.md
-// "Routing table"), for `switchyard table history` and `rollback`.
+// History is how many values of each key the bucket keeps
+// (docs/protocol.md, "Routing table"), for `switchyard table history` and `rollback`.
 const History = 16
 
 // Stream and subject names JetStream derives from a bucket name.

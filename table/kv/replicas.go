@@ -48,8 +48,8 @@ func isConflict(err error) bool {
 }
 
 // operatorState keeps an operator's draining or disabled in force: a write by
-// the adapter may make the state more restrictive, never less (DESIGN.md
-// "Routing table", replica state).
+// the adapter may make the state more restrictive, never less
+// (docs/protocol.md, "Routing table").
 func operatorState(current, want string) string {
 	if current == subjects.StateDraining || current == subjects.StateDisabled {
 		return subjects.Restrictive(current, want)
