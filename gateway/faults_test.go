@@ -598,3 +598,64 @@ func TestFailureOnEachSideOfTheFirstByte(t *testing.T) {
 		})
 	}
 }
+
+// TestClientGoneBeforeRoutedIsCancelledWhereRouted: a client that leaves
+// after the request was published but before the broker said where it
+// routed it still gets the replica's engine call cancelled, once the
+// routed notice comes.
+func TestClientGoneBeforeRoutedIsCancelledWhereRouted(t *testing.T) {
+	published := make(chan struct{}, 1)
+	routeNow := make(chan struct{})
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		published <- struct{}{}
+		<-routeNow
+		r.routed("r-slow")
+		r.accept("r-slow")
+	})
+	cancels := make(chan string, 4)
+	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) { cancels <- m.Subject }); err != nil {
+		t.Fatal(err)
+	}
+	_ = u.nc.Flush()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", u.gw+"/v1/chat/completions",
+		strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-published
+	cancel() // the client leaves; no broker has routed the request yet
+	<-errc
+	time.Sleep(50 * time.Millisecond) // let the gateway see the close first (a slow broker)
+	close(routeNow)
+	select {
+	case c := <-cancels:
+		if c != "llm.replica.r-slow.cancel" {
+			t.Errorf("cancel sent to %s", c)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no cancel sent to the replica the request was routed to after its client left")
+	}
+	checkCounter(t, u, "switchyard_gateway_client_disconnects_total", 1)
+}
+
+// checkCounter polls a gateway counter until it reads want.
+func checkCounter(t *testing.T, u *upstream, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got := u.counter(name, nil)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", name, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,7 +47,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 }
 
 // try makes one attempt, or says why none can be made, and settles it.
-func (g *Gateway) try(ctx context.Context, out *response) result {
+func (g *Gateway) try(ctx context.Context, out *response) (res result) {
+	id := nuid.Next()
+	defer func() { g.settle(out.u, id, res) }()
 	if ctx.Err() != nil {
 		// The client left or the deadline passed: a new attempt would
 		// only start an engine call nobody waits for.
@@ -56,10 +60,8 @@ func (g *Gateway) try(ctx context.Context, out *response) result {
 		// and reach a replica after the client gave up: say so instead.
 		return result{kind: failOffline, err: errOffline()}
 	}
-	id := nuid.Next()
-	res := g.attempt(ctx, out, id)
+	res = g.attempt(ctx, out, id)
 	res.wrote = out.wrote
-	g.settle(out.u, id, res)
 	return res
 }
 
@@ -97,21 +99,44 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	// Phase 1: the accept (or a rejection) within the accept timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
+	return g.await(ctx, out, c, timer)
+}
+
+// await waits for the accept (or a rejection) until timer fires, then
+// hands the reply to a leg.
+//
+// A client that leaves before a broker said where it routed the request
+// does not end the wait: the request is published and will reach a
+// replica, so the wait goes on (within the same accept timeout) for the
+// routed notice or the accept, and the result names that replica for
+// settle to cancel.
+func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time.Timer) result {
 	var routed string
+	ctxDone, gone := ctx.Done(), false
+	leave := func(r result) result {
+		if gone {
+			return result{kind: failClientGone, replica: r.replica, accepted: r.accepted, ended: r.ended}
+		}
+		return r
+	}
 	for {
 		select {
-		case <-ctx.Done():
+		case <-ctxDone:
+			if ctx.Err() == context.Canceled && routed == "" {
+				gone, ctxDone = true, nil
+				continue
+			}
 			r := ctxResult(ctx, "the request deadline passed")
 			r.replica = routed
 			return r
 		case <-c.overflow:
-			return result{kind: failOverflow, replica: routed,
-				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")}
+			return leave(result{kind: failOverflow, replica: routed,
+				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")})
 		case <-c.lost:
-			return result{kind: failLost, replica: routed, err: errLost()}
+			return leave(result{kind: failLost, replica: routed, err: errLost()})
 		case <-timer.C:
 			if routed == "" {
-				return result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")}
+				return leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
 			}
 			// The broker chose a replica that did not accept: it is left
 			// out of the retry, and stopped in case it was only slow.
@@ -120,13 +145,20 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		case m := <-c.ch:
 			if r := m.Header.Get(subjects.HdrRouted); r != "" {
 				routed = r
+				if gone {
+					return leave(result{replica: routed})
+				}
 				continue
 			}
 			if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 				// NATS no-responders: no broker is listening.
-				return result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")}
+				return leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")})
 			}
 			if a := m.Header.Get(subjects.HdrAccepted); a != "" {
+				ended := m.Header.Get(subjects.HdrEOS) != ""
+				if gone {
+					return leave(result{replica: a, accepted: true, ended: ended})
+				}
 				l := leg{g: g, out: out, c: c, timer: timer, replica: a, next: 1}
 				if m.Header.Get(subjects.HdrStatus) == "" {
 					m = nil // the accept alone
@@ -134,6 +166,9 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 				return l.relay(ctx, m)
 			}
 			if m.Header.Get(subjects.HdrEOS) != "" {
+				if gone {
+					return leave(result{ended: true}) // rejected: nothing started
+				}
 				return out.rejected(m)
 			}
 		}
@@ -216,7 +251,10 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 		if err := l.out.data(m.Data); err != nil {
 			// The client stopped reading (the write deadline passed) or
 			// went away: only its own stream ends.
-			return l.fail(failClientWrite, nil), true
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return l.fail(failClientWrite, nil), true
+			}
+			return l.fail(failClientGone, nil), true
 		}
 	}
 	if !eos {

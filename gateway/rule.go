@@ -25,7 +25,7 @@ const (
 	failOverflow                     // the client read too slowly; its mailbox overflowed
 	failDeadline                     // the request deadline passed
 	failClientGone                   // the client went away
-	failClientWrite                  // a write to the client failed
+	failClientWrite                  // a write to the client timed out: it stopped reading
 )
 
 // cause labels switchyard_gateway_stream_errors_total for failures after
