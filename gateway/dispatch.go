@@ -24,7 +24,6 @@ type call struct {
 	ch       chan *nats.Msg
 	overflow chan struct{}
 	once     sync.Once
-	dropped  atomic.Bool
 	// lost is closed when the NATS connection drops while the call waits:
 	// its replies may be gone.
 	lost     chan struct{}
@@ -63,7 +62,6 @@ func (d *dispatcher) onMsg(m *nats.Msg) {
 	select {
 	case c.ch <- m:
 	default:
-		c.dropped.Store(true)
 		c.once.Do(func() { close(c.overflow) })
 	}
 }

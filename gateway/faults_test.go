@@ -503,3 +503,159 @@ func TestNATSDisconnectFailsInFlightThenRecovers(t *testing.T) {
 	}
 	t.Logf("in-flight stream failed %v after the server went down; requests flowed again %v after", failedIn.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
+
+// TestFailureOnEachSideOfTheFirstByte drives every failure kind through a
+// real gateway, before the first byte (a retry, or an HTTP error) and after
+// it (an SSE error event ending the stream, never a retry). No responders
+// and an accept timeout can only happen before the first byte: the accept
+// precedes it.
+func TestFailureOnEachSideOfTheFirstByte(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	chunk := "data: {\"i\":0}\n\n"
+	// streamed starts an answer whose first byte reaches a streaming client.
+	streamed := func(r *reply) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, chunk)
+	}
+	tests := []struct {
+		name   string
+		stream bool
+		script func(r *reply, attempt int) // nil: no broker at all
+		status int
+		code   string // the HTTP error code, or the SSE error event's code
+		tries  int64
+	}{
+		{"no responders/before", false, nil, 503, subjects.CodeRouterUnavailable, 3},
+		{"accept timeout/before", false, func(r *reply, attempt int) {
+			if attempt == 1 {
+				r.routed("r-dead")
+				return
+			}
+			r.stream("r-1", 1)
+		}, 200, "", 2},
+		{"engine refusal/before", true, func(r *reply, attempt int) {
+			if attempt == 1 {
+				r.accept("r-0")
+				r.send(nats.Header{subjects.HdrStatus: {"503"}, subjects.HdrContent: {"application/json"}, subjects.HdrEOS: {"1"}}, `{}`)
+				return
+			}
+			r.stream("r-1", 1)
+		}, 200, "", 2},
+		{"engine refusal/after", true, func(r *reply, _ int) {
+			streamed(r)
+			r.end("engine answered 503 mid-stream")
+		}, 200, subjects.CodeUpstreamError, 1},
+		{"sequence gap/before", false, func(r *reply, _ int) {
+			r.accept("r-0")
+			r.head(200, "application/json")
+			r.seq++
+			r.send(nil, `{}`)
+		}, 502, subjects.CodeUpstreamError, 1},
+		{"sequence gap/after", true, func(r *reply, _ int) {
+			streamed(r)
+			r.seq++
+			r.send(nil, chunk)
+		}, 200, subjects.CodeUpstreamError, 1},
+		{"silence/before", false, func(r *reply, _ int) {
+			r.accept("r-0")
+			r.head(200, "application/json")
+		}, 504, subjects.CodeUpstreamTimeout, 1},
+		{"silence/after", true, func(r *reply, _ int) {
+			streamed(r)
+		}, 200, subjects.CodeUpstreamTimeout, 1},
+		{"death/before", false, func(r *reply, _ int) {
+			r.accept("r-0")
+			r.head(200, "application/json")
+			r.end("engine stream broke: connection reset")
+		}, 502, subjects.CodeUpstreamError, 1},
+		{"death/after", true, func(r *reply, _ int) {
+			streamed(r)
+			r.end("engine stream broke: connection reset")
+		}, 200, subjects.CodeUpstreamError, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u := newUpstream(t, gateway.Config{AcceptTimeout: idle, IdleTimeout: idle}, tt.script)
+			s := u.post(tt.stream)
+			code := s.code
+			if s.status == 200 {
+				code = sseError(s.body)
+			}
+			if s.status != tt.status || code != tt.code {
+				t.Errorf("got %d %q (%q); want %d %q", s.status, code, s.body, tt.status, tt.code)
+			}
+			if s.status == 200 && tt.code == "" && !strings.Contains(s.body, "[DONE]") {
+				t.Errorf("the retry's answer did not arrive whole: %q", s.body)
+			}
+			tries := u.attempts.Load()
+			if tt.script == nil {
+				tries = int64(u.counter("switchyard_gateway_retries_total", nil)) + 1
+			}
+			if tries != tt.tries {
+				t.Errorf("%d attempts, want %d", tries, tt.tries)
+			}
+		})
+	}
+}
+
+// TestClientGoneBeforeRoutedIsCancelledWhereRouted: a client that leaves
+// after the request was published but before the broker said where it
+// routed it still gets the replica's engine call cancelled, once the
+// routed notice comes.
+func TestClientGoneBeforeRoutedIsCancelledWhereRouted(t *testing.T) {
+	published := make(chan struct{}, 1)
+	routeNow := make(chan struct{})
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		published <- struct{}{}
+		<-routeNow
+		r.routed("r-slow")
+		r.accept("r-slow")
+	})
+	cancels := make(chan string, 4)
+	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) { cancels <- m.Subject }); err != nil {
+		t.Fatal(err)
+	}
+	_ = u.nc.Flush()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", u.gw+"/v1/chat/completions",
+		strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-published
+	cancel() // the client leaves; no broker has routed the request yet
+	<-errc
+	time.Sleep(50 * time.Millisecond) // let the gateway see the close first (a slow broker)
+	close(routeNow)
+	select {
+	case c := <-cancels:
+		if c != "llm.replica.r-slow.cancel" {
+			t.Errorf("cancel sent to %s", c)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no cancel sent to the replica the request was routed to after its client left")
+	}
+	checkCounter(t, u, "switchyard_gateway_client_disconnects_total", 1)
+}
+
+// checkCounter polls a gateway counter until it reads want.
+func checkCounter(t *testing.T, u *upstream, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got := u.counter(name, nil)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", name, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -217,9 +217,8 @@ func (g *Gateway) Addr() string {
 	return s
 }
 
-// Start subscribes to replies and loads the table; Run calls it. It is
-// exported so tests can serve Handler() from their own server.
-func (g *Gateway) Start(ctx context.Context, wg *sync.WaitGroup) error {
+// start subscribes to replies and loads the table.
+func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 	js, err := jetstream.New(g.nc)
 	if err != nil {
 		return err
@@ -276,7 +275,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	wctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); wg.Wait() }()
-	if err := g.Start(wctx, &wg); err != nil {
+	if err := g.start(wctx, &wg); err != nil {
 		ln.Close()
 		return err
 	}

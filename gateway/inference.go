@@ -25,6 +25,10 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 			return
 		}
 		u, apiErr := g.prepare(w, r, t, endpoint)
+		if apiErr != nil && r.Context().Err() != nil {
+			g.metrics.clientGone.Inc() // gone mid-body: nothing was published
+			return
+		}
 		if apiErr != nil {
 			g.metrics.rejected(endpoint, apiErr.Status)
 			writeError(w, apiErr)

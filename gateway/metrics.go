@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_stream_errors_total", Help: "Responses ended with an explicit error, by cause.",
 		}, []string{"cause"}),
 		clientGone: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchyard_gateway_client_disconnects_total", Help: "Requests whose client went away; the engine call was cancelled.",
+			Name: "switchyard_gateway_client_disconnects_total", Help: "Requests whose client went away before the response ended; what was started for them was cancelled, and one not yet published never was.",
 		}),
 		models: map[string]struct{}{},
 	}

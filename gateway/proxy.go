@@ -1,9 +1,10 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -28,63 +29,56 @@ type upstream struct {
 	started  time.Time
 }
 
-// outcome of one attempt.
-type outcome int
-
-const (
-	done      outcome = iota // the client got its answer (or an error it can see)
-	retryable                // nothing reached the client; another replica may serve it
-)
-
-// relay sends the request through brokers, retrying before the first byte.
+// relay sends the request through brokers: attempts until one answers or
+// judge says no retry, then concludes.
 func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	g.budget.active.Add(1)
 	defer g.budget.active.Add(-1)
 	ctx, cancel := context.WithDeadline(r.Context(), u.deadline)
 	defer cancel()
-	var last *subjects.APIError
-	for attempt := 0; ; attempt++ {
-		if ctx.Err() != nil {
-			// The client left or the deadline passed: a new attempt would
-			// only start an engine call nobody waits for.
-			break
-		}
-		if !g.nc.IsConnected() {
-			// Published now, the request would wait in the reconnect buffer
-			// and reach a replica after the client gave up: say so instead.
-			last = subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway is not connected to NATS")
-			last.RetryAfter = time.Second
-			break
-		}
-		if attempt > 0 {
-			if attempt > g.cfg.MaxRetries || !g.budget.acquire() {
-				break
-			}
-			g.metrics.retries.Inc()
-			res, err := g.attempt(ctx, w, u)
-			g.budget.release()
-			if res == done {
-				return
-			}
-			last = err
-			continue
-		}
-		res, err := g.attempt(ctx, w, u)
-		if res == done {
-			return
-		}
-		last = err
+	out := &response{g: g, w: w, u: u}
+	res := g.try(ctx, out)
+	for n := 1; judge(res) == retry && n <= g.cfg.MaxRetries && g.budget.acquire(); n++ {
+		g.metrics.retries.Inc()
+		res = g.try(ctx, out)
+		g.budget.release()
 	}
-	if ctx.Err() != nil && r.Context().Err() == nil {
-		last = subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "the request deadline passed before a replica answered")
-	}
-	g.fail(w, u, last)
+	g.conclude(out, res)
 }
 
-// attempt makes one try. It returns retryable only when nothing has been
-// written to the client.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstream) (outcome, *subjects.APIError) {
+// try makes one attempt, or says why none can be made, and settles it.
+func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	id := nuid.Next()
+	defer func() { g.settle(out.u, id, res) }()
+	if ctx.Err() != nil {
+		// The client left or the deadline passed: a new attempt would
+		// only start an engine call nobody waits for.
+		return ctxResult(ctx, "the request deadline passed before a replica answered")
+	}
+	if !g.nc.IsConnected() {
+		// Published now, the request would wait in the reconnect buffer
+		// and reach a replica after the client gave up: say so instead.
+		return result{kind: failOffline, err: errOffline()}
+	}
+	res = g.attempt(ctx, out, id)
+	res.wrote = out.wrote
+	return res
+}
+
+// ctxResult is the result of an attempt whose context ended.
+func ctxResult(ctx context.Context, deadlineMsg string) result {
+	if ctx.Err() == context.DeadlineExceeded {
+		return result{kind: failDeadline, err: errDeadline(deadlineMsg)}
+	}
+	return result{kind: failClientGone}
+}
+
+// attempt publishes the request with a fresh reply subject, waits for the
+// accept within the accept timeout, then relays head, data and end in
+// Llm-Seq order. It writes to the client only what the replica answered;
+// every failure is returned for judge.
+func (g *Gateway) attempt(ctx context.Context, out *response, id string) result {
+	u := out.u
 	c := g.disp.register(id)
 	defer g.disp.unregister(id)
 
@@ -98,202 +92,187 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, u *upstrea
 	}
 	msg := &nats.Msg{Subject: g.subj.Route(u.tenant), Reply: g.replyPfx + id, Header: h, Data: u.body}
 	if err := g.nc.PublishMsg(msg); err != nil {
-		return retryable, subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())
+		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
+	out.reset()
 
 	// Phase 1: the accept (or a rejection) within the accept timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
-	var replica, routed string
-	var combined *nats.Msg
-	for replica == "" {
+	return g.await(ctx, out, c, timer)
+}
+
+// await waits for the accept (or a rejection) until timer fires, then
+// hands the reply to a leg.
+//
+// A client that leaves before a broker said where it routed the request
+// does not end the wait: the request is published and will reach a
+// replica, so the wait goes on (within the same accept timeout) for the
+// routed notice or the accept, and the result names that replica for
+// settle to cancel.
+func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time.Timer) result {
+	var routed string
+	ctxDone, gone := ctx.Done(), false
+	leave := func(r result) result {
+		if gone {
+			return result{kind: failClientGone, replica: r.replica, accepted: r.accepted, ended: r.ended}
+		}
+		return r
+	}
+	for {
 		select {
-		case <-ctx.Done():
-			return g.gone(ctx, w, u, routed, id)
+		case <-ctxDone:
+			if ctx.Err() == context.Canceled && routed == "" {
+				gone, ctxDone = true, nil
+				continue
+			}
+			r := ctxResult(ctx, "the request deadline passed")
+			r.replica = routed
+			return r
 		case <-c.overflow:
-			if routed != "" {
-				g.cancelUpstream(routed, id)
-			}
-			g.fail(w, u, subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted"))
-			return done, nil
+			return leave(result{kind: failOverflow, replica: routed,
+				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")})
 		case <-c.lost:
-			if routed != "" {
-				g.cancelUpstream(routed, id)
-			}
-			return retryable, lostConnection()
+			return leave(result{kind: failLost, replica: routed, err: errLost()})
 		case <-timer.C:
 			if routed == "" {
-				return retryable, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "no broker routed the request in time")
+				return leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
 			}
-			// The broker chose a replica that did not accept: leave it out
-			// of the retry, and stop it in case it was only slow.
-			g.cancelUpstream(routed, id)
-			u.exclude = append(u.exclude, routed)
-			g.metrics.acceptTimeouts.Inc()
-			return retryable, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+routed+" did not accept the request in time")
+			// The broker chose a replica that did not accept: it is left
+			// out of the retry, and stopped in case it was only slow.
+			return result{kind: failAcceptTimeout, replica: routed,
+				err: errDeadline("replica " + routed + " did not accept the request in time")}
 		case m := <-c.ch:
 			if r := m.Header.Get(subjects.HdrRouted); r != "" {
 				routed = r
+				if gone {
+					return leave(result{replica: routed})
+				}
 				continue
 			}
 			if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 				// NATS no-responders: no broker is listening.
-				return retryable, subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")
+				return leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")})
 			}
 			if a := m.Header.Get(subjects.HdrAccepted); a != "" {
-				replica = a
-				if m.Header.Get(subjects.HdrStatus) != "" {
-					// The accept rode on the head: the engine answered
-					// before the adapter's accept delay ran out.
-					combined = m
+				ended := m.Header.Get(subjects.HdrEOS) != ""
+				if gone {
+					return leave(result{replica: a, accepted: true, ended: ended})
 				}
-				break
+				l := leg{g: g, out: out, c: c, timer: timer, replica: a, next: 1}
+				if m.Header.Get(subjects.HdrStatus) == "" {
+					m = nil // the accept alone
+				} // else the accept rode on the head: the engine answered within the adapter's accept delay
+				return l.relay(ctx, m)
 			}
 			if m.Header.Get(subjects.HdrEOS) != "" {
-				return g.rejected(w, u, m)
+				if gone {
+					return leave(result{ended: true}) // rejected: nothing started
+				}
+				return out.rejected(m)
 			}
 		}
 	}
+}
 
-	// Phase 2: head, data, end, each in sequence, with keepalives resetting
-	// the idle timer.
-	rel := relayState{g: g, w: w, u: u, replica: replica, next: 1}
-	timer.Reset(g.cfg.IdleTimeout)
-	if combined != nil {
-		if res, apiErr, stop := rel.onMsg(combined, timer, id); stop {
-			return res, apiErr
+// leg is phase 2 of an accepted attempt: the replica's head, data and end.
+type leg struct {
+	g       *Gateway
+	out     *response
+	c       *call
+	timer   *time.Timer // the idle timer: every message and keepalive resets it
+	replica string
+	next    int // the Llm-Seq expected next
+}
+
+// relay relays the reply until it ends or fails; first, if not nil, is the
+// head that carried the accept.
+func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
+	l.timer.Reset(l.g.cfg.IdleTimeout)
+	if first != nil {
+		if r, over := l.onMsg(first); over {
+			return r
 		}
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			if rel.wrote {
-				return g.goneAfter(ctx, &rel, id)
-			}
-			return g.gone(ctx, w, u, replica, id)
-		case <-c.lost:
-			g.cancelUpstream(replica, id)
-			g.metrics.streamErrors.WithLabelValues("nats_disconnect").Inc()
-			return rel.failMidway(lostConnection())
-		case <-c.overflow:
-			g.cancelUpstream(replica, id)
-			g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
-			return rel.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
-		case <-timer.C:
-			g.cancelUpstream(replica, id)
-			g.metrics.streamErrors.WithLabelValues("idle_timeout").Inc()
-			return rel.failMidway(subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "replica "+replica+" went silent"))
-		case m := <-c.ch:
-			if res, apiErr, stop := rel.onMsg(m, timer, id); stop {
-				return res, apiErr
+			r := ctxResult(ctx, "the request deadline passed")
+			r.replica, r.accepted = l.replica, true
+			return r
+		case <-l.c.lost:
+			return l.fail(failLost, errLost())
+		case <-l.c.overflow:
+			return l.fail(failOverflow, subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
+		case <-l.timer.C:
+			return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
+		case m := <-l.c.ch:
+			if r, over := l.onMsg(m); over {
+				return r
 			}
 		}
 	}
 }
 
-// onMsg handles one reply message after the accept: the head, data and end,
-// in Llm-Seq order. stop reports that the attempt is over.
-func (s *relayState) onMsg(m *nats.Msg, timer *time.Timer, id string) (outcome, *subjects.APIError, bool) {
-	g, replica := s.g, s.replica
+// onMsg handles one reply message after the accept; over reports that the
+// attempt ended, and r how.
+func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	if m.Header.Get(subjects.HdrRouted) != "" {
-		return done, nil, false // the broker's notice, overtaken by the accept
+		return r, false // the broker's notice, overtaken by the accept
 	}
 	if m.Header.Get(subjects.HdrKeepalive) != "" {
 		// A keepalive repeats the last seq sent: slow, not dead.
-		resetTimer(timer, g.cfg.IdleTimeout)
-		return done, nil, false
+		l.timer.Reset(l.g.cfg.IdleTimeout)
+		return r, false
 	}
 	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
-	if err != nil || seq != s.next {
-		g.cancelUpstream(replica, id)
-		g.metrics.streamErrors.WithLabelValues("sequence_gap").Inc()
-		res, e := s.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+replica+" lost a message (sequence gap)"))
-		return res, e, true
+	if err != nil || seq != l.next {
+		return l.fail(failSequenceGap, subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+l.replica+" lost a message (sequence gap)")), true
 	}
-	s.next++
-	resetTimer(timer, g.cfg.IdleTimeout)
+	l.next++
+	l.timer.Reset(l.g.cfg.IdleTimeout)
+	eos := m.Header.Get(subjects.HdrEOS) != ""
 	if seq == 1 {
-		if res, apiErr, stop := s.head(m); stop {
-			switch {
-			case res == retryable:
-				g.cancelUpstream(replica, id)
-				s.u.exclude = append(s.u.exclude, replica)
-			case m.Header.Get(subjects.HdrEOS) == "":
-				// The client went away as the head was flushed: stop the engine.
-				g.cancelUpstream(replica, id)
-				g.metrics.clientGone.Inc()
-			}
-			return res, apiErr, true
+		refused, err := l.out.head(m, l.replica)
+		switch {
+		case refused != nil:
+			r = l.fail(failRefused, refused)
+			r.ended = eos
+			return r, true
+		case err != nil:
+			r = l.fail(failClientGone, nil) // gone as the head was flushed
+			r.ended = eos
+			return r, true
 		}
-		// A head may carry the body and the end too: a non-streamed answer,
-		// or an adapter that failed before the engine answered.
+		// A head may carry the body and the end too: a non-streamed
+		// answer, or an adapter that failed before the engine answered.
 	}
 	if len(m.Data) > 0 {
-		if err := s.data(m.Data); err != nil {
-			// The client stopped reading (the write deadline passed)
-			// or went away: only its own stream ends.
-			g.cancelUpstream(replica, id)
-			g.metrics.streamErrors.WithLabelValues("slow_client").Inc()
-			return done, nil, true
+		if err := l.out.data(m.Data); err != nil {
+			// The client stopped reading (the write deadline passed) or
+			// went away: only its own stream ends.
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return l.fail(failClientWrite, nil), true
+			}
+			return l.fail(failClientGone, nil), true
 		}
 	}
-	if m.Header.Get(subjects.HdrEOS) != "" {
-		res, e := s.end(m.Header.Get(subjects.HdrError))
-		return res, e, true
+	if !eos {
+		return r, false
 	}
-	return done, nil, false
+	if e := m.Header.Get(subjects.HdrError); e != "" {
+		r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response: "+e))
+	} else {
+		l.out.finish()
+		r = result{replica: l.replica, accepted: true}
+	}
+	r.ended = true
+	return r, true
 }
 
-// lostConnection is the error of a request whose replies may have been lost
-// with the NATS connection.
-func lostConnection() *subjects.APIError {
-	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway lost its NATS connection while the request was in flight")
-	e.RetryAfter = time.Second
-	return e
-}
-
-// rejected copies a broker's or adapter's rejection to the client, or asks
-// for a retry when a replica turned the request away while draining.
-func (g *Gateway) rejected(w http.ResponseWriter, u *upstream, m *nats.Msg) (outcome, *subjects.APIError) {
-	status, _ := strconv.Atoi(m.Header.Get(subjects.HdrStatus))
-	if status == 0 {
-		status = 502
-	}
-	if rep := m.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
-		u.exclude = append(u.exclude, rep)
-		return retryable, &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + rep + " turned the request away"}
-	}
-	hd := w.Header()
-	for _, k := range subjects.PassThroughHeaders() {
-		if v := m.Header.Get(k); v != "" {
-			hd.Set(k, v)
-		}
-	}
-	g.writeRaw(w, u, status, m.Header.Get(subjects.HdrContent), m.Data)
-	return done, nil
-}
-
-// gone handles a client that went away or a deadline that passed before
-// anything was written.
-func (g *Gateway) gone(ctx context.Context, w http.ResponseWriter, u *upstream, replica, id string) (outcome, *subjects.APIError) {
-	if replica != "" {
-		g.cancelUpstream(replica, id)
-	}
-	if ctx.Err() == context.DeadlineExceeded {
-		g.fail(w, u, subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "the request deadline passed"))
-		return done, nil
-	}
-	g.metrics.clientGone.Inc()
-	return done, nil
-}
-
-func (g *Gateway) goneAfter(ctx context.Context, rel *relayState, id string) (outcome, *subjects.APIError) {
-	g.cancelUpstream(rel.replica, id)
-	if ctx.Err() == context.DeadlineExceeded {
-		return rel.failMidway(subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "the request deadline passed"))
-	}
-	g.metrics.clientGone.Inc()
-	return done, nil
+// fail is the result of a failure after the accept.
+func (l *leg) fail(kind failure, e *subjects.APIError) result {
+	return result{kind: kind, err: e, replica: l.replica, accepted: true}
 }
 
 // cancelUpstream tells the adapter to stop the engine call.
@@ -301,115 +280,4 @@ func (g *Gateway) cancelUpstream(replica, id string) {
 	m := nats.NewMsg(g.subj.ReplicaCancel(replica))
 	m.Header.Set(subjects.HdrRequestID, id)
 	_ = g.nc.PublishMsg(m)
-}
-
-// relayState is the HTTP side of one accepted attempt.
-type relayState struct {
-	g       *Gateway
-	w       http.ResponseWriter
-	u       *upstream
-	replica string
-	next    int
-	status  int
-	sse     bool
-	wrote   bool // bytes have reached the client: no more retries
-	buf     bytes.Buffer
-	rc      *http.ResponseController
-}
-
-// head handles seq 1. stop reports whether the attempt ends here.
-func (s *relayState) head(m *nats.Msg) (outcome, *subjects.APIError, bool) {
-	s.status, _ = strconv.Atoi(m.Header.Get(subjects.HdrStatus))
-	if s.status == 0 {
-		s.status = 502
-	}
-	if s.status == http.StatusTooManyRequests || s.status == http.StatusServiceUnavailable {
-		e := &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + s.replica + " turned the request away (" + strconv.Itoa(s.status) + ")"}
-		if n, err := strconv.Atoi(m.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
-			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
-		}
-		return retryable, e, true
-	}
-	hd := s.w.Header()
-	for _, rh := range subjects.RouteHeaders() {
-		if v := m.Header.Get(rh[0]); v != "" {
-			hd.Set(rh[1], v)
-		}
-	}
-	for _, k := range subjects.PassThroughHeaders() {
-		if v := m.Header.Get(k); v != "" {
-			hd.Set(k, v)
-		}
-	}
-	ct := m.Header.Get(subjects.HdrContent)
-	if ct != "" {
-		hd.Set("Content-Type", ct)
-	}
-	s.g.setRequestID(hd, s.u)
-	s.sse = s.u.stream && s.status == http.StatusOK && strings.HasPrefix(ct, "text/event-stream")
-	if s.sse {
-		hd.Set("Cache-Control", "no-cache")
-		hd.Set("X-Accel-Buffering", "no")
-		s.rc = http.NewResponseController(s.w)
-		_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-		s.w.WriteHeader(s.status)
-		s.wrote = true
-		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
-		if err := s.rc.Flush(); err != nil {
-			return done, nil, true
-		}
-	}
-	return done, nil, false
-}
-
-// data relays one chunk: written and flushed for SSE, buffered otherwise so
-// a non-streamed answer can still fail cleanly with 502.
-func (s *relayState) data(b []byte) error {
-	if !s.sse {
-		s.buf.Write(b)
-		return nil
-	}
-	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-	if _, err := s.w.Write(b); err != nil {
-		return err
-	}
-	return s.rc.Flush()
-}
-
-// end closes the response: whole for a buffered answer, or an explicit
-// error when the engine failed mid-way.
-func (s *relayState) end(engineErr string) (outcome, *subjects.APIError) {
-	if engineErr != "" {
-		s.g.metrics.streamErrors.WithLabelValues("engine").Inc()
-		return s.failMidway(subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response: "+engineErr))
-	}
-	if !s.sse {
-		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
-		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
-		return done, nil
-	}
-	s.g.metrics.done(s.u, s.status)
-	return done, nil
-}
-
-// failMidway ends the response with an explicit error: a 502/504 when
-// nothing was written yet, an SSE error event after that. Never a silently
-// truncated answer.
-func (s *relayState) failMidway(e *subjects.APIError) (outcome, *subjects.APIError) {
-	if !s.wrote {
-		s.g.fail(s.w, s.u, e)
-		return done, nil
-	}
-	s.g.metrics.done(s.u, e.Status)
-	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-	_, _ = s.w.Write([]byte("event: error\ndata: "))
-	_, _ = s.w.Write(e.Body())
-	_, _ = s.w.Write([]byte("\n\n"))
-	_ = s.rc.Flush()
-	return done, nil
-}
-
-func resetTimer(t *time.Timer, d time.Duration) {
-	// Since Go 1.23 Reset on an unstopped timer discards a stale value.
-	t.Reset(d)
 }

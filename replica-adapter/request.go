@@ -1,11 +1,9 @@
 package adapter
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"mime"
 	"net"
 	"net/http"
@@ -147,128 +145,6 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 	}
 	used := a.callEngine(ctx, st, h, body)
 	a.publishUsage(h, used)
-}
-
-// callEngine calls the engine and relays its answer. It returns the tokens
-// to settle: the engine's usage, an estimate when it reported none, zero
-// when the engine did no work.
-func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, body []byte) tokens {
-	endpoint := h.Get(subjects.HdrEndpoint)
-	if !validEndpoint(endpoint) {
-		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "Llm-Endpoint must be an /v1/ path, got "+strconv.Quote(endpoint)))
-		return tokens{}
-	}
-	model := h.Get(subjects.HdrRouteLora)
-	if model == "" {
-		model = a.cfg.EngineModel
-	}
-	body, err := rewriteModel(body, model)
-	if err != nil {
-		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error()))
-		return tokens{}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.EngineURL+endpoint, bytes.NewReader(body))
-	if err != nil {
-		st.fail(subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error()))
-		return tokens{}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for _, k := range [...]string{subjects.HdrTraceparent, subjects.HdrTracestate} {
-		if v := h.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
-
-	start := time.Now()
-	st.startKeepalive(a.cfg.KeepaliveEvery)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		a.metrics.requests.WithLabelValues("error").Inc()
-		a.metrics.engineErrors.Inc()
-		e := callError(ctx, err)
-		if e.Status == http.StatusServiceUnavailable {
-			a.engineUnreachable(err)
-		}
-		st.fail(e)
-		return tokens{}
-	}
-	defer resp.Body.Close()
-	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
-
-	if resp.StatusCode >= 400 {
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		if err != nil && len(b) == 0 {
-			a.metrics.engineErrors.Inc()
-			st.fail(callError(ctx, err))
-			return tokens{}
-		}
-		e := engineError(resp.StatusCode, b)
-		st.last(a.head(h, resp, "application/json"), e.Body()) // the whole answer is here
-		return tokens{}
-	}
-
-	hd := a.head(h, resp, resp.Header.Get("Content-Type"))
-	sse := isSSE(resp.Header.Get("Content-Type"))
-	scan := usageScanner{sse: sse}
-	if !sse {
-		// A non-streamed answer arrives whole when generation ends: head,
-		// body and end go back as one message when it fits.
-		b, err := io.ReadAll(io.LimitReader(resp.Body, int64(a.inline)+1))
-		if err == nil && len(b) <= a.inline {
-			scan.Write(b)
-			st.last(hd, b)
-			return a.settle(&scan, h)
-		}
-		if st.send(hd, nil) != nil {
-			return tokens{}
-		}
-		if len(b) > 0 {
-			st.stopKeepalive()
-			scan.Write(b)
-			if st.send(nil, b) != nil {
-				return a.settle(&scan, h)
-			}
-		}
-		if err != nil {
-			a.metrics.engineErrors.Inc()
-			st.end(streamError(ctx, err))
-			return a.settle(&scan, h)
-		}
-	} else if st.send(hd, nil) != nil {
-		return tokens{}
-	}
-	bp := a.bufs.Get().(*[]byte)
-	defer a.bufs.Put(bp)
-	buf := *bp
-	first := true
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if first {
-				first = false
-				st.stopKeepalive()
-				// Only a stream's first byte is a time to first token: a
-				// non-streamed body arrives when generation is over.
-				if sse {
-					a.load.observeTTFT(time.Since(start))
-				}
-			}
-			scan.Write(buf[:n])
-			if st.send(nil, buf[:n]) != nil {
-				return a.settle(&scan, h)
-			}
-		}
-		if rerr == io.EOF {
-			st.end("")
-			break
-		}
-		if rerr != nil {
-			a.metrics.engineErrors.Inc()
-			st.end(streamError(ctx, rerr))
-			break
-		}
-	}
-	return a.settle(&scan, h)
 }
 
 // settle returns the engine's usage, or an estimate: the gateway's prompt

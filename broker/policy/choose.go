@@ -8,31 +8,14 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// choose picks the replica among st.cands, trying in order: session
-// affinity, LoRA affinity, prefix affinity, then the load-aware choice
-// (power of two, or random when every candidate's load data is stale).
-// Each affinity step keeps its replica only while its kv_usage is below the
-// pool's release threshold: the valve that stops one popular conversation,
-// adapter or prefix from overloading a replica.
-func (st *decision) choose() {
-	st.chosen, st.released, st.other = -1, -1, -1
-	if st.req.Conversation != "" && st.session() {
-		return
-	}
-	if st.adapter != "" && st.lora() {
-		return
-	}
-	if len(st.req.Prefix) > 0 && st.prefix() {
-		return
-	}
-	st.loadAware()
-}
-
 // session keeps a conversation on its rendezvous-hash replica: the
 // candidate with the highest mix(hash(conversation) ^ hash(replica id)).
 // Adding or removing one of N replicas moves only ≈1/N of the
 // conversations, unlike hash mod N.
 func (st *decision) session() bool {
+	if st.req.Conversation == "" {
+		return false
+	}
 	hc := xxhash.Sum64String(st.req.Conversation)
 	best, bestScore := -1, uint64(0)
 	for i := range st.cands {
@@ -41,7 +24,7 @@ func (st *decision) session() bool {
 		}
 	}
 	if st.cands[best].kv < st.release {
-		st.chosen, st.step = best, stepSession
+		st.chosen = best
 		return true
 	}
 	st.released = best
@@ -62,6 +45,9 @@ func mix64(z uint64) uint64 {
 // grouped-GEMM overhead, worth some imbalance.
 func (st *decision) lora() bool {
 	a := st.adapter
+	if a == "" {
+		return false
+	}
 	best := -1
 	for i := range st.cands {
 		c := &st.cands[i]
@@ -81,7 +67,7 @@ func (st *decision) lora() bool {
 	if best < 0 {
 		return false
 	}
-	st.chosen, st.step = best, stepLora
+	st.chosen = best
 	return true
 }
 
@@ -112,6 +98,9 @@ func adapterRoom(x *replica) bool {
 // longest stored level in O(log n) lookups; the walk down from there only
 // continues while that level's replicas are not usable.
 func (st *decision) prefix() bool {
+	if len(st.req.Prefix) == 0 {
+		return false
+	}
 	m := st.r.prefixes[st.target.Model]
 	if m == nil {
 		return false
@@ -142,35 +131,47 @@ func (st *decision) prefix() bool {
 			}
 		}
 		if best >= 0 {
-			st.chosen, st.step, st.d.PrefixMatched = best, stepPrefix, lvl+1
+			st.chosen, st.d.PrefixMatched = best, lvl+1
 			return true
 		}
 	}
 	return false
 }
 
-// loadAware is the power of two choices: two random candidates, the lower
-// load_score wins. Sampling two instead of taking the global minimum keeps
-// brokers with the same stale view from herding onto one replica. When no
-// candidate's load data is fresher than stale_after, it is worse than
-// random, so the choice is random.
-func (st *decision) loadAware() {
-	n := len(st.cands)
-	switch {
-	case n == 1:
-		st.chosen, st.step = 0, stepOnly
-	case st.nfresh == 0:
-		st.chosen, st.step = st.rng.IntN(n), stepStale
-	default:
-		i, j := st.rng.IntN(n), st.rng.IntN(n-1)
-		if j >= i {
-			j++
-		}
-		if st.cands[j].load < st.cands[i].load {
-			i, j = j, i
-		}
-		st.chosen, st.other, st.step = i, j, stepPowerOfTwo
+// only takes the one candidate: nothing to choose.
+func (st *decision) only() bool {
+	if len(st.cands) != 1 {
+		return false
 	}
+	st.chosen = 0
+	return true
+}
+
+// staleRandom picks at random when no candidate's load data is fresher than
+// stale_after: stale data is worse than random.
+func (st *decision) staleRandom() bool {
+	if st.nfresh != 0 {
+		return false
+	}
+	st.chosen = st.rng.IntN(len(st.cands))
+	return true
+}
+
+// powerOfTwo is the power of two choices: two random candidates, the lower
+// load_score wins. Sampling two instead of taking the global minimum keeps
+// brokers with the same stale view from herding onto one replica. It always
+// decides (the steps before it leave at least two candidates).
+func (st *decision) powerOfTwo() bool {
+	n := len(st.cands)
+	i, j := st.rng.IntN(n), st.rng.IntN(n-1)
+	if j >= i {
+		j++
+	}
+	if st.cands[j].load < st.cands[i].load {
+		i, j = j, i
+	}
+	st.chosen, st.other = i, j
+	return true
 }
 
 // alternatives records the (at most 3) lowest-load candidates that lost,
@@ -202,42 +203,31 @@ func (st *decision) alternatives() {
 	d.NAlts = n
 }
 
-// why says why candidate i lost to the chosen one.
-func (st *decision) why(i int) string {
+// whyLora: the loser was above the release threshold, or lacked the
+// adapter (or a slot for it) that decided.
+func (st *decision) whyLora(i int) string {
 	c := &st.cands[i]
 	switch {
-	case i == st.deadlineLoser:
-		return WhyDeadline
-	case i == st.released:
+	case c.kv >= st.release:
 		return WhyReleased
-	}
-	switch st.step {
-	case stepSession:
-		return WhyNotAffine
-	case stepLora:
-		switch {
-		case c.kv >= st.release:
-			return WhyReleased
-		case st.loraLoaded && !hasAdapter(c.x, st.adapter):
-			return WhyNoAdapter
-		case !st.loraLoaded && !adapterRoom(c.x):
-			return WhyNoAdapterSlot
-		}
-		return WhyHigherLoad
-	case stepPrefix:
-		if c.kv >= st.release {
-			return WhyReleased
-		}
-		return WhyShorterPrefix
-	case stepStale:
-		return WhyNotDrawn
-	case stepPowerOfTwo:
-		if i != st.other {
-			return WhyNotSampled
-		}
-	}
-	if c.saturated {
-		return WhySaturated
+	case st.loraLoaded && !hasAdapter(c.x, st.adapter):
+		return WhyNoAdapter
+	case !st.loraLoaded && !adapterRoom(c.x):
+		return WhyNoAdapterSlot
 	}
 	return WhyHigherLoad
+}
+
+func (st *decision) whyPrefix(i int) string {
+	if st.cands[i].kv >= st.release {
+		return WhyReleased
+	}
+	return WhyShorterPrefix
+}
+
+func (st *decision) whyPowerOfTwo(i int) string {
+	if i != st.other {
+		return WhyNotSampled
+	}
+	return ""
 }

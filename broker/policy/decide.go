@@ -8,8 +8,8 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// decision is the working state of one decision. It lives on the stack of
-// Router.decide, under Router.mu.
+// decision is the working state of one decision: Router.st, under
+// Router.mu.
 type decision struct {
 	r      *Router
 	req    *Request
@@ -46,7 +46,7 @@ type decision struct {
 	deadlineLoser           int
 	deadlineSwitch          bool
 	loraLoaded              bool
-	step                    step
+	step                    *step // the replica-choice step that decided
 }
 
 // run is the pipeline the package README describes, step by step.
@@ -126,10 +126,10 @@ func (st *decision) run() {
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
-	if st.step != stepPrefix || st.deadlineSwitch {
-		d.PrefixMatched = 0
+	if st.deadlineSwitch {
+		d.PrefixMatched = 0 // the prefix step's replica was not kept
 	}
-	d.Reason = reason(st.fallback, st.poolFallback, st.canaryGone, st.deadlineSwitch, st.step)
+	d.Reason = reasonOf(st.fallback, st.poolFallback, st.canaryGone, st.deadlineSwitch, st.step)
 	st.alternatives()
 	if st.commit {
 		st.commitTo(c.x)

@@ -53,6 +53,11 @@ type Router struct {
 	epoch    uint64     // stamps the candidates of the current decision
 	rng      *rand.Rand // used when a caller passes none
 	cands    []cand     // scratch, reused by every decision
+	// st is the working state of the decision in progress. It lives here,
+	// not on decide's stack, because the steps are called through the
+	// steps table and an indirect call makes its argument escape: kept
+	// here it costs no allocation.
+	st decision
 }
 
 type groupKey struct{ model, version, pool string }
@@ -279,8 +284,10 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision
 	if rng == nil {
 		rng = r.rng
 	}
-	st := decision{r: r, req: req, now: now, rng: rng, d: d, commit: commit}
+	st := &r.st
+	*st = decision{r: r, req: req, now: now, rng: rng, d: d, commit: commit}
 	st.run()
+	*st = decision{} // keeps nothing of the request alive
 	r.mu.Unlock()
 	if r.cfg.Clock != nil {
 		d.Duration = r.cfg.Clock().Sub(start)

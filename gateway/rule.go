@@ -1,0 +1,158 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// failure is how an attempt ended, failNone being a whole answer. Every
+// kind maps to one verdict by judge, the relay's only rule.
+type failure uint8
+
+const (
+	failNone          failure = iota // the client has its answer (or a rejection copied whole)
+	failOffline                      // the gateway is not connected to NATS: not even tried
+	failNoResponders                 // no broker listens on llm.route.<tenant>
+	failNotRouted                    // no broker routed the request within the accept timeout
+	failAcceptTimeout                // the routed replica did not accept within the accept timeout
+	failRefused                      // a replica or its engine turned the request away (429/503)
+	failSequenceGap                  // a reply message was lost
+	failSilence                      // the replica went silent past the idle timeout
+	failEngine                       // the engine failed mid-response (Llm-Error on the end)
+	failLost                         // the NATS connection dropped with the request in flight
+	failOverflow                     // the client read too slowly; its mailbox overflowed
+	failDeadline                     // the request deadline passed
+	failClientGone                   // the client went away
+	failClientWrite                  // a write to the client timed out: it stopped reading
+)
+
+// cause labels switchyard_gateway_stream_errors_total for failures after
+// the accept; "" is not counted there.
+func (f failure) cause() string {
+	switch f {
+	case failSequenceGap:
+		return "sequence_gap"
+	case failSilence:
+		return "idle_timeout"
+	case failEngine:
+		return "engine"
+	case failLost:
+		return "nats_disconnect"
+	case failOverflow, failClientWrite:
+		return "slow_client"
+	}
+	return ""
+}
+
+// result is what one attempt returns to the relay.
+type result struct {
+	kind failure
+	err  *subjects.APIError // what the client is told, if anything
+	// replica is the replica the attempt reached ("" when none was named);
+	// it is cancelled unless ended, and left out of a retry after a refusal
+	// or an accept timeout.
+	replica  string
+	accepted bool // the replica accepted: its reply is on the way
+	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
+	wrote    bool // bytes reached the client
+}
+
+// verdict is what the relay does with a result.
+type verdict uint8
+
+const (
+	answered  verdict = iota // the client has its whole answer
+	retry                    // nothing reached the client and another replica may serve it
+	httpError                // nothing reached the client: an HTTP error in the OpenAI shape
+	endStream                // bytes reached the client: an SSE error event ends the stream
+	abandon                  // the client is gone: nothing left to tell it
+)
+
+func (v verdict) String() string {
+	return [...]string{"answered", "retry", "http_error", "end_stream", "abandon"}[v]
+}
+
+// judge is the before/after-first-byte rule, in one place as in
+// httputil.ReverseProxy: before the first byte a failure is retried on
+// another replica when the replica did no work the client could see, and
+// an HTTP error otherwise; after it the stream ends with an explicit error
+// event, never a silent truncation.
+func judge(r result) verdict {
+	switch {
+	case r.kind == failNone:
+		return answered
+	case r.kind == failClientGone || r.kind == failClientWrite:
+		return abandon
+	case r.wrote:
+		return endStream
+	}
+	switch r.kind {
+	case failNoResponders, failNotRouted, failAcceptTimeout, failRefused:
+		return retry
+	case failLost:
+		// Before the accept no replica has the request for sure; after
+		// it, a retry could run it twice.
+		if !r.accepted {
+			return retry
+		}
+	}
+	return httpError
+}
+
+// settle applies a result's side effects that do not depend on the
+// verdict: the cancel of a replica still working, the exclusion of one that
+// refused or did not accept, and the metrics.
+func (g *Gateway) settle(u *upstream, id string, r result) {
+	if r.kind == failNone {
+		return
+	}
+	if r.replica != "" && !r.ended {
+		g.cancelUpstream(r.replica, id)
+	}
+	switch r.kind {
+	case failAcceptTimeout:
+		g.metrics.acceptTimeouts.Inc()
+		u.exclude = append(u.exclude, r.replica)
+	case failRefused:
+		if r.replica != "" {
+			u.exclude = append(u.exclude, r.replica)
+		}
+	case failClientGone:
+		g.metrics.clientGone.Inc()
+	}
+	if c := r.kind.cause(); c != "" && r.accepted {
+		g.metrics.streamErrors.WithLabelValues(c).Inc()
+	}
+}
+
+// conclude tells the client what the last attempt's verdict leaves to say.
+func (g *Gateway) conclude(out *response, r result) {
+	switch judge(r) {
+	case retry, httpError:
+		g.fail(out.w, out.u, r.err)
+	case endStream:
+		out.endStream(r.err)
+	}
+}
+
+// Errors of the failures the gateway itself detects.
+
+func errOffline() *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway is not connected to NATS")
+	e.RetryAfter = time.Second
+	return e
+}
+
+// errLost is the error of a request whose replies may have been lost with
+// the NATS connection.
+func errLost() *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway lost its NATS connection while the request was in flight")
+	e.RetryAfter = time.Second
+	return e
+}
+
+func errDeadline(msg string) *subjects.APIError {
+	return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, msg)
+}

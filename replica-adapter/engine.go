@@ -1,0 +1,192 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// callEngine calls the engine and relays its answer, in three phases: the
+// head (the request, and the engine's status or failure), the inline answer
+// (a non-streamed body that fits one message) and the stream (everything
+// else, read by read). It returns the tokens to settle: the engine's usage,
+// an estimate when it reported none, zero when the engine did no work.
+func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, body []byte) tokens {
+	req, e := a.engineRequest(ctx, h, body)
+	if e != nil {
+		st.fail(e)
+		return tokens{}
+	}
+	start := time.Now()
+	st.startKeepalive(a.cfg.KeepaliveEvery)
+	resp := a.engineHead(ctx, st, h, req)
+	if resp == nil {
+		return tokens{}
+	}
+	defer resp.Body.Close()
+
+	ct := resp.Header.Get("Content-Type")
+	hd := a.head(h, resp, ct)
+	scan := usageScanner{sse: isSSE(ct)}
+	var onFirst func()
+	if scan.sse {
+		if st.send(hd, nil) != nil {
+			return tokens{}
+		}
+		// Only a stream's first byte is a time to first token: a
+		// non-streamed body arrives when generation is over.
+		onFirst = func() { a.load.observeTTFT(time.Since(start)) }
+	} else {
+		next, err := answerInline(ctx, st, hd, resp.Body, a.inline, &scan)
+		if err != nil {
+			a.metrics.engineErrors.Inc()
+		}
+		switch next {
+		case phaseNoHead:
+			return tokens{}
+		case phaseEnded:
+			return a.settle(&scan, h)
+		}
+	}
+	bp := a.bufs.Get().(*[]byte)
+	defer a.bufs.Put(bp)
+	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst); err != nil {
+		a.metrics.engineErrors.Inc()
+	}
+	return a.settle(&scan, h)
+}
+
+// engineRequest builds the engine call: the endpoint checked, the model
+// rewritten to the served name or the LoRA adapter, the trace continued.
+func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte) (*http.Request, *subjects.APIError) {
+	endpoint := h.Get(subjects.HdrEndpoint)
+	if !validEndpoint(endpoint) {
+		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "Llm-Endpoint must be an /v1/ path, got "+strconv.Quote(endpoint))
+	}
+	model := h.Get(subjects.HdrRouteLora)
+	if model == "" {
+		model = a.cfg.EngineModel
+	}
+	body, err := rewriteModel(body, model)
+	if err != nil {
+		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.EngineURL+endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, k := range [...]string{subjects.HdrTraceparent, subjects.HdrTracestate} {
+		if v := h.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	return req, nil
+}
+
+// engineHead sends req and returns the engine's response when it is a
+// success to relay; a failure to call, or an engine error status, is
+// answered on st here and nil returned.
+func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req *http.Request) *http.Response {
+	resp, err := a.client.Do(req)
+	if err != nil {
+		a.metrics.requests.WithLabelValues("error").Inc()
+		a.metrics.engineErrors.Inc()
+		e := callError(ctx, err)
+		if e.Status == http.StatusServiceUnavailable {
+			a.engineUnreachable(err)
+		}
+		st.fail(e)
+		return nil
+	}
+	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
+	if resp.StatusCode < 400 {
+		return resp
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if err != nil && len(b) == 0 {
+		a.metrics.engineErrors.Inc()
+		st.fail(callError(ctx, err))
+		return nil
+	}
+	e := engineError(resp.StatusCode, b)
+	st.last(a.head(h, resp, "application/json"), e.Body()) // the whole answer is here
+	return nil
+}
+
+// phaseEnd is where a phase left the answer.
+type phaseEnd uint8
+
+const (
+	phaseNext   phaseEnd = iota // the body goes on: the stream phase relays the rest
+	phaseEnded                  // the answer, or its end with an error, is sent: settle the usage
+	phaseNoHead                 // the head could not be sent: nothing reached the gateway
+)
+
+// answerInline relays a non-streamed answer. It arrives whole when
+// generation ends, so head, body and end go back as one message when the
+// body fits in limit; a larger one goes as the head and its first part, and
+// the stream phase sends the rest. err is the engine's read error, if any.
+func answerInline(ctx context.Context, st *stream, hd nats.Header, body io.Reader, limit int, scan *usageScanner) (phaseEnd, error) {
+	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
+	if err == nil && len(b) <= limit {
+		scan.Write(b)
+		st.last(hd, b)
+		return phaseEnded, nil
+	}
+	if st.send(hd, nil) != nil {
+		return phaseNoHead, nil
+	}
+	if len(b) > 0 {
+		st.stopKeepalive()
+		scan.Write(b)
+		if st.send(nil, b) != nil {
+			return phaseEnded, nil
+		}
+	}
+	if err != nil {
+		st.end(streamError(ctx, err))
+		return phaseEnded, err
+	}
+	return phaseNext, nil
+}
+
+// relayStream sends body to the gateway one read per message, then the end
+// (with Llm-Error when the engine's body broke). onFirst, if set, runs at
+// the first byte. It returns the engine's read error; a send that fails
+// ends the relay quietly, since nobody is left to tell.
+func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func()) error {
+	first := true
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				st.stopKeepalive()
+				if onFirst != nil {
+					onFirst()
+				}
+			}
+			scan.Write(buf[:n])
+			if st.send(nil, buf[:n]) != nil {
+				return nil
+			}
+		}
+		if err == io.EOF {
+			st.end("")
+			return nil
+		}
+		if err != nil {
+			st.end(streamError(ctx, err))
+			return err
+		}
+	}
+}
