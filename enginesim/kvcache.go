@@ -49,6 +49,18 @@ func (c *kvCache) lookup(lora string, prefix []uint64, promptTokens int) int {
 		return 0
 	}
 	prefix = c.usable(prefix, promptTokens)
+	hit := c.hits(lora, prefix)
+	// Touch the chain from its tail so that its head is the most recent:
+	// eviction then takes tails first and never strands a chain's tail
+	// behind an evicted head.
+	for i := hit - 1; i >= 0; i-- {
+		c.lru.MoveToFront(c.index[prefixKey{lora, prefix[i]}])
+	}
+	return min(hit*c.blockTokens, promptTokens-1)
+}
+
+// hits is the number of leading blocks of prefix the cache holds.
+func (c *kvCache) hits(lora string, prefix []uint64) int {
 	hit := 0
 	for hit < len(prefix) {
 		if _, ok := c.index[prefixKey{lora, prefix[hit]}]; !ok {
@@ -56,12 +68,16 @@ func (c *kvCache) lookup(lora string, prefix []uint64, promptTokens int) int {
 		}
 		hit++
 	}
-	// Touch the chain from its tail so that its head is the most recent:
-	// eviction then takes tails first and never strands a chain's tail
-	// behind an evicted head.
-	for i := hit - 1; i >= 0; i-- {
-		c.lru.MoveToFront(c.index[prefixKey{lora, prefix[i]}])
+	return hit
+}
+
+// peek is lookup without touching the LRU order: what a request would find
+// in the cache now.
+func (c *kvCache) peek(lora string, prefix []uint64, promptTokens int) int {
+	if c.capacity == 0 {
+		return 0
 	}
+	hit := c.hits(lora, c.usable(prefix, promptTokens))
 	return min(hit*c.blockTokens, promptTokens-1)
 }
 

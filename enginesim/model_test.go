@@ -152,3 +152,32 @@ func TestPrefixCacheEvictsLRU(t *testing.T) {
 		t.Errorf("cached blocks = %d, want capacity 4", got)
 	}
 }
+
+// CachedTokens reads the cache as the next admission would, without
+// refreshing what it reads: a peek must not keep a prefix from eviction.
+func TestCachedTokensPeeksWithoutTouching(t *testing.T) {
+	e := enginesim.New(enginesim.Config{PrefixCacheBlocks: 8})
+	tr := newTrace()
+	a := enginesim.Request{PromptTokens: 64, MaxTokens: 1, Prefix: chain(1, 4)}
+	b := enginesim.Request{PromptTokens: 64, MaxTokens: 1, Prefix: chain(2, 4)}
+	c := enginesim.Request{PromptTokens: 64, MaxTokens: 1, Prefix: chain(3, 4)}
+	if got := e.CachedTokens(a); got != 0 {
+		t.Fatalf("cold CachedTokens = %d, want 0", got)
+	}
+	submit(t, e, a, t0)
+	now := runUntil(t, e, tr, time.Time{})
+	submit(t, e, b, now)
+	now = runUntil(t, e, tr, time.Time{})
+	if got := e.CachedTokens(a); got != 63 {
+		t.Errorf("CachedTokens(a) = %d, want 63 (all but the computed token)", got)
+	}
+	// a is the least recent despite the peek: c evicts it, not b.
+	submit(t, e, c, now)
+	runUntil(t, e, tr, time.Time{})
+	if got := e.CachedTokens(a); got != 0 {
+		t.Errorf("after eviction CachedTokens(a) = %d, want 0", got)
+	}
+	if got := e.CachedTokens(b); got != 63 {
+		t.Errorf("CachedTokens(b) = %d, want 63", got)
+	}
+}

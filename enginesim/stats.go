@@ -69,6 +69,13 @@ func (e *Engine) Stats() Stats {
 	}
 }
 
+// CachedTokens is how many of req's prompt tokens the prefix cache would
+// serve if req were admitted now. It changes nothing: an observer (the
+// lab's oracle router) reads the cache with it.
+func (e *Engine) CachedTokens(req Request) int {
+	return e.kv.peek(req.Lora, req.Prefix, req.PromptTokens)
+}
+
 // Now is the engine's clock: the latest time it was given.
 func (e *Engine) Now() time.Time { return e.now }
 

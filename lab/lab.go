@@ -17,6 +17,7 @@ func Experiments() []Experiment {
 		{"lora", "LoRA adapter affinity", func(o Options) *Section { return Lora(o).Section() }},
 		{"herding", "global least-loaded vs power of two across routers", func(o Options) *Section { return Herding(o).Section() }},
 		{"baselines", "every baseline and Switchyard on one workload", func(o Options) *Section { return Baselines(o).Section() }},
+		{"prefix-bench", "llm-d's prefix benchmark against an oracle", func(o Options) *Section { return PrefixBench(o).Section() }},
 	}
 }
 

@@ -17,6 +17,8 @@ type Result struct {
 	// Imbalance is the busiest replica's outstanding requests over the
 	// mean, averaged over samples every 200 ms.
 	Imbalance float64
+	// Trace is every 200 ms sample (Scenario.Trace).
+	Trace []Sample
 	// AdaptersPerBatch is the mean number of distinct adapters in an
 	// engine step (Scenario.SampleBatches).
 	AdaptersPerBatch float64
@@ -24,6 +26,15 @@ type Result struct {
 	LoraLoads, Preemptions int64
 	// End is the virtual time the run stopped.
 	End time.Duration
+}
+
+// Sample is the cluster at a virtual time (from the start of the run):
+// the load imbalance (NaN when nothing was outstanding) and the output
+// tokens generated so far.
+type Sample struct {
+	At        time.Duration
+	Imbalance float64
+	Generated int64
 }
 
 // Summary is what the experiments report about a set of requests.

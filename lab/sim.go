@@ -43,6 +43,9 @@ type Scenario struct {
 	Seed uint64
 	// SampleBatches records the distinct adapters of every engine step.
 	SampleBatches bool
+	// Trace keeps every 200 ms sample of imbalance and output tokens in
+	// Result.Trace, for runs whose load changes over time.
+	Trace bool
 }
 
 // Outcome is what happened to one request.
@@ -63,6 +66,12 @@ const (
 	FailTooLarge  = "engine_too_large"
 	FailTimeout   = "no_first_token"
 )
+
+// engineReader is a Picker that reads the engines themselves, which no
+// router can: the oracle.
+type engineReader interface {
+	readEngines(engines []*enginesim.Engine)
+}
 
 type delivery struct {
 	at, captured time.Time
@@ -124,7 +133,11 @@ func Run(sc *Scenario) *Result {
 		s.hbNext[i] = s.start.Add(sc.Heartbeat * time.Duration(i+1) / time.Duration(n))
 	}
 	for i := range sc.Routers {
-		s.routers = append(s.routers, sc.NewPicker(i))
+		p := sc.NewPicker(i)
+		if er, ok := p.(engineReader); ok {
+			er.readEngines(s.engines)
+		}
+		s.routers = append(s.routers, p)
 		s.rngs = append(s.rngs, rand.New(rand.NewPCG(sc.Seed, uint64(i)+1)))
 	}
 	for i := range s.res.Outcomes {
@@ -304,14 +317,25 @@ func (s *sim) sample() {
 	if s.now.Sub(s.start) >= s.sc.Horizon {
 		return
 	}
+	if s.sc.Trace {
+		var gen int64
+		for _, e := range s.engines {
+			gen += e.Stats().GenerationTokens
+		}
+		s.res.Trace = append(s.res.Trace, Sample{At: s.now.Sub(s.start), Imbalance: math.NaN(), Generated: gen})
+	}
 	total, top := 0, 0
 	for _, n := range s.outstanding {
 		total += n
 		top = max(top, n)
 	}
 	if total > 0 {
-		s.imbSum += float64(top) * float64(len(s.outstanding)) / float64(total)
+		v := float64(top) * float64(len(s.outstanding)) / float64(total)
+		s.imbSum += v
 		s.imbN++
+		if s.sc.Trace {
+			s.res.Trace[len(s.res.Trace)-1].Imbalance = v
+		}
 	}
 }
 

@@ -38,6 +38,9 @@ type Workload struct {
 	Duration time.Duration
 	// Burst modulates the arrival rate; the zero value is plain Poisson.
 	Burst Burst
+	// Ramp, when set, replaces Rate: the run is cut into len(Ramp) equal
+	// stages and stage i arrives at Ramp[i] requests per second.
+	Ramp []float64
 
 	// SystemPrompts shared prompts of SystemTokens tokens each, picked
 	// with Zipf popularity of exponent SystemZipf (> 1; otherwise
@@ -95,6 +98,12 @@ func (b Burst) multiplier(t time.Duration) float64 {
 	return max(0, (1-b.High*b.HighShare)/(1-b.HighShare))
 }
 
+// rampAt is the ramp's rate at t.
+func (w Workload) rampAt(t time.Duration) float64 {
+	i := int(int64(t) * int64(len(w.Ramp)) / int64(w.Duration))
+	return w.Ramp[min(max(i, 0), len(w.Ramp)-1)]
+}
+
 func (b Burst) peak() float64 {
 	if m := b.multiplier(0); m > 1 {
 		return m
@@ -115,7 +124,11 @@ const (
 func (w Workload) Generate(seed uint64) []*Request {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed_1ab))
 	turns := max(w.Turns, 1)
-	sessionRate := w.Rate / turns
+	rate := w.Rate
+	if len(w.Ramp) > 0 {
+		rate = slices.Max(w.Ramp)
+	}
+	sessionRate := rate / turns
 	maxPrompt := w.MaxPromptTokens
 	if maxPrompt <= 0 {
 		maxPrompt = 12000
@@ -134,6 +147,9 @@ func (w Workload) Generate(seed uint64) []*Request {
 			break
 		}
 		if rng.Float64()*w.Burst.peak() > w.Burst.multiplier(t) {
+			continue
+		}
+		if len(w.Ramp) > 0 && rng.Float64()*rate > w.rampAt(t) {
 			continue
 		}
 		ti := tenantPick()
