@@ -67,7 +67,7 @@ func (p *Oracle) cost(e *enginesim.Engine, uncached int, req *Request) float64 {
 	ppt := c.PrefillPerToken.Seconds()
 	// The step in progress grows with the batch; that also spreads the
 	// requests that cost the same everywhere (a prefix no replica holds).
-	cost := step + ppt*float64(uncached) + c.ITLPerBatch.Seconds()*float64(st.Running)
+	cost := step + 2*ppt*float64(uncached) + c.ITLPerBatch.Seconds()*float64(st.Running)
 	cost += float64(st.Waiting) * (step + ppt*p.meanUncached)
 	need := (req.PromptTokens + req.MaxTokens + c.BlockTokens - 1) / c.BlockTokens
 	perReq := max(1, (req.PromptTokens+int(p.meanOutput))/c.BlockTokens)

@@ -216,6 +216,42 @@ func TestPrefixAffinity(t *testing.T) {
 			t.Fatalf("%s matched %d, want the shorter chain on l8-gen-1", d.Replica, d.PrefixMatched)
 		}
 	})
+	// Above the threshold with no cooler holder, the warm replica is weighed
+	// against the power-of-two draw (chat-small has two replicas, so the
+	// draw is the other one): it keeps the request unless the other's
+	// load_score is lower by more than 0.5 × the matched share.
+	t.Run("warm replica above the threshold kept when the draw gains less than the prefix", func(t *testing.T) {
+		e := newEnv(t)
+		place(e, "l8-gen-0", 32)
+		e.beat("l8-gen-0", 0.9, 4, 0)
+		e.beat("l8-gen-1", 0.3, 4, 0)
+		d := e.decide(req())
+		if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPrefix || d.PrefixMatched != 32 {
+			t.Fatalf("%s (%s) matched %d, want l8-gen-0 kept with 32", d.Replica, d.Reason, d.PrefixMatched)
+		}
+	})
+	t.Run("warm replica above the threshold released when the draw gains more", func(t *testing.T) {
+		e := newEnv(t)
+		place(e, "l8-gen-0", 32)
+		e.beat("l8-gen-0", 0.96, 4, 0) // saturated: +1 on its load_score
+		e.beat("l8-gen-1", 0.3, 4, 0)
+		d := e.decide(req())
+		if d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPowerOfTwo || d.PrefixMatched != 0 {
+			t.Fatalf("%s (%s) matched %d, want released to l8-gen-1 by power of two", d.Replica, d.Reason, d.PrefixMatched)
+		}
+		if alts := d.Alternatives(); len(alts) != 1 || alts[0].Replica != "l8-gen-0" || alts[0].Why != policy.WhyReleased {
+			t.Fatalf("alternatives %+v, want l8-gen-0 %q", alts, policy.WhyReleased)
+		}
+	})
+	t.Run("a short match is worth its share", func(t *testing.T) {
+		e := newEnv(t)
+		place(e, "l8-gen-0", 4) // 4/32 of the prefix: worth 0.0625
+		e.beat("l8-gen-0", 0.9, 4, 0)
+		e.beat("l8-gen-1", 0.7, 4, 0) // 0.12 lower
+		if d := e.explain(req()); d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPowerOfTwo {
+			t.Fatalf("%s (%s), want released to l8-gen-1", d.Replica, d.Reason)
+		}
+	})
 	t.Run("prefixes are per model", func(t *testing.T) {
 		e := newEnv(t)
 		e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-70b-instruct", Replica: "l8-gen-0", Blocks: blocks})

@@ -97,6 +97,15 @@ func adapterRoom(x *replica) bool {
 // block is stored with every block before it), so a binary search finds the
 // longest stored level in O(log n) lookups; the walk down from there only
 // continues while that level's replicas are not usable.
+//
+// When every holder is above the threshold, releasing only helps if it finds
+// a lighter replica: the power-of-two pair is drawn, and the request leaves
+// its warm cache for the pair's winner only if that one's load_score is
+// lower by more than the cached prefix is worth (prefixWorth × the matched
+// share of the prefix); the power-of-two step then decides with the same
+// pair. Near saturation every replica is above the threshold, and a plain
+// release there only trades a cache hit for a miss, a longer prefill, and
+// more load: the cascade the lab's prefix benchmark showed.
 func (st *decision) prefix() bool {
 	if len(st.req.Prefix) == 0 {
 		return false
@@ -115,6 +124,7 @@ func (st *decision) prefix() bool {
 			hi = mid
 		}
 	}
+	hot, hotLvl := -1, -1 // the deepest holder, whatever its kv
 	for lvl := top; lvl >= 0; lvl-- {
 		e := m.get(blocks[lvl])
 		if e == nil {
@@ -126,7 +136,13 @@ func (st *decision) prefix() bool {
 				continue
 			}
 			ci := int(x.ci)
-			if c := &st.cands[ci]; c.kv < st.release && (best < 0 || c.kv < st.cands[best].kv) {
+			c := &st.cands[ci]
+			if hot < 0 {
+				hot, hotLvl = ci, lvl
+			} else if hotLvl == lvl && c.kv < st.cands[hot].kv {
+				hot = ci
+			}
+			if c.kv < st.release && (best < 0 || c.kv < st.cands[best].kv) {
 				best = ci
 			}
 		}
@@ -135,8 +151,27 @@ func (st *decision) prefix() bool {
 			return true
 		}
 	}
+	// Weighing needs fresh load data and a choice: otherwise the next
+	// steps decide, as they would have.
+	if hot < 0 || len(st.cands) == 1 || st.nfresh == 0 {
+		return false
+	}
+	st.drawTwo()
+	h, a := &st.cands[hot], &st.cands[st.pair[0]]
+	if st.pair[0] == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
+		st.drawn = false
+		st.chosen, st.d.PrefixMatched = hot, hotLvl+1
+		return true
+	}
+	st.released = hot
 	return false
 }
+
+// prefixWorth is what a fully matched prefix is worth in load_score: a
+// warm replica above the release threshold keeps the request unless the
+// drawn alternative's load_score is lower by more than this times the
+// matched share of the prefix.
+const prefixWorth = 0.5
 
 // only takes the one candidate: nothing to choose.
 func (st *decision) only() bool {
@@ -160,8 +195,19 @@ func (st *decision) staleRandom() bool {
 // powerOfTwo is the power of two choices: two random candidates, the lower
 // load_score wins. Sampling two instead of taking the global minimum keeps
 // brokers with the same stale view from herding onto one replica. It always
-// decides (the steps before it leave at least two candidates).
+// decides (the steps before it leave at least two candidates), with the
+// pair the prefix step drew when it weighed a warm replica against it.
 func (st *decision) powerOfTwo() bool {
+	if !st.drawn {
+		st.drawTwo()
+	}
+	st.chosen, st.other = st.pair[0], st.pair[1]
+	return true
+}
+
+// drawTwo draws two distinct candidates into st.pair, the lower load_score
+// first.
+func (st *decision) drawTwo() {
 	n := len(st.cands)
 	i, j := st.rng.IntN(n), st.rng.IntN(n-1)
 	if j >= i {
@@ -170,8 +216,7 @@ func (st *decision) powerOfTwo() bool {
 	if st.cands[j].load < st.cands[i].load {
 		i, j = j, i
 	}
-	st.chosen, st.other = i, j
-	return true
+	st.pair, st.drawn = [2]int{i, j}, true
 }
 
 // alternatives records the (at most 3) lowest-load candidates that lost,

@@ -46,7 +46,9 @@ type decision struct {
 	deadlineLoser           int
 	deadlineSwitch          bool
 	loraLoaded              bool
-	step                    *step // the replica-choice step that decided
+	pair                    [2]int // the power-of-two draw, lower load_score first
+	drawn                   bool   // pair is drawn
+	step                    *step  // the replica-choice step that decided
 }
 
 // run is the pipeline the package README describes, step by step.
