@@ -130,3 +130,40 @@ func TestLabHerding(t *testing.T) {
 			r.Routers[n], p2c[n].Imbalance, p2c[n].P99, ll[n].Imbalance, ll[n].P99)
 	}
 }
+
+func TestLabPrefixBench(t *testing.T) {
+	heavy(t)
+	r := lab.PrefixBench(tiny)
+	if len(r.Arms) != 5 || len(r.Steps) != 5 || len(r.Steps[0]) != len(r.Rates) {
+		t.Fatalf("arms %v, %d step lists of %d, want five arms over %d steps", r.Arms, len(r.Steps), len(r.Steps[0]), len(r.Rates))
+	}
+	top := r.Top()
+	for _, a := range r.Arms {
+		s := r.Of(a, top)
+		t.Logf("%-26s at %.0f req/s: p90 %6.0f ms, hit %.3f, %5.0f tok/s, imbalance %.2f", a, s.Rate, s.P90, s.HitRate, s.OutputTPS, s.Imbalance)
+		if s.N == 0 || s.OutputTPS <= 0 || s.Imbalance < 1 {
+			t.Errorf("%s: %d requests, %.0f tok/s, imbalance %.2f", a, s.N, s.OutputTPS, s.Imbalance)
+		}
+	}
+	or, sy := r.Of(lab.BenchOracle, top), r.Of(lab.BenchSwitchyard, top)
+	for _, a := range []string{lab.BenchRandom, lab.BenchLoadOnly} {
+		if s := r.Of(a, top); or.HitRate < s.HitRate+0.3 || sy.P90 >= s.P90 {
+			t.Errorf("%s: hit %.3f (oracle %.3f), p90 %.0f ms (Switchyard %.0f): want the cache-aware routers well ahead", a, s.HitRate, or.HitRate, s.P90, sy.P90)
+		}
+	}
+	// Near saturation the policy keeps its warm prefixes: its hit rate
+	// stays near the oracle's instead of collapsing into power of two.
+	if sy.HitRate < 0.9*or.HitRate {
+		t.Errorf("at the top step Switchyard serves %.3f of prompt tokens from cache, the oracle %.3f", sy.HitRate, or.HitRate)
+	}
+	// Deterministic per seed.
+	again := lab.PrefixBench(tiny)
+	for i, a := range r.Arms {
+		for k := range r.Rates {
+			x, y := r.Steps[i][k], again.Steps[i][k]
+			if x.P90 != y.P90 || x.HitRate != y.HitRate || x.OutputTPS != y.OutputTPS || x.Imbalance != y.Imbalance {
+				t.Errorf("%s step %d differs between two runs of seed 1: %+v vs %+v", a, k, x, y)
+			}
+		}
+	}
+}

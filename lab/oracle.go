@@ -59,7 +59,10 @@ func (p *Oracle) Pick(req *Request, _ time.Time, _ *rand.Rand) Pick {
 // cost estimates the time to the request's first token on engine e, in
 // seconds: its own prefill, the prefills of the requests waiting ahead of
 // it, and, when the engine has no room for it (batch or KV blocks), the
-// wait for running requests to finish.
+// wait for running requests to finish. The uncached prefill counts twice:
+// without chunked prefill it holds up the running batch and the queue as
+// long as it holds up the request, and a greedy choice that ignores that
+// spreads prefixes over replicas for a small gain now and evictions later.
 func (p *Oracle) cost(e *enginesim.Engine, uncached int, req *Request) float64 {
 	c := e.Config()
 	st := e.Stats()

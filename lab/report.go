@@ -124,6 +124,11 @@ const policyNotes = `## What this says about the policy
 - **The release valve watches kv_usage only** (sections 1 and 5). A replica with a long queue but
   kv below the threshold keeps its affinity traffic; at a threshold of 1.0 the valve never opens.
   Adapter affinity likewise raises the load imbalance, since an adapter stays where it runs.
+- **Prefix affinity is approximate, and its map is small** (section 8). Weighing a warm prefix
+  against load above the release threshold, instead of dropping it, keeps the prefix benchmark from
+  collapsing near saturation; what is left of the gap to an oracle that reads the engines' caches
+  is the prefix map's capacity (8192 blocks, fewer than 150 long prompts need) and how slowly a
+  queue shows in ` + "`load_score`" + `.
 - **Deprioritizing beats excluding, most clearly with a slow load view** (section 2). With 1 s
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it
   cascades. Past capacity deprioritizing queues in the engines, which the policy answers only

@@ -33,7 +33,13 @@ type Switchyard struct {
 
 // NewSwitchyard returns a policy Router on the table snap.
 func NewSwitchyard(snap *table.Snapshot, self string) *Switchyard {
-	r := policy.New(policy.Config{Self: self})
+	return NewSwitchyardConfig(snap, policy.Config{Self: self})
+}
+
+// NewSwitchyardConfig returns a policy Router configured by cfg on the
+// table snap.
+func NewSwitchyardConfig(snap *table.Snapshot, cfg policy.Config) *Switchyard {
+	r := policy.New(cfg)
 	r.SetTable(snap)
 	return &Switchyard{r: r}
 }

@@ -219,7 +219,8 @@ func TestPrefixAffinity(t *testing.T) {
 	// Above the threshold with no cooler holder, the warm replica is weighed
 	// against the power-of-two draw (chat-small has two replicas, so the
 	// draw is the other one): it keeps the request unless the other's
-	// load_score is lower by more than 0.5 × the matched share.
+	// load_score is lower by more than the matched share of the prefix
+	// (a full match is worth the saturation penalty).
 	t.Run("warm replica above the threshold kept when the draw gains less than the prefix", func(t *testing.T) {
 		e := newEnv(t)
 		place(e, "l8-gen-0", 32)
@@ -245,9 +246,9 @@ func TestPrefixAffinity(t *testing.T) {
 	})
 	t.Run("a short match is worth its share", func(t *testing.T) {
 		e := newEnv(t)
-		place(e, "l8-gen-0", 4) // 4/32 of the prefix: worth 0.0625
+		place(e, "l8-gen-0", 4) // 4/32 of the prefix: worth 0.125
 		e.beat("l8-gen-0", 0.9, 4, 0)
-		e.beat("l8-gen-1", 0.7, 4, 0) // 0.12 lower
+		e.beat("l8-gen-1", 0.6, 4, 0) // 0.18 lower
 		if d := e.explain(req()); d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPowerOfTwo {
 			t.Fatalf("%s (%s), want released to l8-gen-1", d.Replica, d.Reason)
 		}

@@ -167,11 +167,11 @@ func (st *decision) prefix() bool {
 	return false
 }
 
-// prefixWorth is what a fully matched prefix is worth in load_score: a
-// warm replica above the release threshold keeps the request unless the
-// drawn alternative's load_score is lower by more than this times the
-// matched share of the prefix.
-const prefixWorth = 0.5
+// prefixWorth is what a fully matched prefix is worth in load_score: as
+// much as the saturation penalty, so a saturated warm replica keeps a
+// request whose whole prefix it holds unless the drawn alternative is
+// lighter even without the penalty. A partial match is worth its share.
+const prefixWorth = 1.0
 
 // only takes the one candidate: nothing to choose.
 func (st *decision) only() bool {

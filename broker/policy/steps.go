@@ -21,7 +21,9 @@ type step struct {
 //
 // Each affinity step keeps its replica only while its kv_usage is below
 // the pool's release threshold: the valve that stops one popular
-// conversation, adapter or prefix from overloading a replica.
+// conversation, adapter or prefix from overloading a replica. Prefix
+// affinity weighs a warm replica above the threshold against the
+// power-of-two draw instead of dropping it (see prefix).
 var steps = [...]step{
 	newStep(ReasonSession, (*decision).session, func(*decision, int) string { return WhyNotAffine }),
 	newStep(ReasonLora, (*decision).lora, (*decision).whyLora),
