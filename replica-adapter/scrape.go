@@ -28,18 +28,25 @@ type loadState struct {
 	ready    bool   // /health has answered 200
 	flavor   string // the flavor read, once known
 	ttftEWMA float64
-	ttftMin  float64 // the fastest first token seen: the unloaded baseline
+	ttftMin  float64   // the fastest first token seen: the unloaded baseline
+	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
 }
 
 func (l *loadState) observeTTFT(d time.Duration) {
+	l.observeTTFTAt(d, time.Now())
+}
+
+func (l *loadState) observeTTFTAt(d time.Duration, now time.Time) {
 	ms := float64(d) / float64(time.Millisecond)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ttftEWMA == 0 {
-		l.ttftEWMA, l.ttftMin = ms, ms
+		l.ttftEWMA, l.ttftMin, l.ttftAt = ms, ms, now
 		return
 	}
+	l.decayLocked(now)
 	l.ttftEWMA += ttftAlpha * (ms - l.ttftEWMA)
+	l.ttftAt = now
 	l.ttftMin = min(l.ttftMin, ms)
 }
 
@@ -227,10 +234,9 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	s := l.sample
 	hb.KVUsage, hb.Running, hb.Waiting = s.KVUsage, s.Running, s.Waiting
 	hb.Lora = subjects.LoraState{Running: orEmpty(s.LoraRunning), Waiting: orEmpty(s.LoraWaiting), Max: s.MaxLora}
-	hb.TTFTEWMAMillis = l.ttftEWMA
 	// Queue wait is approximated as the time to first token above the
 	// fastest one seen: what an unloaded engine needs is not waiting.
-	hb.QueueWaitMillis = max(0, l.ttftEWMA-l.ttftMin)
+	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit
 	l.mu.Unlock()
 	if hb.Lora.Max == 0 {

@@ -1,0 +1,73 @@
+package adapter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestIdleReplicaRecoversItsWaitEstimate replays what a real engine showed:
+// a burst pushes the time to first token to seconds, the engine goes idle,
+// and no further request arrives (brokers reject deadline-carrying requests
+// on the estimate). The heartbeat must come back to the bare time to first
+// token on its own.
+func TestIdleReplicaRecoversItsWaitEstimate(t *testing.T) {
+	e := newEnv(t)
+	var slow atomic.Bool
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		if slow.Load() {
+			select {
+			case <-time.After(400 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		streamSSE(t)(w, r)
+	})
+	cfg := e.config()
+	e.start(cfg)
+	e.waitReady(cfg.Replica)
+	run := func(n int) {
+		for i := range n {
+			untilEnd(t, e.request(cfg.Replica, chatHeaders(fmt.Sprintf("q-%v-%d", slow.Load(), i)), `{"model":"sim-model","stream":true}`))
+		}
+	}
+	run(1)
+	slow.Store(true)
+	run(6)
+
+	hbs, err := e.nc.SubscribeSync(subjects.New("").Heartbeat(cfg.Replica))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hbs.Unsubscribe()
+	beat := func() subjects.Heartbeat {
+		m, err := hbs.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hb subjects.Heartbeat
+		if err := json.Unmarshal(m.Data, &hb); err != nil {
+			t.Fatal(err)
+		}
+		return hb
+	}
+	// Under load (the engine's metrics say 12 running) the estimate stands.
+	if hb := beat(); hb.TTFTEWMAMillis < 200 || hb.QueueWaitMillis < 150 {
+		t.Fatalf("after the burst: ttft %v queue %v, want the burst's", hb.TTFTEWMAMillis, hb.QueueWaitMillis)
+	}
+	e.eng.metrics.Store("vllm/metrics-idle.txt")
+	start := time.Now()
+	checkFor(t, 5*time.Second, func() error {
+		if hb := beat(); hb.TTFTEWMAMillis > 100 || hb.QueueWaitMillis != 0 {
+			return fmt.Errorf("idle engine: ttft %v queue %v", hb.TTFTEWMAMillis, hb.QueueWaitMillis)
+		}
+		return nil
+	})
+	t.Logf("wait estimate back to the bare time to first token %v after the engine went idle", time.Since(start).Round(time.Millisecond))
+}
