@@ -125,10 +125,10 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg:    cfg,
 		subj:   subjects.New(cfg.Prefix),
 		log:    cfg.Logger.With("component", "broker", "broker", cfg.ID),
-		router: policy.New(policy.Config{Self: cfg.ID}),
 		out:    make(chan outMsg, 4096),
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
+	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)
 	b.scratch.New = func() any { return newScratch() }
 	b.peers.init(cfg.ID)

@@ -27,6 +27,7 @@ type metrics struct {
 	replicaRunning *prometheus.GaugeVec
 	badMessages    *prometheus.CounterVec
 	unhealthy      *prometheus.CounterVec
+	ejections      *prometheus.CounterVec
 	publishDropped prometheus.Counter
 	liveBrokers    prometheus.Gauge
 
@@ -112,6 +113,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		unhealthy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_unhealthy_heartbeats_total", Help: "Heartbeats of ready replicas whose engine fails health checks (scrape_ok=false); each excludes the replica until the next.",
 		}, []string{"replica"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_ejections_total", Help: "Replicas ejected for a streak of engine failures (outlier ejection).",
+		}, []string{"replica"}),
 		publishDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_broker_publish_dropped_total", Help: "Decision or placement messages dropped because the publish queue was full.",
 		}),
@@ -139,11 +143,14 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		}
 		return b.cfg.Now().Sub(m.loadedAt).Seconds()
 	})
+	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_broker_ejected_replicas", Help: "Replicas out of rotation now for their engine failures (before the panic threshold).",
+	}, func() float64 { return float64(len(b.router.Ejected(b.cfg.Now()))) })
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
-		reg.MustRegister(tableAge)
+		reg.MustRegister(tableAge, ejected)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
-			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.unhealthy, m.publishDropped, m.liveBrokers)
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers)
 	}
 	return m
 }

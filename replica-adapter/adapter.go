@@ -67,6 +67,9 @@ type Config struct {
 	Pool        string // default "general"
 	Flavor      string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
 	EngineURL   string // e.g. http://127.0.0.1:8000, without /v1
+	// EngineAPIKey is sent to the engine as "Authorization: Bearer" (vLLM's
+	// --api-key). It is never logged.
+	EngineAPIKey string
 
 	MaxBatch int // default DefaultMaxBatch
 	MaxQueue int // default DefaultMaxQueue
@@ -123,8 +126,9 @@ type Adapter struct {
 	wg       sync.WaitGroup
 	inflight atomic.Int64
 
-	load  loadState
-	hbSeq atomic.Uint64
+	load     loadState
+	outcomes outcomes
+	hbSeq    atomic.Uint64
 }
 
 // New validates cfg, fills its defaults and returns an Adapter ready to Run.
@@ -158,6 +162,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		a.ownHTTP = engineTransport()
 		a.client = &http.Client{Transport: a.ownHTTP}
 	}
+	a.client = a.watchEngine(a.client)
 	// A data message carries one read; keep it well inside the server's
 	// max payload, with room for headers.
 	a.chunk = 32 << 10

@@ -244,6 +244,9 @@ type engine struct {
 	health  atomic.Int32
 	metrics atomic.Value // string: the testdata file served on /metrics
 	slots   atomic.Value // string: the testdata file served on /slots ("" = 404)
+	// key, when not "", is the API key /v1 requires, as vLLM's --api-key:
+	// /health and /metrics stay open.
+	key atomic.Value
 
 	mu   sync.Mutex
 	chat http.HandlerFunc
@@ -262,7 +265,23 @@ func newEngine(t *testing.T) *engine {
 	e.health.Store(http.StatusOK)
 	e.metrics.Store("vllm/metrics-under-load.txt")
 	e.slots.Store("")
+	e.key.Store("")
 	mux := http.NewServeMux()
+	unauthorized := func(w http.ResponseWriter, r *http.Request) bool {
+		k := e.key.Load().(string)
+		if k == "" || r.Header.Get("Authorization") == "Bearer "+k {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write(golden(t, "vllm/error-unauthorized.json"))
+		return true
+	}
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		if !unauthorized(w, r) {
+			_, _ = w.Write(golden(t, "vllm/models.json"))
+		}
+	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(int(e.health.Load()))
 	})
@@ -291,6 +310,9 @@ func newEngine(t *testing.T) *engine {
 		e.got = append(e.got, seen{Path: r.URL.Path, Body: body, Header: r.Header.Clone()})
 		h := e.chat
 		e.mu.Unlock()
+		if unauthorized(w, r) {
+			return
+		}
 		if h == nil {
 			http.Error(w, "no handler", http.StatusInternalServerError)
 			return

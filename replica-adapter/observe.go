@@ -14,6 +14,8 @@ type metrics struct {
 	scrapeFailures prometheus.Counter
 	inflight       prometheus.Gauge
 	heartbeatSeq   prometheus.Gauge
+	engineFailures *prometheus.CounterVec
+	authFailures   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
@@ -39,11 +41,22 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 			Name: "switchyard_adapter_heartbeat_seq", ConstLabels: cl,
 			Help: "Sequence number of the last heartbeat sent.",
 		}),
+		engineFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_engine_failures_total", ConstLabels: cl,
+			Help: "Engine answers that count toward outlier ejection, by kind (5xx, 429, auth, connection).",
+		}, []string{"kind"}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_adapter_engine_auth_failures_total", ConstLabels: cl,
+			Help: "Times the engine began refusing the adapter's API key (401/403); each marks the replica unhealthy until it takes the key again.",
+		}),
+	}
+	for _, k := range []string{"5xx", "429", "auth", "connection"} {
+		m.engineFailures.WithLabelValues(k)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq} {
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("adapter: register metrics: %w", err)
 		}

@@ -81,6 +81,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, max(a.cfg.ScrapeEvery, time.Second))
 	defer cancel()
 	healthErr := a.health(ctx)
+	a.checkAuth(ctx)
 	sample, flavor, metricsErr := a.metricsSample(ctx)
 
 	l := &a.load
@@ -239,6 +240,10 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit
 	l.mu.Unlock()
+	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
+	// An engine that refuses the key answers /health and /metrics all the
+	// same, but every request: the replica is not healthy.
+	hb.ScrapeOK = hb.ScrapeOK && !hb.AuthFailed
 	if hb.Lora.Max == 0 {
 		hb.Lora.Max = a.cfg.MaxLoras
 	}

@@ -59,8 +59,31 @@ type Heartbeat struct {
 	TTFTEWMAMillis  float64   `json:"ttft_ewma_ms"`
 	QueueWaitMillis float64   `json:"queue_wait_ewma_ms"`
 	ScrapeOK        bool      `json:"scrape_ok"`
-	Seq             uint64    `json:"seq"`
-	SentUnixMillis  int64     `json:"sent_unix_ms"`
+	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
+	// connection failures) since its last success; EngineSuccesses counts
+	// its successes, so a broker can tell a new streak from an old one.
+	// Brokers eject a replica on the streak (see EjectAfterFailures).
+	EngineFailures  int    `json:"engine_failures"`
+	EngineSuccesses uint64 `json:"engine_successes"`
+	// AuthFailed: the engine refused the adapter's API key (401/403).
+	AuthFailed     bool   `json:"auth_failed,omitempty"`
+	Seq            uint64 `json:"seq"`
+	SentUnixMillis int64  `json:"sent_unix_ms"`
+}
+
+// EjectAfterFailures is the streak of engine failures after which brokers
+// eject a replica (Envoy's consecutive_5xx default); an adapter sends a
+// heartbeat at once when its streak reaches it.
+const EjectAfterFailures = 5
+
+// Ejection is published by a broker on llm.eject.<replica> when it ejects a
+// replica for its engine failures, for the dashboard and operators.
+type Ejection struct {
+	Replica     string `json:"replica"`
+	Broker      string `json:"broker"`
+	Failures    int    `json:"failures"`
+	Count       int    `json:"ejections"` // consecutive ejections: the back-off multiplier
+	UntilUnixMs int64  `json:"until_unix_ms"`
 }
 
 // LoraState is the adapters a replica is running and waiting on.
@@ -108,25 +131,30 @@ type Alternative struct {
 
 // Decision is one explained routing decision.
 type Decision struct {
-	RequestID      string        `json:"request_id,omitempty"`
-	TraceID        string        `json:"trace_id,omitempty"`
-	Tenant         string        `json:"tenant"`
-	Requested      string        `json:"requested_model"`
-	Model          string        `json:"model,omitempty"`
-	Version        string        `json:"version,omitempty"`
-	Lora           string        `json:"lora,omitempty"`
-	Pool           string        `json:"pool,omitempty"`
-	Replica        string        `json:"replica,omitempty"`
-	Reason         string        `json:"reason"`
-	Score          float64       `json:"score"`
-	Alternatives   []Alternative `json:"alternatives,omitempty"`
-	PromptTokens   int           `json:"prompt_tokens"`
-	PrefixBlocks   int           `json:"prefix_blocks"`
-	PrefixMatched  int           `json:"prefix_matched"`
-	Status         int           `json:"status"`
-	Code           string        `json:"code,omitempty"`
-	Message        string        `json:"message,omitempty"`
-	TableRevision  uint64        `json:"table_revision"`
-	DurationNanos  int64         `json:"duration_ns"`
-	DecidedUnixMil int64         `json:"decided_unix_ms"`
+	RequestID    string        `json:"request_id,omitempty"`
+	TraceID      string        `json:"trace_id,omitempty"`
+	Tenant       string        `json:"tenant"`
+	Requested    string        `json:"requested_model"`
+	Model        string        `json:"model,omitempty"`
+	Version      string        `json:"version,omitempty"`
+	Lora         string        `json:"lora,omitempty"`
+	Pool         string        `json:"pool,omitempty"`
+	Replica      string        `json:"replica,omitempty"`
+	Reason       string        `json:"reason"`
+	Score        float64       `json:"score"`
+	Alternatives []Alternative `json:"alternatives,omitempty"`
+	// Ejected lists replicas of the pool left out for their engine
+	// failures; EjectPanic says they were kept in because too many of the
+	// pool were (see the policy's MaxEjectedShare).
+	Ejected        []string `json:"ejected,omitempty"`
+	EjectPanic     bool     `json:"eject_panic,omitempty"`
+	PromptTokens   int      `json:"prompt_tokens"`
+	PrefixBlocks   int      `json:"prefix_blocks"`
+	PrefixMatched  int      `json:"prefix_matched"`
+	Status         int      `json:"status"`
+	Code           string   `json:"code,omitempty"`
+	Message        string   `json:"message,omitempty"`
+	TableRevision  uint64   `json:"table_revision"`
+	DurationNanos  int64    `json:"duration_ns"`
+	DecidedUnixMil int64    `json:"decided_unix_ms"`
 }

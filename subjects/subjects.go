@@ -75,6 +75,12 @@ func (s Subjects) Decision(pool string) string { return s.p() + ".decision." + p
 // DecisionAll matches every decision.
 func (s Subjects) DecisionAll() string { return s.p() + ".decision.>" }
 
+// Eject announces a broker's ejection of a replica.
+func (s Subjects) Eject(replica string) string { return s.p() + ".eject." + replica }
+
+// EjectAll matches every ejection.
+func (s Subjects) EjectAll() string { return s.p() + ".eject.*" }
+
 // Usage carries the tokens a request actually used, to settle token quotas.
 func (s Subjects) Usage(tenant string) string { return s.p() + ".usage." + tenant }
 

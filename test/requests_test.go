@@ -18,38 +18,52 @@ import (
 
 // TestEngineRejectionIsRetriedOnAnotherReplica: an engine answering 429
 // or 503 before the first byte is retried on the other replica with
-// Llm-Exclude; with every engine refusing, the client gets an explicit
-// error, after at most two retries each.
+// Llm-Exclude, and after a streak of such answers its replica is ejected,
+// so it stops drawing requests at all; with every engine refusing, the panic
+// threshold ejects nothing and the client gets an explicit error, after at
+// most two retries each.
 func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: l8()})
-	url := st.GatewayURL()
-	f0, f1 := st.Faults("l8-gen-0"), st.Faults("l8-gen-1")
 	for _, status := range []int{429, 503} {
-		f0.SetReject(status)
-		retriesBefore := metric(st, "switchyard_gateway_retries_total", nil)
-		rejectedBefore := f0.Rejected()
-		for i := range 20 {
-			o := send(context.Background(), url, chatBody("chat-small", 2, i%2 == 0))
-			if o.status != 200 || !o.done || o.replica != "l8-gen-1" {
-				t.Errorf("engine l8-gen-0 answering %d: %v", status, o)
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			st := startStack(t, devstack.Config{Replicas: l8()})
+			url := st.GatewayURL()
+			f0, f1 := st.Faults("l8-gen-0"), st.Faults("l8-gen-1")
+			f0.SetReject(status)
+			for i := range 40 {
+				o := send(context.Background(), url, chatBody("chat-small", 2, i%2 == 0))
+				if o.status != 200 || !o.done || o.replica != "l8-gen-1" {
+					t.Errorf("engine l8-gen-0 answering %d: %v", status, o)
+				}
 			}
-		}
-		rejected := f0.Rejected() - rejectedBefore
-		retries := metric(st, "switchyard_gateway_retries_total", nil) - retriesBefore
-		if rejected == 0 || retries != float64(rejected) {
-			t.Errorf("engine %d: %d rejections, %v retries; want one retry per rejection", status, rejected, retries)
-		}
-		t.Logf("engine answering %d: 20 of 20 requests served, %d rejected and retried elsewhere", status, rejected)
+			rejected := f0.Rejected()
+			retries := metric(st, "switchyard_gateway_retries_total", nil)
+			if rejected == 0 || retries != float64(rejected) {
+				t.Errorf("engine %d: %d rejections, %v retries; want one retry per rejection", status, rejected, retries)
+			}
+			// The adapter heartbeats the streak at once; a request or two
+			// may pass it on the way.
+			if ej := metric(st, "switchyard_broker_ejections_total", map[string]string{"replica": "l8-gen-0"}); ej < 1 || rejected > subjects.EjectAfterFailures+2 {
+				t.Errorf("engine %d: %d requests reached it, %v ejections; want ejection after %d", status, rejected, ej, subjects.EjectAfterFailures)
+			}
+			t.Logf("engine answering %d: 40 of 40 requests served, %d reached the failing engine before its replica was ejected", status, rejected)
+
+			f1.SetReject(503)
+			for range 12 {
+				o := send(context.Background(), url, chatBody("chat-small", 2, false))
+				if o.status != 503 || o.code == "" {
+					t.Errorf("every engine refusing: %v; want an explicit 503", o)
+				}
+			}
+			if ej := metric(st, "switchyard_broker_ejected_replicas", nil); ej != 2 {
+				t.Errorf("ejected replicas %v, want both (the panic threshold keeps them in rotation)", ej)
+			}
+			if f0.Rejected() == rejected {
+				t.Error("with every replica ejected, the panic threshold did not put l8-gen-0 back")
+			}
+			f0.SetReject(0)
+			f1.SetReject(0)
+		})
 	}
-	f1.SetReject(503)
-	for range 5 {
-		o := send(context.Background(), url, chatBody("chat-small", 2, false))
-		if o.status != 503 || o.code == "" {
-			t.Errorf("every engine refusing: %v; want an explicit 503", o)
-		}
-	}
-	f0.SetReject(0)
-	f1.SetReject(0)
 }
 
 // TestEngineDeathMidResponseIsExplicit kills an engine under a stream and

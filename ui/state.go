@@ -60,7 +60,15 @@ type replicaView struct {
 	Loras      []string `json:"loras,omitempty"`
 	MaxLoras   int      `json:"max_loras,omitempty"`
 	TTFTMs     float64  `json:"ttft_ewma_ms"`
-	ScrapeOK   bool     `json:"scrape_ok"`
+	// WaitMs is the time to a first token brokers estimate from the
+	// heartbeat (the larger of the TTFT average and the queue wait).
+	WaitMs   float64 `json:"wait_ms"`
+	ScrapeOK bool    `json:"scrape_ok"`
+	// EngineFailures is the engine's streak of failed answers; a replica
+	// ejected for it carries the end of the ejection.
+	EngineFailures int   `json:"engine_failures"`
+	EjectedUntilMs int64 `json:"ejected_until_unix_ms,omitempty"`
+	Ejections      int   `json:"ejections,omitempty"`
 }
 
 type decisionView struct {
@@ -151,9 +159,18 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 			k.r.MaxBatch, k.r.MaxQueue = cmp.Or(hb.MaxBatch, k.r.MaxBatch), cmp.Or(hb.MaxQueue, k.r.MaxQueue)
 			k.r.Loras, k.r.MaxLoras = hb.Lora.Running, cmp.Or(hb.Lora.Max, k.r.MaxLoras)
 			k.r.TTFTMs, k.r.ScrapeOK = hb.TTFTEWMAMillis, hb.ScrapeOK
+			k.r.WaitMs = max(hb.TTFTEWMAMillis, hb.QueueWaitMillis)
+			k.r.EngineFailures = hb.EngineFailures
 			state = subjects.Restrictive(state, hb.State)
 		}
 		k.r.State = state
+		if e, ok := u.ejections[id]; ok {
+			if e.UntilUnixMs > now.UnixMilli() {
+				k.r.EjectedUntilMs, k.r.Ejections = e.UntilUnixMs, e.Count
+			} else if now.UnixMilli()-e.UntilUnixMs > forgetAfter.Milliseconds() {
+				delete(u.ejections, id)
+			}
+		}
 		if t != nil {
 			if p := t.Pools[k.pool]; p != nil {
 				if p.AffinityReleaseThreshold != nil {

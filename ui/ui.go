@@ -66,7 +66,8 @@ type UI struct {
 	// never miss or repeat a decision.
 	mu        sync.Mutex
 	replicas  map[string]heartbeatSeen
-	ring      []decisionView // len MaxDecisions once full; next is the oldest
+	ejections map[string]subjects.Ejection // the latest by replica
+	ring      []decisionView               // len MaxDecisions once full; next is the oldest
 	next      int
 	seq       uint64 // decisions received
 	pushedSeq uint64 // decisions already pushed to clients
@@ -101,10 +102,11 @@ func New(nc *nats.Conn, cfg Config) *UI {
 	}
 	u := &UI{
 		nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix),
-		log:      cfg.Logger.With("component", "ui"),
-		replicas: map[string]heartbeatSeen{},
-		clients:  map[*client]struct{}{},
-		table:    cfg.Table,
+		log:       cfg.Logger.With("component", "ui"),
+		replicas:  map[string]heartbeatSeen{},
+		ejections: map[string]subjects.Ejection{},
+		clients:   map[*client]struct{}{},
+		table:     cfg.Table,
 	}
 	if u.table == nil {
 		u.table = func() *table.Snapshot { return nil }
@@ -150,6 +152,11 @@ func (u *UI) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = decSub.Unsubscribe() }()
+	ejSub, err := u.nc.Subscribe(u.subj.EjectAll(), u.onEjection)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ejSub.Unsubscribe() }()
 
 	t := time.NewTicker(u.cfg.Interval)
 	defer t.Stop()
@@ -172,6 +179,22 @@ func (u *UI) onHeartbeat(m *nats.Msg) {
 	u.mu.Lock()
 	u.replicas[hb.Replica] = heartbeatSeen{hb: hb, at: time.Now()}
 	u.dirty = true
+	u.mu.Unlock()
+}
+
+// onEjection keeps the latest ejection of each replica (brokers eject on
+// the same heartbeats, so theirs agree to within a heartbeat).
+func (u *UI) onEjection(m *nats.Msg) {
+	var e subjects.Ejection
+	if err := json.Unmarshal(m.Data, &e); err != nil || subjects.ValidToken(e.Replica) != nil {
+		u.log.Debug("bad ejection", "subject", m.Subject, "err", err)
+		return
+	}
+	u.mu.Lock()
+	if e.UntilUnixMs > u.ejections[e.Replica].UntilUnixMs {
+		u.ejections[e.Replica] = e
+		u.dirty = true
+	}
 	u.mu.Unlock()
 }
 

@@ -39,6 +39,9 @@ type state struct {
 				KVUsage    float64 `json:"kv_usage"`
 				Waiting    int     `json:"waiting"`
 				Release    float64 `json:"release_threshold"`
+				WaitMs     float64 `json:"wait_ms"`
+				Failures   int     `json:"engine_failures"`
+				Until      int64   `json:"ejected_until_unix_ms"`
 			} `json:"replicas"`
 		} `json:"pools"`
 	} `json:"models"`
@@ -287,6 +290,31 @@ func TestEventsPushHeartbeatsDecisionsAndTheTable(t *testing.T) {
 	next.Revision = 8
 	snap.Store(next)
 	ev.next(t, "the new revision", func(s state) bool { return s.Table != nil && s.Table.Revision == 8 })
+}
+
+// TestEjectedReplicaAndWaitEstimate: the dashboard shows the wait a broker
+// estimates for each replica, and a replica a broker ejected for its engine
+// failures, until the ejection ends.
+func TestEjectedReplicaAndWaitEstimate(t *testing.T) {
+	var snap atomic.Pointer[table.Snapshot]
+	snap.Store(devSnapshot(t))
+	r, _ := newRig(t, ui.Config{Table: snap.Load})
+	ev := openEvents(t, r.srv.URL)
+	ev.next(t, "the full state", func(s state) bool { return s.Full })
+	subj := subjects.New("")
+	r.publish(t, subj.Heartbeat("r-gen-1"), subjects.Heartbeat{
+		Replica: "r-gen-1", Model: "m-a", Pool: "general", State: subjects.StateReady,
+		TTFTEWMAMillis: 180, QueueWaitMillis: 950, EngineFailures: 7,
+	})
+	until := time.Now().Add(time.Minute).UnixMilli()
+	r.publish(t, subj.Eject("r-gen-1"), subjects.Ejection{Replica: "r-gen-1", Broker: "b1", Failures: 5, Count: 1, UntilUnixMs: until})
+	s := ev.next(t, "r-gen-1 ejected", func(s state) bool {
+		return len(s.Models) > 0 && s.Models[0].Pools[1].Replicas[1].Until != 0
+	})
+	rep := s.Models[0].Pools[1].Replicas[1]
+	if rep.ID != "r-gen-1" || rep.Until != until || rep.Failures != 7 || rep.WaitMs != 950 {
+		t.Fatalf("r-gen-1 = %+v; want ejected until %d, 7 failures, a 950 ms wait", rep, until)
+	}
 }
 
 func TestDecisionsKeepOnlyTheNewest(t *testing.T) {

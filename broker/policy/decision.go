@@ -61,6 +61,13 @@ type Decision struct {
 	Alts  [3]subjects.Alternative
 	NAlts int // top alternatives, lowest load_score first, why each lost
 
+	// Ejected names replicas of the pool out of rotation for their engine
+	// failures (the first NEjected); EjectPanic says they were kept in,
+	// because more than MaxEjectedShare of the pool was ejected.
+	Ejected    [4]string
+	NEjected   int
+	EjectPanic bool
+
 	PrefixBlocks, PrefixMatched int
 	TableRevision               uint64
 	// Duration is the time the decision took, measured only when
@@ -107,6 +114,10 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		Status:        200,
 		TableRevision: d.TableRevision,
 		DurationNanos: int64(d.Duration),
+		EjectPanic:    d.EjectPanic,
+	}
+	if d.NEjected > 0 {
+		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])
 	}
 	if d.Err != nil {
 		w.Status, w.Code, w.Message = d.Err.Status, d.Err.Code, d.Err.Message

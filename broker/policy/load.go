@@ -37,8 +37,9 @@ func (st *decision) candidates(model, version, pool string) bool {
 	now := st.now.UnixNano()
 	dead, stale := int64(pol.DeadAfter), int64(pol.StaleAfter)
 	st.nfresh, st.nfull = 0, 0
+	skipEjected := st.ejectedSkip(list, now, dead)
 	for _, x := range list {
-		if !x.ready {
+		if !x.ready || (skipEjected && now < x.eject.until) {
 			continue
 		}
 		age := max(now-x.hbNano, 0)

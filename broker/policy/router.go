@@ -28,6 +28,11 @@ type Config struct {
 	// Clock, when set, measures Decision.Duration. Nil keeps the Router
 	// free of wall-clock reads; the caller then fills Duration.
 	Clock func() time.Time
+	// OnEject, when set, is called when a replica is ejected for its
+	// engine failures (see EjectAfter), with the Router's lock held: it
+	// must not call back into the Router, and should only count, log or
+	// hand off.
+	OnEject func(EjectedReplica)
 }
 
 // Router makes routing decisions. It is safe for concurrent use: one mutex
@@ -58,6 +63,9 @@ type Router struct {
 	// steps table and an indirect call makes its argument escape: kept
 	// here it costs no allocation.
 	st decision
+	// ejectHorizon is the latest end of an ejection (unix ns): decisions
+	// after it skip the ejection check.
+	ejectHorizon int64
 }
 
 type groupKey struct{ model, version, pool string }
@@ -94,6 +102,7 @@ type replica struct {
 	// burst for a new adapter concentrates on the replica that got the first.
 	sent  [4]string
 	nsent int
+	eject ejection
 }
 
 // refresh derives the hot fields from the table entry and the heartbeat.
@@ -199,6 +208,12 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	}
 	x.inflight, x.nsent = 0, 0
 	x.refresh()
+	if d, ok := x.observeFailures(hb, x.hbNano); ok {
+		r.ejectHorizon = max(r.ejectHorizon, x.eject.until)
+		if r.cfg.OnEject != nil {
+			r.cfg.OnEject(EjectedReplica{Replica: x.id, Until: now.Add(d), Count: x.eject.count, Failures: hb.EngineFailures})
+		}
+	}
 }
 
 // pruneLocked forgets unregistered replicas whose heartbeats stopped, so

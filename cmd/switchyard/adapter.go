@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
@@ -24,6 +27,7 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.MaxQueue, "max-queue", adapter.DefaultMaxQueue, "waiting requests weighed as a full queue (at most 1048576)")
 	fs.IntVar(&cfg.MaxLoras, "max-loras", 0, "LoRA slots (0: as the engine reports; at most 1024)")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", adapter.DefaultDrainGrace, "how long in-flight requests may run after SIGTERM (0: none; at most 1h)")
+	keyFile := fs.String("engine-api-key-file", "", "file holding the engine's API key, sent as a bearer token (else $"+engineKeyEnv+")")
 	metricsListen := fs.String("metrics-listen", "", "address of the /metrics listener (default: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
@@ -36,6 +40,11 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
 		return err
 	}
+	key, err := engineAPIKey(*keyFile)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg.EngineAPIKey = key
 	log := newLogger(stderr, *logLevel)
 	nc, err := nf.connect(ctx, "switchyard-adapter-"+cfg.Replica, log)
 	if err != nil {
@@ -54,4 +63,25 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer stop()
 	return a.Run(ctx)
+}
+
+// engineKeyEnv names the environment variable holding the engine's API key.
+const engineKeyEnv = "SWITCHYARD_ENGINE_API_KEY"
+
+// engineAPIKey reads the engine's API key from file, else from the
+// environment. There is no flag for the key itself: a flag shows in ps and
+// in shell history.
+func engineAPIKey(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(engineKeyEnv)), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--engine-api-key-file: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" || strings.ContainsAny(key, "\r\n") {
+		return "", fmt.Errorf("--engine-api-key-file %s: want one line holding the key", file)
+	}
+	return key, nil
 }

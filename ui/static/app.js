@@ -75,18 +75,32 @@
 
   function stateBadge(r) {
     const live = liveness(r);
-    const label = live || r.state || 'unknown';
+    const ejected = r.ejected_until_unix_ms > last.now_unix_ms;
+    const label = live || (ejected ? 'ejected' : r.state || 'unknown');
     const b = h('span', 'badge st-' + label, label);
     b.title = (r.registered ? 'registered' : 'not in the table') + (r.state ? ', state ' + r.state : '');
+    if (ejected) {
+      b.title += `; ejected for ${r.engine_failures} engine failures in a row, for ${((r.ejected_until_unix_ms - last.now_unix_ms) / 1000).toFixed(0)} s more (ejection ${r.ejections})`;
+    } else if (r.engine_failures) {
+      b.title += `; ${r.engine_failures} engine failures in a row`;
+    }
     return b;
+  }
+
+  // waitCell is the time to a first token the brokers estimate; deadlines
+  // are admitted against it.
+  function waitCell(r) {
+    const td = h('td', 'num', r.wait_ms ? r.wait_ms.toFixed(0) + ' ms' : '—');
+    td.title = `estimated wait to the first token (TTFT average ${(r.ttft_ewma_ms || 0).toFixed(0)} ms)`;
+    return td;
   }
 
   function of(n, max) {
     return max ? `${n}/${max}` : String(n);
   }
 
-  const columns = ['pool', 'replica', 'version', 'state', 'KV cache', 'running', 'waiting', 'in flight', 'LoRA', 'TTFT', 'heartbeat'];
-  const numeric = new Set(['running', 'waiting', 'in flight', 'LoRA', 'TTFT', 'heartbeat']);
+  const columns = ['pool', 'replica', 'version', 'state', 'KV cache', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
+  const numeric = new Set(['running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat']);
 
 
   function replicaRow(r, pool) {
@@ -104,7 +118,7 @@
       h('td', 'num', of(r.waiting, r.max_queue)),
       h('td', 'num', r.inflight),
       lora,
-      h('td', 'num', r.ttft_ewma_ms ? r.ttft_ewma_ms.toFixed(0) + ' ms' : '—'),
+      waitCell(r),
       age);
   }
 

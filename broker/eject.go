@@ -1,0 +1,17 @@
+package broker
+
+import (
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// ejected is the router's OnEject: it runs under the router's lock, so it
+// only counts, logs and hands the announcement to the publish queue.
+func (b *Broker) ejected(x policy.EjectedReplica) {
+	b.metrics.ejections.WithLabelValues(x.Replica).Inc()
+	b.log.Warn("replica ejected: its engine fails requests", "replica", x.Replica,
+		"failures", x.Failures, "ejections", x.Count, "until", x.Until)
+	b.enqueue(b.subj.Eject(x.Replica), subjects.Ejection{
+		Replica: x.Replica, Broker: b.cfg.ID, Failures: x.Failures, Count: x.Count, UntilUnixMs: x.Until.UnixMilli(),
+	})
+}

@@ -1,0 +1,154 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// engineRoundTripper sits between the adapter and its engine: it adds the
+// engine's API key to every call and classifies the answers to requests
+// (POST under /v1/) for outlier ejection. Scrapes (/health, /metrics) are
+// not requests and never count.
+type engineRoundTripper struct {
+	base http.RoundTripper
+	auth string // "Bearer <key>", or "" without a key
+	out  *outcomes
+}
+
+func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.auth != "" {
+		// RoundTrip must not modify the caller's request.
+		req = req.Clone(req.Context())
+		req.Header.Set("Authorization", t.auth)
+	}
+	resp, err := t.base.RoundTrip(req)
+	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
+		t.out.observe(req.Context(), resp, err)
+	}
+	return resp, err
+}
+
+// outcomes is the engine's streak of failed answers, reported in every
+// heartbeat (subjects.Heartbeat.EngineFailures): brokers eject a replica
+// whose engine fails subjects.EjectAfterFailures requests in a row.
+type outcomes struct {
+	mu        sync.Mutex
+	failures  int    // since the last success
+	successes uint64 // ever
+	authFail  bool   // the engine refused the key (401/403) and no success since
+
+	onStreak   func()            // called when the streak reaches the ejection threshold
+	onAuthFail func(int)         // called on the first 401/403 of a run, with the status
+	onFailure  func(kind string) // counts every failure by kind
+}
+
+// failureKind classifies an engine answer: "" for a success or for what
+// is not the engine's fault (a client's own 4xx, a request the client
+// cancelled or whose deadline passed), else the kind of failure.
+func failureKind(ctx context.Context, resp *http.Response, err error) (kind string, ok bool) {
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return "", false
+		}
+		return "connection", false
+	}
+	switch s := resp.StatusCode; {
+	case s < 400:
+		return "", true
+	case s == http.StatusUnauthorized || s == http.StatusForbidden:
+		return "auth", false
+	case s == http.StatusTooManyRequests:
+		return "429", false
+	case s >= 500:
+		return "5xx", false
+	}
+	return "", false // the client's own 4xx: neither a success nor the engine's failure
+}
+
+func (o *outcomes) observe(ctx context.Context, resp *http.Response, err error) {
+	kind, ok := failureKind(ctx, resp, err)
+	o.mu.Lock()
+	var streak, authFirst bool
+	switch {
+	case ok:
+		o.failures, o.authFail = 0, false
+		o.successes++
+	case kind != "":
+		o.failures++
+		streak = o.failures == subjects.EjectAfterFailures
+		if kind == "auth" && !o.authFail {
+			o.authFail, authFirst = true, true
+		}
+	}
+	o.mu.Unlock()
+	if kind != "" && o.onFailure != nil {
+		o.onFailure(kind)
+	}
+	if authFirst && o.onAuthFail != nil {
+		o.onAuthFail(resp.StatusCode)
+	}
+	if streak && o.onStreak != nil {
+		o.onStreak()
+	}
+}
+
+// clearAuth ends an auth failure once the engine took the key again.
+func (o *outcomes) clearAuth() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	was := o.authFail
+	o.authFail = false
+	return was
+}
+
+func (o *outcomes) snapshot() (failures int, successes uint64, authFail bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failures, o.successes, o.authFail
+}
+
+// watchEngine returns a copy of c whose calls carry the engine's key and
+// feed the failure streak.
+func (a *Adapter) watchEngine(c *http.Client) *http.Client {
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	rt := &engineRoundTripper{base: base, out: &a.outcomes}
+	if a.cfg.EngineAPIKey != "" {
+		rt.auth = "Bearer " + a.cfg.EngineAPIKey
+	}
+	a.outcomes.onFailure = func(kind string) { a.metrics.engineFailures.WithLabelValues(kind).Inc() }
+	a.outcomes.onStreak = a.publishHeartbeat
+	a.outcomes.onAuthFail = func(status int) {
+		a.metrics.authFailures.Inc()
+		a.log.Warn("engine refused the API key, heartbeat says scrape_ok=false", "status", status, "key_set", a.cfg.EngineAPIKey != "")
+		a.publishHeartbeat()
+	}
+	cc := *c
+	cc.Transport = rt
+	return &cc
+}
+
+// checkAuth asks an engine that refused the key whether it takes it now:
+// GET /v1/models needs the key where requests do (vLLM's --api-key guards
+// /v1, not /health or /metrics). Without it, a replica marked unhealthy for
+// its key would get no request that could clear it.
+func (a *Adapter) checkAuth(ctx context.Context) {
+	if _, _, failed := a.outcomes.snapshot(); !failed {
+		return
+	}
+	resp, err := a.get(ctx, "/v1/models")
+	if err != nil {
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && a.outcomes.clearAuth() {
+		a.log.Info("engine accepts the API key again")
+	}
+}
