@@ -121,12 +121,12 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg.Now = time.Now
 	}
 	b := &Broker{
-		nc:     nc,
-		cfg:    cfg,
-		subj:   subjects.New(cfg.Prefix),
-		log:    cfg.Logger.With("component", "broker", "broker", cfg.ID),
-		out:    make(chan outMsg, 4096),
-		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+		nc:   nc,
+		cfg:  cfg,
+		subj: subjects.New(cfg.Prefix),
+		log:  cfg.Logger.With("component", "broker", "broker", cfg.ID),
+		out:  make(chan outMsg, 4096),
+		rng:  rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
 	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)
