@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -131,36 +130,6 @@ func (g *Gateway) snapshot(w http.ResponseWriter) *table.Snapshot {
 		writeError(w, e)
 	}
 	return t
-}
-
-// serveModels lists the aliases the tenant may use.
-func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
-	t := g.snapshot(w)
-	if t == nil {
-		return
-	}
-	tenant, apiErr := g.tenantOf(r, t)
-	if apiErr != nil {
-		writeError(w, apiErr)
-		return
-	}
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, name := range t.AliasNames() {
-		if t.TenantMayUse(tenant, name) {
-			out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "switchyard"})
-		}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
 }
 
 // serveReady is 200 when NATS is connected, the table is loaded and a broker

@@ -29,6 +29,9 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 	resp, err := t.base.RoundTrip(req)
 	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
 		t.out.observe(req.Context(), resp, err)
+		if err == nil {
+			renameBody(req, resp)
+		}
 	}
 	return resp, err
 }

@@ -143,6 +143,13 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
 		defer cancel()
 	}
+	// The engine names the model as it serves it; the client gets the name
+	// it asked for.
+	served := h.Get(subjects.HdrRouteLora)
+	if served == "" {
+		served = a.cfg.EngineModel
+	}
+	ctx = withNames(ctx, served, h.Get(subjects.HdrModel))
 	used := a.callEngine(ctx, st, h, body)
 	a.publishUsage(h, used)
 }

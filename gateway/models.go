@@ -1,0 +1,100 @@
+package gateway
+
+import (
+	"encoding/json"
+	"maps"
+	"net/http"
+	"slices"
+
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// modelEntry is one entry of GET /v1/models. OpenAI's fields come first;
+// ResolvesTo (an alias's target models, or the aliases its cascade may pick)
+// and Parent (an adapter's base) tell a client what a name stands for.
+type modelEntry struct {
+	ID         string   `json:"id"`
+	Object     string   `json:"object"`
+	Created    int64    `json:"created"`
+	OwnedBy    string   `json:"owned_by"`
+	ResolvesTo []string `json:"resolves_to,omitempty"`
+	Parent     string   `json:"parent,omitempty"`
+}
+
+// ownedBy is the owner of the names the routing table defines; a tenant's
+// adapters are owned by the tenant.
+const ownedBy = "switchyard"
+
+// serveModels lists every name the tenant may ask for: the aliases and
+// models it may use, and its own adapters as "name:adapter".
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+	t := g.snapshot(w)
+	if t == nil {
+		return
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	out := struct {
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list", Data: modelList(t, tenant)}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// modelList is the tenant's view of the table: aliases, then models, then
+// the tenant's adapters, each sorted by name.
+func modelList(t *table.Snapshot, tenant string) []modelEntry {
+	out := []modelEntry{}
+	for _, name := range t.AliasNames() {
+		if !mayUse(t, tenant, name, 0) {
+			continue
+		}
+		a := t.Aliases[name]
+		var to []string
+		for _, tg := range a.Targets {
+			if !slices.Contains(to, tg.Model) {
+				to = append(to, tg.Model)
+			}
+		}
+		for _, c := range a.Cascade {
+			if !slices.Contains(to, c.Alias) {
+				to = append(to, c.Alias)
+			}
+		}
+		out = append(out, modelEntry{ID: name, Object: "model", OwnedBy: ownedBy, ResolvesTo: to})
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.Models)) {
+		if t.Aliases[name] == nil && t.TenantMayUse(tenant, name) {
+			out = append(out, modelEntry{ID: name, Object: "model", OwnedBy: ownedBy})
+		}
+	}
+	if tn := t.Tenants[tenant]; tn != nil {
+		for _, base := range slices.Sorted(maps.Keys(tn.Adapters)) {
+			out = append(out, modelEntry{ID: base + ":" + tn.Adapters[base], Object: "model", OwnedBy: tenant, Parent: base})
+		}
+	}
+	return out
+}
+
+// mayUse reports whether the tenant may use alias name for some request:
+// it is allowed itself, or a cascade rule can lead to one that is (the
+// broker checks every name on the way).
+func mayUse(t *table.Snapshot, tenant, name string, depth int) bool {
+	if t.TenantMayUse(tenant, name) {
+		return true
+	}
+	a := t.Aliases[name]
+	if a == nil || depth >= 8 {
+		return false
+	}
+	for _, c := range a.Cascade {
+		if mayUse(t, tenant, c.Alias, depth+1) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,113 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+)
+
+// The engine answers with the name it serves under ("lora-a", or the
+// --engine-model name) in the "model" field of its body and of every stream
+// chunk. Clients asked for a public name (an alias, a model id, or
+// "model:adapter") and get that name back: the engine's names are an
+// implementation detail of the replica.
+
+type namesKey struct{}
+
+// names is the model rename of one request: the engine's name in its
+// answer, and the client's.
+type names struct{ served, public string }
+
+// withNames marks ctx so that the engine's answer has served replaced by
+// public. An empty or identical name leaves the answer as it is.
+func withNames(ctx context.Context, served, public string) context.Context {
+	if served == "" || public == "" || served == public {
+		return ctx
+	}
+	return context.WithValue(ctx, namesKey{}, names{served, public})
+}
+
+// renameBody wraps resp's body when the request asked for a rename.
+func renameBody(req *http.Request, resp *http.Response) {
+	n, ok := req.Context().Value(namesKey{}).(names)
+	if !ok || resp == nil || resp.StatusCode >= 400 {
+		return
+	}
+	resp.Body = newRenamer(resp.Body, n.served, n.public)
+	// The length changes; nothing downstream reads it, but it must not lie.
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+}
+
+// renamer rewrites "model":"<served>" (with or without a space after the
+// colon) to the public name as the body streams through. It never holds
+// back more than a partial match at the end of a read, so a stream chunk is
+// passed on whole: SSE events end in a blank line, which no match begins
+// with.
+type renamer struct {
+	src      io.ReadCloser
+	from, to [2][]byte
+	pending  []byte // input not yet passed on: a possible partial match
+	out      []byte // output not yet returned
+	buf      []byte
+	err      error
+}
+
+func newRenamer(src io.ReadCloser, served, public string) *renamer {
+	s, _ := json.Marshal(served)
+	p, _ := json.Marshal(public)
+	r := &renamer{src: src, buf: make([]byte, 8<<10)}
+	for i, sep := range [2]string{":", ": "} {
+		r.from[i] = append([]byte(`"model"`+sep), s...)
+		r.to[i] = append([]byte(`"model"`+sep), p...)
+	}
+	return r
+}
+
+func (r *renamer) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if r.err != nil {
+			if len(r.pending) > 0 {
+				r.out, r.pending = r.pending, nil
+				break
+			}
+			return 0, r.err
+		}
+		n, err := r.src.Read(r.buf)
+		r.err = err
+		data := r.buf[:n]
+		if len(r.pending) > 0 {
+			data = append(r.pending, data...)
+		}
+		for i := range r.from {
+			if bytes.Contains(data, r.from[i]) {
+				data = bytes.ReplaceAll(data, r.from[i], r.to[i])
+			}
+		}
+		keep := r.partial(data)
+		r.out = append(r.out[:0], data[:len(data)-keep]...)
+		r.pending = append([]byte(nil), data[len(data)-keep:]...)
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+// partial is the length of the longest tail of data that is a proper
+// prefix of a pattern: it may complete with the next read.
+func (r *renamer) partial(data []byte) int {
+	longest := 0
+	for _, f := range r.from {
+		for k := min(len(f)-1, len(data)); k > longest; k-- {
+			if bytes.Equal(data[len(data)-k:], f[:k]) {
+				longest = k
+				break
+			}
+		}
+	}
+	return longest
+}
+
+func (r *renamer) Close() error { return r.src.Close() }
