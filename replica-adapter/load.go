@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -171,36 +172,57 @@ func vllmSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 	run, okRun := sum(fams, vllmRunning)
 	wait, okWait := sum(fams, vllmWaiting)
 	s.Running, s.Waiting = int(run), int(wait)
-	s.LoraRunning, s.LoraWaiting, s.MaxLora = vllmLora(fams[vllmLoraInfo])
+	// Without a count, the adapters are taken as they are listed.
+	runCap, waitCap := int(run), int(wait)
+	if !okRun {
+		runCap = math.MaxInt
+	}
+	if !okWait {
+		waitCap = math.MaxInt
+	}
+	s.LoraRunning, s.LoraWaiting, s.MaxLora = vllmLora(fams[vllmLoraInfo], runCap, waitCap)
 	return s, okKV || okRun || okWait
 }
 
 // vllmLora reads vllm:lora_requests_info. Its value is the time the series was
 // last set, and old label sets linger, so the current state is the series with
-// the newest value. Several can share it (the timestamp has one-second
-// resolution, or several engines wrote at once): their union is the state.
-func vllmLora(f *dto.MetricFamily) (running, waiting []string, maxLora int) {
-	running, waiting = []string{}, []string{}
+// the newest value. Several can share it: the timestamp has one-second
+// resolution, so the sets an engine went through within a second tie (and
+// data-parallel engines write at once). The engine's request counts decide
+// between them: a set naming more running (or waiting) adapters than there
+// are running (waiting) requests is not the present one, so an idle engine
+// runs no adapter however its last second went. The union of the sets the
+// counts allow is the state; when the counts allow none, nothing runs and
+// nothing waits.
+func vllmLora(f *dto.MetricFamily, running, waiting int) (run, wait []string, maxLora int) {
+	run, wait = []string{}, []string{}
 	if f == nil || len(f.Metric) == 0 {
-		return running, waiting, 0
+		return run, wait, 0
 	}
 	newest := value(f.Metric[0])
 	for _, m := range f.Metric[1:] {
 		newest = max(newest, value(m))
 	}
 	for _, m := range f.Metric {
-		if value(m) != newest {
-			continue
-		}
-		running = appendNames(running, label(m, "running_lora_adapters"))
-		waiting = appendNames(waiting, label(m, "waiting_lora_adapters"))
-		if n, err := strconv.Atoi(label(m, "max_lora")); err == nil {
+		if n, err := strconv.Atoi(label(m, "max_lora")); err == nil && value(m) == newest {
 			maxLora = max(maxLora, n)
 		}
+		r, w := label(m, "running_lora_adapters"), label(m, "waiting_lora_adapters")
+		if value(m) != newest || countNames(r) > running || countNames(w) > waiting {
+			continue
+		}
+		run = appendNames(run, r)
+		wait = appendNames(wait, w)
 	}
-	slices.Sort(running)
-	slices.Sort(waiting)
-	return running, waiting, maxLora
+	slices.Sort(run)
+	slices.Sort(wait)
+	return run, wait, maxLora
+}
+
+// countNames counts the distinct comma-separated names of v.
+func countNames(v string) int {
+	var buf [8]string
+	return len(appendNames(buf[:0], v))
 }
 
 // appendNames adds the comma-separated names of v to dst, once each.

@@ -19,8 +19,16 @@ func TestParseMetricsGolden(t *testing.T) {
 	}{
 		{"vllm/metrics-under-load.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0.00146484375, KVKnown: true, Running: 6, Waiting: 0,
-			// Six series share the newest timestamp 1.795985578e+09: their union.
-			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{"lora-a", "lora-b"}, MaxLora: 2,
+			// Six series share the newest timestamp 1.795985578e+09. Nothing
+			// waits (num_requests_waiting 0), so the three that name waiting
+			// adapters are not the present state; the others' union is.
+			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{}, MaxLora: 2,
+		}},
+		{"vllm/metrics-idle-tied.txt", FlavorVLLM, LoadSample{
+			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
+			// Three series tie on the newest timestamp, two naming running
+			// adapters; the engine runs nothing, so no adapter runs.
+			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
 		}},
 		{"vllm/metrics-idle.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
@@ -106,12 +114,31 @@ vllm:lora_requests_info{max_lora="4",running_lora_adapters="mid",waiting_lora_ad
 		},
 		{
 			name: "lora: union of the series sharing the newest value",
-			text: `vllm:num_requests_running 1
+			text: `vllm:num_requests_running 3
 vllm:lora_requests_info{engine="0",max_lora="2",running_lora_adapters="b,a",waiting_lora_adapters=""} 1.700000002e+09
 vllm:lora_requests_info{engine="1",max_lora="2",running_lora_adapters="c",waiting_lora_adapters="a, d"} 1.700000002e+09
 vllm:lora_requests_info{engine="0",max_lora="2",running_lora_adapters="stale",waiting_lora_adapters="stale"} 1.7e+09
 `,
-			want: LoadSample{Running: 1, LoraRunning: []string{"a", "b", "c"}, LoraWaiting: []string{"a", "d"}, MaxLora: 2},
+			want: LoadSample{Running: 3, LoraRunning: []string{"a", "b", "c"}, LoraWaiting: []string{"a", "d"}, MaxLora: 2},
+		},
+		{
+			name: "lora: a tie is resolved by the engine's counts",
+			text: `vllm:num_requests_running 1
+vllm:num_requests_waiting 0
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.700000002e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="b",waiting_lora_adapters="a"} 1.700000002e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 1.700000002e+09
+`,
+			want: LoadSample{Running: 1, LoraRunning: []string{"a"}, LoraWaiting: []string{}, MaxLora: 2},
+		},
+		{
+			name: "lora: an idle engine runs no adapter, tie or not",
+			text: `vllm:num_requests_running 0
+vllm:num_requests_waiting 0
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 1.700000002e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,c",waiting_lora_adapters="b"} 1.700000002e+09
+`,
+			want: LoadSample{LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2},
 		},
 	}
 	for _, tt := range tests {
