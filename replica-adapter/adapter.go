@@ -128,6 +128,7 @@ type Adapter struct {
 
 	load     loadState
 	outcomes outcomes
+	svc      service
 	hbSeq    atomic.Uint64
 }
 
@@ -296,8 +297,10 @@ func (a *Adapter) Run(ctx context.Context) error {
 	ctrl, stopCtrl := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCtrl()
 
-	svc, err := a.startService()
-	if err != nil {
+	// One scrape first, so the service's metadata names the engine's
+	// flavor when it is already up.
+	a.scrape(ctrl)
+	if err := a.svc.start(a); err != nil {
 		return err
 	}
 	var loops sync.WaitGroup
@@ -315,7 +318,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	if err := a.reg.deregister(dctx); err != nil {
 		a.log.Warn("deregister failed", "err", err)
 	}
-	if err := svc.Stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	if err := a.svc.stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		a.log.Warn("stopping micro service", "err", err)
 	}
 	a.log.Info("adapter stopped")
@@ -326,7 +329,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 // its endpoints, outside any queue group: each replica has its own subject.
 // micro.Request gives the reply subject, headers and body, which is all a
 // request needs, so no plain subscription is required.
-func (a *Adapter) startService() (micro.Service, error) {
+func (a *Adapter) startService(flavor string) (micro.Service, error) {
 	svc, err := micro.AddService(a.nc, micro.Config{
 		Name:        subjects.AdapterService,
 		Version:     serviceVersion,
@@ -336,7 +339,7 @@ func (a *Adapter) startService() (micro.Service, error) {
 			"model":   a.cfg.Model,
 			"version": a.cfg.Version,
 			"pool":    a.cfg.Pool,
-			"flavor":  a.cfg.Flavor,
+			"flavor":  flavor,
 		},
 	})
 	if err != nil {

@@ -329,7 +329,7 @@ func TestDiscoveryAndMetrics(t *testing.T) {
 	if err := json.Unmarshal(resp.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	for k, want := range map[string]string{"replica": "r-1", "model": "sim-model", "version": "v1", "pool": "general", "flavor": "auto"} {
+	for k, want := range map[string]string{"replica": "r-1", "model": "sim-model", "version": "v1", "pool": "general", "flavor": "vllm"} {
 		if info.Metadata[k] != want {
 			t.Errorf("metadata %s = %q, want %q", k, info.Metadata[k], want)
 		}

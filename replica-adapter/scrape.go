@@ -56,6 +56,7 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 	var regErr string // the last registration error, logged once, not every tick
 	for {
 		a.scrape(ctx)
+		a.svc.refresh(a)
 		switch err := a.register(ctx, false); {
 		case err != nil && ctx.Err() == nil && err.Error() != regErr:
 			regErr = err.Error()

@@ -1,0 +1,55 @@
+package adapter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestMetadataNamesTheDetectedFlavor: an engine that is not up when its
+// adapter starts is detected later; the micro metadata and replicas.<id>
+// name the flavor read, not "auto".
+func TestMetadataNamesTheDetectedFlavor(t *testing.T) {
+	e := newEnv(t)
+	e.eng.health.Store(http.StatusServiceUnavailable)
+	e.eng.metrics.Store("")
+	e.start(e.config())
+	flavor := func() string {
+		resp, err := e.nc.Request("$SRV.INFO."+subjects.AdapterService, nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info micro.Info
+		if err := json.Unmarshal(resp.Data, &info); err != nil {
+			t.Fatal(err)
+		}
+		return info.Metadata["flavor"]
+	}
+	if f := flavor(); f != "auto" {
+		t.Fatalf("flavor %q before the engine answered, want auto", f)
+	}
+	e.eng.metrics.Store("vllm/metrics-idle.txt")
+	checkFor(t, 5*time.Second, func() error {
+		if f := flavor(); f != "vllm" {
+			return fmt.Errorf("metadata flavor %q", f)
+		}
+		return nil
+	})
+	e.eng.health.Store(http.StatusOK)
+	e.waitReady("r-1")
+	if r, _ := e.replica("r-1"); r.Flavor != "vllm" {
+		t.Fatalf("replicas.r-1 flavor %q", r.Flavor)
+	}
+	// The service answers requests after it was added again.
+	e.eng.handle(streamSSE(t))
+	msgs := untilEnd(t, e.request("r-1", chatHeaders("after"), `{"model":"sim-model","stream":true}`))
+	if st := msgs[0].Header.Get(subjects.HdrStatus); st != "" && st != "200" {
+		t.Fatalf("status %s", st)
+	}
+}
