@@ -1,9 +1,12 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -29,6 +32,9 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 	resp, err := t.base.RoundTrip(req)
 	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
 		t.out.observe(req.Context(), resp, err)
+		if err == nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+			resp = refusedKey(req, resp)
+		}
 		if err == nil {
 			renameBody(req, resp)
 		}
@@ -153,5 +159,22 @@ func (a *Adapter) checkAuth(ctx context.Context) {
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK && a.outcomes.clearAuth() {
 		a.log.Info("engine accepts the API key again")
+	}
+}
+
+// refusedKey replaces an engine's 401/403 with a 503: the engine refused
+// the replica's credentials, not the client's, so the client must not hear
+// invalid_api_key, and the gateway may retry on another replica.
+func refusedKey(req *http.Request, resp *http.Response) *http.Response {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body.Close()
+	e := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError,
+		"The engine refused this replica's API key ("+strconv.Itoa(resp.StatusCode)+"); the replica is marked unhealthy.")
+	body := e.Body()
+	h := http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}}
+	return &http.Response{
+		Status: "503 Service Unavailable", StatusCode: http.StatusServiceUnavailable,
+		Proto: resp.Proto, ProtoMajor: resp.ProtoMajor, ProtoMinor: resp.ProtoMinor,
+		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Request: req,
 	}
 }

@@ -3,6 +3,7 @@ package adapter_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -81,10 +82,12 @@ func TestEngineAPIKey(t *testing.T) {
 	cfg.Registerer = reg
 	nextHB := heartbeats(t, e.nc, cfg.Replica)
 	e.start(cfg)
+	var lastBody string
 	ask := func(id string) string {
 		h := chatHeaders(id)
 		h.Del(subjects.HdrStream)
 		msgs := untilEnd(t, e.request(cfg.Replica, h, `{"model":"sim-model"}`))
+		lastBody = string(msgs[len(msgs)-1].Data)
 		return msgs[len(msgs)-1].Header.Get(subjects.HdrStatus)
 	}
 	if st := ask("with-key"); st != "200" {
@@ -96,8 +99,10 @@ func TestEngineAPIKey(t *testing.T) {
 
 	e.eng.key.Store("rotated")
 	for i := range 3 {
-		if st := ask(fmt.Sprint("refused-", i)); st != "401" {
-			t.Fatalf("refused key answered %s, want the engine's 401", st)
+		// The client's key was fine: it hears a retryable 503, not the
+		// engine's 401 invalid_api_key.
+		if st := ask(fmt.Sprint("refused-", i)); st != "503" || !strings.Contains(lastBody, subjects.CodeUpstreamError) {
+			t.Fatalf("refused key answered %s %s, want 503 upstream_error", st, lastBody)
 		}
 	}
 	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // Retry-After hints. The router never queues (a second queue hides state
@@ -20,16 +21,35 @@ const (
 	RetryDeadlineMin = 1 * time.Second
 )
 
-// checkContext rejects a prompt longer than the model's context.
+// checkContext rejects what the engine would refuse: a prompt that, with
+// the completion it asks for (max_tokens), does not fit the model's context.
+// The message is worded as vLLM words it, so clients that look for
+// "maximum context length" find it whichever part refused.
 func (st *decision) checkContext() *subjects.APIError {
 	m := st.snap.Models[st.target.Model]
-	if m == nil || m.MaxContextTokens <= 0 || st.req.PromptTokens <= m.MaxContextTokens {
+	if !overContext(m, st.req) {
 		return nil
 	}
-	e := subjects.NewError(400, subjects.CodeContextLength, "This model's maximum context length is "+
-		strconv.Itoa(m.MaxContextTokens)+" tokens, but the prompt has "+strconv.Itoa(st.req.PromptTokens)+" tokens.")
+	q := st.req
+	limit := strconv.Itoa(m.MaxContextTokens)
+	var msg string
+	if q.MaxTokens > 0 {
+		msg = "This model's maximum context length is " + limit + " tokens. However, you requested " +
+			strconv.Itoa(q.PromptTokens+q.MaxTokens) + " tokens (" + strconv.Itoa(q.PromptTokens) + " in the messages, " +
+			strconv.Itoa(q.MaxTokens) + " in the completion). Please reduce the length of the messages or completion."
+	} else {
+		msg = "This model's maximum context length is " + limit + " tokens. However, your messages resulted in " +
+			strconv.Itoa(q.PromptTokens) + " tokens. Please reduce the length of the messages."
+	}
+	e := subjects.NewError(400, subjects.CodeContextLength, msg)
 	e.Param = "messages"
 	return e
+}
+
+// overContext reports whether the prompt and the completion asked for
+// exceed m's context; engines count both.
+func overContext(m *table.Model, q *Request) bool {
+	return m != nil && m.MaxContextTokens > 0 && q.PromptTokens+max(q.MaxTokens, 0) > m.MaxContextTokens
 }
 
 // checkCapacity rejects when every candidate is at capacity, with a

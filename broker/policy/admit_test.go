@@ -35,6 +35,17 @@ func TestRejections(t *testing.T) {
 			status: 400, code: subjects.CodeContextLength,
 		},
 		{
+			name:   "prompt and completion over the model's context",
+			req:    func() *policy.Request { q := chat("code"); q.PromptTokens, q.MaxTokens = 30000, 4000; return q },
+			status: 400, code: subjects.CodeContextLength,
+			check: func(t *testing.T, d *policy.Decision) {
+				want := "This model's maximum context length is 32768 tokens. However, you requested 34000 tokens (30000 in the messages, 4000 in the completion)."
+				if !strings.HasPrefix(d.Err.Message, want) || d.Err.Param != "messages" {
+					t.Fatalf("message %q param %q", d.Err.Message, d.Err.Param)
+				}
+			},
+		},
+		{
 			name:   "tenant restricted",
 			req:    func() *policy.Request { q := chat("chat-large"); q.Tenant = "intern"; return q },
 			status: 403, code: subjects.CodeModelNotAllowed,
@@ -402,4 +413,11 @@ func TestLateHeartbeatIsStaleButAlive(t *testing.T) {
 	if d := e.decide(chat("chat-small")); strings.Contains(d.Reason, "stale") {
 		t.Errorf("fresh heartbeat, reason %q", d.Reason)
 	}
+}
+
+func TestPromptAndCompletionThatFitAreAdmitted(t *testing.T) {
+	e := newEnv(t)
+	q := chat("code")
+	q.PromptTokens, q.MaxTokens = 30000, 2768
+	mustRoute(t, e.decide(q))
 }

@@ -133,7 +133,7 @@ func (st *decision) fallbacks(res *resolved) bool {
 			continue
 		}
 		st.place(&fb)
-		if m := st.snap.Models[st.target.Model]; m != nil && m.MaxContextTokens > 0 && st.req.PromptTokens > m.MaxContextTokens {
+		if overContext(st.snap.Models[st.target.Model], st.req) {
 			continue
 		}
 		st.adapter = st.tenantAdapter(from)
