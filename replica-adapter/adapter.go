@@ -71,8 +71,12 @@ type Config struct {
 	// --api-key). It is never logged.
 	EngineAPIKey string
 
-	MaxBatch int // default DefaultMaxBatch
-	MaxQueue int // default DefaultMaxQueue
+	// MaxBatch and MaxQueue are the engine's batch and queue sizes. 0 reads
+	// the batch size from the engine where it exports one, else
+	// DefaultMaxBatch; the queue is DefaultMaxQueue. The heartbeat says
+	// which (max_batch_from, max_queue_from).
+	MaxBatch int
+	MaxQueue int
 	MaxLoras int // 0: as the engine reports (vLLM's max_lora)
 
 	Bucket string // KV bucket, default subjects.DefaultBucket
@@ -127,6 +131,7 @@ type Adapter struct {
 	inflight atomic.Int64
 
 	load     loadState
+	limits   limits // as configured; the engine may fill the batch size
 	outcomes outcomes
 	svc      service
 	hbSeq    atomic.Uint64
@@ -158,6 +163,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
 		calls:   map[string]*call{},
 		early:   map[string]time.Time{},
+		limits:  configuredLimits(&cfg),
 	}
 	if a.client == nil {
 		a.ownHTTP = engineTransport()
@@ -226,8 +232,6 @@ func (c *Config) fill() error {
 		c.Flavor = FlavorAuto
 	}
 	c.EngineURL = strings.TrimRight(c.EngineURL, "/")
-	c.MaxBatch = orDefault(c.MaxBatch, DefaultMaxBatch)
-	c.MaxQueue = orDefault(c.MaxQueue, DefaultMaxQueue)
 	c.ScrapeFailLimit = orDefault(c.ScrapeFailLimit, DefaultScrapeFailLimit)
 	if c.Bucket == "" {
 		c.Bucket = subjects.DefaultBucket

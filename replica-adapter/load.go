@@ -59,6 +59,10 @@ type LoadSample struct {
 	LoraRunning []string
 	LoraWaiting []string
 	MaxLora     int
+	// MaxBatch is the engine's own batch size where it exports one (vLLM's
+	// max_num_seqs in a config-info series, llama.cpp's slot count); 0
+	// when it does not say.
+	MaxBatch int
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of the given
@@ -181,6 +185,7 @@ func vllmSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 		waitCap = math.MaxInt
 	}
 	s.LoraRunning, s.LoraWaiting, s.MaxLora = vllmLora(fams[vllmLoraInfo], runCap, waitCap)
+	s.MaxBatch = vllmMaxSeqs(fams)
 	return s, okKV || okRun || okWait
 }
 
@@ -282,16 +287,17 @@ func estimateKV(s *LoadSample, maxBatch int) {
 	s.KVUsage = min(1, float64(s.Running)/float64(maxBatch))
 }
 
-// slotUsage reads llama.cpp's GET /slots: the share of slots processing.
-func slotUsage(r io.Reader) (float64, error) {
+// slotUsage reads llama.cpp's GET /slots: the share of slots processing,
+// and the number of slots (its batch size, --parallel).
+func slotUsage(r io.Reader) (float64, int, error) {
 	var slots []struct {
 		IsProcessing bool `json:"is_processing"`
 	}
 	if err := json.NewDecoder(r).Decode(&slots); err != nil {
-		return 0, fmt.Errorf("decode /slots: %w", err)
+		return 0, 0, fmt.Errorf("decode /slots: %w", err)
 	}
 	if len(slots) == 0 {
-		return 0, errors.New("decode /slots: no slots")
+		return 0, 0, errors.New("decode /slots: no slots")
 	}
 	busy := 0
 	for _, s := range slots {
@@ -299,5 +305,5 @@ func slotUsage(r io.Reader) (float64, error) {
 			busy++
 		}
 	}
-	return float64(busy) / float64(len(slots)), nil
+	return float64(busy) / float64(len(slots)), len(slots), nil
 }

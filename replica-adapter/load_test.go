@@ -122,6 +122,15 @@ vllm:lora_requests_info{engine="0",max_lora="2",running_lora_adapters="stale",wa
 			want: LoadSample{Running: 3, LoraRunning: []string{"a", "b", "c"}, LoraWaiting: []string{"a", "d"}, MaxLora: 2},
 		},
 		{
+			name: "vllm: the batch size from a config-info series",
+			text: `vllm:num_requests_running 1
+vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1
+vllm:scheduler_config_info{engine="0",max_num_seqs="128"} 1
+vllm:scheduler_config_info{engine="1",max_num_seqs="128"} 1
+`,
+			want: LoadSample{Running: 1, LoraRunning: []string{}, LoraWaiting: []string{}, MaxBatch: 256},
+		},
+		{
 			name: "lora: a tie is resolved by the engine's counts",
 			text: `vllm:num_requests_running 1
 vllm:num_requests_waiting 0
@@ -180,18 +189,18 @@ func TestSlotUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	got, err := slotUsage(f)
+	got, n, err := slotUsage(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != 1 {
-		t.Errorf("slot usage %v, want 1 (both slots processing)", got)
+	if got != 1 || n != 2 {
+		t.Errorf("slot usage %v of %d slots, want 1 of 2 (both slots processing)", got, n)
 	}
-	got, err = slotUsage(strings.NewReader(`[{"id":0,"is_processing":true},{"id":1,"is_processing":false},{"id":2},{"id":3}]`))
-	if err != nil || got != 0.25 {
-		t.Errorf("slot usage %v, %v; want 0.25", got, err)
+	got, n, err = slotUsage(strings.NewReader(`[{"id":0,"is_processing":true},{"id":1,"is_processing":false},{"id":2},{"id":3}]`))
+	if err != nil || got != 0.25 || n != 4 {
+		t.Errorf("slot usage %v of %d, %v; want 0.25 of 4", got, n, err)
 	}
-	if _, err := slotUsage(strings.NewReader(`[]`)); err == nil {
+	if _, _, err := slotUsage(strings.NewReader(`[]`)); err == nil {
 		t.Error("no slots: want an error")
 	}
 }

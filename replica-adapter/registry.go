@@ -45,6 +45,7 @@ type registrar struct {
 func (a *Adapter) register(ctx context.Context, force bool) error {
 	a.load.mu.Lock()
 	flavor := a.load.flavor
+	lim := a.limits.withEngine(a.load.sample)
 	a.load.mu.Unlock()
 	if flavor == "" {
 		flavor = a.cfg.Flavor
@@ -54,8 +55,8 @@ func (a *Adapter) register(ctx context.Context, force bool) error {
 		Version:  a.cfg.Version,
 		Pool:     a.cfg.Pool,
 		Flavor:   flavor,
-		MaxBatch: a.cfg.MaxBatch,
-		MaxQueue: a.cfg.MaxQueue,
+		MaxBatch: lim.batch,
+		MaxQueue: lim.queue,
 		MaxLoras: a.cfg.MaxLoras,
 		State:    a.state(),
 	}

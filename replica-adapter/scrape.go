@@ -162,22 +162,22 @@ func (a *Adapter) metricsSample(ctx context.Context) (LoadSample, string, error)
 	}
 	if flavor == FlavorLlamaCpp {
 		// llama.cpp has no KV metric; the share of busy slots stands in.
-		if u, err := a.slots(ctx); err == nil {
-			s.KVUsage, s.KVKnown = u, true
+		if u, n, err := a.slots(ctx); err == nil {
+			s.KVUsage, s.KVKnown, s.MaxBatch = u, true, n
 		}
 	}
-	estimateKV(&s, a.cfg.MaxBatch)
+	estimateKV(&s, a.limits.withEngine(s).batch)
 	return s, flavor, nil
 }
 
-func (a *Adapter) slots(ctx context.Context) (float64, error) {
+func (a *Adapter) slots(ctx context.Context) (float64, int, error) {
 	resp, err := a.get(ctx, "/slots")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("/slots answered %d", resp.StatusCode)
+		return 0, 0, fmt.Errorf("/slots answered %d", resp.StatusCode)
 	}
 	return slotUsage(io.LimitReader(resp.Body, maxScrapeBody))
 }
@@ -227,13 +227,13 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 		Version:  a.cfg.Version,
 		Pool:     a.cfg.Pool,
 		State:    a.state(),
-		MaxBatch: a.cfg.MaxBatch,
-		MaxQueue: a.cfg.MaxQueue,
 		Inflight: a.InFlight(),
 	}
 	l := &a.load
 	l.mu.Lock()
 	s := l.sample
+	lim := a.limits.withEngine(s)
+	hb.MaxBatch, hb.MaxQueue, hb.MaxBatchFrom, hb.MaxQueueFrom = lim.batch, lim.queue, lim.batchFrom, lim.queueFrom
 	hb.KVUsage, hb.Running, hb.Waiting = s.KVUsage, s.Running, s.Waiting
 	hb.Lora = subjects.LoraState{Running: orEmpty(s.LoraRunning), Waiting: orEmpty(s.LoraWaiting), Max: s.MaxLora}
 	// Queue wait is approximated as the time to first token above the

@@ -44,16 +44,21 @@ func ValidState(s string) bool { return stateRank(s) < 4 }
 // Heartbeat is published by every adapter on llm.heartbeat.<replica> each
 // second. Its age is measured on the receiver's clock.
 type Heartbeat struct {
-	Replica         string    `json:"replica"`
-	Model           string    `json:"model"`
-	Version         string    `json:"version"`
-	Pool            string    `json:"pool"`
-	State           string    `json:"state"`
-	KVUsage         float64   `json:"kv_usage"`
-	Running         int       `json:"running"`
-	Waiting         int       `json:"waiting"`
-	MaxBatch        int       `json:"max_batch"`
-	MaxQueue        int       `json:"max_queue"`
+	Replica  string  `json:"replica"`
+	Model    string  `json:"model"`
+	Version  string  `json:"version"`
+	Pool     string  `json:"pool"`
+	State    string  `json:"state"`
+	KVUsage  float64 `json:"kv_usage"`
+	Running  int     `json:"running"`
+	Waiting  int     `json:"waiting"`
+	MaxBatch int     `json:"max_batch"`
+	MaxQueue int     `json:"max_queue"`
+	// MaxBatchFrom and MaxQueueFrom say where each limit came from:
+	// "config" (the operator), "engine" (read from it) or "default" (a
+	// guess).
+	MaxBatchFrom    string    `json:"max_batch_from,omitempty"`
+	MaxQueueFrom    string    `json:"max_queue_from,omitempty"`
 	Inflight        int       `json:"inflight"`
 	Lora            LoraState `json:"lora"`
 	TTFTEWMAMillis  float64   `json:"ttft_ewma_ms"`
