@@ -185,6 +185,9 @@
           h('span', 'mono', `(${alt.score.toFixed(3)} vs ${(d.score || 0).toFixed(3)})`))
         : h('span', 'd-lost', 'no runner-up'));
     }
+    if ((d.ejected || []).length) {
+      line2.append(h('span', 'd-lost', (d.eject_panic ? 'kept in despite ejection (panic threshold): ' : 'ejected, left out: ') + d.ejected.join(', ')));
+    }
     const card = h('div', 'decision' + (rejected ? ' rejected' : '') + (fresh.has(d.seq) ? ' fresh' : ''),
       h('div', 'd-time', fmtTime(d.decided_unix_ms)), h('div', 'd-what', line1, line2));
     card.dataset.seq = d.seq;
