@@ -301,9 +301,9 @@ func (a *Adapter) Run(ctx context.Context) error {
 	ctrl, stopCtrl := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCtrl()
 
-	// One scrape first, so the service's metadata names the engine's
-	// flavor when it is already up.
-	a.scrape(ctrl)
+	// Read the engine's metrics once first, so the service's metadata
+	// names its flavor when it is already up.
+	a.probeFlavor(ctrl)
 	if err := a.svc.start(a); err != nil {
 		return err
 	}

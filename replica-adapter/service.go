@@ -1,7 +1,9 @@
 package adapter
 
 import (
+	"context"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -71,4 +73,17 @@ func (a *Adapter) detectedFlavor() string {
 		return a.load.flavor
 	}
 	return a.cfg.Flavor
+}
+
+// probeFlavor reads the engine's metrics once to learn its flavor, and
+// nothing else: health and load are the scrape loop's, so the first
+// heartbeat still reports what the first full scrape found.
+func (a *Adapter) probeFlavor(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(a.cfg.ScrapeEvery, time.Second))
+	defer cancel()
+	if _, flavor, err := a.metricsSample(ctx); err == nil {
+		a.load.mu.Lock()
+		a.load.flavor = flavor
+		a.load.mu.Unlock()
+	}
 }
