@@ -50,7 +50,7 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 func modelList(t *table.Snapshot, tenant string) []modelEntry {
 	out := []modelEntry{}
 	for _, name := range t.AliasNames() {
-		if !mayUse(t, tenant, name, 0) {
+		if !t.TenantMayUse(tenant, name) {
 			continue
 		}
 		a := t.Aliases[name]
@@ -78,23 +78,4 @@ func modelList(t *table.Snapshot, tenant string) []modelEntry {
 		}
 	}
 	return out
-}
-
-// mayUse reports whether the tenant may use alias name for some request:
-// it is allowed itself, or a cascade rule can lead to one that is (the
-// broker checks every name on the way).
-func mayUse(t *table.Snapshot, tenant, name string, depth int) bool {
-	if t.TenantMayUse(tenant, name) {
-		return true
-	}
-	a := t.Aliases[name]
-	if a == nil || depth >= 8 {
-		return false
-	}
-	for _, c := range a.Cascade {
-		if mayUse(t, tenant, c.Alias, depth+1) {
-			return true
-		}
-	}
-	return false
 }

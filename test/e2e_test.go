@@ -103,6 +103,9 @@ func TestOpenAIClientThroughTheStack(t *testing.T) {
 		if out.Usage.CompletionTokens != 8 {
 			t.Errorf("completion tokens = %d, want 8", out.Usage.CompletionTokens)
 		}
+		if out.Model != "chat-large" {
+			t.Errorf("answer names model %q, want chat-large as asked", out.Model)
+		}
 		rep := resp.Header.Get("X-Switchyard-Replica")
 		if !slices.Contains(devReplicaIDs(), rep) || !strings.HasPrefix(rep, "l70-") {
 			t.Errorf("X-Switchyard-Replica = %q, want a llama-3-70b dev replica", rep)
@@ -131,6 +134,9 @@ func TestOpenAIClientThroughTheStack(t *testing.T) {
 				text.WriteString(ch.Choices[0].Delta.Content)
 			}
 			chunks++
+			if ch.Model != "chat-small" {
+				t.Errorf("chunk names model %q, want chat-small as asked", ch.Model)
+			}
 		}
 		if err := stream.Err(); err != nil {
 			t.Fatal(err)
@@ -166,6 +172,22 @@ func TestOpenAIClientThroughTheStack(t *testing.T) {
 		for _, want := range []string{"auto", "chat-large", "chat-small", "code"} {
 			if !slices.Contains(ids, want) {
 				t.Errorf("models %v lack %s", ids, want)
+			}
+		}
+	})
+
+	t.Run("a tenant sees its adapters", func(t *testing.T) {
+		page, err := client(st, "sk-teamx-dev").Models.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range page.Data {
+			ids = append(ids, m.ID+"/"+m.OwnedBy)
+		}
+		for _, want := range []string{"chat-small:team-x-v3/team-x", "chat-small/switchyard", "llama-3-8b-instruct/switchyard"} {
+			if !slices.Contains(ids, want) {
+				t.Errorf("team-x models %v lack %s", ids, want)
 			}
 		}
 	})
