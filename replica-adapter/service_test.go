@@ -20,24 +20,25 @@ func TestMetadataNamesTheDetectedFlavor(t *testing.T) {
 	e.eng.health.Store(http.StatusServiceUnavailable)
 	e.eng.metrics.Store("")
 	e.start(e.config())
-	flavor := func() string {
+	// While the service is added again, for a moment nothing answers.
+	flavor := func() (string, error) {
 		resp, err := e.nc.Request("$SRV.INFO."+subjects.AdapterService, nil, 5*time.Second)
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 		var info micro.Info
 		if err := json.Unmarshal(resp.Data, &info); err != nil {
 			t.Fatal(err)
 		}
-		return info.Metadata["flavor"]
+		return info.Metadata["flavor"], nil
 	}
-	if f := flavor(); f != "auto" {
-		t.Fatalf("flavor %q before the engine answered, want auto", f)
+	if f, err := flavor(); f != "auto" {
+		t.Fatalf("flavor %q (%v) before the engine answered, want auto", f, err)
 	}
 	e.eng.metrics.Store("vllm/metrics-idle.txt")
 	checkFor(t, 5*time.Second, func() error {
-		if f := flavor(); f != "vllm" {
-			return fmt.Errorf("metadata flavor %q", f)
+		if f, err := flavor(); f != "vllm" {
+			return fmt.Errorf("metadata flavor %q (%v)", f, err)
 		}
 		return nil
 	})
