@@ -307,6 +307,56 @@ func validateModel(key string, m *Model) error {
 	if m.DefaultMaxTokens < 0 {
 		return fieldErr(key, "default_max_tokens", "must not be negative")
 	}
+	if m.IdleUnloadAfter < 0 {
+		return fieldErr(key, "idle_unload_after", "must not be negative")
+	}
+	if m.ExpectedLoadSeconds < 0 || m.ExpectedLoadSeconds > 86400 {
+		return fieldErr(key, "expected_load_seconds", "must be in [0, 86400], got %v", m.ExpectedLoadSeconds)
+	}
+	if m.OnCold != "" && m.OnCold != OnColdReject && m.OnCold != OnColdWait {
+		return fieldErr(key, "on_cold", "want reject or wait, got %q", m.OnCold)
+	}
+	if err := validateAction(key, "load", m.Load); err != nil {
+		return err
+	}
+	return validateAction(key, "unload", m.Unload)
+}
+
+// k8sName is a DNS-1123 label, what namespaces and Deployments are named.
+var k8sName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+func validateAction(key, field string, a *Action) error {
+	if a == nil {
+		return nil
+	}
+	n := 0
+	if len(a.Exec) > 0 {
+		n++
+		if a.Exec[0] == "" {
+			return fieldErr(key, field+".exec", "the first element must be the program")
+		}
+	}
+	if a.Webhook != "" {
+		n++
+		if !strings.HasPrefix(a.Webhook, "http://") && !strings.HasPrefix(a.Webhook, "https://") {
+			return fieldErr(key, field+".webhook", "want an http:// or https:// URL, got %q", a.Webhook)
+		}
+	}
+	if k := a.Kubernetes; k != nil {
+		n++
+		if !k8sName.MatchString(k.Namespace) {
+			return fieldErr(key, field+".kubernetes.namespace", "invalid namespace %q", k.Namespace)
+		}
+		if len(k.Deployment) > 253 || !k8sName.MatchString(k.Deployment) {
+			return fieldErr(key, field+".kubernetes.deployment", "invalid deployment name %q", k.Deployment)
+		}
+		if k.Replicas < 0 || k.Replicas > 1000 {
+			return fieldErr(key, field+".kubernetes.replicas", "must be in [0, 1000], got %d", k.Replicas)
+		}
+	}
+	if n != 1 {
+		return fieldErr(key, field, "want exactly one of exec, webhook or kubernetes")
+	}
 	return nil
 }
 

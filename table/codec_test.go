@@ -67,6 +67,17 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "unknown key", key: "routes.x", value: `{}`, msg: "unknown key"},
 		{name: "prefix without dot", key: "aliases", value: `{}`, msg: "unknown key"},
 
+		// Cold models: load actions and the wait.
+		{name: "two load actions", key: "models.m", value: `{"load": {"exec": ["/bin/true"], "webhook": "http://x"}}`, field: "load", msg: "exactly one"},
+		{name: "empty load action", key: "models.m", value: `{"unload": {}}`, field: "unload", msg: "exactly one"},
+		{name: "exec without program", key: "models.m", value: `{"load": {"exec": [""]}}`, field: "load.exec", msg: "program"},
+		{name: "webhook not http", key: "models.m", value: `{"load": {"webhook": "file:///etc/passwd"}}`, field: "load.webhook", msg: "http"},
+		{name: "kubernetes bad namespace", key: "models.m", value: `{"load": {"kubernetes": {"namespace": "Bad_NS", "deployment": "d"}}}`, field: "load.kubernetes.namespace", msg: "invalid"},
+		{name: "kubernetes bad replicas", key: "models.m", value: `{"load": {"kubernetes": {"namespace": "ml", "deployment": "d", "replicas": -1}}}`, field: "load.kubernetes.replicas", msg: "[0, 1000]"},
+		{name: "on_cold unknown", key: "models.m", value: `{"on_cold": "queue"}`, field: "on_cold", msg: "reject or wait"},
+		{name: "idle negative", key: "models.m", value: `{"idle_unload_after": "-1m"}`, field: "idle_unload_after", msg: "negative"},
+		{name: "expected load negative", key: "models.m", value: `{"expected_load_seconds": -1}`, field: "expected_load_seconds", msg: "[0, 86400]"},
+
 		// Policy ranges.
 		{name: "long context zero", key: "policy", value: `{"long_context_tokens": 0}`, field: "long_context_tokens", msg: "positive"},
 		{name: "release above 1", key: "policy", value: `{"affinity_release_threshold": 1.5}`, field: "affinity_release_threshold", msg: "[0, 1]"},
@@ -141,6 +152,19 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestDecodeAccepts(t *testing.T) {
+	t.Run("cold model with actions", func(t *testing.T) {
+		v, err := table.Decode("models.mixtral-8x22b", []byte(`{"tier": "cold", "on_cold": "wait", "idle_unload_after": "10m",
+			"expected_load_seconds": 90, "load": {"kubernetes": {"namespace": "ml", "deployment": "mixtral", "replicas": 2}},
+			"unload": {"exec": ["/usr/local/bin/stop", "{model}", "{version}"]}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := v.V.(table.Model)
+		if m.OnCold != table.OnColdWait || time.Duration(m.IdleUnloadAfter) != 10*time.Minute || m.ExpectedLoadSeconds != 90 ||
+			m.Load == nil || m.Load.Kubernetes == nil || m.Load.Kubernetes.Replicas != 2 || m.Unload == nil || len(m.Unload.Exec) != 3 {
+			t.Errorf("model = %+v", m)
+		}
+	})
 	t.Run("policy defaults", func(t *testing.T) {
 		v, err := table.Decode("policy", []byte(`{"long_context_tokens": 8000, "pool_rules": null}`))
 		if err != nil {

@@ -150,12 +150,49 @@ type Alias struct {
 	Fallbacks []string      `json:"fallbacks,omitempty"`
 }
 
+// What a request for a cold model with no ready replica gets
+// (models.<m>.on_cold).
+const (
+	OnColdReject = "reject" // 503 model_loading with a Retry-After (the default)
+	OnColdWait   = "wait"   // held at the gateway until a replica is ready or the deadline
+)
+
 // Model is the value of models.<model>.
 type Model struct {
 	Versions         []string `json:"versions,omitempty"`
 	Tier             string   `json:"tier,omitempty"`
 	MaxContextTokens int      `json:"max_context_tokens,omitempty"`
 	DefaultMaxTokens int      `json:"default_max_tokens,omitempty"`
+
+	// Load and Unload are what `switchyard loader` runs to bring a cold
+	// model up and to take it down again.
+	Load   *Action `json:"load,omitempty"`
+	Unload *Action `json:"unload,omitempty"`
+	// IdleUnloadAfter unloads a cold model that has had no request for
+	// this long (0: never).
+	IdleUnloadAfter Duration `json:"idle_unload_after,omitempty"`
+	// ExpectedLoadSeconds is how long a load is expected to take, until
+	// one has been measured; it sets model_loading's Retry-After.
+	ExpectedLoadSeconds float64 `json:"expected_load_seconds,omitempty"`
+	// OnCold is OnColdReject (default) or OnColdWait.
+	OnCold string `json:"on_cold,omitempty"`
+}
+
+// Action is one way of loading or unloading a model; exactly one field is
+// set. Exec arguments and the webhook URL may hold {model} and {version}.
+type Action struct {
+	Exec       []string          `json:"exec,omitempty"`
+	Webhook    string            `json:"webhook,omitempty"`
+	Kubernetes *KubernetesAction `json:"kubernetes,omitempty"`
+}
+
+// KubernetesAction scales a Deployment through the API server's scale
+// subresource.
+type KubernetesAction struct {
+	Namespace  string `json:"namespace"`
+	Deployment string `json:"deployment"`
+	// Replicas is the scale to set (load: default 1; unload: always 0).
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // Pool is the value of pools.<pool>: per-pool overrides.
