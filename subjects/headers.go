@@ -16,8 +16,12 @@ const (
 	HdrDeadline        = "Llm-Deadline"
 	HdrExclude         = "Llm-Exclude"
 	HdrStream          = "Llm-Stream"
-	HdrTraceparent     = "traceparent"
-	HdrTracestate      = "tracestate"
+	// HdrColdWaited marks a request the gateway held while its cold model
+	// loaded: the broker charged its request quota when it was held, so the
+	// attempt after the wait is not charged again.
+	HdrColdWaited  = "Llm-Cold-Waited"
+	HdrTraceparent = "traceparent"
+	HdrTracestate  = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"

@@ -127,6 +127,39 @@ type ControlLoad struct {
 	Requested int64  `json:"requested_unix_ms"`
 }
 
+// Load phases of LoadStatus, in order; a load ends ready or failed. An
+// unload goes unloading (its replicas drain), then unloaded or failed.
+const (
+	LoadRequested = "requested"
+	LoadStarted   = "started"
+	LoadReady     = "ready"
+	LoadFailed    = "failed"
+	LoadUnloading = "unloading"
+	LoadUnloaded  = "unloaded"
+)
+
+// LoadStatus is one step of a load or unload, on llm.control.load.status.
+type LoadStatus struct {
+	Model   string `json:"model"`
+	Version string `json:"version,omitempty"`
+	Phase   string `json:"phase"`
+	Loader  string `json:"loader"`
+	// Error says why a load or unload failed.
+	Error string `json:"error,omitempty"`
+	// StartedUnixMillis is when the load was requested; ElapsedMillis the
+	// time since (at ready, the measured time to ready).
+	StartedUnixMillis int64 `json:"started_unix_ms"`
+	ElapsedMillis     int64 `json:"elapsed_ms"`
+	// ExpectedMillis is how long the load is expected to take in all: the
+	// model's expected_load_seconds, else the last measured time to ready
+	// (0: unknown).
+	ExpectedMillis int64 `json:"expected_ms,omitempty"`
+	// RetryAfterMillis, on a failed load, is the cooldown before the next
+	// request may start another.
+	RetryAfterMillis int64 `json:"retry_after_ms,omitempty"`
+	SentUnixMillis   int64 `json:"sent_unix_ms"`
+}
+
 // Alternative is a replica that lost, with its score and why.
 type Alternative struct {
 	Replica string  `json:"replica"`

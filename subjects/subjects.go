@@ -19,6 +19,11 @@ const (
 	AdapterService = "switchyard-adapter"
 	BrokerQueue    = "switchyard-broker"
 	DefaultBucket  = "llm-routing"
+	// LoaderQueue is the loaders' queue group on llm.control.load, and
+	// LoadsBucket the KV bucket where a loader claims a load, so that one
+	// load runs however many loaders and brokers there are.
+	LoaderQueue = "switchyard-loader"
+	LoadsBucket = "llm-loads"
 )
 
 // ErrBadToken is returned for an id that cannot be a subject token.
@@ -89,6 +94,10 @@ func (s Subjects) UsageAll() string { return s.p() + ".usage.*" }
 
 // ControlLoad asks an autoscaler to load a cold-tier model.
 func (s Subjects) ControlLoad() string { return s.p() + ".control.load" }
+
+// ControlLoadStatus carries each load's progress (LoadStatus), from the
+// loader to brokers (Retry-After), gateways (held requests) and dashboards.
+func (s Subjects) ControlLoadStatus() string { return s.p() + ".control.load.status" }
 
 // Explain is the dry-run endpoint for a tenant.
 func (s Subjects) Explain(tenant string) string { return s.p() + ".explain." + tenant }
