@@ -60,6 +60,14 @@ func (l *Loader) claim(ctx context.Context, model, version, phase string, now ti
 		if age < l.cfg.DrainTimeout+l.cfg.LoadTimeout {
 			return false, nil
 		}
+	case phaseReady:
+		// A load request right after the load was ready comes from a
+		// broker (or reaches this loader) before the first ready heartbeat
+		// did. Only a model that has had no ready replica for a while, as
+		// seen by a loader that has listened that long, is loaded again.
+		if phase == phaseLoading && (age < liveFor || now.Sub(l.startedAt()) < liveFor) {
+			return false, nil
+		}
 	case phaseFailed:
 		if phase == phaseLoading && age < l.cfg.Cooldown {
 			return false, nil
@@ -70,6 +78,12 @@ func (l *Loader) claim(ctx context.Context, model, version, phase string, now ti
 		return false, nil // another loader updated it first
 	}
 	return err == nil, err
+}
+
+func (l *Loader) startedAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.started
 }
 
 // setClaim records the outcome of the claim this loader holds.

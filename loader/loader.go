@@ -114,14 +114,14 @@ type Loader struct {
 	serving atomic.Bool
 
 	mu       sync.Mutex
-	running  map[string]*job              // model/version key → the load or unload this loader runs
-	replicas map[string]*seen             // replica id → its last heartbeat
-	active   map[string]time.Time         // model → last request seen
-	measured map[string]time.Duration     // model → last measured time to ready
-	started  time.Time                    // when Run began: models up then are given a full idle period
-	jobs     sync.WaitGroup               // running jobs
-	ctx      context.Context              // Run's, for the jobs
-	ready    map[string]chan struct{}     // model/version key → closed at its first ready heartbeat
+	running  map[string]*job          // model/version key → the load or unload this loader runs
+	replicas map[string]*seen         // replica id → its last heartbeat
+	active   map[string]time.Time     // model → last request seen
+	measured map[string]time.Duration // model → last measured time to ready
+	started  time.Time                // when Run began: models up then are given a full idle period
+	jobs     sync.WaitGroup           // running jobs
+	ctx      context.Context          // Run's, for the jobs
+	ready    map[string]chan struct{} // model/version key → closed at its first ready heartbeat
 }
 
 // seen is what a replica's last heartbeat said.
