@@ -266,6 +266,7 @@ func (b *Broker) subscribe() ([]*nats.Subscription, error) {
 		{b.subj.PlacementAll(), b.onPlacement},
 		{b.subj.UsageAll(), b.onUsage},
 		{b.subj.BrokerPresence(), b.onPresence},
+		{b.subj.ControlLoadStatus(), b.onLoadStatus},
 	} {
 		sub, err := b.nc.Subscribe(s.subject, s.h)
 		if err != nil {

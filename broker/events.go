@@ -126,3 +126,14 @@ func (b *Broker) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 		}
 	}
 }
+
+// onLoadStatus takes a loader's progress report on a cold model, so that
+// model_loading's Retry-After is the time the load has left.
+func (b *Broker) onLoadStatus(m *nats.Msg) {
+	var st subjects.LoadStatus
+	if err := json.Unmarshal(m.Data, &st); err != nil {
+		b.metrics.badMessages.WithLabelValues("load_status").Inc()
+		return
+	}
+	b.router.ObserveLoad(&st, b.cfg.Now())
+}

@@ -185,6 +185,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []by
 		s.features = appendSplit(s.features, v)
 		q.Features = s.features
 	}
+	q.ColdWaited = h.Get(subjects.HdrColdWaited) != ""
 	if v := h.Get(subjects.HdrExclude); v != "" {
 		s.exclude = appendSplit(s.exclude, v)
 		q.Exclude = s.exclude

@@ -100,16 +100,25 @@ func (st *decision) checkDeadline() *subjects.APIError {
 func (st *decision) unavailable() *subjects.APIError {
 	model := st.primary.Model
 	var e *subjects.APIError
+	m := st.snap.Models[model]
 	switch {
 	case st.d.ControlLoad && st.d.LoadModel == model:
 		e = subjects.NewError(503, subjects.CodeModelLoading, "Model "+model+" is not loaded; it has been requested, retry later.")
-		e.RetryAfter = RetryColdLoad
+		e.RetryAfter = st.coldRetryAfter(model, m)
 	case st.loading(model):
 		e = subjects.NewError(503, subjects.CodeModelLoading, "Model "+model+" is loading; retry later.")
 		e.RetryAfter = RetryWarming
+		if !st.r.cold[model].eta.IsZero() {
+			e.RetryAfter = st.coldRetryAfter(model, m)
+		}
 	default:
 		e = subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available.")
 		e.RetryAfter = RetryNoReplicas
+	}
+	if e.Code == subjects.CodeModelLoading {
+		// The gateway holds the request instead when the model's on_cold
+		// is wait (gateway/coldwait.go): it needs the model's id.
+		e.Headers = map[string]string{subjects.HdrRouteModel: model}
 	}
 	return e
 }

@@ -108,6 +108,7 @@ func (st *decision) run() {
 		if !st.fallbacks(&res) {
 			st.target, st.pool, st.adapter = st.primary, d.Pool, d.Lora
 			st.reject(st.unavailable())
+			st.chargeHeld()
 			return
 		}
 	}

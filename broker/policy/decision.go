@@ -16,6 +16,9 @@ type Request struct {
 	Features                                        []string // Llm-Features, e.g. "code"
 	Deadline                                        time.Time
 	Exclude                                         []string
+	// ColdWaited marks a request the gateway held while its cold model
+	// loaded: its request quota was charged when it was held.
+	ColdWaited bool
 	// Prompt returns the canonical prompt. It is called at most once per
 	// decision, and only when a regex cascade rule has to be evaluated; nil
 	// means no prompt (regex rules never match).

@@ -62,7 +62,7 @@ func (st *decision) checkQuota() *subjects.APIError {
 	n := float64(st.r.brokers)
 	st.quota.cost = st.d.ReservedTokens
 	var wait float64 // seconds until both buckets admit this request
-	if q.RPM > 0 {
+	if q.RPM > 0 && !st.req.ColdWaited {
 		capacity := float64(q.RPM) / n
 		st.quota.rpmLevel = tq.rpm.level(q.RPM, capacity, st.now)
 		// A share below one request (rpm 1 over 2 brokers) admits one
@@ -137,12 +137,32 @@ func (st *decision) chargeQuota() {
 		tq = &tenantQuota{}
 		st.r.quotas[st.tenantKey] = tq
 	}
-	if q.RPM > 0 {
+	if q.RPM > 0 && !st.req.ColdWaited {
 		tq.rpm.set(q.RPM, st.quota.rpmLevel-1, st.now)
 	}
 	if q.TPM > 0 {
 		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
 	}
+}
+
+// chargeHeld counts a request the gateway will hold for its cold model
+// (on_cold "wait") against the tenant's request quota, as an admitted one:
+// holding it is service the tenant gets. Its tokens are reserved when it is
+// admitted after the wait, and that admission does not count it again.
+func (st *decision) chargeHeld() {
+	m := st.snap.Models[st.primary.Model]
+	if !st.commit || st.req.ColdWaited || st.d.Err == nil || st.d.Err.Code != subjects.CodeModelLoading || m == nil || m.OnCold != table.OnColdWait {
+		return
+	}
+	if st.tenant == nil || st.tenant.Quota.RPM == 0 {
+		return
+	}
+	tq := st.r.quotas[st.tenantKey]
+	if tq == nil {
+		tq = &tenantQuota{}
+		st.r.quotas[st.tenantKey] = tq
+	}
+	tq.rpm.set(st.tenant.Quota.RPM, st.quota.rpmLevel-1, st.now)
 }
 
 // ObserveUsage settles a tpm reservation: the tokens reserved and not used

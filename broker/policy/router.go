@@ -54,10 +54,11 @@ type Router struct {
 	prefixes map[string]*prefixMap // per model id
 	quotas   map[string]*tenantQuota
 	brokers  int
-	pruneAt  int        // replicas map size that triggers the next sweep
-	epoch    uint64     // stamps the candidates of the current decision
-	rng      *rand.Rand // used when a caller passes none
-	cands    []cand     // scratch, reused by every decision
+	pruneAt  int                 // replicas map size that triggers the next sweep
+	epoch    uint64              // stamps the candidates of the current decision
+	rng      *rand.Rand          // used when a caller passes none
+	cands    []cand              // scratch, reused by every decision
+	cold     map[string]coldLoad // per model, from the loader's status
 	// st is the working state of the decision in progress. It lives here,
 	// not on decide's stack, because the steps are called through the
 	// steps table and an indirect call makes its argument escape: kept

@@ -1,0 +1,74 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// coldLoad is what the loader last said about a cold model's load, so that
+// model_loading's Retry-After is the expected remaining time rather than a
+// constant (llm.control.load.status).
+type coldLoad struct {
+	eta      time.Time     // when the load in flight should be ready; zero when none
+	measured time.Duration // the last measured time to ready
+}
+
+// maxColdRetry bounds a Retry-After taken from a load status.
+const maxColdRetry = time.Hour
+
+// ObserveLoad takes one load status. A load in flight sets when the model
+// should be ready (its start plus the expected time); ready records the
+// measured time; a failed load is expected back after its cooldown.
+func (r *Router) ObserveLoad(s *subjects.LoadStatus, now time.Time) {
+	if s.Model == "" || s.ElapsedMillis < 0 || s.ExpectedMillis < 0 || s.RetryAfterMillis < 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cold == nil {
+		r.cold = map[string]coldLoad{}
+	}
+	c, known := r.cold[s.Model]
+	if !known && len(r.cold) >= maxColdModels {
+		return
+	}
+	started := time.UnixMilli(s.StartedUnixMillis)
+	switch s.Phase {
+	case subjects.LoadRequested, subjects.LoadStarted:
+		if expected := time.Duration(s.ExpectedMillis) * time.Millisecond; expected > 0 {
+			c.eta = started.Add(min(expected, maxColdRetry))
+		}
+	case subjects.LoadReady:
+		c.eta = time.Time{}
+		c.measured = min(time.Duration(s.ElapsedMillis)*time.Millisecond, maxColdRetry)
+	case subjects.LoadFailed:
+		c.eta = now.Add(min(time.Duration(s.RetryAfterMillis)*time.Millisecond, maxColdRetry))
+	case subjects.LoadUnloaded:
+		c.eta = time.Time{}
+	default:
+		return
+	}
+	r.cold[s.Model] = c
+}
+
+// maxColdModels bounds the load statuses remembered.
+const maxColdModels = 4096
+
+// coldRetryAfter is the Retry-After of model_loading for model: the time
+// left of the load in flight, else the model's expected_load_seconds, else
+// the last measured time to ready, else RetryColdLoad. Lock must be held.
+func (st *decision) coldRetryAfter(model string, m *table.Model) time.Duration {
+	c := st.r.cold[model]
+	if !c.eta.IsZero() {
+		return max(c.eta.Sub(st.now), RetryWarming/5)
+	}
+	switch {
+	case m != nil && m.ExpectedLoadSeconds > 0:
+		return time.Duration(m.ExpectedLoadSeconds * float64(time.Second))
+	case c.measured > 0:
+		return c.measured
+	}
+	return RetryColdLoad
+}
