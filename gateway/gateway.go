@@ -85,6 +85,12 @@ type Config struct {
 	Ready func() error
 	// Extra mounts more handlers on the gateway's mux (the dashboard).
 	Extra map[string]http.Handler
+	// MaxColdWaits bounds the requests held while their cold model loads
+	// (on_cold: wait; default 256); more get the 503 at once.
+	MaxColdWaits int
+	// ColdKeepalive is the interval of the SSE comments sent to a held
+	// stream (default 10s).
+	ColdKeepalive time.Duration
 }
 
 // Gateway serves the OpenAI API over NATS.
@@ -98,6 +104,7 @@ type Gateway struct {
 	disp     *dispatcher
 	metrics  *metrics
 	budget   retryBudget
+	cold     *coldWaits
 	replyPfx string
 	mux      *http.ServeMux
 	maxBody  int64
@@ -126,6 +133,8 @@ func (c *Config) Validate() error {
 		check.Duration("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
 		check.Duration("write-timeout", c.WriteTimeout, 0, 10*time.Minute),
 		check.Range("handoff-depth", c.HandoffDepth, 0, 1<<16),
+		check.Range("max-cold-waits", c.MaxColdWaits, 0, 1<<20),
+		check.Duration("cold-keepalive", c.ColdKeepalive, 0, time.Hour),
 	)
 }
 
@@ -158,6 +167,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
 	g.disp = newDispatcher(cfg.HandoffDepth)
 	g.metrics = newMetrics(cfg.Registerer)
+	g.cold = newColdWaits(cfg.MaxColdWaits, cfg.Registerer)
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
 	g.mux = g.routes()
@@ -203,6 +213,12 @@ func setDefaults(cfg *Config) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxColdWaits == 0 {
+		cfg.MaxColdWaits = DefaultMaxColdWaits
+	}
+	if cfg.ColdKeepalive <= 0 {
+		cfg.ColdKeepalive = DefaultColdKeepalive
+	}
 }
 
 // Handler is the gateway's HTTP handler (for tests and embedding).
@@ -228,6 +244,9 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		return err
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	if err := g.subscribeCold(ctx, wg); err != nil {
+		return err
+	}
 	// Replies sent while the connection is down are lost, so a gap would
 	// only show at the idle timeout: every request in flight fails now.
 	status := g.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)

@@ -27,6 +27,7 @@ type upstream struct {
 	deadline time.Time
 	exclude  []string
 	started  time.Time
+	cold     *nats.Msg // a model_loading rejection to hold for (coldwait.go)
 }
 
 // relay sends the request through brokers: attempts until one answers or
@@ -37,10 +38,10 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	ctx, cancel := context.WithDeadline(r.Context(), u.deadline)
 	defer cancel()
 	out := &response{g: g, w: w, u: u}
-	res := g.try(ctx, out)
+	res := g.tryCold(ctx, out)
 	for n := 1; judge(res) == retry && n <= g.cfg.MaxRetries && g.budget.acquire(); n++ {
 		g.metrics.retries.Inc()
-		res = g.try(ctx, out)
+		res = g.tryCold(ctx, out)
 		g.budget.release()
 	}
 	g.conclude(out, res)
@@ -168,6 +169,9 @@ func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time
 			if m.Header.Get(subjects.HdrEOS) != "" {
 				if gone {
 					return leave(result{ended: true}) // rejected: nothing started
+				}
+				if g.holdable(out.u, m) {
+					return result{ended: true} // held for its cold model by tryCold
 				}
 				return out.rejected(m)
 			}

@@ -25,6 +25,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
+	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err

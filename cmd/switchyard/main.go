@@ -34,6 +34,7 @@ func commands() []command {
 		{"broker", "run a broker (routing decisions) against NATS", runBroker},
 		{"gateway", "run the OpenAI-compatible HTTP gateway against NATS", runGateway},
 		{"adapter", "run a replica adapter beside an engine", runAdapter},
+		{"loader", "load cold models on request and unload idle ones", runLoader},
 		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
