@@ -156,7 +156,11 @@ func (s *Stack) StartBroker(i int) error {
 
 // Faults returns the fault injector of a replica's simulated engine (nil
 // for a replica with an EngineURL).
-func (s *Stack) Faults(id string) *Faults { return s.faults[id] }
+func (s *Stack) Faults(id string) *Faults {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	return s.faults[id]
+}
 
 // NATSServer is the embedded server, e.g. to disable JetStream.
 func (s *Stack) NATSServer() *server.Server {

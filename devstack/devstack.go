@@ -28,6 +28,7 @@ import (
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -91,6 +92,13 @@ type Config struct {
 	// Faults are in force from the start for the replicas named (the others
 	// get an empty one); see Stack.Faults.
 	Faults map[string]*Faults
+	// ColdReplicas are started by the dev loader when their model is asked
+	// for (default ColdReplicas(); an empty, non-nil slice: none), and
+	// ColdLoad is their load time at speed 1 (default DefaultColdLoad).
+	ColdReplicas []Replica
+	ColdLoad     time.Duration
+	// Loader tunes the dev loader (Actions, Logger and metrics are set here).
+	Loader loader.Config
 }
 
 // Stack is a running dev stack.
@@ -127,6 +135,9 @@ type Stack struct {
 
 	hbMu sync.Mutex
 	seen map[string]bool
+
+	loader *loader.Loader
+	cold   *devActions
 }
 
 // Validate range-checks cfg before anything starts. Zero values stand for
@@ -139,6 +150,7 @@ func (c *Config) Validate() error {
 		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Hour),
 		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Hour),
 		check.Duration("drain-grace", c.DrainGrace, math.MinInt64, time.Hour),
+		check.Duration("cold-load", c.ColdLoad, 0, time.Hour),
 		c.Gateway.Validate(),
 	)
 }
@@ -160,6 +172,12 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	}
 	if cfg.Replicas == nil {
 		cfg.Replicas = Replicas()
+	}
+	if cfg.ColdReplicas == nil {
+		cfg.ColdReplicas = ColdReplicas()
+	}
+	if cfg.ColdLoad <= 0 {
+		cfg.ColdLoad = DefaultColdLoad
 	}
 	if cfg.Brokers <= 0 {
 		cfg.Brokers = 1
@@ -226,6 +244,9 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 			return nil, err
 		}
 	}
+	if err := s.startLoader(); err != nil {
+		return nil, err
+	}
 
 	gnc, err := connect("switchyard-gateway")
 	if err != nil {
@@ -273,8 +294,48 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 		return fmt.Errorf("routing-table bucket: %w", err)
 	}
 	flat := examples.Flat()
+	// The table tells clients how long the simulated cold models take to
+	// load, at this speed.
+	secs := (time.Duration(float64(s.cfg.ColdLoad) / s.cfg.Speed)).Seconds()
+	for _, r := range s.cfg.ColdReplicas {
+		k := table.PrefixModels + r.Model
+		raw, ok := flat[k]
+		if !ok {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+		m["expected_load_seconds"] = math.Round(secs*10) / 10
+		if flat[k], err = json.Marshal(m); err != nil {
+			return err
+		}
+	}
 	_, err = kv.Seed(ctx, bucket, flat)
 	return err
+}
+
+// startLoader runs the dev loader, whose actions start and stop the cold
+// dev replicas in this process.
+func (s *Stack) startLoader() error {
+	nc, err := s.connect("switchyard-loader")
+	if err != nil {
+		return err
+	}
+	lcfg := s.cfg.Loader
+	if lcfg.ID == "" {
+		lcfg.ID = "dev-loader"
+	}
+	s.cold = &devActions{s: s, fallback: &loader.Standard{}, running: map[string]*coldRun{}}
+	lcfg.Actions, lcfg.Logger, lcfg.Registerer = s.cold, s.log, replacing{s.registry}
+	l, err := loader.New(nc, lcfg)
+	if err != nil {
+		return err
+	}
+	s.loader = l
+	s.goRun("loader", l.Run, s.runCtx)
+	return nil
 }
 
 func (s *Stack) startReplica(r Replica) error {
@@ -290,7 +351,9 @@ func (s *Stack) startReplica(r Replica) error {
 		if f == nil {
 			f = new(Faults)
 		}
+		s.partsMu.Lock()
 		s.engines[r.ID], s.faults[r.ID] = eng, f
+		s.partsMu.Unlock()
 		host := newEngineHost(eng, f, s.log)
 		// Engines outlive the adapters so that draining adapters can finish
 		// their requests: they stop on engineCtx, cancelled after the rest.
@@ -396,7 +459,14 @@ func (s *Stack) Gateway() *gateway.Gateway { return s.gw }
 
 // Engine returns a dev replica's simulated engine (nil for a replica with
 // an EngineURL).
-func (s *Stack) Engine(id string) *enginesim.Server { return s.engines[id] }
+func (s *Stack) Engine(id string) *enginesim.Server {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	return s.engines[id]
+}
+
+// Loader is the dev loader.
+func (s *Stack) Loader() *loader.Loader { return s.loader }
 
 // Registry is the one Prometheus registry every part reports to.
 func (s *Stack) Registry() *prometheus.Registry { return s.registry }

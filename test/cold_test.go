@@ -1,0 +1,167 @@
+package test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+const mixtral = "mixtral-8x22b"
+
+// chatOnce sends one chat request and returns its status, headers and body.
+func chatOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// The cold model in `switchyard dev`: many requests on two brokers while it
+// is cold get 503 model_loading with the load's Retry-After and start one
+// load; it then serves; idle, it is drained and unloaded; the next request
+// loads it again.
+func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
+	const speed = 10 // a 2 s load
+	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.Replicas()[6:7], Speed: speed})
+	url := st.GatewayURL()
+	body := chatBody("mixtral", 4, false)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[string]int{}
+	for range 20 {
+		wg.Go(func() {
+			status, h, b := chatOnce(t, url, body, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			if status == 503 && strings.Contains(b, `"model_loading"`) {
+				codes["model_loading"]++
+				if ra, _ := strconv.Atoi(h.Get("Retry-After")); ra < 1 || ra > 3 {
+					t.Errorf("Retry-After = %q, want about the 2 s load", h.Get("Retry-After"))
+				}
+				return
+			}
+			codes[strconv.Itoa(status)]++
+		})
+	}
+	wg.Wait()
+	if codes["model_loading"] == 0 {
+		t.Fatalf("answers while cold = %v, want 503 model_loading", codes)
+	}
+	took := within(t, time.Minute, func() error {
+		status, h, b := chatOnce(t, url, body, nil)
+		if status != 200 {
+			return &answerErr{status, b}
+		}
+		if r := h.Get("X-Switchyard-Replica"); r != "mixtral-gen-0" {
+			t.Errorf("served by %q, want mixtral-gen-0", r)
+		}
+		return nil
+	})
+	t.Logf("first 200 %s after the 503s", took.Round(10*time.Millisecond))
+	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 1 {
+		t.Errorf("loads ready = %v, want 1 for %d requests on two brokers", n, 20)
+	}
+
+	// Idle: drained, unloaded, and loaded again by the next request.
+	kv := kvBucket(t, st)
+	ctx := context.Background()
+	if _, err := kv.Put(ctx, "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "idle_unload_after": "1s", "expected_load_seconds": 2}`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		return metric(st, "switchyard_loader_unloads_total", map[string]string{"model": mixtral, "outcome": "unloaded"}) == 1, "not unloaded"
+	})
+	eventually(t, 10*time.Second, func() (bool, string) {
+		_, err := kv.Get(ctx, "replicas.mixtral-gen-0")
+		return err != nil, "the unloaded replica is still registered"
+	})
+	if status, _, b := chatOnce(t, url, body, nil); status != 503 || !strings.Contains(b, "model_loading") {
+		t.Fatalf("after the unload: %d %s, want 503 model_loading", status, b)
+	}
+	within(t, time.Minute, func() error {
+		if status, _, b := chatOnce(t, url, body, nil); status != 200 {
+			return &answerErr{status, b}
+		}
+		return nil
+	})
+	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 2 {
+		t.Errorf("loads ready = %v, want 2", n)
+	}
+}
+
+type answerErr struct {
+	status int
+	body   string
+}
+
+func (e *answerErr) Error() string { return strconv.Itoa(e.status) + " " + e.body }
+
+// on_cold "wait": the gateway holds the request until the model is ready,
+// within the request's deadline; a deadline shorter than the load gets the
+// 503 it would have got. A held stream gets SSE comments while it waits.
+func TestOnColdWaitHoldsUntilReady(t *testing.T) {
+	const speed = 10 // a 2 s load
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: speed})
+	url := st.GatewayURL()
+	kv := kvBucket(t, st)
+	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		m := st.Gateway().Table().Models[mixtral]
+		return m != nil && m.OnCold == table.OnColdWait, "the gateway has not seen on_cold: wait"
+	})
+
+	// Half a second is not enough for a 2 s load: the 503, after the wait.
+	began := time.Now()
+	status, h, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "0.5"})
+	if status != 503 || !strings.Contains(b, `"model_loading"`) || h.Get("Retry-After") == "" {
+		t.Fatalf("short deadline: %d %s, want 503 model_loading with Retry-After", status, b)
+	}
+	if waited := time.Since(began); waited < 400*time.Millisecond {
+		t.Errorf("the short-deadline request was answered after %s: it was not held", waited)
+	}
+
+	// Thirty seconds cover it: a plain request and a stream, both held.
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "30"})
+		if status != 200 || !strings.Contains(b, `"choices"`) {
+			t.Errorf("held request: %d %s, want 200", status, b)
+		}
+	})
+	wg.Go(func() {
+		status, h, b := chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "30"})
+		if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load") || !strings.Contains(b, "data: [DONE]") || strings.Contains(b, "event: error") {
+			t.Errorf("held stream: %d %q, want 200, a waiting comment, then the stream to [DONE]", status, b)
+		}
+		if ct := h.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+			t.Errorf("held stream Content-Type = %q", ct)
+		}
+	})
+	wg.Wait()
+	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "ready"}); n < 2 {
+		t.Errorf("cold waits ended ready = %v, want ≥ 2", n)
+	}
+	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 1 {
+		t.Errorf("cold waits ended at the deadline = %v, want 1", n)
+	}
+}
