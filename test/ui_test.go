@@ -172,6 +172,21 @@ func TestDashboardInHeadlessChromium(t *testing.T) {
 		}
 	})
 
+	t.Run("cold load", func(t *testing.T) {
+		// mixtral is cold: the request gets 503 and starts its load, which
+		// the page shows until the replica is ready.
+		if _, err := postChat(st, "", "mixtral", "Hello", 4); err == nil || !strings.Contains(err.Error(), "model_loading") {
+			t.Fatalf("cold model answered %v, want 503 model_loading", err)
+		}
+		if _, err := chromedp.Run(tab, chromedp.PollFunction[bool](`() => {
+			const l = document.querySelector('#loads .load.ready');
+			return !!l && l.innerText.includes('mixtral-8x22b') && l.innerText.includes('ready in');
+		}`, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+			text, _ := chromedp.Run(tab, chromedp.Text(`#loads`))
+			t.Fatalf("the load is not shown ready (%v):\n%s", err, text)
+		}
+	})
+
 	t.Run("screenshot", func(t *testing.T) {
 		out := os.Getenv("SWITCHYARD_UI_SCREENSHOT")
 		if out != "" {

@@ -19,6 +19,7 @@ type State struct {
 	NowUnixMs int64          `json:"now_unix_ms"`
 	Policy    policyView     `json:"policy"`
 	Models    []modelGroup   `json:"models"`
+	Loads     []loadView     `json:"loads"` // by model`
 	Decisions []decisionView `json:"decisions"` // newest first
 	Seen      uint64         `json:"decisions_seen"`
 	Keep      int            `json:"decisions_kept"`
@@ -71,6 +72,30 @@ type replicaView struct {
 	Ejections      int   `json:"ejections,omitempty"`
 }
 
+// loadView is a cold model's latest load status (llm.control.load.status).
+type loadView struct {
+	Model      string `json:"model"`
+	Version    string `json:"version,omitempty"`
+	Phase      string `json:"phase"`
+	Loader     string `json:"loader"`
+	Error      string `json:"error,omitempty"`
+	ElapsedMs  int64  `json:"elapsed_ms"`
+	ExpectedMs int64  `json:"expected_ms,omitempty"`
+	AgeMs      int64  `json:"age_ms"`
+}
+
+// loadViews lists the load statuses by model. Lock should be held.
+func (u *UI) loadViews(now time.Time) []loadView {
+	out := make([]loadView, 0, len(u.loads))
+	for _, l := range u.loads {
+		st := l.st
+		out = append(out, loadView{Model: st.Model, Version: st.Version, Phase: st.Phase, Loader: st.Loader, Error: st.Error,
+			ElapsedMs: st.ElapsedMillis, ExpectedMs: st.ExpectedMillis, AgeMs: max(0, now.Sub(l.at).Milliseconds())})
+	}
+	slices.SortFunc(out, func(a, b loadView) int { return cmp.Compare(a.Model, b.Model) })
+	return out
+}
+
 type decisionView struct {
 	Seq uint64 `json:"seq"`
 	subjects.Decision
@@ -103,6 +128,7 @@ func (u *UI) state(now time.Time, full bool, afterSeq, afterRev uint64) *State {
 			DeadAfterMs:  time.Duration(pol.DeadAfter).Milliseconds(),
 		},
 		Models: u.groups(now, t, pol),
+		Loads:  u.loadViews(now),
 		Seen:   u.seq,
 		Keep:   u.cfg.MaxDecisions,
 	}

@@ -1,5 +1,6 @@
 // Package ui is Switchyard's live dashboard: the replicas with their KV usage
-// and queues, the routing table and the latest explained decisions, pushed to
+// and queues, cold models' loads, the routing table and the latest explained
+// decisions, pushed to
 // the browser as Server-Sent Events. The page is plain HTML, CSS and
 // JavaScript embedded in the binary: no build step, nothing fetched from
 // elsewhere.
@@ -74,9 +75,18 @@ type UI struct {
 	pushedRev uint64 // table revision already pushed
 	dirty     bool   // a heartbeat arrived since the last push
 	clients   map[*client]struct{}
+	loads     map[string]loadSeen // model → its latest load status
 	stopped   bool
 	table     func() *table.Snapshot
 }
+
+type loadSeen struct {
+	st subjects.LoadStatus
+	at time.Time
+}
+
+// maxLoads bounds the models whose load status is kept.
+const maxLoads = 1024
 
 type heartbeatSeen struct {
 	hb subjects.Heartbeat
@@ -106,6 +116,7 @@ func New(nc *nats.Conn, cfg Config) *UI {
 		replicas:  map[string]heartbeatSeen{},
 		ejections: map[string]subjects.Ejection{},
 		clients:   map[*client]struct{}{},
+		loads:     map[string]loadSeen{},
 		table:     cfg.Table,
 	}
 	if u.table == nil {
@@ -157,6 +168,11 @@ func (u *UI) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = ejSub.Unsubscribe() }()
+	loadSub, err := u.nc.Subscribe(u.subj.ControlLoadStatus(), u.onLoadStatus)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = loadSub.Unsubscribe() }()
 
 	t := time.NewTicker(u.cfg.Interval)
 	defer t.Stop()
@@ -193,6 +209,21 @@ func (u *UI) onEjection(m *nats.Msg) {
 	u.mu.Lock()
 	if e.UntilUnixMs > u.ejections[e.Replica].UntilUnixMs {
 		u.ejections[e.Replica] = e
+		u.dirty = true
+	}
+	u.mu.Unlock()
+}
+
+// onLoadStatus keeps each cold model's latest load status.
+func (u *UI) onLoadStatus(m *nats.Msg) {
+	var st subjects.LoadStatus
+	if err := json.Unmarshal(m.Data, &st); err != nil || !table.ValidName(st.Model) {
+		u.log.Debug("bad load status", "err", err)
+		return
+	}
+	u.mu.Lock()
+	if _, ok := u.loads[st.Model]; ok || len(u.loads) < maxLoads {
+		u.loads[st.Model] = loadSeen{st: st, at: time.Now()}
 		u.dirty = true
 	}
 	u.mu.Unlock()

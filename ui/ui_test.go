@@ -49,6 +49,13 @@ type state struct {
 		Seq uint64 `json:"seq"`
 		subjects.Decision
 	} `json:"decisions"`
+	Loads []struct {
+		Model      string `json:"model"`
+		Phase      string `json:"phase"`
+		Error      string `json:"error"`
+		ElapsedMs  int64  `json:"elapsed_ms"`
+		ExpectedMs int64  `json:"expected_ms"`
+	} `json:"loads"`
 	Seen  uint64 `json:"decisions_seen"`
 	Table *struct {
 		Revision uint64 `json:"revision"`
@@ -92,8 +99,8 @@ func newRig(t *testing.T, cfg ui.Config) (*rig, string) {
 	go func() { r.done <- r.ui.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
 	// Messages published before Run subscribed would be lost: wait for its
-	// heartbeat and decision subscriptions to reach the server.
-	waitFor(t, "the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+2 })
+	// heartbeat, decision and load status subscriptions to reach the server.
+	waitFor(t, "the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+3 })
 	return r, url
 }
 
@@ -398,4 +405,24 @@ func TestStoppingEndsEveryStreamAndLeavesNoGoroutines(t *testing.T) {
 	}
 	r.srv.Close()
 	r.nc.Close()
+}
+
+// Each cold model's latest load status is on the dashboard.
+func TestLoadStatusIsPushed(t *testing.T) {
+	r, _ := newRig(t, ui.Config{Table: func() *table.Snapshot { return devSnapshot(t) }})
+	ev := openEvents(t, r.srv.URL)
+	ev.next(t, "the first full state", func(s state) bool { return s.Full })
+	subj := subjects.New("")
+	r.publish(t, subj.ControlLoadStatus(), subjects.LoadStatus{Model: "mixtral-8x22b", Phase: subjects.LoadStarted, ExpectedMillis: 20000})
+	r.publish(t, subj.ControlLoadStatus(), subjects.LoadStatus{Model: "mixtral-8x22b", Phase: subjects.LoadReady, ElapsedMillis: 20400})
+	r.publish(t, subj.ControlLoadStatus(), subjects.LoadStatus{Model: "dbrx", Phase: subjects.LoadFailed, Error: "no GPU"})
+	s := ev.next(t, "both models' loads", func(s state) bool {
+		return len(s.Loads) == 2 && s.Loads[1].Phase == subjects.LoadReady
+	})
+	if l := s.Loads[0]; l.Model != "dbrx" || l.Error != "no GPU" {
+		t.Errorf("loads[0] = %+v, want dbrx failed with its error", l)
+	}
+	if l := s.Loads[1]; l.Model != "mixtral-8x22b" || l.ElapsedMs != 20400 {
+		t.Errorf("loads[1] = %+v, want mixtral-8x22b ready after 20.4 s", l)
+	}
 }

@@ -236,6 +236,35 @@
     pre.textContent = open ? `${open.key}\n${JSON.stringify(open.value, null, 2)}` : '';
   }
 
+  // ---- cold loads ----
+
+  function secs(ms) { return (ms / 1000).toFixed(1) + ' s'; }
+
+  function loadRow(l) {
+    let what;
+    switch (l.phase) {
+      case 'requested': case 'started':
+        what = `loading: ${secs(l.elapsed_ms + l.age_ms)}` + (l.expected_ms ? ` of about ${secs(l.expected_ms)}` : '');
+        break;
+      case 'ready': what = `ready in ${secs(l.elapsed_ms)}`; break;
+      case 'failed': what = `failed after ${secs(l.elapsed_ms)}: ${l.error || ''}`; break;
+      case 'unloading': what = 'draining, then unloading'; break;
+      case 'unloaded': what = `unloaded ${secs(l.age_ms)} ago`; break;
+      default: what = l.phase;
+    }
+    return h('div', 'load ' + l.phase, h('span', 'id', l.model + (l.version ? ' ' + l.version : '')),
+      h('span', 'phase', l.phase), h('span', '', what), h('small', 'mono', l.loader));
+  }
+
+  function renderLoads() {
+    const loads = last.loads || [];
+    if (!loads.length) {
+      $('loads').replaceChildren(h('p', 'empty', 'No cold model has been asked for.'));
+      return;
+    }
+    $('loads').replaceChildren(...loads.map(loadRow));
+  }
+
   // ---- page ----
 
   function renderSummary() {
@@ -252,6 +281,7 @@
   function render(decisionsChanged, tableChanged) {
     renderSummary();
     renderReplicas();
+    renderLoads();
     if (decisionsChanged) renderDecisions();
     if (tableChanged) renderTable();
   }
