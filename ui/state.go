@@ -19,7 +19,7 @@ type State struct {
 	NowUnixMs int64          `json:"now_unix_ms"`
 	Policy    policyView     `json:"policy"`
 	Models    []modelGroup   `json:"models"`
-	Loads     []loadView     `json:"loads"` // by model`
+	Loads     []loadView     `json:"loads"`     // by model`
 	Decisions []decisionView `json:"decisions"` // newest first
 	Seen      uint64         `json:"decisions_seen"`
 	Keep      int            `json:"decisions_kept"`
