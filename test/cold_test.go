@@ -2,11 +2,15 @@ package test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,4 +168,49 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 1 {
 		t.Errorf("cold waits ended at the deadline = %v, want 1", n)
 	}
+}
+
+// `switchyard dev` itself: mixtral answers 503 model_loading first, then
+// 200 within a minute (at --speed 20 its load takes a second).
+func TestDevServesTheColdModel(t *testing.T) {
+	bin := binary(t)
+	var out, errs lockedBuffer
+	dev := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir(), "--speed", "20")
+	dev.Stdout, dev.Stderr = &out, &errs
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- dev.Wait() }()
+	t.Cleanup(func() {
+		_ = dev.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = dev.Process.Kill()
+			<-done
+		}
+	})
+	gwRE := regexp.MustCompile(`gateway\s+(http://\S+)`)
+	var gw string
+	within(t, 60*time.Second, func() error {
+		m := gwRE.FindStringSubmatch(out.String())
+		if m == nil {
+			return errors.New("dev has not printed its URL: " + errs.String())
+		}
+		gw = m[1]
+		return nil
+	})
+	body := chatBody("mixtral", 4, false)
+	status, h, b := chatOnce(t, gw, body, nil)
+	if status != 503 || !strings.Contains(b, `"model_loading"`) || h.Get("Retry-After") == "" {
+		t.Fatalf("first mixtral request: %d %s, want 503 model_loading with Retry-After", status, b)
+	}
+	took := within(t, time.Minute, func() error {
+		if status, _, b := chatOnce(t, gw, body, nil); status != 200 {
+			return &answerErr{status, b}
+		}
+		return nil
+	})
+	t.Logf("mixtral: 503 model_loading (Retry-After %s), then 200 after %s at --speed 20", h.Get("Retry-After"), took.Round(10*time.Millisecond))
 }

@@ -48,8 +48,11 @@ Try:
     -H 'Content-Type: application/json' \
     -d '{"model":"chat-large","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' -i
 
+"model":"mixtral" is cold: its first request answers 503 model_loading and starts a
+simulated load of %s; it serves after that, and unloads after 5 minutes idle.
+
 Ctrl-C stops everything.
-`, url, st.NATSURL(), st.NATSURL(), url)
+`, url, st.NATSURL(), st.NATSURL(), url, time.Duration(float64(devstack.DefaultColdLoad)/cfg.Speed).Round(100*time.Millisecond))
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping…")
 	return st.Close()
