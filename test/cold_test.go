@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -213,4 +214,41 @@ func TestDevServesTheColdModel(t *testing.T) {
 		return nil
 	})
 	t.Logf("mixtral: 503 model_loading (Retry-After %s), then 200 after %s at --speed 20", h.Get("Retry-After"), took.Round(10*time.Millisecond))
+}
+
+// The requests held per gateway are bounded (--max-cold-waits): one more
+// gets the 503 at once.
+func TestColdWaitsAreBounded(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: 1, ColdLoad: time.Minute,
+		Gateway: gateway.Config{MaxColdWaits: 1}})
+	url := st.GatewayURL()
+	kv := kvBucket(t, st)
+	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait"}`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		m := st.Gateway().Table().Models[mixtral]
+		return m != nil && m.OnCold == table.OnColdWait, "the gateway has not seen on_cold: wait"
+	})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "5"}); status != 503 {
+			t.Errorf("held request past its deadline: %d %s, want 503", status, b)
+		}
+	})
+	eventually(t, 5*time.Second, func() (bool, string) {
+		return metric(st, "switchyard_gateway_cold_waiting_requests", nil) == 1, "no request held"
+	})
+	began := time.Now()
+	status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "5"})
+	if status != 503 || !strings.Contains(b, "model_loading") {
+		t.Errorf("second request: %d %s, want 503 model_loading", status, b)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("the second request was answered after %s: it was held beyond the bound", took)
+	}
+	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "full"}); n != 1 {
+		t.Errorf("cold waits refused for want of a slot = %v, want 1", n)
+	}
+	wg.Wait()
 }
