@@ -335,3 +335,24 @@ func TestKubernetesScale(t *testing.T) {
 		t.Errorf("with a bad token: err = %v, want 401", err)
 	}
 }
+
+// A load whose action succeeded but whose replica never heartbeats ready
+// fails at the load timeout, and says so.
+func TestLoadWithoutAReadyReplicaFails(t *testing.T) {
+	path, _ := script(t, "")
+	e := newEnv(t, map[string]string{mixtral: coldModel(execAction(path), "")})
+	reg := e.start(loader.Config{ID: "loader-a", LoadTimeout: 500 * time.Millisecond})
+	e.request(mixtral, "v1.0.0", 1)
+	e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateLoading, 0)
+	e.eventually(10*time.Second, "the failure", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 })
+	st, _ := e.last(mixtral, subjects.LoadFailed)
+	if !strings.Contains(st.Error, "no replica of "+mixtral+" heartbeat ready within 500ms") || st.ElapsedMillis < 500 {
+		t.Errorf("failed status = %+v, want the load timeout", st)
+	}
+	if got := strings.Join(e.phases(mixtral), ","); got != "requested,started,failed" {
+		t.Errorf("phases = %s", got)
+	}
+	if n := loads(reg, mixtral, "failed"); n != 1 {
+		t.Errorf("loads_total{failed} = %v, want 1", n)
+	}
+}
