@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -115,8 +116,13 @@ func sampleValue(mf *dto.MetricFamily, labels map[string]string) (float64, bool)
 // TestDeployArtefactsNameRealSeries keeps the alert rules and the Grafana
 // dashboard true to the series the parts export.
 func TestDeployArtefactsNameRealSeries(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], ColdLoad: 200 * time.Millisecond})
 	post(t, st.GatewayURL(), "", `{"model":"chat-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	// A cold load, so that the loader's series exist.
+	post(t, st.GatewayURL(), "", `{"model":"mixtral","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		return metric(st, "switchyard_loader_loads_total", nil) == 1, "the cold load has not finished"
+	})
 	mfs := scrape(t, st.GatewayURL()+"/metrics")
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..")

@@ -16,7 +16,7 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cooldown := fs.Duration("cooldown", loader.DefaultCooldown, "after a failed load, how long the next one waits")
 	loadTimeout := fs.Duration("load-timeout", loader.DefaultLoadTimeout, "a load with no ready replica by then has failed")
 	drainTimeout := fs.Duration("drain-timeout", loader.DefaultDrainTimeout, "how long an unloading model's requests may take to finish")
-	metricsListen := fs.String("metrics-listen", ":9102", "address of the /metrics listener")
+	metricsListen := fs.String("metrics-listen", ":9103", "address of the /metrics listener")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
