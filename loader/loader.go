@@ -201,6 +201,7 @@ func (l *Loader) Run(ctx context.Context) error {
 	l.ctx, l.started = ctx, time.Now()
 	l.mu.Unlock()
 	defer l.jobs.Wait()
+	defer cancel() // before the wait: jobs end with ctx
 
 	var subs []*nats.Subscription
 	defer func() {
@@ -235,8 +236,9 @@ func (l *Loader) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
-			l.unloadIdle(time.Now())
+		case now := <-t.C:
+			l.forget(now)
+			l.unloadIdle(now)
 		}
 	}
 }
@@ -266,7 +268,11 @@ func (l *Loader) onLoad(m *nats.Msg) {
 	_, busy := l.running[key(req.Model, req.Version)]
 	ctx := l.ctx
 	l.mu.Unlock()
-	if busy || l.hasReady(req.Model, req.Version, now) {
+	if busy {
+		l.metrics.deduplicated.WithLabelValues(req.Model).Inc()
+		return
+	}
+	if l.hasReady(req.Model, req.Version, now) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -320,6 +326,12 @@ func (l *Loader) onHeartbeat(m *nats.Msg) {
 			}
 		}
 	}
+}
+
+// forget drops replicas silent for a minute.
+func (l *Loader) forget(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for id, r := range l.replicas {
 		if now.Sub(r.at) > time.Minute {
 			delete(l.replicas, id)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -355,4 +356,57 @@ func TestLoadWithoutAReadyReplicaFails(t *testing.T) {
 	if n := loads(reg, mixtral, "failed"); n != 1 {
 		t.Errorf("loads_total{failed} = %v, want 1", n)
 	}
+}
+
+// runLoader runs a loader until the returned stop is called.
+func runLoader(t *testing.T, e *env, cfg loader.Config) (stop func()) {
+	t.Helper()
+	nc, err := nats.Connect(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.IdleCheck = 50 * time.Millisecond
+	l, err := loader.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	e.eventually(10*time.Second, "the loader subscribed", l.Serving)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("loader: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the loader did not stop within 10 s")
+			}
+			nc.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// A loader stopped mid-load returns at once and leaves the load to the
+// next loader.
+func TestStoppedLoaderLeavesTheLoadToTheNext(t *testing.T) {
+	path, calls := script(t, "")
+	e := newEnv(t, map[string]string{mixtral: coldModel(execAction(path), "")})
+	stopA := runLoader(t, e, loader.Config{ID: "loader-a"})
+	e.request(mixtral, "v1.0.0", 1)
+	e.eventually(10*time.Second, "the load to start", func() bool { return e.count(mixtral, subjects.LoadStarted) == 1 })
+	began := time.Now()
+	stopA() // fails the test after 10 s: the load would wait 10 minutes for a heartbeat
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("stopping mid-load took %s", took)
+	}
+	runLoader(t, e, loader.Config{ID: "loader-b"})
+	e.request(mixtral, "v1.0.0", 1)
+	e.eventually(10*time.Second, "the second loader to run the load", func() bool { return len(lines(t, calls)) == 2 })
 }

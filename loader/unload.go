@@ -90,6 +90,12 @@ func (l *Loader) unload(ctx context.Context, model, version string, m *table.Mod
 	// Brokers stop sending at the draining registration; what the replicas
 	// already have runs to the end, within the drain timeout.
 	l.waitFor(ctx, l.cfg.DrainTimeout, func() bool { return !l.anyBusy(ids) })
+	if ctx.Err() != nil {
+		// Stopping before the unload ran: the replicas serve on.
+		l.undrain(ids)
+		l.releaseClaim(model, version)
+		return
+	}
 	err := l.cfg.Actions.Run(ctx, Op{Unload: true, Model: model, Version: version, Action: m.Unload})
 	if ctx.Err() != nil {
 		l.releaseClaim(model, version)
@@ -126,6 +132,37 @@ func (l *Loader) unload(ctx context.Context, model, version string, m *table.Mod
 	l.metrics.unloads.WithLabelValues(model, outcomeUnloaded).Inc()
 	st.Phase, st.ElapsedMillis = subjects.LoadUnloaded, time.Since(began).Milliseconds()
 	l.publish(st)
+}
+
+// undrain puts the replicas this loader marked draining back to ready
+// (compare-and-set: a change made meanwhile, by an operator or the adapter,
+// is left alone).
+func (l *Loader) undrain(ids []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, id := range ids {
+		k := table.PrefixReplicas + id
+		e, err := l.routing.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		v, err := table.Decode(k, e.Value())
+		if err != nil {
+			continue
+		}
+		r := v.V.(table.Replica)
+		if r.State != subjects.StateDraining {
+			continue
+		}
+		r.State = subjects.StateReady
+		b, err := table.Encode(r)
+		if err == nil {
+			_, err = l.routing.Update(ctx, k, b, e.Revision())
+		}
+		if err != nil {
+			l.log.Warn("could not undo a replica's drain", "replica", id, "err", err)
+		}
+	}
 }
 
 func (l *Loader) anyBusy(ids []string) bool {
