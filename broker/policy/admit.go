@@ -15,7 +15,8 @@ const (
 	RetryNoTable     = 1 * time.Second
 	RetryNoReplicas  = 5 * time.Second
 	RetryWarming     = 5 * time.Second  // a registered replica is loading
-	RetryColdLoad    = 30 * time.Second // a cold-tier model must be loaded first
+	RetryColdLoad    = 30 * time.Second // a cold-tier model must be loaded first, nothing known of how long
+	RetryColdOverdue = 1 * time.Second  // a load that should be ready by now
 	RetryBusyMin     = 1 * time.Second
 	RetryBusyMax     = 30 * time.Second
 	RetryDeadlineMin = 1 * time.Second

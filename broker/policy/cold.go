@@ -62,7 +62,7 @@ const maxColdModels = 4096
 func (st *decision) coldRetryAfter(model string, m *table.Model) time.Duration {
 	c := st.r.cold[model]
 	if !c.eta.IsZero() {
-		return max(c.eta.Sub(st.now), RetryWarming/5)
+		return max(c.eta.Sub(st.now), RetryColdOverdue)
 	}
 	switch {
 	case m != nil && m.ExpectedLoadSeconds > 0:

@@ -58,7 +58,7 @@ func TestColdRetryAfterFollowsTheLoad(t *testing.T) {
 			name: "an overdue load is retried soon, not never",
 			statuses: []subjects.LoadStatus{{Model: model, Phase: subjects.LoadStarted,
 				StartedUnixMillis: t0.Add(-time.Minute).UnixMilli(), ExpectedMillis: 20_000}},
-			want: policy.RetryWarming / 5,
+			want: policy.RetryColdOverdue,
 		},
 	}
 	for _, tt := range tests {
