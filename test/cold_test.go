@@ -144,6 +144,12 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if waited := time.Since(began); waited < 400*time.Millisecond {
 		t.Errorf("the short-deadline request was answered after %s: it was not held", waited)
 	}
+	// A held stream is already 200: its 503 is an SSE error event.
+	status, _, b = chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "0.5"})
+	if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
+		!strings.Contains(b, "event: error\ndata: {") || !strings.Contains(b, `"model_loading"`) || strings.Contains(b, "[DONE]") {
+		t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error event with model_loading", status, b)
+	}
 
 	// Thirty seconds cover it: a plain request and a stream, both held.
 	var wg sync.WaitGroup
@@ -166,8 +172,8 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "ready"}); n < 2 {
 		t.Errorf("cold waits ended ready = %v, want ≥ 2", n)
 	}
-	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 1 {
-		t.Errorf("cold waits ended at the deadline = %v, want 1", n)
+	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 2 {
+		t.Errorf("cold waits ended at the deadline = %v, want 2", n)
 	}
 }
 
