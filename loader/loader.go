@@ -302,6 +302,16 @@ func (l *Loader) hasReady(model, version string, now time.Time) bool {
 	return false
 }
 
+// maxReplicas bounds the replicas tracked.
+const maxReplicas = 100_000
+
+// known reports whether model is in the routing table: the loader keeps
+// state only for those, so made-up names cannot grow its maps.
+func (l *Loader) known(model string) bool {
+	snap := l.watcher.Snapshot()
+	return snap != nil && snap.Models[model] != nil
+}
+
 // liveFor is how long a replica counts as present after its last heartbeat.
 const liveFor = 5 * time.Second
 
@@ -312,8 +322,12 @@ func (l *Loader) onHeartbeat(m *nats.Msg) {
 	}
 	now := time.Now()
 	busy := hb.Running > 0 || hb.Waiting > 0 || hb.Inflight > 0
+	known := l.known(hb.Model)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, ok := l.replicas[hb.Replica]; !ok && (!known || len(l.replicas) >= maxReplicas) {
+		return // only replicas of the table's models, and a bounded number
+	}
 	l.replicas[hb.Replica] = &seen{model: hb.Model, version: hb.Version, state: hb.State, busy: busy, at: now}
 	if busy {
 		l.active[hb.Model] = now
@@ -341,7 +355,7 @@ func (l *Loader) forget(now time.Time) {
 
 func (l *Loader) onUsage(m *nats.Msg) {
 	var u subjects.Usage
-	if json.Unmarshal(m.Data, &u) != nil || !table.ValidName(u.Model) {
+	if json.Unmarshal(m.Data, &u) != nil || !l.known(u.Model) {
 		return
 	}
 	l.mu.Lock()
