@@ -57,6 +57,9 @@ type Config struct {
 	DrainTimeout time.Duration
 	// IdleCheck is how often idle models are looked for (default 1s).
 	IdleCheck time.Duration
+	// ClaimReplicas is the replica count of the llm-loads bucket when the
+	// loader creates it (default 1; 3 on a 3-node cluster).
+	ClaimReplicas int
 	// Actions runs load and unload actions (default: the table's, through
 	// Standard with the in-cluster Kubernetes credentials when present).
 	Actions Actions
@@ -91,6 +94,12 @@ func (c *Config) fill() error {
 		case *d.v == 0:
 			*d.v = d.def
 		}
+	}
+	switch {
+	case c.ClaimReplicas < 0 || c.ClaimReplicas > 5:
+		return fmt.Errorf("%w: claim bucket replicas must be 1 to 5, got %d", ErrConfig, c.ClaimReplicas)
+	case c.ClaimReplicas == 0:
+		c.ClaimReplicas = 1
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -172,10 +181,18 @@ func (l *Loader) Run(ctx context.Context) error {
 		return err
 	}
 	bctx, bcancel := context.WithTimeout(ctx, 10*time.Second)
-	l.claims, err = js.CreateOrUpdateKeyValue(bctx, jetstream.KeyValueConfig{
-		Bucket: subjects.LoadsBucket, Description: "Switchyard loader claims: one load or unload per model version",
-		History: 1,
-	})
+	// An existing bucket is used as it is (an operator may have made it
+	// with more replicas); a missing one is created.
+	l.claims, err = js.KeyValue(bctx, subjects.LoadsBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		l.claims, err = js.CreateKeyValue(bctx, jetstream.KeyValueConfig{
+			Bucket: subjects.LoadsBucket, Description: "Switchyard loader claims: one load or unload per model version",
+			History: 1, Replicas: l.cfg.ClaimReplicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			l.claims, err = js.KeyValue(bctx, subjects.LoadsBucket) // another loader made it first
+		}
+	}
 	if err == nil {
 		l.routing, err = js.KeyValue(bctx, l.cfg.Bucket)
 	}

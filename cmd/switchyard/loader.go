@@ -16,6 +16,7 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cooldown := fs.Duration("cooldown", loader.DefaultCooldown, "after a failed load, how long the next one waits")
 	loadTimeout := fs.Duration("load-timeout", loader.DefaultLoadTimeout, "a load with no ready replica by then has failed")
 	drainTimeout := fs.Duration("drain-timeout", loader.DefaultDrainTimeout, "how long an unloading model's requests may take to finish")
+	kvReplicas := fs.Int("kv-replicas", 1, "replicas of the llm-loads bucket, when the loader creates it")
 	metricsListen := fs.String("metrics-listen", ":9103", "address of the /metrics listener")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
@@ -35,7 +36,7 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	reg := newRegistry()
 	l, err := loader.New(nc, loader.Config{
 		ID: *id, Prefix: nf.prefix, Bucket: nf.bucket, Cooldown: *cooldown, LoadTimeout: *loadTimeout,
-		DrainTimeout: *drainTimeout, Logger: log, Registerer: reg,
+		DrainTimeout: *drainTimeout, ClaimReplicas: *kvReplicas, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return usageError{err}
