@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -41,7 +42,7 @@ const (
 )
 
 // Config configures a Loader. Zero values take the documented defaults;
-// negative durations are an error.
+// out-of-range values are an error (Validate).
 type Config struct {
 	// ID names this loader in status messages and claims (default NUID).
 	ID string
@@ -68,37 +69,50 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// Validate range-checks c. Zero values stand for their defaults; errors
+// name the flag that sets the value.
+func (c *Config) Validate() error {
+	var idErr, prefixErr error
+	if c.ID != "" {
+		idErr = check.Wrap("id", c.ID, subjects.ValidToken(c.ID))
+	}
+	if c.Prefix != "" {
+		prefixErr = check.Wrap("prefix", c.Prefix, subjects.ValidToken(c.Prefix))
+	}
+	return check.All(
+		idErr, prefixErr,
+		check.Duration("cooldown", c.Cooldown, 0, 24*time.Hour),
+		check.Duration("load-timeout", c.LoadTimeout, 0, 24*time.Hour),
+		check.Duration("drain-timeout", c.DrainTimeout, 0, 24*time.Hour),
+		check.Duration("idle-check", c.IdleCheck, 0, time.Hour),
+		check.Range("kv-replicas", c.ClaimReplicas, 0, 5),
+	)
+}
+
 func (c *Config) fill() error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	if c.ID == "" {
 		c.ID = nuid.Next()
-	}
-	if err := subjects.ValidToken(c.ID); err != nil {
-		return fmt.Errorf("%w: id: %w", ErrConfig, err)
 	}
 	if c.Bucket == "" {
 		c.Bucket = subjects.DefaultBucket
 	}
 	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
+		v   *time.Duration
+		def time.Duration
 	}{
-		{"cooldown", &c.Cooldown, DefaultCooldown},
-		{"load timeout", &c.LoadTimeout, DefaultLoadTimeout},
-		{"drain timeout", &c.DrainTimeout, DefaultDrainTimeout},
-		{"idle check", &c.IdleCheck, time.Second},
+		{&c.Cooldown, DefaultCooldown},
+		{&c.LoadTimeout, DefaultLoadTimeout},
+		{&c.DrainTimeout, DefaultDrainTimeout},
+		{&c.IdleCheck, time.Second},
 	} {
-		switch {
-		case *d.v < 0:
-			return fmt.Errorf("%w: %s must not be negative", ErrConfig, d.name)
-		case *d.v == 0:
+		if *d.v == 0 {
 			*d.v = d.def
 		}
 	}
-	switch {
-	case c.ClaimReplicas < 0 || c.ClaimReplicas > 5:
-		return fmt.Errorf("%w: claim bucket replicas must be 1 to 5, got %d", ErrConfig, c.ClaimReplicas)
-	case c.ClaimReplicas == 0:
+	if c.ClaimReplicas == 0 {
 		c.ClaimReplicas = 1
 	}
 	if c.Logger == nil {
@@ -180,25 +194,18 @@ func (l *Loader) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	bctx, bcancel := context.WithTimeout(ctx, 10*time.Second)
-	// An existing bucket is used as it is (an operator may have made it
-	// with more replicas); a missing one is created.
-	l.claims, err = js.KeyValue(bctx, subjects.LoadsBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		l.claims, err = js.CreateKeyValue(bctx, jetstream.KeyValueConfig{
-			Bucket: subjects.LoadsBucket, Description: "Switchyard loader claims: one load or unload per model version",
-			History: 1, Replicas: l.cfg.ClaimReplicas,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			l.claims, err = js.KeyValue(bctx, subjects.LoadsBucket) // another loader made it first
+	// Without its buckets the loader can claim nothing: it waits for them,
+	// as a restart would, rather than exit while JetStream is away.
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		if err = l.openBuckets(ctx, js); err == nil {
+			break
 		}
-	}
-	if err == nil {
-		l.routing, err = js.KeyValue(bctx, l.cfg.Bucket)
-	}
-	bcancel()
-	if err != nil {
-		return fmt.Errorf("loader: KV: %w", err)
+		l.log.Warn("KV buckets unavailable; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -258,6 +265,33 @@ func (l *Loader) Run(ctx context.Context) error {
 			l.unloadIdle(now)
 		}
 	}
+}
+
+// openBuckets opens the claims bucket (creating it when missing: an
+// existing one is used as it is, since an operator may have made it with
+// more replicas) and the routing table's.
+func (l *Loader) openBuckets(ctx context.Context, js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	claims, err := js.KeyValue(ctx, subjects.LoadsBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		claims, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: subjects.LoadsBucket, Description: "Switchyard loader claims: one load or unload per model version",
+			History: 1, Replicas: l.cfg.ClaimReplicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			claims, err = js.KeyValue(ctx, subjects.LoadsBucket) // another loader made it first
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", subjects.LoadsBucket, err)
+	}
+	routing, err := js.KeyValue(ctx, l.cfg.Bucket)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", l.cfg.Bucket, err)
+	}
+	l.claims, l.routing = claims, routing
+	return nil
 }
 
 // Serving reports whether the loader has subscribed to load requests.

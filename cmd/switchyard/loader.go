@@ -12,20 +12,20 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("loader", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	id := fs.String("id", "", "loader id (default: random)")
-	cooldown := fs.Duration("cooldown", loader.DefaultCooldown, "after a failed load, how long the next one waits")
-	loadTimeout := fs.Duration("load-timeout", loader.DefaultLoadTimeout, "a load with no ready replica by then has failed")
-	drainTimeout := fs.Duration("drain-timeout", loader.DefaultDrainTimeout, "how long an unloading model's requests may take to finish")
-	kvReplicas := fs.Int("kv-replicas", 1, "replicas of the llm-loads bucket, when the loader creates it")
+	var cfg loader.Config
+	fs.StringVar(&cfg.ID, "id", "", "loader id (default: random)")
+	fs.DurationVar(&cfg.Cooldown, "cooldown", loader.DefaultCooldown, "after a failed load, how long the next one waits (at most 24h)")
+	fs.DurationVar(&cfg.LoadTimeout, "load-timeout", loader.DefaultLoadTimeout, "a load with no ready replica by then has failed (at most 24h)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", loader.DefaultDrainTimeout, "how long an unloading model's requests may take to finish (at most 24h)")
+	fs.IntVar(&cfg.ClaimReplicas, "kv-replicas", 1, "replicas of the llm-loads bucket, when the loader creates it (1 to 5)")
 	metricsListen := fs.String("metrics-listen", ":9103", "address of the /metrics listener")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	for name, d := range map[string]float64{"--cooldown": cooldown.Seconds(), "--load-timeout": loadTimeout.Seconds(), "--drain-timeout": drainTimeout.Seconds()} {
-		if d <= 0 {
-			return usagef("%s: must be positive", name)
-		}
+	cfg.Prefix, cfg.Bucket = nf.prefix, nf.bucket
+	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
+		return err
 	}
 	log := newLogger(stderr, *logLevel)
 	nc, err := nf.connect(ctx, "switchyard-loader", log)
@@ -34,12 +34,10 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	l, err := loader.New(nc, loader.Config{
-		ID: *id, Prefix: nf.prefix, Bucket: nf.bucket, Cooldown: *cooldown, LoadTimeout: *loadTimeout,
-		DrainTimeout: *drainTimeout, ClaimReplicas: *kvReplicas, Logger: log, Registerer: reg,
-	})
+	cfg.Logger, cfg.Registerer = log, reg
+	l, err := loader.New(nc, cfg)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	stopMetrics, err := serveMetrics(*metricsListen, reg)
 	if err != nil {
