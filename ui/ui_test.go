@@ -99,8 +99,9 @@ func newRig(t *testing.T, cfg ui.Config) (*rig, string) {
 	go func() { r.done <- r.ui.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
 	// Messages published before Run subscribed would be lost: wait for its
-	// heartbeat, decision and load status subscriptions to reach the server.
-	waitFor(t, "the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+3 })
+	// heartbeat, decision, ejection and load status subscriptions to reach
+	// the server.
+	waitFor(t, "the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+4 })
 	return r, url
 }
 
