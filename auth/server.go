@@ -14,7 +14,7 @@ import (
 )
 
 // writeServerConfig writes the nats-server configuration fragment: the
-// operator, the system account and a full resolver preloaded with every
+// operator, the system account and a memory resolver preloaded with every
 // account JWT. deploy/nats/nats-server.conf includes it.
 func (s *Store) writeServerConfig(operatorJWT, sysPub string) error {
 	jwts, err := s.AccountJWTs()
@@ -31,10 +31,10 @@ func (s *Store) writeServerConfig(operatorJWT, sysPub string) error {
 	fmt.Fprintf(&b, "# `switchyard auth init` (more tenants) or `switchyard auth revoke` instead.\n")
 	fmt.Fprintf(&b, "operator: %s\n", operatorJWT)
 	fmt.Fprintf(&b, "system_account: %s\n", sysPub)
-	// The full resolver keeps the JWTs pushed by `switchyard auth revoke`
-	// across restarts; the preload carries the current ones to a fresh
-	// server.
-	fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %q\n  allow_delete: false\n  interval: \"2m\"\n}\n", "./jwt")
+	// A memory resolver holds the preloaded JWTs; `switchyard auth revoke
+	// --nats` pushes a changed one to running servers, and this file,
+	// rewritten with it, carries it across a restart.
+	fmt.Fprintf(&b, "resolver: MEMORY\n")
 	fmt.Fprintf(&b, "resolver_preload: {\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "  %s: %s\n", k, jwts[k])

@@ -205,7 +205,13 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	connect := func(name string, role auth.Role) (*nats.Conn, error) {
 		// The server is local: reconnect quickly after it restarts.
 		nc, err := nats.Connect(url, nats.Name(name), nats.UserCredentials(s.Creds(role)),
-			nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+			nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+			// A refusal (a stream cut by a server restart outlives the
+			// reply permission of the connection it started on) goes to
+			// the stack's log, not to stderr.
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				s.log.Warn("NATS asynchronous error", "conn", name, "err", err)
+			}))
 		if err == nil {
 			s.partsMu.Lock()
 			s.conns = append(s.conns, nc)
