@@ -265,6 +265,31 @@ func TestAuthorization(t *testing.T) {
 		}
 	})
 
+	t.Run("an engine of your own gets adapter creds from auth creds", func(t *testing.T) {
+		f := t.TempDir() + "/extra.creds"
+		if _, errOut, code := sy(t, nil, "", "auth", "creds", st.Auth().Dir(), "--role", "adapter", "--replica", "extra-0", "--out", f); code != 0 {
+			t.Fatalf("auth creds: exit %d: %s", code, errOut)
+		}
+		nc, err := nats.Connect(st.NATSURL(), nats.UserCredentials(f), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		if _, err := nc.SubscribeSync("llm.replica.extra-0"); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil || nc.LastError() != nil {
+			t.Errorf("subscribing its own replica subject: %v %v", err, nc.LastError())
+		}
+		if _, err := nc.SubscribeSync("llm.replica.l70-prem-0"); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		if !errors.Is(nc.LastError(), nats.ErrPermissionViolation) {
+			t.Errorf("subscribing another replica's subject: %v, want a permissions violation", nc.LastError())
+		}
+	})
+
 	t.Run("a revoked creds file is refused", func(t *testing.T) {
 		// intern is revoked last: nothing after this subtest uses it.
 		old, err := os.ReadFile(st.Creds(tenant("intern")))
@@ -292,4 +317,57 @@ func TestAuthorization(t *testing.T) {
 			return true, ""
 		})
 	})
+}
+
+// TestAuthCommands drives `switchyard auth` without a server: init makes
+// the configuration and a creds file per identity, creds mints one, and bad
+// usage exits 2.
+func TestAuthCommands(t *testing.T) {
+	dir := t.TempDir()
+	out, errOut, code := sy(t, nil, "", "auth", "init", dir, "--tenants", "acme,beta", "--replicas", "r-0")
+	if code != 0 || !strings.Contains(out, "server.conf") {
+		t.Fatalf("auth init: exit %d: %s %s", code, out, errOut)
+	}
+	for _, f := range []string{"server.conf", "creds/operator.creds", "creds/gateway.creds", "creds/broker.creds",
+		"creds/observer.creds", "creds/adapter-r-0.creds", "creds/tenant-acme.creds", "creds/tenant-beta.creds"} {
+		if _, err := os.Stat(dir + "/" + f); err != nil {
+			t.Errorf("auth init: %v", err)
+		}
+	}
+	conf, _ := os.ReadFile(dir + "/server.conf")
+	if !strings.Contains(string(conf), "operator:") || !strings.Contains(string(conf), "resolver_preload") {
+		t.Errorf("server.conf:\n%s", conf)
+	}
+	out, _, code = sy(t, nil, "", "auth", "creds", dir, "--role", "tenant", "--tenant", "acme")
+	if code != 0 || !strings.Contains(out, "BEGIN NATS USER JWT") || !strings.Contains(out, "BEGIN USER NKEY SEED") {
+		t.Errorf("auth creds to stdout: exit %d: %s", code, out)
+	}
+	for _, args := range [][]string{
+		{"auth", "creds", dir, "--role", "adapter"},
+		{"auth", "creds", dir, "--role", "root"},
+		{"auth", "creds", dir, "--role", "gateway", "--tenant", "acme"},
+		{"auth", "frobnicate"},
+	} {
+		if _, _, code := sy(t, nil, "", args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+	if _, errOut, code := sy(t, nil, "", "auth", "creds", dir, "--role", "tenant", "--tenant", "nobody"); code != 1 || !strings.Contains(errOut, "no account") {
+		t.Errorf("creds for a tenant without an account: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := sy(t, nil, "", "auth", "creds", t.TempDir(), "--role", "gateway"); code != 1 || !strings.Contains(errOut, "auth init") {
+		t.Errorf("creds from an empty directory: exit %d: %s", code, errOut)
+	}
+	// Again with another tenant: the existing creds stay valid (same keys).
+	before, _ := os.ReadFile(dir + "/users/gateway.nk")
+	if _, _, code := sy(t, nil, "", "auth", "init", dir, "--tenants", "gamma"); code != 0 {
+		t.Fatalf("auth init again: exit %d", code)
+	}
+	after, _ := os.ReadFile(dir + "/users/gateway.nk")
+	if string(before) != string(after) {
+		t.Error("auth init again replaced the gateway's key")
+	}
+	if _, err := os.Stat(dir + "/creds/tenant-gamma.creds"); err != nil {
+		t.Error(err)
+	}
 }
