@@ -132,11 +132,16 @@ func permissions(r Role, prefix, bucket string) grants {
 		}
 	case RoleAdapter:
 		return grants{
-			// _R_.> is a direct tenant's reply, carried in Llm-Reply: a
-			// message forwarded with it as its reply is refused by the
-			// server, so allow_responses cannot cover it.
+			// The reply space, explicitly: _R_.> is a direct tenant's
+			// reply, carried in Llm-Reply (a message forwarded with it as
+			// its reply is refused by the server, so allow_responses cannot
+			// cover it), and a stream must go on after its adapter
+			// reconnects to another server, where the allowance of the old
+			// connection is gone. The server tracks no allowance entry for
+			// a reply the user may publish anyway.
 			pub: append([]string{
-				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID, "_R_.>",
+				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID,
+				p + "reply.>", "_INBOX.>", "_R_.>",
 			}, tableRead...),
 			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", inbox}, srv(subjects.AdapterService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},

@@ -100,17 +100,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		StoreDir:   storeDir,
 		NoSigs:     true, // the process owns its signals, not the library
 	}
-	if t := cfg.Trust; t != nil {
-		resolver := &server.MemAccResolver{}
-		for pub, token := range t.Accounts {
-			if err := resolver.Store(pub, token); err != nil {
-				e.removeTemp()
-				return nil, err
-			}
+	if cfg.Trust != nil {
+		if err := cfg.Trust.Apply(opts); err != nil {
+			e.removeTemp()
+			return nil, err
 		}
-		opts.TrustedOperators = []*jwt.OperatorClaims{t.Operator}
-		opts.SystemAccount = t.SystemAccount
-		opts.AccountResolver = resolver
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -129,6 +123,21 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	e.srv = srv
 	return e, nil
+}
+
+// Apply puts the authorization into server options: the trusted operator,
+// the system account and a memory resolver preloaded with the accounts.
+func (t *Trust) Apply(opts *server.Options) error {
+	resolver := &server.MemAccResolver{}
+	for pub, token := range t.Accounts {
+		if err := resolver.Store(pub, token); err != nil {
+			return err
+		}
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{t.Operator}
+	opts.SystemAccount = t.SystemAccount
+	opts.AccountResolver = resolver
+	return nil
 }
 
 // ClientURL is the URL clients connect to (nats://host:port), with the port
