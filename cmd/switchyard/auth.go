@@ -11,55 +11,72 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/natsconn"
 )
 
-const authUsage = `usage:
-  switchyard auth init DIR [--tenants a,b] [--replicas x,y]
-  switchyard auth creds DIR --role gateway|broker|operator|observer [--out FILE]
-  switchyard auth creds DIR --role adapter --replica ID [--out FILE]
-  switchyard auth creds DIR --role tenant --tenant T [--out FILE]
-  switchyard auth revoke DIR --role ROLE [--replica ID | --tenant T] [--nats URL]`
+const authUsage = `usage: switchyard auth init DIR [--tenants a,b] [--replicas x,y]
+       switchyard auth creds DIR --role gateway|broker|operator|observer [--out FILE]
+       switchyard auth creds DIR --role adapter --replica ID [--out FILE]
+       switchyard auth creds DIR --role tenant --tenant T [--out FILE]
+       switchyard auth revoke DIR --role ROLE [--replica ID | --tenant T] [--nats URL]`
 
 // runAuth generates and manages the NATS authorization (docs/security.md).
 func runAuth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usagef("%s", authUsage)
-	}
-	switch args[0] {
-	case "init":
-		return runAuthInit(args[1:], stdout)
-	case "creds":
-		return runAuthCreds(args[1:], stdout)
-	case "revoke":
-		return runAuthRevoke(ctx, args[1:], stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprintln(stdout, authUsage)
-		return nil
-	}
-	return usagef("unknown auth command %q\n%s", args[0], authUsage)
-}
-
-func runAuthInit(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("auth init", flag.ContinueOnError)
-	tenants := fs.String("tenants", "", "comma-separated tenants that get an account for direct NATS clients")
-	replicas := fs.String("replicas", "", "comma-separated replica ids that get an adapter creds file")
-	prefix := fs.String("prefix", "", "subject prefix (default llm)")
-	bucket := fs.String("bucket", "", "routing-table KV bucket (default llm-routing)")
+	fs := flag.NewFlagSet("auth", flag.ContinueOnError)
+	tenants := fs.String("tenants", "", "init: comma-separated tenants that get an account for direct NATS clients")
+	replicas := fs.String("replicas", "", "init: comma-separated replica ids that get an adapter creds file")
+	var rf roleFlags
+	rf.register(fs)
+	out := fs.String("out", "", "creds: write the creds file here (mode 0600) instead of stdout")
+	var nf natsFlags
+	nf.register(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
+	if err := checked(nf.validate()); err != nil {
+		return err
+	}
+	if len(pos) != 2 {
 		return usagef("%s", authUsage)
 	}
-	dir := pos[0]
-	ids := splitList(*replicas)
-	store, err := auth.Init(dir, auth.Config{Prefix: *prefix, Bucket: *bucket, Tenants: splitList(*tenants), Replicas: ids})
+	verb, dir := pos[0], pos[1]
+	switch verb {
+	case "init":
+		cfg := auth.Config{Tenants: splitList(*tenants), Replicas: splitList(*replicas)}
+		// Only prefixes and buckets given here; a store remembers its own.
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "prefix":
+				cfg.Prefix = nf.prefix
+			case "bucket":
+				cfg.Bucket = nf.bucket
+			}
+		})
+		return authInit(dir, cfg, stdout)
+	case "creds":
+		role, err := rf.role()
+		if err != nil {
+			return err
+		}
+		return authCreds(dir, role, *out, stdout)
+	case "revoke":
+		role, err := rf.role()
+		if err != nil {
+			return err
+		}
+		return authRevoke(ctx, dir, role, nf, stdout, stderr)
+	}
+	return usagef("unknown auth command %q\n%s", verb, authUsage)
+}
+
+func authInit(dir string, cfg auth.Config, stdout io.Writer) error {
+	store, err := auth.Init(dir, cfg)
 	if err != nil {
 		return err
 	}
 	credsDir := filepath.Join(dir, "creds")
-	if err := store.WriteAllCreds(credsDir, ids); err != nil {
+	if err := store.WriteAllCreds(credsDir, cfg.Replicas); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, `NATS authorization in %s
@@ -94,23 +111,8 @@ func (r *roleFlags) role() (auth.Role, error) {
 	return role, nil
 }
 
-func runAuthCreds(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("auth creds", flag.ContinueOnError)
-	var rf roleFlags
-	rf.register(fs)
-	out := fs.String("out", "", "write the creds file here (mode 0600) instead of stdout")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("%s", authUsage)
-	}
-	role, err := rf.role()
-	if err != nil {
-		return err
-	}
-	store, err := auth.Open(pos[0])
+func authCreds(dir string, role auth.Role, out string, stdout io.Writer) error {
+	store, err := auth.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -118,31 +120,15 @@ func runAuthCreds(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *out == "" {
+	if out == "" {
 		_, err = stdout.Write(b)
 		return err
 	}
-	return os.WriteFile(*out, b, 0o600)
+	return os.WriteFile(out, b, 0o600)
 }
 
-func runAuthRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("auth revoke", flag.ContinueOnError)
-	var rf roleFlags
-	rf.register(fs)
-	var nf natsFlags
-	nf.register(fs)
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("%s", authUsage)
-	}
-	role, err := rf.role()
-	if err != nil {
-		return err
-	}
-	store, err := auth.Open(pos[0])
+func authRevoke(ctx context.Context, dir string, role auth.Role, nf natsFlags, stdout, stderr io.Writer) error {
+	store, err := auth.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -151,12 +137,12 @@ func runAuthRevoke(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	fmt.Fprintf(stdout, "revoked %s: every creds file of it issued until now is refused\n", role.Name())
-	if nf.opts.URL == "" && os.Getenv("NATS_URL") == "" {
+	if nf.opts.URL == "" && os.Getenv(natsconn.EnvURL) == "" {
 		fmt.Fprintf(stderr, "no --nats given: the updated %s reaches servers on their next restart or reload; pass --nats to push it now\n", store.ServerConfigPath())
 		return nil
 	}
-	// The update goes in as the system account's user, which is the only
-	// identity servers take account JWTs from.
+	// The update goes in as the system account's user, the only identity
+	// servers take account JWTs from.
 	if nf.opts.Creds == "" {
 		nf.opts.Creds = store.SystemCredsPath()
 	}

@@ -104,6 +104,8 @@ func synopsis(name string) string {
 		return strings.TrimPrefix(tableUsage, "usage: ")
 	case "key":
 		return "switchyard key add --tenant T [flags]"
+	case "auth":
+		return strings.TrimPrefix(authUsage, "usage: ")
 	case "lab":
 		return "switchyard lab [flags] EXPERIMENT|all"
 	}
