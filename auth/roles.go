@@ -2,7 +2,6 @@ package auth
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -19,9 +18,6 @@ const (
 	RoleAdapter  = "adapter"
 	RoleTenant   = "tenant"
 )
-
-// Roles lists the role kinds, in the order the docs present them.
-var roleKinds = []string{RoleGateway, RoleBroker, RoleOperator, RoleObserver, RoleAdapter, RoleTenant}
 
 // LongestRequest is the longest request a gateway accepts (X-Request-Timeout
 // is at most 86400 s). What must outlive a request — an adapter's right to
@@ -61,7 +57,7 @@ func ParseRole(kind, id string) (Role, error) {
 			return Role{}, fmt.Errorf("%w: role %s needs %s: %w", ErrRole, kind, what, err)
 		}
 	default:
-		return Role{}, fmt.Errorf("%w: unknown role %q (want one of %s)", ErrRole, kind, strings.Join(roleKinds, ", "))
+		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, broker, operator, observer, adapter or tenant)", ErrRole, kind)
 	}
 	return Role{Kind: kind, ID: id}, nil
 }

@@ -179,6 +179,11 @@ func TestAuthorization(t *testing.T) {
 		if out, ok := natsAs(t, cli, st, roleObserver, "kv", "get", "llm-routing", "tenants.acme"); !ok || !strings.Contains(out, "premium") {
 			t.Errorf("the observer cannot read the table:\n%s", out)
 		}
+		// switchyard table as the observer: it reads (writes are refused above).
+		observerEnv := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(roleObserver), "HOME=" + t.TempDir()}
+		if out, errOut, code := sy(t, observerEnv, "", "table", "get", "tenants.acme"); code != 0 || !strings.Contains(out, "premium") {
+			t.Errorf("switchyard table get as the observer: exit %d: %s %s", code, out, errOut)
+		}
 		if _, err := kvBucket(t, st).Get(context.Background(), key); err == nil {
 			t.Fatal("a refused put reached the table")
 		}
