@@ -153,6 +153,6 @@ func TestClientGoneMidBodyIsNeverPublished(t *testing.T) {
 		t.Fatalf("a whole request: %v", o)
 	}
 	if n := published.Load(); n == 0 {
-		t.Error("a whole request was not seen on llm.route.>: the check above cannot fail")
+		t.Error("a whole request was not seen on llm.gw.*: the check above cannot fail")
 	}
 }
