@@ -16,8 +16,12 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/switchyard
 
+# Dev state, NATS keys and creds persist in DEV_DATA across runs, so the
+# creds files printed stay valid.
+DEV_DATA ?= .cache/dev
+
 run: build
-	./$(BIN) dev
+	./$(BIN) dev --data $(DEV_DATA)
 
 # The nats CLI is used by the end-to-end tests; it is built from the Go module
 # proxy once and cached in .cache/tools.

@@ -209,12 +209,18 @@ func (b *Broker) Run(ctx context.Context) error {
 		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
 		return err
 	}
+	if err := svc.AddEndpoint("gateway", micro.HandlerFunc(b.route),
+		micro.WithEndpointSubject(b.subj.GatewayAll()),
+		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
+		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		return err
+	}
 	if err := svc.AddEndpoint("explain", micro.HandlerFunc(b.explain),
 		micro.WithEndpointSubject(b.subj.ExplainAll()),
 		micro.WithEndpointQueueGroup(subjects.BrokerQueue)); err != nil {
 		return err
 	}
-	b.log.Info("broker serving", "route", b.subj.RouteAll())
+	b.log.Info("broker serving", "route", b.subj.RouteAll(), "gateway", b.subj.GatewayAll())
 	<-ctx.Done()
 	return nil
 }

@@ -50,21 +50,22 @@ func (b *Broker) route(r micro.Request) {
 	s := b.scratch.Get().(*scratch)
 	defer b.release(s)
 	var msg nats.Msg
-	b.handle(s, r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data(), &msg)
+	reply := r.Reply()
+	forward := b.handle(s, r.Subject(), reply, nats.Header(r.Headers()), r.Data(), &msg)
 	if msg.Subject == "" {
 		return
 	}
-	if msg.Reply != "" {
-		// A forward (a rejection has no reply of its own). The routed notice
-		// goes first, so a gateway that hears no accept knows which replica
-		// to exclude on its retry (docs/architecture.md, "Decisions").
+	if forward && reply != "" {
+		// The routed notice goes first, so a gateway that hears no accept
+		// knows which replica to exclude on its retry
+		// (docs/architecture.md, "Decisions").
 		if s.routed == nil {
 			s.routed = nats.Header{subjects.HdrRouted: {""}}
 		}
 		s.routed[subjects.HdrRouted][0] = msg.Header.Get(subjects.HdrRouteReplica)
-		_ = b.nc.PublishMsg(&nats.Msg{Subject: msg.Reply, Header: s.routed})
+		_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
 	}
-	if err := b.nc.PublishMsg(&msg); err != nil && msg.Reply != "" {
+	if err := b.nc.PublishMsg(&msg); err != nil && forward && reply != "" {
 		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
 		_ = b.nc.PublishMsg(&msg)
 	}
@@ -81,10 +82,10 @@ func (b *Broker) release(s *scratch) {
 }
 
 // handle decides one request and fills msg with what to publish: the
-// request for the chosen replica (body untouched, the gateway's reply
-// subject kept), or a rejection for the reply subject. It does no I/O, so
-// its cost is the broker's own per-request CPU.
-func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) {
+// request for the chosen replica (body untouched, the sender's reply
+// subject kept), or a rejection for the reply subject; forward says which.
+// It does no I/O, so its cost is the broker's own per-request CPU.
+func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
 	start := b.cfg.Now()
 	if h == nil {
 		h = nats.Header{}
@@ -94,7 +95,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if apiErr := b.fillRequest(s, tenant, h, data); apiErr != nil {
 		b.reject(msg, reply, apiErr)
 		b.metrics.rejected(apiErr.Code)
-		return
+		return false
 	}
 	b.router.Decide(&s.req, start, b.rng, &s.d)
 	d := &s.d
@@ -106,7 +107,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	b.sample(&s.req, d, h, start)
 	if d.Err != nil {
 		b.reject(msg, reply, d.Err)
-		return
+		return false
 	}
 	if d.Placement && len(s.req.Prefix) > 0 {
 		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
@@ -129,7 +130,17 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if s.req.MaxTokens == 0 && d.ReservedTokens > s.req.PromptTokens {
 		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
 	}
+	// A direct tenant's reply is a service-import reply (_R_.…), which the
+	// server refuses as a published reply: it travels in Llm-Reply. A
+	// sender's own Llm-Reply is never passed on.
+	if subjects.IsServiceReply(reply) {
+		setHeader(h, subjects.HdrReply, reply)
+		reply = ""
+	} else {
+		delete(h, subjects.HdrReply)
+	}
 	*msg = nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: reply, Header: h, Data: data}
+	return true
 }
 
 // setHeader sets one value, reusing the slice already there.

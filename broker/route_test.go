@@ -147,3 +147,32 @@ func BenchmarkRoutePath(b *testing.B) {
 		})
 	}
 }
+
+// TestHandleCarriesAServiceImportReplyInAHeader: a direct tenant's reply is
+// a service-import reply, which the server refuses as a published reply, so
+// it travels in Llm-Reply; a sender's own Llm-Reply is never passed on.
+func TestHandleCarriesAServiceImportReplyInAHeader(t *testing.T) {
+	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
+	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
+	for _, tc := range []struct {
+		reply, forged, wantReply, wantHeader string
+	}{
+		{"_R_.abc.def", "", "", "_R_.abc.def"},
+		{"_R_.abc.def", "llm.reply.gw.victim", "", "_R_.abc.def"},
+		{"llm.reply.gw.1", "_R_.other", "llm.reply.gw.1", ""},
+		{"_INBOX.x", "llm.heartbeat.r", "_INBOX.x", ""},
+	} {
+		var msg nats.Msg
+		h := nats.Header{}
+		if tc.forged != "" {
+			h.Set(subjects.HdrReply, tc.forged)
+		}
+		if !b.handle(newScratch(), "llm.route.default", tc.reply, h, body, &msg) {
+			t.Fatalf("reply %q: not forwarded: %v %s", tc.reply, msg.Header, msg.Data)
+		}
+		if msg.Reply != tc.wantReply || msg.Header.Get(subjects.HdrReply) != tc.wantHeader {
+			t.Errorf("reply %q (Llm-Reply %q): forwarded with reply %q, Llm-Reply %q; want %q, %q",
+				tc.reply, tc.forged, msg.Reply, msg.Header.Get(subjects.HdrReply), tc.wantReply, tc.wantHeader)
+		}
+	}
+}

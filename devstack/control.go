@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
@@ -50,7 +52,7 @@ func (p *part) stop() {
 }
 
 func (s *Stack) startBroker(i int) error {
-	nc, err := s.connect(fmt.Sprintf("switchyard-broker-%d", i))
+	nc, err := s.connect(fmt.Sprintf("switchyard-broker-%d", i), auth.Role{Kind: auth.RoleBroker})
 	if err != nil {
 		return err
 	}
@@ -78,7 +80,13 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	if maxQueue <= 0 {
 		maxQueue = 128
 	}
-	nc, err := s.connect("switchyard-adapter-" + r.ID)
+	role := auth.Role{Kind: auth.RoleAdapter, ID: r.ID}
+	if _, err := os.Stat(s.Creds(role)); err != nil {
+		if _, err := s.auth.WriteCreds(s.credsDir, role); err != nil {
+			return err
+		}
+	}
+	nc, err := s.connect("switchyard-adapter-"+r.ID, role)
 	if err != nil {
 		return err
 	}
@@ -193,7 +201,12 @@ func (s *Stack) StartNATS() error {
 	if !s.natsDown {
 		return nil
 	}
-	e, err := natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: s.natsListen, StoreDir: s.storeDir, Logger: s.log})
+	// The authorization as it is now: a revocation made meanwhile holds.
+	trust, err := s.auth.Trust()
+	if err != nil {
+		return err
+	}
+	e, err := natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: s.natsListen, StoreDir: s.storeDir, Logger: s.log, Trust: trust})
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/enginesim"
@@ -74,7 +78,8 @@ type Config struct {
 	Listen string
 	// NATSListen is the embedded server's client address (default 127.0.0.1:4222; port -1 = any).
 	NATSListen string
-	// DataDir holds JetStream's store and the brokers' state ("" = a temp dir).
+	// DataDir holds JetStream's store, the brokers' state, the NATS keys
+	// (auth/) and every identity's creds file (creds/) ("" = a temp dir).
 	DataDir string
 	// Speed scales the simulated engines' time (default 1).
 	Speed float64
@@ -118,7 +123,7 @@ type Stack struct {
 
 	// partsMu guards what a test may stop and start while the stack runs.
 	partsMu     sync.Mutex
-	connect     func(string) (*nats.Conn, error)
+	connect     func(string, auth.Role) (*nats.Conn, error)
 	adapters    map[string]*part
 	brokerParts []*part
 	faults      map[string]*Faults
@@ -126,6 +131,9 @@ type Stack struct {
 	natsListen  string
 	natsDown    bool
 	devNC       *nats.Conn // the stack's own connection (seed, heartbeats, pings)
+	auth        *auth.Store
+	credsDir    string
+	tempDir     string // owned auth and creds when DataDir is empty
 
 	engineCtx    context.Context
 	engineCancel context.CancelFunc
@@ -202,15 +210,26 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.DataDir != "" {
 		storeDir = cfg.DataDir + "/jetstream"
 	}
-	s.nats, err = natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: cfg.NATSListen, StoreDir: storeDir, Logger: cfg.Logger})
+	trust, err := s.prepareAuth()
+	if err != nil {
+		return nil, fmt.Errorf("NATS authorization: %w", err)
+	}
+	s.nats, err = natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: cfg.NATSListen, StoreDir: storeDir, Logger: cfg.Logger, Trust: trust})
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	s.storeDir, s.natsListen = storeDir, s.nats.Server().Addr().String()
 	url := s.nats.ClientURL()
-	connect := func(name string) (*nats.Conn, error) {
+	connect := func(name string, role auth.Role) (*nats.Conn, error) {
 		// The server is local: reconnect quickly after it restarts.
-		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+		nc, err := nats.Connect(url, nats.Name(name), nats.UserCredentials(s.Creds(role)),
+			nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+			// A refusal (a stream cut by a server restart outlives the
+			// reply permission of the connection it started on) goes to
+			// the stack's log, not to stderr.
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				s.log.Warn("NATS asynchronous error", "conn", name, "err", err)
+			}))
 		if err == nil {
 			s.partsMu.Lock()
 			s.conns = append(s.conns, nc)
@@ -219,7 +238,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nc, err
 	}
 	s.connect = connect
-	nc, err := connect("switchyard-dev")
+	nc, err := connect("switchyard-dev", auth.Role{Kind: auth.RoleOperator})
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +267,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 
-	gnc, err := connect("switchyard-gateway")
+	gnc, err := connect("switchyard-gateway", auth.Role{Kind: auth.RoleGateway})
 	if err != nil {
 		return nil, err
 	}
@@ -281,6 +300,59 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	ln := s.gwLn
 	s.goRun("gateway", func(ctx context.Context) error { return s.gw.Serve(ctx, ln) }, runCtx)
 	return s, nil
+}
+
+// DevTenants are the dev table's tenants; each gets an account for direct
+// NATS clients.
+func DevTenants() []string {
+	var ts []string
+	for k := range examples.Flat() {
+		if t, ok := strings.CutPrefix(k, "tenants."); ok {
+			ts = append(ts, t)
+		}
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// prepareAuth creates (or reopens) the stack's NATS authorization: keys in
+// <data>/auth, a creds file per identity in <data>/creds.
+func (s *Stack) prepareAuth() (*natsconn.Trust, error) {
+	base := s.cfg.DataDir
+	if base == "" {
+		dir, err := os.MkdirTemp("", "switchyard-dev-")
+		if err != nil {
+			return nil, err
+		}
+		s.tempDir, base = dir, dir
+	}
+	ids := make([]string, 0, len(s.cfg.Replicas)+len(s.cfg.ColdReplicas))
+	for _, r := range s.cfg.Replicas {
+		ids = append(ids, r.ID)
+	}
+	for _, r := range s.cfg.ColdReplicas {
+		ids = append(ids, r.ID)
+	}
+	store, err := auth.Init(filepath.Join(base, "auth"), auth.Config{Prefix: s.cfg.Gateway.Prefix, Tenants: DevTenants(), Replicas: ids})
+	if err != nil {
+		return nil, err
+	}
+	s.auth, s.credsDir = store, filepath.Join(base, "creds")
+	if err := store.WriteAllCreds(s.credsDir, ids); err != nil {
+		return nil, err
+	}
+	return store.Trust()
+}
+
+// Auth is the stack's authorization store (<data>/auth).
+func (s *Stack) Auth() *auth.Store { return s.auth }
+
+// CredsDir holds a creds file per identity (<data>/creds).
+func (s *Stack) CredsDir() string { return s.credsDir }
+
+// Creds is the path of role's creds file in CredsDir.
+func (s *Stack) Creds(role auth.Role) string {
+	return filepath.Join(s.credsDir, role.Name()+".creds")
 }
 
 // seed creates the bucket and writes the dev table's keys that are absent.
@@ -319,7 +391,7 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 // startLoader runs the dev loader, whose actions start and stop the cold
 // dev replicas in this process.
 func (s *Stack) startLoader() error {
-	nc, err := s.connect("switchyard-loader")
+	nc, err := s.connect("switchyard-loader", auth.Role{Kind: auth.RoleLoader})
 	if err != nil {
 		return err
 	}
@@ -489,6 +561,9 @@ func (s *Stack) Close() error {
 	}
 	if s.nats != nil && !s.natsDown {
 		s.nats.Shutdown()
+	}
+	if s.tempDir != "" {
+		_ = os.RemoveAll(s.tempDir)
 	}
 	s.errMu.Lock()
 	defer s.errMu.Unlock()

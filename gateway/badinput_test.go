@@ -42,7 +42,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 		t.Fatal(err)
 	}
 	routed = new(atomic.Int64)
-	if _, err := nc.Subscribe("llm.route.*", func(m *nats.Msg) { routed.Add(1) }); err != nil {
+	if _, err := nc.Subscribe("llm.gw.*", func(m *nats.Msg) { routed.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	cfg.AcceptTimeout = 100 * time.Millisecond

@@ -27,7 +27,7 @@ import (
 )
 
 // upstream plays broker and adapter for one gateway: every request on
-// llm.route.* is handed, in its own goroutine, to the test's script with
+// llm.gw.* is handed, in its own goroutine, to the test's script with
 // its attempt number, and the script answers on the reply subject.
 type upstream struct {
 	t        *testing.T
@@ -116,7 +116,7 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 	if script != nil {
 		var wg sync.WaitGroup
 		t.Cleanup(wg.Wait)
-		if _, err := nc.Subscribe("llm.route.*", func(m *nats.Msg) {
+		if _, err := nc.Subscribe("llm.gw.*", func(m *nats.Msg) {
 			n := int(u.attempts.Add(1))
 			u.mu.Lock()
 			u.excludes = append(u.excludes, m.Header.Get(subjects.HdrExclude))

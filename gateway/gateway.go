@@ -1,6 +1,6 @@
 // Package gateway is Switchyard's OpenAI-compatible HTTP ingress. It
 // authenticates, parses the body once, puts the routing features in NATS
-// headers, publishes to llm.route.<tenant> and relays the seq-numbered reply
+// headers, publishes to llm.gw.<tenant> and relays the seq-numbered reply
 // to HTTP (SSE flushed per chunk), retrying only before the first byte
 // reaches the client.
 package gateway

@@ -91,7 +91,7 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	if len(u.exclude) > 0 {
 		h[subjects.HdrExclude] = []string{strings.Join(u.exclude, ",")}
 	}
-	msg := &nats.Msg{Subject: g.subj.Route(u.tenant), Reply: g.replyPfx + id, Header: h, Data: u.body}
+	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: u.body}
 	if err := g.nc.PublishMsg(msg); err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}

@@ -17,6 +17,10 @@ import (
 // EnvURL is the environment variable read when no --nats URL is given.
 const EnvURL = "NATS_URL"
 
+// EnvCreds is the environment variable read when no --creds file is given
+// (the nats CLI reads it too).
+const EnvCreds = "NATS_CREDS"
+
 // ErrConfig reports unusable connection options.
 var ErrConfig = errors.New("invalid NATS connection options")
 
@@ -31,7 +35,9 @@ type Options struct {
 	// Name is the client name servers show in their connection lists
 	// (default "switchyard").
 	Name string
-	// Creds is a credentials file (JWT and seed).
+	// Creds is a credentials file (JWT and seed). Empty means NATS_CREDS,
+	// then the context's, then none (a server that allows anonymous
+	// clients).
 	Creds string
 	// TLSCert and TLSKey are a client certificate and its key; TLSCA the
 	// roots that verify the server.
@@ -74,8 +80,12 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 	if err != nil {
 		return nil, err
 	}
-	if opts.Creds != "" {
-		nopts = append(nopts, nats.UserCredentials(opts.Creds))
+	creds := opts.Creds
+	if creds == "" {
+		creds = os.Getenv(EnvCreds)
+	}
+	if creds != "" {
+		nopts = append(nopts, nats.UserCredentials(creds))
 	}
 	switch {
 	case opts.TLSCert != "" && opts.TLSKey != "":

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -34,6 +35,18 @@ type EmbeddedConfig struct {
 	ServerName string
 	// Logger receives the server's log (nil: discarded).
 	Logger *slog.Logger
+	// Trust, when set, runs the server in operator mode: only users of the
+	// trusted operator's accounts connect, nobody anonymously.
+	Trust *Trust
+}
+
+// Trust is a decentralized authorization: the operator, the system account,
+// and every account's JWT by public key (a memory resolver preloaded with
+// them; updates pushed by the system account apply until a restart).
+type Trust struct {
+	Operator      *jwt.OperatorClaims
+	SystemAccount string
+	Accounts      map[string]string
 }
 
 // Embedded is a running in-process nats-server.
@@ -87,6 +100,12 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		StoreDir:   storeDir,
 		NoSigs:     true, // the process owns its signals, not the library
 	}
+	if cfg.Trust != nil {
+		if err := cfg.Trust.Apply(opts); err != nil {
+			e.removeTemp()
+			return nil, err
+		}
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		e.removeTemp()
@@ -104,6 +123,21 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	e.srv = srv
 	return e, nil
+}
+
+// Apply puts the authorization into server options: the trusted operator,
+// the system account and a memory resolver preloaded with the accounts.
+func (t *Trust) Apply(opts *server.Options) error {
+	resolver := &server.MemAccResolver{}
+	for pub, token := range t.Accounts {
+		if err := resolver.Store(pub, token); err != nil {
+			return err
+		}
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{t.Operator}
+	opts.SystemAccount = t.SystemAccount
+	opts.AccountResolver = resolver
+	return nil
 }
 
 // ClientURL is the URL clients connect to (nats://host:port), with the port

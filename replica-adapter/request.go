@@ -28,12 +28,16 @@ type call struct {
 // onRequest is the micro handler. micro runs it one message at a time, so it
 // only books the request and hands it to its own goroutine.
 func (a *Adapter) onRequest(r micro.Request) {
+	h := nats.Header(r.Headers())
 	reply := r.Reply()
 	if reply == "" {
-		a.log.Warn("request without a reply subject dropped")
+		// A direct tenant's reply comes in Llm-Reply (see subjects.HdrReply).
+		reply = h.Get(subjects.HdrReply)
+	}
+	if !a.subj.InReplySpace(reply) {
+		a.log.Warn("request without a reply subject in the reply space dropped", "reply", reply)
 		return
 	}
-	h := nats.Header(r.Headers())
 	id := h.Get(subjects.HdrRequestID)
 	a.mu.Lock()
 	if a.draining {

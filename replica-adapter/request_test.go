@@ -410,3 +410,43 @@ func TestDeadline(t *testing.T) {
 		t.Errorf("want accept and a 504 head+end, got %d messages, last %v %s", len(msgs), last.Header, last.Data)
 	}
 }
+
+// TestReplyInHeader: a request forwarded without a reply is answered on its
+// Llm-Reply (a direct tenant's service-import reply), and only inside the
+// reply space.
+func TestReplyInHeader(t *testing.T) {
+	e := newEnv(t)
+	e.eng.handle(streamSSE(t))
+	e.start(e.config())
+	e.waitReady("r-1")
+	send := func(reply string) <-chan *nats.Msg {
+		ch := make(chan *nats.Msg, 256)
+		sub, err := e.nc.ChanSubscribe(reply, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		h := chatHeaders("req-" + reply)
+		h.Set(subjects.HdrReply, reply)
+		if err := e.nc.PublishMsg(&nats.Msg{Subject: subjects.New("").Replica("r-1"), Header: h,
+			Data: []byte(`{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	outside := send("llm.heartbeat.r-2")
+	msgs := untilEnd(t, send("_R_.abc.def"))
+	if len(msgs) < 3 || msgs[0].Header.Get(subjects.HdrAccepted) != "r-1" {
+		t.Fatalf("answer on Llm-Reply: %d messages", len(msgs))
+	}
+	// Both requests were sent before the answered one ended, and the
+	// adapter takes them in order: the first was dropped, not delayed.
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-outside:
+		t.Errorf("answered outside the reply space on %s: %v", m.Subject, m.Header)
+	default:
+	}
+}

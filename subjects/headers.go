@@ -26,6 +26,11 @@ const (
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"
 	HdrBroker = "Llm-Broker"
+	// HdrReply carries a direct client's reply subject when it is a
+	// service-import reply (_R_.…): the server refuses such a subject as a
+	// published message's reply, so the broker forwards it here and the
+	// adapter answers on it. The broker always overwrites or removes it.
+	HdrReply = "Llm-Reply"
 )
 
 // Route headers, added by the broker and echoed by the adapter on its head.

@@ -53,8 +53,16 @@ func (s Subjects) p() string {
 // Route is where a tenant's requests go: llm.route.<tenant>.
 func (s Subjects) Route(tenant string) string { return s.p() + ".route." + tenant }
 
-// RouteAll is the brokers' endpoint subject.
+// RouteAll is the brokers' endpoint subject for direct clients.
 func (s Subjects) RouteAll() string { return s.p() + ".route.*" }
+
+// Gateway is where gateways send a tenant's requests: llm.gw.<tenant>. No
+// tenant account imports it, so a broker knows a request on it came from a
+// gateway, and one on llm.route.<tenant> from a direct client.
+func (s Subjects) Gateway(tenant string) string { return s.p() + ".gw." + tenant }
+
+// GatewayAll is the brokers' endpoint subject for gateways.
+func (s Subjects) GatewayAll() string { return s.p() + ".gw.*" }
 
 // Replica is one adapter's request subject.
 func (s Subjects) Replica(id string) string { return s.p() + ".replica." + id }
@@ -111,6 +119,23 @@ func (s Subjects) BrokerPresence() string { return s.p() + ".broker.presence" }
 
 // ReplyPrefix is the gateway's wildcard reply space: <prefix>.reply.<gateway>.>.
 func (s Subjects) ReplyPrefix(gateway string) string { return s.p() + ".reply." + gateway }
+
+// InReplySpace reports whether subject can be a reply to a request: a
+// gateway's reply space (<prefix>.reply.>), a client inbox (_INBOX.>) or a
+// service-import reply (_R_.>). An adapter answers only there, so a forged
+// Llm-Reply cannot make it publish on another subject.
+func (s Subjects) InReplySpace(subject string) bool {
+	for _, space := range [...]string{s.p() + ".reply.", "_INBOX.", "_R_."} {
+		if len(subject) > len(space) && strings.HasPrefix(subject, space) {
+			return true
+		}
+	}
+	return false
+}
+
+// IsServiceReply reports whether subject is a service-import reply (_R_.…),
+// which no client may publish as a message's reply.
+func IsServiceReply(subject string) bool { return strings.HasPrefix(subject, "_R_.") }
 
 // TenantFromRoute returns the last token of a route or explain subject.
 func TenantFromRoute(subject string) string {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 )
 
@@ -90,7 +91,7 @@ func TestTableValidateOffline(t *testing.T) {
 
 func TestTableCommandsAgainstTheBucket(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
-	env := []string{"NATS_URL=" + st.NATSURL(), "HOME=" + t.TempDir()}
+	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 
 	out, _, code := sy(t, env, "", "table", "get", "aliases.chat-small")
 	if code != 0 || !strings.Contains(out, "llama-3-8b-instruct") {
@@ -145,7 +146,7 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 
 func TestKeyAddAndExplain(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[:4]})
-	env := []string{"NATS_URL=" + st.NATSURL(), "HOME=" + t.TempDir()}
+	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 	out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
 	key := strings.TrimSpace(out)
 	if code != 0 || !strings.HasPrefix(key, "sk-") {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/enginesim"
@@ -24,13 +25,13 @@ import (
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
-// clusterConn connects to member first of c, then to the others when it
-// goes away.
-func clusterConn(t *testing.T, c *natstest.JSCluster, first int, name string) *nats.Conn {
+// clusterConn connects to member first of c as role, then to the others
+// when it goes away.
+func clusterConn(t *testing.T, c *natstest.JSCluster, sec *natstest.Secured, role auth.Role, first int, name string) *nats.Conn {
 	t.Helper()
 	urls := strings.Split(c.URL(), ",")
 	ordered := append(append([]string{}, urls[first:]...), urls[:first]...)
-	nc, err := nats.Connect(strings.Join(ordered, ","), nats.Name(name), nats.DontRandomize(),
+	nc, err := nats.Connect(strings.Join(ordered, ","), nats.Name(name), nats.DontRandomize(), nats.UserCredentials(sec.Creds(t, role)),
 		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -45,9 +46,11 @@ func clusterConn(t *testing.T, c *natstest.JSCluster, first int, name string) *n
 // that no request hangs, every one ends explicitly, routing continues, and
 // the table stays readable and writable.
 func TestThreeNodeClusterLosesANode(t *testing.T) {
-	c := natstest.Cluster(t, 3)
+	// Under Switchyard's authorization: an adapter's stream goes on after it
+	// reconnects to another member.
+	c, sec := natstest.ClusterSecured(t, 3, auth.Config{})
 	ctx := context.Background()
-	admin := clusterConn(t, c, 0, "admin")
+	admin := clusterConn(t, c, sec, roleOperator, 0, "admin")
 	js, _ := jetstream.New(admin)
 	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 3)
 	if err != nil {
@@ -72,7 +75,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(func(ctx context.Context) error { return eng.Serve(ctx, ln) })
-		a, err := adapter.New(clusterConn(t, c, member, id), adapter.Config{
+		a, err := adapter.New(clusterConn(t, c, sec, adapterRole(id), member, id), adapter.Config{
 			Replica: id, Model: "llama-3-8b-instruct", Version: "v1.0.0", Flavor: "vllm",
 			EngineURL: "http://" + ln.Addr().String(), MaxBatch: 32, MaxQueue: 128,
 		})
@@ -84,14 +87,14 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	// A broker on each of members 1 and 2, the gateway on member 0.
 	var brokers []*broker.Broker
 	for i, member := range []int{1, 2} {
-		b, err := broker.New(clusterConn(t, c, member, "broker"), broker.Config{ID: "b-" + strconv.Itoa(i), StateDir: t.TempDir()})
+		b, err := broker.New(clusterConn(t, c, sec, roleBroker, member, "broker"), broker.Config{ID: "b-" + strconv.Itoa(i), StateDir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		brokers = append(brokers, b)
 		run(b.Run)
 	}
-	g, err := gateway.New(clusterConn(t, c, 0, "gateway"), gateway.Config{})
+	g, err := gateway.New(clusterConn(t, c, sec, roleGateway, 0, "gateway"), gateway.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +160,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 
 	// The table stays writable (through a surviving member) and readable
 	// by both brokers.
-	survivor := clusterConn(t, c, (victim+1)%3, "writer")
+	survivor := clusterConn(t, c, sec, roleOperator, (victim+1)%3, "writer")
 	sjs, _ := jetstream.New(survivor)
 	var rev uint64
 	writable := within(t, 20*time.Second, func() error {

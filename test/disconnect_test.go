@@ -95,17 +95,13 @@ func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
 	})
 }
 
-// watchRequests counts the requests published on llm.route.> and the
-// engine calls the adapters made.
+// watchRequests counts the requests the gateway published (llm.gw.*, seen
+// as a broker sees them) and the engine calls the adapters made.
 func watchRequests(t *testing.T, st *devstack.Stack) (*atomic.Int64, func() int64) {
 	t.Helper()
-	nc, err := nats.Connect(st.NATSURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := mustConnectAs(t, st, roleBroker)
 	var published atomic.Int64
-	if _, err := nc.Subscribe("llm.route.>", func(*nats.Msg) { published.Add(1) }); err != nil {
+	if _, err := nc.Subscribe("llm.gw.*", func(*nats.Msg) { published.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
@@ -157,6 +153,6 @@ func TestClientGoneMidBodyIsNeverPublished(t *testing.T) {
 		t.Fatalf("a whole request: %v", o)
 	}
 	if n := published.Load(); n == 0 {
-		t.Error("a whole request was not seen on llm.route.>: the check above cannot fail")
+		t.Error("a whole request was not seen on llm.gw.*: the check above cannot fail")
 	}
 }

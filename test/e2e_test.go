@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 )
 
@@ -260,7 +260,7 @@ func chatReplica(t *testing.T, url, model string) string {
 
 func kvBucket(t *testing.T, st *devstack.Stack) jetstream.KeyValue {
 	t.Helper()
-	nc, err := nats.Connect(st.NATSURL())
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -88,7 +88,7 @@ func TestJetStreamUnavailableKeepsRouting(t *testing.T) {
 	if err := st.NATSServer().DisableJetStream(); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(st.NATSURL())
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 )
 
@@ -39,27 +39,23 @@ func fileExists(p string) bool {
 	return err == nil && !st.IsDir()
 }
 
-// runNats runs the CLI against the stack's server and returns its output.
-func runNats(t *testing.T, cli, server string, args ...string) string {
+// runNats runs the CLI against the stack's server as role and returns its
+// output; a failure fails the test.
+func runNats(t *testing.T, cli string, st *devstack.Stack, role auth.Role, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, cli, append([]string{"--server", server, "--no-context"}, args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("nats %s: %v\n%s", strings.Join(args, " "), err, out)
+	out, ok := natsAs(t, cli, st, role, args...)
+	if !ok {
+		t.Fatalf("nats %s (as %s): %s", strings.Join(args, " "), role.Name(), out)
 	}
-	return string(out)
+	return out
 }
 
 func TestNatsCLIWorkflows(t *testing.T) {
 	cli := natsCLI(t)
 	st := startStack(t, devstack.Config{})
-	srv := st.NATSURL()
 
 	t.Run("kv ls lists the table", func(t *testing.T) {
-		out := runNats(t, cli, srv, "kv", "ls", "llm-routing")
+		out := runNats(t, cli, st, roleObserver, "kv", "ls", "llm-routing")
 		for _, k := range []string{"policy", "aliases.chat-large", "aliases.auto", "tenants.acme", "replicas.l70-gen-0"} {
 			if !strings.Contains(out, k) {
 				t.Errorf("kv ls lacks %s:\n%s", k, out)
@@ -68,7 +64,7 @@ func TestNatsCLIWorkflows(t *testing.T) {
 	})
 
 	t.Run("micro ls shows the services", func(t *testing.T) {
-		out := runNats(t, cli, srv, "micro", "ls")
+		out := runNats(t, cli, st, roleOperator, "micro", "ls")
 		for _, s := range []string{"switchyard-broker", "switchyard-adapter"} {
 			if !strings.Contains(out, s) {
 				t.Errorf("micro ls lacks %s:\n%s", s, out)
@@ -78,7 +74,7 @@ func TestNatsCLIWorkflows(t *testing.T) {
 
 	t.Run("a chat request straight on NATS", func(t *testing.T) {
 		body := `{"model":"chat-small","max_tokens":3,"messages":[{"role":"user","content":"hello from nats req"}]}`
-		out := runNats(t, cli, srv, "req", "--raw", "--replies", "0", "--reply-timeout", "2s", "llm.route.default", body)
+		out := runNats(t, cli, st, tenant("default"), "req", "--raw", "--replies", "0", "--reply-timeout", "2s", "llm.route.default", body)
 		// The accept rides on the head here (a fast engine), so the
 		// replies are the broker's routed notice and the answer, which
 		// names the model as it was asked for.
@@ -88,7 +84,7 @@ func TestNatsCLIWorkflows(t *testing.T) {
 	})
 
 	t.Run("kv put changes routing", func(t *testing.T) {
-		runNats(t, cli, srv, "kv", "put", "llm-routing", "aliases.chat-small",
+		runNats(t, cli, st, roleOperator, "kv", "put", "llm-routing", "aliases.chat-small",
 			`{"targets":[{"model":"qwen-coder-32b","version":"v1.0.0","weight":100}]}`)
 		eventually(t, 3*time.Second, func() (bool, string) {
 			rep := chatReplica(t, st.GatewayURL(), "chat-small")

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -131,7 +131,7 @@ func TestOperatorDrainAndDisable(t *testing.T) {
 	if _, err := bucket.Get(ctx, "replicas.l8-gen-0"); err != nil {
 		t.Fatalf("the operator's disabled replica was deregistered: %v", err)
 	}
-	nc, err := nats.Connect(st.NATSURL())
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleObserver})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -60,7 +61,8 @@ func exited(cmd *exec.Cmd, done <-chan error, total time.Duration) (int, time.Du
 func TestSIGTERMShutsDownGracefully(t *testing.T) {
 	bin := binary(t)
 	var devOut, devErr lockedBuffer
-	dev := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir(), "--speed", "1")
+	data := t.TempDir()
+	dev := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", data, "--speed", "1")
 	dev.Stdout, dev.Stderr = &devOut, &devErr
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
@@ -81,7 +83,8 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 
 	t.Run("broker", func(t *testing.T) {
 		var bErr lockedBuffer
-		b := exec.Command(bin, "broker", "--nats", natsURL, "--metrics-listen", "", "--state-dir", t.TempDir(), "--id", "ext-broker")
+		b := exec.Command(bin, "broker", "--nats", natsURL, "--creds", filepath.Join(data, "creds", "broker.creds"),
+			"--metrics-listen", "", "--state-dir", t.TempDir(), "--id", "ext-broker")
 		b.Stderr = &bErr
 		if err := b.Start(); err != nil {
 			t.Fatal(err)

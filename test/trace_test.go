@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -18,7 +19,7 @@ import (
 // decision names its trace; without one the gateway starts a trace.
 func TestDecisionsCarryTheTrace(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
-	nc, err := nats.Connect(st.NATSURL())
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleObserver})
 	if err != nil {
 		t.Fatal(err)
 	}

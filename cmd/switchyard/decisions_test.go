@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -96,19 +97,34 @@ func (s *decisionsOutput) String() string {
 	return s.b.String()
 }
 
+// TestDecisionsFollowsAndFilters runs `switchyard decisions` as the
+// observer identity against a server under Switchyard's authorization, and
+// without credentials against one that allows anonymous clients.
 func TestDecisionsFollowsAndFilters(t *testing.T) {
-	_, url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	t.Run("as the observer", func(t *testing.T) {
+		sec := natstest.StartSecured(t, auth.Config{})
+		broker := sec.Connect(t, auth.Role{Kind: auth.RoleBroker})
+		followDecisions(t, broker, "--nats", sec.URL, "--creds", sec.Creds(t, auth.Role{Kind: auth.RoleObserver}))
+	})
+	t.Run("anonymous", func(t *testing.T) {
+		_, url := natstest.Start(t)
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		followDecisions(t, nc, "--nats", url)
+	})
+}
 
+// followDecisions runs the command with connect flags while nc publishes
+// decisions, and checks that it prints only the matching one.
+func followDecisions(t *testing.T, nc *nats.Conn, connect ...string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errOut decisionsOutput
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"decisions", "--nats", url, "--model", "chat-large", "--replica", "l70-gen-1"}, &out, &errOut)
+		done <- run(ctx, append([]string{"decisions", "--model", "chat-large", "--replica", "l70-gen-1"}, connect...), &out, &errOut)
 	}()
 	defer func() {
 		cancel()

@@ -15,7 +15,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var cfg devstack.Config
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "gateway HTTP address")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address (the nats CLI connects here)")
-	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream and broker state (default: a temporary directory)")
+	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream, broker state, NATS keys (auth/) and creds (creds/) (default: a temporary directory)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
@@ -37,10 +37,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	url := st.GatewayURL()
+	creds := st.CredsDir()
 	fmt.Fprintf(stdout, `Switchyard dev is running.
 
   gateway  %s   (OpenAI API; dashboard at /ui; /metrics, /readyz)
-  NATS     %s   (nats --server %s kv ls llm-routing)
+  NATS     %s   (operator mode: every identity has a creds file in %s)
 
 Try:
 
@@ -48,11 +49,13 @@ Try:
     -H 'Content-Type: application/json' \
     -d '{"model":"chat-large","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' -i
 
+  nats --server %s --creds %s/operator.creds kv ls llm-routing
+
 "model":"mixtral" is cold: its first request answers 503 model_loading and starts a
 simulated load of %s; it serves after that, and unloads after 5 minutes idle.
 
 Ctrl-C stops everything.
-`, url, st.NATSURL(), st.NATSURL(), url, time.Duration(float64(devstack.DefaultColdLoad)/cfg.Speed).Round(100*time.Millisecond))
+`, url, st.NATSURL(), creds, url, st.NATSURL(), creds, time.Duration(float64(devstack.DefaultColdLoad)/cfg.Speed).Round(100*time.Millisecond))
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping…")
 	return st.Close()

@@ -38,6 +38,7 @@ func commands() []command {
 		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
+		{"auth", "generate NATS keys and creds, mint and revoke creds (docs/security.md)", runAuth},
 		{"key", "add an API key for a tenant (printed once, stored hashed)", runKey},
 		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
@@ -104,6 +105,8 @@ func synopsis(name string) string {
 		return strings.TrimPrefix(tableUsage, "usage: ")
 	case "key":
 		return "switchyard key add --tenant T [flags]"
+	case "auth":
+		return strings.TrimPrefix(authUsage, "usage: ")
 	case "lab":
 		return "switchyard lab [flags] EXPERIMENT|all"
 	}

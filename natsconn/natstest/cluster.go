@@ -25,6 +25,12 @@ type JSCluster struct {
 // test ends, and waits until it has a meta leader.
 func Cluster(t testing.TB, n int) *JSCluster {
 	t.Helper()
+	return cluster(t, n, nil)
+}
+
+// cluster is Cluster with each member's options passed through configure.
+func cluster(t testing.TB, n int, configure func(*server.Options)) *JSCluster {
+	t.Helper()
 	if n < 2 {
 		t.Fatalf("a cluster needs at least 2 servers, got %d", n)
 	}
@@ -47,6 +53,9 @@ func Cluster(t testing.TB, n int) *JSCluster {
 				Port: ports[n+i],
 			},
 			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
+		}
+		if configure != nil {
+			configure(c.opts[i])
 		}
 	}
 	for i := range n {

@@ -1,0 +1,183 @@
+package auth
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Role kinds. Adapter and Tenant need an id (the replica, the tenant).
+const (
+	RoleGateway  = "gateway"
+	RoleBroker   = "broker"
+	RoleOperator = "operator"
+	RoleObserver = "observer"
+	RoleAdapter  = "adapter"
+	RoleTenant   = "tenant"
+	RoleLoader   = "loader"
+)
+
+// LongestRequest is the longest request a gateway accepts (X-Request-Timeout
+// is at most 86400 s). What must outlive a request — an adapter's right to
+// answer, a tenant import's response mapping — outlives this.
+const LongestRequest = 24 * time.Hour
+
+// Response allowances. An adapter streams many messages for as long as a
+// request lasts; a broker answers at most a routed notice and a rejection
+// (or one micro/explain reply), at once. The server keeps an entry per
+// request until it is used up or expires, so neither is unlimited on both.
+const (
+	adapterRespExpires = LongestRequest + 5*time.Minute
+	brokerRespMax      = 3
+	brokerRespExpires  = 30 * time.Second
+	importThreshold    = LongestRequest + 5*time.Minute
+)
+
+// Role names one identity: a kind and, for adapters and tenants, an id.
+type Role struct {
+	Kind string
+	ID   string // replica for RoleAdapter, tenant for RoleTenant
+}
+
+// ParseRole validates a kind and its id.
+func ParseRole(kind, id string) (Role, error) {
+	switch kind {
+	case RoleGateway, RoleBroker, RoleOperator, RoleObserver, RoleLoader:
+		if id != "" {
+			return Role{}, fmt.Errorf("%w: role %s takes no --replica or --tenant", ErrRole, kind)
+		}
+	case RoleAdapter, RoleTenant:
+		if err := subjects.ValidToken(id); err != nil {
+			what := "--replica"
+			if kind == RoleTenant {
+				what = "--tenant"
+			}
+			return Role{}, fmt.Errorf("%w: role %s needs %s: %w", ErrRole, kind, what, err)
+		}
+	default:
+		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, broker, operator, observer, loader, adapter or tenant)", ErrRole, kind)
+	}
+	return Role{Kind: kind, ID: id}, nil
+}
+
+// Name is the user's name and its creds file's base name: "gateway",
+// "adapter-l70-gen-0", "tenant-acme".
+func (r Role) Name() string {
+	if r.ID == "" {
+		return r.Kind
+	}
+	return r.Kind + "-" + r.ID
+}
+
+// account is the name of the account the role's user lives in.
+func (r Role) account() string {
+	if r.Kind == RoleTenant {
+		return tenantAccount(r.ID)
+	}
+	return switchyardAccount
+}
+
+// grants are the rights of one user.
+type grants struct {
+	pub, sub []string
+	resp     *jwt.ResponsePermission
+}
+
+// permissions says what each role may publish and subscribe. Everything not
+// listed is denied; docs/security.md has the same table with its reasons.
+func permissions(r Role, prefix, bucket string) grants {
+	p := prefix + "."
+	kv := "$KV." + bucket + "."
+	tableRead := bucketRead(bucket)
+	inbox := "_INBOX.>"
+	srv := func(service string) []string {
+		return []string{"$SRV.*", "$SRV.*." + service, "$SRV.*." + service + ".>"}
+	}
+	switch r.Kind {
+	case RoleGateway:
+		return grants{
+			pub: append([]string{p + "gw.*", p + "replica.*.cancel"}, tableRead...),
+			sub: []string{
+				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", inbox,
+			},
+		}
+	case RoleBroker:
+		return grants{
+			pub: append([]string{
+				p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
+				p + "eject.*",
+			}, tableRead...),
+			sub: append([]string{
+				p + "route.*", p + "gw.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
+				p + "usage.*", p + "broker.presence", p + "control.load.status", inbox,
+			}, srv(subjects.BrokerService)...),
+			resp: &jwt.ResponsePermission{MaxMsgs: brokerRespMax, Expires: brokerRespExpires},
+		}
+	case RoleAdapter:
+		return grants{
+			// The reply space, explicitly: _R_.> is a direct tenant's
+			// reply, carried in Llm-Reply (a message forwarded with it as
+			// its reply is refused by the server, so allow_responses cannot
+			// cover it), and a stream must go on after its adapter
+			// reconnects to another server, where the allowance of the old
+			// connection is gone. The server tracks no allowance entry for
+			// a reply the user may publish anyway.
+			pub: append([]string{
+				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID,
+				p + "reply.>", "_INBOX.>", "_R_.>",
+			}, tableRead...),
+			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", inbox}, srv(subjects.AdapterService)...),
+			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},
+		}
+	case RoleOperator:
+		return grants{
+			pub: []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", kv + ">", p + "explain.*", "$SRV.>"},
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", inbox},
+		}
+	case RoleObserver:
+		return grants{
+			pub: append([]string{"$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"}, tableRead...),
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load.status", inbox},
+		}
+	case RoleLoader:
+		// Claims loads in its own bucket (creating it), reads the table,
+		// and drains or deletes the registrations of the replicas of a
+		// model it unloads.
+		loads := subjects.LoadsBucket
+		pub := append([]string{
+			p + "control.load.status",
+			"$JS.API.STREAM.CREATE.KV_" + loads, "$KV." + loads + ".>",
+			kv + "replicas.*",
+		}, tableRead...)
+		return grants{
+			pub: append(pub, bucketRead(loads)...),
+			sub: []string{p + "control.load", p + "heartbeat.*", p + "usage.*", inbox},
+		}
+	case RoleTenant:
+		// In its own account: nothing of the Switchyard account exists
+		// there but the one imported route subject.
+		return grants{pub: []string{p + "route." + r.ID}, sub: []string{inbox}}
+	}
+	return grants{}
+}
+
+// bucketRead are the JetStream API subjects that read a KV bucket: bind it,
+// watch it (an ordered push consumer with flow control), get keys directly.
+func bucketRead(bucket string) []string {
+	stream := "KV_" + bucket
+	return []string{
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+		"$JS.API.CONSUMER.CREATE." + stream, "$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+		"$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.FC." + stream + ".>",
+	}
+}
