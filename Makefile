@@ -8,13 +8,16 @@ TOOLS_DIR := $(CURDIR)/.cache/tools
 NATS_CLI  := $(TOOLS_DIR)/nats
 NATSCLI_VERSION := v0.5.0
 export GOFLAGS ?=
+# The version `switchyard version` and switchyard_build_info report.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
 .PHONY: all build run test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/switchyard
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/switchyard
 
 # Dev state, NATS keys and creds persist in DEV_DATA across runs, so the
 # creds files printed stay valid.

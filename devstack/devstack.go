@@ -31,6 +31,7 @@ import (
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
@@ -195,7 +196,8 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	}
 	s := &Stack{cfg: cfg, log: cfg.Logger, engines: map[string]*enginesim.Server{}, seen: map[string]bool{}}
 	s.registry = prometheus.NewRegistry()
-	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.Read().Collector())
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.runCtx, s.cancel = runCtx, cancel
 	s.adapters, s.faults = map[string]*part{}, map[string]*Faults{}

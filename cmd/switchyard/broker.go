@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 )
 
 func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -56,10 +57,12 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return b.Run(ctx)
 }
 
-// newRegistry is a fresh Prometheus registry with the process collectors.
+// newRegistry is a fresh Prometheus registry with the process collectors and
+// switchyard_build_info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.Read().Collector())
 	return reg
 }
 

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/gctune"
 )
@@ -43,6 +44,7 @@ func commands() []command {
 		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
 		{"lab", "run routing experiments in virtual time and write a report", runLab},
+		{"version", "print the version, commit and Go version of this binary", runVersion},
 	}
 }
 
@@ -61,6 +63,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = []string{"version"}
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -189,4 +194,15 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 		l = slog.LevelInfo
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("usage: switchyard version")
+	}
+	fmt.Fprintln(stdout, buildinfo.Read())
+	return nil
 }

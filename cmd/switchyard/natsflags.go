@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
 // natsFlags are the connection flags every NATS command shares, named as the
@@ -73,4 +75,26 @@ func (f *natsFlags) openBucket(ctx context.Context, name string) (bucket jetstre
 		return nil, nil, nil, fmt.Errorf("bucket %s: %w", f.bucket, err)
 	}
 	return bucket, js, nc.Close, nil
+}
+
+// ensureBucket is openBucket that creates the bucket with replicas when it is
+// absent (kv.EnsureBucket); created says whether it did.
+func (f *natsFlags) ensureBucket(ctx context.Context, name string, replicas int) (bucket jetstream.KeyValue, js jetstream.JetStream, closeFn func(), created bool, err error) {
+	nc, err := f.connectOnce(ctx, name)
+	if err != nil {
+		return nil, nil, nil, false, err
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		nc.Close()
+		return nil, nil, nil, false, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = js.KeyValue(cctx, f.bucket)
+	created = errors.Is(err, jetstream.ErrBucketNotFound)
+	if bucket, err = kv.EnsureBucket(cctx, js, f.bucket, replicas); err != nil {
+		nc.Close()
+		return nil, nil, nil, false, fmt.Errorf("bucket %s: %w", f.bucket, err)
+	}
+	return bucket, js, nc.Close, created, nil
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
-const tableUsage = "usage: switchyard table get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE | export | validate FILE | history KEY | rollback KEY REV"
+const tableUsage = "usage: switchyard table init [--replicas N] | get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE [--replicas N] | export | validate FILE | history KEY | rollback KEY REV"
 
 // errCheckFailed is a failed check (exit 1) whose details were printed.
 var errCheckFailed = errors.New("check failed")
@@ -29,6 +29,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("table", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
+	replicas := fs.Int("replicas", 0, "replicas of the bucket when init or import creates it (1-5; default 1)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -40,16 +41,48 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("%s", tableUsage)
 	}
 	verb, rest := pos[0], pos[1:]
-	want := map[string][2]int{"get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1},
+	want := map[string][2]int{"init": {0, 0}, "get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1},
 		"edit": {1, 1}, "history": {1, 1}, "rollback": {2, 2}}
 	n, ok := want[verb]
 	if !ok || len(rest) < n[0] || len(rest) > n[1] {
 		return usagef("%s", tableUsage)
 	}
+	if *replicas < 0 || *replicas > 5 {
+		return usagef("--replicas must be between 1 and 5 (a JetStream limit)")
+	}
+	if *replicas != 0 && verb != "init" && verb != "import" {
+		return usagef("--replicas applies to init and import only")
+	}
 	if verb == "validate" {
 		return validateFile(rest[0], stdout, stderr)
 	}
-	bucket, js, closeConn, err := nf.openBucket(ctx, "switchyard-table")
+	if verb == "init" {
+		return tableInit(ctx, &nf, max(*replicas, 1), stdout)
+	}
+	var flat map[string]json.RawMessage
+	if verb == "import" { // a bad file is refused before anything connects
+		b, err := readInput(rest[0])
+		if err != nil {
+			return err
+		}
+		var errs []error
+		if flat, errs = table.ParseFlat(b); len(errs) > 0 {
+			for _, e := range errs {
+				fmt.Fprintln(stderr, e)
+			}
+			return errCheckFailed
+		}
+	}
+	var bucket jetstream.KeyValue
+	var js jetstream.JetStream
+	var closeConn func()
+	if verb == "import" {
+		// A first import on a fresh server creates the bucket, so that
+		// bootstrapping needs no other step.
+		bucket, js, closeConn, _, err = nf.ensureBucket(ctx, "switchyard-table", max(*replicas, 1))
+	} else {
+		bucket, js, closeConn, err = nf.openBucket(ctx, "switchyard-table")
+	}
 	if err != nil {
 		return err
 	}
@@ -82,17 +115,6 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, "%s stored at revision %d\n", rest[0], rev)
 	case "import":
-		b, err := readInput(rest[0])
-		if err != nil {
-			return err
-		}
-		flat, errs := table.ParseFlat(b)
-		if len(errs) > 0 {
-			for _, e := range errs {
-				fmt.Fprintln(stderr, e)
-			}
-			return errCheckFailed
-		}
 		rep, err := kv.Import(cctx, bucket, flat, kv.Atomic(js))
 		if err != nil {
 			return err
@@ -119,6 +141,33 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cancel()
 		return tableEdit(ctx, bucket, rest[0], stdout, stderr)
 	}
+	return nil
+}
+
+// tableInit creates the bucket with kv.History revisions per key and the
+// given replicas, and says what it found when the bucket already exists: it
+// never changes an existing bucket.
+func tableInit(ctx context.Context, nf *natsFlags, replicas int, stdout io.Writer) error {
+	bucket, _, closeConn, created, err := nf.ensureBucket(ctx, "switchyard-table", replicas)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := bucket.Status(cctx)
+	if err != nil {
+		return err
+	}
+	have := 0
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		have = bs.StreamInfo().Config.Replicas
+	}
+	verb := "exists"
+	if created {
+		verb = "created"
+	}
+	fmt.Fprintf(stdout, "bucket %s %s: %d replicas, %d revisions per key, %d keys\n", st.Bucket(), verb, have, st.History(), st.Values())
 	return nil
 }
 
