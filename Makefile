@@ -7,12 +7,14 @@ PKGS      := ./...
 TOOLS_DIR := $(CURDIR)/.cache/tools
 NATS_CLI  := $(TOOLS_DIR)/nats
 NATSCLI_VERSION := v0.5.0
+# nats-server is built from the version go.mod requires, the one the tests embed.
+NATS_SERVER := $(TOOLS_DIR)/nats-server
 export GOFLAGS ?=
 # The version `switchyard version` and switchyard_build_info report.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools clean
+.PHONY: all build run cluster test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools clean
 
 all: build
 
@@ -26,12 +28,26 @@ DEV_DATA ?= .cache/dev
 run: build
 	./$(BIN) dev --data $(DEV_DATA)
 
-# The nats CLI is used by the end-to-end tests; it is built from the Go module
-# proxy once and cached in .cache/tools.
-tools: $(NATS_CLI)
+# The production shape on this machine, every part its own process on
+# loopback: three nats-server processes from deploy/nats/cluster.conf, the
+# bucket with three replicas, two brokers, two gateways, an adapter and a
+# simulated engine per dev replica. Prints each gateway's URL once it serves;
+# Ctrl-C stops everything. State, certificates and logs go to CLUSTER_DIR.
+CLUSTER_DIR ?= .cache/cluster
+cluster: build $(NATS_SERVER)
+	$(GO) build -o bin/cluster ./cmd/cluster
+	./bin/cluster -dir $(CLUSTER_DIR) -switchyard $(BIN) -nats-server $(NATS_SERVER)
+
+# The nats CLI and nats-server are used by the end-to-end tests; the CLI is
+# built from the Go module proxy once, the server from go.mod's version, and
+# both are cached in .cache/tools.
+tools: $(NATS_CLI) $(NATS_SERVER)
 
 $(NATS_CLI):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+
+$(NATS_SERVER): go.mod
+	$(GO) build -o $@ github.com/nats-io/nats-server/v2
 
 # The dashboard test drives headless Chromium; CI runs as root on Debian, so
 # the package is installed from apt when it is missing.
@@ -39,7 +55,7 @@ test-deps:
 	command -v chromium || (apt-get update && apt-get install -y chromium)
 
 test: tools vet test-deps
-	NATS_CLI=$(NATS_CLI) $(GO) test -race -count=1 -timeout 12m $(PKGS)
+	NATS_CLI=$(NATS_CLI) NATS_SERVER=$(NATS_SERVER) $(GO) test -race -count=1 -timeout 12m $(PKGS)
 	$(MAKE) test-lab
 
 test-short:

@@ -1,0 +1,99 @@
+// Command cluster runs Switchyard's production shape on one machine, each
+// part its own OS process on loopback: three nats-server processes from
+// deploy/nats/cluster.conf, the routing table in a three-replica bucket, two
+// brokers, two gateways, and an adapter beside a simulated engine for every
+// dev replica. `make cluster` runs it; Ctrl-C stops every process it started.
+//
+// It prints `gateway: http://127.0.0.1:PORT` for each gateway once that
+// gateway answers an anonymous request, then where the NATS URLs, CA and
+// logs are.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+)
+
+type config struct {
+	dir        string // everything this run writes; emptied first
+	root       string // the repository (deploy/ is read from it)
+	switchyard string // the switchyard binary
+	natsServer string // the nats-server binary
+	gateways   int
+	brokers    int
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.dir, "dir", ".cache/cluster", "directory for configs, certificates, data and logs (emptied first)")
+	flag.StringVar(&cfg.root, "root", ".", "repository root")
+	flag.StringVar(&cfg.switchyard, "switchyard", "bin/switchyard", "the switchyard binary")
+	flag.StringVar(&cfg.natsServer, "nats-server", ".cache/tools/nats-server", "the nats-server binary")
+	flag.IntVar(&cfg.gateways, "gateways", 2, "gateways to run")
+	flag.IntVar(&cfg.brokers, "brokers", 2, "brokers to run")
+	flag.Parse()
+	// Children get SIGKILL if this process dies (Pdeathsig); the signal
+	// follows the thread that started them, so that thread must live as
+	// long as the process.
+	runtime.LockOSThread()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
+	for _, p := range []*string{&cfg.dir, &cfg.root, &cfg.switchyard, &cfg.natsServer} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(cfg.dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.dir, "logs"), 0o755); err != nil {
+		return err
+	}
+	procs := newProcs(filepath.Join(cfg.dir, "logs"), filepath.Join(cfg.dir, "pids"))
+	defer func() {
+		fmt.Fprintln(stdout, "stopping…")
+		if serr := procs.stopAll(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	n, err := startNATS(ctx, cfg, procs)
+	if err != nil {
+		return err
+	}
+	gateways, err := startSwitchyard(ctx, cfg, n, procs)
+	if err != nil {
+		return err
+	}
+	for _, url := range gateways {
+		if err := waitGateway(ctx, url, procs); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "gateway: %s\n", url)
+	}
+	fmt.Fprintf(stdout, `NATS:    %s
+CA:      %s   (switchyard --nats URL --tlsca CA; nats --server URL --tlsca CA)
+logs:    %s
+Ctrl-C stops everything.
+`, n.url, n.ca, filepath.Join(cfg.dir, "logs"))
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-procs.exited:
+		return err
+	}
+}

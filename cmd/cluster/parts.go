@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/natsconn"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// startSwitchyard creates the bucket with three replicas, imports
+// deploy/examples/table.json, and starts an engine-sim and an adapter for
+// each dev replica, then the brokers, then the gateways. It returns the
+// gateways' URLs.
+func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *procs) ([]string, error) {
+	conn := []string{"--nats", n.url, "--tlsca", n.ca}
+	tableFile := filepath.Join(cfg.root, "deploy", "examples", "table.json")
+	for _, args := range [][]string{{"table", "init", "--replicas", "3"}, {"table", "import", tableFile}} {
+		cmd := exec.CommandContext(ctx, cfg.switchyard, append(args, conn...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("switchyard %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	replicas := devstack.Replicas()
+	ports, err := freePorts(len(replicas) + cfg.brokers + cfg.gateways)
+	if err != nil {
+		return nil, err
+	}
+	procs.nextTier()
+	for i, r := range replicas {
+		engine := fmt.Sprintf("127.0.0.1:%d", ports[i])
+		args := []string{"engine-sim", "--listen", engine, "--model", r.Model, "--kv-blocks", strconv.Itoa(r.KVBlocks)}
+		if r.MaxLoras > 0 {
+			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras), "--adapters", strings.Join(r.Adapters, ","))
+		}
+		if err := procs.start("engine-"+r.ID, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+			return nil, err
+		}
+	}
+	procs.nextTier()
+	for i, r := range replicas {
+		args := append([]string{"adapter", "--engine", fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
+			"--replica", r.ID, "--model", r.Model, "--version", r.Version, "--pool", r.Pool}, conn...)
+		if r.MaxLoras > 0 {
+			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras))
+		}
+		if err := procs.start("adapter-"+r.ID, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+			return nil, err
+		}
+	}
+	if err := waitReplicasReady(ctx, n, replicas, procs); err != nil {
+		return nil, err
+	}
+	procs.nextTier()
+	ports = ports[len(replicas):]
+	for i := range cfg.brokers {
+		name := fmt.Sprintf("broker-%d", i+1)
+		args := append([]string{"broker", "--id", name, "--state-dir", filepath.Join(cfg.dir, name),
+			"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[i])}, conn...)
+		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+			return nil, err
+		}
+	}
+	procs.nextTier()
+	ports = ports[cfg.brokers:]
+	urls := make([]string, cfg.gateways)
+	for i := range cfg.gateways {
+		name := fmt.Sprintf("gateway-%d", i+1)
+		listen := fmt.Sprintf("127.0.0.1:%d", ports[i])
+		args := append([]string{"gateway", "--listen", listen, "--state-dir", filepath.Join(cfg.dir, name)}, conn...)
+		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+			return nil, err
+		}
+		urls[i] = "http://" + listen
+	}
+	return urls, nil
+}
+
+// waitReplicasReady waits until every replica's adapter has written itself
+// ready into the table, so that the brokers start warm.
+func waitReplicasReady(ctx context.Context, n natsCluster, replicas []devstack.Replica, procs *procs) error {
+	nc, err := natsconn.Connect(ctx, natsconn.Options{URL: n.url, TLSCA: n.ca, Name: "switchyard-cluster"})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	var bucket jetstream.KeyValue
+	missing := ""
+	err = poll(ctx, 90*time.Second, procs, "replicas ready", func() bool {
+		if bucket == nil {
+			if bucket, err = js.KeyValue(ctx, subjects.DefaultBucket); err != nil {
+				bucket = nil
+				return false
+			}
+		}
+		for _, r := range replicas {
+			e, err := bucket.Get(ctx, "replicas."+r.ID)
+			if err != nil {
+				missing = r.ID
+				return false
+			}
+			v, err := table.Decode(e.Key(), e.Value())
+			if rep, ok := v.V.(table.Replica); err != nil || !ok || rep.State != subjects.StateReady {
+				missing = r.ID
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("%w (%s is not ready)", err, missing)
+	}
+	return nil
+}
+
+// waitGateway waits until the gateway reports ready and answers an
+// anonymous request, as the dev stack does.
+func waitGateway(ctx context.Context, url string, procs *procs) error {
+	body := []byte(`{"model":"chat-small","messages":[{"role":"user","content":"ready?"}],"max_tokens":2}`)
+	c := http.Client{Timeout: 10 * time.Second}
+	return poll(ctx, 60*time.Second, procs, url+" ready", func() bool {
+		if !httpOK(url + "/readyz") {
+			return false
+		}
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&out) == nil && len(out.Choices) > 0
+	})
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// stopTimeout is how long a part may take to stop after SIGTERM before it is
+// killed; adapters drain their requests within it.
+const stopTimeout = 20 * time.Second
+
+// procs are the child processes of one run. Each runs in its own process
+// group, so a Ctrl-C reaches only this launcher, which stops them in the
+// reverse order of their start: gateways first, NATS last, as in a rolling
+// shutdown. Every pid is written to the pids file.
+type procs struct {
+	logDir, pidFile string
+	exited          chan error // the first child that exits on its own
+	stopping        atomic.Bool
+
+	mu   sync.Mutex
+	list []*proc
+}
+
+type proc struct {
+	name string
+	tier int // started in ascending tiers, stopped in descending ones
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func newProcs(logDir, pidFile string) *procs {
+	return &procs{logDir: logDir, pidFile: pidFile, exited: make(chan error, 1)}
+}
+
+// tier groups the processes started together; start uses the current one.
+func (ps *procs) nextTier() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.list = append(ps.list, nil) // a marker: tiers are counted by markers
+}
+
+func (ps *procs) start(name, dir string, env []string, exe string, args ...string) error {
+	log, err := os.Create(filepath.Join(ps.logDir, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer log.Close() // the child holds its own descriptor
+	cmd := exec.Command(exe, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	ps.mu.Lock()
+	for _, q := range ps.list {
+		if q == nil {
+			p.tier++
+		}
+	}
+	ps.list = append(ps.list, p)
+	ps.mu.Unlock()
+	if f, err := os.OpenFile(ps.pidFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+		fmt.Fprintf(f, "%d %s\n", cmd.Process.Pid, name)
+		_ = f.Close()
+	}
+	go func() { // ends when the child does; stopAll waits on done
+		err := cmd.Wait()
+		close(p.done)
+		if !ps.stopping.Load() {
+			select {
+			case ps.exited <- fmt.Errorf("%s exited (%v); see %s", name, err, log.Name()):
+			default:
+			}
+		}
+	}()
+	return nil
+}
+
+// stopAll sends SIGTERM tier by tier, the last started first, and waits for
+// each tier to exit; a process still running after stopTimeout is killed.
+func (ps *procs) stopAll() error {
+	ps.stopping.Store(true)
+	ps.mu.Lock()
+	tiers := map[int][]*proc{}
+	for _, p := range ps.list {
+		if p != nil {
+			tiers[p.tier] = append(tiers[p.tier], p)
+		}
+	}
+	ps.mu.Unlock()
+	var errs []error
+	keys := make([]int, 0, len(tiers))
+	for k := range tiers {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Backward(keys) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, p := range tiers[k] {
+			wg.Go(func() {
+				if err := p.stop(); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	return errors.Join(errs...)
+}
+
+func (p *proc) stop() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(stopTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not stop within %s after SIGTERM; killed", p.name, stopTimeout)
+	}
+}

@@ -1,0 +1,178 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// `make cluster` is the production shape as separate processes: each printed
+// gateway routes (the headers say how), every part reports its build, and a
+// Ctrl-C to make's process group leaves no process behind.
+func TestMakeClusterRunsAndStopsClean(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts about 25 processes")
+	}
+	makeBin, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("make is not installed")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(makeBin, "--no-print-directory", "-C", repoRoot(), "cluster", "CLUSTER_DIR="+dir, "NATS_SERVER="+natsServerBinary(t))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the group a terminal's Ctrl-C reaches
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// One goroutine reads make's output to EOF, then waits for it: exited
+	// says make is gone, whatever the test does meanwhile.
+	lines, quit, exited := make(chan string), make(chan struct{}), make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-quit:
+			}
+		}
+		close(lines)
+		exited <- cmd.Wait()
+	}()
+	stopReading := sync.OnceFunc(func() { close(quit) })
+	stopped := false
+	t.Cleanup(func() {
+		stopReading()
+		if !stopped { // a failed test still stops the cluster
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+		}
+		<-exited
+	})
+	var gateways []string
+	deadline := time.After(4 * time.Minute) // make builds the binaries first
+	for waiting := true; waiting; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("make cluster ended before it was ready; gateways so far %v", gateways)
+			}
+			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
+				gateways = append(gateways, u)
+			}
+			waiting = !strings.HasPrefix(l, "Ctrl-C stops everything")
+		case <-deadline:
+			t.Fatal("make cluster printed no gateway within 4 minutes")
+		}
+	}
+	stopReading()
+	if len(gateways) != 2 {
+		t.Fatalf("gateways %v, want 2", gateways)
+	}
+
+	for _, g := range gateways {
+		h := chat(t, g, "sk-acme-dev", "chat-large")
+		if h.Get("X-Switchyard-Pool") != "premium" || h.Get("X-Switchyard-Replica") != "l70-prem-0" || h.Get("X-Switchyard-Model") != "llama-3-70b-instruct" {
+			t.Errorf("%s: premium tenant routed to %v", g, h)
+		}
+		h = chat(t, g, "", "auto")
+		if h.Get("X-Switchyard-Model") != "llama-3-8b-instruct" || h.Get("X-Switchyard-Reason") == "" {
+			t.Errorf("%s: anonymous cascade routed to %v", g, h)
+		}
+		if m := get(t, g+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
+			t.Errorf("%s/metrics has no switchyard_build_info", g)
+		}
+	}
+
+	pids := readPids(t, filepath.Join(dir, "pids"))
+	if len(pids) < 3+2+2+2 {
+		t.Fatalf("only %d processes in the pids file", len(pids))
+	}
+	stopped = true
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited: // make reports the interrupt as a failure; what matters is what is left
+		exited <- err // for the cleanup
+	case <-time.After(90 * time.Second):
+		t.Fatal("make cluster still running 90 s after Ctrl-C")
+	}
+	var left []string
+	for pid, name := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			left = append(left, fmt.Sprintf("%s (%d)", name, pid))
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("still running after Ctrl-C: %v", left)
+	}
+}
+
+func chat(t *testing.T, gateway, key, model string) http.Header {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Hello"}],"max_tokens":4}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", gateway, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", gateway, model, resp.StatusCode, b)
+	}
+	return resp.Header
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// readPids reads the launcher's "PID NAME" lines.
+func readPids(t *testing.T, path string) map[int]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[int]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			t.Fatalf("pids line %q", l)
+		}
+		pid, err := strconv.Atoi(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[pid] = f[1]
+	}
+	return pids
+}
