@@ -18,7 +18,8 @@ import (
 )
 
 // `make cluster` is the production shape as separate processes: each printed
-// gateway routes (the headers say how), every part reports its build, and a
+// gateway routes (the headers say how), also to the replica behind the GPU
+// site's leaf node, every part reports its build, and a
 // Ctrl-C to make's process group leaves no process behind.
 func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 	if testing.Short() {
@@ -84,13 +85,18 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 	}
 
 	for _, g := range gateways {
-		h := chat(t, g, "sk-acme-dev", "chat-large")
+		h := clusterChat(t, g, "sk-acme-dev", "chat-large")
 		if h.Get("X-Switchyard-Pool") != "premium" || h.Get("X-Switchyard-Replica") != "l70-prem-0" || h.Get("X-Switchyard-Model") != "llama-3-70b-instruct" {
 			t.Errorf("%s: premium tenant routed to %v", g, h)
 		}
-		h = chat(t, g, "", "auto")
+		h = clusterChat(t, g, "", "auto")
 		if h.Get("X-Switchyard-Model") != "llama-3-8b-instruct" || h.Get("X-Switchyard-Reason") == "" {
 			t.Errorf("%s: anonymous cascade routed to %v", g, h)
+		}
+		// coder-gen-0 runs behind the GPU site's leaf node.
+		h = clusterPost(t, g, "", `{"model":"auto","messages":[{"role":"user","content":"`+"```go\\nfunc main() {}\\n```"+`"}],"max_tokens":4}`)
+		if h.Get("X-Switchyard-Replica") != "coder-gen-0" {
+			t.Errorf("%s: code through the leaf node routed to %v", g, h)
 		}
 		if m := get(t, g+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
 			t.Errorf("%s/metrics has no switchyard_build_info", g)
@@ -122,11 +128,15 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 	}
 }
 
-func chat(t *testing.T, gateway, key, model string) http.Header {
+func clusterChat(t *testing.T, gateway, key, model string) http.Header {
+	t.Helper()
+	return clusterPost(t, gateway, key, `{"model":"`+model+`","messages":[{"role":"user","content":"Hello"}],"max_tokens":4}`)
+}
+
+func clusterPost(t *testing.T, gateway, key, body string) http.Header {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Hello"}],"max_tokens":4}`
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
@@ -139,7 +149,7 @@ func chat(t *testing.T, gateway, key, model string) http.Header {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s %s: %d %s", gateway, model, resp.StatusCode, b)
+		t.Fatalf("%s %s: %d %s", gateway, body, resp.StatusCode, b)
 	}
 	return resp.Header
 }

@@ -87,9 +87,10 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 	}
 	fmt.Fprintf(stdout, `NATS:    %s
 CA:      %s   (switchyard --nats URL --tlsca CA; nats --server URL --tlsca CA)
+leaf:    %s   (a GPU site: %s's adapter connects here)
 logs:    %s
 Ctrl-C stops everything.
-`, n.url, n.ca, filepath.Join(cfg.dir, "logs"))
+`, n.url, n.ca, n.site, siteReplica, filepath.Join(cfg.dir, "logs"))
 	select {
 	case <-ctx.Done():
 		return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,8 +15,9 @@ import (
 
 // natsCluster is the running NATS cluster as the parts connect to it.
 type natsCluster struct {
-	url string // every client URL, comma-separated
-	ca  string // the CA that signed the servers' certificates
+	url  string // every client URL, comma-separated
+	ca   string // the CA that signed the servers' certificates
+	site string // the GPU site's leaf server, for the adapters there
 }
 
 // startNATS makes throwaway certificates with deploy/nats/make-certs.sh,
@@ -82,7 +84,65 @@ TLS_CA: %q
 			return natsCluster{}, err
 		}
 	}
-	return natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem")}, nil
+	leafURLs := make([]string, n)
+	for i := range n {
+		leafURLs[i] = fmt.Sprintf("%q", fmt.Sprintf("tls://127.0.0.1:%d", ports[3*n+i]))
+	}
+	site, err := startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), filepath.Join(tlsDir, "ca.pem"))
+	if err != nil {
+		return natsCluster{}, err
+	}
+	return natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), site: site}, nil
+}
+
+// startSite runs deploy/nats/leaf-gpu-site.conf as a GPU site that dials
+// the cluster's leaf ports, and waits until its leaf connection is up.
+func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca string) (string, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cfg.dir, "gpu-site-1")
+	monitor := fmt.Sprintf("127.0.0.1:%d", ports[1])
+	site := fmt.Sprintf(`SITE_NAME: gpu-site-1
+SITE_LISTEN: "127.0.0.1:%d"
+SITE_MONITOR_LISTEN: %q
+CORE_LEAF_URLS: [%s]
+TLS_CA: %q
+`, ports[0], monitor, leafURLs, ca)
+	shipped, err := os.ReadFile(filepath.Join(cfg.root, "deploy", "nats", "leaf-gpu-site.conf"))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "site.conf"), []byte(site), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "leaf-gpu-site.conf"), shipped, 0o644); err != nil {
+		return "", err
+	}
+	if err := procs.start("gpu-site-1", dir, nil, cfg.natsServer, "-c", "leaf-gpu-site.conf"); err != nil {
+		return "", err
+	}
+	err = poll(ctx, 30*time.Second, procs, "gpu-site-1's leaf connection", func() bool {
+		var leafz struct {
+			Leafs int `json:"leafnodes"`
+		}
+		return getJSON("http://"+monitor+"/leafz", &leafz) && leafz.Leafs > 0
+	})
+	return fmt.Sprintf("nats://127.0.0.1:%d", ports[0]), err
+}
+
+func getJSON(url string, v any) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(v) == nil
 }
 
 // freePorts returns n loopback ports free at the time of the call.

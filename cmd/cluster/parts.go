@@ -20,6 +20,9 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
+// siteReplica runs at the GPU site, behind its leaf node.
+const siteReplica = "coder-gen-0"
+
 // startSwitchyard creates the bucket with three replicas, imports
 // deploy/examples/table.json, and starts an engine-sim and an adapter for
 // each dev replica, then the brokers, then the gateways. It returns the
@@ -52,8 +55,13 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	}
 	procs.nextTier()
 	for i, r := range replicas {
-		args := append([]string{"adapter", "--engine", fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
-			"--replica", r.ID, "--model", r.Model, "--version", r.Version, "--pool", r.Pool}, conn...)
+		args := []string{"adapter", "--engine", fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
+			"--replica", r.ID, "--model", r.Model, "--version", r.Version, "--pool", r.Pool}
+		if r.ID == siteReplica {
+			args = append(args, "--nats", n.site) // plain NATS inside the site
+		} else {
+			args = append(args, conn...)
+		}
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras))
 		}
