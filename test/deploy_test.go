@@ -148,4 +148,12 @@ func TestVersion(t *testing.T) {
 	if code != 0 || out2 != out {
 		t.Errorf("--version: exit %d: %q, want %q", code, out2, out)
 	}
+	js, _, code := sy(t, nil, "", "version", "--json")
+	var v struct {
+		Version, Revision string
+		GoVersion         string `json:"go_version"`
+	}
+	if err := json.Unmarshal([]byte(js), &v); code != 0 || err != nil || v.GoVersion != runtime.Version() || !strings.Contains(out, v.Version) {
+		t.Errorf("version --json: exit %d: %q (%v)", code, js, err)
+	}
 }

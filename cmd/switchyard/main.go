@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -198,11 +199,16 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 
 func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print version, revision and Go version as JSON, for scripts")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
-		return usagef("usage: switchyard version")
+		return usagef("usage: switchyard version [--json]")
 	}
-	fmt.Fprintln(stdout, buildinfo.Read())
+	bi := buildinfo.Read()
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(bi)
+	}
+	fmt.Fprintln(stdout, bi)
 	return nil
 }

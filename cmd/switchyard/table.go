@@ -37,6 +37,9 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := checked(nf.validate()); err != nil {
 		return err
 	}
+	if *replicas < 0 || *replicas > 5 {
+		return usagef("--replicas %d: want 1 to 5 (JetStream's limit)", *replicas)
+	}
 	if len(pos) == 0 {
 		return usagef("%s", tableUsage)
 	}
@@ -46,9 +49,6 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	n, ok := want[verb]
 	if !ok || len(rest) < n[0] || len(rest) > n[1] {
 		return usagef("%s", tableUsage)
-	}
-	if *replicas < 0 || *replicas > 5 {
-		return usagef("--replicas must be between 1 and 5 (a JetStream limit)")
 	}
 	if *replicas != 0 && verb != "init" && verb != "import" {
 		return usagef("--replicas applies to init and import only")

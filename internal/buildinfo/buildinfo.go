@@ -22,11 +22,11 @@ var version string
 type Info struct {
 	// Version is the module version: a tag (v1.2.0), a pseudo-version for
 	// an untagged commit, or "(devel)" when built without version control.
-	Version string
+	Version string `json:"version"`
 	// Revision is the commit, with "-dirty" when the tree had changes; ""
 	// when unknown.
-	Revision  string
-	GoVersion string
+	Revision  string `json:"revision"`
+	GoVersion string `json:"go_version"`
 }
 
 // Read returns the running binary's build information.
