@@ -99,7 +99,8 @@ func permissions(r Role, prefix, bucket string) grants {
 	switch r.Kind {
 	case RoleGateway:
 		return grants{
-			pub: append([]string{p + "gw.*", p + "replica.*.cancel"}, tableRead...),
+			// $SRV.PING of the brokers: /readyz asks whether one answers.
+			pub: append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService}, tableRead...),
 			sub: []string{
 				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", inbox,
 			},

@@ -322,6 +322,16 @@ func TestAuthorization(t *testing.T) {
 			return true, ""
 		})
 	})
+
+	t.Run("a gateway may ask whether a broker answers, for /readyz", func(t *testing.T) {
+		gw := mustConnectAs(t, st, roleGateway)
+		if _, err := gw.Request("$SRV.PING."+subjects.BrokerService, nil, 5*time.Second); err != nil {
+			t.Errorf("$SRV.PING.%s as the gateway: %v", subjects.BrokerService, err)
+		}
+		if _, err := gw.Request("$SRV.PING."+subjects.AdapterService, nil, time.Second); err == nil {
+			t.Errorf("the gateway pinged the adapters")
+		}
+	})
 }
 
 // TestAuthCommands drives `switchyard auth` without a server: init makes
