@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // `make cluster` is the production shape as separate processes: each printed
@@ -64,6 +66,7 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 		<-exited
 	})
 	var gateways []string
+	printed := map[string]string{}          // "NATS", "CA", "creds" → the value printed
 	deadline := time.After(4 * time.Minute) // make builds the binaries first
 	for waiting := true; waiting; {
 		select {
@@ -73,6 +76,9 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 			}
 			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
 				gateways = append(gateways, u)
+			}
+			if k, v, ok := strings.Cut(l, ":"); ok && len(strings.Fields(v)) > 0 {
+				printed[k] = strings.Fields(v)[0]
 			}
 			waiting = !strings.HasPrefix(l, "Ctrl-C stops everything")
 		case <-deadline:
@@ -101,6 +107,17 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 		if m := get(t, g+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
 			t.Errorf("%s/metrics has no switchyard_build_info", g)
 		}
+	}
+
+	// The bus is locked: no anonymous connection, and the operator's creds
+	// printed read the table over TLS.
+	if _, err := nats.Connect(printed["NATS"], nats.RootCAs(printed["CA"]), nats.RetryOnFailedConnect(false), nats.MaxReconnects(0)); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Errorf("an anonymous connection to %s: %v, want an authorization violation", printed["NATS"], err)
+	}
+	out, errOut, code := sy(t, nil, "", "table", "get", "policy", "--nats", printed["NATS"], "--tlsca", printed["CA"],
+		"--creds", filepath.Join(printed["creds"], "operator.creds"))
+	if code != 0 || !strings.Contains(out, "pool_rules") {
+		t.Errorf("table get with the printed operator creds: exit %d: %s%s", code, out, errOut)
 	}
 
 	pids := readPids(t, filepath.Join(dir, "pids"))

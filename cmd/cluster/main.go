@@ -85,12 +85,15 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 		}
 		fmt.Fprintf(stdout, "gateway: %s\n", url)
 	}
-	fmt.Fprintf(stdout, `NATS:    %s
-CA:      %s   (switchyard --nats URL --tlsca CA; nats --server URL --tlsca CA)
+	fmt.Fprintf(stdout, `creds:   %s   (one per identity: operator.creds edits the table, observer.creds reads it)
+NATS:    %s
+CA:      %s
 leaf:    %s   (a GPU site: %s's adapter connects here)
 logs:    %s
+Try:     switchyard table get policy --nats %s --tlsca %s --creds %s
 Ctrl-C stops everything.
-`, n.url, n.ca, n.site, siteReplica, filepath.Join(cfg.dir, "logs"))
+`, n.creds, n.url, n.ca, n.site, siteReplica, filepath.Join(cfg.dir, "logs"),
+		n.url, n.ca, n.credsFor("operator"))
 	select {
 	case <-ctx.Done():
 		return nil

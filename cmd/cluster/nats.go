@@ -11,13 +11,40 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/switchyard-llm/switchyard/devstack"
 )
 
 // natsCluster is the running NATS cluster as the parts connect to it.
 type natsCluster struct {
-	url  string // every client URL, comma-separated
-	ca   string // the CA that signed the servers' certificates
-	site string // the GPU site's leaf server, for the adapters there
+	url   string // every client URL, comma-separated
+	ca    string // the CA that signed the servers' certificates
+	site  string // the GPU site's leaf server, for the adapters there
+	creds string // the directory of every identity's creds file
+}
+
+// credsFor is the creds file of an identity (gateway, broker, operator,
+// observer, adapter-<replica>).
+func (n natsCluster) credsFor(identity string) string {
+	return filepath.Join(n.creds, identity+".creds")
+}
+
+// authorize generates the authorization with `switchyard auth init`: creds
+// for every role and every dev replica, and the server fragment each NATS
+// server includes as switchyard/server.conf.
+func authorize(ctx context.Context, cfg config) (authDir string, err error) {
+	authDir = filepath.Join(cfg.dir, "auth")
+	ids := make([]string, 0, len(devstack.Replicas()))
+	for _, r := range devstack.Replicas() {
+		ids = append(ids, r.ID)
+	}
+	cmd := exec.CommandContext(ctx, cfg.switchyard, "auth", "init", authDir, "--replicas", strings.Join(ids, ","))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("switchyard auth init: %v: %s", err, out)
+	}
+	return authDir, nil
 }
 
 // startNATS makes throwaway certificates with deploy/nats/make-certs.sh,
@@ -26,6 +53,19 @@ type natsCluster struct {
 // reports healthy JetStream.
 func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, error) {
 	const n = 3
+	authDir, err := authorize(ctx, cfg)
+	if err != nil {
+		return natsCluster{}, err
+	}
+	serverAuth, err := os.ReadFile(filepath.Join(authDir, "server.conf"))
+	if err != nil {
+		return natsCluster{}, err
+	}
+	account, err := switchyardAccount(filepath.Join(authDir, "creds", "gateway.creds"))
+	if err != nil {
+		return natsCluster{}, err
+	}
+	leafJS := fmt.Appendf(nil, "default_js_domain: { %s: \"\" }\n", account)
 	tlsDir := filepath.Join(cfg.dir, "tls")
 	names := make([]string, n)
 	for i := range names {
@@ -66,7 +106,13 @@ TLS_KEY: %q
 TLS_CA: %q
 `, name, ports[i], monitors[i], ports[n+i], ports[3*n+i], strings.Join(routes, ", "), filepath.Join(dir, "jetstream"),
 			filepath.Join(tlsDir, name+".pem"), filepath.Join(tlsDir, name+"-key.pem"), filepath.Join(tlsDir, "ca.pem"))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, "switchyard"), 0o755); err != nil {
+			return natsCluster{}, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "switchyard", "server.conf"), serverAuth, 0o644); err != nil {
+			return natsCluster{}, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "switchyard", "leafnodes.conf"), leafJS, 0o644); err != nil {
 			return natsCluster{}, err
 		}
 		if err := os.WriteFile(filepath.Join(dir, "node.conf"), []byte(node), 0o644); err != nil {
@@ -88,16 +134,14 @@ TLS_CA: %q
 	for i := range n {
 		leafURLs[i] = fmt.Sprintf("%q", fmt.Sprintf("tls://127.0.0.1:%d", ports[3*n+i]))
 	}
-	site, err := startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), filepath.Join(tlsDir, "ca.pem"))
-	if err != nil {
-		return natsCluster{}, err
-	}
-	return natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), site: site}, nil
+	nc := natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), creds: filepath.Join(authDir, "creds")}
+	nc.site, err = startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), nc.ca, nc.credsFor("adapter-"+siteReplica))
+	return nc, err
 }
 
 // startSite runs deploy/nats/leaf-gpu-site.conf as a GPU site that dials
 // the cluster's leaf ports, and waits until its leaf connection is up.
-func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca string) (string, error) {
+func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca, creds string) (string, error) {
 	ports, err := freePorts(2)
 	if err != nil {
 		return "", err
@@ -109,7 +153,8 @@ SITE_LISTEN: "127.0.0.1:%d"
 SITE_MONITOR_LISTEN: %q
 CORE_LEAF_URLS: [%s]
 TLS_CA: %q
-`, ports[0], monitor, leafURLs, ca)
+SITE_CREDS: %q
+`, ports[0], monitor, leafURLs, ca, creds)
 	shipped, err := os.ReadFile(filepath.Join(cfg.root, "deploy", "nats", "leaf-gpu-site.conf"))
 	if err != nil {
 		return "", err
@@ -143,6 +188,27 @@ func getJSON(url string, v any) bool {
 	}
 	defer resp.Body.Close()
 	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(v) == nil
+}
+
+// switchyardAccount is the public key of the account a creds file's user
+// belongs to.
+func switchyardAccount(creds string) (string, error) {
+	b, err := os.ReadFile(creds)
+	if err != nil {
+		return "", err
+	}
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", creds, err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", creds, err)
+	}
+	if uc.IssuerAccount != "" { // signed with the account's signing key
+		return uc.IssuerAccount, nil
+	}
+	return uc.Issuer, nil
 }
 
 // freePorts returns n loopback ports free at the time of the call.

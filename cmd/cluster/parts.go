@@ -28,10 +28,13 @@ const siteReplica = "coder-gen-0"
 // each dev replica, then the brokers, then the gateways. It returns the
 // gateways' URLs.
 func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *procs) ([]string, error) {
-	conn := []string{"--nats", n.url, "--tlsca", n.ca}
+	// conn is how a part connects: every server, the CA, its own creds.
+	conn := func(identity string) []string {
+		return []string{"--nats", n.url, "--tlsca", n.ca, "--creds", n.credsFor(identity)}
+	}
 	tableFile := filepath.Join(cfg.root, "deploy", "examples", "table.json")
 	for _, args := range [][]string{{"table", "init", "--replicas", "3"}, {"table", "import", tableFile}} {
-		cmd := exec.CommandContext(ctx, cfg.switchyard, append(args, conn...)...)
+		cmd := exec.CommandContext(ctx, cfg.switchyard, append(args, conn("operator")...)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("switchyard %s: %v: %s", strings.Join(args, " "), err, out)
 		}
@@ -58,9 +61,11 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 		args := []string{"adapter", "--engine", fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
 			"--replica", r.ID, "--model", r.Model, "--version", r.Version, "--pool", r.Pool}
 		if r.ID == siteReplica {
-			args = append(args, "--nats", n.site) // plain NATS inside the site
+			// Plain NATS inside the site; the leaf connection carries
+			// this replica's creds.
+			args = append(args, "--nats", n.site)
 		} else {
-			args = append(args, conn...)
+			args = append(args, conn("adapter-"+r.ID)...)
 		}
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras))
@@ -77,7 +82,7 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	for i := range cfg.brokers {
 		name := fmt.Sprintf("broker-%d", i+1)
 		args := append([]string{"broker", "--id", name, "--state-dir", filepath.Join(cfg.dir, name),
-			"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[i])}, conn...)
+			"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[i])}, conn("broker")...)
 		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
@@ -88,7 +93,7 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	for i := range cfg.gateways {
 		name := fmt.Sprintf("gateway-%d", i+1)
 		listen := fmt.Sprintf("127.0.0.1:%d", ports[i])
-		args := append([]string{"gateway", "--listen", listen, "--state-dir", filepath.Join(cfg.dir, name)}, conn...)
+		args := append([]string{"gateway", "--listen", listen, "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
 		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
@@ -100,7 +105,7 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 // waitReplicasReady waits until every replica's adapter has written itself
 // ready into the table, so that the brokers start warm.
 func waitReplicasReady(ctx context.Context, n natsCluster, replicas []devstack.Replica, procs *procs) error {
-	nc, err := natsconn.Connect(ctx, natsconn.Options{URL: n.url, TLSCA: n.ca, Name: "switchyard-cluster"})
+	nc, err := natsconn.Connect(ctx, natsconn.Options{URL: n.url, TLSCA: n.ca, Creds: n.credsFor("observer"), Name: "switchyard-cluster"})
 	if err != nil {
 		return err
 	}
