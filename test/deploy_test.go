@@ -157,3 +157,65 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version --json: exit %d: %q (%v)", code, js, err)
 	}
 }
+
+// The node and site files as shipped, on this machine: each of node-1.conf …
+// node-3.conf with cluster.conf, and site-1.conf with leaf-gpu-site.conf,
+// pass `nats-server -t` once /etc/nats and /var/lib/nats stand for a
+// directory holding certificates from make-certs.sh and what `switchyard
+// auth init` writes. (make cluster runs cluster.conf and leaf-gpu-site.conf
+// with loopback addresses.)
+func TestShippedNATSConfigsCheck(t *testing.T) {
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl is not installed; make-certs.sh needs it")
+	}
+	src := filepath.Join(repoRoot(), "deploy", "nats")
+	dir := t.TempDir()
+	etc := filepath.Join(dir, "etc")
+	mk := exec.Command(filepath.Join(src, "make-certs.sh"), filepath.Join(etc, "tls"), "nats-1", "nats-2", "nats-3")
+	if out, err := mk.CombinedOutput(); err != nil {
+		t.Fatalf("make-certs.sh: %v\n%s", err, out)
+	}
+	authDir := filepath.Join(dir, "auth")
+	if out, errOut, code := sy(t, nil, "", "auth", "init", authDir, "--replicas", "coder-gen-0"); code != 0 {
+		t.Fatalf("auth init: exit %d: %s%s", code, out, errOut)
+	}
+	local := func(b []byte) []byte {
+		s := strings.ReplaceAll(string(b), "/etc/nats/", etc+"/")
+		return []byte(strings.ReplaceAll(s, "/var/lib/nats/", filepath.Join(dir, "var")+"/"))
+	}
+	copyTo := func(from, to string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, local(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(conf string) {
+		t.Helper()
+		out, err := exec.Command(natsServerBinary(t), "-c", conf, "-t").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "is valid") {
+			t.Errorf("nats-server -t %s: %v\n%s", conf, err, out)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		node := filepath.Join(dir, fmt.Sprintf("nats-%d", i))
+		copyTo(filepath.Join(src, "cluster.conf"), filepath.Join(node, "cluster.conf"))
+		copyTo(filepath.Join(src, fmt.Sprintf("node-%d.conf", i)), filepath.Join(node, "node.conf"))
+		copyTo(filepath.Join(authDir, "server.conf"), filepath.Join(node, "switchyard", "server.conf"))
+		if err := os.WriteFile(filepath.Join(node, "switchyard", "leafnodes.conf"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		check(filepath.Join(node, "cluster.conf"))
+	}
+	site := filepath.Join(dir, "site")
+	copyTo(filepath.Join(src, "leaf-gpu-site.conf"), filepath.Join(site, "leaf-gpu-site.conf"))
+	copyTo(filepath.Join(src, "site-1.conf"), filepath.Join(site, "site.conf"))
+	copyTo(filepath.Join(authDir, "creds", "adapter-coder-gen-0.creds"), filepath.Join(etc, "adapter-coder-gen-0.creds"))
+	check(filepath.Join(site, "leaf-gpu-site.conf"))
+}
