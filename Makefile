@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools clean
+.PHONY: all build run cluster test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -78,6 +78,13 @@ tidy-check:
 # so, when the vulnerability database cannot be reached.
 vulncheck:
 	GO=$(GO) ./scripts/vulncheck.sh
+
+# The Kubernetes manifests (deploy/kubernetes) rendered and checked against
+# the binary built from this checkout. The test is a module of its own so the
+# Kubernetes API types never enter Switchyard's; `make test` does not run it,
+# .ci/run does.
+test-deploy:
+	cd deploy/kubernetes && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)

@@ -170,6 +170,29 @@ func TestBaseRendersStrictly(t *testing.T) {
 	if len(r.deployments) != 2 || len(r.jobs) != 1 || len(r.secrets) != 0 {
 		t.Fatalf("base: %d Deployments, %d Jobs, %d Secrets; want 2, 1 and none (an overlay makes the Secrets)", len(r.deployments), len(r.jobs), len(r.secrets))
 	}
+
+	t.Run("a field the API type does not have fails", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "base")
+		if err := os.CopyFS(dir, os.DirFS("base")); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "gateway.yaml")
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		typo := strings.Replace(string(b), "readinessProbe:", "readinesProbe:", 1)
+		if typo == string(b) {
+			t.Fatal("gateway.yaml has no readinessProbe")
+		}
+		if err := os.WriteFile(f, []byte(typo), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err = render(dir)
+		if err == nil || !strings.Contains(err.Error(), `unknown field "readinesProbe"`) {
+			t.Fatalf("rendered with a misspelt field: %v", err)
+		}
+	})
 }
 
 // TestNATSValues checks the values for the official NATS chart: a
