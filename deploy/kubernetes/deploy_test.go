@@ -162,6 +162,41 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 	})
 }
 
+// TestCanaryOverlayLinesUpWithTheBinary renders the example with a second
+// engine Deployment: the new engine image as model version v1.1.0 in the
+// canary pool, beside the old one.
+func TestCanaryOverlayLinesUpWithTheBinary(t *testing.T) {
+	bin := buildSwitchyard(t)
+	c := &checker{bin: bin, tmp: t.TempDir(), help: map[string]*command{}, gateway: startGateway(t, bin)}
+	r, err := render(filepath.Join(filepath.Dir(exampleTree(t, bin)), "canary"))
+	if err != nil {
+		t.Fatalf("rendering the canary overlay: %v", err)
+	}
+	if errs := c.check(r); len(errs) > 0 {
+		t.Fatal(errors.Join(errs...))
+	}
+	old, canary := deployment(t, r, "vllm-llama-3-8b"), deployment(t, r, "vllm-llama-3-8b-v1-1")
+	for _, tc := range []struct {
+		d               *appsv1.Deployment
+		version, pool   string
+		engineImageTail string
+	}{{old, "v1.0.0", "general", ":v0.11.0"}, {canary, "v1.1.0", "canary", ":v0.11.1"}} {
+		args := container(t, r, tc.d.Name, "adapter").Args
+		if !slices.Contains(args, "--version="+tc.version) || !slices.Contains(args, "--pool="+tc.pool) {
+			t.Errorf("%s: adapter args %q, want version %s in pool %s", tc.d.Name, args, tc.version, tc.pool)
+		}
+		if img := container(t, r, tc.d.Name, "vllm").Image; !strings.HasSuffix(img, tc.engineImageTail) {
+			t.Errorf("%s: engine image %s, want tag %s", tc.d.Name, img, tc.engineImageTail)
+		}
+		if img := container(t, r, tc.d.Name, "adapter").Image; !strings.HasPrefix(img, "registry.example.com/switchyard:") {
+			t.Errorf("%s: adapter image %s is not the overlay's", tc.d.Name, img)
+		}
+	}
+	if canary.Spec.Selector.MatchLabels["app.kubernetes.io/name"] == old.Spec.Selector.MatchLabels["app.kubernetes.io/name"] {
+		t.Errorf("the canary's selector %v selects the old Deployment's pods", canary.Spec.Selector.MatchLabels)
+	}
+}
+
 func TestBaseRendersStrictly(t *testing.T) {
 	r, err := render("base")
 	if err != nil {
