@@ -424,8 +424,25 @@ func (c *checker) checkPod(where string, ann map[string]string, spec *corev1.Pod
 		if ann["prometheus.io/path"] != "/metrics" {
 			fail("prometheus.io/path %q, want /metrics", ann["prometheus.io/path"])
 		}
+		if gw := gatewayListenPort(invs); gw != 0 && p == gw {
+			// Scraped on the API port: the gateway must serve it there.
+			if ok, err := c.serves(ann["prometheus.io/path"]); err != nil || !ok {
+				fail("prometheus.io/path %q: the gateway does not serve it on its --listen port (%v)", ann["prometheus.io/path"], err)
+			}
+		}
 	}
 	return errs
+}
+
+// gatewayListenPort is the port of the pod's gateway --listen, 0 without one.
+func gatewayListenPort(invs map[*corev1.Container]*invocation) int {
+	for _, inv := range invs {
+		if inv.sub == "gateway" {
+			p, _ := portOf(cmp(inv.flags["listen"], ":8080"))
+			return p
+		}
+	}
+	return 0
 }
 
 func cmp(v, def string) string {
@@ -484,6 +501,10 @@ func checkAdapter(where string, spec *corev1.PodSpec, ctr *corev1.Container, inv
 		}
 		if eng.Lifecycle == nil || eng.Lifecycle.PreStop == nil {
 			fail("engine container %s has no preStop: it would stop while the adapter drains", eng.Name)
+		} else if ml, err := portOf(inv.flags["metrics-listen"]); err != nil {
+			fail("no --metrics-listen: the engine's preStop has no port to wait on for the adapter's exit")
+		} else if h := eng.Lifecycle.PreStop.Exec; h == nil || !strings.Contains(strings.Join(h.Command, " "), strconv.Itoa(ml)) {
+			fail("engine container %s: the preStop does not wait on the adapter's port %d", eng.Name, ml)
 		}
 		if strings.Contains(eng.Image, "vllm") && !slices.ContainsFunc(eng.Env, func(e corev1.EnvVar) bool {
 			return e.Name == "VLLM_ENABLE_RESPONSES_API_STORE" && e.Value == "1"

@@ -154,6 +154,13 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 		})
 		wantError(t, c.check(r), "has no preStop")
 	})
+	t.Run("an engine whose preStop waits on another port fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			ctr := container(t, r, "vllm-llama-3-8b", "adapter")
+			ctr.Args[slices.Index(ctr.Args, "--metrics-listen=:9102")] = "--metrics-listen=:9103"
+		})
+		wantError(t, c.check(r), "the preStop does not wait on the adapter's port 9103")
+	})
 	t.Run("a scrape annotation on a port nothing serves fails", func(t *testing.T) {
 		r := mutate(t, c, func(r *rendering) {
 			deployment(t, r, "switchyard-broker").Spec.Template.Annotations["prometheus.io/port"] = "9090"
