@@ -49,7 +49,8 @@ func (c *checker) command(name string) (*command, error) {
 		return nil, fmt.Errorf("switchyard %s -h: %v\n%s", name, err, out)
 	}
 	lines := strings.Split(string(out), "\n")
-	cmd := &command{usage: lines[0], flags: map[string]bool{"h": false, "help": false}}
+	usage, _, _ := strings.Cut(string(out), "\n\n")
+	cmd := &command{usage: usage, flags: map[string]bool{"h": false, "help": false}}
 	if !strings.HasPrefix(cmd.usage, "usage: switchyard "+name) {
 		return nil, fmt.Errorf("switchyard %s -h: not a switchyard subcommand:\n%s", name, out)
 	}
@@ -148,6 +149,13 @@ func (c *checker) parse(where string, ctr *corev1.Container) (*invocation, []err
 		inv.flags[name] = value
 		if f := fields[i+1]; f != "" {
 			inv.fromField[name] = f
+		}
+	}
+	// Positional args: a verb the usage names, or none where it names none.
+	if len(inv.pos) > 0 {
+		verbs := regexp.MustCompile(`(?:switchyard `+regexp.QuoteMeta(inv.sub)+` |\| )([a-z][a-z-]*)`).FindAllStringSubmatch(cmd.usage, -1)
+		if !slices.ContainsFunc(verbs, func(m []string) bool { return m[1] == inv.pos[0] }) {
+			fail("switchyard %s takes no %q (usage: %s)", inv.sub, inv.pos[0], cmd.usage)
 		}
 	}
 	// The binary's own parser has the last word on values (durations,

@@ -107,6 +107,12 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 		})
 		wantError(t, c.check(r), `switchyard gateway has no flag "--listen-address=:8080"`)
 	})
+	t.Run("a verb the subcommand does not have fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			r.jobs[0].Spec.Template.Spec.InitContainers[0].Args[1] = "create"
+		})
+		wantError(t, c.check(r), `switchyard table takes no "create"`)
+	})
 	t.Run("a flag value the binary refuses fails", func(t *testing.T) {
 		r := mutate(t, c, func(r *rendering) {
 			ctr := container(t, r, "vllm-llama-3-8b", "adapter")
