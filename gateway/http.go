@@ -22,6 +22,7 @@ func (g *Gateway) routes() *http.ServeMux {
 		mux.HandleFunc("POST "+ep, g.serveInference(ep))
 	}
 	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", g.serveReady)
 	if g.cfg.Gatherer != nil {
@@ -52,7 +53,10 @@ func allowFor(p string) string {
 }
 
 // writeError renders e in the OpenAI shape with its retry headers.
-func writeError(w http.ResponseWriter, e *subjects.APIError) {
+func writeError(w http.ResponseWriter, e *subjects.APIError) { writeErrorAs(w, dialectOpenAI, e) }
+
+// writeErrorAs renders e in d's shape with its retry headers.
+func writeErrorAs(w http.ResponseWriter, d dialect, e *subjects.APIError) {
 	h := w.Header()
 	for _, kv := range e.RetryAfterHeaders() {
 		h.Set(kv[0], kv[1])
@@ -62,18 +66,19 @@ func writeError(w http.ResponseWriter, e *subjects.APIError) {
 	}
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
-	_, _ = w.Write(e.Body())
+	_, _ = w.Write(d.errorBody(e))
 }
 
 func (g *Gateway) fail(w http.ResponseWriter, u *upstream, e *subjects.APIError) {
 	if e == nil {
 		e = subjects.NewError(502, subjects.CodeUpstreamError, "no replica could serve the request")
 	}
+	d := dialectOpenAI
 	if u != nil {
-		g.setRequestID(w.Header(), u)
+		d = u.dialect
 		g.metrics.done(u, e.Status)
 	}
-	writeError(w, e)
+	writeErrorAs(w, d, e)
 }
 
 func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct string, body []byte) {
@@ -83,19 +88,11 @@ func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct st
 	} else if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/json")
 	}
+	body = u.dialect.translate(status, body)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	g.setRequestID(h, u)
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 	g.metrics.done(u, status)
-}
-
-func (g *Gateway) setRequestID(h http.Header, u *upstream) {
-	if u.clientID != "" {
-		h.Set("X-Request-Id", u.clientID)
-	} else if id := u.hdr.Get(subjects.HdrClientRequestID); id != "" {
-		h.Set("X-Request-Id", id)
-	}
 }
 
 // tenantOf maps the API key to a tenant through keys.<sha256 hex>. With

@@ -31,7 +31,7 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 		}
 		if apiErr != nil {
 			g.metrics.rejected(endpoint, apiErr.Status)
-			writeError(w, apiErr)
+			writeErrorAs(w, dialectOf(endpoint), apiErr)
 			return
 		}
 		u.started = start
@@ -123,9 +123,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	if req.Stream {
 		h[subjects.HdrStream] = []string{"1"}
 	}
-	if clientID != "" {
-		h[subjects.HdrClientRequestID] = []string{clientID}
-	}
+	// The id the answer carries (the client's, else the gateway's) names
+	// the request on the wire too.
+	h[subjects.HdrClientRequestID] = []string{w.Header().Get("X-Request-Id")}
 	// A client's trace is continued only when its traceparent is valid W3C
 	// (anything else starts a new trace, as the spec says), and tracestate
 	// is bounded: an oversized header must not push a request past the
@@ -139,8 +139,8 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		h[subjects.HdrTraceparent] = []string{newTraceparent()}
 	}
 	return &upstream{
-		tenant: tenant, endpoint: endpoint, model: req.Model, stream: req.Stream,
-		body: body, hdr: h, clientID: clientID, deadline: deadline,
+		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
+		body: body, hdr: h, deadline: deadline,
 	}, nil
 }
 

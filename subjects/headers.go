@@ -108,6 +108,8 @@ const (
 	EndpointChat        = "/v1/chat/completions"
 	EndpointCompletions = "/v1/completions"
 	EndpointEmbeddings  = "/v1/embeddings"
+	EndpointResponses   = "/v1/responses"
+	EndpointMessages    = "/v1/messages"
 )
 
 // Keepalive period while the engine has not produced bytes yet.
