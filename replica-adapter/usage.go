@@ -38,9 +38,15 @@ type usageScanner struct {
 	head     []byte // JSON: the first usageWindow bytes
 	tail     []byte // JSON: at least the last usageWindow bytes
 	total    int
+
+	// observe, if set, sees every byte first (the owner recorder).
+	observe func(p []byte)
 }
 
 func (u *usageScanner) Write(p []byte) {
+	if u.observe != nil {
+		u.observe(p)
+	}
 	if u.sse {
 		u.writeSSE(p)
 		return

@@ -94,6 +94,7 @@ type replica struct {
 	ci       int32  // index in Router.cands while marked
 	mark     uint64 // == Router.epoch while a candidate of the current decision
 	idHash   uint64 // xxhash of id, for rendezvous hashing
+	serves   uint8  // the endpoints its engine serves (subjects.EndpointBit)
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -118,6 +119,14 @@ func (x *replica) refresh() {
 	x.running, x.waiting = clamp32(hb.Running), clamp32(hb.Waiting)
 	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
 	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
+	switch {
+	case x.hasHB && len(hb.Endpoints) > 0:
+		x.serves = subjects.EndpointSet(hb.Endpoints)
+	case x.reg != nil:
+		x.serves = subjects.EndpointSet(x.reg.Endpoints)
+	default:
+		x.serves = subjects.EndpointSet(nil)
+	}
 }
 
 func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) }
