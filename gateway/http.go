@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,9 +19,11 @@ import (
 
 func (g *Gateway) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	for _, ep := range []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings} {
+	for _, ep := range subjects.AllEndpoints() {
 		mux.HandleFunc("POST "+ep, g.serveInference(ep))
 	}
+	mux.HandleFunc("GET "+subjects.EndpointResponses+"/{id}", g.serveStored)
+	mux.HandleFunc("DELETE "+subjects.EndpointResponses+"/{id}", g.serveStored)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -36,20 +39,26 @@ func (g *Gateway) routes() *http.ServeMux {
 }
 
 func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, "/v1/models":
-		w.Header().Set("Allow", allowFor(r.URL.Path))
-		writeError(w, subjects.NewError(http.StatusMethodNotAllowed, subjects.CodeMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
+	d := dialectOf(r.URL.Path)
+	if allow := allowFor(r.URL.Path); allow != "" {
+		w.Header().Set("Allow", allow)
+		writeErrorAs(w, d, subjects.NewError(http.StatusMethodNotAllowed, subjects.CodeMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
 		return
 	}
-	writeError(w, subjects.NewError(http.StatusNotFound, subjects.CodeNotFound, "unknown path "+r.URL.Path))
+	writeErrorAs(w, d, subjects.NewError(http.StatusNotFound, subjects.CodeNotFound, "unknown path "+r.URL.Path))
 }
 
+// allowFor is the Allow header of a known path, "" for an unknown one.
 func allowFor(p string) string {
-	if p == "/v1/models" {
+	switch {
+	case p == "/v1/models":
 		return "GET"
+	case subjects.EndpointBit(p) != 0:
+		return "POST"
+	case strings.HasPrefix(p, subjects.EndpointResponses+"/") && !strings.Contains(p[len(subjects.EndpointResponses)+1:], "/"):
+		return "GET, DELETE"
 	}
-	return "POST"
+	return ""
 }
 
 // writeError renders e in the OpenAI shape with its retry headers.
@@ -104,6 +113,9 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 	} else if key != "" {
 		key = ""
 	}
+	if key == "" {
+		key = r.Header.Get("X-Api-Key") // the Anthropic SDKs' header
+	}
 	if key != "" {
 		sum := sha256.Sum256([]byte(key))
 		if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
@@ -114,7 +126,7 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 		return table.DefaultTenant, nil
 	}
 	if key == "" {
-		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key>")
+		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
 	}
 	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
 }

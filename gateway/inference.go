@@ -39,6 +39,40 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 	}
 }
 
+// serveStored relays a GET or DELETE of a stored response
+// (/v1/responses/{id}) to the replica holding it.
+func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	t := g.snapshot(w)
+	if t == nil {
+		return
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr == nil && subjects.ValidToken(tenant) != nil {
+		apiErr = subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+subjects.ValidToken(tenant).Error())
+	}
+	id := r.PathValue("id")
+	if apiErr == nil && !features.ValidResponseID(id) {
+		apiErr = subjects.NewError(http.StatusNotFound, subjects.CodePreviousResponseNotFound, "Response with id "+strconv.Quote(id)+" not found.")
+	}
+	if apiErr != nil {
+		g.metrics.rejected(subjects.EndpointResponses, apiErr.Status)
+		writeError(w, apiErr)
+		return
+	}
+	h := nats.Header{
+		subjects.HdrEndpoint:         {subjects.EndpointResponses + "/" + id},
+		subjects.HdrMethod:           {r.Method},
+		subjects.HdrPreviousResponse: {id},
+		subjects.HdrClientRequestID:  {w.Header().Get("X-Request-Id")},
+		subjects.HdrTraceparent:      {newTraceparent()},
+	}
+	deadline := start.Add(g.cfg.DefaultTimeout)
+	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}
+	g.relay(w, r, &upstream{tenant: tenant, endpoint: subjects.EndpointResponses, dialect: dialectResponses,
+		hdr: h, deadline: deadline, started: start})
+}
+
 // prepare turns the HTTP request into an upstream request, or the 4xx that
 // it deserves without ever reaching a broker.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (*upstream, *subjects.APIError) {
@@ -122,6 +156,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	}
 	if req.Stream {
 		h[subjects.HdrStream] = []string{"1"}
+	}
+	if req.PreviousResponseID != "" {
+		h[subjects.HdrPreviousResponse] = []string{req.PreviousResponseID}
 	}
 	// The id the answer carries (the client's, else the gateway's) names
 	// the request on the wire too.

@@ -280,6 +280,18 @@ func (r *Router) prefixMapLocked(model string) *prefixMap {
 	return m
 }
 
+// Live returns replica id's registration when it can serve now:
+// registered, ready and heartbeating within dead_after.
+func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x, snap := r.replicas[id], r.snap.Load()
+	if x == nil || !x.ready || snap == nil || now.UnixNano()-x.hbNano >= int64(snap.Policy.DeadAfter) {
+		return table.Replica{}, false
+	}
+	return *x.reg, true
+}
+
 // SetLiveBrokers sets how many brokers share each tenant quota: each
 // enforces limit ÷ n.
 func (r *Router) SetLiveBrokers(n int) {
