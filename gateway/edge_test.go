@@ -105,3 +105,33 @@ func TestCORSIsOffUnlessAnOriginIsAllowed(t *testing.T) {
 		t.Errorf("an origin without a scheme: err %v, want one naming --cors-origin", err)
 	}
 }
+
+// A stream that fails after its first byte ends with the error event of its
+// API: one data line on chat (no event line, no [DONE]), the Responses API's
+// error event, Anthropic's error event; and errors before the first byte
+// take the endpoint's shape too.
+func TestStreamErrorsTakeTheEndpointsShape(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, "event: x\ndata: {\"i\":0}\n\n")
+		r.end("engine stream broke")
+	})
+	for _, c := range []struct{ path, body, tail string }{
+		{"/v1/chat/completions", `{"model":"chat-large","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			"\n\ndata: {\"error\":{\"message\":\"engine failed mid-response: engine stream broke\",\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_error\"}}\n\n"},
+		{"/v1/responses", `{"model":"chat-large","stream":true,"input":"hi"}`,
+			"\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"upstream_error\",\"message\":\"engine failed mid-response: engine stream broke\",\"param\":null}\n\n"},
+		{"/v1/messages", `{"model":"chat-large","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
+			"\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"engine failed mid-response: engine stream broke\"}}\n\n"},
+	} {
+		resp, body := do(t, "POST", u.gw+c.path, nil, c.body)
+		if resp.StatusCode != 200 || !strings.HasSuffix(body, c.tail) {
+			t.Errorf("%s: %d %q\nwant it to end with %q", c.path, resp.StatusCode, body, c.tail)
+		}
+	}
+	resp, body := do(t, "POST", u.gw+"/v1/messages", nil, `{"model":"chat-large","messages":"no"}`)
+	if resp.StatusCode != 400 || !strings.HasPrefix(body, `{"type":"error","error":{"type":"invalid_request_error","message":`) {
+		t.Errorf("bad messages request: %d %s, want 400 in Anthropic's shape", resp.StatusCode, body)
+	}
+}

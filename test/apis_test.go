@@ -127,6 +127,17 @@ func TestEndpointNotServedIs501(t *testing.T) {
 	if m.status != 200 || m.body["type"] != "message" || m.replica != "coder-gen-0" {
 		t.Errorf("messages on the same model: %d from %s: %v", m.status, m.replica, m.body)
 	}
+	// The Anthropic SDKs send the key as x-api-key: team-x's key gets its adapter.
+	req, _ := http.NewRequest("POST", url+"/v1/messages", strings.NewReader(`{"model":"chat-small","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`))
+	req.Header.Set("x-api-key", "sk-teamx-dev")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Switchyard-Lora") != "team-x-v3" {
+		t.Errorf("x-api-key of team-x: %d, lora %q, want team-x-v3", resp.StatusCode, resp.Header.Get("X-Switchyard-Lora"))
+	}
 	e := call(t, "POST", url+"/v1/messages", `{"model":"nope","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`)
 	if inner, _ := e.body["error"].(map[string]any); e.status != 404 || e.body["type"] != "error" || inner["type"] != "not_found_error" {
 		t.Errorf("messages for an unknown model: %d %v, want 404 in Anthropic's shape", e.status, e.body)
