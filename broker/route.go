@@ -317,7 +317,11 @@ func (b *Broker) explain(r micro.Request) {
 		}
 		x.toHeaders(h)
 	}
-	if apiErr := b.fillRequest(s, tenant, h, nil); apiErr != nil {
+	apiErr := b.fillRequest(s, tenant, h, nil)
+	if apiErr == nil {
+		apiErr = b.pin(&s.req, tenant, h)
+	}
+	if apiErr != nil {
 		_ = r.Respond(apiErr.Body())
 		return
 	}
@@ -338,6 +342,11 @@ type ExplainRequest struct {
 	Priority     string   `json:"priority,omitempty"`
 	Features     []string `json:"features,omitempty"`
 	Prefix       string   `json:"prefix,omitempty"`
+	// Endpoint is the API path, e.g. /v1/responses (default chat): only
+	// replicas whose engine serves it are candidates.
+	Endpoint string `json:"endpoint,omitempty"`
+	// PreviousResponse is a stored response the request would continue.
+	PreviousResponse string `json:"previous_response,omitempty"`
 }
 
 func (x *ExplainRequest) toHeaders(h nats.Header) {
@@ -357,5 +366,11 @@ func (x *ExplainRequest) toHeaders(h nats.Header) {
 	}
 	if x.Prefix != "" {
 		h.Set(subjects.HdrPrefix, x.Prefix)
+	}
+	if x.Endpoint != "" {
+		h.Set(subjects.HdrEndpoint, x.Endpoint)
+	}
+	if x.PreviousResponse != "" {
+		h.Set(subjects.HdrPreviousResponse, x.PreviousResponse)
 	}
 }
