@@ -35,6 +35,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
+	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -362,11 +363,14 @@ func (s *Stack) Creds(role auth.Role) string {
 	return filepath.Join(s.credsDir, role.Name()+".creds")
 }
 
-// seed creates the bucket and writes the dev table's keys that are absent.
+// seed creates the buckets and writes the dev table's keys that are absent.
 func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	if _, err := owners.Ensure(ctx, js, owners.DefaultBucket, 1); err != nil {
+		return fmt.Errorf("stored-response owners bucket: %w", err)
 	}
 	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 1)
 	if err != nil {

@@ -34,8 +34,10 @@ type Record struct {
 	Tenant  string `json:"tenant"`
 	Replica string `json:"replica"`
 	Model   string `json:"model"`
-	// Tokens is the conversation's length once this response is added: the
-	// context the engine puts before the next turn's input.
+	// Tokens bounds the conversation's length once this response is
+	// added: the turn's prompt (stored context included) and the tokens
+	// reserved for its answer. The engine puts that context before the
+	// next turn's input, so brokers count it in that turn's prompt.
 	Tokens int `json:"tokens"`
 }
 
