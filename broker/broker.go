@@ -141,7 +141,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.owners = owners.New(js, cfg.OwnersBucket)
+	b.owners = owners.NewReader(js, cfg.OwnersBucket)
 	b.watcher = kv.New(js, kv.Config{
 		Bucket:     cfg.Bucket,
 		StateDir:   cfg.StateDir,

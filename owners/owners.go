@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // Defaults of the bucket.
 const (
-	DefaultBucket = "llm-responses"
+	DefaultBucket = subjects.ResponsesBucket
 	// DefaultTTL is how long a response is remembered after its turn: a
 	// conversation idle longer starts over.
 	DefaultTTL = 24 * time.Hour
@@ -45,17 +47,26 @@ type Record struct {
 type Store struct {
 	js     jetstream.JetStream
 	bucket string
+	create bool // create the bucket when missing (a writer); a reader finds nothing
 	mu     sync.Mutex
 	kv     jetstream.KeyValue // once opened
 }
 
-// New returns a store on bucket (DefaultBucket when ""); the bucket is
-// opened, or created, on first use.
+// New returns a writer's store on bucket (DefaultBucket when ""): the
+// bucket is opened, or created, on first use.
 func New(js jetstream.JetStream, bucket string) *Store {
 	if bucket == "" {
 		bucket = DefaultBucket
 	}
-	return &Store{js: js, bucket: bucket}
+	return &Store{js: js, bucket: bucket, create: true}
+}
+
+// NewReader returns a reader's store: it never creates the bucket, and
+// finds nothing while it does not exist.
+func NewReader(js jetstream.JetStream, bucket string) *Store {
+	s := New(js, bucket)
+	s.create = false
+	return s
 }
 
 // Ensure creates the bucket when it does not exist.
@@ -70,10 +81,16 @@ func Ensure(ctx context.Context, js jetstream.JetStream, bucket string, replicas
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, err
 	}
-	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	// Create, never update: an adapter may create the bucket but not
+	// change one an operator configured.
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "stored response id → owning replica",
 		History: 1, TTL: DefaultTTL, MaxBytes: DefaultMaxBytes, Replicas: max(replicas, 1),
 	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.KeyValue(ctx, bucket) // another writer created it first
+	}
+	return kv, err
 }
 
 func (s *Store) open(ctx context.Context) (jetstream.KeyValue, error) {
@@ -82,7 +99,13 @@ func (s *Store) open(ctx context.Context) (jetstream.KeyValue, error) {
 	if s.kv != nil {
 		return s.kv, nil
 	}
-	kv, err := Ensure(ctx, s.js, s.bucket, 1)
+	var kv jetstream.KeyValue
+	var err error
+	if s.create {
+		kv, err = Ensure(ctx, s.js, s.bucket, 1)
+	} else if kv, err = s.js.KeyValue(ctx, s.bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, ErrNotFound
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", s.bucket, err)
 	}
@@ -105,7 +128,7 @@ func (s *Store) Put(ctx context.Context, id string, r Record) error {
 func (s *Store) Get(ctx context.Context, id string) (Record, error) {
 	kv, err := s.open(ctx)
 	if err != nil {
-		return Record{}, err
+		return Record{}, err // ErrNotFound while a reader's bucket is missing
 	}
 	e, err := kv.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
