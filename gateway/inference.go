@@ -48,8 +48,10 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant, apiErr := g.tenantOf(r, t)
-	if apiErr == nil && subjects.ValidToken(tenant) != nil {
-		apiErr = subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+subjects.ValidToken(tenant).Error())
+	if apiErr == nil {
+		if err := subjects.ValidToken(tenant); err != nil {
+			apiErr = subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+		}
 	}
 	id := r.PathValue("id")
 	if apiErr == nil && !features.ValidResponseID(id) {

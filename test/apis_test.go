@@ -84,6 +84,13 @@ func TestStoredResponsesStayOnTheirReplica(t *testing.T) {
 	if g := call(t, "GET", url+"/v1/responses/"+prev, ""); g.status != 200 || g.replica != owner || g.body["id"] != prev {
 		t.Errorf("GET the last response: %d from %s, want 200 from %s: %v", g.status, g.replica, owner, g.body)
 	}
+	first2 := first.body["id"].(string)
+	if d := call(t, "DELETE", url+"/v1/responses/"+first2, ""); d.status != 200 || d.replica != owner || d.body["deleted"] != true {
+		t.Errorf("DELETE the first response: %d from %s: %v", d.status, d.replica, d.body)
+	}
+	if g := call(t, "GET", url+"/v1/responses/"+first2, ""); g.status != 404 || g.code() != subjects.CodePreviousResponseNotFound {
+		t.Errorf("GET a deleted response: %d %v, want 404 %s", g.status, g.body, subjects.CodePreviousResponseNotFound)
+	}
 
 	bucket, ctx := kvBucket(t, st), context.Background()
 	e, err := bucket.Get(ctx, "replicas."+owner)
