@@ -104,11 +104,11 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	msg := anthropicMessage{ID: g.id, Type: "message", Role: "assistant", Model: g.model, Content: []anthropicBlock{},
 		Usage: anthropicUsage{InputTokens: g.prompt.tokens}}
 	a := &answer{s: s, w: w, r: r, g: g, writeErr: writeAnthropicError}
-	a.finish = func(p progress) ([]byte, bool) {
+	a.finish = func(p progress) []byte {
 		msg.Content = []anthropicBlock{{Type: "text", Text: s.words.answer(g.seed, 0, p.tokens)}}
 		msg.StopReason, msg.Usage.OutputTokens = &stop, p.tokens
 		b, _ := json.Marshal(msg)
-		return b, true
+		return b
 	}
 	if !req.Stream {
 		a.whole()

@@ -209,7 +209,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		obj.PreviousResponseID = &req.PreviousResponseID
 	}
 	a := &answer{s: s, w: w, r: r, g: g}
-	a.finish = func(p progress) ([]byte, bool) {
+	a.finish = func(p progress) []byte {
 		text := s.words.answer(g.seed, 0, p.tokens)
 		obj.Status = "completed"
 		if g.reason == "length" {
@@ -224,7 +224,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		if store {
 			s.stored.put(g.id, &storedResponse{context: g.prompt.text + "<|assistant|>" + text + "\n", body: b})
 		}
-		return b, true
+		return b
 	}
 	if !req.Stream {
 		a.whole()
@@ -250,7 +250,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		return ev("response.output_text.delta", map[string]any{"item_id": item.ID, "output_index": 0, "content_index": 0, "delta": word, "logprobs": []any{}})
 	}, func(p progress) []byte {
 		part.Text = text.String()
-		b, _ := a.finish(p)
+		b := a.finish(p)
 		var done responseObject
 		_ = json.Unmarshal(b, &done)
 		out := ev("response.output_text.done", map[string]any{"item_id": item.ID, "output_index": 0, "content_index": 0, "text": part.Text, "logprobs": []any{}})
@@ -297,7 +297,7 @@ type answer struct {
 	w      http.ResponseWriter
 	r      *http.Request
 	g      *generation
-	finish func(p progress) ([]byte, bool) // the whole answer's body
+	finish func(p progress) []byte // the whole answer's body
 	// writeErr answers an error before the head (nil: OpenAI's shape).
 	writeErr func(w http.ResponseWriter, err error)
 }
@@ -330,7 +330,7 @@ func (a *answer) whole() {
 			return
 		}
 	}
-	b, _ := a.finish(p)
+	b := a.finish(p)
 	writeJSONBytes(a.w, http.StatusOK, b)
 }
 

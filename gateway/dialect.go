@@ -74,16 +74,14 @@ func sseEvent(event string, data []byte) []byte {
 // anthropicError renders e in Anthropic's shape, with the error type
 // Anthropic gives the same status.
 func anthropicError(e *subjects.APIError) []byte {
-	b, _ := json.Marshal(struct {
-		Type  string `json:"type"`
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}{Type: "error", Error: struct {
+	type inner struct {
 		Type    string `json:"type"`
 		Message string `json:"message"`
-	}{anthropicType(e.Status), e.Message}})
+	}
+	b, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Error inner  `json:"error"`
+	}{"error", inner{anthropicType(e.Status), e.Message}})
 	return b
 }
 
