@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-deps test-sdk-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -54,7 +54,16 @@ $(NATS_SERVER): go.mod
 test-deps:
 	command -v chromium || (apt-get update && apt-get install -y chromium)
 
-test: tools vet test-deps
+# The SDK tests (test/sdk_test.go) call the stack with the npm packages
+# test/sdk/package.json pins; npm ci installs them when the lock changed.
+SDK_DIR := test/sdk
+test-sdk-deps: $(SDK_DIR)/node_modules/.package-lock.json
+
+$(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json
+	command -v npm || (apt-get update && apt-get install -y nodejs npm)
+	cd $(SDK_DIR) && npm ci --no-audit --no-fund
+
+test: tools vet test-deps test-sdk-deps
 	NATS_CLI=$(NATS_CLI) NATS_SERVER=$(NATS_SERVER) $(GO) test -race -count=1 -timeout 12m $(PKGS)
 	$(MAKE) test-lab
 
@@ -125,4 +134,4 @@ test-lab:
 	$(GO) test -count=1 -run 'TestLab' ./lab/...
 
 clean:
-	rm -rf bin .cache
+	rm -rf bin .cache $(SDK_DIR)/node_modules

@@ -15,6 +15,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.1
+	github.com/sashabaranov/go-openai v1.43.0
 	go.uber.org/goleak v1.3.0
 	gonum.org/v1/plot v0.17.0
 )

@@ -106,11 +106,13 @@ func permissions(r Role, prefix, bucket string) grants {
 			},
 		}
 	case RoleBroker:
+		// It reads the stored-response owners to route a turn that
+		// continues one.
 		return grants{
-			pub: append([]string{
+			pub: append(append([]string{
 				p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
 				p + "eject.*",
-			}, tableRead...),
+			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
 				p + "route.*", p + "gw.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
 				p + "usage.*", p + "broker.presence", p + "control.load.status", inbox,
@@ -126,10 +128,13 @@ func permissions(r Role, prefix, bucket string) grants {
 			// reconnects to another server, where the allowance of the old
 			// connection is gone. The server tracks no allowance entry for
 			// a reply the user may publish anyway.
-			pub: append([]string{
+			// It records which stored responses its engine holds,
+			// creating the owners bucket when it is the first.
+			pub: append(append([]string{
 				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID,
 				p + "reply.>", "_INBOX.>", "_R_.>",
-			}, tableRead...),
+				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",
+			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", inbox}, srv(subjects.AdapterService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -37,6 +38,9 @@ type Config struct {
 	Prefix string
 	// Bucket is the routing-table KV bucket (default "llm-routing").
 	Bucket string
+	// OwnersBucket remembers which replica holds each stored response
+	// (default owners.DefaultBucket).
+	OwnersBucket string
 	// StateDir keeps the last good table, loaded when the bucket cannot be read.
 	StateDir string
 	// PresenceEvery is how often the broker announces itself so brokers can
@@ -61,6 +65,7 @@ type Broker struct {
 	log     *slog.Logger
 	router  *policy.Router
 	watcher *kv.Watcher
+	owners  *owners.Store
 	metrics *metrics
 	out     chan outMsg
 	rng     *rand.Rand // only used by the route endpoint handler, which runs one message at a time
@@ -136,6 +141,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.owners = owners.NewReader(js, cfg.OwnersBucket)
 	b.watcher = kv.New(js, kv.Config{
 		Bucket:     cfg.Bucket,
 		StateDir:   cfg.StateDir,

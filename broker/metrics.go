@@ -127,7 +127,8 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	// work before the first event.
 	for _, code := range []string{subjects.CodeInvalidRequest, subjects.CodeContextLength, subjects.CodeModelNotAllowed,
 		subjects.CodeModelNotFound, subjects.CodeRateLimit, subjects.CodeAllReplicasBusy, subjects.CodeDeadlineUnmeetable,
-		subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable} {
+		subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable,
+		subjects.CodeEndpointNotSupported, subjects.CodePreviousResponseNotFound} {
 		m.rejections.WithLabelValues(code)
 	}
 	for k := table.KindPolicy; k <= table.KindReplica; k++ {

@@ -84,7 +84,9 @@ func (b *Broker) release(s *scratch) {
 // handle decides one request and fills msg with what to publish: the
 // request for the chosen replica (body untouched, the sender's reply
 // subject kept), or a rejection for the reply subject; forward says which.
-// It does no I/O, so its cost is the broker's own per-request CPU.
+// It does no I/O, so its cost is the broker's own per-request CPU, except
+// for a request that names a stored response: its owner is read from the
+// owners bucket.
 func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
 	start := b.cfg.Now()
 	if h == nil {
@@ -92,7 +94,14 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	}
 	s.reset()
 	tenant := subjects.TenantFromRoute(subject)
-	if apiErr := b.fillRequest(s, tenant, h, data); apiErr != nil {
+	if h.Get(subjects.HdrMethod) != "" {
+		return b.handleStored(tenant, reply, h, msg)
+	}
+	apiErr := b.fillRequest(s, tenant, h, data)
+	if apiErr == nil {
+		apiErr = b.pin(&s.req, tenant, h)
+	}
+	if apiErr != nil {
 		b.reject(msg, reply, apiErr)
 		b.metrics.rejected(apiErr.Code)
 		return false
@@ -130,6 +139,12 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if s.req.MaxTokens == 0 && d.ReservedTokens > s.req.PromptTokens {
 		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
 	}
+	b.forwardTo(msg, d.Replica, reply, h, data)
+	return true
+}
+
+// forwardTo fills msg with the request for replica.
+func (b *Broker) forwardTo(msg *nats.Msg, replica, reply string, h nats.Header, data []byte) {
 	// A direct tenant's reply is a service-import reply (_R_.…), which the
 	// server refuses as a published reply: it travels in Llm-Reply. A
 	// sender's own Llm-Reply is never passed on.
@@ -139,8 +154,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	} else {
 		delete(h, subjects.HdrReply)
 	}
-	*msg = nats.Msg{Subject: b.subj.Replica(d.Replica), Reply: reply, Header: h, Data: data}
-	return true
+	*msg = nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}
 }
 
 // setHeader sets one value, reusing the slice already there.
@@ -303,7 +317,11 @@ func (b *Broker) explain(r micro.Request) {
 		}
 		x.toHeaders(h)
 	}
-	if apiErr := b.fillRequest(s, tenant, h, nil); apiErr != nil {
+	apiErr := b.fillRequest(s, tenant, h, nil)
+	if apiErr == nil {
+		apiErr = b.pin(&s.req, tenant, h)
+	}
+	if apiErr != nil {
 		_ = r.Respond(apiErr.Body())
 		return
 	}
@@ -324,6 +342,11 @@ type ExplainRequest struct {
 	Priority     string   `json:"priority,omitempty"`
 	Features     []string `json:"features,omitempty"`
 	Prefix       string   `json:"prefix,omitempty"`
+	// Endpoint is the API path, e.g. /v1/responses (default chat): only
+	// replicas whose engine serves it are candidates.
+	Endpoint string `json:"endpoint,omitempty"`
+	// PreviousResponse is a stored response the request would continue.
+	PreviousResponse string `json:"previous_response,omitempty"`
 }
 
 func (x *ExplainRequest) toHeaders(h nats.Header) {
@@ -343,5 +366,11 @@ func (x *ExplainRequest) toHeaders(h nats.Header) {
 	}
 	if x.Prefix != "" {
 		h.Set(subjects.HdrPrefix, x.Prefix)
+	}
+	if x.Endpoint != "" {
+		h.Set(subjects.HdrEndpoint, x.Endpoint)
+	}
+	if x.PreviousResponse != "" {
+		h.Set(subjects.HdrPreviousResponse, x.PreviousResponse)
 	}
 }

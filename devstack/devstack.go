@@ -35,6 +35,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
+	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -54,10 +55,14 @@ type Replica struct {
 	// MaxBatch and MaxQueue are the capacity the adapter declares
 	// (default 32 and 128, the simulated engine's).
 	MaxBatch, MaxQueue int
+	// Endpoints the adapter says its engine serves (default: vLLM's, all).
+	Endpoints []string
 }
 
 // Replicas is the deployment `switchyard dev` runs: nine simulated replicas
-// of three models across the five pools of the dev table.
+// of three models across the five pools of the dev table. The coder
+// replica says it serves what llama.cpp's server does (no Responses API),
+// so a Responses request for its model shows endpoint_not_supported.
 func Replicas() []Replica {
 	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
 	return []Replica{
@@ -69,7 +74,8 @@ func Replicas() []Replica {
 		{ID: "l70-canary-0", Model: l70, Version: "v1.6.0", Pool: table.PoolCanary, KVBlocks: 8192},
 		{ID: "l8-gen-0", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
 		{ID: "l8-gen-1", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
-		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192,
+			Endpoints: []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, subjects.EndpointMessages}},
 	}
 }
 
@@ -357,11 +363,14 @@ func (s *Stack) Creds(role auth.Role) string {
 	return filepath.Join(s.credsDir, role.Name()+".creds")
 }
 
-// seed creates the bucket and writes the dev table's keys that are absent.
+// seed creates the buckets and writes the dev table's keys that are absent.
 func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	if _, err := owners.Ensure(ctx, js, owners.DefaultBucket, 1); err != nil {
+		return fmt.Errorf("stored-response owners bucket: %w", err)
 	}
 	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 1)
 	if err != nil {

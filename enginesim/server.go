@@ -71,6 +71,8 @@ type Server struct {
 
 	adaptersMu sync.RWMutex
 	adapters   map[string]string // name → path
+
+	stored responseStore // /v1/responses kept for previous_response_id, per replica as vLLM's store
 }
 
 type submitMsg struct {
@@ -135,6 +137,7 @@ func NewServer(cfg ServerConfig) *Server {
 		stopped:  make(chan struct{}),
 		idSeed:   uint64(time.Now().UnixNano()),
 		adapters: make(map[string]string),
+		stored:   responseStore{byID: map[string]*storedResponse{}, limit: maxStored},
 	}
 	for _, a := range cfg.Adapters {
 		s.adapters[a] = "/adapters/" + a

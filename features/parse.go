@@ -24,6 +24,10 @@ type Request struct {
 
 	HasMessages, HasPrompt, HasInput bool
 
+	// PreviousResponseID is the Responses API's previous_response_id: the
+	// stored response this turn continues.
+	PreviousResponseID string
+
 	// Prompt is the canonical prompt (see AppendPrompt for the rendering).
 	Prompt []byte
 	// PromptTokens is exact when ExactTokens (the body carried token ids),
@@ -66,6 +70,12 @@ type body struct {
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Input               json.RawMessage `json:"input"`
+	// The Anthropic Messages API's system prompt; the Responses API's
+	// instructions, output limit and previous turn.
+	System             json.RawMessage `json:"system"`
+	Instructions       json.RawMessage `json:"instructions"`
+	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
 }
 
 // ParseRequest parses an OpenAI request body for endpoint (see
@@ -79,9 +89,11 @@ func ParseRequest(endpoint string, b []byte) (*Request, error) {
 }
 
 // ParseRequestInto parses b into r, reusing r.Prompt's storage. endpoint
-// decides which field is required: messages for /v1/chat/completions, prompt
-// for /v1/completions, input for /v1/embeddings; "" requires none. The prompt
-// is rendered from messages, else prompt, else input.
+// decides which field is required: messages for /v1/chat/completions and
+// /v1/messages, prompt for /v1/completions, input for /v1/embeddings and
+// /v1/responses; "" requires none. The prompt is rendered from messages,
+// else prompt, else input; the Messages API's system prompt and the
+// Responses API's instructions come first, as a system message would.
 func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	*r = Request{Prompt: r.Prompt[:0]}
 	var w body
@@ -102,7 +114,7 @@ func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	}
 	r.HasMessages, r.HasPrompt, r.HasInput = present(w.Messages), present(w.Prompt), present(w.Input)
 	switch endpoint {
-	case subjects.EndpointChat:
+	case subjects.EndpointChat, subjects.EndpointMessages:
 		if !r.HasMessages {
 			return perr("messages", "messages is required")
 		}
@@ -110,14 +122,25 @@ func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 		if !r.HasPrompt {
 			return perr("prompt", "prompt is required")
 		}
-	case subjects.EndpointEmbeddings:
+	case subjects.EndpointEmbeddings, subjects.EndpointResponses:
 		if !r.HasInput {
 			return perr("input", "input is required")
 		}
 	}
 	var err error
 	exact := -1
+	switch endpoint {
+	case subjects.EndpointMessages:
+		r.Prompt, err = appendSystem(r.Prompt, "system", w.System)
+	case subjects.EndpointResponses:
+		r.Prompt, err = appendSystem(r.Prompt, "instructions", w.Instructions)
+	}
+	if err != nil {
+		return err
+	}
 	switch {
+	case endpoint == subjects.EndpointResponses:
+		r.Prompt, err = appendInput(r.Prompt, w.Input)
 	case r.HasMessages:
 		r.Prompt, err = appendMessages(r.Prompt, w.Messages)
 	case r.HasPrompt:
@@ -176,8 +199,56 @@ func (w *body) scalars(r *Request) error {
 	if mct != nil {
 		mt = mct
 	}
+	mot, err := tokenLimit("max_output_tokens", w.MaxOutputTokens)
+	if err != nil {
+		return err
+	}
+	if mot != nil {
+		mt = mot
+	}
 	r.MaxTokens = mt
+	if present(w.PreviousResponseID) {
+		if err := json.Unmarshal(w.PreviousResponseID, &r.PreviousResponseID); err != nil || !ValidResponseID(r.PreviousResponseID) {
+			return perr("previous_response_id", "must be a response id: 1 to 128 letters, digits, '-' or '_'")
+		}
+	}
 	return nil
+}
+
+// ValidResponseID reports whether id can name a stored response: it
+// becomes a key of the response-owner bucket, so only key-safe characters.
+func ValidResponseID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// appendSystem renders a system prompt (a string or text blocks) as a
+// system message would render.
+func appendSystem(dst []byte, param string, raw json.RawMessage) ([]byte, error) {
+	if !present(raw) {
+		return dst, nil
+	}
+	dst = append(dst, "system\n"...)
+	dst, err := appendContent(dst, param, raw)
+	return append(dst, '\n'), err
+}
+
+// appendInput renders the Responses API's input: a string is one user
+// message, an array is its items.
+func appendInput(dst []byte, raw json.RawMessage) ([]byte, error) {
+	if isString(raw) {
+		dst = append(dst, "user\n"...)
+		return append(appendJSONString(dst, raw), '\n'), nil
+	}
+	return appendItems(dst, "input", raw, true)
 }
 
 // tokenLimit decodes an optional non-negative integer no larger than
@@ -215,7 +286,7 @@ func invalidUTF8Param(w *body) string {
 	for _, f := range [...]struct {
 		name string
 		raw  json.RawMessage
-	}{{"model", w.Model}, {"messages", w.Messages}, {"prompt", w.Prompt}, {"input", w.Input}} {
+	}{{"model", w.Model}, {"messages", w.Messages}, {"prompt", w.Prompt}, {"input", w.Input}, {"system", w.System}, {"instructions", w.Instructions}} {
 		if !utf8.Valid(f.raw) {
 			return f.name
 		}

@@ -19,14 +19,22 @@ import (
 //	              prefix_block_chars bytes always holds whole tokens
 //	embeddings:   input, rendered like a completions prompt
 
-// appendMessages renders a chat messages array.
+// appendMessages renders a chat messages array (an Anthropic messages
+// array renders the same way).
 func appendMessages(dst []byte, raw json.RawMessage) ([]byte, error) {
+	return appendItems(dst, "messages", raw, false)
+}
+
+// appendItems renders an array of messages named param. With lenient (the
+// Responses API's input items), items without a role, such as tool calls
+// and their outputs, contribute nothing.
+func appendItems(dst []byte, param string, raw json.RawMessage, lenient bool) ([]byte, error) {
 	var msgs []json.RawMessage
 	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return dst, perr("messages", "must be an array of message objects")
+		return dst, perr(param, "must be an array of message objects")
 	}
 	if len(msgs) == 0 {
-		return dst, perr("messages", "must not be empty")
+		return dst, perr(param, "must not be empty")
 	}
 	for i, m := range msgs {
 		var msg struct {
@@ -34,15 +42,18 @@ func appendMessages(dst []byte, raw json.RawMessage) ([]byte, error) {
 			Content json.RawMessage `json:"content"`
 		}
 		if err := json.Unmarshal(m, &msg); err != nil {
-			return dst, perr(index("messages", i), "must be a message object")
+			return dst, perr(index(param, i), "must be a message object")
+		}
+		if lenient && !present(msg.Role) {
+			continue
 		}
 		if !isString(msg.Role) || len(msg.Role) == 2 {
-			return dst, perr(index("messages", i)+".role", "must be a non-empty string")
+			return dst, perr(index(param, i)+".role", "must be a non-empty string")
 		}
 		dst = appendJSONString(dst, msg.Role)
 		dst = append(dst, '\n')
 		var err error
-		if dst, err = appendContent(dst, i, msg.Content); err != nil {
+		if dst, err = appendContent(dst, index(param, i)+".content", msg.Content); err != nil {
 			return dst, err
 		}
 		dst = append(dst, '\n')
@@ -55,8 +66,7 @@ func index(param string, i int) string { return param + "[" + strconv.Itoa(i) + 
 
 // appendContent renders the content of message msg: a string, an array of
 // content parts, or null/absent (an assistant message with only tool calls).
-func appendContent(dst []byte, msg int, raw json.RawMessage) ([]byte, error) {
-	param := func() string { return index("messages", msg) + ".content" }
+func appendContent(dst []byte, param string, raw json.RawMessage) ([]byte, error) {
 	switch {
 	case !present(raw):
 		return dst, nil
@@ -65,7 +75,7 @@ func appendContent(dst []byte, msg int, raw json.RawMessage) ([]byte, error) {
 	}
 	var parts []json.RawMessage
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return dst, perr(param(), "must be a string or an array of content parts")
+		return dst, perr(param, "must be a string or an array of content parts")
 	}
 	for j, pr := range parts {
 		var part struct {
@@ -73,16 +83,18 @@ func appendContent(dst []byte, msg int, raw json.RawMessage) ([]byte, error) {
 			Text json.RawMessage `json:"text"`
 		}
 		if err := json.Unmarshal(pr, &part); err != nil {
-			return dst, perr(index(param(), j), "must be a content part object")
+			return dst, perr(index(param, j), "must be a content part object")
 		}
 		if !isString(part.Type) {
-			return dst, perr(index(param(), j)+".type", "must be a string")
+			return dst, perr(index(param, j)+".type", "must be a string")
 		}
-		if string(part.Type) != `"text"` {
+		switch string(part.Type) {
+		case `"text"`, `"input_text"`, `"output_text"`: // chat and Anthropic; the Responses API
+		default:
 			continue
 		}
 		if !isString(part.Text) {
-			return dst, perr(index(param(), j)+".text", "must be a string")
+			return dst, perr(index(param, j)+".text", "must be a string")
 		}
 		dst = appendJSONString(dst, part.Text)
 	}

@@ -159,8 +159,7 @@ func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
 	var keep <-chan time.Time
 	if u.stream {
 		if _, ok := out.w.(*heldStream); !ok {
-			g.setRequestID(out.w.Header(), u)
-			hs := startHeldStream(out.w, g.cfg.WriteTimeout)
+			hs := startHeldStream(out.w, g.cfg.WriteTimeout, u.dialect)
 			out.w = hs
 			if hs.comment(": waiting for "+model+" to load") != nil {
 				return false
@@ -227,15 +226,16 @@ type heldStream struct {
 	status  int
 	timeout time.Duration
 	rc      *http.ResponseController
+	dialect dialect // the shape of the error event
 }
 
-func startHeldStream(w http.ResponseWriter, timeout time.Duration) *heldStream {
+func startHeldStream(w http.ResponseWriter, timeout time.Duration, d dialect) *heldStream {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	return &heldStream{ResponseWriter: w, hdr: http.Header{}, timeout: timeout, rc: http.NewResponseController(w)}
+	return &heldStream{ResponseWriter: w, hdr: http.Header{}, timeout: timeout, rc: http.NewResponseController(w), dialect: d}
 }
 
 func (h *heldStream) comment(s string) error {
@@ -254,15 +254,19 @@ func (h *heldStream) Write(b []byte) (int, error) {
 	if h.status == 0 || h.status == http.StatusOK {
 		return h.ResponseWriter.Write(b)
 	}
-	ev := make([]byte, 0, len(b)+32)
-	ev = append(ev, "event: error\ndata: "...)
+	body := make([]byte, 0, len(b))
 	for _, c := range b {
 		if c != '\n' && c != '\r' {
-			ev = append(ev, c)
+			body = append(body, c)
 		}
 	}
-	ev = append(ev, "\n\n"...)
-	if _, err := h.ResponseWriter.Write(ev); err != nil {
+	// The error as the stream's API ends a stream: one data line on chat
+	// and completions, an error event on the Responses and Messages APIs.
+	event := "error"
+	if h.dialect == dialectOpenAI {
+		event = ""
+	}
+	if _, err := h.ResponseWriter.Write(sseEvent(event, body)); err != nil {
 		return 0, err
 	}
 	return len(b), h.rc.Flush()

@@ -218,17 +218,25 @@ func (u *upstream) post(stream bool) result {
 	return r
 }
 
-// sseError returns the code of the stream's SSE error event, or "".
+// sseError returns the code of the stream's error line (data: {"error":…}
+// with no event line before it, and nothing after it), or "".
 func sseError(body string) string {
 	sc := bufio.NewScanner(strings.NewReader(body))
+	prev := ""
 	for sc.Scan() {
-		if sc.Text() != "event: error" || !sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, `data: {"error"`) || prev == "event: error" {
+			prev = line
 			continue
 		}
 		var e openAIError
-		if json.Unmarshal([]byte(strings.TrimPrefix(sc.Text(), "data: ")), &e) == nil {
-			return e.Error.Code
+		if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &e) != nil {
+			return "unparsed"
 		}
+		if sc.Scan() && sc.Text() != "" || sc.Scan() {
+			return "trailing_after_error"
+		}
+		return e.Error.Code
 	}
 	return ""
 }

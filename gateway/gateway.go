@@ -91,6 +91,9 @@ type Config struct {
 	// ColdKeepalive is the interval of the SSE comments sent to a held
 	// stream (default 10s).
 	ColdKeepalive time.Duration
+	// CORSOrigins are the browser origins allowed to call the gateway
+	// ("*": any); none, the default, answers no preflight.
+	CORSOrigins []string
 }
 
 // Gateway serves the OpenAI API over NATS.
@@ -106,8 +109,9 @@ type Gateway struct {
 	budget   retryBudget
 	cold     *coldWaits
 	replyPfx string
-	mux      *http.ServeMux
+	mux      http.Handler
 	maxBody  int64
+	exposed  string // Access-Control-Expose-Headers
 
 	readyMu    sync.Mutex
 	readyAt    time.Time
@@ -122,8 +126,14 @@ func (c *Config) Validate() error {
 	if c.ID != "" {
 		idErr = check.Wrap("id", c.ID, subjects.ValidToken(c.ID))
 	}
+	var originErr error
+	for _, o := range c.CORSOrigins {
+		if !validOrigin(o) {
+			originErr = check.Wrap("cors-origin", o, errors.New("want * or scheme://host[:port]"))
+		}
+	}
 	return check.All(
-		idErr,
+		idErr, originErr,
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
 		check.Duration("idle-timeout", c.IdleTimeout, 0, time.Hour),
@@ -170,7 +180,8 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.cold = newColdWaits(cfg.MaxColdWaits, cfg.Registerer)
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
-	g.mux = g.routes()
+	g.exposed = exposedHeaders()
+	g.mux = g.edge(g.routes())
 	return g, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,10 +19,13 @@ import (
 
 func (g *Gateway) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	for _, ep := range []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings} {
+	for _, ep := range subjects.AllEndpoints() {
 		mux.HandleFunc("POST "+ep, g.serveInference(ep))
 	}
+	mux.HandleFunc("GET "+subjects.EndpointResponses+"/{id}", g.serveStored)
+	mux.HandleFunc("DELETE "+subjects.EndpointResponses+"/{id}", g.serveStored)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", g.serveReady)
 	if g.cfg.Gatherer != nil {
@@ -35,24 +39,33 @@ func (g *Gateway) routes() *http.ServeMux {
 }
 
 func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, "/v1/models":
-		w.Header().Set("Allow", allowFor(r.URL.Path))
-		writeError(w, subjects.NewError(http.StatusMethodNotAllowed, subjects.CodeMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
+	d := dialectOf(r.URL.Path)
+	if allow := allowFor(r.URL.Path); allow != "" {
+		w.Header().Set("Allow", allow)
+		writeErrorAs(w, d, subjects.NewError(http.StatusMethodNotAllowed, subjects.CodeMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path))
 		return
 	}
-	writeError(w, subjects.NewError(http.StatusNotFound, subjects.CodeNotFound, "unknown path "+r.URL.Path))
+	writeErrorAs(w, d, subjects.NewError(http.StatusNotFound, subjects.CodeNotFound, "unknown path "+r.URL.Path))
 }
 
+// allowFor is the Allow header of a known path, "" for an unknown one.
 func allowFor(p string) string {
-	if p == "/v1/models" {
+	switch {
+	case p == "/v1/models":
 		return "GET"
+	case subjects.EndpointBit(p) != 0:
+		return "POST"
+	case strings.HasPrefix(p, subjects.EndpointResponses+"/") && !strings.Contains(p[len(subjects.EndpointResponses)+1:], "/"):
+		return "GET, DELETE"
 	}
-	return "POST"
+	return ""
 }
 
 // writeError renders e in the OpenAI shape with its retry headers.
-func writeError(w http.ResponseWriter, e *subjects.APIError) {
+func writeError(w http.ResponseWriter, e *subjects.APIError) { writeErrorAs(w, dialectOpenAI, e) }
+
+// writeErrorAs renders e in d's shape with its retry headers.
+func writeErrorAs(w http.ResponseWriter, d dialect, e *subjects.APIError) {
 	h := w.Header()
 	for _, kv := range e.RetryAfterHeaders() {
 		h.Set(kv[0], kv[1])
@@ -62,18 +75,19 @@ func writeError(w http.ResponseWriter, e *subjects.APIError) {
 	}
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
-	_, _ = w.Write(e.Body())
+	_, _ = w.Write(d.errorBody(e))
 }
 
 func (g *Gateway) fail(w http.ResponseWriter, u *upstream, e *subjects.APIError) {
 	if e == nil {
 		e = subjects.NewError(502, subjects.CodeUpstreamError, "no replica could serve the request")
 	}
+	d := dialectOpenAI
 	if u != nil {
-		g.setRequestID(w.Header(), u)
+		d = u.dialect
 		g.metrics.done(u, e.Status)
 	}
-	writeError(w, e)
+	writeErrorAs(w, d, e)
 }
 
 func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct string, body []byte) {
@@ -83,19 +97,11 @@ func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct st
 	} else if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/json")
 	}
+	body = u.dialect.translate(status, body)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	g.setRequestID(h, u)
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 	g.metrics.done(u, status)
-}
-
-func (g *Gateway) setRequestID(h http.Header, u *upstream) {
-	if u.clientID != "" {
-		h.Set("X-Request-Id", u.clientID)
-	} else if id := u.hdr.Get(subjects.HdrClientRequestID); id != "" {
-		h.Set("X-Request-Id", id)
-	}
 }
 
 // tenantOf maps the API key to a tenant through keys.<sha256 hex>. With
@@ -107,6 +113,9 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 	} else if key != "" {
 		key = ""
 	}
+	if key == "" {
+		key = r.Header.Get("X-Api-Key") // the Anthropic SDKs' header
+	}
 	if key != "" {
 		sum := sha256.Sum256([]byte(key))
 		if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
@@ -117,7 +126,7 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 		return table.DefaultTenant, nil
 	}
 	if key == "" {
-		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key>")
+		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
 	}
 	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
 }

@@ -31,12 +31,48 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 		}
 		if apiErr != nil {
 			g.metrics.rejected(endpoint, apiErr.Status)
-			writeError(w, apiErr)
+			writeErrorAs(w, dialectOf(endpoint), apiErr)
 			return
 		}
 		u.started = start
 		g.relay(w, r, u)
 	}
+}
+
+// serveStored relays a GET or DELETE of a stored response
+// (/v1/responses/{id}) to the replica holding it.
+func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	t := g.snapshot(w)
+	if t == nil {
+		return
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr == nil {
+		if err := subjects.ValidToken(tenant); err != nil {
+			apiErr = subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+		}
+	}
+	id := r.PathValue("id")
+	if apiErr == nil && !features.ValidResponseID(id) {
+		apiErr = subjects.NewError(http.StatusNotFound, subjects.CodePreviousResponseNotFound, "Response with id "+strconv.Quote(id)+" not found.")
+	}
+	if apiErr != nil {
+		g.metrics.rejected(subjects.EndpointResponses, apiErr.Status)
+		writeError(w, apiErr)
+		return
+	}
+	h := nats.Header{
+		subjects.HdrEndpoint:         {subjects.EndpointResponses + "/" + id},
+		subjects.HdrMethod:           {r.Method},
+		subjects.HdrPreviousResponse: {id},
+		subjects.HdrClientRequestID:  {w.Header().Get("X-Request-Id")},
+		subjects.HdrTraceparent:      {newTraceparent()},
+	}
+	deadline := start.Add(g.cfg.DefaultTimeout)
+	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}
+	g.relay(w, r, &upstream{tenant: tenant, endpoint: subjects.EndpointResponses, dialect: dialectResponses,
+		hdr: h, deadline: deadline, started: start})
 }
 
 // prepare turns the HTTP request into an upstream request, or the 4xx that
@@ -123,9 +159,12 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	if req.Stream {
 		h[subjects.HdrStream] = []string{"1"}
 	}
-	if clientID != "" {
-		h[subjects.HdrClientRequestID] = []string{clientID}
+	if req.PreviousResponseID != "" {
+		h[subjects.HdrPreviousResponse] = []string{req.PreviousResponseID}
 	}
+	// The id the answer carries (the client's, else the gateway's) names
+	// the request on the wire too.
+	h[subjects.HdrClientRequestID] = []string{w.Header().Get("X-Request-Id")}
 	// A client's trace is continued only when its traceparent is valid W3C
 	// (anything else starts a new trace, as the spec says), and tracestate
 	// is bounded: an oversized header must not push a request past the
@@ -139,8 +178,8 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		h[subjects.HdrTraceparent] = []string{newTraceparent()}
 	}
 	return &upstream{
-		tenant: tenant, endpoint: endpoint, model: req.Model, stream: req.Stream,
-		body: body, hdr: h, clientID: clientID, deadline: deadline,
+		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
+		body: body, hdr: h, deadline: deadline,
 	}, nil
 }
 

@@ -5,7 +5,9 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 
+	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -78,4 +80,30 @@ func modelList(t *table.Snapshot, tenant string) []modelEntry {
 		}
 	}
 	return out
+}
+
+// serveModel describes one name the tenant may ask for, as the OpenAI SDKs'
+// models.retrieve expects: exactly what /v1/models lists, 404 for anything
+// else.
+func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request) {
+	t := g.snapshot(w)
+	if t == nil {
+		return
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	id := r.PathValue("id")
+	for _, m := range modelList(t, tenant) {
+		if m.ID == id {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(m)
+			return
+		}
+	}
+	e := subjects.NewError(http.StatusNotFound, subjects.CodeModelNotFound, "the model "+strconv.Quote(id)+" does not exist or you do not have access to it")
+	e.Param = "model"
+	writeError(w, e)
 }

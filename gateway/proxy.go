@@ -19,11 +19,11 @@ import (
 type upstream struct {
 	tenant   string
 	endpoint string
+	dialect  dialect // the shape of its errors
 	model    string
 	stream   bool
 	body     []byte
 	hdr      nats.Header // request headers, shared by every attempt
-	clientID string      // X-Request-Id from the client, echoed back
 	deadline time.Time
 	exclude  []string
 	started  time.Time

@@ -83,7 +83,6 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 	if ct != "" {
 		hd.Set("Content-Type", ct)
 	}
-	s.g.setRequestID(hd, s.u)
 	s.sse = s.u.stream && s.status == http.StatusOK && strings.HasPrefix(ct, "text/event-stream")
 	if !s.sse {
 		return nil, nil
@@ -122,13 +121,11 @@ func (s *response) finish() {
 	s.g.metrics.done(s.u, s.status)
 }
 
-// endStream ends a stream that bytes already reached with an SSE error
-// event: never a silently truncated answer.
+// endStream ends a stream that bytes already reached with the dialect's
+// error event: never a silently truncated answer.
 func (s *response) endStream(e *subjects.APIError) {
 	s.g.metrics.done(s.u, e.Status)
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-	_, _ = s.w.Write([]byte("event: error\ndata: "))
-	_, _ = s.w.Write(e.Body())
-	_, _ = s.w.Write([]byte("\n\n"))
+	_, _ = s.w.Write(s.u.dialect.streamError(e))
 	_ = s.rc.Flush()
 }

@@ -255,7 +255,7 @@ func TestStreamGapsAreMeasuredBetweenDataLines(t *testing.T) {
 
 func TestBrokenStreamsAreErrors(t *testing.T) {
 	cut := newServer(t, sse(0, time.Millisecond, 2, ""))
-	failed := newServer(t, sse(0, time.Millisecond, 1, "event: error\ndata: {\"error\":{\"message\":\"engine died\"}}\n\n"))
+	failed := newServer(t, sse(0, time.Millisecond, 1, "data: {\"error\":{\"message\":\"engine died\"}}\n\n"))
 	rep := run(t, loadgen.Config{Targets: []string{cut.URL, failed.URL}, Rate: 100, Requests: 2, Stream: true})
 	if got := rep.Targets[0].ErrorsBy["incomplete stream"]; got != 2 {
 		t.Errorf("stream without [DONE]: errors %v, want 2 incomplete", rep.Targets[0].ErrorsBy)

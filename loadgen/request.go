@@ -42,7 +42,7 @@ func shorten(s string) string {
 var (
 	dataPrefix  = []byte("data:")
 	doneLine    = []byte("data: [DONE]")
-	errorEvent  = []byte("event: error")
+	errorData   = []byte(`{"error"`)
 	contentType = []string{"application/json"}
 )
 
@@ -109,11 +109,11 @@ func readStream(body io.Reader, r *result) error {
 					_, _ = io.Copy(io.Discard, br)
 					return nil
 				}
-			case bytes.Equal(line, errorEvent):
-				r.errKind = errEvent
-			}
-			if r.errKind == errEvent && r.errDetail == "" && bytes.HasPrefix(line, dataPrefix) {
-				r.errDetail = shorten(string(line))
+				// A failed stream ends with a data line holding an
+				// error object, as vLLM and Switchyard send it.
+				if r.errKind == "" && bytes.HasPrefix(bytes.TrimSpace(line[len(dataPrefix):]), errorData) {
+					r.errKind, r.errDetail = errEvent, shorten(string(line))
+				}
 			}
 		}
 		switch {

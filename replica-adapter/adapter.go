@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -79,8 +80,15 @@ type Config struct {
 	MaxQueue int
 	MaxLoras int // 0: as the engine reports (vLLM's max_lora)
 
+	// Endpoints are the inference endpoints the engine serves, told to
+	// brokers; default: its flavor's (all of them for vLLM).
+	Endpoints []string
+
 	Bucket string // KV bucket, default subjects.DefaultBucket
-	Prefix string // subject prefix, default subjects.DefaultPrefix
+	// OwnersBucket remembers which replica holds each stored response
+	// (default owners.DefaultBucket).
+	OwnersBucket string
+	Prefix       string // subject prefix, default subjects.DefaultPrefix
 
 	HeartbeatEvery time.Duration // default 1s
 	ScrapeEvery    time.Duration // default 1s; also the /health poll
@@ -111,6 +119,7 @@ type Adapter struct {
 	ownHTTP *http.Transport // closed when Run returns, when New made it
 	metrics *metrics
 	reg     *registrar
+	owners  *owners.Store
 	bufs    sync.Pool // *[]byte of chunkSize, for engine body reads
 	inline  int       // largest non-streamed answer sent as one message
 	chunk   int
@@ -161,6 +170,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		client:  cfg.HTTPClient,
 		metrics: m,
 		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
+		owners:  owners.New(js, cfg.OwnersBucket),
 		calls:   map[string]*call{},
 		early:   map[string]time.Time{},
 		limits:  configuredLimits(&cfg),
@@ -203,9 +213,15 @@ func (c *Config) Validate() error {
 	if c.Pool != "" {
 		poolErr = check.Wrap("pool", c.Pool, subjects.ValidToken(c.Pool))
 	}
+	var endpointsErr error
+	for _, e := range c.Endpoints {
+		if subjects.EndpointBit(e) == 0 {
+			endpointsErr = check.Wrap("endpoints", e, errors.New("want one of "+strings.Join(subjects.AllEndpoints(), ", ")))
+		}
+	}
 	return check.All(
 		check.Wrap("replica", c.Replica, subjects.ValidToken(c.Replica)),
-		modelErr, poolErr, flavorErr, urlErr,
+		modelErr, poolErr, flavorErr, urlErr, endpointsErr,
 		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
 		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
 		check.Range("max-loras", c.MaxLoras, 0, 1<<10),

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +36,10 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	ct := resp.Header.Get("Content-Type")
 	hd := a.head(h, resp, ct)
 	scan := usageScanner{sse: isSSE(ct)}
+	if rec := a.newOwnerRecorder(h); rec != nil {
+		scan.observe = func(p []byte) { rec.observe(ctx, p) }
+	}
+	a.forgetDeleted(ctx, h, resp.StatusCode)
 	var onFirst func()
 	if scan.sse {
 		if st.send(hd, nil) != nil {
@@ -66,23 +71,33 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 // engineRequest builds the engine call: the endpoint checked, the model
 // rewritten to the served name or the LoRA adapter, the trace continued.
 func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte) (*http.Request, *subjects.APIError) {
-	endpoint := h.Get(subjects.HdrEndpoint)
-	if !validEndpoint(endpoint) {
-		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "Llm-Endpoint must be an /v1/ path, got "+strconv.Quote(endpoint))
+	endpoint, method := h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrMethod)
+	if !forwardable(method, endpoint) {
+		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "the adapter does not forward "+strings.TrimSpace(method+" "+strconv.Quote(endpoint)))
 	}
-	model := h.Get(subjects.HdrRouteLora)
-	if model == "" {
-		model = a.cfg.EngineModel
+	if !a.serves(endpoint) {
+		return nil, errNotServed(endpoint)
 	}
-	body, err := rewriteModel(body, model)
+	var rd io.Reader
+	if method == "" {
+		method = http.MethodPost
+		model := h.Get(subjects.HdrRouteLora)
+		if model == "" {
+			model = a.cfg.EngineModel
+		}
+		b, err := rewriteModel(body, model)
+		if err != nil {
+			return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.cfg.EngineURL+endpoint, rd)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.EngineURL+endpoint, bytes.NewReader(body))
-	if err != nil {
-		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set("Content-Type", "application/json")
 	for _, k := range [...]string{subjects.HdrTraceparent, subjects.HdrTracestate} {
 		if v := h.Get(k); v != "" {
 			req.Header.Set(k, v)

@@ -79,8 +79,10 @@ func TestRegistration(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		want := table.Replica{Model: "sim-model", Version: "v1", Pool: "general", Flavor: adapter.FlavorVLLM, MaxBatch: 32, MaxQueue: 128, State: subjects.StateReady}
-		if got != want {
+		// vLLM serves every endpoint, the Responses API included.
+		want := table.Replica{Model: "sim-model", Version: "v1", Pool: "general", Flavor: adapter.FlavorVLLM, MaxBatch: 32, MaxQueue: 128, State: subjects.StateReady,
+			Endpoints: subjects.AllEndpoints()}
+		if !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("registered %+v, want %+v", got, want)
 		}
 		return nil

@@ -51,14 +51,15 @@ func (a *Adapter) register(ctx context.Context, force bool) error {
 		flavor = a.cfg.Flavor
 	}
 	want := table.Replica{
-		Model:    a.cfg.Model,
-		Version:  a.cfg.Version,
-		Pool:     a.cfg.Pool,
-		Flavor:   flavor,
-		MaxBatch: lim.batch,
-		MaxQueue: lim.queue,
-		MaxLoras: a.cfg.MaxLoras,
-		State:    a.state(),
+		Model:     a.cfg.Model,
+		Version:   a.cfg.Version,
+		Pool:      a.cfg.Pool,
+		Flavor:    flavor,
+		MaxBatch:  lim.batch,
+		MaxQueue:  lim.queue,
+		MaxLoras:  a.cfg.MaxLoras,
+		State:     a.state(),
+		Endpoints: a.endpoints(),
 	}
 	return a.reg.sync(ctx, want, force)
 }

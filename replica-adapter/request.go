@@ -189,12 +189,6 @@ func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string)
 	return hd
 }
 
-// validEndpoint accepts the OpenAI paths under /v1/, and nothing that could
-// step out of them.
-func validEndpoint(p string) bool {
-	return strings.HasPrefix(p, "/v1/") && !strings.Contains(p, "..") && !strings.ContainsAny(p, "?#\\ \t\r\n")
-}
-
 func isSSE(contentType string) bool {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	return mt == "text/event-stream"

@@ -222,12 +222,13 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 
 func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb := subjects.Heartbeat{
-		Replica:  a.cfg.Replica,
-		Model:    a.cfg.Model,
-		Version:  a.cfg.Version,
-		Pool:     a.cfg.Pool,
-		State:    a.state(),
-		Inflight: a.InFlight(),
+		Replica:   a.cfg.Replica,
+		Model:     a.cfg.Model,
+		Version:   a.cfg.Version,
+		Pool:      a.cfg.Pool,
+		State:     a.state(),
+		Inflight:  a.InFlight(),
+		Endpoints: a.endpoints(),
 	}
 	l := &a.load
 	l.mu.Lock()

@@ -21,6 +21,38 @@ type tokens struct {
 	CompletionTokens int `json:"completion_tokens"`
 }
 
+// usageObject reads OpenAI's usage (prompt_tokens, completion_tokens) and
+// the Responses and Anthropic Messages APIs' (input_tokens,
+// output_tokens) alike.
+type usageObject struct {
+	PromptTokens     *int `json:"prompt_tokens"`
+	CompletionTokens *int `json:"completion_tokens"`
+	InputTokens      *int `json:"input_tokens"`
+	OutputTokens     *int `json:"output_tokens"`
+}
+
+// tokens returns the counts; hasPrompt is false when the object names
+// only output (Anthropic's message_delta), ok false when it names neither.
+func (o *usageObject) tokens() (t tokens, hasPrompt, ok bool) {
+	first := func(a, b *int) *int {
+		if a != nil {
+			return a
+		}
+		return b
+	}
+	p, c := first(o.PromptTokens, o.InputTokens), first(o.CompletionTokens, o.OutputTokens)
+	if p == nil && c == nil {
+		return tokens{}, false, false
+	}
+	if p != nil {
+		t.PromptTokens = *p
+	}
+	if c != nil {
+		t.CompletionTokens = *c
+	}
+	return t, p != nil, true
+}
+
 // usageScanner finds the engine's token usage in a response while it streams
 // past, without holding the response: in a stream, the last data event with
 // a usage object (stream_options.include_usage); in a JSON body, its usage
@@ -38,9 +70,15 @@ type usageScanner struct {
 	head     []byte // JSON: the first usageWindow bytes
 	tail     []byte // JSON: at least the last usageWindow bytes
 	total    int
+
+	// observe, if set, sees every byte first (the owner recorder).
+	observe func(p []byte)
 }
 
 func (u *usageScanner) Write(p []byte) {
+	if u.observe != nil {
+		u.observe(p)
+	}
 	if u.sse {
 		u.writeSSE(p)
 		return
@@ -89,7 +127,10 @@ func (u *usageScanner) sseLine(line []byte) {
 		return
 	}
 	u.events++
-	if t, ok := findUsage(data); ok {
+	if t, hasPrompt, ok := findUsage(data); ok {
+		if !hasPrompt && u.found {
+			t.PromptTokens = u.usage.PromptTokens // message_start had it
+		}
 		u.usage, u.found = t, true
 	}
 }
@@ -104,22 +145,23 @@ func (u *usageScanner) Finish() (tokens, bool) {
 		return u.usage, u.found
 	}
 	if u.total > len(u.head) {
-		if t, ok := findUsage(u.tail); ok {
+		if t, _, ok := findUsage(u.tail); ok {
 			return t, true
 		}
 	}
-	return findUsage(u.head)
+	t, _, ok := findUsage(u.head)
+	return t, ok
 }
 
 // findUsage decodes the last "usage" object in b. It looks for the key
 // rather than decoding b: b may be a cut window of a larger body, and a
 // "usage" inside a string value is escaped (\"usage\") so it cannot match.
-func findUsage(b []byte) (tokens, bool) {
+func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
 	key := []byte(`"usage"`)
 	for end := len(b); end > 0; {
 		i := bytes.LastIndex(b[:end], key)
 		if i < 0 {
-			return tokens{}, false
+			return tokens{}, false, false
 		}
 		end = i
 		j := skipSpace(b, i+len(key))
@@ -130,10 +172,12 @@ func findUsage(b []byte) (tokens, bool) {
 		if j >= len(b) || b[j] != '{' {
 			continue
 		}
-		var t tokens
-		if json.NewDecoder(bytes.NewReader(b[j:])).Decode(&t) == nil {
-			return t, true
+		var o usageObject
+		if json.NewDecoder(bytes.NewReader(b[j:])).Decode(&o) == nil {
+			if t, hasPrompt, ok := o.tokens(); ok {
+				return t, hasPrompt, true
+			}
 		}
 	}
-	return tokens{}, false
+	return tokens{}, false, false
 }

@@ -184,3 +184,26 @@ func BenchmarkUsageSSE(b *testing.B) {
 		}
 	}
 }
+
+// The Responses and Messages APIs count input and output tokens; Anthropic's
+// stream gives the input at message_start and the output at message_delta.
+func TestUsageOfTheResponsesAndMessagesAPIs(t *testing.T) {
+	messages := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"output_tokens\":0}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n"
+	responses := "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":12,\"output_tokens\":5,\"total_tokens\":17}}}\n\n"
+	for name, body := range map[string]string{"messages": messages, "responses": responses} {
+		for i := range 20 {
+			u := usageScanner{sse: true}
+			feed(&u, []byte(body), rand.New(rand.NewPCG(uint64(i), 3)))
+			if got, ok := u.Finish(); !ok || got != (tokens{PromptTokens: 12, CompletionTokens: 5}) {
+				t.Fatalf("%s, cut %d: usage %+v %v, want 12/5", name, i, got, ok)
+			}
+		}
+	}
+	u := usageScanner{}
+	u.Write([]byte(`{"id":"resp_1","object":"response","usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}`))
+	if got, ok := u.Finish(); !ok || got != (tokens{PromptTokens: 7, CompletionTokens: 3}) {
+		t.Errorf("non-streamed response: %+v %v", got, ok)
+	}
+}

@@ -25,6 +25,11 @@ const (
 	CodeRouterUnavailable  = "router_unavailable"
 	CodeNotFound           = "not_found"
 	CodeMethodNotAllowed   = "method_not_allowed"
+	// CodeEndpointNotSupported (501): no replica of the model serves the endpoint.
+	CodeEndpointNotSupported = "endpoint_not_supported"
+	// CodePreviousResponseNotFound (404): the stored response is unknown,
+	// expired, another tenant's, or its replica is gone or draining.
+	CodePreviousResponseNotFound = "previous_response_not_found"
 )
 
 // APIError is a request failure in the OpenAI error shape. It is produced in

@@ -19,9 +19,15 @@ const (
 	// HdrColdWaited marks a request the gateway held while its cold model
 	// loaded: the broker charged its request quota when it was held, so the
 	// attempt after the wait is not charged again.
-	HdrColdWaited  = "Llm-Cold-Waited"
-	HdrTraceparent = "traceparent"
-	HdrTracestate  = "tracestate"
+	HdrColdWaited = "Llm-Cold-Waited"
+	// HdrMethod is the engine call's HTTP method when it is not POST: GET
+	// or DELETE of a stored response (/v1/responses/<id>).
+	HdrMethod = "Llm-Method"
+	// HdrPreviousResponse is the stored response a request continues
+	// (previous_response_id) or reads: it routes to the replica holding it.
+	HdrPreviousResponse = "Llm-Previous-Response"
+	HdrTraceparent      = "traceparent"
+	HdrTracestate       = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"
@@ -108,7 +114,42 @@ const (
 	EndpointChat        = "/v1/chat/completions"
 	EndpointCompletions = "/v1/completions"
 	EndpointEmbeddings  = "/v1/embeddings"
+	EndpointResponses   = "/v1/responses"
+	EndpointMessages    = "/v1/messages"
 )
+
+// BaseEndpoints are what every engine serves: a replica that names no
+// endpoints in its heartbeat or registration serves these.
+func BaseEndpoints() []string {
+	return []string{EndpointChat, EndpointCompletions, EndpointEmbeddings}
+}
+
+// AllEndpoints are the inference endpoints Switchyard routes.
+func AllEndpoints() []string {
+	return []string{EndpointChat, EndpointCompletions, EndpointEmbeddings, EndpointResponses, EndpointMessages}
+}
+
+// EndpointBit is endpoint's bit in an endpoint set (0 for an unknown one).
+func EndpointBit(endpoint string) uint8 {
+	for i, e := range AllEndpoints() {
+		if e == endpoint {
+			return 1 << i
+		}
+	}
+	return 0
+}
+
+// EndpointSet is the set of endpoints named; none is the base set.
+func EndpointSet(endpoints []string) uint8 {
+	if len(endpoints) == 0 {
+		endpoints = BaseEndpoints()
+	}
+	var set uint8
+	for _, e := range endpoints {
+		set |= EndpointBit(e)
+	}
+	return set
+}
 
 // Keepalive period while the engine has not produced bytes yet.
 const KeepaliveEvery = 5

@@ -57,13 +57,16 @@ type Heartbeat struct {
 	// MaxBatchFrom and MaxQueueFrom say where each limit came from:
 	// "config" (the operator), "engine" (read from it) or "default" (a
 	// guess).
-	MaxBatchFrom    string    `json:"max_batch_from,omitempty"`
-	MaxQueueFrom    string    `json:"max_queue_from,omitempty"`
-	Inflight        int       `json:"inflight"`
-	Lora            LoraState `json:"lora"`
-	TTFTEWMAMillis  float64   `json:"ttft_ewma_ms"`
-	QueueWaitMillis float64   `json:"queue_wait_ewma_ms"`
-	ScrapeOK        bool      `json:"scrape_ok"`
+	MaxBatchFrom string    `json:"max_batch_from,omitempty"`
+	MaxQueueFrom string    `json:"max_queue_from,omitempty"`
+	Inflight     int       `json:"inflight"`
+	Lora         LoraState `json:"lora"`
+	// Endpoints are the inference endpoints the engine serves (none: the
+	// base set, BaseEndpoints).
+	Endpoints       []string `json:"endpoints,omitempty"`
+	TTFTEWMAMillis  float64  `json:"ttft_ewma_ms"`
+	QueueWaitMillis float64  `json:"queue_wait_ewma_ms"`
+	ScrapeOK        bool     `json:"scrape_ok"`
 	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
 	// connection failures) since its last success; EngineSuccesses counts
 	// its successes, so a broker can tell a new streak from an old one.

@@ -24,6 +24,10 @@ const (
 	// load runs however many loaders and brokers there are.
 	LoaderQueue = "switchyard-loader"
 	LoadsBucket = "llm-loads"
+	// ResponsesBucket remembers which replica holds each stored response
+	// of the Responses API (package owners): adapters write it, brokers
+	// read it.
+	ResponsesBucket = "llm-responses"
 )
 
 // ErrBadToken is returned for an id that cannot be a subject token.

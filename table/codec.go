@@ -386,5 +386,10 @@ func validateReplica(key string, r *Replica) error {
 	case r.MaxBatch < 0 || r.MaxQueue < 0 || r.MaxLoras < 0:
 		return fieldErr(key, "max_batch", "sizes must not be negative")
 	}
+	for _, e := range r.Endpoints {
+		if subjects.EndpointBit(e) == 0 {
+			return fieldErr(key, "endpoints", "unknown endpoint %q", e)
+		}
+	}
 	return nil
 }

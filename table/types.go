@@ -230,4 +230,7 @@ type Replica struct {
 	MaxQueue int    `json:"max_queue,omitempty"`
 	MaxLoras int    `json:"max_loras,omitempty"`
 	State    string `json:"state"`
+	// Endpoints are the inference endpoints the engine serves (none: the
+	// base set, subjects.BaseEndpoints).
+	Endpoints []string `json:"endpoints,omitempty"`
 }

@@ -145,7 +145,7 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 }
 
 func TestKeyAddAndExplain(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[:4]})
+	st := startStack(t, devstack.Config{Replicas: append(devstack.Replicas()[:4], devstack.Replicas()[8])})
 	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 	out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
 	key := strings.TrimSpace(out)
@@ -169,5 +169,17 @@ func TestKeyAddAndExplain(t *testing.T) {
 	}
 	if _, _, code := sy(t, env, "", "explain"); code != 2 {
 		t.Errorf("explain without --model: exit %d, want 2", code)
+	}
+	// The coder replica's engine serves the Messages API, not Responses.
+	out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "responses")
+	if code != 1 || !strings.Contains(out, "501 endpoint_not_supported") {
+		t.Errorf("explain --endpoint responses: exit %d: %s", code, out)
+	}
+	out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "messages")
+	if code != 0 || !strings.Contains(out, "coder-gen-0") {
+		t.Errorf("explain --endpoint messages: exit %d: %s", code, out)
+	}
+	if _, _, code := sy(t, env, "", "explain", "--model", "chat-large", "--endpoint", "assistants"); code != 2 {
+		t.Errorf("explain --endpoint assistants: exit %d, want 2", code)
 	}
 }

@@ -144,11 +144,12 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if waited := time.Since(began); waited < 400*time.Millisecond {
 		t.Errorf("the short-deadline request was answered after %s: it was not held", waited)
 	}
-	// A held stream is already 200: its 503 is an SSE error event.
+	// A held stream is already 200: its 503 is the stream's error line.
 	status, _, b = chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "0.5"})
 	if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
-		!strings.Contains(b, "event: error\ndata: {") || !strings.Contains(b, `"model_loading"`) || strings.Contains(b, "[DONE]") {
-		t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error event with model_loading", status, b)
+		!strings.Contains(b, "\n\ndata: {\"error\":{") || strings.Contains(b, "event: error") ||
+		!strings.Contains(b, `"model_loading"`) || strings.Contains(b, "[DONE]") {
+		t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error line with model_loading", status, b)
 	}
 
 	// Thirty seconds cover it: a plain request and a stream, both held.

@@ -91,25 +91,25 @@ func readAnswer(resp *http.Response) outcome {
 }
 
 // readSSE reads a stream to its end: done when it ended with [DONE], the
-// code of an SSE error event when it ended with one.
+// code of its error line (data: {"error":…}) when it ended with one.
 func readSSE(r io.Reader) (done bool, code string, err error) {
 	done, code, _, err = readSSEMessage(r)
 	return done, code, err
 }
 
-// readSSEMessage is readSSE with the error event's message.
+// readSSEMessage is readSSE with the error line's message.
 func readSSEMessage(r io.Reader) (done bool, code, msg string, err error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	errorEvent := false
+	eventLine := false
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
 		case line == "event: error":
-			errorEvent = true
+			eventLine = true // a form go-openai cannot parse: never sent
 		case line == "data: [DONE]":
 			done = true
-		case errorEvent && strings.HasPrefix(line, "data: "):
+		case strings.HasPrefix(line, `data: {"error"`) && !eventLine:
 			var e struct {
 				Error struct {
 					Code    string `json:"code"`

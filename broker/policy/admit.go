@@ -112,6 +112,8 @@ func (st *decision) unavailable() *subjects.APIError {
 		if !st.r.cold[model].eta.IsZero() {
 			e.RetryAfter = st.coldRetryAfter(model, m)
 		}
+	case st.unserved > 0 && !st.anyServes(model):
+		e = subjects.NewError(501, subjects.CodeEndpointNotSupported, "No replica of "+model+" serves "+st.req.Endpoint+".")
 	default:
 		e = subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available.")
 		e.RetryAfter = RetryNoReplicas
@@ -121,6 +123,27 @@ func (st *decision) unavailable() *subjects.APIError {
 		// is wait (gateway/coldwait.go): it needs the model's id.
 		e.Headers = map[string]string{subjects.HdrRouteModel: model}
 	}
+	return e
+}
+
+// anyServes reports whether a registered replica of model serves the
+// request's endpoint, live or not: when none does, waiting will not help.
+func (st *decision) anyServes(model string) bool {
+	for _, x := range st.r.byModel[model] {
+		if x.serves&st.endpoint == st.endpoint {
+			return true
+		}
+	}
+	return false
+}
+
+// errPreviousResponse is a stored response whose replica cannot serve the
+// next turn: no other replica holds it, so it is an explicit error, never
+// an answer without the conversation.
+func errPreviousResponse(id string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodePreviousResponseNotFound,
+		"Previous response with id '"+id+"' not found: the replica that stored it is gone or draining. Start the conversation again without previous_response_id.")
+	e.Param = "previous_response_id"
 	return e
 }
 

@@ -8,6 +8,16 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
+// pinned keeps a Responses API conversation on the replica holding its
+// stored turns: gather left it the only candidate.
+func (st *decision) pinned() bool {
+	if st.req.Pin == "" || len(st.cands) != 1 {
+		return false
+	}
+	st.chosen = 0
+	return true
+}
+
 // session keeps a conversation on its rendezvous-hash replica: the
 // candidate with the highest mix(hash(conversation) ^ hash(replica id)).
 // Adding or removing one of N replicas moves only ≈1/N of the

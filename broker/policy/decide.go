@@ -42,6 +42,10 @@ type decision struct {
 	release, saturation float64
 	quota               quotaCheck
 
+	endpoint uint8 // the request's endpoint bit; 0 filters nothing
+	unserved int   // replicas left out because their engine lacks the endpoint
+	pinLost  bool  // the pinned replica cannot serve: gone, draining, another model
+
 	chosen, released, other int // candidate indices, -1 when none
 	deadlineLoser           int
 	deadlineSwitch          bool
@@ -62,6 +66,7 @@ func (st *decision) run() {
 	}
 	d.TableRevision = st.snap.Revision
 	st.lookupTenant()
+	st.endpoint, st.unserved, st.pinLost = subjects.EndpointBit(req.Endpoint), 0, false
 
 	// Which model?
 	name, adapter, explicit := splitModel(req.Model)
@@ -104,6 +109,10 @@ func (st *decision) run() {
 
 	// Which replicas?
 	if !st.gather() {
+		if st.pinLost {
+			st.reject(errPreviousResponse(req.Pin))
+			return
+		}
 		st.noteCold()
 		if !st.fallbacks(&res) {
 			st.target, st.pool, st.adapter = st.primary, d.Pool, d.Lora

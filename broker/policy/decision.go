@@ -19,6 +19,10 @@ type Request struct {
 	// ColdWaited marks a request the gateway held while its cold model
 	// loaded: its request quota was charged when it was held.
 	ColdWaited bool
+	// Pin is the replica holding the stored response this request
+	// continues (previous_response_id): the only candidate, whatever the
+	// pool rules say, and no other replica when it cannot serve.
+	Pin string
 	// Prompt returns the canonical prompt. It is called at most once per
 	// decision, and only when a regex cascade rule has to be evaluated; nil
 	// means no prompt (regex rules never match).
@@ -29,12 +33,13 @@ type Request struct {
 // the step that picked the replica, preceded by what changed the route on
 // the way, joined with "+": "fallback:chat-small+pool-fallback-general+power-of-two".
 const (
-	ReasonSession      = "session-affinity" // rendezvous hash of the conversation
-	ReasonLora         = "lora-affinity"    // replica already running the adapter, or with a free slot
-	ReasonPrefix       = "prefix-affinity"  // longest warm prefix chain
-	ReasonPowerOfTwo   = "power-of-two"     // lower load_score of two random candidates
-	ReasonOnly         = "only-candidate"   // one candidate: nothing to choose
-	ReasonStaleRandom  = "stale-random"     // every candidate's load data older than stale_after
+	ReasonResponse     = "response-affinity" // the replica holding the previous response
+	ReasonSession      = "session-affinity"  // rendezvous hash of the conversation
+	ReasonLora         = "lora-affinity"     // replica already running the adapter, or with a free slot
+	ReasonPrefix       = "prefix-affinity"   // longest warm prefix chain
+	ReasonPowerOfTwo   = "power-of-two"      // lower load_score of two random candidates
+	ReasonOnly         = "only-candidate"    // one candidate: nothing to choose
+	ReasonStaleRandom  = "stale-random"      // every candidate's load data older than stale_after
 	ReasonPoolFallback = "pool-fallback-general"
 	ReasonCanaryGone   = "canary-unavailable" // canary drawn, no canary replica: stable version instead
 	ReasonFallback     = "fallback:"          // followed by the alias fallen back to

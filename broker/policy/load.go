@@ -46,6 +46,13 @@ func (st *decision) candidates(model, version, pool string) bool {
 		if age >= dead || (len(st.req.Exclude) > 0 && slices.Contains(st.req.Exclude, x.id)) {
 			continue
 		}
+		if st.req.Pin != "" && x.id != st.req.Pin {
+			continue
+		}
+		if x.serves&st.endpoint != st.endpoint {
+			st.unserved++
+			continue
+		}
 		c := cand{x: x, fresh: max(now-x.dataNano, 0) < stale}
 		st.load(&c)
 		if c.fresh {

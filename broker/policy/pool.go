@@ -92,6 +92,9 @@ func (st *decision) draw(alias string, targets []table.Target) (t table.Target, 
 // a candidate for the model falls back to general; a drawn canary without
 // one falls back to the stable version in the general pool.
 func (st *decision) gather() bool {
+	if st.req.Pin != "" {
+		return st.gatherPinned()
+	}
 	t := &st.target
 	if st.candidates(t.Model, t.Version, st.pool) {
 		return true
@@ -105,6 +108,23 @@ func (st *decision) gather() bool {
 		return st.candidates(st.stable.Model, st.stable.Version, table.PoolGeneral)
 	}
 	return false
+}
+
+// gatherPinned makes the pinned replica the only candidate, in its own pool
+// and version: a stored conversation lives on one replica, so no pool rule,
+// canary draw or fallback may move it.
+func (st *decision) gatherPinned() bool {
+	x := st.r.replicas[st.req.Pin]
+	if x == nil || x.reg == nil || x.reg.Model != st.target.Model {
+		st.pinLost = true
+		return false
+	}
+	st.target.Version, st.pool = x.reg.Version, x.reg.Pool
+	if !st.candidates(x.reg.Model, x.reg.Version, x.reg.Pool) {
+		st.pinLost = true
+		return false
+	}
+	return true
 }
 
 // fallbacks follows the fallbacks of the resolved alias, then those of the

@@ -94,6 +94,7 @@ type replica struct {
 	ci       int32  // index in Router.cands while marked
 	mark     uint64 // == Router.epoch while a candidate of the current decision
 	idHash   uint64 // xxhash of id, for rendezvous hashing
+	serves   uint8  // the endpoints its engine serves (subjects.EndpointBit)
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -118,6 +119,14 @@ func (x *replica) refresh() {
 	x.running, x.waiting = clamp32(hb.Running), clamp32(hb.Waiting)
 	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
 	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
+	switch {
+	case x.hasHB && len(hb.Endpoints) > 0:
+		x.serves = subjects.EndpointSet(hb.Endpoints)
+	case x.reg != nil:
+		x.serves = subjects.EndpointSet(x.reg.Endpoints)
+	default:
+		x.serves = subjects.EndpointSet(nil)
+	}
 }
 
 func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) }
@@ -269,6 +278,18 @@ func (r *Router) prefixMapLocked(model string) *prefixMap {
 	m := newPrefixMap(r.cfg.PrefixEntries)
 	r.prefixes[model] = m
 	return m
+}
+
+// Live returns replica id's registration when it can serve now:
+// registered, ready and heartbeating within dead_after.
+func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x, snap := r.replicas[id], r.snap.Load()
+	if x == nil || !x.ready || snap == nil || now.UnixNano()-x.hbNano >= int64(snap.Policy.DeadAfter) {
+		return table.Replica{}, false
+	}
+	return *x.reg, true
 }
 
 // SetLiveBrokers sets how many brokers share each tenant quota: each

@@ -25,6 +25,7 @@ type step struct {
 // affinity weighs a warm replica above the threshold against the
 // power-of-two draw instead of dropping it (see prefix).
 var steps = [...]step{
+	newStep(ReasonResponse, (*decision).pinned, nil),
 	newStep(ReasonSession, (*decision).session, func(*decision, int) string { return WhyNotAffine }),
 	newStep(ReasonLora, (*decision).lora, (*decision).whyLora),
 	newStep(ReasonPrefix, (*decision).prefix, (*decision).whyPrefix),

@@ -17,6 +17,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address (the nats CLI connects here)")
 	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream, broker state, NATS keys (auth/) and creds (creds/) (default: a temporary directory)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")
+	fs.Var(listFlag{&cfg.Gateway.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, or * for any (repeatable; default: CORS off)")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,6 +29,8 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&x.MaxTokens, "max-tokens", 0, "max_tokens (at most 16777216)")
 	fs.StringVar(&x.Priority, "priority", "", "interactive or batch")
 	feats := fs.String("features", "", "comma-separated feature flags, e.g. code")
+	endpoint := fs.String("endpoint", "chat", "the API: chat, completions, embeddings, responses or messages")
+	fs.StringVar(&x.PreviousResponse, "previous-response", "", "a stored response id the request continues (Responses API)")
 	asJSON := fs.Bool("json", false, "print the decision as JSON")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
@@ -37,11 +40,16 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		check.Range("max-tokens", x.MaxTokens, 0, 1<<24),
 		check.Required("model", x.Model),
 		check.Wrap("tenant", *tenant, subjects.ValidToken(*tenant)),
+		checkEndpoint(*endpoint),
 	); err != nil {
 		return err
 	}
 	if *feats != "" {
 		x.Features = strings.Split(*feats, ",")
+	}
+	x.Endpoint = "/v1/" + *endpoint
+	if *endpoint == "chat" {
+		x.Endpoint = subjects.EndpointChat
 	}
 	nc, err := nf.connectOnce(ctx, "switchyard-explain")
 	if err != nil {
@@ -67,6 +75,16 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return errCheckFailed
 	}
 	return nil
+}
+
+// checkEndpoint accepts the short name of an endpoint Switchyard routes.
+func checkEndpoint(name string) error {
+	for _, e := range subjects.AllEndpoints() {
+		if e == "/v1/"+name || e == "/v1/chat/completions" && name == "chat" {
+			return nil
+		}
+	}
+	return check.Wrap("endpoint", name, errors.New("want chat, completions, embeddings, responses or messages"))
 }
 
 func withTimeout(ctx context.Context, d time.Duration) context.Context {

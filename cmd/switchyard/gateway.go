@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")
+	fs.Var(listFlag{&cfg.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, e.g. https://app.example, or * for any (repeatable; default: CORS off)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
@@ -65,4 +67,19 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	})
 	return g.Run(ctx)
+}
+
+// listFlag collects a flag given more than once.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+func (l listFlag) Set(s string) error {
+	*l.p = append(*l.p, s)
+	return nil
 }

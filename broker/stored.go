@@ -1,0 +1,114 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/owners"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// ownerTimeout bounds the owners-bucket read of one request.
+const ownerTimeout = 2 * time.Second
+
+// owner reads which replica holds stored response id for tenant. Another
+// tenant's response is as unknown as a missing one.
+func (b *Broker) owner(tenant, id string) (owners.Record, *subjects.APIError) {
+	if !features.ValidResponseID(id) {
+		return owners.Record{}, subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrPreviousResponse+" must be a response id")
+	}
+	if b.owners == nil {
+		return owners.Record{}, errUnknownResponse(id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
+	defer cancel()
+	rec, err := b.owners.Get(ctx, id)
+	switch {
+	case errors.Is(err, owners.ErrNotFound), err == nil && rec.Tenant != tenant:
+		return owners.Record{}, errUnknownResponse(id)
+	case err != nil:
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the stored-response owners could not be read: "+err.Error())
+		e.RetryAfter = time.Second
+		return owners.Record{}, e
+	}
+	return rec, nil
+}
+
+// pin makes a request that continues a stored response go to the replica
+// holding it, and counts the stored conversation in its prompt: the engine
+// puts it before the new input.
+func (b *Broker) pin(q *policy.Request, tenant string, h nats.Header) *subjects.APIError {
+	id := h.Get(subjects.HdrPreviousResponse)
+	if id == "" {
+		return nil
+	}
+	rec, e := b.owner(tenant, id)
+	if e != nil {
+		return e
+	}
+	q.Pin = rec.Replica
+	q.PromptTokens += max(rec.Tokens, 0)
+	setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(q.PromptTokens))
+	return nil
+}
+
+// handleStored forwards a GET or DELETE of a stored response to the replica
+// holding it, or answers 404 when it is unknown or its replica cannot
+// serve.
+func (b *Broker) handleStored(tenant, reply string, h nats.Header, msg *nats.Msg) (forward bool) {
+	fail := func(e *subjects.APIError) {
+		b.reject(msg, reply, e)
+		b.metrics.rejected(e.Code)
+	}
+	if err := subjects.ValidToken(tenant); err != nil {
+		fail(subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error()))
+		return false
+	}
+	switch m := h.Get(subjects.HdrMethod); m {
+	case http.MethodGet, http.MethodDelete:
+	default:
+		fail(subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrMethod+" must be GET or DELETE"))
+		return false
+	}
+	id := h.Get(subjects.HdrPreviousResponse)
+	rec, e := b.owner(tenant, id)
+	if e != nil {
+		fail(e)
+		return false
+	}
+	reg, ok := b.router.Live(rec.Replica, b.cfg.Now())
+	if !ok {
+		fail(errOwnerGone(id, rec.Replica))
+		return false
+	}
+	setHeader(h, subjects.HdrEndpoint, subjects.EndpointResponses+"/"+id)
+	setHeader(h, subjects.HdrRouteModel, reg.Model)
+	setHeader(h, subjects.HdrRouteVersion, reg.Version)
+	setHeader(h, subjects.HdrRoutePool, reg.Pool)
+	setHeader(h, subjects.HdrRouteReplica, rec.Replica)
+	setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
+	setHeader(h, subjects.HdrTenant, tenant)
+	setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	b.forwardTo(msg, rec.Replica, reply, h, nil)
+	return true
+}
+
+func errUnknownResponse(id string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodePreviousResponseNotFound, "Response with id '"+id+"' not found.")
+	e.Param = "previous_response_id"
+	return e
+}
+
+func errOwnerGone(id, replica string) *subjects.APIError {
+	e := subjects.NewError(404, subjects.CodePreviousResponseNotFound,
+		"Response with id '"+id+"' not found: replica "+replica+" that stored it is gone or draining.")
+	e.Param = "previous_response_id"
+	return e
+}
