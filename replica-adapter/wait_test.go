@@ -63,8 +63,11 @@ func TestIdleReplicaRecoversItsWaitEstimate(t *testing.T) {
 	}
 	e.eng.metrics.Store("vllm/metrics-idle.txt")
 	start := time.Now()
+	// Every sample of the burst took at least the engine's 400 ms; the bare
+	// time to first token is the fast first request's, far below it even on
+	// a loaded machine under -race.
 	checkFor(t, 5*time.Second, func() error {
-		if hb := beat(); hb.TTFTEWMAMillis > 100 || hb.QueueWaitMillis != 0 {
+		if hb := beat(); hb.TTFTEWMAMillis >= 400 || hb.QueueWaitMillis != 0 {
 			return fmt.Errorf("idle engine: ttft %v queue %v", hb.TTFTEWMAMillis, hb.QueueWaitMillis)
 		}
 		return nil
