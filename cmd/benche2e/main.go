@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.p99Limit, "p99", 50*time.Millisecond, "a step is held when p99 is under this and errors ≤ 0.1%")
 	fs.DurationVar(&cfg.budget, "budget", 5*time.Minute, "stop stepping when the run would exceed this")
 	bodyKB := fs.String("body-kb", "1,16,64,128,256,480", "prompt body sizes in KB for the one-at-a-time phase (empty: skip it)")
-	fs.IntVar(&cfg.bodyRounds, "body-rounds", 40, "requests per path and body size in the one-at-a-time phase")
+	fs.IntVar(&cfg.bodyRounds, "body-rounds", 60, "requests per path and body size in the one-at-a-time phase")
 	fs.IntVar(&cfg.concurrency, "concurrency", 20, "requests in flight in the long-prompt concurrency phase (0: skip it)")
 	fs.IntVar(&cfg.concKB, "conc-kb", 220, "prompt body size in KB in the concurrency phase")
 	fs.DurationVar(&cfg.concDuration, "conc-duration", 10*time.Second, "length of the concurrency phase")
