@@ -146,10 +146,7 @@ func appendPromptField(dst []byte, param string, raw []byte) (out []byte, exact 
 			if !ok {
 				return dst, n, nil
 			}
-			if it[0] != '[' && it[0] != 'n' {
-				return dst, -1, perr(index(param, i), "must be a non-empty array of token ids")
-			}
-			k := 0
+			k := 0 // anything but an array (null included) is an empty batch
 			if it[0] == '[' {
 				if dst, k, err = appendTokenIDs(dst, index(param, i), it); err != nil {
 					return dst, -1, err
