@@ -3,7 +3,6 @@ package features
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"strconv"
 	"unicode/utf8"
 
@@ -59,25 +58,6 @@ func (e *ParseError) APIError() *subjects.APIError {
 
 func perr(param, msg string) error { return &ParseError{Param: param, Message: msg} }
 
-// body is the top level of a request. Polymorphic fields stay raw so a wrong
-// type is reported with its own param instead of a generic decode error.
-type body struct {
-	Model               json.RawMessage `json:"model"`
-	Stream              json.RawMessage `json:"stream"`
-	StreamOptions       json.RawMessage `json:"stream_options"`
-	MaxTokens           json.RawMessage `json:"max_tokens"`
-	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-	Messages            json.RawMessage `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Input               json.RawMessage `json:"input"`
-	// The Anthropic Messages API's system prompt; the Responses API's
-	// instructions, output limit and previous turn.
-	System             json.RawMessage `json:"system"`
-	Instructions       json.RawMessage `json:"instructions"`
-	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
-	PreviousResponseID json.RawMessage `json:"previous_response_id"`
-}
-
 // ParseRequest parses an OpenAI request body for endpoint (see
 // ParseRequestInto). Errors are *ParseError.
 func ParseRequest(endpoint string, b []byte) (*Request, error) {
@@ -94,25 +74,32 @@ func ParseRequest(endpoint string, b []byte) (*Request, error) {
 // /v1/responses; "" requires none. The prompt is rendered from messages,
 // else prompt, else input; the Messages API's system prompt and the
 // Responses API's instructions come first, as a system message would.
+//
+// It accepts and refuses exactly what decoding into Go values with
+// encoding/json would (keys matched case-insensitively, the last of
+// duplicates kept, nesting up to 10,000 deep), and refuses invalid UTF-8
+// besides, reading the body in two passes without decoding it (scan.go). It
+// allocates the model name and nothing else when r.Prompt has room.
 func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	*r = Request{Prompt: r.Prompt[:0]}
-	var w body
-	if err := json.Unmarshal(b, &w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field == "" {
-			return perr("", "the request body must be a JSON object")
-		}
-		return perr("", "malformed JSON: "+err.Error())
+	var f [numFields][]byte
+	s := scanner{b: b}
+	object, ok := s.top(&f)
+	if !ok {
+		return syntaxError(b)
+	}
+	if !object {
+		return perr("", "the request body must be a JSON object")
 	}
 	// encoding/json silently replaces invalid UTF-8 with U+FFFD; an engine
 	// would see a different prompt than the client sent, so refuse it.
-	if !utf8.Valid(b) {
-		return perr(invalidUTF8Param(&w), "strings must be valid UTF-8")
+	if s.badUTF8 {
+		return perr(invalidUTF8Param(&f), "strings must be valid UTF-8")
 	}
-	if err := w.scalars(r); err != nil {
+	if err := scalars(r, &f); err != nil {
 		return err
 	}
-	r.HasMessages, r.HasPrompt, r.HasInput = present(w.Messages), present(w.Prompt), present(w.Input)
+	r.HasMessages, r.HasPrompt, r.HasInput = present(f[fMessages]), present(f[fPrompt]), present(f[fInput])
 	switch endpoint {
 	case subjects.EndpointChat, subjects.EndpointMessages:
 		if !r.HasMessages {
@@ -131,22 +118,22 @@ func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	exact := -1
 	switch endpoint {
 	case subjects.EndpointMessages:
-		r.Prompt, err = appendSystem(r.Prompt, "system", w.System)
+		r.Prompt, err = appendSystem(r.Prompt, "system", f[fSystem])
 	case subjects.EndpointResponses:
-		r.Prompt, err = appendSystem(r.Prompt, "instructions", w.Instructions)
+		r.Prompt, err = appendSystem(r.Prompt, "instructions", f[fInstructions])
 	}
 	if err != nil {
 		return err
 	}
 	switch {
 	case endpoint == subjects.EndpointResponses:
-		r.Prompt, err = appendInput(r.Prompt, w.Input)
+		r.Prompt, err = appendInput(r.Prompt, f[fInput])
 	case r.HasMessages:
-		r.Prompt, err = appendMessages(r.Prompt, w.Messages)
+		r.Prompt, err = appendMessages(r.Prompt, f[fMessages])
 	case r.HasPrompt:
-		r.Prompt, exact, err = appendPromptField(r.Prompt, "prompt", w.Prompt)
+		r.Prompt, exact, err = appendPromptField(r.Prompt, "prompt", f[fPrompt])
 	case r.HasInput:
-		r.Prompt, exact, err = appendPromptField(r.Prompt, "input", w.Input)
+		r.Prompt, exact, err = appendPromptField(r.Prompt, "input", f[fInput])
 	}
 	if err != nil {
 		return err
@@ -159,47 +146,66 @@ func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	return nil
 }
 
+// syntaxError is the error of a body that is not JSON, worded as
+// encoding/json words it.
+func syntaxError(b []byte) error {
+	var v json.RawMessage
+	if err := json.Unmarshal(b, &v); err != nil {
+		return perr("", "malformed JSON: "+err.Error())
+	}
+	return perr("", "malformed JSON")
+}
+
 // scalars decodes model, stream, stream_options and the token limits.
-func (w *body) scalars(r *Request) error {
-	if !present(w.Model) {
+func scalars(r *Request, f *[numFields][]byte) error {
+	model := f[fModel]
+	if !present(model) {
 		return perr("model", "you must provide a model parameter")
 	}
-	if err := json.Unmarshal(w.Model, &r.Model); err != nil {
+	if !isString(model) {
 		return perr("model", "must be a string")
+	}
+	if bytes.IndexByte(model, '\\') < 0 {
+		r.Model = string(model[1 : len(model)-1])
+	} else {
+		var tmp [64]byte
+		r.Model = string(appendJSONString(tmp[:0], model))
 	}
 	if r.Model == "" {
 		return perr("model", "you must provide a model parameter")
 	}
-	if present(w.Stream) {
-		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {
+	if present(f[fStream]) {
+		v, ok := boolean(f[fStream])
+		if !ok {
 			return perr("stream", "must be a boolean")
 		}
+		r.Stream = v
 	}
-	if present(w.StreamOptions) {
-		var so struct {
-			IncludeUsage json.RawMessage `json:"include_usage"`
-		}
-		if err := json.Unmarshal(w.StreamOptions, &so); err != nil {
+	if so := f[fStreamOptions]; present(so) {
+		if so[0] != '{' {
 			return perr("stream_options", "must be an object")
 		}
-		if present(so.IncludeUsage) {
-			if err := json.Unmarshal(so.IncludeUsage, &r.IncludeUsage); err != nil {
+		iu, _ := lookup2(so, "include_usage", "")
+		if present(iu) {
+			v, ok := boolean(iu)
+			if !ok {
 				return perr("stream_options.include_usage", "must be a boolean")
 			}
+			r.IncludeUsage = v
 		}
 	}
-	mt, err := tokenLimit("max_tokens", w.MaxTokens)
+	mt, err := tokenLimit("max_tokens", f[fMaxTokens])
 	if err != nil {
 		return err
 	}
-	mct, err := tokenLimit("max_completion_tokens", w.MaxCompletionTokens)
+	mct, err := tokenLimit("max_completion_tokens", f[fMaxCompletionTokens])
 	if err != nil {
 		return err
 	}
 	if mct != nil {
 		mt = mct
 	}
-	mot, err := tokenLimit("max_output_tokens", w.MaxOutputTokens)
+	mot, err := tokenLimit("max_output_tokens", f[fMaxOutputTokens])
 	if err != nil {
 		return err
 	}
@@ -207,8 +213,11 @@ func (w *body) scalars(r *Request) error {
 		mt = mot
 	}
 	r.MaxTokens = mt
-	if present(w.PreviousResponseID) {
-		if err := json.Unmarshal(w.PreviousResponseID, &r.PreviousResponseID); err != nil || !ValidResponseID(r.PreviousResponseID) {
+	if id := f[fPreviousResponseID]; present(id) {
+		if isString(id) {
+			r.PreviousResponseID = string(appendJSONString(nil, id))
+		}
+		if !isString(id) || !ValidResponseID(r.PreviousResponseID) {
 			return perr("previous_response_id", "must be a response id: 1 to 128 letters, digits, '-' or '_'")
 		}
 	}
@@ -232,7 +241,7 @@ func ValidResponseID(id string) bool {
 
 // appendSystem renders a system prompt (a string or text blocks) as a
 // system message would render.
-func appendSystem(dst []byte, param string, raw json.RawMessage) ([]byte, error) {
+func appendSystem(dst []byte, param string, raw []byte) ([]byte, error) {
 	if !present(raw) {
 		return dst, nil
 	}
@@ -243,7 +252,7 @@ func appendSystem(dst []byte, param string, raw json.RawMessage) ([]byte, error)
 
 // appendInput renders the Responses API's input: a string is one user
 // message, an array is its items.
-func appendInput(dst []byte, raw json.RawMessage) ([]byte, error) {
+func appendInput(dst []byte, raw []byte) ([]byte, error) {
 	if isString(raw) {
 		dst = append(dst, "user\n"...)
 		return append(appendJSONString(dst, raw), '\n'), nil
@@ -251,9 +260,20 @@ func appendInput(dst []byte, raw json.RawMessage) ([]byte, error) {
 	return appendItems(dst, "input", raw, true)
 }
 
+// boolean decodes a valid JSON value that must be true or false.
+func boolean(v []byte) (val, ok bool) {
+	switch string(v) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
 // tokenLimit decodes an optional non-negative integer no larger than
 // MaxTokensLimit. An integral float (100.0) is accepted.
-func tokenLimit(param string, raw json.RawMessage) (*int, error) {
+func tokenLimit(param string, raw []byte) (*int, error) {
 	if !present(raw) {
 		return nil, nil
 	}
@@ -276,19 +296,16 @@ func tokenLimit(param string, raw json.RawMessage) (*int, error) {
 }
 
 // present reports whether a field was given with a non-null value.
-func present(raw json.RawMessage) bool {
-	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
+func present(raw []byte) bool {
+	return len(raw) > 0 && string(raw) != "null"
 }
 
 // invalidUTF8Param names the top-level field holding invalid UTF-8, when it
 // is one we know.
-func invalidUTF8Param(w *body) string {
-	for _, f := range [...]struct {
-		name string
-		raw  json.RawMessage
-	}{{"model", w.Model}, {"messages", w.Messages}, {"prompt", w.Prompt}, {"input", w.Input}, {"system", w.System}, {"instructions", w.Instructions}} {
-		if !utf8.Valid(f.raw) {
-			return f.name
+func invalidUTF8Param(f *[numFields][]byte) string {
+	for _, k := range [...]int{fModel, fMessages, fPrompt, fInput, fSystem, fInstructions} {
+		if !utf8.Valid(f[k]) {
+			return fieldName(k)
 		}
 	}
 	return ""

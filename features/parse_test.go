@@ -199,18 +199,3 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
-
-var sinkRequest features.Request
-
-func BenchmarkParseChat(b *testing.B) {
-	body := []byte(`{"model":"chat-large","stream":true,"max_tokens":256,"messages":[` +
-		`{"role":"system","content":"` + strings.Repeat("You are a helpful assistant. ", 40) + `"},` +
-		`{"role":"user","content":"` + strings.Repeat("Tell me about routing. ", 20) + `"}]}`)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := features.ParseRequestInto(&sinkRequest, subjects.EndpointChat, body); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -1,8 +1,8 @@
 package features
 
 import (
+	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -20,45 +20,49 @@ import (
 //	embeddings:   input, rendered like a completions prompt
 
 // appendMessages renders a chat messages array (an Anthropic messages
-// array renders the same way).
-func appendMessages(dst []byte, raw json.RawMessage) ([]byte, error) {
+// array renders the same way); raw is a valid JSON value.
+func appendMessages(dst []byte, raw []byte) ([]byte, error) {
 	return appendItems(dst, "messages", raw, false)
 }
 
 // appendItems renders an array of messages named param. With lenient (the
 // Responses API's input items), items without a role, such as tool calls
 // and their outputs, contribute nothing.
-func appendItems(dst []byte, param string, raw json.RawMessage, lenient bool) ([]byte, error) {
-	var msgs []json.RawMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil {
+func appendItems(dst []byte, param string, raw []byte, lenient bool) ([]byte, error) {
+	if raw[0] != '[' {
 		return dst, perr(param, "must be an array of message objects")
 	}
-	if len(msgs) == 0 {
-		return dst, perr(param, "must not be empty")
-	}
-	for i, m := range msgs {
-		var msg struct {
-			Role    json.RawMessage `json:"role"`
-			Content json.RawMessage `json:"content"`
+	e := newElems(raw)
+	for i := 0; ; i++ {
+		m, ok := e.next()
+		if !ok {
+			if i == 0 {
+				return dst, perr(param, "must not be empty")
+			}
+			return dst, nil
 		}
-		if err := json.Unmarshal(m, &msg); err != nil {
+		var role, content []byte
+		switch m[0] {
+		case '{':
+			role, content = lookup2(m, "role", "content")
+		case 'n': // null decodes to an empty message
+		default:
 			return dst, perr(index(param, i), "must be a message object")
 		}
-		if lenient && !present(msg.Role) {
+		if lenient && !present(role) {
 			continue
 		}
-		if !isString(msg.Role) || len(msg.Role) == 2 {
+		if !isString(role) || len(role) == 2 {
 			return dst, perr(index(param, i)+".role", "must be a non-empty string")
 		}
-		dst = appendJSONString(dst, msg.Role)
+		dst = appendJSONString(dst, role)
 		dst = append(dst, '\n')
 		var err error
-		if dst, err = appendContent(dst, index(param, i)+".content", msg.Content); err != nil {
+		if dst, err = appendContent(dst, index(param, i)+".content", content); err != nil {
 			return dst, err
 		}
 		dst = append(dst, '\n')
 	}
-	return dst, nil
 }
 
 // index renders a param such as "messages[3]"; only built for an error.
@@ -66,57 +70,67 @@ func index(param string, i int) string { return param + "[" + strconv.Itoa(i) + 
 
 // appendContent renders the content of message msg: a string, an array of
 // content parts, or null/absent (an assistant message with only tool calls).
-func appendContent(dst []byte, param string, raw json.RawMessage) ([]byte, error) {
+func appendContent(dst []byte, param string, raw []byte) ([]byte, error) {
 	switch {
 	case !present(raw):
 		return dst, nil
 	case isString(raw):
 		return appendJSONString(dst, raw), nil
-	}
-	var parts []json.RawMessage
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	case raw[0] != '[':
 		return dst, perr(param, "must be a string or an array of content parts")
 	}
-	for j, pr := range parts {
-		var part struct {
-			Type json.RawMessage `json:"type"`
-			Text json.RawMessage `json:"text"`
+	e := newElems(raw)
+	for j := 0; ; j++ {
+		pr, ok := e.next()
+		if !ok {
+			return dst, nil
 		}
-		if err := json.Unmarshal(pr, &part); err != nil {
+		var typ, text []byte
+		switch pr[0] {
+		case '{':
+			typ, text = lookup2(pr, "type", "text")
+		case 'n':
+		default:
 			return dst, perr(index(param, j), "must be a content part object")
 		}
-		if !isString(part.Type) {
+		if !isString(typ) {
 			return dst, perr(index(param, j)+".type", "must be a string")
 		}
-		switch string(part.Type) {
+		switch string(typ) {
 		case `"text"`, `"input_text"`, `"output_text"`: // chat and Anthropic; the Responses API
 		default:
 			continue
 		}
-		if !isString(part.Text) {
+		if !isString(text) {
 			return dst, perr(index(param, j)+".text", "must be a string")
 		}
-		dst = appendJSONString(dst, part.Text)
+		dst = appendJSONString(dst, text)
 	}
-	return dst, nil
 }
 
 // appendPromptField renders a completions prompt or an embeddings input: a
 // string, an array of strings, an array of token ids, or an array of arrays
 // of token ids. exact is the token count when ids were given, else -1.
-func appendPromptField(dst []byte, param string, raw json.RawMessage) (out []byte, exact int, err error) {
+func appendPromptField(dst []byte, param string, raw []byte) (out []byte, exact int, err error) {
 	if isString(raw) {
 		return appendJSONString(dst, raw), -1, nil
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	if raw[0] != '[' {
 		return dst, -1, perr(param, "must be a string, an array of strings or an array of token ids")
 	}
-	if len(items) == 0 {
+	e := newElems(raw)
+	first, ok := e.next()
+	if !ok {
 		return dst, -1, perr(param, "must not be empty")
 	}
-	if isString(items[0]) {
-		for i, it := range items {
+	e = newElems(raw)
+	switch {
+	case isString(first):
+		for i := 0; ; i++ {
+			it, ok := e.next()
+			if !ok {
+				return dst, -1, nil
+			}
 			if !isString(it) {
 				return dst, -1, perr(index(param, i), "must be a string like the other items")
 			}
@@ -125,53 +139,80 @@ func appendPromptField(dst []byte, param string, raw json.RawMessage) (out []byt
 			}
 			dst = appendJSONString(dst, it)
 		}
-		return dst, -1, nil
-	}
-	if len(items[0]) > 0 && items[0][0] == '[' {
+	case first[0] == '[':
 		n := 0
-		for i, it := range items {
-			var ids []json.RawMessage
-			if err := json.Unmarshal(it, &ids); err != nil || len(ids) == 0 {
+		for i := 0; ; i++ {
+			it, ok := e.next()
+			if !ok {
+				return dst, n, nil
+			}
+			k := 0 // anything but an array (null included) is an empty batch
+			if it[0] == '[' {
+				if dst, k, err = appendTokenIDs(dst, index(param, i), it); err != nil {
+					return dst, -1, err
+				}
+			}
+			if k == 0 {
 				return dst, -1, perr(index(param, i), "must be a non-empty array of token ids")
 			}
-			if dst, err = appendTokenIDs(dst, index(param, i), ids); err != nil {
-				return dst, -1, err
-			}
-			n += len(ids)
+			n += k
 		}
-		return dst, n, nil
 	}
-	dst, err = appendTokenIDs(dst, param, items)
-	return dst, len(items), err
+	dst, n, err := appendTokenIDs(dst, param, raw)
+	return dst, n, err
 }
 
-func appendTokenIDs(dst []byte, param string, ids []json.RawMessage) ([]byte, error) {
-	for i, id := range ids {
-		v, err := strconv.ParseUint(string(id), 10, 32)
-		if err != nil {
-			return dst, perr(index(param, i), "must be a token id (an integer from 0 to 4294967295)")
+// appendTokenIDs renders a valid array of token ids, returning how many.
+func appendTokenIDs(dst []byte, param string, arr []byte) ([]byte, int, error) {
+	e := newElems(arr)
+	for i := 0; ; i++ {
+		id, ok := e.next()
+		if !ok {
+			return dst, i, nil
 		}
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+		v, ok := tokenID(id)
+		if !ok {
+			return dst, i, perr(index(param, i), "must be a token id (an integer from 0 to 4294967295)")
+		}
+		dst = binary.LittleEndian.AppendUint32(dst, v)
 	}
-	return dst, nil
 }
 
-func isString(raw json.RawMessage) bool { return len(raw) >= 2 && raw[0] == '"' }
+// tokenID parses what strconv.ParseUint(s, 10, 32) accepts of a JSON value:
+// decimal digits only (JSON has no leading "+" and no leading zeros but 0).
+func tokenID(b []byte) (uint32, bool) {
+	if len(b) == 0 || len(b) > 10 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if v > 1<<32-1 {
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+func isString(raw []byte) bool { return len(raw) >= 2 && raw[0] == '"' }
 
 // appendJSONString appends the decoded value of a JSON string literal that
-// encoding/json has already validated, without an intermediate string. It
+// the scanner has already validated, without an intermediate string. It
 // decodes exactly as encoding/json does, lone surrogates becoming U+FFFD.
 func appendJSONString(dst []byte, lit []byte) []byte {
 	s := lit[1 : len(lit)-1]
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c != '\\' {
-			j := i + 1
-			for j < len(s) && s[j] != '\\' {
-				j++
+			j := bytes.IndexByte(s[i:], '\\')
+			if j < 0 {
+				return append(dst, s[i:]...)
 			}
-			dst = append(dst, s[i:j]...)
-			i = j
+			dst = append(dst, s[i:i+j]...)
+			i += j
 			continue
 		}
 		if i+1 >= len(s) {

@@ -111,7 +111,8 @@ type Gateway struct {
 	replyPfx string
 	mux      http.Handler
 	maxBody  int64
-	exposed  string // Access-Control-Expose-Headers
+	exposed  string    // Access-Control-Expose-Headers
+	parsed   sync.Pool // *parsed, the feature extraction's buffers
 
 	readyMu    sync.Mutex
 	readyAt    time.Time

@@ -113,7 +113,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		return nil, badHeader("X-Request-Id", "must be 1 to 128 printable ASCII characters")
 	}
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.maxBody), r.ContentLength, g.maxBody)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -122,7 +122,10 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		}
 		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "could not read the request body: "+err.Error())
 	}
-	req, perr := features.ParseRequest(endpoint, body)
+	pb := g.getParsed()
+	defer g.putParsed(pb)
+	req := &pb.req
+	perr := features.ParseRequestInto(req, endpoint, body)
 	if perr != nil {
 		e := subjects.NewError(400, subjects.CodeInvalidRequest, perr.Error())
 		var pe *features.ParseError
@@ -147,8 +150,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}
 	if endpoint != subjects.EndpointEmbeddings {
 		pol := &t.Policy
-		var blocks [256]uint64
-		prefix := features.AppendPrefix(blocks[:0], req.Prompt, pol.PrefixBlockChars, pol.PrefixMaxBlocks)
+		prefix := features.AppendPrefix(pb.blocks[:0], req.Prompt, pol.PrefixBlockChars, pol.PrefixMaxBlocks)
 		if len(prefix) > 0 {
 			h[subjects.HdrPrefix] = []string{features.FormatPrefixHeader(prefix)}
 		}
@@ -181,6 +183,53 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
 		body: body, hdr: h, deadline: deadline,
 	}, nil
+}
+
+// parsed holds the buffers of one feature extraction, pooled so that a
+// request's extraction allocates the same whatever its body size.
+type parsed struct {
+	req    features.Request
+	blocks [features.MaxPrefixBlocks]uint64
+}
+
+// maxPooledPrompt bounds the prompt buffer a pooled extraction keeps.
+const maxPooledPrompt = 1 << 20
+
+func (g *Gateway) getParsed() *parsed {
+	if pb, ok := g.parsed.Get().(*parsed); ok {
+		return pb
+	}
+	return new(parsed)
+}
+
+func (g *Gateway) putParsed(pb *parsed) {
+	if cap(pb.req.Prompt) <= maxPooledPrompt {
+		g.parsed.Put(pb)
+	}
+}
+
+// readBody reads a request body in one allocation when the client declared
+// its length (the usual case), instead of growing a buffer by doubling.
+func readBody(r io.Reader, declared, limit int64) ([]byte, error) {
+	if declared <= 0 || declared > limit {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, declared, declared+1)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errors.New("the body is shorter than its Content-Length")
+		}
+		return nil, err
+	}
+	// net/http enforces Content-Length; a read past it only confirms EOF.
+	var one [1]byte
+	if n, err := r.Read(one[:]); n > 0 || (err != nil && err != io.EOF) {
+		if err == nil {
+			err = errors.New("the body is longer than its Content-Length")
+		}
+		return nil, err
+	}
+	return b, nil
 }
 
 // validTraceparent accepts version-traceid-spanid-flags in lowercase hex,

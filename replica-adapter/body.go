@@ -121,17 +121,26 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the offset just past the string starting at b[i] == '"'.
+// skipString returns the offset just past the string starting at b[i] ==
+// '"': the first quote after it not preceded by an odd run of backslashes.
+// It jumps from quote to quote with bytes.IndexByte, so a long prompt costs
+// a memory scan, not a loop over its bytes.
 func skipString(b []byte, i int) (int, error) {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1, nil
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, errBadJSON
 		}
+		q := j + k
+		n := 0
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, nil
+		}
+		j = q + 1
 	}
-	return 0, errBadJSON
 }
 
 // skipValue returns the offset just past the value starting at b[i]. Nested

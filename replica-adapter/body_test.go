@@ -3,6 +3,7 @@ package adapter
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -82,4 +83,18 @@ func FuzzRewriteModel(f *testing.F) {
 			t.Fatalf("rewrite of %q changed other fields: %q", in, out)
 		}
 	})
+}
+
+// BenchmarkRewriteModelLong is the adapter's only pass over a long prompt: find
+// every top-level "model" and swap its value.
+func BenchmarkRewriteModelLong(b *testing.B) {
+	body := []byte(`{"model":"alias","stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat(`A long document line with an \"escaped quote\" and a break.\n`, 4400) + `"}]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := rewriteModel(body, "llama-3-8b-instruct"); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

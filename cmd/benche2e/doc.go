@@ -125,6 +125,7 @@ func render(r *results) string {
 		p("Gaps are between successive SSE data lines as the client reads them (`[DONE]` included).\n\n")
 		fixedTable(&b, st, true)
 	}
+	renderBodies(p, r)
 	if len(r.Steps) > 0 {
 		p("### Highest rate held with p99 under %s (non-stream)\n\n", c.P99Limit.D())
 		p("Each path alone, %s per step after a warmup, steps in order until the first that fails (p99 ≥ %s or more than 0.1%% errors). "+

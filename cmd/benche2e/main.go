@@ -2,7 +2,8 @@
 // it starts an engine simulator with a fixed fast answer, a plain
 // httputil.ReverseProxy in front of it and the Switchyard stack in front of
 // it, each in its own process, then loads the three paths from this
-// process: at a fixed rate, interleaved, streamed and not; then step by
+// process: at a fixed rate, interleaved, streamed and not; with long
+// prompts, one at a time over body sizes and many at once; then step by
 // step to find the highest rate each holds. It writes its section of
 // docs/benchmarks.md between markers, leaving the rest of the file alone.
 //
@@ -38,6 +39,13 @@ type config struct {
 	stepWarmup   time.Duration
 	p99Limit     time.Duration
 	budget       time.Duration
+
+	bodyKB       []int
+	bodyRounds   int
+	concurrency  int
+	concKB       int
+	concDuration time.Duration
+	concWarmup   time.Duration
 }
 
 func main() {
@@ -75,7 +83,13 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.stepDuration, "step-duration", 5*time.Second, "length of each step")
 	fs.DurationVar(&cfg.stepWarmup, "step-warmup", time.Second, "warmup before each step")
 	fs.DurationVar(&cfg.p99Limit, "p99", 50*time.Millisecond, "a step is held when p99 is under this and errors ≤ 0.1%")
-	fs.DurationVar(&cfg.budget, "budget", 4*time.Minute, "stop stepping when the run would exceed this")
+	fs.DurationVar(&cfg.budget, "budget", 5*time.Minute, "stop stepping when the run would exceed this")
+	bodyKB := fs.String("body-kb", "1,16,64,128,256,480", "prompt body sizes in KB for the one-at-a-time phase (empty: skip it)")
+	fs.IntVar(&cfg.bodyRounds, "body-rounds", 60, "requests per path and body size in the one-at-a-time phase")
+	fs.IntVar(&cfg.concurrency, "concurrency", 20, "requests in flight in the long-prompt concurrency phase (0: skip it)")
+	fs.IntVar(&cfg.concKB, "conc-kb", 220, "prompt body size in KB in the concurrency phase")
+	fs.DurationVar(&cfg.concDuration, "conc-duration", 10*time.Second, "length of the concurrency phase")
+	fs.DurationVar(&cfg.concWarmup, "conc-warmup", 2*time.Second, "warmup before the concurrency phase")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,6 +100,16 @@ func run(ctx context.Context, args []string) error {
 	}
 	if *fromJSON != "" {
 		return rerender(*fromJSON, cfg.out)
+	}
+	if *bodyKB != "" {
+		kb, err := parseKB(*bodyKB)
+		if err != nil {
+			return fmt.Errorf("--body-kb: %w", err)
+		}
+		cfg.bodyKB = kb
+	}
+	if cfg.bodyRounds <= 0 {
+		return fmt.Errorf("--body-rounds must be positive")
 	}
 	for _, s := range strings.Split(*steps, ",") {
 		r, err := strconv.ParseFloat(strings.TrimSpace(s), 64)

@@ -44,11 +44,13 @@ type step struct {
 }
 
 type results struct {
-	Machine   machine     `json:"machine"`
-	Config    configJSON  `json:"config"`
-	NonStream *fixedPhase `json:"non_stream"`
-	Stream    *fixedPhase `json:"stream"`
-	Steps     []step      `json:"steps"`
+	Machine     machine     `json:"machine"`
+	Config      configJSON  `json:"config"`
+	NonStream   *fixedPhase `json:"non_stream"`
+	Stream      *fixedPhase `json:"stream"`
+	Bodies      []bodySize  `json:"bodies,omitempty"`
+	Concurrency *concPhase  `json:"concurrency,omitempty"`
+	Steps       []step      `json:"steps"`
 	// MaxHeld is the highest step each path held (0: none); StepsEnded
 	// says why stepping stopped early for a path, if it did.
 	MaxHeld      map[string]float64 `json:"max_held"`
@@ -108,6 +110,16 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	}
 	if b.results.Stream, err = b.fixed(ctx, true, ""); err != nil {
 		return err
+	}
+	if len(cfg.bodyKB) > 0 {
+		if b.results.Bodies, err = b.bodySizes(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.concurrency > 0 {
+		if b.results.Concurrency, err = b.concurrent(ctx); err != nil {
+			return err
+		}
 	}
 	if err := b.stepUp(ctx); err != nil {
 		return err

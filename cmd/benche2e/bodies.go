@@ -1,0 +1,304 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/loadgen"
+)
+
+// The body phases measure what a long prompt costs each path: one request
+// at a time over body sizes, then many at once with a long prompt.
+
+// bodySize is the one-at-a-time result for one body size.
+type bodySize struct {
+	KB     int                    `json:"kb"`
+	Bytes  int                    `json:"bytes"`
+	Rounds int                    `json:"rounds"`
+	Paths  map[string]pathSummary `json:"paths"`
+}
+
+// concPhase is the closed-loop result at a fixed concurrency.
+type concPhase struct {
+	Concurrency int                    `json:"concurrency"`
+	KB          int                    `json:"kb"`
+	Bytes       int                    `json:"bytes"`
+	Duration    loadgen.Dur            `json:"duration_ms"`
+	Paths       map[string]pathSummary `json:"paths"`
+}
+
+// pathSummary is one path's latencies in a body phase: total for a
+// non-streamed request, time to the first data line for a stream.
+type pathSummary struct {
+	OK     int         `json:"ok"`
+	Errors int         `json:"errors"`
+	Err    string      `json:"first_error,omitempty"`
+	P50    loadgen.Dur `json:"p50_ms"`
+	P90    loadgen.Dur `json:"p90_ms"`
+	P99    loadgen.Dur `json:"p99_ms"`
+}
+
+// promptBody is a chat request of about size bytes: a pasted document of
+// prose paragraphs and a question, as long-context traffic looks.
+func promptBody(model string, size, maxTokens int, stream bool) []byte {
+	sentences := []string{
+		"The router reads the headers and never the body. ",
+		"Each replica reports its queue depth and KV-cache use every second. ",
+		"Prefix affinity sends a conversation back to the replica that holds its cache, ",
+		"unless that replica is saturated, in which case the power of two choices decides. ",
+		"Quotas are reserved at admission and settled from the usage the adapter reports. ",
+		"A canary receives a sticky share of the conversations named by the table.",
+	}
+	var sb strings.Builder
+	overhead := len(loadgen.Body(model, "", maxTokens, stream))
+	for i := 0; sb.Len() < size-overhead-40; i++ {
+		sb.WriteString(sentences[i%len(sentences)])
+		if i%7 == 6 {
+			sb.WriteString("\n\n") // two bytes more once escaped
+		}
+	}
+	sb.WriteString("\n\nWhat does the router read?")
+	return loadgen.Body(model, sb.String(), maxTokens, stream)
+}
+
+// sample is one request's outcome in a body phase.
+type sample struct {
+	path int
+	d    time.Duration
+	err  string
+}
+
+// once sends body to url and returns the latency: to the end of a
+// non-streamed answer, to the first data line of a stream.
+func (b *bench) once(ctx context.Context, url string, body []byte, stream bool) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("%d %s", resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	if !stream {
+		n, err := io.Copy(io.Discard, resp.Body)
+		if err == nil && n == 0 {
+			err = errors.New("empty body")
+		}
+		return time.Since(start), err
+	}
+	br := bufio.NewReader(resp.Body)
+	var first time.Duration
+	for {
+		line, err := br.ReadSlice('\n')
+		if first == 0 && bytes.HasPrefix(line, []byte("data:")) {
+			first = time.Since(start)
+		}
+		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+			return first, nil
+		}
+		if bytes.HasPrefix(line, []byte("event: error")) {
+			return 0, errors.New("stream error event")
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return 0, fmt.Errorf("stream ended without [DONE]: %w", err)
+		}
+	}
+}
+
+// bodySizes sends one request at a time, the three paths in turn (the
+// order rotating each round so none always follows another), rounds times
+// per size after a few unmeasured rounds.
+func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
+	var out []bodySize
+	for _, kb := range b.cfg.bodyKB {
+		body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, false)
+		fmt.Fprintf(os.Stderr, "== body %d KB (%d bytes), one request at a time, %d rounds\n", kb, len(body), b.cfg.bodyRounds)
+		var samples []sample
+		const warm = 3
+		for r := -warm; r < b.cfg.bodyRounds; r++ {
+			for k := range pathNames {
+				i := (k + max(r, 0)) % len(pathNames)
+				d, err := b.once(ctx, b.urls[i], body, false)
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if r >= 0 {
+					samples = append(samples, sample{path: i, d: d, err: errString(err)})
+				}
+			}
+		}
+		bs := bodySize{KB: kb, Bytes: len(body), Rounds: b.cfg.bodyRounds, Paths: summarize(samples)}
+		for _, p := range pathNames {
+			s := bs.Paths[p]
+			fmt.Fprintf(os.Stderr, "   %-10s p50 %7.3fms p90 %7.3fms errors %d %s\n", p, s.P50.Ms(), s.P90.Ms(), s.Errors, s.Err)
+		}
+		out = append(out, bs)
+	}
+	return out, nil
+}
+
+// concurrent keeps n streamed requests in flight for d (after a warmup),
+// each worker taking the three paths in turn, and measures the time to the
+// first data line.
+func (b *bench) concurrent(ctx context.Context) (*concPhase, error) {
+	n, kb := b.cfg.concurrency, b.cfg.concKB
+	body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, true)
+	fmt.Fprintf(os.Stderr, "== concurrency %d, %d KB bodies, stream, %s\n", n, kb, b.cfg.concDuration)
+	start := time.Now()
+	measureFrom := start.Add(b.cfg.concWarmup)
+	stop := measureFrom.Add(b.cfg.concDuration)
+	var mu sync.Mutex
+	var samples []sample
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Go(func() {
+			for j := w; time.Now().Before(stop) && ctx.Err() == nil; j++ {
+				i := j % len(pathNames)
+				sent := time.Now()
+				d, err := b.once(ctx, b.urls[i], body, true)
+				if sent.Before(measureFrom) || ctx.Err() != nil {
+					continue
+				}
+				mu.Lock()
+				samples = append(samples, sample{path: i, d: d, err: errString(err)})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.client.CloseIdleConnections()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cp := &concPhase{Concurrency: n, KB: kb, Bytes: len(body), Duration: loadgen.Dur(b.cfg.concDuration), Paths: summarize(samples)}
+	for _, p := range pathNames {
+		s := cp.Paths[p]
+		fmt.Fprintf(os.Stderr, "   %-10s n %5d TTFT p50 %7.3fms p90 %7.3fms p99 %7.3fms errors %d %s\n", p, s.OK, s.P50.Ms(), s.P90.Ms(), s.P99.Ms(), s.Errors, s.Err)
+	}
+	return cp, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func summarize(samples []sample) map[string]pathSummary {
+	out := map[string]pathSummary{}
+	for i, p := range pathNames {
+		var ds []time.Duration
+		var s pathSummary
+		for _, x := range samples {
+			switch {
+			case x.path != i:
+			case x.err != "":
+				s.Errors++
+				if s.Err == "" {
+					s.Err = x.err
+				}
+			default:
+				ds = append(ds, x.d)
+			}
+		}
+		slices.Sort(ds)
+		s.OK = len(ds)
+		s.P50 = loadgen.Dur(loadgen.Percentile(ds, 50))
+		s.P90 = loadgen.Dur(loadgen.Percentile(ds, 90))
+		s.P99 = loadgen.Dur(loadgen.Percentile(ds, 99))
+		out[p] = s
+	}
+	return out
+}
+
+// parseKB reads a comma-separated list of sizes in KB.
+func parseKB(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad size %q (KB)", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// added is a path's p50 over direct's.
+func added(m map[string]pathSummary, path string) loadgen.Dur {
+	return m[path].P50 - m["direct"].P50
+}
+
+// bodyTarget is the most Switchyard may add at one size: twice what the
+// reverse proxy adds, or the proxy's plus half a millisecond, whichever is
+// more.
+func bodyTarget(proxyAdds loadgen.Dur) loadgen.Dur {
+	return max(2*proxyAdds, proxyAdds+loadgen.Dur(500*time.Microsecond))
+}
+
+// concTarget is the most Switchyard may add to p50 TTFT in the concurrency
+// phase.
+const concTarget = loadgen.Dur(5 * time.Millisecond)
+
+func renderBodies(p func(string, ...any), r *results) {
+	if len(r.Bodies) > 0 {
+		p("### Long prompts, one request at a time\n\n")
+		p("Non-streamed chat requests whose one user message is a pasted document, each size sent %d times down each path after 3 unmeasured rounds, "+
+			"one request at a time, the three paths taking turns (the order rotating each round). Median latency in milliseconds; "+
+			"the target for Switchyard is at most twice what the proxy adds, or the proxy's addition + 0.5 ms, whichever is more.\n\n", r.Bodies[0].Rounds)
+		p("| body | direct p50 | proxy p50 | switchyard p50 | proxy adds | Switchyard adds | target | met | errors |\n|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+		for _, bs := range r.Bodies {
+			px, sy := added(bs.Paths, "proxy"), added(bs.Paths, "switchyard")
+			t := bodyTarget(px)
+			errs := bs.Paths["direct"].Errors + bs.Paths["proxy"].Errors + bs.Paths["switchyard"].Errors
+			p("| %d KB | %s | %s | %s | %s | %s | ≤ %s | %s | %d |\n", bs.KB, f3(bs.Paths["direct"].P50), f3(bs.Paths["proxy"].P50),
+				f3(bs.Paths["switchyard"].P50), signed(px), signed(sy), f3(t), yes(sy <= t), errs)
+		}
+		p("\n")
+	}
+	if c := r.Concurrency; c != nil {
+		p("### Long prompts, %d at a time\n\n", c.Concurrency)
+		p("%d workers each keep one streamed request of %d bytes (%d KB) in flight for %s, taking the three paths in turn, so all three share the same load. "+
+			"Time to the first data line (TTFT), milliseconds; the target is Switchyard adding at most %s ms at p50.\n\n",
+			c.Concurrency, c.Bytes, c.KB, c.Duration.D(), f3(concTarget))
+		p("| path | requests | errors | TTFT p50 | p90 | p99 | added p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, path := range pathNames {
+			s := c.Paths[path]
+			add := "—"
+			if path != "direct" {
+				add = signed(added(c.Paths, path))
+			}
+			p("| %s | %d | %d | %s | %s | %s | %s |\n", path, s.OK, s.Errors, f3(s.P50), f3(s.P90), f3(s.P99), add)
+		}
+		sy := added(c.Paths, "switchyard")
+		p("\nSwitchyard adds %s ms to p50 TTFT (target ≤ %s ms: %s); the proxy adds %s ms.\n\n", signed(sy), f3(concTarget), yes(sy <= concTarget), signed(added(c.Paths, "proxy")))
+	}
+}
+
+func yes(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
