@@ -139,10 +139,11 @@ func (st *decision) anyServes(model string) bool {
 
 // errPreviousResponse is a stored response whose replica cannot serve the
 // next turn: no other replica holds it, so it is an explicit error, never
-// an answer without the conversation.
-func errPreviousResponse(id string) *subjects.APIError {
+// an answer without the conversation. The policy knows only the replica
+// that holds the response, not the response's id.
+func errPreviousResponse(replica string) *subjects.APIError {
 	e := subjects.NewError(404, subjects.CodePreviousResponseNotFound,
-		"Previous response with id '"+id+"' not found: the replica that stored it is gone or draining. Start the conversation again without previous_response_id.")
+		"The previous response is not available: replica "+replica+" that stored it is gone or draining. Start the conversation again without previous_response_id.")
 	e.Param = "previous_response_id"
 	return e
 }
