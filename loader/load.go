@@ -10,20 +10,27 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// startLoad runs a claimed load on its own goroutine.
+// startLoad runs a claimed load on its own goroutine, owned by Run: none
+// starts once Run is waiting for its jobs to end.
 func (l *Loader) startLoad(ctx context.Context, model, version string, m *table.Model, requested time.Time) {
 	k := key(model, version)
 	ready := make(chan struct{})
 	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return
+	}
 	l.running[k] = &job{requested: requested}
 	l.ready[k] = ready
 	expected := l.expectedLocked(model, m)
+	l.jobs.Add(1)
 	l.mu.Unlock()
 	st := subjects.LoadStatus{Model: model, Version: version, StartedUnixMillis: requested.UnixMilli(), ExpectedMillis: expected.Milliseconds()}
 	st.Phase = subjects.LoadRequested
 	l.publish(st)
 	action := m.Load
-	l.jobs.Go(func() {
+	go func() {
+		defer l.jobs.Done()
 		defer func() {
 			l.mu.Lock()
 			delete(l.running, k)
@@ -33,7 +40,7 @@ func (l *Loader) startLoad(ctx context.Context, model, version string, m *table.
 			l.mu.Unlock()
 		}()
 		l.load(ctx, st, action, requested, ready)
-	})
+	}()
 }
 
 // expectedLocked is how long a load of model is expected to take: the

@@ -142,7 +142,8 @@ type Loader struct {
 	active   map[string]time.Time     // model → last request seen
 	measured map[string]time.Duration // model → last measured time to ready
 	started  time.Time                // when Run began: models up then are given a full idle period
-	jobs     sync.WaitGroup           // running jobs
+	jobs     sync.WaitGroup           // running jobs; added to under mu, and only while !stopped
+	stopped  bool                     // Run is waiting for its jobs: no new one starts
 	ctx      context.Context          // Run's, for the jobs
 	ready    map[string]chan struct{} // model/version key → closed at its first ready heartbeat
 }
@@ -224,8 +225,16 @@ func (l *Loader) Run(ctx context.Context) error {
 	l.mu.Lock()
 	l.ctx, l.started = ctx, time.Now()
 	l.mu.Unlock()
-	defer l.jobs.Wait()
-	defer cancel() // before the wait: jobs end with ctx
+	defer func() {
+		// A load request handled while Run returns may have claimed its
+		// load already: under mu it sees stopped and starts nothing, or
+		// its job is counted before the wait.
+		cancel() // jobs end with ctx
+		l.mu.Lock()
+		l.stopped = true
+		l.mu.Unlock()
+		l.jobs.Wait()
+	}()
 
 	var subs []*nats.Subscription
 	defer func() {
