@@ -167,6 +167,11 @@ func TestKeyAddAndExplain(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "model_not_allowed") {
 		t.Errorf("explain restricted: exit %d: %s", code, out)
 	}
+	// A read-only identity is told it may not ask, not that no broker answered.
+	observer := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleObserver}), "HOME=" + t.TempDir()}
+	if _, errOut, code := sy(t, observer, "", "explain", "--model", "chat-large"); code != 1 || !strings.Contains(errOut, "may not publish llm.explain.default") {
+		t.Errorf("explain as observer: exit %d: %s", code, errOut)
+	}
 	if _, _, code := sy(t, env, "", "explain"); code != 2 {
 		t.Errorf("explain without --model: exit %d, want 2", code)
 	}

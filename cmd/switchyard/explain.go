@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -57,8 +59,14 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	body, _ := json.Marshal(x)
-	msg, err := nc.RequestWithContext(withTimeout(ctx, 5*time.Second), subjects.New(nf.prefix).Explain(*tenant), body)
+	subj := subjects.New(nf.prefix).Explain(*tenant)
+	msg, err := nc.RequestWithContext(withTimeout(ctx, 5*time.Second), subj, body)
 	if err != nil {
+		// The server refuses a publish without failing the request: the
+		// refusal is the connection's last error.
+		if le := nc.LastError(); errors.Is(le, nats.ErrPermissionViolation) {
+			return fmt.Errorf("these credentials may not publish %s (the operator's may): %w", subj, le)
+		}
 		return fmt.Errorf("no broker answered: %w", err)
 	}
 	if *asJSON {
