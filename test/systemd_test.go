@@ -21,7 +21,7 @@ func deployFile(t *testing.T, name string) string {
 	return string(b)
 }
 
-var units = []string{"switchyard-gateway.service", "switchyard-broker.service", "switchyard-adapter@.service"}
+var units = []string{"switchyard-gateway.service", "switchyard-broker.service", "switchyard-loader.service", "switchyard-adapter@.service"}
 
 // execStart returns the subcommand and the flags a unit's ExecStart passes.
 func execStart(t *testing.T, unit string) (cmd string, flags []string) {
@@ -90,6 +90,7 @@ func TestSystemdUnitsCredsAndDrain(t *testing.T) {
 	for unit, creds := range map[string]string{
 		"switchyard-gateway.service":  "/etc/switchyard/creds/gateway.creds",
 		"switchyard-broker.service":   "/etc/switchyard/creds/broker.creds",
+		"switchyard-loader.service":   "/etc/switchyard/creds/loader.creds",
 		"switchyard-adapter@.service": "/etc/switchyard/creds/adapter-%i.creds",
 	} {
 		u := deployFile(t, unit)
