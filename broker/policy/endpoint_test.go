@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
@@ -60,7 +61,12 @@ func TestPreviousResponsePinsItsReplica(t *testing.T) {
 	e.beat("l70-long-0", 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.State = subjects.StateDraining })
 	q := chat("chat-large")
 	q.Pin = "l70-long-0"
-	mustReject(t, e.decide(q), 404, subjects.CodePreviousResponseNotFound)
+	d := e.decide(q)
+	mustReject(t, d, 404, subjects.CodePreviousResponseNotFound)
+	// The policy knows the replica, not the response's id: it says which.
+	if want := "replica l70-long-0 that stored it"; !strings.Contains(d.Err.Message, want) || strings.Contains(d.Err.Message, "id 'l70-long-0'") {
+		t.Errorf("message %q, want it to name %s as the replica", d.Err.Message, "l70-long-0")
+	}
 	q.Pin = "no-such-replica"
 	mustReject(t, e.decide(q), 404, subjects.CodePreviousResponseNotFound)
 	q = chat("chat-small")
