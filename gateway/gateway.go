@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,8 +48,21 @@ const MaxRetriesCeiling = 10
 type Config struct {
 	// ID names this gateway; it is a token of its reply subjects (default NUID).
 	ID string
-	// Listen is the HTTP address (default 127.0.0.1:8080).
+	// Listen is the HTTP address (default 127.0.0.1:8080): the API,
+	// /healthz and /readyz.
 	Listen string
+	// AdminListen is the address of the dashboard (Extra) and /metrics.
+	// Empty: they share the public listener, as in `switchyard dev`.
+	AdminListen string
+	// TLSCert and TLSKey (PEM files, both or neither) make the public
+	// listener speak HTTPS, HTTP/2 included.
+	TLSCert, TLSKey string
+	// BodyTimeout bounds the time a request body takes to arrive in full
+	// after its headers (default 30s); the response is not bounded by it.
+	BodyTimeout time.Duration
+	// MaxConns bounds the open client connections (default
+	// DefaultMaxConns); one more is refused at once.
+	MaxConns int
 	// Prefix is the subject prefix (default "llm"); Bucket the table bucket.
 	Prefix, Bucket string
 	// StateDir keeps the last good table.
@@ -110,6 +124,8 @@ type Gateway struct {
 	cold     *coldWaits
 	replyPfx string
 	mux      http.Handler
+	adminMux *http.ServeMux // nil: the admin handlers are on mux
+	tls      *tls.Config
 	maxBody  int64
 	exposed  string    // Access-Control-Expose-Headers
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
@@ -118,6 +134,7 @@ type Gateway struct {
 	readyAt    time.Time
 	readyErr   error
 	listenAddr atomic.Value // string
+	adminAddr  atomic.Value // string
 }
 
 // Validate range-checks cfg without connecting to anything. Zero values
@@ -146,6 +163,9 @@ func (c *Config) Validate() error {
 		check.Range("handoff-depth", c.HandoffDepth, 0, 1<<16),
 		check.Range("max-cold-waits", c.MaxColdWaits, 0, 1<<20),
 		check.Duration("cold-keepalive", c.ColdKeepalive, 0, time.Hour),
+		check.Duration("body-timeout", c.BodyTimeout, 0, time.Hour),
+		check.Range("max-conns", c.MaxConns, 0, 1<<20),
+		tlsErr(c.TLSCert, c.TLSKey),
 	)
 }
 
@@ -182,7 +202,13 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
 	g.exposed = exposedHeaders()
-	g.mux = g.edge(g.routes())
+	tlsCfg, err := loadTLS(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, err
+	}
+	g.tls = tlsCfg
+	public, admin := g.routes()
+	g.mux, g.adminMux = g.edge(public), admin
 	return g, nil
 }
 
@@ -231,6 +257,12 @@ func setDefaults(cfg *Config) {
 	if cfg.ColdKeepalive <= 0 {
 		cfg.ColdKeepalive = DefaultColdKeepalive
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
 }
 
 // Handler is the gateway's HTTP handler (for tests and embedding).
@@ -242,6 +274,13 @@ func (g *Gateway) Table() *table.Snapshot { return g.table.Load() }
 // Addr is the address the HTTP listener is bound to, once Run listens.
 func (g *Gateway) Addr() string {
 	s, _ := g.listenAddr.Load().(string)
+	return s
+}
+
+// AdminAddr is the address the admin listener is bound to, once Serve
+// listens ("" when there is none).
+func (g *Gateway) AdminAddr() string {
+	s, _ := g.adminAddr.Load().(string)
 	return s
 }
 
@@ -300,39 +339,85 @@ func (g *Gateway) Run(ctx context.Context) error {
 	return g.Serve(ctx, ln)
 }
 
-// Serve is Run on a listener the caller opened.
+// Serve is Run on a listener the caller opened. With AdminListen set it
+// opens the admin listener too; both stop together.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	var admin net.Listener
+	if g.adminMux != nil {
+		var err error
+		if admin, err = net.Listen("tcp", g.cfg.AdminListen); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+		g.adminAddr.Store(admin.Addr().String())
+	}
 	g.listenAddr.Store(ln.Addr().String())
 	var wg sync.WaitGroup
 	wctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); wg.Wait() }()
 	if err := g.start(wctx, &wg); err != nil {
 		ln.Close()
+		if admin != nil {
+			admin.Close()
+		}
 		return err
 	}
-	srv := &http.Server{
-		Handler: g.mux,
-		// No WriteTimeout: it would cut long SSE streams. Writes get
-		// per-write deadlines through http.ResponseController instead.
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	srv := g.server(g.mux)
+	srv.TLSConfig = g.tls
+	ln = newLimitListener(ln, g.cfg.MaxConns, g.tls == nil, g.metrics)
+	if g.tls != nil {
+		ln = tls.NewListener(ln, g.tls)
 	}
-	errc := make(chan error, 1)
+	servers := []*http.Server{srv}
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	g.log.Info("gateway listening", "addr", ln.Addr().String())
+	g.log.Info("gateway listening", "addr", g.Addr(), "tls", g.tls != nil)
+	if admin != nil {
+		asrv := g.server(g.adminMux)
+		servers = append(servers, asrv)
+		go func() { errc <- asrv.Serve(admin) }()
+		g.log.Info("admin listening", "addr", g.AdminAddr())
+	}
+	var err error
+	pending := len(servers)
 	select {
-	case err := <-errc:
-		return err
+	case err = <-errc:
+		pending--
 	case <-ctx.Done():
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), g.cfg.ShutdownGrace)
 	defer scancel()
-	err := srv.Shutdown(sctx)
-	<-errc
-	if errors.Is(err, context.DeadlineExceeded) {
-		_ = srv.Close()
+	var serr error
+	for _, s := range servers {
+		if e := s.Shutdown(sctx); e != nil && serr == nil {
+			serr = e
+		}
+	}
+	for ; pending > 0; pending-- {
+		if e := <-errc; err == nil && !errors.Is(e, http.ErrServerClosed) {
+			err = e
+		}
+	}
+	if errors.Is(serr, context.DeadlineExceeded) {
+		for _, s := range servers {
+			_ = s.Close()
+		}
 		return fmt.Errorf("gateway: requests still in flight after %s grace", g.cfg.ShutdownGrace)
 	}
-	return nil
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (g *Gateway) server(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler: h,
+		// No WriteTimeout: it would cut long SSE streams. Writes get
+		// per-write deadlines through http.ResponseController instead,
+		// and the body's read a deadline of its own (readBody).
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-func (g *Gateway) routes() *http.ServeMux {
+// routes builds the public mux and, with AdminListen set, the admin one
+// that the dashboard and /metrics move to (nil otherwise: they are public).
+func (g *Gateway) routes() (public, admin *http.ServeMux) {
 	mux := http.NewServeMux()
 	for _, ep := range subjects.AllEndpoints() {
 		mux.HandleFunc("POST "+ep, g.serveInference(ep))
@@ -28,14 +30,19 @@ func (g *Gateway) routes() *http.ServeMux {
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", g.serveReady)
+	mux.HandleFunc("/", g.serveNotFound)
+	adm := mux
+	if g.cfg.AdminListen != "" {
+		admin = http.NewServeMux()
+		adm = admin
+	}
 	if g.cfg.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
+		adm.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
 	for p, h := range g.cfg.Extra {
-		mux.Handle(p, h)
+		adm.Handle(p, h)
 	}
-	mux.HandleFunc("/", g.serveNotFound)
-	return mux
+	return mux, admin
 }
 
 func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
@@ -104,29 +111,36 @@ func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct st
 	g.metrics.done(u, status)
 }
 
-// tenantOf maps the API key to a tenant through keys.<sha256 hex>. With
-// allow_anonymous on, a missing or unrecognised key is tenant "default".
+// tenantOf maps the API key to a tenant through keys.<sha256 hex>. The key
+// comes in Authorization: Bearer, or in x-api-key (the Anthropic SDKs'
+// header) when there is no Authorization. A key that is not in the table is
+// refused even with allow_anonymous on: anonymous means no key at all, so a
+// mistyped key fails loudly instead of being served as tenant "default".
 func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subjects.APIError) {
-	key := r.Header.Get("Authorization")
-	if len(key) > 7 && (key[:7] == "Bearer " || key[:7] == "bearer ") {
-		key = key[7:]
-	} else if key != "" {
-		key = ""
-	}
-	if key == "" {
-		key = r.Header.Get("X-Api-Key") // the Anthropic SDKs' header
-	}
-	if key != "" {
-		sum := sha256.Sum256([]byte(key))
-		if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
-			return k.Tenant, nil
+	auth, xkey := r.Header.Values("Authorization"), r.Header.Values("X-Api-Key")
+	if len(auth) == 0 && len(xkey) == 0 {
+		if t.Policy.AllowAnonymous {
+			return table.DefaultTenant, nil
 		}
+		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
 	}
-	if t.Policy.AllowAnonymous {
-		return table.DefaultTenant, nil
+	var key string
+	if len(auth) > 0 {
+		scheme, k, _ := strings.Cut(strings.TrimSpace(auth[0]), " ")
+		if !strings.EqualFold(scheme, "Bearer") || len(auth) > 1 {
+			key = ""
+		} else {
+			key = strings.TrimSpace(k)
+		}
+	} else if len(xkey) == 1 {
+		key = strings.TrimSpace(xkey[0])
 	}
 	if key == "" {
-		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
+		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "malformed API key header: send one Authorization: Bearer <key> (or x-api-key: <key>)")
+	}
+	sum := sha256.Sum256([]byte(key))
+	if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
+		return k.Tenant, nil
 	}
 	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
 }

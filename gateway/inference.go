@@ -113,14 +113,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		return nil, badHeader("X-Request-Id", "must be 1 to 128 printable ASCII characters")
 	}
 
-	body, err := readBody(http.MaxBytesReader(w, r.Body, g.maxBody), r.ContentLength, g.maxBody)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, subjects.NewError(http.StatusRequestEntityTooLarge, subjects.CodeRequestTooLarge,
-				"request body is over the limit of "+strconv.FormatInt(g.maxBody, 10)+" bytes")
-		}
-		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "could not read the request body: "+err.Error())
+	body, apiErr := g.receiveBody(w, r)
+	if apiErr != nil {
+		return nil, apiErr
 	}
 	pb := g.getParsed()
 	defer g.putParsed(pb)

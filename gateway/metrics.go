@@ -20,6 +20,8 @@ type metrics struct {
 	acceptTimeouts prometheus.Counter
 	streamErrors   *prometheus.CounterVec
 	clientGone     prometheus.Counter
+	openConns      prometheus.Gauge
+	refusedConns   prometheus.Counter
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -49,6 +51,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		clientGone: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_client_disconnects_total", Help: "Requests whose client went away before the response ended; what was started for them was cancelled, and one not yet published never was.",
 		}),
+		openConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_gateway_open_connections", Help: "Client connections open on the public listener (at most --max-conns).",
+		}),
+		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_connections_refused_total", Help: "Client connections refused at once because --max-conns were open.",
+		}),
 		models: map[string]struct{}{},
 	}
 	// Every cause is exported from the start, so a rate() over it works
@@ -57,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.streamErrors.WithLabelValues(cause)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns)
 	}
 	return m
 }

@@ -15,6 +15,7 @@ const (
 	CodeModelNotAllowed    = "model_not_allowed"
 	CodeModelNotFound      = "model_not_found"
 	CodeRequestTooLarge    = "request_too_large"
+	CodeRequestTimeout     = "request_timeout"
 	CodeRateLimit          = "rate_limit_exceeded"
 	CodeUpstreamError      = "upstream_error"
 	CodeUpstreamTimeout    = "upstream_timeout"

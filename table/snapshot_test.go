@@ -79,7 +79,7 @@ func TestDevTable(t *testing.T) {
 	}
 
 	// The dev API keys are stored as their sha256 only.
-	for key, tenant := range map[string]string{"sk-acme-dev": "acme", "sk-teamx-dev": "team-x", "sk-intern-dev": "intern", "sk-trial-dev": "trial"} {
+	for key, tenant := range map[string]string{"sk-acme-dev": "acme", "sk-teamx-dev": "team-x", "sk-intern-dev": "intern", "sk-trial-dev": "trial", "sk-default-dev": "default"} {
 		sum := sha256.Sum256([]byte(key))
 		if got := s.Keys[hex.EncodeToString(sum[:])]; got.Tenant != tenant {
 			t.Errorf("key %s → %q, want %s", key, got.Tenant, tenant)
@@ -178,10 +178,10 @@ func TestSnapshotCloneSetDelete(t *testing.T) {
 	c.Revision = 8
 
 	if s.Models["new"] != nil || s.Policy.LongContextTokens != 16000 || len(s.Policy.PoolRules) != 4 || s.Tenants["acme"] == nil ||
-		len(s.Keys) != 4 || len(s.Replicas) != 0 || s.Revision != 7 || s.Raw["models.new"] != nil {
+		len(s.Keys) != 5 || len(s.Replicas) != 0 || s.Revision != 7 || s.Raw["models.new"] != nil {
 		t.Error("changing a clone changed the original")
 	}
-	if c.Models["new"] == nil || c.Policy.LongContextTokens != 1000 || c.Tenants["acme"] != nil || len(c.Keys) != 3 ||
+	if c.Models["new"] == nil || c.Policy.LongContextTokens != 1000 || c.Tenants["acme"] != nil || len(c.Keys) != 4 ||
 		c.Replicas["r1"] == nil || c.Raw["tenants.acme"] != nil || c.Raw["replicas.r1"] == nil {
 		t.Error("clone not changed")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -101,9 +102,13 @@ type decisionView struct {
 	subjects.Decision
 }
 
+// tableView is the table as the dashboard shows it: every entry but the
+// API keys, which it only counts (a key's hash is as good as the key to
+// anyone holding a table of hashes).
 type tableView struct {
 	Revision uint64     `json:"revision"`
 	Keys     []tableKey `json:"keys"`
+	APIKeys  int        `json:"api_keys"`
 }
 
 type tableKey struct {
@@ -230,6 +235,10 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 func tableOf(t *table.Snapshot) *tableView {
 	v := &tableView{Revision: t.Revision, Keys: make([]tableKey, 0, len(t.Raw))}
 	for _, k := range slices.Sorted(maps.Keys(t.Raw)) {
+		if strings.HasPrefix(k, table.PrefixKeys) {
+			v.APIKeys++
+			continue
+		}
 		v.Keys = append(v.Keys, tableKey{Key: k, Value: t.Raw[k]})
 	}
 	return v

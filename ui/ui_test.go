@@ -62,6 +62,7 @@ type state struct {
 		Keys     []struct {
 			Key string `json:"key"`
 		} `json:"keys"`
+		APIKeys int `json:"api_keys"`
 	} `json:"table"`
 }
 
@@ -192,15 +193,19 @@ func (e *events) next(t *testing.T, what string, ok func(state) bool) state {
 	}
 }
 
+// testKeyHash is an API key's hash the dashboard must never show.
+const testKeyHash = "eb62f102b47160ce1588bde4fd8784c43f691ab45303f6efe78e1e772065d72e"
+
 func devSnapshot(t *testing.T) *table.Snapshot {
 	t.Helper()
 	flat := map[string]json.RawMessage{
-		"replicas.r-gen-1":  json.RawMessage(`{"model":"m-a","version":"v1","pool":"general","state":"ready"}`),
-		"replicas.r-gen-0":  json.RawMessage(`{"model":"m-a","version":"v1","pool":"general","state":"draining"}`),
-		"replicas.r-can-0":  json.RawMessage(`{"model":"m-a","version":"v2","pool":"canary","state":"ready"}`),
-		"replicas.r-b-0":    json.RawMessage(`{"model":"m-b","version":"v1","pool":"general","state":"ready"}`),
-		"pools.canary":      json.RawMessage(`{"affinity_release_threshold":0.5}`),
-		"aliases.chat-test": json.RawMessage(`{"targets":[{"model":"m-a","version":"v1","weight":100}]}`),
+		"replicas.r-gen-1":    json.RawMessage(`{"model":"m-a","version":"v1","pool":"general","state":"ready"}`),
+		"replicas.r-gen-0":    json.RawMessage(`{"model":"m-a","version":"v1","pool":"general","state":"draining"}`),
+		"replicas.r-can-0":    json.RawMessage(`{"model":"m-a","version":"v2","pool":"canary","state":"ready"}`),
+		"replicas.r-b-0":      json.RawMessage(`{"model":"m-b","version":"v1","pool":"general","state":"ready"}`),
+		"pools.canary":        json.RawMessage(`{"affinity_release_threshold":0.5}`),
+		"aliases.chat-test":   json.RawMessage(`{"targets":[{"model":"m-a","version":"v1","weight":100}]}`),
+		"keys." + testKeyHash: json.RawMessage(`{"tenant":"acme"}`),
 	}
 	s, errs := table.FromFlat(flat)
 	if len(errs) > 0 {
@@ -251,6 +256,15 @@ func TestEventsPushHeartbeatsDecisionsAndTheTable(t *testing.T) {
 	first := ev.next(t, "the full state", func(s state) bool { return s.Full })
 	if first.Table == nil || first.Table.Revision != 7 || len(first.Table.Keys) != 6 {
 		t.Fatalf("full state table = %+v, want revision 7 with 6 keys", first.Table)
+	}
+	// API keys are counted, never shown: not the entry, not the hash.
+	if first.Table.APIKeys != 1 {
+		t.Errorf("api_keys = %d, want 1", first.Table.APIKeys)
+	}
+	for _, k := range first.Table.Keys {
+		if strings.HasPrefix(k.Key, "keys.") || strings.Contains(k.Key, testKeyHash) {
+			t.Errorf("the dashboard shows API key %s", k.Key)
+		}
 	}
 	// Grouped by model, then pool, then id.
 	var got []string

@@ -209,7 +209,7 @@
 
   function renderTable() {
     if (!table) return;
-    $('table-rev').textContent = `revision ${table.revision} · ${table.keys.length} keys`;
+    $('table-rev').textContent = `revision ${table.revision} · ${table.keys.length + (table.api_keys || 0)} keys`;
     const kinds = new Map();
     for (const k of table.keys) {
       const i = k.key.indexOf('.');
@@ -228,6 +228,10 @@
         return chip;
       });
       rows.push(h('div', 'kind', h('span', 'kind-name', `${kind} (${keys.length})`), h('div', 'keys', ...chips)));
+    }
+    if (table.api_keys) {
+      rows.push(h('div', 'kind', h('span', 'kind-name', `keys (${table.api_keys})`),
+        h('div', 'keys', h('span', 'empty', 'API keys are not shown here: switchyard key list'))));
     }
     $('table').replaceChildren(...rows);
     const open = table.keys.find(k => k.key === openKey);

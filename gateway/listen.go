@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// DefaultMaxConns bounds the open client connections when --max-conns is
+// not given: far above what one gateway serves at once, far below the file
+// descriptors and memory it has.
+const DefaultMaxConns = 4096
+
+// DefaultBodyTimeout is how long a request body may take to arrive in full.
+const DefaultBodyTimeout = 30 * time.Second
+
+// DefaultAdminListen is the address of `switchyard gateway`'s admin
+// listener (the dashboard and /metrics): loopback, beside the broker's
+// :9101 and the loader's :9103 metrics listeners.
+const DefaultAdminListen = "127.0.0.1:9102"
+
+// overLimit is the whole answer to a plain-HTTP connection past the
+// connection limit: it is refused at once, never queued.
+const overLimit = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
+
+// limitListener accepts at most max connections at once. One past the
+// limit is answered 503 (plain HTTP) or closed (TLS, where nothing can be
+// said before the handshake) and counted, so a client holding connections
+// open can use up the slots but not the gateway's memory or descriptors.
+type limitListener struct {
+	net.Listener
+	slots   chan struct{}
+	plain   bool
+	open    prometheus.Gauge
+	refused prometheus.Counter
+	refusal []byte
+}
+
+func newLimitListener(ln net.Listener, max int, plain bool, m *metrics) *limitListener {
+	body := subjects.NewError(503, subjects.CodeRouterUnavailable,
+		"the gateway holds its limit of "+strconv.Itoa(max)+" open connections; retry").Body()
+	return &limitListener{
+		Listener: ln, slots: make(chan struct{}, max), plain: plain,
+		open: m.openConns, refused: m.refusedConns,
+		refusal: []byte(overLimit + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body)),
+	}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			l.open.Inc()
+			return &limitedConn{Conn: c, l: l}, nil
+		default:
+		}
+		l.refused.Inc()
+		if l.plain {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(l.refusal)
+		}
+		_ = c.Close()
+	}
+}
+
+// limitedConn gives its slot back on the first Close.
+type limitedConn struct {
+	net.Conn
+	l    *limitListener
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		<-c.l.slots
+		c.l.open.Dec()
+	})
+	return err
+}
+
+// receiveBody reads the whole body within BodyTimeout and no more than
+// maxBody bytes. The deadline is on the connection (or HTTP/2 stream) and
+// is cleared after the read, so it never cuts the response stream.
+func (g *Gateway) receiveBody(w http.ResponseWriter, r *http.Request) ([]byte, *subjects.APIError) {
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(g.cfg.BodyTimeout)) == nil
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.maxBody), r.ContentLength, g.maxBody)
+	if deadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	if err == nil {
+		return body, nil
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return nil, subjects.NewError(http.StatusRequestEntityTooLarge, subjects.CodeRequestTooLarge,
+			"request body is over the limit of "+strconv.FormatInt(g.maxBody, 10)+" bytes")
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.Header().Set("Connection", "close")
+		return nil, subjects.NewError(http.StatusRequestTimeout, subjects.CodeRequestTimeout,
+			"the request body did not arrive within "+g.cfg.BodyTimeout.String())
+	}
+	return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "could not read the request body: "+err.Error())
+}
+
+// tlsErr is loadTLS's error: the files are read before anything connects.
+func tlsErr(certFile, keyFile string) error {
+	_, err := loadTLS(certFile, keyFile)
+	return err
+}
+
+// loadTLS reads the certificate pair when both files are named.
+func loadTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	// HTTP/2 first, as net/http negotiates it by ALPN.
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}, nil
+}
