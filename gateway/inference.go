@@ -25,7 +25,9 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 			return
 		}
 		u, apiErr := g.prepare(w, r, t, endpoint)
-		if apiErr != nil && r.Context().Err() != nil {
+		// A body cut by its deadline cancels the request's context too, but
+		// is answered: the client is slow, not gone.
+		if apiErr != nil && apiErr.Status != http.StatusRequestTimeout && r.Context().Err() != nil {
 			g.metrics.clientGone.Inc() // gone mid-body: nothing was published
 			return
 		}

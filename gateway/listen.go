@@ -1,13 +1,16 @@
 package gateway
 
 import (
+	"bufio"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,24 +36,30 @@ const DefaultAdminListen = "127.0.0.1:9102"
 // connection limit: it is refused at once, never queued.
 const overLimit = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
 
+// maxRefusing bounds the refusals being written at once; past it a
+// connection is closed without one.
+const maxRefusing = 64
+
 // limitListener accepts at most max connections at once. One past the
 // limit is answered 503 (plain HTTP) or closed (TLS, where nothing can be
-// said before the handshake) and counted, so a client holding connections
+// said before the handshake) and counted, so clients holding connections
 // open can use up the slots but not the gateway's memory or descriptors.
 type limitListener struct {
 	net.Listener
-	slots   chan struct{}
-	plain   bool
-	open    prometheus.Gauge
-	refused prometheus.Counter
-	refusal []byte
+	slots    chan struct{}
+	refusing chan struct{}
+	plain    bool
+	open     prometheus.Gauge
+	refused  prometheus.Counter
+	refusal  []byte
+	wg       sync.WaitGroup // the refusals being written
 }
 
 func newLimitListener(ln net.Listener, max int, plain bool, m *metrics) *limitListener {
 	body := subjects.NewError(503, subjects.CodeRouterUnavailable,
 		"the gateway holds its limit of "+strconv.Itoa(max)+" open connections; retry").Body()
 	return &limitListener{
-		Listener: ln, slots: make(chan struct{}, max), plain: plain,
+		Listener: ln, slots: make(chan struct{}, max), refusing: make(chan struct{}, maxRefusing), plain: plain,
 		open: m.openConns, refused: m.refusedConns,
 		refusal: []byte(overLimit + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body)),
 	}
@@ -69,12 +78,55 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		default:
 		}
 		l.refused.Inc()
-		if l.plain {
-			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write(l.refusal)
-		}
-		_ = c.Close()
+		l.refuse(c)
 	}
+}
+
+// refuse reads the request's head, answers 503 and reads what else the
+// client sends until it closes (all within a second): an answer before the
+// request confuses clients, and closing with the request unread would reset
+// the connection and could destroy the answer before the client reads it.
+func (l *limitListener) refuse(c net.Conn) {
+	select {
+	case l.refusing <- struct{}{}:
+	default:
+		_ = c.Close()
+		return
+	}
+	if !l.plain {
+		<-l.refusing
+		_ = c.Close()
+		return
+	}
+	l.wg.Go(func() {
+		defer func() { <-l.refusing }()
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		br := bufio.NewReaderSize(io.LimitReader(c, 64<<10), 4096)
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(line) <= 2 && strings.TrimSpace(string(line)) == "" {
+				break
+			}
+		}
+		if _, err := c.Write(l.refusal); err != nil {
+			return
+		}
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		_, _ = io.Copy(io.Discard, br)
+	})
+}
+
+// Close stops accepting and waits for the refusals being written.
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.wg.Wait()
+	return err
 }
 
 // limitedConn gives its slot back on the first Close.

@@ -20,7 +20,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var nf natsFlags
 	nf.register(fs)
 	var cfg gateway.Config
-	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address")
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address: the API, /healthz and /readyz")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", gateway.DefaultAdminListen, "address of the dashboard (/ui) and /metrics; keep it private")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate `file`: serve HTTPS (and HTTP/2) on --listen")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", gateway.DefaultBodyTimeout, "time a request body may take to arrive in full (at most 1h; the response is not bounded by it)")
+	fs.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "open client connections at most; one more is refused at once (at most 1048576)")
 	sizeVar(fs, &cfg.MaxBody, "max-body", gateway.DefaultMaxBody,
 		"largest request body `size`, e.g. 512KiB (at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
@@ -35,7 +40,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = -1 // none, asked for explicitly
 	}
-	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
+	adminErr := check.Required("admin-listen", cfg.AdminListen) // the dashboard never shares the public listener
+	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel), adminErr); err != nil {
 		return err
 	}
 	log := newLogger(stderr, *logLevel)

@@ -8,30 +8,52 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// runKey adds an API key: it prints the key once and stores only its hash.
+const keyUsage = "usage: switchyard key add --tenant T | list [--tenant T] | revoke ID"
+
+// keyIDLen is the length of the hash prefix `key list` shows as a key's id;
+// `key revoke` takes at least minKeyIDLen of it.
+const (
+	keyIDLen    = 12
+	minKeyIDLen = 8
+)
+
+// runKey adds, lists and revokes API keys. A key is printed once, when it
+// is added; the table holds only its hash, and ids are prefixes of that.
 func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("key", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	tenant := fs.String("tenant", "", "tenant the key speaks for")
+	tenant := fs.String("tenant", "", "tenant the key speaks for (add), or whose keys to list")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := checked(nf.validate(), check.Wrap("tenant", *tenant, subjects.ValidToken(*tenant))); err != nil {
+	var tenantErr, argErr error
+	if *tenant != "" || (len(pos) > 0 && pos[0] == "add") {
+		tenantErr = check.Wrap("tenant", *tenant, subjects.ValidToken(*tenant))
+	}
+	switch {
+	case len(pos) == 1 && (pos[0] == "add" || pos[0] == "list"):
+	case len(pos) == 2 && pos[0] == "revoke":
+		argErr = validKeyID(pos[1])
+	default:
+		argErr = usagef(keyUsage)
+	}
+	if err := checked(nf.validate(), tenantErr, argErr); err != nil {
 		return err
 	}
-	if len(pos) != 1 || pos[0] != "add" {
-		return usagef("usage: switchyard key add --tenant T")
-	}
-	key, hash := newAPIKey()
 	bucket, _, closeConn, err := nf.openBucket(ctx, "switchyard-key")
 	if err != nil {
 		return err
@@ -39,18 +61,125 @@ func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer closeConn()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	value := []byte(fmt.Sprintf(`{"tenant":%q}`, *tenant))
+	switch pos[0] {
+	case "add":
+		return addKey(cctx, bucket, *tenant, stdout, stderr)
+	case "list":
+		return listKeys(cctx, bucket, *tenant, stdout)
+	default:
+		return revokeKey(cctx, bucket, pos[1], stdout)
+	}
+}
+
+func addKey(ctx context.Context, bucket jetstream.KeyValue, tenant string, stdout, stderr io.Writer) error {
+	key, hash := newAPIKey()
+	value := []byte(fmt.Sprintf(`{"tenant":%q}`, tenant))
 	k := table.PrefixKeys + hash
 	if _, err := table.Decode(k, value); err != nil {
 		return err
 	}
-	if _, err := bucket.Create(cctx, k, value); err != nil {
+	if _, err := bucket.Create(ctx, k, value); err != nil {
 		return err
 	}
-	if _, err := bucket.Get(cctx, table.PrefixTenants+*tenant); err != nil {
-		fmt.Fprintf(stderr, "note: tenants.%s is not in the table yet; the key works, with default settings\n", *tenant)
+	if _, err := bucket.Get(ctx, table.PrefixTenants+tenant); err != nil {
+		fmt.Fprintf(stderr, "note: tenants.%s is not in the table yet; the key works, with default settings\n", tenant)
 	}
 	fmt.Fprintln(stdout, key)
+	return nil
+}
+
+// apiKey is one keys.<hash> entry as `key list` shows it.
+type apiKey struct {
+	hash, tenant string
+	added        time.Time
+	revision     uint64
+}
+
+// apiKeys reads every keys.* entry of the table.
+func apiKeys(ctx context.Context, bucket jetstream.KeyValue) ([]apiKey, error) {
+	w, err := bucket.Watch(ctx, table.PrefixKeys+">", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	var out []apiKey
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("the watch on %s* ended early", table.PrefixKeys)
+			}
+			if e == nil { // every current entry has been delivered
+				sort.Slice(out, func(i, j int) bool { return out[i].added.Before(out[j].added) })
+				return out, nil
+			}
+			v, err := table.Decode(e.Key(), e.Value())
+			if err != nil {
+				return nil, err
+			}
+			k, isKey := v.V.(table.Key)
+			if !isKey {
+				return nil, fmt.Errorf("%s: not an API key entry", e.Key())
+			}
+			out = append(out, apiKey{hash: strings.TrimPrefix(e.Key(), table.PrefixKeys), tenant: k.Tenant, added: e.Created(), revision: e.Revision()})
+		}
+	}
+}
+
+func listKeys(ctx context.Context, bucket jetstream.KeyValue, tenant string, stdout io.Writer) error {
+	keys, err := apiKeys(ctx, bucket)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTENANT\tADDED")
+	for _, k := range keys {
+		if tenant == "" || k.tenant == tenant {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", k.hash[:keyIDLen], k.tenant, k.added.UTC().Format(time.RFC3339))
+		}
+	}
+	return tw.Flush()
+}
+
+func revokeKey(ctx context.Context, bucket jetstream.KeyValue, id string, stdout io.Writer) error {
+	keys, err := apiKeys(ctx, bucket)
+	if err != nil {
+		return err
+	}
+	var match []apiKey
+	for _, k := range keys {
+		if strings.HasPrefix(k.hash, id) {
+			match = append(match, k)
+		}
+	}
+	switch len(match) {
+	case 0:
+		return fmt.Errorf("no API key has id %s (switchyard key list shows them)", id)
+	case 1:
+	default:
+		return fmt.Errorf("id %s names %d keys: give more of it", id, len(match))
+	}
+	k := match[0]
+	// Only the entry read is deleted: a key re-added meanwhile stays.
+	if err := bucket.Delete(ctx, table.PrefixKeys+k.hash, jetstream.LastRevision(k.revision)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "revoked %s (tenant %s)\n", k.hash[:keyIDLen], k.tenant)
+	return nil
+}
+
+// validKeyID accepts a lowercase hex prefix of a key's hash.
+func validKeyID(id string) error {
+	if len(id) < minKeyIDLen || len(id) > sha256.Size*2 {
+		return usagef("key id %q: %d to %d hex digits, as switchyard key list shows", id, minKeyIDLen, sha256.Size*2)
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return usagef("key id %q: lowercase hex digits only", id)
+		}
+	}
 	return nil
 }
 

@@ -41,7 +41,7 @@ func commands() []command {
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
 		{"auth", "generate NATS keys and creds, mint and revoke creds (docs/security.md)", runAuth},
-		{"key", "add an API key for a tenant (printed once, stored hashed)", runKey},
+		{"key", "add, list and revoke API keys (a key is printed once and stored hashed)", runKey},
 		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
 		{"lab", "run routing experiments in virtual time and write a report", runLab},
@@ -110,7 +110,7 @@ func synopsis(name string) string {
 	case "table":
 		return strings.TrimPrefix(tableUsage, "usage: ")
 	case "key":
-		return "switchyard key add --tenant T [flags]"
+		return strings.TrimPrefix(keyUsage, "usage: ") + " [flags]"
 	case "auth":
 		return strings.TrimPrefix(authUsage, "usage: ")
 	case "lab":
