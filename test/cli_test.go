@@ -3,11 +3,15 @@ package test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -158,6 +162,43 @@ func TestKeyAddAndExplain(t *testing.T) {
 		status, h := post(t, st.GatewayURL(), key, body)
 		return status == 200 && h.Get("X-Switchyard-Pool") == "premium", "pool " + h.Get("X-Switchyard-Pool")
 	})
+
+	// Anonymous access is on in dev, yet a key that is not in the table is
+	// refused; sk-default-dev is tenant default, for SDKs that need a key.
+	for key, want := range map[string]int{"sk-acme-dve": 401, "sk-default-dev": 200, "": 200} {
+		if status, _ := post(t, st.GatewayURL(), key, body); status != want {
+			t.Errorf("key %q: %d, want %d", key, status, want)
+		}
+	}
+
+	// key list shows a key by a prefix of its hash, its tenant and when it
+	// was added; revoke takes that id. Both run with the operator's creds.
+	sum := sha256.Sum256([]byte(key))
+	hash := hex.EncodeToString(sum[:])
+	id := hash[:12]
+	out, _, code = sy(t, env, "", "key", "list")
+	if code != 0 || !regexp.MustCompile(`(?m)^`+id+` +acme +20\d\d-`).MatchString(out) || strings.Contains(out, hash) || !strings.Contains(out, "default") {
+		t.Fatalf("key list: exit %d:\n%s", code, out)
+	}
+	if out, _, code = sy(t, env, "", "key", "list", "--tenant", "trial"); code != 0 || strings.Contains(out, id) || !strings.Contains(out, "trial") {
+		t.Errorf("key list --tenant trial: exit %d:\n%s", code, out)
+	}
+	if out, errOut, code := sy(t, env, "", "key", "revoke", id); code != 0 || !strings.Contains(out, "revoked "+id) {
+		t.Fatalf("key revoke: exit %d: %s %s", code, out, errOut)
+	}
+	eventually(t, 3*time.Second, func() (bool, string) {
+		status, _ := post(t, st.GatewayURL(), key, body)
+		return status == 401, "a revoked key answers " + strconv.Itoa(status)
+	})
+	if out, _, _ := sy(t, env, "", "key", "list"); strings.Contains(out, id) {
+		t.Errorf("key list after revoke still shows %s:\n%s", id, out)
+	}
+	if _, _, code := sy(t, env, "", "key", "revoke", id); code != 1 {
+		t.Errorf("revoking it again: exit %d, want 1", code)
+	}
+	if _, _, code := sy(t, env, "", "key", "revoke", "not-hex"); code != 2 {
+		t.Errorf("key revoke not-hex: exit %d, want 2", code)
+	}
 
 	out, _, code = sy(t, env, "", "explain", "--model", "chat-large", "--prompt-tokens", "20000")
 	if code != 0 || !strings.Contains(out, "long-context") || !strings.Contains(out, "l70-long-0") {
