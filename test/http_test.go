@@ -1,0 +1,216 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/devstack"
+)
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, and returns
+// their paths and a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "switchyard test gateway"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		IsCA:         true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile, pool
+}
+
+// runGateway runs `switchyard gateway` with args until the test ends and
+// returns the addresses its log says it listens on.
+func runGateway(t *testing.T, env []string, args ...string) (public, admin string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, binary(t), append([]string{"gateway", "--log-level", "info"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		wg.Wait()
+	})
+	addrs := make(chan [2]string, 2)
+	re := regexp.MustCompile(`msg="(gateway|admin) listening" .*\baddr=(\S+)`)
+	wg.Go(func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- [2]string{m[1], m[2]}
+			} else if strings.Contains(sc.Text(), "level=ERROR") {
+				t.Log(sc.Text())
+			}
+		}
+	})
+	timeout := time.After(20 * time.Second)
+	for public == "" || admin == "" {
+		select {
+		case a := <-addrs:
+			if a[0] == "gateway" {
+				public = a[1]
+			} else {
+				admin = a[1]
+			}
+		case <-timeout:
+			t.Fatalf("the gateway did not say where it listens (public %q, admin %q)", public, admin)
+		}
+	}
+	return public, admin
+}
+
+func get(t *testing.T, c *http.Client, url string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// TestProductionGatewayListeners runs `switchyard gateway` with a
+// certificate the test makes: the public listener speaks HTTPS and HTTP/2,
+// serves the API, /healthz and /readyz and answers 404 for the dashboard
+// and /metrics, which the admin listener serves, without any API key.
+func TestProductionGatewayListeners(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	certFile, keyFile, pool := selfSigned(t)
+	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleGateway}), "HOME=" + t.TempDir()}
+	public, admin := runGateway(t, env, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--tls-cert", certFile, "--tls-key", keyFile)
+
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	https := &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	base := "https://" + public
+	eventually(t, 10*time.Second, func() (bool, string) {
+		resp, body := get(t, https, base+"/readyz")
+		return resp.StatusCode == 200, body
+	})
+	resp, _ := get(t, https, base+"/healthz")
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Errorf("/healthz over HTTPS: %d %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
+	}
+	for _, p := range []string{"/ui", "/ui/", "/ui/state", "/metrics"} {
+		if resp, _ := get(t, https, base+p); resp.StatusCode != 404 {
+			t.Errorf("public %s: %d, want 404", p, resp.StatusCode)
+		}
+	}
+
+	// A stream over HTTPS arrives chunk by chunk, to its end.
+	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(
+		`{"model":"chat-small","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Hello"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	sresp, err := https.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	if sresp.StatusCode != 200 || sresp.ProtoMajor != 2 || !strings.HasPrefix(sresp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("stream over HTTPS: %d %s %s", sresp.StatusCode, sresp.Proto, sresp.Header.Get("Content-Type"))
+	}
+	chunks, done := 0, false
+	sc := bufio.NewScanner(sresp.Body)
+	for sc.Scan() {
+		switch line := sc.Text(); {
+		case line == "data: [DONE]":
+			done = true
+		case strings.HasPrefix(line, "data: "):
+			chunks++
+		}
+	}
+	if chunks < 2 || !done {
+		t.Errorf("stream over HTTPS: %d chunks, [DONE] %v", chunks, done)
+	}
+
+	plain := &http.Client{Timeout: 10 * time.Second}
+	abase := "http://" + admin
+	if resp, body := get(t, plain, abase+"/ui/"); resp.StatusCode != 200 || !strings.Contains(body, "<title>Switchyard</title>") {
+		t.Errorf("admin /ui/: %d", resp.StatusCode)
+	}
+	if resp, body := get(t, plain, abase+"/metrics"); resp.StatusCode != 200 || !strings.Contains(body, "switchyard_gateway_open_connections") {
+		t.Errorf("admin /metrics: %d", resp.StatusCode)
+	}
+	resp, state := get(t, plain, abase+"/ui/state")
+	if resp.StatusCode != 200 || !strings.Contains(state, `"api_keys":5`) {
+		t.Errorf("admin /ui/state: %d, want the table with 5 API keys counted:\n%.400s", resp.StatusCode, state)
+	}
+	for _, key := range []string{"sk-acme-dev", "sk-teamx-dev", "sk-intern-dev", "sk-trial-dev", "sk-default-dev"} {
+		sum := sha256.Sum256([]byte(key))
+		if h := hex.EncodeToString(sum[:]); strings.Contains(state, h[:16]) {
+			t.Errorf("/ui/state holds the hash of %s", key)
+		}
+	}
+	if strings.Contains(state, `"keys.`) {
+		t.Error("/ui/state holds a keys.* entry")
+	}
+	if resp, _ := get(t, plain, abase+"/v1/models"); resp.StatusCode == 200 {
+		t.Error("the admin listener serves the API")
+	}
+}
