@@ -123,7 +123,7 @@ func runGateway(t *testing.T, env []string, args ...string) (public, admin strin
 	return public, admin
 }
 
-func get(t *testing.T, c *http.Client, url string) (*http.Response, string) {
+func getWith(t *testing.T, c *http.Client, url string) (*http.Response, string) {
 	t.Helper()
 	resp, err := c.Get(url)
 	if err != nil {
@@ -150,15 +150,15 @@ func TestProductionGatewayListeners(t *testing.T) {
 	https := &http.Client{Transport: tr, Timeout: 20 * time.Second}
 	base := "https://" + public
 	eventually(t, 10*time.Second, func() (bool, string) {
-		resp, body := get(t, https, base+"/readyz")
+		resp, body := getWith(t, https, base+"/readyz")
 		return resp.StatusCode == 200, body
 	})
-	resp, _ := get(t, https, base+"/healthz")
+	resp, _ := getWith(t, https, base+"/healthz")
 	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
 		t.Errorf("/healthz over HTTPS: %d %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
 	}
 	for _, p := range []string{"/ui", "/ui/", "/ui/state", "/metrics"} {
-		if resp, _ := get(t, https, base+p); resp.StatusCode != 404 {
+		if resp, _ := getWith(t, https, base+p); resp.StatusCode != 404 {
 			t.Errorf("public %s: %d, want 404", p, resp.StatusCode)
 		}
 	}
@@ -191,13 +191,13 @@ func TestProductionGatewayListeners(t *testing.T) {
 
 	plain := &http.Client{Timeout: 10 * time.Second}
 	abase := "http://" + admin
-	if resp, body := get(t, plain, abase+"/ui/"); resp.StatusCode != 200 || !strings.Contains(body, "<title>Switchyard</title>") {
+	if resp, body := getWith(t, plain, abase+"/ui/"); resp.StatusCode != 200 || !strings.Contains(body, "<title>Switchyard</title>") {
 		t.Errorf("admin /ui/: %d", resp.StatusCode)
 	}
-	if resp, body := get(t, plain, abase+"/metrics"); resp.StatusCode != 200 || !strings.Contains(body, "switchyard_gateway_open_connections") {
+	if resp, body := getWith(t, plain, abase+"/metrics"); resp.StatusCode != 200 || !strings.Contains(body, "switchyard_gateway_open_connections") {
 		t.Errorf("admin /metrics: %d", resp.StatusCode)
 	}
-	resp, state := get(t, plain, abase+"/ui/state")
+	resp, state := getWith(t, plain, abase+"/ui/state")
 	if resp.StatusCode != 200 || !strings.Contains(state, `"api_keys":5`) {
 		t.Errorf("admin /ui/state: %d, want the table with 5 API keys counted:\n%.400s", resp.StatusCode, state)
 	}
@@ -210,7 +210,7 @@ func TestProductionGatewayListeners(t *testing.T) {
 	if strings.Contains(state, `"keys.`) {
 		t.Error("/ui/state holds a keys.* entry")
 	}
-	if resp, _ := get(t, plain, abase+"/v1/models"); resp.StatusCode == 200 {
+	if resp, _ := getWith(t, plain, abase+"/v1/models"); resp.StatusCode == 200 {
 		t.Error("the admin listener serves the API")
 	}
 }
