@@ -65,7 +65,7 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 		}
 		<-exited
 	})
-	var gateways []string
+	var gateways, admins []string
 	printed := map[string]string{}          // "NATS", "CA", "creds" → the value printed
 	deadline := time.After(4 * time.Minute) // make builds the binaries first
 	for waiting := true; waiting; {
@@ -77,6 +77,9 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
 				gateways = append(gateways, u)
 			}
+			if u, ok := strings.CutPrefix(l, "admin:"); ok && len(strings.Fields(u)) > 0 {
+				admins = append(admins, strings.TrimSuffix(strings.Fields(u)[0], "/ui"))
+			}
 			if k, v, ok := strings.Cut(l, ":"); ok && len(strings.Fields(v)) > 0 {
 				printed[k] = strings.Fields(v)[0]
 			}
@@ -86,11 +89,11 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 		}
 	}
 	stopReading()
-	if len(gateways) != 2 {
-		t.Fatalf("gateways %v, want 2", gateways)
+	if len(gateways) != 2 || len(admins) != 2 {
+		t.Fatalf("gateways %v, admin listeners %v, want 2 of each", gateways, admins)
 	}
 
-	for _, g := range gateways {
+	for i, g := range gateways {
 		h := clusterChat(t, g, "sk-acme-dev", "chat-large")
 		if h.Get("X-Switchyard-Pool") != "premium" || h.Get("X-Switchyard-Replica") != "l70-prem-0" || h.Get("X-Switchyard-Model") != "llama-3-70b-instruct" {
 			t.Errorf("%s: premium tenant routed to %v", g, h)
@@ -104,8 +107,12 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 		if h.Get("X-Switchyard-Replica") != "coder-gen-0" {
 			t.Errorf("%s: code through the leaf node routed to %v", g, h)
 		}
-		if m := get(t, g+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
-			t.Errorf("%s/metrics has no switchyard_build_info", g)
+		// /metrics is on the admin listener only.
+		if m := get(t, admins[i]+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
+			t.Errorf("%s/metrics has no switchyard_build_info", admins[i])
+		}
+		if m := get(t, g+"/metrics"); strings.Contains(m, "switchyard_build_info") {
+			t.Errorf("%s/metrics is public", g)
 		}
 	}
 

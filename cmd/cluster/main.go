@@ -5,8 +5,8 @@
 // dev replica. `make cluster` runs it; Ctrl-C stops every process it started.
 //
 // It prints `gateway: http://127.0.0.1:PORT` for each gateway once that
-// gateway answers an anonymous request, then where the NATS URLs, CA and
-// logs are.
+// gateway answers an anonymous request, and `admin: URL/ui` for its
+// dashboard and /metrics, then where the NATS URLs, CA and logs are.
 package main
 
 import (
@@ -79,11 +79,12 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	for _, url := range gateways {
-		if err := waitGateway(ctx, url, procs); err != nil {
+	for _, g := range gateways {
+		if err := waitGateway(ctx, g.public, procs); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "gateway: %s\n", url)
+		fmt.Fprintf(stdout, "gateway: %s\n", g.public)
+		fmt.Fprintf(stdout, "admin:   %s/ui   (its dashboard; /metrics)\n", g.admin)
 	}
 	fmt.Fprintf(stdout, `creds:   %s   (one per identity: operator.creds edits the table, observer.creds reads it)
 NATS:    %s

@@ -27,7 +27,7 @@ const siteReplica = "coder-gen-0"
 // deploy/examples/table.json, and starts an engine-sim and an adapter for
 // each dev replica, then the brokers, then the gateways. It returns the
 // gateways' URLs.
-func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *procs) ([]string, error) {
+func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *procs) ([]gatewayURLs, error) {
 	// conn is how a part connects: every server, the CA, its own creds.
 	conn := func(identity string) []string {
 		return []string{"--nats", n.url, "--tlsca", n.ca, "--creds", n.credsFor(identity)}
@@ -41,7 +41,7 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	}
 
 	replicas := devstack.Replicas()
-	ports, err := freePorts(len(replicas) + cfg.brokers + cfg.gateways)
+	ports, err := freePorts(len(replicas) + cfg.brokers + 2*cfg.gateways)
 	if err != nil {
 		return nil, err
 	}
@@ -89,18 +89,23 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	}
 	procs.nextTier()
 	ports = ports[cfg.brokers:]
-	urls := make([]string, cfg.gateways)
+	urls := make([]gatewayURLs, cfg.gateways)
 	for i := range cfg.gateways {
 		name := fmt.Sprintf("gateway-%d", i+1)
-		listen := fmt.Sprintf("127.0.0.1:%d", ports[i])
-		args := append([]string{"gateway", "--listen", listen, "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
+		// Both gateways run on this one host: each admin listener (the
+		// dashboard and /metrics) needs a port of its own.
+		listen, admin := fmt.Sprintf("127.0.0.1:%d", ports[2*i]), fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])
+		args := append([]string{"gateway", "--listen", listen, "--admin-listen", admin, "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
 		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
-		urls[i] = "http://" + listen
+		urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + admin}
 	}
 	return urls, nil
 }
+
+// gatewayURLs are a gateway's public (API) and admin (dashboard, /metrics) URLs.
+type gatewayURLs struct{ public, admin string }
 
 // waitReplicasReady waits until every replica's adapter has written itself
 // ready into the table, so that the brokers start warm.
