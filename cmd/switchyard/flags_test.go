@@ -97,7 +97,7 @@ func TestNumericFlagsRefuseOutOfRange(t *testing.T) {
 			switch f.name {
 			case "nats":
 				base = append(base, "--nats", natsURL)
-			case "listen", "metrics-listen":
+			case "listen", "metrics-listen", "admin-listen":
 				base = append(base, "--"+f.name, "127.0.0.1:0")
 			case "nats-listen":
 				base = append(base, "--"+f.name, "127.0.0.1:-1")
@@ -136,5 +136,24 @@ func TestNumericFlagsRefuseOutOfRange(t *testing.T) {
 	}
 	if n := dialed.Load(); n != 0 {
 		t.Errorf("%d connections reached the NATS address", n)
+	}
+}
+
+// TestGatewayListenerFlags: the admin listener cannot be turned into the
+// public one, and a certificate that cannot be used stops the gateway
+// before it connects.
+func TestGatewayListenerFlags(t *testing.T) {
+	base := []string{"gateway", "--nats", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	for name, args := range map[string][]string{
+		"no admin listener":       {"--admin-listen", ""},
+		"a certificate, no key":   {"--tls-cert", "cert.pem"},
+		"a certificate not there": {"--tls-cert", t.TempDir() + "/cert.pem", "--tls-key", t.TempDir() + "/key.pem"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(t.Context(), append(append([]string{}, base...), args...), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "-") {
+				t.Errorf("exit %d, want %d; stderr %q", code, exitUsage, errb.String())
+			}
+		})
 	}
 }
