@@ -67,7 +67,7 @@ func client(st *devstack.Stack, key string) *openai.Client {
 	if key != "" {
 		opts = append(opts, option.WithAPIKey(key))
 	} else {
-		opts = append(opts, option.WithAPIKey("unused"))
+		opts = append(opts, option.WithAPIKey("sk-default-dev")) // tenant default, for an SDK that must send a key
 	}
 	c := openai.NewClient(opts...)
 	return &c
