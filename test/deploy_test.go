@@ -93,11 +93,11 @@ func TestTableImportBootstrapsABareServer(t *testing.T) {
 	table := filepath.Join(repoRoot(), "deploy", "examples", "table.json")
 
 	out, errOut, code := sy(t, env, "", "table", "import", table)
-	if code != 0 || !strings.Contains(out, "created 21,") {
+	if code != 0 || !strings.Contains(out, "created 22,") {
 		t.Fatalf("import on a bare server: exit %d: %s%s", code, out, errOut)
 	}
 	out, errOut, code = sy(t, env, "", "table", "init", "--replicas", "3")
-	if code != 0 || !strings.Contains(out, "bucket llm-routing exists: 1 replicas, 16 revisions per key, 21 keys") {
+	if code != 0 || !strings.Contains(out, "bucket llm-routing exists: 1 replicas, 16 revisions per key, 22 keys") {
 		t.Errorf("init on the imported bucket: exit %d: %s%s", code, out, errOut)
 	}
 	out, _, code = sy(t, env, "", "table", "import", table)
