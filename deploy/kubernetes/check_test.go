@@ -283,7 +283,7 @@ func mountOf(ctr *corev1.Container, file string) *corev1.VolumeMount {
 
 // fileFlags are the flags whose value is a file or directory the container
 // must have mounted.
-var fileFlags = []string{"creds", "engine-api-key-file", "state-dir", "out", "tlsca", "tlscert", "tlskey"}
+var fileFlags = []string{"creds", "engine-api-key-file", "state-dir", "out", "tlsca", "tlscert", "tlskey", "tls-cert", "tls-key"}
 
 // portOf is the port number of a listen address (":8080", "0.0.0.0:9101").
 func portOf(addr string) (int, error) {
@@ -386,10 +386,12 @@ func (c *checker) checkPod(where string, ann map[string]string, spec *corev1.Pod
 				fail("gateway --listen %q: %v", listen, err)
 				continue
 			}
-			scrapePorts = append(scrapePorts, port)
-			if a, ok := inv.flags["admin-listen"]; ok {
-				if p, err := portOf(a); err == nil {
-					scrapePorts = []int{p}
+			// /metrics is on the admin listener only; its default,
+			// 127.0.0.1:9102, is out of Prometheus's reach.
+			if a := inv.flags["admin-listen"]; a != "" {
+				if h, p, err := net.SplitHostPort(a); err == nil && !isLoopback(h) {
+					n, _ := strconv.Atoi(p)
+					scrapePorts = append(scrapePorts, n)
 				}
 			}
 			probes := []struct {
@@ -433,13 +435,15 @@ func (c *checker) checkPod(where string, ann map[string]string, spec *corev1.Pod
 			fail("prometheus.io/path %q, want /metrics", ann["prometheus.io/path"])
 		}
 		if gw := gatewayListenPort(invs); gw != 0 && p == gw {
-			// Scraped on the API port: the gateway must serve it there.
-			if ok, err := c.serves(ann["prometheus.io/path"]); err != nil || !ok {
-				fail("prometheus.io/path %q: the gateway does not serve it on its --listen port (%v)", ann["prometheus.io/path"], err)
-			}
+			fail("prometheus.io/port %d is the gateway's API port: it serves /metrics on --admin-listen only", p)
 		}
 	}
 	return errs
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
 // gatewayListenPort is the port of the pod's gateway --listen, 0 without one.

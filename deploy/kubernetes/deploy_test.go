@@ -167,6 +167,12 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 		})
 		wantError(t, c.check(r), "the preStop does not wait on the adapter's port 9103")
 	})
+	t.Run("scraping the gateway's API port fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			deployment(t, r, "switchyard-gateway").Spec.Template.Annotations["prometheus.io/port"] = "8080"
+		})
+		wantError(t, c.check(r), `prometheus.io/port "8080"`)
+	})
 	t.Run("a scrape annotation on a port nothing serves fails", func(t *testing.T) {
 		r := mutate(t, c, func(r *rendering) {
 			deployment(t, r, "switchyard-broker").Spec.Template.Annotations["prometheus.io/port"] = "9090"
