@@ -12,7 +12,7 @@ import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
 
 const [cmd, url, arg] = process.argv.slice(2);
-const key = 'sk-dev-anonymous';
+const key = 'sk-default-dev'; // tenant default: an SDK must send a key, and one not in the table is refused
 const openai = new OpenAI({ baseURL: url + '/v1', apiKey: key, maxRetries: 0 });
 const anthropic = new Anthropic({ baseURL: url, apiKey: key, maxRetries: 0 });
 
