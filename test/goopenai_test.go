@@ -18,7 +18,7 @@ import (
 // replica, so the failure cannot be served elsewhere.
 func TestGoOpenAIReadsTheMidStreamError(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: l8()[:1], Speed: 1})
-	cfg := goopenai.DefaultConfig("sk-dev-anonymous")
+	cfg := goopenai.DefaultConfig("sk-default-dev")
 	cfg.BaseURL = st.GatewayURL() + "/v1"
 	c := goopenai.NewClientWithConfig(cfg)
 	stream, err := c.CreateChatCompletionStream(context.Background(), goopenai.ChatCompletionRequest{
