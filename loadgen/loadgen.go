@@ -12,6 +12,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +56,29 @@ type Config struct {
 	// MaxInFlight caps outstanding requests (default 10000); a slot that
 	// finds the cap reached is not sent and counts as an error.
 	MaxInFlight int
+	// PromptBytes sets the size of each user message (random words; a
+	// range is drawn uniformly); zero: Prompt.
+	PromptBytes Sizes
+	// SharedPrefix opens every request with one of K system prompts of L
+	// bytes, chosen with Zipf popularity.
+	SharedPrefix SharedPrefix
+	// Conversations spreads the requests over this many multi-turn
+	// conversations, in turn: each request carries its conversation's
+	// history and X-Conversation-Id.
+	Conversations int
+	// Workload replaces the generated bodies with these, in order (and
+	// again from the first when the run outlasts them). Replay sends them
+	// at their timestamps instead of at Rate, each once.
+	Workload []Entry
+	Replay   bool
+	// APIKey is sent as Authorization: Bearer.
+	APIKey string
+	// Concurrency > 0 runs a closed loop instead of the open one: this many
+	// requests in flight per target, each sent when the one before it
+	// finished; Rate is ignored and latency counts from the actual send.
+	Concurrency int
+	// Seed makes the generated prompts, prefixes and choices repeatable.
+	Seed int64
 	// Progress receives one line a second while the run lasts (nil: none).
 	Progress io.Writer
 	// Client sends the requests (nil: NewClient()).
@@ -77,10 +102,10 @@ func (c *Config) Validate() error {
 	if len(c.Targets) == 0 {
 		errs = append(errs, fmt.Errorf("--target: %w", ErrNoTargets))
 	}
-	if !(c.Rate > 0) {
+	if !(c.Rate > 0) && !c.Replay && c.Concurrency == 0 {
 		errs = append(errs, fmt.Errorf("--rate %v: %w", c.Rate, ErrBadRate))
 	}
-	if c.Duration == 0 && c.Requests == 0 {
+	if c.Duration == 0 && c.Requests == 0 && !c.Replay {
 		errs = append(errs, fmt.Errorf("--duration, --requests: %w", ErrUnbounded))
 	}
 	errs = append(errs,
@@ -92,11 +117,12 @@ func (c *Config) Validate() error {
 		check.Duration("timeout", c.Timeout, 0, time.Hour),
 		check.Range("max-in-flight", c.MaxInFlight, 0, 1<<20),
 	)
+	errs = append(errs, c.validateShape()...)
 	if err := check.All(errs...); err != nil {
 		return err
 	}
 	perTarget := c.perTarget()
-	if total := (int(c.Rate*c.Warmup.Seconds()) + perTarget) * len(c.Targets); total > maxSlots {
+	if total := (c.warmSlots() + perTarget) * len(c.Targets); total > maxSlots {
 		return &check.Error{Flag: "rate", Value: fmt.Sprint(c.Rate),
 			Want: fmt.Sprintf("%d requests in all (warmup and measured, every target) is more than a run may send (%d)", total, maxSlots)}
 	}
@@ -135,6 +161,27 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 	}
 	cfg.Names = names
+	if cfg.Stream && cfg.Workload != nil {
+		w := make([]Entry, len(cfg.Workload))
+		for i, e := range cfg.Workload {
+			if !e.Stream {
+				var m map[string]any
+				if err := json.Unmarshal(e.Body, &m); err != nil {
+					return cfg, fmt.Errorf("loadgen: workload request %d: %w", i+1, err)
+				}
+				m["stream"] = true
+				e.Body, _ = json.Marshal(m)
+				e.Stream = true
+			}
+			w[i] = e
+		}
+		cfg.Workload = w
+	}
+	if cfg.Replay {
+		w := slices.Clone(cfg.Workload)
+		slices.SortStableFunc(w, func(a, b Entry) int { return cmp.Compare(a.At, b.At) })
+		cfg.Workload = w
+	}
 	targets := make([]string, len(cfg.Targets))
 	for i, t := range cfg.Targets {
 		u, err := url.Parse(t)
@@ -150,16 +197,47 @@ func (c *Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
-// perTarget is the number of measured requests per target.
+// perTarget is the number of measured requests per target (in a closed
+// loop bounded by time only, the most it may send).
 func (c *Config) perTarget() int {
+	if c.Replay {
+		return len(c.Workload)
+	}
+	if c.Concurrency > 0 && c.Requests == 0 {
+		return maxSlots / max(len(c.Targets), 1)
+	}
 	n := c.Requests
 	if c.Duration > 0 {
+		if c.Concurrency > 0 {
+			return n
+		}
 		byTime := max(int(c.Rate*c.Duration.Seconds()), 1)
 		if n <= 0 || byTime < n {
 			n = byTime
 		}
 	}
 	return n
+}
+
+// warmSlots is the number of warmup requests per target of an open loop.
+func (c *Config) warmSlots() int {
+	if c.Replay || c.Concurrency > 0 {
+		return 0
+	}
+	return int(c.Rate * c.Warmup.Seconds())
+}
+
+// streams reports whether any request asks for a stream.
+func (c *Config) streams() bool {
+	if c.Workload == nil {
+		return c.Stream
+	}
+	for _, e := range c.Workload {
+		if e.Stream {
+			return true
+		}
+	}
+	return false
 }
 
 // SlotOffset is when global slot j of a run with k targets at rate (per
@@ -195,16 +273,18 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	}
 	k := len(cfg.Targets)
 	n := cfg.perTarget()
-	warm := int(cfg.Rate * cfg.Warmup.Seconds())
-	total := (warm + n) * k
-	if total > maxSlots {
-		return nil, fmt.Errorf("loadgen: %d requests is more than a run may send (%d)", total, maxSlots)
+	if cfg.Concurrency > 0 && cfg.Requests == 0 {
+		n = 0 // bounded by time: the report counts what was sent
 	}
 	g := &generator{
 		cfg:    cfg,
 		client: cfg.Client,
-		body:   Body(cfg.Model, cfg.Prompt, cfg.MaxTokens, cfg.Stream),
-		rec:    newRecorder(k, n, cfg.Stream),
+		rec:    newRecorder(k, min(n, 1<<20), cfg.streams()),
+	}
+	for range k {
+		// One shaper per target, same seed: every target gets the same
+		// sequence of requests.
+		g.shapers = append(g.shapers, newShaper(&g.cfg))
 	}
 	if g.client == nil {
 		g.client = NewClient()
@@ -214,39 +294,22 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	defer cancel()
 	// A short lead lets the first slots be sent on time rather than late.
 	start := time.Now().Add(5 * time.Millisecond)
-	measureFrom := warm * k
-	stopProgress := g.progress(start.Add(SlotOffset(measureFrom, k, cfg.Rate)))
-
 	var wg sync.WaitGroup
-	for j := 0; j < total; j++ {
-		due := start.Add(SlotOffset(j, k, cfg.Rate))
-		if sleepUntil(ctx, due) != nil {
-			break
-		}
-		target, measured := j%k, j >= measureFrom
-		if g.inflight.Load() >= int64(cfg.MaxInFlight) {
-			if measured {
-				g.rec.add(target, result{sched: due, end: due, errKind: "in-flight cap"})
-			}
-			continue
-		}
-		g.inflight.Add(1)
-		g.sent.Add(1)
-		wg.Go(func() {
-			defer g.inflight.Add(-1)
-			r := g.do(reqCtx, target, due)
-			if measured && r.errKind != errCanceled {
-				g.rec.add(target, r)
-			}
-		})
+	if cfg.Concurrency > 0 {
+		g.closedLoop(ctx, reqCtx, &wg, start, n)
+	} else {
+		g.openLoop(ctx, reqCtx, &wg, start, n)
 	}
 	interrupted := ctx.Err() != nil
 	if interrupted {
 		cancel()
 	}
 	wg.Wait()
-	stopProgress()
+	g.stopProgress()
 
+	if n == 0 {
+		n = g.rec.sent()
+	}
 	rep := g.rec.report(&cfg, n)
 	rep.Started = start
 	rep.Interrupted = interrupted
@@ -254,6 +317,88 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		return rep, ctx.Err()
 	}
 	return rep, nil
+}
+
+// openLoop sends every slot at its scheduled time: at Rate, or at the
+// workload's timestamps when replaying.
+func (g *generator) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup, start time.Time, n int) {
+	cfg := &g.cfg
+	k := len(cfg.Targets)
+	warm := cfg.warmSlots()
+	total := (warm + n) * k
+	measureFrom := warm * k
+	due := func(j int) time.Time { return start.Add(SlotOffset(j, k, cfg.Rate)) }
+	if cfg.Replay {
+		due = func(j int) time.Time { return start.Add(cfg.Workload[j/k].At) }
+	}
+	g.stopProgress = g.progress(due(measureFrom))
+	for j := 0; j < total; j++ {
+		at := due(j)
+		if sleepUntil(ctx, at) != nil {
+			break
+		}
+		target, measured := j%k, j >= measureFrom
+		out := g.shapers[target].next()
+		if g.inflight.Load() >= int64(cfg.MaxInFlight) {
+			if measured {
+				g.rec.add(target, result{sched: at, end: at, errKind: "in-flight cap"})
+			}
+			continue
+		}
+		g.inflight.Add(1)
+		g.sent.Add(1)
+		wg.Go(func() {
+			defer g.inflight.Add(-1)
+			r := g.do(reqCtx, target, at, out)
+			if measured && r.errKind != errCanceled {
+				g.rec.add(target, r)
+			}
+		})
+	}
+}
+
+// closedLoop keeps Concurrency requests in flight per target until the
+// measured requests are sent or the duration is over; requests sent during
+// the warmup are not counted.
+func (g *generator) closedLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup, start time.Time, n int) {
+	cfg := &g.cfg
+	measureFrom := start.Add(cfg.Warmup)
+	var end time.Time
+	if cfg.Duration > 0 {
+		end = measureFrom.Add(cfg.Duration)
+	}
+	g.stopProgress = g.progress(measureFrom)
+	claimed := make([]atomic.Int64, len(cfg.Targets))
+	for target := range cfg.Targets {
+		for range cfg.Concurrency {
+			wg.Go(func() {
+				if sleepUntil(ctx, start) != nil {
+					return
+				}
+				for ctx.Err() == nil {
+					now := time.Now()
+					if !end.IsZero() && !now.Before(end) {
+						return
+					}
+					measured := !now.Before(measureFrom)
+					if measured && n > 0 && claimed[target].Add(1) > int64(n) {
+						return
+					}
+					out := g.shapers[target].next()
+					g.inflight.Add(1)
+					g.sent.Add(1)
+					r := g.do(reqCtx, target, now, out)
+					g.inflight.Add(-1)
+					if measured && r.errKind != errCanceled {
+						g.rec.add(target, r)
+					}
+				}
+			})
+		}
+	}
+	// The workers are waited for by Run; wait here too so that Run's
+	// interrupted check sees a finished loop.
+	wg.Wait()
 }
 
 // sleepUntil waits for t in short steps, so that a cancelled ctx is seen
@@ -272,12 +417,13 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 }
 
 type generator struct {
-	cfg      Config
-	client   *http.Client
-	body     []byte
-	rec      *recorder
-	inflight atomic.Int64
-	sent     atomic.Int64
+	cfg          Config
+	client       *http.Client
+	shapers      []*shaper
+	stopProgress func()
+	rec          *recorder
+	inflight     atomic.Int64
+	sent         atomic.Int64
 }
 
 // progress prints one line a second from its own goroutine until the

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -17,8 +18,10 @@ type recorder struct {
 
 type samples struct {
 	latency, service, ttfb, first, gaps, lag []time.Duration
-	ok, errs                                 int
+	ttft                                     []time.Duration // actual send to first data line
+	ok, errs, chunks                         int
 	errsBy                                   map[string]int
+	replicas, reasons                        map[string]int
 	errSample                                map[string]string
 	firstSched, lastSched, lastEnd           time.Time
 
@@ -37,6 +40,8 @@ func newRecorder(targets, perTarget int, stream bool) *recorder {
 			lag:       make([]time.Duration, 0, perTarget),
 			errsBy:    map[string]int{},
 			errSample: map[string]string{},
+			replicas:  map[string]int{},
+			reasons:   map[string]int{},
 		}
 		if stream {
 			s.first = make([]time.Duration, 0, perTarget)
@@ -78,10 +83,33 @@ func (rec *recorder) add(target int, r result) {
 	s.winLat = append(s.winLat, lat)
 	s.service = append(s.service, r.end.Sub(r.sent))
 	s.ttfb = append(s.ttfb, r.head.Sub(r.sched))
-	if rec.stream {
-		s.first = append(s.first, r.first.Sub(r.sched))
-		s.gaps = append(s.gaps, r.gaps...)
+	if r.replica != "" && (len(s.replicas) < maxLabels || s.replicas[r.replica] > 0) {
+		s.replicas[r.replica]++
 	}
+	if r.reason != "" && (len(s.reasons) < maxLabels || s.reasons[r.reason] > 0) {
+		s.reasons[r.reason]++
+	}
+	if rec.stream && !r.first.IsZero() {
+		s.first = append(s.first, r.first.Sub(r.sched))
+		s.ttft = append(s.ttft, r.first.Sub(r.sent))
+		s.gaps = append(s.gaps, r.gaps...)
+		s.chunks += r.chunks
+	}
+}
+
+// maxLabels bounds the distinct replicas and reasons counted per target (a
+// server could send a new one with every answer).
+const maxLabels = 1000
+
+// sent is the most requests sent to one target.
+func (rec *recorder) sent() int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n := 0
+	for _, s := range rec.per {
+		n = max(n, len(s.lag))
+	}
+	return n
 }
 
 // windowStats is one target's part of a progress line.
@@ -115,8 +143,17 @@ func (rec *recorder) report(cfg *Config, perTarget int) *Report {
 	rep := &Report{
 		Rate: cfg.Rate, Targets: make([]TargetReport, len(rec.per)),
 		Duration: Dur(cfg.Duration), Warmup: Dur(cfg.Warmup), Requests: perTarget,
-		Stream: cfg.Stream, MaxTokens: cfg.MaxTokens, Model: cfg.Model,
+		Stream: rec.stream, MaxTokens: cfg.MaxTokens, Model: cfg.Model,
 		Schedule: "open loop; each target at the full rate, targets interleaved slot by slot; latency from the scheduled send time",
+		Workload: cfg.describe(), Concurrency: cfg.Concurrency,
+	}
+	switch {
+	case cfg.Concurrency > 0:
+		rep.Rate = 0
+		rep.Schedule = fmt.Sprintf("closed loop; %d requests in flight per target, each sent when the one before it finished; latency from the send", cfg.Concurrency)
+	case cfg.Replay:
+		rep.Rate = 0
+		rep.Schedule = "open loop at the workload's timestamps; latency from the scheduled send time"
 	}
 	for i, s := range rec.per {
 		t := TargetReport{
@@ -138,8 +175,17 @@ func (rec *recorder) report(cfg *Config, perTarget int) *Report {
 			t.OKRate = float64(s.ok) / span
 		}
 		if rec.stream {
-			first, gaps := Summarize(s.first), Summarize(s.gaps)
-			t.FirstData, t.Gaps = &first, &gaps
+			first, gaps, ttft := Summarize(s.first), Summarize(s.gaps), Summarize(s.ttft)
+			t.FirstData, t.Gaps, t.TTFT = &first, &gaps, &ttft
+			if span := s.lastEnd.Sub(s.firstSched).Seconds(); span > 0 {
+				t.ChunkRate = float64(s.chunks) / span
+			}
+		}
+		if len(s.replicas) > 0 {
+			t.Replicas = s.replicas
+		}
+		if len(s.reasons) > 0 {
+			t.Reasons = s.reasons
 		}
 		rep.Targets[i] = t
 	}

@@ -23,6 +23,10 @@ type Report struct {
 	MaxTokens   int       `json:"max_tokens"`
 	Model       string    `json:"model"`
 	Interrupted bool      `json:"interrupted,omitempty"`
+	// Workload describes how the requests were shaped ("" = one fixed
+	// short prompt); Concurrency is set for a closed loop.
+	Workload    string `json:"workload,omitempty"`
+	Concurrency int    `json:"concurrency,omitempty"`
 
 	Targets []TargetReport `json:"targets"`
 	// Diffs compare every target after the first with the first.
@@ -60,6 +64,17 @@ type TargetReport struct {
 	Gaps      *Summary `json:"gaps,omitempty"`
 	// SendLag is how late the generator sent after the scheduled time.
 	SendLag Summary `json:"send_lag"`
+
+	// TTFT (actual send to the first data line) and ChunkRate (data lines
+	// per second, the streams' throughput) are set for streams; Gaps is
+	// the inter-token latency as a client sees it.
+	TTFT      *Summary `json:"ttft,omitempty"`
+	ChunkRate float64  `json:"chunks_per_s,omitempty"`
+	// Replicas and Reasons count successful requests by the replica that
+	// served them and the routing decision's reason, from the
+	// X-Switchyard-Replica and X-Switchyard-Reason response headers.
+	Replicas map[string]int `json:"replicas,omitempty"`
+	Reasons  map[string]int `json:"reasons,omitempty"`
 }
 
 // ErrorRate is the share of scheduled requests that failed.
@@ -137,15 +152,23 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.Stream {
 		mode = "stream"
 	}
-	fmt.Fprintf(w, "%s, %s: %g req/s per target × %d target(s), %d requests each, max_tokens %d, model %s\n",
-		r.Schedule, mode, r.Rate, len(r.Targets), r.Requests, r.MaxTokens, r.Model)
+	if r.Concurrency > 0 {
+		fmt.Fprintf(w, "%s, %s: %d target(s), %d requests each, max_tokens %d, model %s\n",
+			r.Schedule, mode, len(r.Targets), r.Requests, r.MaxTokens, r.Model)
+	} else {
+		fmt.Fprintf(w, "%s, %s: %g req/s per target × %d target(s), %d requests each, max_tokens %d, model %s\n",
+			r.Schedule, mode, r.Rate, len(r.Targets), r.Requests, r.MaxTokens, r.Model)
+	}
+	if r.Workload != "" {
+		fmt.Fprintf(w, "workload: %s\n", r.Workload)
+	}
 	if r.Interrupted {
 		fmt.Fprintln(w, "INTERRUPTED: partial results")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "target\tok\terr\tsent/s\tok/s\tp50\tp90\tp99\tmax\tttfb p50\tttfb p99\t"
 	if r.Stream {
-		head += "first p50\tgap p50\tgap p99\tgap max\t"
+		head += "first p50\tttft p50\tttft p99\titl p50\titl p99\titl max\tchunks/s\t"
 	}
 	fmt.Fprintln(tw, head+"svc p50\tsvc p99\tlag p99\t")
 	for i := range r.Targets {
@@ -154,7 +177,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t", t.Name, t.OK, t.Errors, t.SentRate, t.OKRate,
 			ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), ms(t.TTFB.P50), ms(t.TTFB.P99))
 		if r.Stream && t.Gaps != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", ms(t.FirstData.P50), ms(t.Gaps.P50), ms(t.Gaps.P99), ms(t.Gaps.Max))
+			ttft := t.TTFT
+			if ttft == nil {
+				ttft = &Summary{}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t", ms(t.FirstData.P50), ms(ttft.P50), ms(ttft.P99),
+				ms(t.Gaps.P50), ms(t.Gaps.P99), ms(t.Gaps.Max), t.ChunkRate)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", ms(t.Service.P50), ms(t.Service.P99), ms(t.SendLag.P99))
 	}
@@ -175,6 +203,11 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(w, "  first %s: %s\n", k, t.ErrorSamples[k])
 		}
 	}
+	for i := range r.Targets {
+		t := &r.Targets[i]
+		writeShare(w, t.Name, "replica", t.Replicas)
+		writeShare(w, t.Name, "decision reason", t.Reasons)
+	}
 	if len(r.Diffs) == 0 {
 		return nil
 	}
@@ -194,6 +227,29 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// writeShare writes one line: the share of requests per label, largest
+// first.
+func writeShare(w io.Writer, target, what string, counts map[string]int) {
+	if len(counts) == 0 {
+		return
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	keys := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		if c := counts[b] - counts[a]; c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.1f%% (%d)", k, 100*float64(counts[k])/float64(total), counts[k])
+	}
+	fmt.Fprintf(w, "%s by %s: %s\n", target, what, strings.Join(parts, ", "))
 }
 
 func ms(d Dur) string     { return fmt.Sprintf("%.3f", d.Ms()) }

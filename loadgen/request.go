@@ -25,6 +25,8 @@ const (
 type result struct {
 	sched, sent, head, first, end time.Time
 	gaps                          []time.Duration // between successive data lines
+	chunks                        int             // data lines before [DONE]
+	replica, reason               string          // X-Switchyard-Replica and -Reason
 	errKind                       string          // "" when the request succeeded
 	errDetail                     string          // what the failure said, shortened
 }
@@ -47,16 +49,16 @@ var (
 )
 
 // do sends one request and reads its answer to the end.
-func (g *generator) do(ctx context.Context, target int, sched time.Time) result {
+func (g *generator) do(ctx context.Context, target int, sched time.Time, out outgoing) result {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancel()
 	r := result{sched: sched}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.cfg.Targets[target], bytes.NewReader(g.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.cfg.Targets[target], bytes.NewReader(out.body))
 	if err != nil {
 		r.errKind, r.end = errTransport, time.Now()
 		return r
 	}
-	req.Header = http.Header{"Content-Type": contentType}
+	req.Header = out.header
 	r.sent = time.Now()
 	resp, err := g.client.Do(req)
 	if err != nil {
@@ -65,12 +67,13 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time) result 
 	}
 	defer resp.Body.Close()
 	r.head = time.Now()
+	r.replica, r.reason = resp.Header.Get("X-Switchyard-Replica"), resp.Header.Get("X-Switchyard-Reason")
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		r.errKind, r.errDetail, r.end = strconv.Itoa(resp.StatusCode), shorten(string(bytes.TrimSpace(b))), time.Now()
 		return r
 	}
-	if g.cfg.Stream {
+	if out.stream {
 		err = readStream(resp.Body, &r)
 	} else {
 		var n int64
@@ -113,6 +116,8 @@ func readStream(body io.Reader, r *result) error {
 				// error object, as vLLM and Switchyard send it.
 				if r.errKind == "" && bytes.HasPrefix(bytes.TrimSpace(line[len(dataPrefix):]), errorData) {
 					r.errKind, r.errDetail = errEvent, shorten(string(line))
+				} else {
+					r.chunks++
 				}
 			}
 		}

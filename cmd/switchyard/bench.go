@@ -13,9 +13,11 @@ import (
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
-// runBench is an open-loop load generator for this machine: each target is
-// sent --rate requests a second on a fixed schedule, the targets
-// interleaved slot by slot, and latency is counted from the scheduled send.
+// runBench is a load generator for this machine. In the open loop each
+// target is sent --rate requests a second on a fixed schedule (or a
+// workload file's timestamps), the targets interleaved slot by slot, and
+// latency is counted from the scheduled send; --concurrency runs a closed
+// loop instead. The request shape options are loadgen.Config's.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var cfg loadgen.Config
@@ -34,6 +36,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 8, "max_tokens of each request (at most 1048576)")
 	fs.StringVar(&cfg.Model, "model", "llama-3-8b-instruct", "model of each request")
 	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "deadline of each request from its send (at most 1h)")
+	fs.Func("prompt-bytes", "size of each user message in bytes, N or MIN-MAX (uniform), random words", func(v string) (err error) {
+		cfg.PromptBytes, err = loadgen.ParseSizes(v)
+		return err
+	})
+	fs.Func("shared-prefix", "K:L: open every request with one of K system prompts of L bytes, Zipf popularity", func(v string) (err error) {
+		cfg.SharedPrefix, err = loadgen.ParseSharedPrefix(v)
+		return err
+	})
+	fs.IntVar(&cfg.Conversations, "conversations", 0, "spread requests over N multi-turn conversations (history and X-Conversation-Id)")
+	workload := fs.String("workload", "", "JSONL file of OpenAI request bodies (optional \"timestamp\": seconds), sent at their timestamps, or at --rate when given")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "send Authorization: Bearer <key>")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 0, "closed loop: keep N requests in flight per target instead of sending at --rate")
+	fs.Int64Var(&cfg.Seed, "seed", 1, "seed of the generated prompts and choices")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file (- for stdout)")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if _, err := parseArgs(fs, args); err != nil {
@@ -41,6 +56,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *target != "" {
 		cfg.Targets = append([]string{*target}, compare...)
+	}
+	if *workload != "" {
+		if err := loadWorkload(fs, &cfg, *workload); err != nil {
+			return usageError{err}
+		}
 	}
 	if err := checked(cfg.Validate()); err != nil {
 		return err
@@ -68,6 +88,39 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err != nil {
 		return fmt.Errorf("interrupted: %w", err)
+	}
+	return nil
+}
+
+// loadWorkload reads the workload file into cfg. Unless --rate is given,
+// a file whose every line has a timestamp is replayed at those times; the
+// file is sent once unless --duration or --requests is given.
+func loadWorkload(fs *flag.FlagSet, cfg *loadgen.Config, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--workload: %w", err)
+	}
+	defer f.Close()
+	cfg.Workload, err = loadgen.ReadWorkload(f)
+	if err != nil {
+		return fmt.Errorf("--workload %s: %w", path, err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	timed := true
+	for _, e := range cfg.Workload {
+		timed = timed && e.HasAt
+	}
+	if !set["rate"] && cfg.Concurrency == 0 {
+		if !timed {
+			return fmt.Errorf("--workload %s: not every line has a timestamp; give --rate", path)
+		}
+		cfg.Replay = true
+		cfg.Duration, cfg.Requests = 0, 0
+		return nil
+	}
+	if !set["duration"] && !set["requests"] {
+		cfg.Duration, cfg.Requests = 0, len(cfg.Workload)
 	}
 	return nil
 }

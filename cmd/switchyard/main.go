@@ -42,7 +42,7 @@ func commands() []command {
 		{"explain", "explain the decision for a hypothetical request", runExplain},
 		{"auth", "generate NATS keys and creds, mint and revoke creds (docs/security.md)", runAuth},
 		{"key", "add, list and revoke API keys (a key is printed once and stored hashed)", runKey},
-		{"bench", "open-loop load test of OpenAI endpoints on this machine", runBench},
+		{"bench", "load test of OpenAI endpoints on this machine (open or closed loop, your workload shapes)", runBench},
 		{"decisions", "follow the brokers' explained decisions live", runDecisions},
 		{"lab", "run routing experiments in virtual time and write a report", runLab},
 		{"version", "print the version, commit and Go version of this binary", runVersion},
