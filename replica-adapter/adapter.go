@@ -121,6 +121,7 @@ type Adapter struct {
 	reg     *registrar
 	owners  *owners.Store
 	bufs    sync.Pool // *[]byte of chunkSize, for engine body reads
+	sseBufs sync.Pool // *[]byte of sseChunk, for SSE body reads
 	inline  int       // largest non-streamed answer sent as one message
 	chunk   int
 
@@ -187,6 +188,12 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		a.chunk = max(mp-4096, 1024)
 	}
 	a.bufs.New = func() any { b := make([]byte, a.chunk); return &b }
+	// A stream holds its buffer for as long as it lasts, mostly waiting
+	// for the next token: thousands of open streams would hold 32 KiB
+	// each. An SSE read is an event or a few; a burst larger than this goes
+	// as several messages.
+	sseChunk := min(a.chunk, sseChunkSize)
+	a.sseBufs.New = func() any { b := make([]byte, sseChunk); return &b }
 	// A non-streamed answer up to this size goes back as one message.
 	a.inline = 1 << 20
 	if mp := int(nc.MaxPayload()); mp > 0 && mp-64<<10 < a.inline {
@@ -272,6 +279,10 @@ func (c *Config) fill() error {
 	}
 	return nil
 }
+
+// sseChunkSize is the read buffer of an SSE stream: the engine
+// connection's own buffered reader is 4 KiB, so a larger one rarely fills.
+const sseChunkSize = 4 << 10
 
 func orDefault[T int | time.Duration](v, d T) T {
 	if v <= 0 {

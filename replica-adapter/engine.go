@@ -60,8 +60,12 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 			return a.settle(&scan, h)
 		}
 	}
-	bp := a.bufs.Get().(*[]byte)
-	defer a.bufs.Put(bp)
+	pool := &a.bufs
+	if scan.sse {
+		pool = &a.sseBufs
+	}
+	bp := pool.Get().(*[]byte)
+	defer pool.Put(bp)
 	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst); err != nil {
 		a.metrics.engineErrors.Inc()
 	}
@@ -191,7 +195,7 @@ func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, sc
 				}
 			}
 			scan.Write(buf[:n])
-			if st.send(nil, buf[:n]) != nil {
+			if st.sendData(buf[:n]) != nil {
 				return nil
 			}
 		}

@@ -29,8 +29,9 @@ type stream struct {
 	acceptTimer   *time.Timer
 
 	mu    sync.Mutex
-	next  int   // Llm-Seq of the next message
-	err   error // the first publish error; nothing is sent after it
+	data  nats.Header // reused by every data message (see sendData)
+	next  int         // Llm-Seq of the next message
+	err   error       // the first publish error; nothing is sent after it
 	ended bool
 	ka    *time.Timer
 	kaOn  bool
@@ -42,6 +43,24 @@ func (s *stream) send(h nats.Header, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sendLocked(h, data)
+}
+
+// sendData publishes one data message: the bytes of one engine read. It
+// is the per-chunk path, so it reuses the stream's header map (PublishMsg
+// has encoded it by the time it returns) rather than allocate one a chunk.
+func (s *stream) sendData(data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.acceptPending || s.err != nil || s.ended {
+		return s.sendLocked(nil, data)
+	}
+	if s.data == nil {
+		s.data = make(nats.Header, 1)
+	}
+	s.data[subjects.HdrSeq] = append(s.data[subjects.HdrSeq][:0], strconv.Itoa(s.next))
+	s.next++
+	s.err = s.nc.PublishMsg(&nats.Msg{Subject: s.reply, Header: s.data, Data: data})
+	return s.err
 }
 
 // Lock should be held.
