@@ -145,6 +145,10 @@ type Adapter struct {
 	outcomes outcomes
 	svc      service
 	hbSeq    atomic.Uint64
+	// streamed is when bytes of a streamed answer last came from the
+	// engine (Unix nanoseconds): an engine that streams is not down, however
+	// slowly it answers a scrape.
+	streamed atomic.Int64
 }
 
 // New validates cfg, fills its defaults and returns an Adapter ready to Run.

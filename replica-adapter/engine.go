@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -66,7 +67,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	}
 	bp := pool.Get().(*[]byte)
 	defer pool.Put(bp)
-	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst); err != nil {
+	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed); err != nil {
 		a.metrics.engineErrors.Inc()
 	}
 	return a.settle(&scan, h)
@@ -180,9 +181,10 @@ func answerInline(ctx context.Context, st *stream, hd nats.Header, body io.Reade
 
 // relayStream sends body to the gateway one read per message, then the end
 // (with Llm-Error when the engine's body broke). onFirst, if set, runs at
-// the first byte. It returns the engine's read error; a send that fails
-// ends the relay quietly, since nobody is left to tell.
-func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func()) error {
+// the first byte; streamed, if set, gets the time of every read. It returns
+// the engine's read error; a send that fails ends the relay quietly, since
+// nobody is left to tell.
+func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func(), streamed *atomic.Int64) error {
 	first := true
 	for {
 		n, err := body.Read(buf)
@@ -193,6 +195,9 @@ func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, sc
 				if onFirst != nil {
 					onFirst()
 				}
+			}
+			if streamed != nil {
+				streamed.Store(time.Now().UnixNano())
 			}
 			scan.Write(buf[:n])
 			if st.sendData(buf[:n]) != nil {

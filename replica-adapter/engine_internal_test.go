@@ -186,7 +186,7 @@ func TestRelayStream(t *testing.T) {
 			st.startKeepalive(time.Hour)
 			firsts := 0
 			scan := usageScanner{sse: true}
-			err := relayStream(context.Background(), st, iotest.OneByteReader(tt.body), make([]byte, 64), &scan, func() { firsts++ })
+			err := relayStream(context.Background(), st, iotest.OneByteReader(tt.body), make([]byte, 64), &scan, func() { firsts++ }, nil)
 			if (err == nil) != (tt.wantErr == "") {
 				t.Fatalf("err %v, want %q", err, tt.wantErr)
 			}

@@ -242,6 +242,7 @@ func chatHeaders(reqID string) nats.Header {
 type engine struct {
 	srv     *httptest.Server
 	health  atomic.Int32
+	stall   atomic.Int64 // nanoseconds /health takes to answer
 	metrics atomic.Value // string: the testdata file served on /metrics
 	slots   atomic.Value // string: the testdata file served on /slots ("" = 404)
 	// key, when not "", is the API key /v1 requires, as vLLM's --api-key:
@@ -283,6 +284,13 @@ func newEngine(t *testing.T) *engine {
 		}
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		if d := time.Duration(e.stall.Load()); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done():
+				return
+			}
+		}
 		w.WriteHeader(int(e.health.Load()))
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"testing"
@@ -419,5 +420,58 @@ func TestNewValidates(t *testing.T) {
 	}
 	if _, err := adapter.New(e.nc, good); err != nil {
 		t.Errorf("good config: %v", err)
+	}
+}
+
+// An engine busy streaming can be too slow to answer a scrape in time: as
+// long as its streams flow it is not down, and the heartbeat keeps saying
+// scrape_ok. Once nothing flows, the same slow scrapes turn it false.
+func TestSlowScrapeWhileStreamingIsNotAFailure(t *testing.T) {
+	e := newEnv(t)
+	nextHB := heartbeats(t, e.nc, "r-1")
+	cfg := e.config()
+	cfg.ScrapeEvery, cfg.ScrapeFailLimit = 100*time.Millisecond, 2
+	e.start(cfg)
+	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		if !hb.ScrapeOK {
+			return errNotYet
+		}
+		return nil
+	})
+	release := make(chan struct{})
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-release:
+				_, _ = io.WriteString(w, "data: [DONE]\n\n")
+				return
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+				_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	replies := e.request("r-1", chatHeaders("slow-scrape"), `{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	next(t, replies) // the accept
+	e.eng.stall.Store(int64(1500 * time.Millisecond))
+	// Scrapes time out after 1s; three in a row would be past the limit.
+	until := time.Now().Add(3500 * time.Millisecond)
+	for time.Now().Before(until) {
+		if hb := nextHB(); !hb.ScrapeOK {
+			t.Fatalf("scrape_ok false while the engine streamed: %+v", hb)
+		}
+	}
+	close(release)
+	untilEnd(t, replies)
+	deadline := time.Now().Add(10 * time.Second)
+	for nextHB().ScrapeOK {
+		if time.Now().After(deadline) {
+			t.Fatal("scrape_ok still true 10s after the engine stopped streaming and answering scrapes")
+		}
 	}
 }

@@ -78,7 +78,13 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 // fails; after ScrapeFailLimit consecutive failures the heartbeat says
 // scrape_ok=false, and brokers exclude a replica whose heartbeat says so, as
 // they would a dead one, without touching its registered state.
+//
+// A scrape that times out while the engine's streams kept flowing does not
+// count towards the limit: a loaded engine (thousands of open streams on a
+// busy machine) can be slow to answer /metrics, and is not down. The load
+// data then only ages, and brokers treat it as stale.
 func (a *Adapter) scrape(ctx context.Context) {
+	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, max(a.cfg.ScrapeEvery, time.Second))
 	defer cancel()
 	healthErr := a.health(ctx)
@@ -95,8 +101,11 @@ func (a *Adapter) scrape(ctx context.Context) {
 		l.sample, l.have, l.flavor = sample, true, flavor
 	}
 	if healthErr != nil || metricsErr != nil {
-		l.fails++
 		a.metrics.scrapeFailures.Inc()
+		if ctx.Err() == context.DeadlineExceeded && a.streamed.Load() >= began.UnixNano() {
+			return // slow, not down: it streamed during the scrape
+		}
+		l.fails++
 		if l.fails == a.cfg.ScrapeFailLimit && ctx.Err() == nil {
 			a.log.Warn("engine scrape failing, heartbeat says scrape_ok=false", "health", healthErr, "metrics", metricsErr)
 		}
