@@ -146,6 +146,9 @@ func render(r *results) string {
 		}
 		p("\n")
 	}
+	if r.Many != nil {
+		renderMany(&b, r.Many)
+	}
 	if r.ProfileTop != "" {
 		p("### Where Switchyard's time goes\n\n")
 		p("CPU profile of the Switchyard process (gateway, broker, adapter, dashboard and the embedded NATS server) during the non-stream phase at %g/s, warmup included. ", c.Rate)

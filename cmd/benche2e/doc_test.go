@@ -70,3 +70,32 @@ func TestJudge(t *testing.T) {
 		}
 	}
 }
+
+func TestJudgeMany(t *testing.T) {
+	tr := func(name string, errs int, first, gap time.Duration) loadgen.TargetReport {
+		return loadgen.TargetReport{Name: name, OK: 100, Errors: errs,
+			FirstData: &loadgen.Summary{P99: loadgen.Dur(first)}, Gaps: &loadgen.Summary{P99: loadgen.Dur(gap)}}
+	}
+	rep := func(sy loadgen.TargetReport) *loadgen.Report {
+		return &loadgen.Report{Targets: []loadgen.TargetReport{tr("proxy", 0, 60*time.Millisecond, 110*time.Millisecond), sy}}
+	}
+	rss := map[string]float64{"proxy": 100, "stack": 150}
+	cases := []struct {
+		name string
+		sy   loadgen.TargetReport
+		rss  map[string]float64
+		want string // "" = met
+	}{
+		{"within every target", tr("switchyard", 0, 79*time.Millisecond, 119*time.Millisecond), rss, ""},
+		{"first data late", tr("switchyard", 0, 81*time.Millisecond, 110*time.Millisecond), rss, "first data"},
+		{"gaps long", tr("switchyard", 0, 60*time.Millisecond, 121*time.Millisecond), rss, "chunk gap"},
+		{"an error", tr("switchyard", 1, 60*time.Millisecond, 110*time.Millisecond), rss, "errors"},
+		{"memory", tr("switchyard", 0, 60*time.Millisecond, 110*time.Millisecond), map[string]float64{"proxy": 100, "stack": 201}, "RSS"},
+	}
+	for _, c := range cases {
+		met, why := judgeMany(rep(c.sy), c.rss)
+		if met != (c.want == "") || !strings.Contains(why, c.want) {
+			t.Errorf("%s: met %v (%s), want %q", c.name, met, why, c.want)
+		}
+	}
+}

@@ -46,6 +46,8 @@ type config struct {
 	concKB       int
 	concDuration time.Duration
 	concWarmup   time.Duration
+	many         manyConfig
+	onlyMany     bool
 }
 
 func main() {
@@ -90,8 +92,32 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.concKB, "conc-kb", 220, "prompt body size in KB in the concurrency phase")
 	fs.DurationVar(&cfg.concDuration, "conc-duration", 10*time.Second, "length of the concurrency phase")
 	fs.DurationVar(&cfg.concWarmup, "conc-warmup", 2*time.Second, "warmup before the concurrency phase")
+	manyRates := fs.String("many-rates", "150,300", "new streams/s per path in the many-streams phase, in order (empty: no phase)")
+	fs.IntVar(&cfg.many.tokens, "many-tokens", 100, "tokens per answer in the many-streams phase")
+	fs.DurationVar(&cfg.many.ttft, "many-ttft", 50*time.Millisecond, "engine time to first token in the many-streams phase")
+	fs.DurationVar(&cfg.many.itl, "many-itl", 100*time.Millisecond, "engine time between tokens in the many-streams phase")
+	fs.DurationVar(&cfg.many.duration, "many-duration", 15*time.Second, "length of each rate of the many-streams phase")
+	fs.DurationVar(&cfg.many.warmup, "many-warmup", 3*time.Second, "warmup before each rate of the many-streams phase")
+	fs.IntVar(&cfg.many.capacity, "many-capacity", 8192, "max_batch and max_queue of the replica in the many-streams phase")
+	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone, keeping the other results of the --json file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	for _, s := range strings.Split(*manyRates, ",") {
+		if strings.TrimSpace(s) == "" {
+			continue
+		}
+		r, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || r <= 0 || r > 10000 {
+			return fmt.Errorf("bad --many-rates entry %q", s)
+		}
+		cfg.many.rates = append(cfg.many.rates, r)
+	}
+	if cfg.many.tokens < 1 || cfg.many.tokens > 100000 || cfg.many.capacity < 1 {
+		return fmt.Errorf("--many-tokens and --many-capacity must be positive")
+	}
+	if cfg.onlyMany && (cfg.jsonOut == "" || len(cfg.many.rates) == 0) {
+		return fmt.Errorf("--only-many needs --json (the other results are kept from it) and --many-rates")
 	}
 	rc.model, rc.ttft, rc.itl = cfg.model, cfg.ttft, cfg.itl
 	cfg.maxBatch, cfg.maxQueue = rc.maxBatch, rc.maxQueue

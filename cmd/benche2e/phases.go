@@ -55,6 +55,7 @@ type results struct {
 	// says why stepping stopped early for a path, if it did.
 	MaxHeld      map[string]float64 `json:"max_held"`
 	StepsEnded   map[string]string  `json:"steps_ended,omitempty"`
+	Many         *manyPhase         `json:"many,omitempty"`
 	ProfileTop   string             `json:"profile_top,omitempty"`
 	ProfileParts []profilePart      `json:"profile_parts,omitempty"`
 	Elapsed      loadgen.Dur        `json:"elapsed_ms"`
@@ -99,6 +100,25 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 			}
 		}
 	}()
+	if cfg.onlyMany {
+		// The other phases' results are kept from the last full run.
+		if prev, err := os.ReadFile(cfg.jsonOut); err == nil {
+			if err := json.Unmarshal(prev, &b.results); err != nil {
+				return fmt.Errorf("%s: %w", cfg.jsonOut, err)
+			}
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		if b.results.Many, err = b.many(ctx, exe); err != nil {
+			return err
+		}
+		if err := writeJSON(cfg.jsonOut, &b.results); err != nil {
+			return err
+		}
+		return writeSection(cfg.out, render(&b.results))
+	}
 	if err := b.startPaths(ctx); err != nil {
 		return err
 	}
@@ -123,6 +143,23 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	}
 	if err := b.stepUp(ctx); err != nil {
 		return err
+	}
+	if len(cfg.many.rates) > 0 {
+		// The first paths are idle from here on; stopped, they neither
+		// take memory nor answer anything.
+		for name, c := range b.procs {
+			if serr := c.stop(); serr != nil {
+				return fmt.Errorf("%s stopped with an error: %w", c.name, serr)
+			}
+			delete(b.procs, name)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		if b.results.Many, err = b.many(ctx, exe); err != nil {
+			return err
+		}
 	}
 	b.results.Elapsed = loadgen.Dur(time.Since(b.start))
 	if cfg.cpuProfile != "" {

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/loadgen"
+)
+
+// The many-streams phase: thousands of long streams open at once, as an
+// LLM router holds them, through the proxy and Switchyard side by side. It
+// has processes of its own: an engine with a realistic pace (TTFT and ITL
+// of tens of milliseconds, a hundred tokens) and a Switchyard replica that
+// declares room for every stream, so that admission is not what is
+// measured.
+
+type manyConfig struct {
+	rates     []float64 // new streams a second per path; the first is the target load
+	tokens    int
+	ttft, itl time.Duration
+	duration  time.Duration
+	warmup    time.Duration
+	capacity  int // max_batch and max_queue of the replica
+}
+
+// manyStep is one rate of the phase.
+type manyStep struct {
+	Rate float64 `json:"rate"`
+	// Open is about how many streams each path holds open at once:
+	// rate × (TTFT + tokens × ITL).
+	Open   int             `json:"open_streams"`
+	Report *loadgen.Report `json:"report"`
+	// RSS is the peak resident set of each process during the step, MB.
+	RSS map[string]float64 `json:"rss_mb"`
+	CPU map[string]cpuUse  `json:"cpu"`
+	// Met says whether Switchyard met the targets against the proxy, and
+	// Why not.
+	Met bool   `json:"met"`
+	Why string `json:"why,omitempty"`
+}
+
+type manyPhase struct {
+	Date      string `json:"date"`
+	LoadStart string `json:"loadavg_start"`
+	Tokens   int         `json:"tokens"`
+	TTFT     loadgen.Dur `json:"ttft_ms"`
+	ITL      loadgen.Dur `json:"itl_ms"`
+	Duration loadgen.Dur `json:"duration_ms"`
+	Capacity int         `json:"replica_capacity"`
+	Steps    []manyStep  `json:"steps"`
+}
+
+// Targets of Switchyard against the proxy at the same load.
+const (
+	manyFirstSlack = 20 * time.Millisecond // first data p99
+	manyGapSlack   = 10 * time.Millisecond // chunk gap p99
+	manyRSSRatio   = 2.0
+)
+
+// many runs the phase: its own engine, proxy and stack, every rate in turn.
+func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
+	mc := b.cfg.many
+	m := describeMachine()
+	ph := &manyPhase{Date: m.Date, LoadStart: m.LoadStart, Tokens: mc.tokens, TTFT: loadgen.Dur(mc.ttft), ITL: loadgen.Dur(mc.itl), Duration: loadgen.Dur(mc.duration), Capacity: mc.capacity}
+	common := []string{"-model", b.cfg.model, "-ttft", mc.ttft.String(), "-itl", mc.itl.String(),
+		"-max-batch", strconv.Itoa(mc.capacity), "-max-queue", strconv.Itoa(mc.capacity)}
+	procs := map[string]*child{}
+	defer func() {
+		for _, c := range procs {
+			_ = c.stop()
+		}
+	}()
+	eng, err := startChild(ctx, exe, "many-engine", append([]string{"-role", "engine"}, common...)...)
+	if err != nil {
+		return nil, err
+	}
+	procs["engine"] = eng
+	for _, role := range []string{"proxy", "stack"} {
+		c, err := startChild(ctx, exe, "many-"+role, append([]string{"-role", role, "-engine", eng.urls[0]}, common...)...)
+		if err != nil {
+			return nil, err
+		}
+		procs[role] = c
+	}
+	urls := []string{procs["proxy"].urls[0], procs["stack"].urls[0]}
+	names := []string{"proxy", "switchyard"}
+	open := func(rate float64) int {
+		return int(rate * (mc.ttft + time.Duration(mc.tokens)*mc.itl).Seconds())
+	}
+	for _, rate := range mc.rates {
+		fmt.Fprintf(os.Stderr, "== many streams: %g new streams/s per path (~%d open each), %d tokens, %s\n", rate, open(rate), mc.tokens, mc.duration)
+		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}}
+		before := cpuOf(procs)
+		stopRSS := sampleRSS(procs, &s.RSS)
+		rep, err := loadgen.Run(ctx, loadgen.Config{
+			Targets: urls, Names: names, Rate: rate, Duration: mc.duration, Warmup: mc.warmup,
+			Stream: true, MaxTokens: mc.tokens, Model: b.cfg.model,
+			Timeout: mc.ttft + time.Duration(mc.tokens)*mc.itl + 30*time.Second, Client: b.client,
+		})
+		stopRSS()
+		b.client.CloseIdleConnections()
+		if err != nil {
+			return ph, err
+		}
+		for k, v := range cpuOf(procs) {
+			s.CPU[k] = v.minus(before[k])
+		}
+		_ = rep.WriteText(os.Stderr)
+		s.Report = rep
+		s.Met, s.Why = judgeMany(rep, s.RSS)
+		fmt.Fprintf(os.Stderr, "RSS MB %v; targets met: %v %s\n", s.RSS, s.Met, s.Why)
+		ph.Steps = append(ph.Steps, s)
+	}
+	return ph, nil
+}
+
+func cpuOf(procs map[string]*child) map[string]cpuUse {
+	m := map[string]cpuUse{}
+	for name, c := range procs {
+		if d, err := c.cpuTime(); err == nil {
+			m[name] = d
+		}
+	}
+	return m
+}
+
+// sampleRSS records each process's peak resident set (MB) into *peak,
+// every 200ms, until the returned stop is called.
+func sampleRSS(procs map[string]*child, peak *map[string]float64) (stop func()) {
+	m := map[string]float64{}
+	*peak = m
+	done := make(chan struct{})
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	read := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for name, c := range procs {
+			if mb, err := rssMB(c.cmd.Process.Pid); err == nil && mb > m[name] {
+				m[name] = mb
+			}
+		}
+	}
+	wg.Go(func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			read()
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() { close(done); wg.Wait(); read() }
+}
+
+// rssMB reads VmRSS from /proc/<pid>/status.
+func rssMB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseFloat(f[0], 64)
+				return kb / 1024, err
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// judgeMany says whether Switchyard (the second target) met the targets
+// against the proxy (the first): first data p99 within 20 ms, chunk gap
+// p99 within 10 ms, RSS at most twice, and no error.
+func judgeMany(rep *loadgen.Report, rss map[string]float64) (bool, string) {
+	if len(rep.Targets) != 2 {
+		return false, "two paths expected"
+	}
+	px, sy := &rep.Targets[0], &rep.Targets[1]
+	var why []string
+	if sy.Errors > 0 || px.Errors > 0 {
+		why = append(why, fmt.Sprintf("errors: proxy %d, switchyard %d %v", px.Errors, sy.Errors, sy.ErrorsBy))
+	}
+	if px.FirstData == nil || sy.FirstData == nil || sy.OK == 0 {
+		return false, strings.Join(append(why, "no stream measured"), "; ")
+	}
+	if d := sy.FirstData.P99 - px.FirstData.P99; d.D() > manyFirstSlack {
+		why = append(why, fmt.Sprintf("first data p99 +%.1f ms over the proxy (target ≤ +%s)", d.Ms(), manyFirstSlack))
+	}
+	if d := sy.Gaps.P99 - px.Gaps.P99; d.D() > manyGapSlack {
+		why = append(why, fmt.Sprintf("chunk gap p99 +%.1f ms over the proxy (target ≤ +%s)", d.Ms(), manyGapSlack))
+	}
+	if rss["proxy"] > 0 && rss["stack"] > manyRSSRatio*rss["proxy"] {
+		why = append(why, fmt.Sprintf("RSS %.0f MB, %.1f× the proxy's %.0f MB (target ≤ %g×)", rss["stack"], rss["stack"]/rss["proxy"], rss["proxy"], manyRSSRatio))
+	}
+	return len(why) == 0, strings.Join(why, "; ")
+}
+
+// renderMany is the phase's part of the section.
+func renderMany(b *strings.Builder, ph *manyPhase) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("### Many open streams\n\n")
+	p("Run %s, load average at the start %s. ", ph.Date, ph.LoadStart)
+	p("A process set of its own: an engine at TTFT %s and %s between tokens, %d tokens an answer; the proxy; Switchyard with a replica "+
+		"declaring max_batch and max_queue %d (admission is not what is measured). The proxy and Switchyard interleaved, each at the full rate "+
+		"of new streams, %s per rate after a warmup. "+
+		"Targets, Switchyard against the proxy in the same run: first data p99 ≤ +%s, chunk gap p99 ≤ +%s, RSS ≤ %g×, no error. "+
+		"RSS is each process's peak during the rate (Switchyard's process holds the NATS server, broker, gateway and adapter). Milliseconds.\n\n",
+		ph.TTFT.D(), ph.ITL.D(), ph.Tokens, ph.Capacity, ph.Duration.D(), manyFirstSlack, manyGapSlack, manyRSSRatio)
+	p("| new streams/s | open at once | path | ok | errors | first data p50 | first data p99 | gap p50 | gap p99 | gap max | RSS MB | CPU s |\n")
+	p("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	procOf := map[string]string{"proxy": "proxy", "switchyard": "stack"}
+	for _, s := range ph.Steps {
+		for i := range s.Report.Targets {
+			t := &s.Report.Targets[i]
+			if t.FirstData == nil || t.Gaps == nil {
+				continue
+			}
+			proc := procOf[t.Name]
+			p("| %g | ~%d | %s | %d | %s | %s | %s | %s | %s | %s | %.0f | %.1f |\n", s.Rate, s.Open, t.Name, t.OK, errs(t),
+				f3(t.FirstData.P50), f3(t.FirstData.P99), f3(t.Gaps.P50), f3(t.Gaps.P99), f3(t.Gaps.Max), s.RSS[proc], s.CPU[proc].total().Seconds())
+		}
+	}
+	p("\n")
+	for _, s := range ph.Steps {
+		verdict := "targets met"
+		if !s.Met {
+			verdict = "missed: " + s.Why
+		}
+		p("- %g/s (~%d open): %s.\n", s.Rate, s.Open, verdict)
+	}
+	p("\n")
+}
