@@ -2,7 +2,7 @@
 # End-to-end benchmark of Switchyard against direct engine access and a plain
 # httputil.ReverseProxy, all on this machine (see cmd/benche2e). Rewrites the
 # bench-e2e section of docs/benchmarks.md; the raw reports and the CPU
-# profile of the Switchyard process go to .cache/bench/. Takes about four
+# profile of the Switchyard process go to .cache/bench/. Takes about five
 # minutes; extra arguments go to benche2e (e.g. -duration 10s -budget 2m).
 set -eu
 cd "$(dirname "$0")/.."

@@ -17,6 +17,10 @@ import (
 const (
 	markStart = "<!-- bench-e2e:start -->"
 	markEnd   = "<!-- bench-e2e:end -->"
+	// The many-streams phase has a section of its own, so that it can be
+	// rerun alone (-only-many) without the other phases.
+	manyStart = "<!-- bench-e2e-many:start -->"
+	manyEnd   = "<!-- bench-e2e-many:end -->"
 )
 
 type machine struct {
@@ -67,20 +71,40 @@ func rerender(jsonPath, out string) error {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return fmt.Errorf("%s: %w", jsonPath, err)
 	}
+	if r.Many != nil {
+		if err := writeManySection(out, r.Many); err != nil {
+			return err
+		}
+	}
 	return writeSection(out, render(&r))
 }
 
 // writeSection replaces the text between the markers in path (appending
 // the section when the markers are absent, creating the file when it is).
 func writeSection(path, section string) error {
+	return writeBetween(path, markStart, markEnd, section)
+}
+
+// writeManySection writes the many-streams phase between its markers.
+func writeManySection(path string, ph *manyPhase) error {
+	var b strings.Builder
+	renderMany(&b, ph)
+	return writeBetween(path, manyStart, manyEnd, b.String())
+}
+
+func writeBetween(path, start, end, section string) error {
 	old, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return os.WriteFile(path, replaceSection(old, section), 0o644)
+	return os.WriteFile(path, replaceBetween(old, start, end, section), 0o644)
 }
 
 func replaceSection(doc []byte, section string) []byte {
+	return replaceBetween(doc, markStart, markEnd, section)
+}
+
+func replaceBetween(doc []byte, markStart, markEnd, section string) []byte {
 	block := markStart + "\n" + strings.TrimSpace(section) + "\n" + markEnd
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return []byte("# Benchmarks\n\n" + block + "\n")
@@ -145,9 +169,6 @@ func render(r *results) string {
 			p("| %g | %s | %s | %s | %.2f%% | %s |\n", s.Rate, s.Path, f3(s.P50), f3(s.P99), 100*s.ErrorRate, f3(s.SendLag))
 		}
 		p("\n")
-	}
-	if r.Many != nil {
-		renderMany(&b, r.Many)
 	}
 	if r.ProfileTop != "" {
 		p("### Where Switchyard's time goes\n\n")

@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.many.duration, "many-duration", 15*time.Second, "length of each rate of the many-streams phase")
 	fs.DurationVar(&cfg.many.warmup, "many-warmup", 3*time.Second, "warmup before each rate of the many-streams phase")
 	fs.IntVar(&cfg.many.capacity, "many-capacity", 8192, "max_batch and max_queue of the replica in the many-streams phase")
-	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone, keeping the other results of the --json file")
+	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone: rewrite its own section of --out (and its part of --json)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -116,8 +116,8 @@ func run(ctx context.Context, args []string) error {
 	if cfg.many.tokens < 1 || cfg.many.tokens > 100000 || cfg.many.capacity < 1 {
 		return fmt.Errorf("--many-tokens and --many-capacity must be positive")
 	}
-	if cfg.onlyMany && (cfg.jsonOut == "" || len(cfg.many.rates) == 0) {
-		return fmt.Errorf("--only-many needs --json (the other results are kept from it) and --many-rates")
+	if cfg.onlyMany && len(cfg.many.rates) == 0 {
+		return fmt.Errorf("--only-many needs --many-rates")
 	}
 	rc.model, rc.ttft, rc.itl = cfg.model, cfg.ttft, cfg.itl
 	cfg.maxBatch, cfg.maxQueue = rc.maxBatch, rc.maxQueue

@@ -101,8 +101,10 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 		}
 	}()
 	if cfg.onlyMany {
-		// The other phases' results are kept from the last full run.
-		if prev, err := os.ReadFile(cfg.jsonOut); err == nil {
+		// The other phases' results are kept from the --json of the last
+		// full run, when there is one; the document's section of the
+		// phase is rewritten alone.
+		if prev, err := os.ReadFile(cfg.jsonOut); err == nil && cfg.jsonOut != "" {
 			if err := json.Unmarshal(prev, &b.results); err != nil {
 				return fmt.Errorf("%s: %w", cfg.jsonOut, err)
 			}
@@ -114,10 +116,12 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 		if b.results.Many, err = b.many(ctx, exe); err != nil {
 			return err
 		}
-		if err := writeJSON(cfg.jsonOut, &b.results); err != nil {
-			return err
+		if cfg.jsonOut != "" {
+			if err := writeJSON(cfg.jsonOut, &b.results); err != nil {
+				return err
+			}
 		}
-		return writeSection(cfg.out, render(&b.results))
+		return writeManySection(cfg.out, b.results.Many)
 	}
 	if err := b.startPaths(ctx); err != nil {
 		return err
@@ -173,6 +177,11 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	}
 	if err := writeSection(cfg.out, render(&b.results)); err != nil {
 		return err
+	}
+	if b.results.Many != nil {
+		if err := writeManySection(cfg.out, b.results.Many); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s in %s\n", cfg.out, time.Since(b.start).Round(time.Second))
 	return nil
