@@ -45,14 +45,14 @@ type manyStep struct {
 }
 
 type manyPhase struct {
-	Date      string `json:"date"`
-	LoadStart string `json:"loadavg_start"`
-	Tokens   int         `json:"tokens"`
-	TTFT     loadgen.Dur `json:"ttft_ms"`
-	ITL      loadgen.Dur `json:"itl_ms"`
-	Duration loadgen.Dur `json:"duration_ms"`
-	Capacity int         `json:"replica_capacity"`
-	Steps    []manyStep  `json:"steps"`
+	Date      string      `json:"date"`
+	LoadStart string      `json:"loadavg_start"`
+	Tokens    int         `json:"tokens"`
+	TTFT      loadgen.Dur `json:"ttft_ms"`
+	ITL       loadgen.Dur `json:"itl_ms"`
+	Duration  loadgen.Dur `json:"duration_ms"`
+	Capacity  int         `json:"replica_capacity"`
+	Steps     []manyStep  `json:"steps"`
 }
 
 // Targets of Switchyard against the proxy at the same load.

@@ -112,7 +112,7 @@ func serveProxy(ctx context.Context, rc roleConfig) error {
 // broker, the gateway, the dev routing table) with one replica whose
 // adapter calls the shared engine. A second listener serves CPU profiles.
 func serveStack(ctx context.Context, rc roleConfig) error {
-	gctune.Apply() // as the switchyard binary runs
+	defer gctune.Start()() // as the switchyard binary runs
 	dir, err := os.MkdirTemp("", "switchyard-bench-")
 	if err != nil {
 		return err

@@ -50,10 +50,11 @@ func commands() []command {
 }
 
 func main() {
-	gctune.Apply()
+	stopGC := gctune.Start()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	stopGC()
 	os.Exit(code)
 }
 
