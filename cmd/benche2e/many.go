@@ -237,7 +237,11 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 		if !s.Met {
 			verdict = "missed: " + s.Why
 		}
-		p("- %g/s (~%d open): %s.\n", s.Rate, s.Open, verdict)
+		lag := ""
+		if len(s.Report.Targets) > 0 {
+			lag = fmt.Sprintf(" (the generator sent p99 %s ms late: a measure of how starved the machine was)", f3(s.Report.Targets[0].SendLag.P99))
+		}
+		p("- %g/s (~%d open)%s: %s.\n", s.Rate, s.Open, lag, verdict)
 	}
 	p("\n")
 }
