@@ -24,13 +24,11 @@ type response struct {
 	wrote  bool // bytes have reached the client: no more retries
 	buf    bytes.Buffer
 	rc     *http.ResponseController
-	// renewAt is when data next pushes the write deadline forward.
-	renewAt time.Time
 }
 
 // reset forgets what a failed attempt buffered.
 func (s *response) reset() {
-	s.status, s.sse, s.renewAt = 0, false, time.Time{}
+	s.status, s.sse = 0, false
 	s.buf.Reset()
 }
 
@@ -106,14 +104,7 @@ func (s *response) data(b []byte) error {
 		s.buf.Write(b)
 		return nil
 	}
-	// A chunk pushes the deadline forward only when an eighth of it has
-	// passed since the last push: one timer update in many at thousands
-	// of chunks a second, and a client that stops reading is still cut
-	// within WriteTimeout.
-	if now := time.Now(); !now.Before(s.renewAt) {
-		_ = s.rc.SetWriteDeadline(now.Add(s.g.cfg.WriteTimeout))
-		s.renewAt = now.Add(s.g.cfg.WriteTimeout / 8)
-	}
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	if _, err := s.w.Write(b); err != nil {
 		return err
 	}
