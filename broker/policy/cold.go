@@ -34,7 +34,12 @@ func (r *Router) ObserveLoad(s *subjects.LoadStatus, now time.Time) {
 	if !known && len(r.cold) >= maxColdModels {
 		return
 	}
+	// A start in the future, or long past, would put the ETA, and with it
+	// model_loading's Retry-After, anywhere: it is held to the last hour.
 	started := time.UnixMilli(s.StartedUnixMillis)
+	if started.After(now) || now.Sub(started) > maxColdRetry {
+		started = now
+	}
 	switch s.Phase {
 	case subjects.LoadRequested, subjects.LoadStarted:
 		if expected := time.Duration(s.ExpectedMillis) * time.Millisecond; expected > 0 {

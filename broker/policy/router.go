@@ -53,6 +53,7 @@ type Router struct {
 	byModel  map[string][]*replica
 	prefixes map[string]*prefixMap // per model id
 	quotas   map[string]*tenantQuota
+	reserved map[string]reservation // tpm reservations by request id
 	brokers  int
 	pruneAt  int                 // replicas map size that triggers the next sweep
 	epoch    uint64              // stamps the candidates of the current decision
