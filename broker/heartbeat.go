@@ -17,6 +17,10 @@ import (
 // (for logging transitions only); beyond it transitions are not logged.
 const maxUnhealthyTracked = 4096
 
+// maxHeartbeatBytes bounds a heartbeat: an honest one is well under a
+// kilobyte plus its LoRA adapters' names.
+const maxHeartbeatBytes = 64 << 10
+
 // errHeartbeat is wrapped by every reason a heartbeat is refused.
 var errHeartbeat = errors.New("bad heartbeat")
 
@@ -33,6 +37,9 @@ var errHeartbeat = errors.New("bad heartbeat")
 // honoured. unhealthy reports that rewrite. A loading replica stays
 // loading, so a model on its way is still answered as model_loading.
 func decodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhealthy bool, err error) {
+	if len(data) > maxHeartbeatBytes {
+		return false, fmt.Errorf("%w: %d bytes", errHeartbeat, len(data))
+	}
 	if err := json.Unmarshal(data, hb); err != nil {
 		return false, fmt.Errorf("%w: %w", errHeartbeat, err)
 	}

@@ -47,11 +47,14 @@ func (s *scratch) reset() {
 
 // route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
+	b.routeMsg(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
+}
+
+func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
 	s := b.scratch.Get().(*scratch)
 	defer b.release(s)
 	var msg nats.Msg
-	reply := r.Reply()
 	if reply != "" && !b.subj.InReplySpace(reply) {
 		// The routed notice and a rejection are published to the reply
 		// subject: one outside the reply space (a JetStream API subject,
@@ -61,7 +64,7 @@ func (b *Broker) route(r micro.Request) {
 		b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
 		return
 	}
-	forward := b.handle(s, r.Subject(), reply, nats.Header(r.Headers()), r.Data(), &msg)
+	forward := b.handle(s, subject, reply, h, data, &msg)
 	if msg.Subject == "" {
 		return
 	}
@@ -76,7 +79,7 @@ func (b *Broker) route(r micro.Request) {
 		_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
 	}
 	if err := b.nc.PublishMsg(&msg); err != nil && forward && reply != "" {
-		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+		b.reject(&msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
 		_ = b.nc.PublishMsg(&msg)
 	}
 }

@@ -186,17 +186,19 @@ func (u *UI) Run(ctx context.Context) error {
 	}
 }
 
-// Bounds on what the dashboard keeps: a decision or heartbeat larger than
-// maxMessageBytes is not kept (an honest one is a few KB), and at most
+// Bounds on what the dashboard keeps: a decision larger than
+// maxDecisionBytes (an honest one is a few KB) or a heartbeat larger than
+// maxHeartbeatBytes (the broker's bound) is not kept, and at most
 // maxReplicas replicas are shown.
 const (
-	maxMessageBytes = 16 << 10
-	maxReplicas     = 4096
+	maxDecisionBytes  = 16 << 10
+	maxHeartbeatBytes = 64 << 10
+	maxReplicas       = 4096
 )
 
 func (u *UI) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
-	if len(m.Data) > maxMessageBytes {
+	if len(m.Data) > maxHeartbeatBytes {
 		return
 	}
 	if err := json.Unmarshal(m.Data, &hb); err != nil || subjects.ValidToken(hb.Replica) != nil {
@@ -255,9 +257,9 @@ func (u *UI) onLoadStatus(m *nats.Msg) {
 
 func (u *UI) onDecision(m *nats.Msg) {
 	var d subjects.Decision
-	// Each kept decision is at most maxMessageBytes, so the ring is
+	// Each kept decision is at most maxDecisionBytes, so the ring is
 	// bounded in bytes as well as in number.
-	if len(m.Data) > maxMessageBytes {
+	if len(m.Data) > maxDecisionBytes {
 		return
 	}
 	if err := json.Unmarshal(m.Data, &d); err != nil {

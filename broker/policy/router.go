@@ -331,3 +331,11 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision
 		d.Duration = r.cfg.Clock().Sub(start)
 	}
 }
+
+// Known is the number of replicas in the load view: registered ones and
+// those heard from.
+func (r *Router) Known() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.replicas)
+}
