@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -138,6 +139,30 @@ func TestTrust(t *testing.T) {
 		}
 	})
 
+	t.Run("a replica deleted from the table takes its series with it", func(t *testing.T) {
+		b.onHeartbeat(&nats.Msg{Subject: "llm.heartbeat.r-3", Data: []byte(`{"replica":"r-3","state":"ready","scrape_ok":true,"kv_usage":0.2}`)})
+		has := func() bool {
+			ch := make(chan prometheus.Metric, 1<<12)
+			b.metrics.replicaKV.Collect(ch)
+			close(ch)
+			for m := range ch {
+				if strings.Contains(m.Desc().String(), "replica") && strings.Contains(metricText(m), `"r-3"`) {
+					return true
+				}
+			}
+			return false
+		}
+		if !has() {
+			t.Fatal("no kv series for the registered r-3")
+		}
+		next := b.Table().Clone()
+		next.Delete("replicas.r-3")
+		b.setTable(next)
+		if has() {
+			t.Error("r-3 deleted from the table, its kv series is still exported")
+		}
+	})
+
 	t.Run("usage without a reservation is dropped and counted", func(t *testing.T) {
 		before := value(b.metrics.refused.WithLabelValues(refusedUsage))
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","reserved_tokens":1000000000}`)})
@@ -156,6 +181,13 @@ func TestTrust(t *testing.T) {
 			t.Errorf("%d live brokers counted", n)
 		}
 	})
+}
+
+// metricText is a metric's labels as text.
+func metricText(m prometheus.Metric) string {
+	var d dto.Metric
+	_ = m.Write(&d)
+	return d.String()
 }
 
 // series counts the series a collector exports.
