@@ -278,17 +278,20 @@ func TestTrust(t *testing.T) {
 			return tt != nil && tt.Quota.TPM == 3000, "the broker has not seen trial's tpm quota"
 		})
 		nc := mustConnectAs(t, st, tenant("trial"))
-		// Spend the quota until a request is refused with every honest
-		// usage event settled (they give back what a request did not use).
+		// Spend the quota with requests of 300 tokens until one is refused
+		// with every honest usage event settled (they give back what a
+		// request did not use). Under 310 tokens are left then, and the
+		// bucket refills 50 a second: a request of 1000 stays refused for
+		// seconds unless something refunds it.
 		for round := 0; ; round++ {
 			admitted := 0
 			for {
-				head, data := ask(t, nc, "llm.route.trial", nats.NewInbox(), nil, chat("spend", 1000))
+				head, data := ask(t, nc, "llm.route.trial", nats.NewInbox(), nil, chat("spend", 300))
 				if head.Get(subjects.HdrStatus) == "429" {
 					break
 				}
-				if admitted++; admitted > 6 {
-					t.Fatalf("a 3000 tpm quota admitted %d requests of 1000 tokens: %s", admitted, data)
+				if admitted++; admitted > 12 {
+					t.Fatalf("a 3000 tpm quota admitted %d requests of 300 tokens: %s", admitted, data)
 				}
 			}
 			eventually(t, 5*time.Second, func() (bool, string) {
