@@ -17,12 +17,6 @@ type bodyField struct {
 	value []byte // JSON
 }
 
-// rewriteModel returns body with its top-level "model" set to name.
-func rewriteModel(body []byte, name string) ([]byte, error) {
-	quoted, _ := quote(name)
-	return setFields(body, []bodyField{{keys: []string{"model"}, value: quoted}})
-}
-
 // setFields returns body with fields set. It rewrites only those values'
 // bytes: the rest of the body, which can be megabytes of prompt, is copied,
 // never decoded. The body is returned unchanged when it already holds every
