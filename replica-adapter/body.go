@@ -17,30 +17,44 @@ type bodyField struct {
 	value []byte // JSON
 }
 
-// setFields returns body with fields set. It rewrites only those values'
-// bytes: the rest of the body, which can be megabytes of prompt, is copied,
-// never decoded. The body is returned unchanged when it already holds every
-// value.
-func setFields(body []byte, fields []bodyField) ([]byte, error) {
-	keys := make([]string, 0, 2*len(fields))
-	owner := make([]int, 0, 2*len(fields))
+// setFields returns body with fields set, and the values of the top-level
+// keys named in watch (read, not changed), in one pass over the body. It
+// rewrites only the set values' bytes: the rest of the body, which can be
+// megabytes of prompt, is copied, never decoded. The body is returned
+// unchanged when it already holds every value.
+func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]byte, error) {
+	keys := make([]string, 0, 2*len(fields)+len(watch))
+	owner := make([]int, 0, cap(keys))
 	for i, f := range fields {
 		for _, k := range f.keys {
 			keys, owner = append(keys, k), append(owner, i)
 		}
 	}
+	for _, k := range watch {
+		keys, owner = append(keys, k), append(owner, -1)
+	}
 	spans, end, err := topLevel(body, keys)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var watched [][]byte
 	found := make([]bool, len(fields))
 	same := true
+	n := 0
 	for _, s := range spans {
-		found[owner[s.key]] = true
-		if !bytes.Equal(body[s.from:s.to], fields[owner[s.key]].value) {
+		i := owner[s.key]
+		if i < 0 {
+			watched = append(watched, body[s.from:s.to])
+			continue
+		}
+		spans[n] = s
+		n++
+		found[i] = true
+		if !bytes.Equal(body[s.from:s.to], fields[i].value) {
 			same = false
 		}
 	}
+	spans = spans[:n]
 	var missing []bodyField
 	for i, f := range fields {
 		if !found[i] {
@@ -48,7 +62,7 @@ func setFields(body []byte, fields []bodyField) ([]byte, error) {
 		}
 	}
 	if same && len(missing) == 0 {
-		return body, nil
+		return body, watched, nil
 	}
 	out := make([]byte, 0, len(body)+64)
 	prev := 0
@@ -71,7 +85,7 @@ func setFields(body []byte, fields []bodyField) ([]byte, error) {
 		out = append(out, ':')
 		out = append(out, f.value...)
 	}
-	return append(out, body[end:]...), nil
+	return append(out, body[end:]...), watched, nil
 }
 
 // span is the value of a top-level key: keys[key] at body[from:to].

@@ -103,5 +103,6 @@ func BenchmarkRewriteModelLong(b *testing.B) {
 // an embeddings body.
 func rewriteModel(body []byte, name string) ([]byte, error) {
 	quoted, _ := quote(name)
-	return setFields(body, []bodyField{{keys: []string{"model"}, value: quoted}})
+	out, _, err := setFields(body, []bodyField{{keys: []string{"model"}, value: quoted}})
+	return out, err
 }

@@ -52,21 +52,19 @@ func engineBody(ep answerBounds, body []byte, model, reservedMax string) ([]byte
 		}
 		fields = append(fields, bodyField{keys: ep.maxTokens, value: []byte(strconv.Itoa(n))})
 	}
+	var watch []string
 	if ep.choices {
-		spans, _, err := topLevel(body, []string{"n", "best_of"})
-		if err != nil {
-			return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
-		}
-		for _, s := range spans {
-			if v := body[s.from:s.to]; !bytes.Equal(v, []byte("1")) && !bytes.Equal(v, []byte("null")) {
-				return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest,
-					"n and best_of must be 1: a request asks for one answer")
-			}
-		}
+		watch = []string{"n", "best_of"}
 	}
-	out, err := setFields(body, fields)
+	out, answers, err := setFields(body, fields, watch...)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+	}
+	for _, v := range answers {
+		if !bytes.Equal(v, []byte("1")) && !bytes.Equal(v, []byte("null")) {
+			return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest,
+				"n and best_of must be 1: a request asks for one answer")
+		}
 	}
 	return out, nil
 }
