@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/switchyard-llm/switchyard/features"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -61,6 +62,19 @@ func TestTrust(t *testing.T) {
 		}
 		if !strings.Contains(msg.Header.Get(subjects.HdrRouteReason), "pool-fallback-general") || msg.Header.Get(subjects.HdrMaxTokens) != "7" {
 			t.Errorf("gateway headers not taken: %v", msg.Header)
+		}
+	})
+
+	t.Run("a gateway's prefix at the most blocks is within the bounds", func(t *testing.T) {
+		var msg nats.Msg
+		blocks := make([]uint64, features.MaxPrefixBlocks)
+		for i := range blocks {
+			blocks[i] = ^uint64(i)
+		}
+		h := nats.Header{subjects.HdrModel: {"chat-large"}, subjects.HdrPromptTokens: {"10"},
+			subjects.HdrPrefix: {features.FormatPrefixHeader(blocks)}}
+		if !b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+			t.Fatalf("a %d-block prefix refused: %v %s", len(blocks), msg.Header, msg.Data)
 		}
 	})
 

@@ -11,8 +11,8 @@ const (
 	// MaxFeatures bounds the flags of Llm-Features.
 	MaxFeatures = 16
 	// MaxHeaderChars bounds any one routing header the broker reads:
-	// Llm-Prefix at its most blocks is under it.
-	MaxHeaderChars = 4096
+	// Llm-Prefix at its most blocks (256 of up to 17 characters) is under it.
+	MaxHeaderChars = 8192
 	// MaxRequestIDChars bounds Llm-Request-Id, a reservation's key.
 	MaxRequestIDChars = 128
 
