@@ -9,10 +9,11 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// scanBody fills what a direct NATS client left out of the headers (model,
-// prompt tokens, prefix, features) from the body: the one place the broker
-// reads a body. The gateway always sets the headers, so its requests never
-// come here.
+// scanBody fills what the headers do not give from the body (model, prompt
+// tokens, max tokens, prefix, features): the one place the broker reads a
+// body. Every direct client's request comes here (fillRequest removed the
+// headers it may not set); the gateway always sets them, so its requests
+// never do.
 func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
 	var fr features.Request
 	if err := features.ParseRequestInto(&fr, s.req.Endpoint, s.body); err != nil {

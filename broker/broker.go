@@ -74,6 +74,7 @@ type Broker struct {
 	health  health
 	heard   heard
 	handled atomic.Uint64 // route messages handled, watched by stop
+	logged  sync.Map      // refused-message kinds already logged
 }
 
 type outMsg struct {
@@ -212,13 +213,13 @@ func (b *Broker) Run(ctx context.Context) error {
 	if err := svc.AddEndpoint("route", micro.HandlerFunc(b.route),
 		micro.WithEndpointSubject(b.subj.RouteAll()),
 		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
-		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		micro.WithEndpointPendingLimits(RoutePendingMsgs, RoutePendingBytes)); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("gateway", micro.HandlerFunc(b.route),
 		micro.WithEndpointSubject(b.subj.GatewayAll()),
 		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
-		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		micro.WithEndpointPendingLimits(GatewayPendingMsgs, GatewayPendingBytes)); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("explain", micro.HandlerFunc(b.explain),
@@ -230,6 +231,18 @@ func (b *Broker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	return nil
 }
+
+// Pending limits of the request endpoints: what the server has delivered
+// and the broker not yet handled. Past them the client library drops
+// messages (a slow consumer) and the gateway retries on its timeout; below
+// them a flood of direct requests cannot take the broker's memory. The
+// broker decides in microseconds, so a full queue means a flood.
+const (
+	RoutePendingMsgs    = 4096
+	RoutePendingBytes   = 64 << 20
+	GatewayPendingMsgs  = 65536
+	GatewayPendingBytes = 512 << 20
+)
 
 // drainWait bounds how long a stopping broker waits for the requests
 // already delivered to it.

@@ -19,6 +19,13 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		b.metrics.badMessages.WithLabelValues("heartbeat").Inc()
 		return
 	}
+	// Only a replica registered in the table is routed to or measured:
+	// heartbeats of made-up replicas would otherwise grow the load view
+	// and the metric series without bound.
+	if t := b.router.Table(); t == nil || t.Replicas[hb.Replica] == nil {
+		b.refuse(refusedReplica, "heartbeat of a replica not registered in the table ignored", "replica", hb.Replica)
+		return
+	}
 	if unhealthy {
 		b.metrics.unhealthy.WithLabelValues(hb.Replica).Inc()
 	}
@@ -56,16 +63,22 @@ func (b *Broker) onUsage(m *nats.Msg) {
 		return
 	}
 	var u subjects.Usage
-	if err := json.Unmarshal(m.Data, &u); err != nil {
+	if len(m.Data) > maxUsageBytes || json.Unmarshal(m.Data, &u) != nil {
 		b.metrics.badMessages.WithLabelValues("usage").Inc()
 		return
 	}
-	// Only the broker that reserved the tokens settles them.
 	if u.Broker != "" && u.Broker != b.cfg.ID {
 		return
 	}
-	b.router.ObserveUsage(&u, b.cfg.Now())
+	// Only a reservation this broker holds is settled, once, for its own
+	// tenant and at most what it reserved.
+	if !b.router.ObserveUsage(&u, b.cfg.Now()) {
+		b.refuse(refusedUsage, "usage without a reservation held by this broker ignored", "request", u.RequestID)
+	}
 }
+
+// maxUsageBytes bounds a usage event (a few hundred bytes when honest).
+const maxUsageBytes = 4 << 10
 
 // presence counts live brokers from their announcements, so each enforces
 // its share (limit ÷ live brokers) of a tenant quota.
@@ -100,13 +113,38 @@ func (p *presence) observe(id string, now time.Time, ttl time.Duration) int {
 	return n
 }
 
+// maxBrokers bounds the brokers counted: quota shares are limit ÷ live
+// brokers, so made-up presences must not shrink them without bound.
+const maxBrokers = 256
+
+// observeNew is observe for an announcement: a broker not yet seen is
+// counted only while fewer than maxBrokers are.
+func (p *presence) observeNew(id string, now time.Time, ttl time.Duration) (int, bool) {
+	p.mu.Lock()
+	_, known := p.seen[id]
+	full := !known && len(p.seen) >= maxBrokers
+	p.mu.Unlock()
+	if full {
+		return p.observe("", now, ttl), false
+	}
+	return p.observe(id, now, ttl), true
+}
+
 // LiveBrokers is the number of brokers this one counts for quota shares.
 func (b *Broker) LiveBrokers() int {
 	return b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
 }
 
 func (b *Broker) onPresence(m *nats.Msg) {
-	n := b.peers.observe(string(m.Data), b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	id := string(m.Data)
+	if subjects.ValidToken(id) != nil {
+		b.refuse(refusedPresence, "presence with an invalid broker id ignored")
+		return
+	}
+	n, ok := b.peers.observeNew(id, b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	if !ok {
+		b.refuse(refusedPresence, "presence beyond the broker limit ignored", "broker", id)
+	}
 	b.router.SetLiveBrokers(n)
 	b.metrics.liveBrokers.Set(float64(n))
 }
@@ -131,9 +169,21 @@ func (b *Broker) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 // model_loading's Retry-After is the time the load has left.
 func (b *Broker) onLoadStatus(m *nats.Msg) {
 	var st subjects.LoadStatus
-	if err := json.Unmarshal(m.Data, &st); err != nil {
+	if len(m.Data) > maxLoadStatusBytes || json.Unmarshal(m.Data, &st) != nil || len(st.Model) > subjects.MaxModelChars {
 		b.metrics.badMessages.WithLabelValues("load_status").Inc()
 		return
 	}
 	b.router.ObserveLoad(&st, b.cfg.Now())
+}
+
+// maxLoadStatusBytes bounds a load status (its error text included).
+const maxLoadStatusBytes = 16 << 10
+
+// refuse counts a message refused for what it claims, and logs the first
+// of each kind: a flood of forgeries must not become a flood of log lines.
+func (b *Broker) refuse(kind, msg string, args ...any) {
+	b.metrics.refused.WithLabelValues(kind).Inc()
+	if _, logged := b.logged.LoadOrStore(kind, true); !logged {
+		b.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
+	}
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,105 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 		}
 		if unhealthy && (hb.ScrapeOK || hb.State != subjects.StateDraining) {
 			t.Fatalf("unhealthy but state %q scrape_ok %v", hb.State, hb.ScrapeOK)
+		}
+	})
+}
+
+// FuzzMessages sends the broker what an outsider with a NATS connection
+// could: requests with any reply subject and header size, heartbeats with
+// any numbers for registered and made-up replicas, usage and presence
+// events. It fails when the broker publishes outside the reply space and
+// its own subjects, when one message takes more than a bounded time, or
+// when a message grows the broker's state: the load view, the metric
+// series, the reservations, the brokers counted.
+func FuzzMessages(f *testing.F) {
+	now := time.Unix(1_800_000_000, 0)
+	b := newTestBroker(f, 3, now)
+	watch, err := nats.Connect(b.nc.ConnectedUrl())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(watch.Close)
+	seen, err := watch.SubscribeSync(">")
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		f.Fatal(err)
+	}
+	known, reservations := b.router.Known(), b.router.Reservations()
+	body := `{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`
+	f.Add(uint8(0), "gw.default", "$JS.API.STREAM.PURGE.KV_llm-routing", uint16(0), 0.5, []byte(body))
+	f.Add(uint8(0), "route.acme", "_INBOX.ok", uint16(60000), 0.0, []byte(body))
+	f.Add(uint8(0), "gw.default", "llm.reply.gw.1", uint16(10), 1.0, []byte(body))
+	f.Add(uint8(1), "r-1", "", uint16(0), -1e300, []byte(nil))
+	f.Add(uint8(1), "ghost", "", uint16(3), 0.5, []byte(nil))
+	f.Add(uint8(2), "trial", "", uint16(0), 1e9, []byte(`{"tenant":"trial","request_id":"x","reserved_tokens":1000000000}`))
+	f.Add(uint8(3), "", "", uint16(0), 0.0, []byte("b-2"))
+	f.Fuzz(func(t *testing.T, kind uint8, token, reply string, size uint16, num float64, data []byte) {
+		var msg *nats.Msg
+		h := nats.Header{}
+		switch kind % 4 {
+		case 0:
+			if size > 0 {
+				h.Set(subjects.HdrExclude, strings.Repeat("r-0,", int(size)*25))
+			}
+		case 1:
+			hb, _ := json.Marshal(map[string]any{"replica": token, "state": "ready", "scrape_ok": true,
+				"kv_usage": num, "running": int(num), "waiting": int(size), "engine_failures": int(num),
+				"ttft_ewma_ms": num, "lora": map[string]any{"running": strings.Split(strings.Repeat("a,", int(size)), ",")}})
+			msg = &nats.Msg{Subject: "llm.heartbeat." + token, Data: hb}
+		case 2:
+			msg = &nats.Msg{Subject: "llm.usage." + token, Data: data}
+		case 3:
+			msg = &nats.Msg{Subject: "llm.broker.presence", Data: data}
+		}
+		start := time.Now()
+		switch kind % 4 {
+		case 0:
+			b.routeMsg("llm."+token, reply, h, data)
+		case 1:
+			b.onHeartbeat(msg)
+		case 2:
+			b.onUsage(msg)
+		case 3:
+			b.onPresence(msg)
+		}
+		if d := time.Since(start); d > 100*time.Millisecond {
+			t.Fatalf("one message took %v", d)
+		}
+		for len(b.out) > 0 {
+			<-b.out
+		}
+		if err := b.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, err := seen.NextMsg(0)
+			if err != nil {
+				break
+			}
+			rep, isReplica := strings.CutPrefix(m.Subject, "llm.replica.")
+			if !b.subj.InReplySpace(m.Subject) && !(isReplica && subjects.ValidToken(rep) == nil) && !strings.HasPrefix(m.Subject, "llm.heartbeat.") &&
+				!strings.HasPrefix(m.Subject, "llm.usage.") && m.Subject != "llm.broker.presence" {
+				t.Fatalf("the broker published on %q", m.Subject)
+			}
+		}
+		if got := b.router.Known(); got != known {
+			t.Fatalf("the load view grew from %d to %d replicas", known, got)
+		}
+		if got := series(b.metrics.heartbeatAge); got > known {
+			t.Fatalf("%d heartbeat series for %d replicas", got, known)
+		}
+		if got := b.router.Reservations(); got > reservations+1 {
+			t.Fatalf("%d reservations after one message", got)
+		}
+		reservations = b.router.Reservations()
+		if n := b.LiveBrokers(); n > maxBrokers+1 {
+			t.Fatalf("%d brokers counted", n)
 		}
 	})
 }

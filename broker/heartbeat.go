@@ -17,6 +17,10 @@ import (
 // (for logging transitions only); beyond it transitions are not logged.
 const maxUnhealthyTracked = 4096
 
+// maxHeartbeatBytes bounds a heartbeat: an honest one is well under a
+// kilobyte plus its LoRA adapters' names.
+const maxHeartbeatBytes = 64 << 10
+
 // errHeartbeat is wrapped by every reason a heartbeat is refused.
 var errHeartbeat = errors.New("bad heartbeat")
 
@@ -33,6 +37,9 @@ var errHeartbeat = errors.New("bad heartbeat")
 // honoured. unhealthy reports that rewrite. A loading replica stays
 // loading, so a model on its way is still answered as model_loading.
 func decodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhealthy bool, err error) {
+	if len(data) > maxHeartbeatBytes {
+		return false, fmt.Errorf("%w: %d bytes", errHeartbeat, len(data))
+	}
 	if err := json.Unmarshal(data, hb); err != nil {
 		return false, fmt.Errorf("%w: %w", errHeartbeat, err)
 	}
@@ -45,12 +52,48 @@ func decodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhea
 	if !subjects.ValidState(hb.State) {
 		return false, fmt.Errorf("%w: state %q", errHeartbeat, hb.State)
 	}
+	if err := inRange(hb); err != nil {
+		return false, fmt.Errorf("%w: %w", errHeartbeat, err)
+	}
 	if !hb.ScrapeOK && hb.State == subjects.StateReady {
 		hb.State = subjects.StateDraining
 		return true, nil
 	}
 	return false, nil
 }
+
+// inRange range-checks a heartbeat's numbers and sizes: a kv_usage of
+// -1e300 would draw every request to one replica, an absurd failure count
+// eject it (docs/security.md, "Bounds"). A heartbeat out of range is
+// refused whole: its replica keeps its last good one until dead_after.
+func inRange(hb *subjects.Heartbeat) error {
+	const maxCount = subjects.MaxHeartbeatCount
+	switch {
+	case !(hb.KVUsage >= 0 && hb.KVUsage <= 1):
+		return fmt.Errorf("kv_usage %v not in [0, 1]", hb.KVUsage)
+	case !count(hb.Running) || !count(hb.Waiting) || !count(hb.MaxBatch) || !count(hb.MaxQueue) || !count(hb.Inflight) || !count(hb.EngineFailures):
+		return fmt.Errorf("a count (running, waiting, max_batch, max_queue, inflight, engine_failures) not in [0, %d]", maxCount)
+	case !millis(hb.TTFTEWMAMillis) || !millis(hb.QueueWaitMillis):
+		return fmt.Errorf("ttft_ewma_ms or queue_wait_ewma_ms not in [0, %d]", subjects.MaxHeartbeatMillis)
+	case len(hb.Lora.Running)+len(hb.Lora.Waiting) > subjects.MaxLoraAdapters || hb.Lora.Max < 0 || hb.Lora.Max > subjects.MaxLoraAdapters:
+		return fmt.Errorf("lora lists or max beyond %d", subjects.MaxLoraAdapters)
+	case len(hb.Model) > subjects.MaxModelChars || len(hb.Version) > subjects.MaxModelChars || len(hb.Pool) > subjects.MaxModelChars:
+		return fmt.Errorf("model, version or pool longer than %d", subjects.MaxModelChars)
+	}
+	for _, l := range [2][]string{hb.Lora.Running, hb.Lora.Waiting} {
+		for _, a := range l {
+			if len(a) > subjects.MaxModelChars {
+				return fmt.Errorf("lora adapter name longer than %d", subjects.MaxModelChars)
+			}
+		}
+	}
+	return nil
+}
+
+func count(n int) bool { return n >= 0 && n <= subjects.MaxHeartbeatCount }
+
+// millis also refuses NaN, which fails every comparison.
+func millis(v float64) bool { return v >= 0 && v <= subjects.MaxHeartbeatMillis }
 
 // health remembers which replicas are excluded for failing scrapes, so the
 // broker logs each exclusion and recovery once rather than every second.

@@ -26,6 +26,7 @@ type metrics struct {
 	replicaWaiting *prometheus.GaugeVec
 	replicaRunning *prometheus.GaugeVec
 	badMessages    *prometheus.CounterVec
+	refused        *prometheus.CounterVec
 	unhealthy      *prometheus.CounterVec
 	ejections      *prometheus.CounterVec
 	publishDropped prometheus.Counter
@@ -49,6 +50,20 @@ func newAgeCollector(now func() time.Time) *ageCollector {
 		desc: prometheus.NewDesc("switchyard_broker_heartbeat_age_seconds", "Time since each replica's last heartbeat was received.", []string{"replica"}, nil),
 		last: map[string]time.Time{},
 	}
+}
+
+// forget drops the replicas not in keep and returns their ids.
+func (c *ageCollector) forget(keep map[string]*table.Replica) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var gone []string
+	for id := range c.last {
+		if keep[id] == nil {
+			delete(c.last, id)
+			gone = append(gone, id)
+		}
+	}
+	return gone
 }
 
 func (c *ageCollector) seen(replica string, at time.Time) {
@@ -110,6 +125,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_bad_messages_total", Help: "Messages that could not be decoded, by kind.",
 		}, []string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_refused_messages_total",
+			Help: "Messages refused for what they claim, by kind: a reply subject outside the reply space, a heartbeat of an unregistered replica, usage without a reservation, a bad presence.",
+		}, []string{"kind"}),
 		unhealthy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_unhealthy_heartbeats_total", Help: "Heartbeats of ready replicas whose engine fails health checks (scrape_ok=false); each excludes the replica until the next.",
 		}, []string{"replica"}),
@@ -131,6 +150,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		subjects.CodeEndpointNotSupported, subjects.CodePreviousResponseNotFound} {
 		m.rejections.WithLabelValues(code)
 	}
+	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence} {
+		m.refused.WithLabelValues(k)
+	}
 	for k := table.KindPolicy; k <= table.KindReplica; k++ {
 		m.invalidValues.WithLabelValues(kindName(k))
 	}
@@ -151,7 +173,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
-			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers)
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers)
 	}
 	return m
 }
@@ -168,6 +190,15 @@ func (m *metrics) decided(d *policy.Decision) {
 func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc() }
 
 func (m *metrics) tableLoaded(s *table.Snapshot, now time.Time) {
+	// Per-replica series exist only for registered replicas: a replica
+	// deleted from the table takes its series with it.
+	for _, id := range m.heartbeatAge.forget(s.Replicas) {
+		m.replicaKV.DeleteLabelValues(id)
+		m.replicaWaiting.DeleteLabelValues(id)
+		m.replicaRunning.DeleteLabelValues(id)
+		m.unhealthy.DeleteLabelValues(id)
+		m.ejections.DeleteLabelValues(id)
+	}
 	m.tableRevision.Set(float64(s.Revision))
 	m.tableLoadedAt.Set(float64(now.UnixNano()) / 1e9)
 	m.mu.Lock()
@@ -206,3 +237,11 @@ func (m *metrics) heartbeat(hb *subjects.Heartbeat, now time.Time) {
 	m.replicaWaiting.WithLabelValues(hb.Replica).Set(float64(hb.Waiting))
 	m.replicaRunning.WithLabelValues(hb.Replica).Set(float64(hb.Running))
 }
+
+// Kinds of refused messages (switchyard_broker_refused_messages_total).
+const (
+	refusedReply    = "reply_subject"
+	refusedReplica  = "unknown_replica"
+	refusedUsage    = "usage_unreserved"
+	refusedPresence = "presence"
+)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/features"
@@ -46,12 +47,24 @@ func (s *scratch) reset() {
 
 // route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
+	b.routeMsg(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
+}
+
+func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
 	s := b.scratch.Get().(*scratch)
 	defer b.release(s)
 	var msg nats.Msg
-	reply := r.Reply()
-	forward := b.handle(s, r.Subject(), reply, nats.Header(r.Headers()), r.Data(), &msg)
+	if reply != "" && !b.subj.InReplySpace(reply) {
+		// The routed notice and a rejection are published to the reply
+		// subject: one outside the reply space (a JetStream API subject,
+		// another part's subject) is an attack, not a client. Permissions
+		// are the second line: a response allowance passes where a deny
+		// matches.
+		b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+		return
+	}
+	forward := b.handle(s, subject, reply, h, data, &msg)
 	if msg.Subject == "" {
 		return
 	}
@@ -66,7 +79,7 @@ func (b *Broker) route(r micro.Request) {
 		_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
 	}
 	if err := b.nc.PublishMsg(&msg); err != nil && forward && reply != "" {
-		b.reject(&msg, r.Reply(), subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+		b.reject(&msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
 		_ = b.nc.PublishMsg(&msg)
 	}
 }
@@ -97,7 +110,8 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if h.Get(subjects.HdrMethod) != "" {
 		return b.handleStored(tenant, reply, h, msg)
 	}
-	apiErr := b.fillRequest(s, tenant, h, data)
+	direct := strings.HasPrefix(subject, b.subj.Route(""))
+	apiErr := b.fillRequest(s, tenant, direct, h, data)
 	if apiErr == nil {
 		apiErr = b.pin(&s.req, tenant, h)
 	}
@@ -134,10 +148,13 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
 	setHeader(h, subjects.HdrTenant, tenant)
 	setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	// The adapter reports usage against prompt + max tokens, which must be
-	// what the quota reserved (the model's default when the client set none).
-	if s.req.MaxTokens == 0 && d.ReservedTokens > s.req.PromptTokens {
+	// The max_tokens the quota reserved (the client's, or the model's
+	// default) travels with the request, and the adapter writes it into the
+	// body it sends the engine: the engine cannot generate past it.
+	if d.ReservedTokens > s.req.PromptTokens {
 		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
+	} else {
+		delete(h, subjects.HdrMaxTokens)
 	}
 	b.forwardTo(msg, d.Replica, reply, h, data)
 	return true
@@ -166,12 +183,28 @@ func setHeader(h nats.Header, k, v string) {
 	h[k] = []string{v}
 }
 
-// fillRequest turns headers into a policy request. When the model or the
-// features are missing (a direct NATS client), the body is scanned: the one
-// exception to "headers only".
-func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []byte) *subjects.APIError {
+// fillRequest turns headers into a policy request. A gateway's request
+// (llm.gw.<tenant>) carries its features in headers, computed from the body
+// the gateway parsed. A direct client's (llm.route.<tenant>) headers are
+// its own claims: the broker computes prompt tokens, max tokens, prefix
+// blocks and flags from the body itself, and ignores those headers and
+// Llm-Cold-Waited, which only a gateway holding the request may set.
+func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Header, body []byte) *subjects.APIError {
 	if err := subjects.ValidToken(tenant); err != nil {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+	}
+	if e := checkBounds(h); e != nil {
+		return e
+	}
+	if direct {
+		// The reservation is keyed by the request id: a direct client's
+		// own could name another request's. Direct clients cannot cancel
+		// (only gateways publish cancels), so nothing needs theirs.
+		setHeader(h, subjects.HdrRequestID, nuid.Next())
+		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
+			subjects.HdrFeatures, subjects.HdrColdWaited} {
+			delete(h, k)
+		}
 	}
 	q := &s.req
 	q.Tenant = tenant
@@ -179,6 +212,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []by
 	q.Endpoint = h.Get(subjects.HdrEndpoint)
 	q.Conversation = h.Get(subjects.HdrConversation)
 	q.Priority = h.Get(subjects.HdrPriority)
+	q.ID = h.Get(subjects.HdrRequestID)
 	switch q.Priority {
 	case "", subjects.PriorityInteractive, subjects.PriorityBatch:
 	default:
@@ -217,10 +251,50 @@ func (b *Broker) fillRequest(s *scratch, tenant string, h nats.Header, body []by
 	}
 	s.body = body
 	q.Prompt = s.promptFn
-	if q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
-		return b.scanBody(s, h)
+	if direct || q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
+		if e := b.scanBody(s, h); e != nil {
+			return e
+		}
+	}
+	if len(q.Model) > subjects.MaxModelChars {
+		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
 	}
 	return nil
+}
+
+// checkBounds refuses a request whose routing headers are over their
+// bounds, in time independent of their size: only lengths and separators
+// are counted, nothing is split or parsed (docs/security.md, "Bounds").
+func checkBounds(h nats.Header) *subjects.APIError {
+	for _, k := range [...]string{subjects.HdrModel, subjects.HdrEndpoint, subjects.HdrConversation, subjects.HdrPriority,
+		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrPrefix, subjects.HdrFeatures,
+		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrTraceparent, subjects.HdrTracestate} {
+		v := h[k]
+		if len(v) > 1 {
+			return subjects.NewError(400, subjects.CodeInvalidRequest, k+" may appear once")
+		}
+		if len(v) == 1 && len(v[0]) > subjects.MaxHeaderChars {
+			return subjects.NewError(400, subjects.CodeInvalidRequest, k+" must be at most "+strconv.Itoa(subjects.MaxHeaderChars)+" characters")
+		}
+	}
+	switch {
+	case len(h.Get(subjects.HdrModel)) > subjects.MaxModelChars:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
+	case len(h.Get(subjects.HdrRequestID)) > subjects.MaxRequestIDChars:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrRequestID+" must be at most "+strconv.Itoa(subjects.MaxRequestIDChars)+" characters")
+	case strings.Count(h.Get(subjects.HdrExclude), ",") >= subjects.MaxExclude:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrExclude+" may name at most "+strconv.Itoa(subjects.MaxExclude)+" replicas")
+	case strings.Count(h.Get(subjects.HdrFeatures), ",") >= subjects.MaxFeatures:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrFeatures+" may name at most "+strconv.Itoa(subjects.MaxFeatures)+" flags")
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
 
 func intHeader(h nats.Header, k string) (int, error) {
@@ -317,7 +391,7 @@ func (b *Broker) explain(r micro.Request) {
 		}
 		x.toHeaders(h)
 	}
-	apiErr := b.fillRequest(s, tenant, h, nil)
+	apiErr := b.fillRequest(s, tenant, false, h, nil)
 	if apiErr == nil {
 		apiErr = b.pin(&s.req, tenant, h)
 	}

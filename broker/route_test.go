@@ -82,7 +82,7 @@ func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 	var msg nats.Msg
 	h := gatewayHeaders()
 	body := []byte(`{"model":"chat-large"}`)
-	b.handle(s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+	b.handle(s, "llm.gw.default", "_INBOX.gw.1", h, body, &msg)
 	rep := msg.Header.Get(subjects.HdrRouteReplica)
 	if msg.Subject != "llm.replica."+rep || msg.Reply != "_INBOX.gw.1" || string(msg.Data) != string(body) {
 		t.Fatalf("forwarded %q reply %q body %q", msg.Subject, msg.Reply, msg.Data)
@@ -103,7 +103,7 @@ func TestHandleRejectsUnknownModel(t *testing.T) {
 	var msg nats.Msg
 	h := gatewayHeaders()
 	h.Set(subjects.HdrModel, "no-such-model")
-	b.handle(s, "llm.route.default", "_INBOX.gw.2", h, nil, &msg)
+	b.handle(s, "llm.gw.default", "_INBOX.gw.2", h, nil, &msg)
 	if msg.Subject != "_INBOX.gw.2" || msg.Header.Get(subjects.HdrStatus) != "404" || msg.Header.Get(subjects.HdrEOS) != "1" || msg.Header.Get(subjects.HdrSeq) != "0" {
 		t.Fatalf("want a 404 rejection to the reply subject, got %q %v %s", msg.Subject, msg.Header, msg.Data)
 	}
@@ -135,7 +135,7 @@ func BenchmarkRoutePath(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
-				br.handle(s, "llm.route.default", "_INBOX.gw.1", h, body, &msg)
+				br.handle(s, "llm.gw.default", "_INBOX.gw.1", h, body, &msg)
 				if msg.Subject == "" {
 					b.Fatal("no message")
 				}

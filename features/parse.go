@@ -174,6 +174,21 @@ func scalars(r *Request, f *[numFields][]byte) error {
 	if r.Model == "" {
 		return perr("model", "you must provide a model parameter")
 	}
+	if len(r.Model) > subjects.MaxModelChars {
+		return perr("model", "must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
+	}
+	// The quota reserves one answer of max_tokens; several answers would
+	// generate past it.
+	for _, c := range [...]struct {
+		param string
+		field int
+	}{{"n", fN}, {"best_of", fBestOf}} {
+		if v := f[c.field]; present(v) {
+			if n, err := strconv.ParseFloat(string(v), 64); err != nil || n != 1 {
+				return perr(c.param, "must be 1: a request is answered once")
+			}
+		}
+	}
 	if present(f[fStream]) {
 		v, ok := boolean(f[fStream])
 		if !ok {

@@ -33,6 +33,8 @@ type refBody struct {
 	Instructions       json.RawMessage `json:"instructions"`
 	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
 	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	N                  json.RawMessage `json:"n"`
+	BestOf             json.RawMessage `json:"best_of"`
 }
 
 // refParseRequestInto parses b into r, reusing r.Prompt's storage. endpoint
@@ -116,6 +118,18 @@ func (w *refBody) refScalars(r *Request) error {
 	}
 	if r.Model == "" {
 		return perr("model", "you must provide a model parameter")
+	}
+	if len(r.Model) > subjects.MaxModelChars {
+		return perr("model", "must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
+	}
+	for _, c := range [...]struct {
+		param string
+		raw   json.RawMessage
+	}{{"n", w.N}, {"best_of", w.BestOf}} {
+		var n float64
+		if refPresent(c.raw) && (json.Unmarshal(c.raw, &n) != nil || n != 1) {
+			return perr(c.param, "must be 1: a request is answered once")
+		}
 	}
 	if refPresent(w.Stream) {
 		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {

@@ -31,6 +31,8 @@ const (
 	fInstructions
 	fMaxOutputTokens
 	fPreviousResponseID
+	fN
+	fBestOf
 	numFields
 )
 
@@ -60,6 +62,10 @@ func fieldName(f int) string {
 		return "max_output_tokens"
 	case fPreviousResponseID:
 		return "previous_response_id"
+	case fN:
+		return "n"
+	case fBestOf:
+		return "best_of"
 	}
 	return ""
 }
@@ -93,6 +99,10 @@ func topField(key []byte, plain bool) int {
 			return fMaxOutputTokens
 		case "previous_response_id":
 			return fPreviousResponseID
+		case "n":
+			return fN
+		case "best_of":
+			return fBestOf
 		}
 	}
 	for f := range numFields {

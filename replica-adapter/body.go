@@ -8,51 +8,92 @@ import (
 
 var errBadJSON = errors.New("request body is not a JSON object")
 
-// rewriteModel returns body with its top-level "model" set to name. It
-// rewrites only that value's bytes: the rest of the body, which can be
-// megabytes of prompt, is copied, never decoded. Every top-level "model" is
-// rewritten (a JSON decoder keeps the last of duplicate keys, so they must all
-// agree), and a body without one gets it. The body is returned unchanged when
-// it already names the model.
-func rewriteModel(body []byte, name string) ([]byte, error) {
-	spans, end, err := modelSpans(body)
-	if err != nil {
-		return nil, err
-	}
-	quoted, _ := json.Marshal(name) // a string always marshals
-	if len(spans) == 0 {
-		// Insert before the closing brace; an empty object takes no comma.
-		out := make([]byte, 0, len(body)+len(quoted)+10)
-		out = append(out, body[:end]...)
-		if t := bytes.TrimSpace(body[:end]); t[len(t)-1] != '{' {
-			out = append(out, ',')
+// bodyField is a top-level setting the adapter writes into the body it
+// sends the engine: every top-level occurrence of any of its keys gets value
+// (a JSON decoder keeps the last of duplicate keys, so they must all agree),
+// and a body with none of them gets keys[0].
+type bodyField struct {
+	keys  []string
+	value []byte // JSON
+}
+
+// setFields returns body with fields set, and the values of the top-level
+// keys named in watch (read, not changed), in one pass over the body. It
+// rewrites only the set values' bytes: the rest of the body, which can be
+// megabytes of prompt, is copied, never decoded. The body is returned
+// unchanged when it already holds every value.
+func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]byte, error) {
+	keys := make([]string, 0, 2*len(fields)+len(watch))
+	owner := make([]int, 0, cap(keys))
+	for i, f := range fields {
+		for _, k := range f.keys {
+			keys, owner = append(keys, k), append(owner, i)
 		}
-		out = append(out, `"model":`...)
-		out = append(out, quoted...)
-		return append(out, body[end:]...), nil
 	}
+	for _, k := range watch {
+		keys, owner = append(keys, k), append(owner, -1)
+	}
+	spans, end, err := topLevel(body, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	var watched [][]byte
+	found := make([]bool, len(fields))
 	same := true
+	n := 0
 	for _, s := range spans {
-		if !bytes.Equal(body[s[0]:s[1]], quoted) {
+		i := owner[s.key]
+		if i < 0 {
+			watched = append(watched, body[s.from:s.to])
+			continue
+		}
+		spans[n] = s
+		n++
+		found[i] = true
+		if !bytes.Equal(body[s.from:s.to], fields[i].value) {
 			same = false
 		}
 	}
-	if same {
-		return body, nil
+	spans = spans[:n]
+	var missing []bodyField
+	for i, f := range fields {
+		if !found[i] {
+			missing = append(missing, f)
+		}
 	}
-	out := make([]byte, 0, len(body)+len(quoted))
+	if same && len(missing) == 0 {
+		return body, watched, nil
+	}
+	out := make([]byte, 0, len(body)+64)
 	prev := 0
 	for _, s := range spans {
-		out = append(out, body[prev:s[0]]...)
-		out = append(out, quoted...)
-		prev = s[1]
+		out = append(out, body[prev:s.from]...)
+		out = append(out, fields[owner[s.key]].value...)
+		prev = s.to
 	}
-	return append(out, body[prev:]...), nil
+	out = append(out, body[prev:end]...)
+	// Insert before the closing brace; an empty object takes no comma.
+	empty := bytes.TrimSpace(body[:end])
+	comma := empty[len(empty)-1] != '{'
+	for _, f := range missing {
+		if comma {
+			out = append(out, ',')
+		}
+		comma = true
+		q, _ := json.Marshal(f.keys[0])
+		out = append(out, q...)
+		out = append(out, ':')
+		out = append(out, f.value...)
+	}
+	return append(out, body[end:]...), watched, nil
 }
 
-// modelSpans scans a JSON object and returns the byte spans of the values of
-// its top-level "model" keys, and the offset of its closing brace.
-func modelSpans(b []byte) (spans [][2]int, end int, err error) {
+// span is the value of a top-level key: keys[key] at body[from:to].
+type span struct{ key, from, to int }
+
+// topLevel scans a JSON object and returns the byte spans of the values of
+// its top-level keys named in keys, and the offset of its closing brace.
+func topLevel(b []byte, keys []string) (spans []span, end int, err error) {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, 0, errBadJSON
@@ -69,7 +110,13 @@ func modelSpans(b []byte) (spans [][2]int, end int, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		isModel := keyIs(b[i:keyEnd], "model")
+		which := -1
+		for k, want := range keys {
+			if keyIs(b[i:keyEnd], want) {
+				which = k
+				break
+			}
+		}
 		i = skipSpace(b, keyEnd)
 		if i >= len(b) || b[i] != ':' {
 			return nil, 0, errBadJSON
@@ -79,8 +126,8 @@ func modelSpans(b []byte) (spans [][2]int, end int, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		if isModel {
-			spans = append(spans, [2]int{i, valEnd})
+		if which >= 0 {
+			spans = append(spans, span{which, i, valEnd})
 		}
 		i = skipSpace(b, valEnd)
 		if i >= len(b) {
@@ -184,3 +231,6 @@ func skipValue(b []byte, i int) (int, error) {
 	}
 	return j, nil
 }
+
+// quote quotes s as a JSON string (a string always marshals).
+func quote(s string) ([]byte, error) { return json.Marshal(s) }

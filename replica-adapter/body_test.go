@@ -98,3 +98,11 @@ func BenchmarkRewriteModelLong(b *testing.B) {
 		}
 	}
 }
+
+// rewriteModel is setFields for "model" alone, as engineBody calls it for
+// an embeddings body.
+func rewriteModel(body []byte, name string) ([]byte, error) {
+	quoted, _ := quote(name)
+	out, _, err := setFields(body, []bodyField{{keys: []string{"model"}, value: quoted}})
+	return out, err
+}

@@ -90,9 +90,9 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 		if model == "" {
 			model = a.cfg.EngineModel
 		}
-		b, err := rewriteModel(body, model)
-		if err != nil {
-			return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
+		b, e := engineBody(answerLimits(endpoint), body, model, h.Get(subjects.HdrMaxTokens))
+		if e != nil {
+			return nil, e
 		}
 		rd = bytes.NewReader(b)
 	}

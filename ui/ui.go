@@ -186,16 +186,42 @@ func (u *UI) Run(ctx context.Context) error {
 	}
 }
 
+// Bounds on what the dashboard keeps: a decision larger than
+// maxDecisionBytes (an honest one is a few KB) or a heartbeat larger than
+// maxHeartbeatBytes (the broker's bound) is not kept, and at most
+// maxReplicas replicas are shown.
+const (
+	maxDecisionBytes  = 16 << 10
+	maxHeartbeatBytes = 64 << 10
+	maxReplicas       = 4096
+)
+
 func (u *UI) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
-	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Replica == "" {
+	if len(m.Data) > maxHeartbeatBytes {
+		return
+	}
+	if err := json.Unmarshal(m.Data, &hb); err != nil || subjects.ValidToken(hb.Replica) != nil {
 		u.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
 		return
 	}
+	now := time.Now()
 	u.mu.Lock()
-	u.replicas[hb.Replica] = heartbeatSeen{hb: hb, at: time.Now()}
+	defer u.mu.Unlock()
+	if _, known := u.replicas[hb.Replica]; !known && len(u.replicas) >= maxReplicas {
+		// Forget replicas silent for a minute; past the bound a new one
+		// is not shown.
+		for id, h := range u.replicas {
+			if now.Sub(h.at) > time.Minute {
+				delete(u.replicas, id)
+			}
+		}
+		if len(u.replicas) >= maxReplicas {
+			return
+		}
+	}
+	u.replicas[hb.Replica] = heartbeatSeen{hb: hb, at: now}
 	u.dirty = true
-	u.mu.Unlock()
 }
 
 // onEjection keeps the latest ejection of each replica (brokers eject on
@@ -231,6 +257,11 @@ func (u *UI) onLoadStatus(m *nats.Msg) {
 
 func (u *UI) onDecision(m *nats.Msg) {
 	var d subjects.Decision
+	// Each kept decision is at most maxDecisionBytes, so the ring is
+	// bounded in bytes as well as in number.
+	if len(m.Data) > maxDecisionBytes {
+		return
+	}
 	if err := json.Unmarshal(m.Data, &d); err != nil {
 		u.log.Debug("bad decision", "subject", m.Subject, "err", err)
 		return

@@ -288,22 +288,35 @@ func TestQuota(t *testing.T) {
 		e := newEnv(t, `{"tenants.metered": {"quota": {"tpm": 1000}}}`)
 		q := chat("chat-small")
 		q.Tenant, q.PromptTokens, q.MaxTokens = "metered", 100, 400
+		q.ID = "req-1"
 		d := e.decide(q)
 		mustRoute(t, d)
 		if d.ReservedTokens != 500 {
 			t.Fatalf("reserved %d, want 500", d.ReservedTokens)
 		}
+		q.ID = "req-2"
 		mustRoute(t, e.decide(q))
+		q.ID = "req-3"
 		d = e.decide(q)
 		mustReject(t, d, 429, subjects.CodeRateLimit)
 		if d.Err.Headers[subjects.HdrRateLimitLimitTokens] != "1000" || d.Err.Headers[subjects.HdrRateLimitRemainingTokens] != "0" {
 			t.Fatalf("headers %v", d.Err.Headers)
 		}
-		// Another broker's usage is not ours to settle.
-		e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", Broker: "b2", ReservedTokens: 500, PromptTokens: 100, CompletionTokens: 20}, e.now)
+		// Usage for a request this broker holds no reservation for (another
+		// broker's, or a forgery) settles nothing, whatever it claims.
+		if e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", RequestID: "someone-else", ReservedTokens: 1e9}, e.now) {
+			t.Fatal("usage for an unknown request id settled")
+		}
 		mustReject(t, e.decide(q), 429, subjects.CodeRateLimit)
 		// Ours: 500 reserved, 120 used, 380 back; then 500 needs 120 more.
-		e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", Broker: "b1", ReservedTokens: 500, PromptTokens: 100, CompletionTokens: 20}, e.now)
+		// The event's tenant and reserved count are not believed.
+		if !e.r.ObserveUsage(&subjects.Usage{Tenant: "other", RequestID: "req-1", ReservedTokens: 1e9, PromptTokens: 100, CompletionTokens: 20}, e.now) {
+			t.Fatal("our reservation not settled")
+		}
+		// At most once.
+		if e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", RequestID: "req-1", ReservedTokens: 500}, e.now) {
+			t.Fatal("a reservation settled twice")
+		}
 		d = e.decide(q)
 		mustReject(t, d, 429, subjects.CodeRateLimit)
 		if d.Err.RetryAfter != 7200*time.Millisecond { // 120 tokens at 1000/min

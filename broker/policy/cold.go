@@ -34,23 +34,35 @@ func (r *Router) ObserveLoad(s *subjects.LoadStatus, now time.Time) {
 	if !known && len(r.cold) >= maxColdModels {
 		return
 	}
+	// A start in the future, or long past, would put the ETA, and with it
+	// model_loading's Retry-After, anywhere: it is held to the last hour.
 	started := time.UnixMilli(s.StartedUnixMillis)
+	if started.After(now) || now.Sub(started) > maxColdRetry {
+		started = now
+	}
 	switch s.Phase {
 	case subjects.LoadRequested, subjects.LoadStarted:
-		if expected := time.Duration(s.ExpectedMillis) * time.Millisecond; expected > 0 {
-			c.eta = started.Add(min(expected, maxColdRetry))
+		if expected := coldMillis(s.ExpectedMillis); expected > 0 {
+			c.eta = started.Add(expected)
 		}
 	case subjects.LoadReady:
 		c.eta = time.Time{}
-		c.measured = min(time.Duration(s.ElapsedMillis)*time.Millisecond, maxColdRetry)
+		c.measured = coldMillis(s.ElapsedMillis)
 	case subjects.LoadFailed:
-		c.eta = now.Add(min(time.Duration(s.RetryAfterMillis)*time.Millisecond, maxColdRetry))
+		c.eta = now.Add(coldMillis(s.RetryAfterMillis))
 	case subjects.LoadUnloaded:
 		c.eta = time.Time{}
 	default:
 		return
 	}
 	r.cold[s.Model] = c
+}
+
+// coldMillis is a status's milliseconds as a duration of at most
+// maxColdRetry, clamped before it is multiplied so a huge count cannot
+// overflow into a negative one.
+func coldMillis(ms int64) time.Duration {
+	return time.Duration(min(ms, maxColdRetry.Milliseconds())) * time.Millisecond
 }
 
 // maxColdModels bounds the load statuses remembered.

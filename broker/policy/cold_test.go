@@ -55,6 +55,17 @@ func TestColdRetryAfterFollowsTheLoad(t *testing.T) {
 			want:     30 * time.Second,
 		},
 		{
+			name: "a start in the far future cannot lie a Retry-After into absurdity",
+			statuses: []subjects.LoadStatus{{Model: model, Phase: subjects.LoadStarted,
+				StartedUnixMillis: t0.Add(100 * 365 * 24 * time.Hour).UnixMilli(), ExpectedMillis: 1 << 60}},
+			want: time.Hour,
+		},
+		{
+			name:     "nor an absurd cooldown",
+			statuses: []subjects.LoadStatus{{Model: model, Phase: subjects.LoadFailed, RetryAfterMillis: 1 << 60}},
+			want:     time.Hour,
+		},
+		{
 			name: "an overdue load is retried soon, not never",
 			statuses: []subjects.LoadStatus{{Model: model, Phase: subjects.LoadStarted,
 				StartedUnixMillis: t0.Add(-time.Minute).UnixMilli(), ExpectedMillis: 20_000}},

@@ -23,6 +23,9 @@ type Request struct {
 	// continues (previous_response_id): the only candidate, whatever the
 	// pool rules say, and no other replica when it cannot serve.
 	Pin string
+	// ID is the request id (Llm-Request-Id): a tpm reservation is held
+	// under it until the adapter's usage event settles it.
+	ID string
 	// Prompt returns the canonical prompt. It is called at most once per
 	// decision, and only when a regex cascade rule has to be evaluated; nil
 	// means no prompt (regex rules never match).

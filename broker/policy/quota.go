@@ -142,6 +142,7 @@ func (st *decision) chargeQuota() {
 	}
 	if q.TPM > 0 {
 		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
+		st.r.reserveLocked(st.req.ID, st.tenantKey, st.quota.cost, st.now)
 	}
 }
 
@@ -165,38 +166,82 @@ func (st *decision) chargeHeld() {
 	tq.rpm.set(st.tenant.Quota.RPM, st.quota.rpmLevel-1, st.now)
 }
 
-// ObserveUsage settles a tpm reservation: the tokens reserved and not used
-// go back to the tenant's bucket (a request that used more than it reserved
-// takes the difference). A usage event naming another broker is ignored;
-// one naming none is settled by every broker, each for its 1/n share.
-func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) {
-	if u.ReservedTokens <= 0 || (u.Broker != "" && r.cfg.Self != "" && u.Broker != r.cfg.Self) {
+// A reservation is the tokens this broker took from a tenant's tpm bucket
+// for one request, held under the request id until the adapter's usage
+// event settles it. A usage event is the adapter's claim; the reservation
+// is the broker's own record: the tenant and the most that can come back
+// are taken from it, and it settles once.
+type reservation struct {
+	tenant string // the quota key charged
+	tokens int
+	at     time.Time
+}
+
+// Reservations are bounded in number and age: one whose usage never came
+// (an adapter that died) is forgotten after ReservationTTL, and past
+// MaxReservations a new one is not recorded (its tokens stay spent).
+const (
+	MaxReservations = 1 << 17
+	ReservationTTL  = time.Hour
+)
+
+// reserveLocked records a reservation. Lock must be held.
+func (r *Router) reserveLocked(id, tenant string, tokens int, now time.Time) {
+	if id == "" || tokens <= 0 {
 		return
 	}
-	s := r.snap.Load()
-	if s == nil {
-		return
+	if r.reserved == nil {
+		r.reserved = map[string]reservation{}
 	}
-	key := u.Tenant
-	t := s.Tenants[key]
-	if t == nil {
-		key, t = table.DefaultTenant, s.Tenants[table.DefaultTenant]
+	if len(r.reserved) >= MaxReservations {
+		for k, v := range r.reserved {
+			if now.Sub(v.at) > ReservationTTL {
+				delete(r.reserved, k)
+			}
+		}
+		if len(r.reserved) >= MaxReservations {
+			return
+		}
 	}
-	if t == nil || t.Quota.TPM == 0 {
-		return
-	}
+	r.reserved[id] = reservation{tenant: tenant, tokens: tokens, at: now}
+}
+
+// Reservations is the number of reservations held.
+func (r *Router) Reservations() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	tq := r.quotas[key]
-	if tq == nil {
-		return
+	return len(r.reserved)
+}
+
+// ObserveUsage settles the tpm reservation held for u.RequestID: the
+// tokens reserved and not used go back to the tenant's bucket (a request
+// that used more than it reserved takes the difference, up to as much
+// again). It reports false, changing nothing, when this broker holds no
+// reservation for that id: another broker's, one already settled, or a
+// forgery. Nothing of u but the request id and the token counts is
+// believed, and no more than was reserved ever comes back.
+func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res, ok := r.reserved[u.RequestID]
+	if !ok || u.RequestID == "" {
+		return false
 	}
-	refund := float64(u.ReservedTokens - u.PromptTokens - u.CompletionTokens)
+	delete(r.reserved, u.RequestID)
+	s := r.snap.Load()
+	if s == nil {
+		return true
+	}
+	t := s.Tenants[res.tenant]
+	tq := r.quotas[res.tenant]
+	if t == nil || t.Quota.TPM == 0 || tq == nil {
+		return true
+	}
+	used := min(max(u.PromptTokens, 0), 2*res.tokens) + min(max(u.CompletionTokens, 0), 2*res.tokens)
+	refund := float64(res.tokens - min(used, 2*res.tokens))
 	n := float64(r.brokers)
-	if u.Broker == "" {
-		refund /= n
-	}
 	capacity := float64(t.Quota.TPM) / n
 	lvl := tq.tpm.level(t.Quota.TPM, capacity, now)
 	tq.tpm.set(t.Quota.TPM, max(min(lvl+refund, capacity), -capacity), now)
+	return true
 }

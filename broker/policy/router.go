@@ -53,6 +53,7 @@ type Router struct {
 	byModel  map[string][]*replica
 	prefixes map[string]*prefixMap // per model id
 	quotas   map[string]*tenantQuota
+	reserved map[string]reservation // tpm reservations by request id
 	brokers  int
 	pruneAt  int                 // replicas map size that triggers the next sweep
 	epoch    uint64              // stamps the candidates of the current decision
@@ -329,4 +330,12 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision
 	if r.cfg.Clock != nil {
 		d.Duration = r.cfg.Clock().Sub(start)
 	}
+}
+
+// Known is the number of replicas in the load view: registered ones and
+// those heard from.
+func (r *Router) Known() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.replicas)
 }

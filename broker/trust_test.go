@@ -1,0 +1,213 @@
+package broker
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestTrust checks what the broker refuses to believe of a message
+// (docs/security.md, "What each part checks").
+func TestTrust(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	b := newTestBroker(t, 4, now)
+	chat := func(content string) []byte {
+		b, _ := json.Marshal(map[string]any{"model": "chat-large", "max_tokens": 5,
+			"messages": []map[string]string{{"role": "user", "content": content}}})
+		return b
+	}
+
+	t.Run("a direct client's feature headers are not believed", func(t *testing.T) {
+		var msg nats.Msg
+		h := nats.Header{}
+		h.Set(subjects.HdrPromptTokens, "1")
+		h.Set(subjects.HdrMaxTokens, "1")
+		h.Set(subjects.HdrFeatures, "code")
+		h.Set(subjects.HdrColdWaited, "1")
+		s := newScratch()
+		long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2000) // 88 KB
+		if !b.handle(s, "llm.route.default", "_INBOX.x", h, chat(long), &msg) {
+			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
+		}
+		if s.req.PromptTokens < 16000 || s.req.ColdWaited || len(s.req.Features) > 0 {
+			t.Errorf("took the headers: prompt %d, cold-waited %v, features %v", s.req.PromptTokens, s.req.ColdWaited, s.req.Features)
+		}
+		// The test table has no long-context replica: the pool wanted shows
+		// as the fallback from it.
+		if got := msg.Header.Get(subjects.HdrRouteReason); !strings.Contains(got, "pool-fallback-general") {
+			t.Errorf("an 88 KB prompt claiming 1 token was not routed as long context: reason %q", got)
+		}
+		if got := msg.Header.Get(subjects.HdrMaxTokens); got != "5" {
+			t.Errorf("Llm-Max-Tokens forwarded %q, want the body's 5", got)
+		}
+	})
+
+	t.Run("a gateway's feature headers are", func(t *testing.T) {
+		var msg nats.Msg
+		h := nats.Header{}
+		h.Set(subjects.HdrModel, "chat-large")
+		h.Set(subjects.HdrPromptTokens, "20000")
+		h.Set(subjects.HdrMaxTokens, "7")
+		if !b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
+		}
+		if !strings.Contains(msg.Header.Get(subjects.HdrRouteReason), "pool-fallback-general") || msg.Header.Get(subjects.HdrMaxTokens) != "7" {
+			t.Errorf("gateway headers not taken: %v", msg.Header)
+		}
+	})
+
+	t.Run("a gateway's prefix at the most blocks is within the bounds", func(t *testing.T) {
+		var msg nats.Msg
+		blocks := make([]uint64, features.MaxPrefixBlocks)
+		for i := range blocks {
+			blocks[i] = ^uint64(i)
+		}
+		h := nats.Header{subjects.HdrModel: {"chat-large"}, subjects.HdrPromptTokens: {"10"},
+			subjects.HdrPrefix: {features.FormatPrefixHeader(blocks)}}
+		if !b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+			t.Fatalf("a %d-block prefix refused: %v %s", len(blocks), msg.Header, msg.Data)
+		}
+	})
+
+	t.Run("the default max_tokens reserved travels with the request", func(t *testing.T) {
+		var msg nats.Msg
+		body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`)
+		if !b.handle(newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg) {
+			t.Fatalf("not forwarded: %s", msg.Data)
+		}
+		if got := msg.Header.Get(subjects.HdrMaxTokens); got != "1024" {
+			t.Errorf("Llm-Max-Tokens %q, want the model's default 1024", got)
+		}
+	})
+
+	t.Run("a header over its bound is a 400 without work in proportion", func(t *testing.T) {
+		huge := strings.Repeat("r-0,", 6<<20/4) // 6 MB
+		for _, tc := range []struct{ header, value string }{
+			{subjects.HdrExclude, huge},
+			{subjects.HdrExclude, strings.Repeat("r,", subjects.MaxExclude)},
+			{subjects.HdrModel, strings.Repeat("m", 2<<20)},
+			{subjects.HdrModel, strings.Repeat("m", subjects.MaxModelChars+1)},
+			{subjects.HdrFeatures, strings.Repeat("code,", 100)},
+			{subjects.HdrPrefix, strings.Repeat("0123456789abcdef,", 100000)},
+		} {
+			best := time.Hour
+			for range 5 {
+				var msg nats.Msg
+				h := nats.Header{tc.header: {tc.value}}
+				start := time.Now()
+				b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
+				best = min(best, time.Since(start))
+				if msg.Header.Get(subjects.HdrStatus) != "400" {
+					t.Fatalf("%s of %d bytes: %v %s", tc.header, len(tc.value), msg.Header, msg.Data)
+				}
+			}
+			// The bound is about time: the check counts bytes, so it is
+			// microseconds where splitting 6 MB took over a second.
+			if best > time.Millisecond {
+				t.Errorf("%s of %d bytes took %v to refuse", tc.header, len(tc.value), best)
+			}
+		}
+		var msg nats.Msg
+		big := strings.Repeat("x", subjects.MaxModelChars+1)
+		b.handle(newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, []byte(`{"model":"`+big+`","messages":[]}`), &msg)
+		if msg.Header.Get(subjects.HdrStatus) != "400" {
+			t.Errorf("a %d-character model in the body: %v", len(big), msg.Header)
+		}
+	})
+
+	t.Run("heartbeats out of range or of unknown replicas are ignored", func(t *testing.T) {
+		before := b.router.Known()
+		for _, hb := range []string{
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"kv_usage":-1e300}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"kv_usage":1.5}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"running":-4}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"waiting":999999999}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"engine_failures":1000000000}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"ttft_ewma_ms":-1}`,
+		} {
+			if _, err := decodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
+				t.Errorf("taken: %s", hb)
+			}
+		}
+		for i := range 100 {
+			id := "ghost-" + strconv.Itoa(i)
+			b.onHeartbeat(&nats.Msg{Subject: "llm.heartbeat." + id, Data: []byte(`{"replica":"` + id + `","state":"ready","scrape_ok":true}`)})
+		}
+		if got := b.router.Known(); got != before {
+			t.Errorf("heartbeats of unregistered replicas grew the load view from %d to %d", before, got)
+		}
+		if n := series(b.metrics.heartbeatAge); n > before {
+			t.Errorf("%d heartbeat-age series for %d registered replicas", n, before)
+		}
+		if got := value(b.metrics.refused.WithLabelValues(refusedReplica)); got != 100 {
+			t.Errorf("refused unknown-replica heartbeats counted %v, want 100", got)
+		}
+	})
+
+	t.Run("a replica deleted from the table takes its series with it", func(t *testing.T) {
+		b.onHeartbeat(&nats.Msg{Subject: "llm.heartbeat.r-3", Data: []byte(`{"replica":"r-3","state":"ready","scrape_ok":true,"kv_usage":0.2}`)})
+		has := func() bool {
+			ch := make(chan prometheus.Metric, 1<<12)
+			b.metrics.replicaKV.Collect(ch)
+			close(ch)
+			for m := range ch {
+				if strings.Contains(m.Desc().String(), "replica") && strings.Contains(metricText(m), `"r-3"`) {
+					return true
+				}
+			}
+			return false
+		}
+		if !has() {
+			t.Fatal("no kv series for the registered r-3")
+		}
+		next := b.Table().Clone()
+		next.Delete("replicas.r-3")
+		b.setTable(next)
+		if has() {
+			t.Error("r-3 deleted from the table, its kv series is still exported")
+		}
+	})
+
+	t.Run("usage without a reservation is dropped and counted", func(t *testing.T) {
+		before := value(b.metrics.refused.WithLabelValues(refusedUsage))
+		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","reserved_tokens":1000000000}`)})
+		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","request_id":"nobody","reserved_tokens":1000000000}`)})
+		if got := value(b.metrics.refused.WithLabelValues(refusedUsage)) - before; got != 2 {
+			t.Errorf("counted %v forged usage events, want 2", got)
+		}
+	})
+
+	t.Run("presence is bounded", func(t *testing.T) {
+		for i := range 2 * maxBrokers {
+			b.onPresence(&nats.Msg{Data: []byte("b-" + strconv.Itoa(i))})
+		}
+		b.onPresence(&nats.Msg{Data: []byte("not a token")})
+		if n := b.LiveBrokers(); n > maxBrokers+1 {
+			t.Errorf("%d live brokers counted", n)
+		}
+	})
+}
+
+// metricText is a metric's labels as text.
+func metricText(m prometheus.Metric) string {
+	var d dto.Metric
+	_ = m.Write(&d)
+	return d.String()
+}
+
+// series counts the series a collector exports.
+func series(c prometheus.Collector) int {
+	ch := make(chan prometheus.Metric, 1<<12)
+	c.Collect(ch)
+	close(ch)
+	return len(ch)
+}
