@@ -2,8 +2,9 @@
 // base and the example overlay) and checks them against the switchyard
 // binary built from this checkout: every container arg is one the
 // subcommand accepts, the gateway's probes are paths and ports it serves,
-// every Secret and ConfigMap a pod names is in the same rendering, and an
-// adapter's replica id is its pod's name. It is its own module, so the
+// every Secret and ConfigMap a pod names is in the same rendering, an
+// adapter's replica id is its pod's name, and the loader's ServiceAccount may
+// scale Deployments. It is its own module, so the
 // Kubernetes API types never enter Switchyard's: `make test-deploy`.
 package kubernetes_test
 
