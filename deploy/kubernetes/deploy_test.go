@@ -4,8 +4,8 @@
 // subcommand accepts, the gateway's probes are paths and ports it serves,
 // every Secret and ConfigMap a pod names is in the same rendering, an
 // adapter's replica id is its pod's name, and the loader's ServiceAccount may
-// scale Deployments. It is its own module, so the
-// Kubernetes API types never enter Switchyard's: `make test-deploy`.
+// scale Deployments. It is its own module, so the Kubernetes API types never
+// enter Switchyard's: `make test-deploy`.
 package kubernetes_test
 
 import (
