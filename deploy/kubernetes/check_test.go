@@ -361,13 +361,14 @@ func (c *checker) check(r *rendering) []error {
 		}
 		errs = append(errs, c.checkPod(p.where, p.meta, p.spec, invs)...)
 	}
-	for _, s := range []string{"gateway", "broker", "adapter"} {
+	for _, s := range []string{"gateway", "broker", "adapter", "loader"} {
 		if len(subs[s]) == 0 {
 			errs = append(errs, fmt.Errorf("no pod runs switchyard %s", s))
 		}
 	}
 	errs = append(errs, c.checkTableJob(r)...)
 	errs = append(errs, checkSelectors(r)...)
+	errs = append(errs, checkLoaderRBAC(r)...)
 	return errs
 }
 

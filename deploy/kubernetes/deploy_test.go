@@ -2,9 +2,10 @@
 // base and the example overlay) and checks them against the switchyard
 // binary built from this checkout: every container arg is one the
 // subcommand accepts, the gateway's probes are paths and ports it serves,
-// every Secret and ConfigMap a pod names is in the same rendering, and an
-// adapter's replica id is its pod's name. It is its own module, so the
-// Kubernetes API types never enter Switchyard's: `make test-deploy`.
+// every Secret and ConfigMap a pod names is in the same rendering, an
+// adapter's replica id is its pod's name, and the loader's ServiceAccount may
+// scale Deployments. It is its own module, so the Kubernetes API types never
+// enter Switchyard's: `make test-deploy`.
 package kubernetes_test
 
 import (
@@ -24,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -97,8 +99,9 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 	if errs := c.check(r); len(errs) > 0 {
 		t.Fatal(errors.Join(errs...))
 	}
-	t.Logf("%d Deployments, %d Services, %d PodDisruptionBudgets, %d autoscalers, %d Jobs, %d ConfigMaps, %d Secrets",
-		len(r.deployments), len(r.services), len(r.pdbs), len(r.hpas), len(r.jobs), len(r.configMaps), len(r.secrets))
+	t.Logf("%d Deployments, %d Services, %d PodDisruptionBudgets, %d autoscalers, %d Jobs, %d ConfigMaps, %d Secrets, %d ServiceAccounts, %d Roles, %d RoleBindings",
+		len(r.deployments), len(r.services), len(r.pdbs), len(r.hpas), len(r.jobs), len(r.configMaps), len(r.secrets),
+		len(r.accounts), len(r.roles), len(r.bindings))
 
 	t.Run("a manifest with an unknown flag fails", func(t *testing.T) {
 		r := mutate(t, c, func(r *rendering) {
@@ -106,6 +109,36 @@ func TestExampleOverlayLinesUpWithTheBinary(t *testing.T) {
 			ctr.Args = append(ctr.Args, "--listen-address=:8080")
 		})
 		wantError(t, c.check(r), `switchyard gateway has no flag "--listen-address=:8080"`)
+	})
+	t.Run("a loader flag the binary does not know fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			ctr := container(t, r, "switchyard-loader", "loader")
+			ctr.Args = append(ctr.Args, "--kubeconfig=/etc/kube/config")
+		})
+		wantError(t, c.check(r), `switchyard loader has no flag "--kubeconfig=/etc/kube/config"`)
+	})
+	t.Run("a loader whose ServiceAccount has no binding fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			deployment(t, r, "switchyard-loader").Spec.Template.Spec.ServiceAccountName = "switchyard-scaler"
+			r.accounts = append(r.accounts, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "switchyard-scaler", Namespace: "switchyard"}})
+		})
+		wantError(t, c.check(r), `no RoleBinding binds its ServiceAccount "switchyard-scaler"`)
+	})
+	t.Run("a loader whose ServiceAccount is not in the rendering fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			r.accounts = nil
+		})
+		wantError(t, c.check(r), `ServiceAccount "switchyard-loader" is not in the rendering`)
+	})
+	t.Run("a Role without patch on deployments/scale fails", func(t *testing.T) {
+		r := mutate(t, c, func(r *rendering) {
+			for _, ro := range r.roles {
+				for i := range ro.Rules {
+					ro.Rules[i].Verbs = slices.DeleteFunc(ro.Rules[i].Verbs, func(v string) bool { return v == "patch" })
+				}
+			}
+		})
+		wantError(t, c.check(r), "does not grant [patch] on apps deployments/scale")
 	})
 	t.Run("a verb the subcommand does not have fails", func(t *testing.T) {
 		r := mutate(t, c, func(r *rendering) {
@@ -221,8 +254,11 @@ func TestBaseRendersStrictly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.deployments) != 2 || len(r.jobs) != 1 || len(r.secrets) != 0 {
-		t.Fatalf("base: %d Deployments, %d Jobs, %d Secrets; want 2, 1 and none (an overlay makes the Secrets)", len(r.deployments), len(r.jobs), len(r.secrets))
+	if len(r.deployments) != 3 || len(r.jobs) != 1 || len(r.secrets) != 0 {
+		t.Fatalf("base: %d Deployments, %d Jobs, %d Secrets; want 3, 1 and none (an overlay makes the Secrets)", len(r.deployments), len(r.jobs), len(r.secrets))
+	}
+	if len(r.accounts) != 1 || len(r.roles) != 1 || len(r.bindings) != 1 {
+		t.Fatalf("base: %d ServiceAccounts, %d Roles, %d RoleBindings; want the loader's one each", len(r.accounts), len(r.roles), len(r.bindings))
 	}
 
 	t.Run("a field the API type does not have fails", func(t *testing.T) {

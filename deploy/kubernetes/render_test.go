@@ -14,6 +14,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
@@ -28,6 +29,9 @@ type rendering struct {
 	jobs        []*batchv1.Job
 	configMaps  []*corev1.ConfigMap
 	secrets     []*corev1.Secret
+	accounts    []*corev1.ServiceAccount
+	roles       []*rbacv1.Role
+	bindings    []*rbacv1.RoleBinding
 }
 
 // render runs kustomize on dir as `kubectl apply -k dir` would, and decodes
@@ -70,6 +74,15 @@ func render(dir string) (*rendering, error) {
 		case "v1 Secret":
 			s := &corev1.Secret{}
 			out.secrets, obj = append(out.secrets, s), s
+		case "v1 ServiceAccount":
+			a := &corev1.ServiceAccount{}
+			out.accounts, obj = append(out.accounts, a), a
+		case "rbac.authorization.k8s.io/v1 Role":
+			ro := &rbacv1.Role{}
+			out.roles, obj = append(out.roles, ro), ro
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			b := &rbacv1.RoleBinding{}
+			out.bindings, obj = append(out.bindings, b), b
 		default:
 			return nil, fmt.Errorf("%s: a kind this deployment does not use", id)
 		}
