@@ -143,6 +143,7 @@ type Adapter struct {
 	limits   limits // as configured; the engine may fill the batch size
 	outcomes outcomes
 	svc      service
+	tails    tails // where recent replies ended, marked after a reconnect
 	hbSeq    atomic.Uint64
 }
 
@@ -326,6 +327,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	loops.Go(func() { a.scrapeLoop(ctrl) })
 	loops.Go(func() { a.heartbeatLoop(ctrl) })
+	loops.Go(func() { a.watchConnection(ctrl.Done()) })
 	a.log.Info("adapter serving", "subject", a.subj.Replica(a.cfg.Replica), "engine", a.cfg.EngineURL)
 
 	<-ctx.Done()
