@@ -13,9 +13,9 @@ import (
 // tailWindow is how long before a lost connection a reply's end may have
 // been lost with it: what the client wrote to the socket of a NATS server
 // that died, before it noticed. A killed server's socket closes at once; a
-// server that stops answering is noticed only at the ping timeout, later
-// than this, and its replies fail at the gateway's idle timeout instead.
-const tailWindow = 10 * time.Second
+// server that goes silent is noticed at the ping timeout (natsconn: three
+// pings 5 s apart), within this.
+const tailWindow = 30 * time.Second
 
 // maxTails bounds the ends remembered; the oldest go first.
 const maxTails = 8192
