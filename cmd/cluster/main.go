@@ -41,7 +41,7 @@ func main() {
 	flag.StringVar(&cfg.natsServer, "nats-server", ".cache/tools/nats-server", "the nats-server binary")
 	flag.IntVar(&cfg.gateways, "gateways", 2, "gateways to run")
 	flag.IntVar(&cfg.brokers, "brokers", 2, "brokers to run")
-	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|start PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
+	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|stop|cont|start PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
 	flag.Parse()
 	// Children get SIGKILL if this process dies (Pdeathsig); the signal
 	// follows the thread that started them, so that thread must live as
@@ -121,10 +121,14 @@ func control(in io.Reader, out io.Writer, procs *procs) {
 			err = procs.signal(name, syscall.SIGKILL)
 		case "term":
 			err = procs.signal(name, syscall.SIGTERM)
+		case "stop": // frozen: its connections stay open and carry nothing
+			err = procs.signal(name, syscall.SIGSTOP)
+		case "cont":
+			err = procs.signal(name, syscall.SIGCONT)
 		case "start":
 			err = procs.restart(name)
 		default:
-			err = fmt.Errorf("unknown command %q (kill, term or start PART)", verb)
+			err = fmt.Errorf("unknown command %q (kill, term, stop, cont or start PART)", verb)
 		}
 		if err != nil {
 			fmt.Fprintf(out, "error: %v\n", err)
