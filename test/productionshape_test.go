@@ -225,9 +225,11 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	})
 	fault("3. SIGTERM gateway-1; restart it", func() {
 		at := time.Now()
+		l.stopping.Store(1)
 		command("term gateway-1")   // routing goes on through gateway-2
 		time.Sleep(2 * time.Second) // its clients meanwhile go to gateway-2
 		step("start gateway-1")
+		l.stopping.Store(0)
 		ok, failed := l.inFlight(0, at)
 		cur.note = fmt.Sprintf("in flight at gateway-1's SIGTERM: %d completed, %d failed explicitly", ok, failed)
 	})
@@ -315,6 +317,7 @@ type clusterLoad struct {
 	total, ok, failed, lost, hung, retried atomic.Int64
 	markFailed, markRetried                atomic.Int64
 	canary                                 atomic.Int64    // answers from v1.6.0
+	stopping                               atomic.Int64    // 1 + the index of the gateway being stopped, or 0
 	lastOK                                 [2]atomic.Int64 // unix nanos of each gateway's last success
 
 	mu   sync.Mutex
@@ -348,7 +351,7 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":24,"messages":[{"role":"user","content":%q}]}`, model, i%2 == 0, content)
 		start := time.Now()
 		o, version := l.send(l.gateways[g], key, conv, body)
-		if refused(o) {
+		if l.refused(g, o) {
 			l.retried.Add(1)
 			g = 1 - g
 			o, version = l.send(l.gateways[g], key, conv, body)
@@ -374,15 +377,21 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 	}
 }
 
-// refused reports whether a gateway turned the connection away before it
-// read the request: refused, or an idle connection it closed as it shut
-// down. A load balancer sends such a request to another gateway.
-func refused(o outcome) bool {
+// refused reports whether gateway g turned the connection away before it
+// read the request: refused, an idle connection it closed as it shut down,
+// or, from the gateway being stopped, a kept-alive connection reset before
+// any answer (the request raced its close: a gateway that read a request
+// answers it before it exits). A load balancer sends such a request to
+// another gateway.
+func (l *clusterLoad) refused(g int, o outcome) bool {
 	if o.err == nil || o.status != 0 {
 		return false
 	}
 	e := o.err.Error()
-	return strings.Contains(e, "connection refused") || strings.Contains(e, "server closed idle connection")
+	if strings.Contains(e, "connection refused") || strings.Contains(e, "server closed idle connection") {
+		return true
+	}
+	return l.stopping.Load() == int64(g+1) && strings.Contains(e, "connection reset by peer")
 }
 
 func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
@@ -436,8 +445,11 @@ func (l *clusterLoad) failures(from time.Time) string {
 			continue
 		}
 		code := r.o.code
-		if code == "" {
-			code = fmt.Sprint(r.o.status)
+		switch {
+		case r.o.err != nil:
+			code = "transport error"
+		case code == "":
+			code = "no code"
 		}
 		n[fmt.Sprintf("%d %s", r.o.status, code)]++
 	}
