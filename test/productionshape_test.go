@@ -379,9 +379,9 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 
 // refused reports whether gateway g turned the connection away before it
 // read the request: refused, an idle connection it closed as it shut down,
-// or, from the gateway being stopped, a kept-alive connection reset before
-// any answer (the request raced its close: a gateway that read a request
-// answers it before it exits). A load balancer sends such a request to
+// or, from the gateway being stopped, a kept-alive connection that failed
+// before any answer (reset, broken pipe: the request raced its close; a
+// gateway that read a request answers it before it exits). A load balancer sends such a request to
 // another gateway.
 func (l *clusterLoad) refused(g int, o outcome) bool {
 	if o.err == nil || o.status != 0 {
@@ -391,7 +391,7 @@ func (l *clusterLoad) refused(g int, o outcome) bool {
 	if strings.Contains(e, "connection refused") || strings.Contains(e, "server closed idle connection") {
 		return true
 	}
-	return l.stopping.Load() == int64(g+1) && strings.Contains(e, "connection reset by peer")
+	return l.stopping.Load() == int64(g+1) && !errors.Is(o.err, context.DeadlineExceeded)
 }
 
 func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
