@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-deps test-sdk-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-deps test-sdk-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -37,6 +37,11 @@ CLUSTER_DIR ?= .cache/cluster
 cluster: build $(NATS_SERVER)
 	$(GO) build -o bin/cluster ./cmd/cluster
 	./bin/cluster -dir $(CLUSTER_DIR) -switchyard $(BIN) -nats-server $(NATS_SERVER)
+
+# The production shape under load while each kind of process is killed or
+# stopped and restarted; prints the per-fault table of docs/reliability.md.
+test-cluster: $(NATS_SERVER)
+	SWITCHYARD_CLUSTER_FAULTS=1 NATS_SERVER=$(NATS_SERVER) $(GO) test -count=1 -run '^TestProductionShapeSurvivesLosingAnyProcess$$' -v -timeout 15m ./test
 
 # The nats CLI and nats-server are used by the end-to-end tests; the CLI is
 # built from the Go module proxy once, the server from go.mod's version, and

@@ -267,6 +267,25 @@ func TestSequenceGapEndsTheResponseExplicitly(t *testing.T) {
 	}
 }
 
+// A reply whose accept was lost with a NATS connection is no answer: the
+// messages after it fail the request explicitly, never a bare 502.
+func TestLostAcceptIsASequenceGap(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.routed("r-0")
+		r.seq++ // the accept is lost
+		r.head(200, "application/json")
+		r.send(nil, `{"choices":[{}]}`)
+		r.end("")
+	})
+	ns := u.post(false)
+	if ns.status != 502 || ns.code != subjects.CodeUpstreamError {
+		t.Errorf("reply without its accept: %d %q %s, want 502 upstream_error", ns.status, ns.code, ns.body)
+	}
+	if n := u.attempts.Load(); n != 1 {
+		t.Errorf("%d attempts: the replica did the work, it is not run again", n)
+	}
+}
+
 func TestSilencePastTheIdleTimeoutFailsExplicitly(t *testing.T) {
 	const idle = 200 * time.Millisecond
 	release := make(chan struct{})

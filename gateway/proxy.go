@@ -166,6 +166,12 @@ func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time
 				} // else the accept rode on the head: the engine answered within the adapter's accept delay
 				return l.relay(ctx, m)
 			}
+			if n, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq)); err == nil && n > 0 && m.Header.Get(subjects.HdrKeepalive) == "" {
+				// A message from after the accept, without the accept: it
+				// was lost with a NATS connection. The rest is no answer.
+				return leave(result{kind: failSequenceGap, replica: routed, accepted: true, ended: m.Header.Get(subjects.HdrEOS) != "",
+					err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply lost its accept (sequence gap)")})
+			}
 			if m.Header.Get(subjects.HdrEOS) != "" {
 				if gone {
 					return leave(result{ended: true}) // rejected: nothing started

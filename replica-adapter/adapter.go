@@ -144,6 +144,7 @@ type Adapter struct {
 	limits   limits // as configured; the engine may fill the batch size
 	outcomes outcomes
 	svc      service
+	tails    tails // where recent replies ended, marked after a reconnect
 	hbSeq    atomic.Uint64
 	// streamed is when bytes of a streamed answer last came from the
 	// engine (Unix nanoseconds): an engine that streams is not down, however
@@ -341,6 +342,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	loops.Go(func() { a.scrapeLoop(ctrl) })
 	loops.Go(func() { a.heartbeatLoop(ctrl) })
+	loops.Go(func() { a.watchConnection(ctrl.Done()) })
 	a.log.Info("adapter serving", "subject", a.subj.Replica(a.cfg.Replica), "engine", a.cfg.EngineURL)
 
 	<-ctx.Done()

@@ -138,6 +138,7 @@ func errorHeader(seq int, e *subjects.APIError) nats.Header {
 func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.Header, body []byte) {
 	defer a.done(c, id)
 	st := &stream{nc: a.nc, reply: reply}
+	defer func() { a.tails.add(st, time.Now()) }()
 	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
 		a.log.Warn("accept not sent", "request", id, "err", err)
 		return

@@ -196,6 +196,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 			}
 		case errors.Is(r.err, context.DeadlineExceeded):
 			hung++
+			t.Logf("hung: %v, ended %v after the stop", r.outcome, r.at.Sub(stopped).Round(time.Millisecond))
 		case r.explicit():
 			failed++
 		default:

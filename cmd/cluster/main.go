@@ -10,6 +10,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 )
 
@@ -28,6 +30,7 @@ type config struct {
 	natsServer string // the nats-server binary
 	gateways   int
 	brokers    int
+	faults     bool // parts are killed and restarted on commands read from stdin
 }
 
 func main() {
@@ -38,13 +41,14 @@ func main() {
 	flag.StringVar(&cfg.natsServer, "nats-server", ".cache/tools/nats-server", "the nats-server binary")
 	flag.IntVar(&cfg.gateways, "gateways", 2, "gateways to run")
 	flag.IntVar(&cfg.brokers, "brokers", 2, "brokers to run")
+	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|stop|cont|start PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
 	flag.Parse()
 	// Children get SIGKILL if this process dies (Pdeathsig); the signal
 	// follows the thread that started them, so that thread must live as
 	// long as the process.
 	runtime.LockOSThread()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, cfg, os.Stdout)
+	err := run(ctx, cfg, os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
@@ -52,7 +56,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
+func run(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer) (err error) {
 	for _, p := range []*string{&cfg.dir, &cfg.root, &cfg.switchyard, &cfg.natsServer} {
 		if *p, err = filepath.Abs(*p); err != nil {
 			return err
@@ -65,6 +69,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 		return err
 	}
 	procs := newProcs(filepath.Join(cfg.dir, "logs"), filepath.Join(cfg.dir, "pids"))
+	procs.faults.Store(cfg.faults)
 	defer func() {
 		fmt.Fprintln(stdout, "stopping…")
 		if serr := procs.stopAll(); serr != nil && err == nil {
@@ -95,10 +100,41 @@ Try:     switchyard table get policy --nats %s --tlsca %s --creds %s
 Ctrl-C stops everything.
 `, n.creds, n.url, n.ca, n.site, siteReplica, filepath.Join(cfg.dir, "logs"),
 		n.url, n.ca, n.credsFor("operator"))
+	if cfg.faults {
+		go control(stdin, stdout, procs) // ends with stdin; the process exits after run
+	}
 	select {
 	case <-ctx.Done():
 		return nil
 	case err := <-procs.exited:
 		return err
+	}
+}
+
+// control carries out the fault commands read from in, one a line.
+func control(in io.Reader, out io.Writer, procs *procs) {
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		verb, name, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		var err error
+		switch verb {
+		case "kill":
+			err = procs.signal(name, syscall.SIGKILL)
+		case "term":
+			err = procs.signal(name, syscall.SIGTERM)
+		case "stop": // frozen: its connections stay open and carry nothing
+			err = procs.signal(name, syscall.SIGSTOP)
+		case "cont":
+			err = procs.signal(name, syscall.SIGCONT)
+		case "start":
+			err = procs.restart(name)
+		default:
+			err = fmt.Errorf("unknown command %q (kill, term, stop, cont or start PART)", verb)
+		}
+		if err != nil {
+			fmt.Fprintf(out, "error: %v\n", err)
+			continue
+		}
+		fmt.Fprintf(out, "ok %s %s\n", verb, name)
 	}
 }

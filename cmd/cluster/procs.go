@@ -25,6 +25,9 @@ type procs struct {
 	logDir, pidFile string
 	exited          chan error // the first child that exits on its own
 	stopping        atomic.Bool
+	// faults: a part that exits is expected (the fault tests kill them),
+	// not the end of the run.
+	faults atomic.Bool
 
 	mu   sync.Mutex
 	list []*proc
@@ -32,6 +35,10 @@ type procs struct {
 
 type proc struct {
 	name string
+	dir  string
+	env  []string
+	exe  string
+	args []string
 	tier int // started in ascending tiers, stopped in descending ones
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -49,7 +56,7 @@ func (ps *procs) nextTier() {
 }
 
 func (ps *procs) start(name, dir string, env []string, exe string, args ...string) error {
-	log, err := os.Create(filepath.Join(ps.logDir, name+".log"))
+	log, err := os.OpenFile(filepath.Join(ps.logDir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
@@ -62,14 +69,20 @@ func (ps *procs) start(name, dir string, env []string, exe string, args ...strin
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, dir: dir, env: env, exe: exe, args: args, cmd: cmd, done: make(chan struct{})}
 	ps.mu.Lock()
-	for _, q := range ps.list {
-		if q == nil {
-			p.tier++
+	if old := ps.find(name); old != nil { // a restart keeps the part's place
+		p.tier = old.tier
+		*old = *p
+		p = old
+	} else {
+		for _, q := range ps.list {
+			if q == nil {
+				p.tier++
+			}
 		}
+		ps.list = append(ps.list, p)
 	}
-	ps.list = append(ps.list, p)
 	ps.mu.Unlock()
 	if f, err := os.OpenFile(ps.pidFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 		fmt.Fprintf(f, "%d %s\n", cmd.Process.Pid, name)
@@ -78,7 +91,7 @@ func (ps *procs) start(name, dir string, env []string, exe string, args ...strin
 	go func() { // ends when the child does; stopAll waits on done
 		err := cmd.Wait()
 		close(p.done)
-		if !ps.stopping.Load() {
+		if !ps.stopping.Load() && !ps.faults.Load() {
 			select {
 			case ps.exited <- fmt.Errorf("%s exited (%v); see %s", name, err, log.Name()):
 			default:
@@ -86,6 +99,49 @@ func (ps *procs) start(name, dir string, env []string, exe string, args ...strin
 		}
 	}()
 	return nil
+}
+
+// Lock should be held.
+func (ps *procs) find(name string) *proc {
+	for _, p := range ps.list {
+		if p != nil && p.name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// signal sends sig to the running part name.
+func (ps *procs) signal(name string, sig syscall.Signal) error {
+	ps.mu.Lock()
+	p := ps.find(name)
+	ps.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("no part %q", name)
+	}
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s is not running", name)
+	default:
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// restart starts the part name again, as it was first started, once it has
+// exited (waiting up to stopTimeout for that); its log is appended to.
+func (ps *procs) restart(name string) error {
+	ps.mu.Lock()
+	p := ps.find(name)
+	ps.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("no part %q", name)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(stopTimeout):
+		return fmt.Errorf("%s is still running", name)
+	}
+	return ps.start(name, p.dir, p.env, p.exe, p.args...)
 }
 
 // stopAll sends SIGTERM tier by tier, the last started first, and waits for

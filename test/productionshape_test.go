@@ -1,0 +1,519 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Recovery bounds of the production shape's faults: measured on a loaded
+// 2-core machine (docs/reliability.md), with margin for a quiet CI one.
+const (
+	routingBound  = 60 * time.Second // routing normal again through both gateways
+	writableBound = 60 * time.Second // the table writable after its leader is killed or frozen
+	hangBound     = 90 * time.Second // a request longer than this is hung
+)
+
+// TestProductionShapeSurvivesLosingAnyProcess runs `make cluster`'s launcher
+// (cmd/cluster -faults) under mixed load through both gateways and, one at a
+// time with recovery in between, kills or stops each kind of process. It
+// fails on any request lost or hung, or a recovery past its bound, and
+// prints the per-fault table. `make test-cluster` runs it.
+func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
+	if os.Getenv("SWITCHYARD_CLUSTER_FAULTS") == "" {
+		t.Skip("make test-cluster runs this (separate processes, minutes)")
+	}
+	root := repoRoot()
+	bin := t.TempDir()
+	for _, b := range [][]string{{"switchyard", "./cmd/switchyard"}, {"cluster", "./cmd/cluster"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, b[0]), b[1])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v: %s", b[0], err, out)
+		}
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(filepath.Join(bin, "cluster"), "-faults", "-dir", dir, "-root", root,
+		"-switchyard", filepath.Join(bin, "switchyard"), "-nats-server", natsServerBinary(t))
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	lines := make(chan string, 64)
+	go func() { // ends with the launcher's stdout
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var gateways []string
+	printed := map[string]string{}
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the launcher ended before it was ready")
+			}
+			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
+				gateways = append(gateways, u)
+			}
+			if k, v, ok := strings.Cut(l, ":"); ok && len(strings.Fields(v)) > 0 {
+				printed[k] = strings.Fields(v)[0]
+			}
+			ready = strings.HasPrefix(l, "Ctrl-C stops everything")
+		case <-time.After(5 * time.Minute):
+			t.Fatal("the cluster was not ready within 5 minutes")
+		}
+	}
+	command := func(c string) {
+		t.Helper()
+		fmt.Fprintln(stdin, c)
+		select {
+		case l := <-lines:
+			if !strings.HasPrefix(l, "ok ") {
+				t.Fatalf("%s: %s", c, l)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no answer", c)
+		}
+	}
+	op, err := nats.Connect(printed["NATS"], nats.RootCAs(printed["CA"]), nats.UserCredentials(filepath.Join(printed["creds"], "operator.creds")), nats.MaxReconnects(-1),
+		nats.PingInterval(5*time.Second), nats.MaxPingsOutstanding(3)) // as natsconn connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	js, _ := jetstream.New(op)
+
+	l := newClusterLoad(gateways)
+	ctx, stopLoad := context.WithCancel(context.Background())
+	var load sync.WaitGroup
+	for w := range 6 {
+		load.Go(func() { l.run(ctx, w) })
+	}
+	defer func() { stopLoad(); load.Wait() }()
+	if _, ok := l.normal(routingBound); !ok {
+		t.Fatalf("routing not normal %v after the start", routingBound)
+	}
+
+	type row struct {
+		fault             string
+		failed, retried   int64
+		routing, writable time.Duration
+		note              string
+	}
+	var rows []row
+	var cur *row
+	// step carries out one action of a fault and waits for routing to be
+	// normal again; a fault's figure is its slowest step.
+	step := func(c string) {
+		t.Helper()
+		command(c)
+		d, ok := l.normal(routingBound)
+		if !ok {
+			t.Errorf("%s: routing not normal within %v after %q", cur.fault, routingBound, c)
+		}
+		cur.routing = max(cur.routing, d.Round(time.Millisecond))
+	}
+	fault := func(name string, inject func()) {
+		rows = append(rows, row{fault: name})
+		cur = &rows[len(rows)-1]
+		from := time.Now()
+		l.mark()
+		inject()
+		cur.failed, cur.retried = l.since()
+		if codes := l.failures(from); codes != "" {
+			cur.note = strings.TrimPrefix(cur.note+"; failed: "+codes, "; ")
+		}
+	}
+
+	// writable waits until the table takes a write, and returns how long
+	// after since that was.
+	writable := func(since time.Time) time.Duration {
+		t.Helper()
+		for {
+			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			kv, err := js.KeyValue(wctx, subjects.DefaultBucket)
+			if err == nil {
+				_, err = kv.Put(wctx, "aliases.after-failover", []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`))
+			}
+			cancel()
+			if err == nil {
+				return time.Since(since).Round(time.Millisecond)
+			}
+			if time.Since(since) > writableBound {
+				t.Errorf("%s: table not writable within %v: %v", cur.fault, writableBound, err)
+				return writableBound
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	fault("1. SIGKILL the NATS node leading llm-routing; restart it", func() {
+		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leader := s.CachedInfo().Cluster.Leader
+		cur.note = leader
+		killed := time.Now()
+		step("kill " + leader)
+		cur.writable = writable(killed)
+		step("start " + leader)
+	})
+	// brokerUp waits until broker id answers $SRV.PING: it is in the queue
+	// group, as a rolling restart waits for before stopping the next.
+	brokerUp := func(id string) {
+		t.Helper()
+		from := time.Now()
+		for time.Since(from) < routingBound {
+			inbox := nats.NewInbox()
+			sub, err := op.SubscribeSync(inbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = op.PublishRequest("$SRV.PING."+subjects.BrokerService, inbox, nil)
+			for {
+				m, err := sub.NextMsg(500 * time.Millisecond)
+				if err != nil {
+					break
+				}
+				var ping struct {
+					Metadata map[string]string `json:"metadata"`
+				}
+				if json.Unmarshal(m.Data, &ping) == nil && ping.Metadata["broker"] == id {
+					_ = sub.Unsubscribe()
+					return
+				}
+			}
+			_ = sub.Unsubscribe()
+		}
+		t.Errorf("%s not in the queue group %v after its start", id, routingBound)
+	}
+	fault("2. SIGKILL broker-1, restart it; SIGTERM broker-2, restart it", func() {
+		step("kill broker-1")
+		step("start broker-1")
+		brokerUp("broker-1")
+		step("term broker-2")
+		step("start broker-2")
+		brokerUp("broker-2")
+	})
+	fault("3. SIGTERM gateway-1; restart it", func() {
+		at := time.Now()
+		l.stopping.Store(1)
+		command("term gateway-1")   // routing goes on through gateway-2
+		time.Sleep(2 * time.Second) // its clients meanwhile go to gateway-2
+		step("start gateway-1")
+		l.stopping.Store(0)
+		ok, failed := l.inFlight(0, at)
+		cur.note = fmt.Sprintf("in flight at gateway-1's SIGTERM: %d completed, %d failed explicitly", ok, failed)
+	})
+	fault("4. SIGKILL engine l8-gen-0 under streams, restart it; SIGTERM adapter l8-gen-1, restart it", func() {
+		step("kill engine-l8-gen-0")
+		step("start engine-l8-gen-0")
+		step("term adapter-l8-gen-1")
+		step("start adapter-l8-gen-1")
+	})
+	fault("5. chat-large to the canary at 50 %; rolled back", func() {
+		kv, err := js.KeyValue(context.Background(), subjects.DefaultBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		orig, err := kv.Get(context.Background(), "aliases.chat-large")
+		if err != nil {
+			t.Fatal(err)
+		}
+		edited := time.Now()
+		l.canary.Store(0)
+		if _, err := kv.Put(context.Background(), "aliases.chat-large", []byte(`{"targets":[{"model":"llama-3-70b-instruct","version":"v1.5.0","weight":50},{"model":"llama-3-70b-instruct","version":"v1.6.0","weight":50}],"fallbacks":["chat-small"]}`)); err != nil {
+			t.Fatal(err)
+		}
+		for l.canary.Load() < 20 && time.Since(edited) < routingBound {
+			time.Sleep(20 * time.Millisecond)
+		}
+		half := l.canary.Load()
+		cur.routing = time.Since(edited).Round(time.Millisecond)
+		if half < 20 {
+			t.Errorf("the canary at 50 %%: only %d answers from v1.6.0 within %v", half, routingBound)
+		}
+		if _, err := kv.Put(context.Background(), "aliases.chat-large", orig.Value()); err != nil {
+			t.Fatal(err)
+		}
+		d, ok := l.normal(routingBound)
+		if !ok {
+			t.Errorf("routing not normal %v after the rollback", routingBound)
+		}
+		cur.routing = max(cur.routing, d.Round(time.Millisecond))
+		cur.note = fmt.Sprintf("20 answers from the canary %v after the edit", cur.routing)
+	})
+
+	fault("6. SIGSTOP the NATS node leading llm-routing for 30 s; SIGCONT", func() {
+		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leader := s.CachedInfo().Cluster.Leader
+		cur.note = leader + " frozen: its connections stay open and carry nothing"
+		frozen := time.Now()
+		step("stop " + leader)
+		cur.writable = writable(frozen)
+		time.Sleep(time.Until(frozen.Add(30 * time.Second)))
+		step("cont " + leader)
+	})
+
+	stopLoad()
+	load.Wait()
+	total, ok, failed, lost, hung := l.totals()
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n| fault | failed explicitly | sent to the other gateway | routing normal after (slowest step) | table writable after | |\n|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		w := "—"
+		if r.writable > 0 {
+			w = r.writable.String()
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %v | %s | %s |\n", r.fault, r.failed, r.retried, r.routing, w, r.note)
+	}
+	fmt.Fprintf(&b, "\n%d requests: %d ok, %d failed explicitly, %d lost, %d hung\n", total, ok, failed, lost, hung)
+	t.Log(b.String())
+	if lost > 0 || hung > 0 {
+		for _, r := range l.bad() {
+			t.Log(r)
+		}
+		t.Errorf("%d requests lost, %d hung", lost, hung)
+	}
+}
+
+// clusterLoad sends mixed requests through the gateways: tenants,
+// conversations, long contexts, premium, streamed and not. A request a
+// gateway cannot take (connection refused) goes to the other, as a load
+// balancer would.
+type clusterLoad struct {
+	gateways                               []string
+	total, ok, failed, lost, hung, retried atomic.Int64
+	markFailed, markRetried                atomic.Int64
+	canary                                 atomic.Int64    // answers from v1.6.0
+	stopping                               atomic.Int64    // 1 + the index of the gateway being stopped, or 0
+	lastOK                                 [2]atomic.Int64 // unix nanos of each gateway's last success
+
+	mu   sync.Mutex
+	reqs []sent
+}
+
+// sent is one request as the client saw it.
+type sent struct {
+	gateway    int
+	start, end time.Time
+	o          outcome
+}
+
+func newClusterLoad(g []string) *clusterLoad { return &clusterLoad{gateways: g} }
+
+func (l *clusterLoad) run(ctx context.Context, w int) {
+	long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 1700) // > 16,000 tokens
+	for i := 0; ctx.Err() == nil; i++ {
+		g := (w + i) % len(l.gateways)
+		key, model, content, conv := "", "auto", "Hello", ""
+		switch i % 5 {
+		case 1:
+			key, model = "sk-acme-dev", "chat-large" // premium
+		case 2:
+			model, content = "chat-large", long // long context
+		case 3:
+			key, model, conv = "sk-teamx-dev", "chat-small", fmt.Sprintf("teamx-%d-%d", w, i%3) // LoRA
+		case 4:
+			model, conv = "chat-large", fmt.Sprintf("conv-%d-%d", w, i%11) // conversations
+		}
+		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":24,"messages":[{"role":"user","content":%q}]}`, model, i%2 == 0, content)
+		start := time.Now()
+		o, version := l.send(l.gateways[g], key, conv, body)
+		if l.refused(g, o) {
+			l.retried.Add(1)
+			g = 1 - g
+			o, version = l.send(l.gateways[g], key, conv, body)
+		}
+		l.total.Add(1)
+		switch {
+		case o.status == 200 && o.done:
+			l.ok.Add(1)
+			l.lastOK[g].Store(time.Now().UnixNano())
+			if version == "v1.6.0" {
+				l.canary.Add(1)
+			}
+		case errors.Is(o.err, context.DeadlineExceeded):
+			l.hung.Add(1)
+		case o.explicit():
+			l.failed.Add(1)
+		default:
+			l.lost.Add(1)
+		}
+		l.mu.Lock()
+		l.reqs = append(l.reqs, sent{gateway: g, start: start, end: time.Now(), o: o})
+		l.mu.Unlock()
+	}
+}
+
+// refused reports whether gateway g turned the connection away before it
+// read the request: refused, an idle connection it closed as it shut down,
+// or, from the gateway being stopped, a kept-alive connection that failed
+// before any answer (reset, broken pipe: the request raced its close; a
+// gateway that read a request answers it before it exits). A load balancer sends such a request to
+// another gateway.
+func (l *clusterLoad) refused(g int, o outcome) bool {
+	if o.err == nil || o.status != 0 {
+		return false
+	}
+	e := o.err.Error()
+	if strings.Contains(e, "connection refused") || strings.Contains(e, "server closed idle connection") {
+		return true
+	}
+	return l.stopping.Load() == int64(g+1) && !errors.Is(o.err, context.DeadlineExceeded)
+}
+
+func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangBound)
+	defer cancel()
+	start := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if conv != "" {
+		req.Header.Set("X-Conversation-Id", conv)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return outcome{err: err, took: time.Since(start)}, ""
+	}
+	defer resp.Body.Close()
+	o := readAnswer(resp)
+	o.took = time.Since(start)
+	return o, resp.Header.Get("X-Switchyard-Version")
+}
+
+// inFlight counts how the requests through gateway g that were under way
+// at t ended.
+func (l *clusterLoad) inFlight(g int, t time.Time) (ok, failed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.reqs {
+		if r.gateway != g || r.start.After(t) || r.end.Before(t) {
+			continue
+		}
+		if r.o.status == 200 && r.o.done {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return ok, failed
+}
+
+// failures counts the requests that ended after from without an answer,
+// by error code.
+func (l *clusterLoad) failures(from time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := map[string]int{}
+	for _, r := range l.reqs {
+		if r.end.Before(from) || (r.o.status == 200 && r.o.done) {
+			continue
+		}
+		code := r.o.code
+		switch {
+		case r.o.err != nil:
+			code = "transport error"
+		case code == "":
+			code = "no code"
+		}
+		n[fmt.Sprintf("%d %s", r.o.status, code)]++
+	}
+	keys := slices.Sorted(maps.Keys(n))
+	for i, k := range keys {
+		keys[i] = fmt.Sprintf("%s ×%d", k, n[k])
+	}
+	return strings.Join(keys, ", ")
+}
+
+// bad lists the requests lost or hung.
+func (l *clusterLoad) bad() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, r := range l.reqs {
+		if !r.o.explicit() {
+			out = append(out, fmt.Sprintf("gateway %d at %s: %v", r.gateway+1, r.start.Format("15:04:05.000"), r.o))
+		}
+	}
+	return out
+}
+
+// mark starts a fault's counts.
+func (l *clusterLoad) mark() {
+	l.markFailed.Store(l.failed.Load() + l.lost.Load() + l.hung.Load())
+	l.markRetried.Store(l.retried.Load())
+}
+
+// since returns the explicit failures and the requests sent to the other
+// gateway since mark.
+func (l *clusterLoad) since() (failed, retried int64) {
+	return l.failed.Load() + l.lost.Load() + l.hung.Load() - l.markFailed.Load(), l.retried.Load() - l.markRetried.Load()
+}
+
+// normal waits until both gateways answered a request that started after
+// now, and returns how long that took.
+func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
+	from := time.Now()
+	for time.Since(from) < bound {
+		if l.okSince(0, from) && l.okSince(1, from) {
+			return time.Since(from), true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return bound, false
+}
+
+// okSince reports whether a request through gateway g that started after
+// from completed.
+func (l *clusterLoad) okSince(g int, from time.Time) bool {
+	if l.lastOK[g].Load() < from.UnixNano() {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.reqs) - 1; i >= 0 && l.reqs[i].end.After(from); i-- {
+		if r := l.reqs[i]; r.gateway == g && r.start.After(from) && r.o.status == 200 && r.o.done {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *clusterLoad) totals() (total, ok, failed, lost, hung int64) {
+	return l.total.Load(), l.ok.Load(), l.failed.Load(), l.lost.Load(), l.hung.Load()
+}
