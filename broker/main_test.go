@@ -3,7 +3,9 @@ package broker
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain fails the package when a goroutine outlives the tests: every one
+// the broker starts has an owner that stops it.
+func TestMain(m *testing.M) { testkit.Main(m) }

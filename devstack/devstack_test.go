@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
-	"github.com/switchyard-llm/switchyard/internal/leaktest"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // TestMain fails the package when a goroutine outlives Close.
-func TestMain(m *testing.M) { leaktest.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func chat(t *testing.T, url string) int {
 	t.Helper()

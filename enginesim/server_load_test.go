@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // scrape reads /metrics the way Prometheus does.
@@ -123,11 +124,12 @@ func TestMetricsReflectInFlight(t *testing.T) {
 	for _, s := range streams {
 		s.Body.Close()
 	}
-	waitFor(t, "in-flight requests to be cancelled", func() bool { return srv.InFlight() == 0 })
-	waitFor(t, "metrics to show an idle engine", func() bool {
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("in-flight requests to be cancelled", func() bool { return srv.InFlight() == 0 }))
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("metrics to show an idle engine", func() bool {
 		f := scrape(t, hs)
 		return gauge(t, f, "vllm:num_requests_running") == 0 && gauge(t, f, "vllm:kv_cache_usage_perc") == 0
-	})
+	}))
+
 }
 
 func TestMetricsMatchVLLMNamesTypesAndLabels(t *testing.T) {
@@ -181,7 +183,7 @@ func TestDisconnectCancelsRequest(t *testing.T) {
 			t.Fatalf("InFlight = %d, want 1", srv.InFlight())
 		}
 		cancel()
-		waitFor(t, "the engine to drop the request", func() bool { return srv.InFlight() == 0 })
+		testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the engine to drop the request", func() bool { return srv.InFlight() == 0 }))
 	})
 
 	t.Run("non-stream", func(t *testing.T) {
@@ -195,10 +197,10 @@ func TestDisconnectCancelsRequest(t *testing.T) {
 				t.Error("request finished instead of being cancelled")
 			}
 		})
-		waitFor(t, "the request to reach the engine", func() bool { return srv.InFlight() == 1 })
+		testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the request to reach the engine", func() bool { return srv.InFlight() == 1 }))
 		cancel()
 		wg.Wait()
-		waitFor(t, "the engine to drop the request", func() bool { return srv.InFlight() == 0 })
+		testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the engine to drop the request", func() bool { return srv.InFlight() == 0 }))
 	})
 	f := scrape(t, hs)
 	if gauge(t, f, "vllm:num_requests_running") != 0 {
@@ -290,7 +292,7 @@ func TestServeStopsWithOpenStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	waitFor(t, "the stream to start", func() bool { return srv.InFlight() == 1 })
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the stream to start", func() bool { return srv.InFlight() == 1 }))
 	cancel()
 	select {
 	case err := <-served:

@@ -13,14 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain fails the package when a goroutine outlives the tests.
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // start runs a server with its owner goroutine and an httptest front, both
 // stopped when the test ends.
@@ -380,17 +379,5 @@ func TestEmbeddingsAreDeterministic(t *testing.T) {
 	}
 	if norm < 0.999 || norm > 1.001 {
 		t.Errorf("squared norm %v, want 1", norm)
-	}
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

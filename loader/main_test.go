@@ -3,7 +3,7 @@ package loader_test
 import (
 	"testing"
 
-	"github.com/switchyard-llm/switchyard/internal/leaktest"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { leaktest.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }

@@ -20,16 +20,15 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+// TestMain fails the package when a goroutine outlives the tests.
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // checkFor polls f every few milliseconds until it returns nil or total
 // passes, then fails the test with f's last error.

@@ -1,0 +1,106 @@
+// Package testkit is what the tests of every package share: one poller, one
+// leak-checking TestMain, a load loop and listeners handed over already
+// bound. Tests start real parts; these are the few ways they wait on them.
+package testkit
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// CheckFor calls f every `every` until it returns nil, and returns how long
+// that took; after total it fails the test with f's last error. Like
+// nats-server's checkFor: a test waits on a condition, never on a fixed
+// sleep. total is an upper bound for a loaded machine running -race, not a
+// speed target: pick it generous.
+func CheckFor(t testing.TB, total, every time.Duration, f func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Since(start) > total {
+			t.Fatalf("not within %v: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// Main is the TestMain of packages whose parts start goroutines: it runs the
+// tests, then fails the package when a goroutine outlives them. The idle
+// keep-alive connections of the tests' own default HTTP client are not
+// leaks, so they are closed first.
+func Main(m *testing.M, opts ...goleak.Option) {
+	code := m.Run()
+	http.DefaultClient.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Load runs f in a loop on each of workers goroutines (f gets the worker's
+// number and its iteration) until the returned stop is called; stop waits
+// for every loop to finish its iteration, and runs at cleanup if the test
+// ends first. f reports failures with t.Error, never t.Fatal.
+func Load(t testing.TB, workers int, f func(worker, i int)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f(w, i)
+			}
+		})
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// Listen binds a loopback TCP port chosen by the kernel and hands the
+// listener over: whoever uses it serves on it, so no port is guessed and
+// none is released before use. It is closed at cleanup (closing twice is
+// harmless).
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Cond is CheckFor's f for a condition that is only true or false: its
+// error names what is awaited.
+func Cond(what string, ok func() bool) func() error {
+	return func() error {
+		if ok() {
+			return nil
+		}
+		return errors.New("still waiting for " + what)
+	}
+}

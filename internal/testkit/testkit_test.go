@@ -1,0 +1,72 @@
+package testkit_test
+
+import (
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+func TestCheckForReturnsOnceTheConditionHolds(t *testing.T) {
+	var calls int
+	testkit.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		calls++
+		if calls < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if calls != 3 {
+		t.Fatalf("f called %d times, want 3", calls)
+	}
+}
+
+func TestCondNamesWhatIsAwaited(t *testing.T) {
+	err := testkit.Cond("the engine", func() bool { return false })()
+	if err == nil || err.Error() != "still waiting for the engine" {
+		t.Fatalf("got %v", err)
+	}
+	if err := testkit.Cond("x", func() bool { return true })(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadRunsEveryWorkerUntilStopped(t *testing.T) {
+	var seen [3]atomic.Int64
+	stop := testkit.Load(t, 3, func(w, i int) { seen[w].Add(1) })
+	testkit.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		for w := range seen {
+			if seen[w].Load() < 2 {
+				return errors.New("a worker has not looped twice")
+			}
+		}
+		return nil
+	})
+	stop()
+	n := seen[0].Load()
+	time.Sleep(5 * time.Millisecond)
+	if seen[0].Load() != n {
+		t.Fatal("a worker ran after stop returned")
+	}
+	stop() // idempotent, and the cleanup calls it again
+}
+
+func TestListenHandsOverABoundListener(t *testing.T) {
+	ln := testkit.Listen(t)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	resp, err := http.Get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 204 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
