@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -96,10 +97,11 @@ func startFaultEnv(t *testing.T, warmUp time.Duration) *faultEnv {
 // joined the queue group.
 func (e *faultEnv) waitServing() {
 	e.t.Helper()
-	waitFor(e.t, 5*time.Second, func() error {
+	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		_, err := e.nc.Request("$SRV.PING."+subjects.BrokerService, nil, time.Second)
 		return err
 	})
+
 }
 
 func (e *faultEnv) register(id, state string) {
@@ -113,27 +115,13 @@ func (e *faultEnv) register(id, state string) {
 // waitTable polls the broker's table until ok holds.
 func (e *faultEnv) waitTable(ok func() error) {
 	e.t.Helper()
-	waitFor(e.t, 5*time.Second, func() error {
+	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		if e.b.Table() == nil {
 			return errors.New("no table yet")
 		}
 		return ok()
 	})
-}
 
-func waitFor(t *testing.T, total time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", total, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // heartbeat publishes hb for its replica and waits until the broker took it
@@ -149,12 +137,13 @@ func (e *faultEnv) heartbeat(hb subjects.Heartbeat) {
 	if err := e.nc.Publish(subjects.New("").Heartbeat(hb.Replica), b); err != nil {
 		e.t.Fatal(err)
 	}
-	waitFor(e.t, 5*time.Second, func() error {
+	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		if got := value(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
 			return fmt.Errorf("broker has kv %v for %s, want %v", got, hb.Replica, hb.KVUsage)
 		}
 		return nil
 	})
+
 }
 
 // value reads a counter's or gauge's current value.
@@ -173,13 +162,14 @@ func (e *faultEnv) heartbeatRaw(hb subjects.Heartbeat) {
 	e.t.Helper()
 	hb.Model, hb.Version, hb.Pool = "llama-3-8b-instruct", "v1.0.0", "general"
 	b, _ := json.Marshal(hb)
-	waitFor(e.t, 5*time.Second, func() error {
+	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		_ = e.nc.Publish(subjects.New("").Heartbeat(hb.Replica), b)
 		if got := value(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
 			return fmt.Errorf("heartbeat of %s not taken", hb.Replica)
 		}
 		return nil
 	})
+
 }
 
 func ready(id string, kv float64) subjects.Heartbeat {
@@ -386,12 +376,13 @@ func TestBadHeartbeatsAreIgnoredAndCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := value(bad) - before; n != float64(len(cases)) {
 			return fmt.Errorf("%v bad heartbeats counted, want %d", n, len(cases))
 		}
 		return nil
 	})
+
 	if got := e.spread(20); got["r-0"] == 0 {
 		t.Errorf("a bad heartbeat changed r-0's state: %v", got)
 	}
@@ -483,10 +474,11 @@ func TestStopForwardsWhatWasDelivered(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = b.Run(ctx) }()
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		_, err := nc.Request("$SRV.PING."+subjects.BrokerService, nil, time.Second)
 		return err
 	})
+
 	// Every request is answered (a no_replicas rejection: no replica is
 	// registered) or hears no responders once the broker left.
 	var answered, noResponders, lost atomic.Int64
@@ -513,12 +505,13 @@ func TestStopForwardsWhatWasDelivered(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if answered.Load() < 50 {
 			return errors.New("warming up")
 		}
 		return nil
 	})
+
 	cancel()
 	<-done
 	close(stop)

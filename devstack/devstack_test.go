@@ -2,6 +2,7 @@ package devstack_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,14 +26,13 @@ func chat(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
-func eventually200(t *testing.T, url, after string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for chat(t, url) != 200 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no 200 within 15s after %s", after)
+// answers200 is a condition for testkit.CheckFor: a chat request gets 200.
+func answers200(t *testing.T, url, after string) func() error {
+	return func() error {
+		if code := chat(t, url); code != 200 {
+			return fmt.Errorf("status %d after %s", code, after)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -53,7 +53,7 @@ func TestFaultControlsAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := st.GatewayURL()
-	eventually200(t, url, "start")
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "start"))
 
 	f := st.Faults("l8-gen-0")
 	f.Kill()
@@ -63,7 +63,7 @@ func TestFaultControlsAndClose(t *testing.T) {
 	if err := f.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	eventually200(t, url, "the engine's restart")
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the engine's restart"))
 
 	f.SetReject(429)
 	if code := chat(t, url); code == 200 || f.Rejected() == 0 {
@@ -77,13 +77,13 @@ func TestFaultControlsAndClose(t *testing.T) {
 	if err := st.StartReplica("l8-gen-0"); err != nil {
 		t.Fatal(err)
 	}
-	eventually200(t, url, "the adapter's restart")
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the adapter's restart"))
 
 	st.StopBroker(0)
 	if err := st.StartBroker(0); err != nil {
 		t.Fatal(err)
 	}
-	eventually200(t, url, "the broker's restart")
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the broker's restart"))
 
 	if err := st.StopNATS(); err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func TestFaultControlsAndClose(t *testing.T) {
 	if err := st.StartNATS(); err != nil {
 		t.Fatal(err)
 	}
-	eventually200(t, url, "the NATS server's restart")
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the NATS server's restart"))
 
 	if err := st.Close(); err != nil {
 		t.Errorf("Close: %v", err)

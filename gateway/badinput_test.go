@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
@@ -58,13 +59,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g.Serve(rctx, ln) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	deadline := time.Now().Add(5 * time.Second)
-	for g.Table() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("gateway never loaded the table")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, testkit.Cond("the gateway to load the table", func() bool { return g.Table() != nil }))
 	return "http://" + ln.Addr().String(), routed
 }
 

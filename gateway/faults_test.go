@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -142,13 +145,7 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 	wg.Go(func() { _ = g.Serve(rctx, ln) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	u.gw = "http://" + ln.Addr().String()
-	deadline := time.Now().Add(5 * time.Second)
-	for g.Table() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("gateway never loaded the table")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the gateway to load the table", func() bool { return g.Table() != nil }))
 	return u
 }
 
@@ -514,20 +511,16 @@ func TestNATSDisconnectFailsInFlightThenRecovers(t *testing.T) {
 		t.Errorf("in-flight stream after the disconnect: %q; want an SSE error event router_unavailable", rest)
 	}
 	// New requests flow again once the connections are back.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		s := u.post(true)
 		if s.status == 200 && strings.Contains(s.body, "[DONE]") {
-			break
+			return nil
 		}
 		if s.status != 503 || s.code != subjects.CodeRouterUnavailable {
 			t.Fatalf("during the outage: %d %s %q; want 200 or an explicit 503", s.status, s.code, s.body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("requests did not flow again after the reconnect")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New("requests do not flow again after the reconnect")
+	})
 	t.Logf("in-flight stream failed %v after the server went down; requests flowed again %v after", failedIn.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
@@ -674,15 +667,10 @@ func TestClientGoneBeforeRoutedIsCancelledWhereRouted(t *testing.T) {
 // checkCounter polls a gateway counter until it reads want.
 func checkCounter(t *testing.T, u *upstream, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := u.counter(name, nil)
-		if got == want {
-			return
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if got := u.counter(name, nil); got != want {
+			return fmt.Errorf("%s = %v, want %v", name, got, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", name, got, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }

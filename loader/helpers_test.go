@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -101,7 +102,7 @@ func (e *env) start(cfg loader.Config) *prometheus.Registry {
 	})
 	// The loader is serving once its queue subscription exists: a load
 	// request before then would find no one.
-	e.eventually(10*time.Second, "the loader subscribed", l.Serving)
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the loader subscribed", l.Serving))
 	return reg
 }
 
@@ -157,17 +158,6 @@ func (e *env) count(model, phase string) int {
 		}
 	}
 	return n
-}
-
-func (e *env) eventually(total time.Duration, what string, ok func() bool) {
-	e.t.Helper()
-	end := time.Now().Add(total)
-	for !ok() {
-		if time.Now().After(end) {
-			e.t.Fatalf("timed out after %s waiting for %s", total, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // script writes an executable shell script that appends its arguments to

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -65,12 +66,12 @@ func TestOneLoadHoweverManyRequests(t *testing.T) {
 		brokerA.request(mixtral, "v1.0.0", 20)
 		brokerB.request(mixtral, "v1.0.0", 20)
 	}
-	e.eventually(10*time.Second, "the load to start", func() bool { return e.count(mixtral, subjects.LoadStarted) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load to start", func() bool { return e.count(mixtral, subjects.LoadStarted) == 1 }))
 	// Still loading: more requests start nothing.
 	e.request(mixtral, "v1.0.0", 50)
 	e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateLoading, 0)
 	e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateReady, 0)
-	e.eventually(10*time.Second, "the load to be ready", func() bool { return e.count(mixtral, subjects.LoadReady) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load to be ready", func() bool { return e.count(mixtral, subjects.LoadReady) == 1 }))
 	e.request(mixtral, "v1.0.0", 50)
 	e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateReady, 0)
 	if err := e.nc.Flush(); err != nil {
@@ -98,7 +99,7 @@ func TestFailedLoadIsReportedAndRetriedAfterCooldown(t *testing.T) {
 	const cooldown = 700 * time.Millisecond
 	reg := e.start(loader.Config{ID: "loader-a", Cooldown: cooldown})
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(10*time.Second, "the failure", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the failure", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 }))
 	st, _ := e.last(mixtral, subjects.LoadFailed)
 	if !strings.Contains(st.Error, "no GPU free in zone-b") || st.RetryAfterMillis != cooldown.Milliseconds() {
 		t.Errorf("failed status = %+v, want the script's message and the cooldown", st)
@@ -109,19 +110,21 @@ func TestFailedLoadIsReportedAndRetriedAfterCooldown(t *testing.T) {
 	// Within the cooldown a request is counted and starts nothing.
 	failedAt := time.Now()
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(5*time.Second, "the request to be deduplicated", func() bool {
+	testkit.CheckFor(e.t, 5*time.Second, 20*time.Millisecond, testkit.Cond("the request to be deduplicated", func() bool {
 		return deduplicated(reg) >= 1
-	})
+	}))
+
 	if time.Since(failedAt) < cooldown {
 		if got := lines(t, calls); len(got) != 1 {
 			t.Fatalf("calls within the cooldown = %q, want 1", got)
 		}
 	}
 	// After it, the next request runs the action again.
-	e.eventually(10*time.Second, "a second attempt after the cooldown", func() bool {
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("a second attempt after the cooldown", func() bool {
 		e.request(mixtral, "v1.0.0", 1)
 		return len(lines(t, calls)) == 2
-	})
+	}))
+
 }
 
 func deduplicated(reg *prometheus.Registry) float64 {
@@ -192,22 +195,23 @@ func TestIdleUnloadDrainsThenTheNextRequestLoadsAgain(t *testing.T) {
 
 	for round := 1; round <= 2; round++ {
 		e.request(mixtral, "v1.0.0", 3)
-		e.eventually(10*time.Second, "the load action", func() bool { return strings.Count(strings.Join(lines(t, calls), "\n"), "load "+mixtral) >= round })
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load action", func() bool { return strings.Count(strings.Join(lines(t, calls), "\n"), "load "+mixtral) >= round }))
 		// The "engine" comes up: registered and heartbeating ready.
 		if _, err := e.kv.Put(ctx, "replicas.mixtral-0", []byte(`{"model": "`+mixtral+`", "version": "v1.0.0", "pool": "general", "state": "ready"}`)); err != nil {
 			t.Fatal(err)
 		}
 		rep.set(true, subjects.StateReady)
-		e.eventually(10*time.Second, "ready", func() bool { return e.count(mixtral, subjects.LoadReady) == round })
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("ready", func() bool { return e.count(mixtral, subjects.LoadReady) == round }))
 		// No request for idle_unload_after: drained first, then unloaded.
-		e.eventually(10*time.Second, "the unload to start", func() bool { return e.count(mixtral, subjects.LoadUnloading) == round })
-		e.eventually(10*time.Second, "the replica marked draining", func() bool {
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the unload to start", func() bool { return e.count(mixtral, subjects.LoadUnloading) == round }))
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the replica marked draining", func() bool {
 			v, err := e.kv.Get(ctx, "replicas.mixtral-0")
 			return err == nil && strings.Contains(string(v.Value()), `"draining"`)
-		})
-		e.eventually(10*time.Second, "the unload action", func() bool { return strings.Count(strings.Join(lines(t, calls), "\n"), "unload "+mixtral) == round })
+		}))
+
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the unload action", func() bool { return strings.Count(strings.Join(lines(t, calls), "\n"), "unload "+mixtral) == round }))
 		rep.set(false, "") // the unload stopped it
-		e.eventually(10*time.Second, "unloaded", func() bool { return e.count(mixtral, subjects.LoadUnloaded) == round })
+		testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("unloaded", func() bool { return e.count(mixtral, subjects.LoadUnloaded) == round }))
 		if _, err := e.kv.Get(ctx, "replicas.mixtral-0"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 			t.Fatalf("round %d: the unloaded replica's registration is still there (err %v)", round, err)
 		}
@@ -223,7 +227,7 @@ func TestBusyModelIsNotUnloaded(t *testing.T) {
 	e := newEnv(t, map[string]string{mixtral: coldModel(execAction(load), `, "idle_unload_after": "200ms", "unload": {"exec": ["/bin/true"]}`)})
 	e.start(loader.Config{ID: "loader-a"})
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(10*time.Second, "the load action", func() bool { return len(lines(t, calls)) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load action", func() bool { return len(lines(t, calls)) == 1 }))
 	end := time.Now().Add(time.Second)
 	for time.Now().Before(end) {
 		e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateReady, 3) // three requests running
@@ -252,15 +256,16 @@ func TestWebhookAction(t *testing.T) {
 	e := newEnv(t, map[string]string{mixtral: coldModel(`{"webhook": "`+srv.URL+`/models/{model}/load"}`, "")})
 	e.start(loader.Config{ID: "loader-a", Cooldown: 100 * time.Millisecond})
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(10*time.Second, "the failed webhook", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the failed webhook", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 }))
 	st, _ := e.last(mixtral, subjects.LoadFailed)
 	if !strings.Contains(st.Error, "503") || !strings.Contains(st.Error, "scheduler busy") {
 		t.Errorf("failed status error = %q, want the webhook's status and message", st.Error)
 	}
-	e.eventually(10*time.Second, "the webhook accepted", func() bool {
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the webhook accepted", func() bool {
 		e.request(mixtral, "v1.0.0", 1)
 		return e.count(mixtral, subjects.LoadStarted) == 1
-	})
+	}))
+
 	mu.Lock()
 	defer mu.Unlock()
 	want := `POST /models/` + mixtral + `/load {"action":"load","model":"` + mixtral + `","version":"v1.0.0"}`
@@ -345,7 +350,7 @@ func TestLoadWithoutAReadyReplicaFails(t *testing.T) {
 	reg := e.start(loader.Config{ID: "loader-a", LoadTimeout: 500 * time.Millisecond})
 	e.request(mixtral, "v1.0.0", 1)
 	e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateLoading, 0)
-	e.eventually(10*time.Second, "the failure", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the failure", func() bool { return e.count(mixtral, subjects.LoadFailed) == 1 }))
 	st, _ := e.last(mixtral, subjects.LoadFailed)
 	if !strings.Contains(st.Error, "no replica of "+mixtral+" heartbeat ready within 500ms") || st.ElapsedMillis < 500 {
 		t.Errorf("failed status = %+v, want the load timeout", st)
@@ -373,7 +378,7 @@ func runLoader(t *testing.T, e *env, cfg loader.Config) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()
-	e.eventually(10*time.Second, "the loader subscribed", l.Serving)
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the loader subscribed", l.Serving))
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -400,9 +405,9 @@ func TestStoppedLoaderLeavesTheLoadToTheNext(t *testing.T) {
 	e := newEnv(t, map[string]string{mixtral: coldModel(execAction(path), "")})
 	stopA := runLoader(t, e, loader.Config{ID: "loader-a"})
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(10*time.Second, "the load to start", func() bool { return e.count(mixtral, subjects.LoadStarted) == 1 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load to start", func() bool { return e.count(mixtral, subjects.LoadStarted) == 1 }))
 	stopA() // fails the test after 10 s: the load would wait 10 minutes for a heartbeat
 	runLoader(t, e, loader.Config{ID: "loader-b"})
 	e.request(mixtral, "v1.0.0", 1)
-	e.eventually(10*time.Second, "the second loader to run the load", func() bool { return len(lines(t, calls)) == 2 })
+	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the second loader to run the load", func() bool { return len(lines(t, calls)) == 2 }))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn"
 )
 
@@ -37,17 +38,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func startEmbedded(t *testing.T, cfg natsconn.EmbeddedConfig) *natsconn.Embedded {
@@ -256,10 +246,10 @@ func TestConnectStartsBeforeTheServerAndReconnects(t *testing.T) {
 	}
 	waitConnected(t, nc)
 	e.Shutdown()
-	waitFor(t, "the disconnect log", func() bool { return strings.Contains(logs.String(), "NATS disconnected") })
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, testkit.Cond("the disconnect log", func() bool { return strings.Contains(logs.String(), "NATS disconnected") }))
 
 	e = startEmbedded(t, natsconn.EmbeddedConfig{Listen: listen})
-	waitFor(t, "the reconnect log", func() bool { return strings.Contains(logs.String(), "NATS reconnected") })
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, testkit.Cond("the reconnect log", func() bool { return strings.Contains(logs.String(), "NATS reconnected") }))
 	if !nc.IsConnected() {
 		t.Error("not connected after the reconnect log")
 	}

@@ -30,23 +30,6 @@ import (
 // TestMain fails the package when a goroutine outlives the tests.
 func TestMain(m *testing.M) { testkit.Main(m) }
 
-// checkFor polls f every few milliseconds until it returns nil or total
-// passes, then fails the test with f's last error.
-func checkFor(t *testing.T, total time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", total, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // env is one test's world: an embedded NATS server with JetStream and the
 // routing bucket, a client connection and a fake-but-real engine.
 type env struct {
@@ -154,7 +137,7 @@ func (e *env) start(cfg adapter.Config) *running {
 // waitReady waits until the replica's KV state is ready.
 func (e *env) waitReady(id string) {
 	e.t.Helper()
-	checkFor(e.t, 5*time.Second, func() error {
+	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := e.replica(id)
 		if err != nil {
 			return err
@@ -164,6 +147,7 @@ func (e *env) waitReady(id string) {
 		}
 		return nil
 	})
+
 }
 
 func (e *env) replica(id string) (table.Replica, error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -63,7 +64,7 @@ func TestRegistration(t *testing.T) {
 	e := newEnv(t)
 	e.eng.health.Store(http.StatusServiceUnavailable)
 	e.start(e.config())
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := e.replica("r-1")
 		if err != nil {
 			return err
@@ -73,14 +74,15 @@ func TestRegistration(t *testing.T) {
 		}
 		return nil
 	})
+
 	e.eng.health.Store(http.StatusOK)
 	e.waitReady("r-1")
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		got, err := e.replica("r-1")
 		if err != nil {
 			return err
 		}
-		// vLLM serves every endpoint, the Responses API included.
+
 		want := table.Replica{Model: "sim-model", Version: "v1", Pool: "general", Flavor: adapter.FlavorVLLM, MaxBatch: 32, MaxQueue: 128, State: subjects.StateReady,
 			Endpoints: subjects.AllEndpoints()}
 		if !reflect.DeepEqual(got, want) {
@@ -88,6 +90,7 @@ func TestRegistration(t *testing.T) {
 		}
 		return nil
 	})
+
 	entry, err := e.kv.Get(context.Background(), "replicas.r-1")
 	if err != nil {
 		t.Fatal(err)
@@ -103,17 +106,18 @@ func TestOperatorStateSurvives(t *testing.T) {
 	e := newEnv(t)
 	e.eng.health.Store(http.StatusServiceUnavailable)
 	e.start(e.config())
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		_, err := e.replica("r-1")
 		return err
 	})
+
 	// The operator drains the replica, writing a value of their own.
 	if _, err := e.kv.Put(context.Background(), "replicas.r-1", []byte(`{"model":"sim-model","pool":"general","state":"draining"}`)); err != nil {
 		t.Fatal(err)
 	}
 	// The engine becomes healthy: the adapter re-registers as ready…
 	e.eng.health.Store(http.StatusOK)
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := e.replica("r-1")
 		if err != nil {
 			return err
@@ -121,12 +125,13 @@ func TestOperatorStateSurvives(t *testing.T) {
 		if r.MaxBatch != 32 {
 			return fmt.Errorf("not re-registered yet: %+v", r)
 		}
-		// …and keeps the operator's choice.
+
 		if r.State != subjects.StateDraining {
 			t.Fatalf("operator's draining replaced by %q", r.State)
 		}
 		return nil
 	})
+
 }
 
 // TestDrain checks the drain on context end: the heartbeat and KV say
@@ -159,7 +164,7 @@ func TestDrain(t *testing.T) {
 		}
 		return nil
 	})
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := e.replica("r-1")
 		if err != nil {
 			return err
@@ -169,6 +174,7 @@ func TestDrain(t *testing.T) {
 		}
 		return nil
 	})
+
 	rejected := untilEnd(t, e.request("r-1", chatHeaders("req-late"), `{"model":"x"}`))
 	if len(rejected) != 1 || seq(t, rejected[0]) != 0 || rejected[0].Header.Get(subjects.HdrStatus) != "503" || rejected[0].Header.Get(subjects.HdrRetryAfter) == "" ||
 		rejected[0].Header.Get(subjects.HdrRouteReplica) != "r-1" { // the gateway retries elsewhere only when a replica is named
@@ -349,7 +355,7 @@ func TestDiscoveryAndMetrics(t *testing.T) {
 	}
 
 	untilEnd(t, e.request("r-1", chatHeaders("req-m"), `{"model":"x"}`))
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		got := gather(t, reg)
 		for name, want := range map[string]float64{
 			`switchyard_adapter_engine_requests_total{replica="r-1",status="200"}`: 1,
@@ -366,6 +372,7 @@ func TestDiscoveryAndMetrics(t *testing.T) {
 		}
 		return nil
 	})
+
 }
 
 // gather flattens a registry into "name{labels}" → value.

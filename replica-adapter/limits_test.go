@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -47,7 +48,7 @@ func TestLimitsSayWhereTheyCameFrom(t *testing.T) {
 					hb.MaxBatch, hb.MaxBatchFrom, hb.MaxQueue, hb.MaxQueueFrom, tt.batch, tt.batchFrom, tt.queue, tt.queueFrom)
 			}
 			e.waitReady(cfg.Replica)
-			checkFor(t, 5*time.Second, func() error {
+			testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 				r, err := e.replica(cfg.Replica)
 				if err != nil {
 					return err
@@ -57,6 +58,7 @@ func TestLimitsSayWhereTheyCameFrom(t *testing.T) {
 				}
 				return nil
 			})
+
 		})
 	}
 }

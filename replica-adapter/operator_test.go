@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -40,7 +41,7 @@ func TestStopKeepsAnOperatorsChoice(t *testing.T) {
 			}
 			// The successor registers its fields and keeps the state.
 			e.start(e.config())
-			checkFor(t, 5*time.Second, func() error {
+			testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 				r, err := e.replica("r-1")
 				if err != nil {
 					return err
@@ -53,6 +54,7 @@ func TestStopKeepsAnOperatorsChoice(t *testing.T) {
 				}
 				return nil
 			})
+
 			// Once the operator re-enables it, a stop deregisters as usual.
 			if _, err := e.kv.Put(context.Background(), "replicas.r-1",
 				[]byte(`{"model":"sim-model","version":"v1","pool":"general","state":"ready"}`)); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -279,12 +280,13 @@ func TestCancel(t *testing.T) {
 	if got := end[len(end)-1].Header.Get(subjects.HdrError); got != "cancelled" {
 		t.Errorf("end Llm-Error %q, want cancelled", got)
 	}
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := run.a.InFlight(); n != 0 {
 			return fmt.Errorf("in flight %d", n)
 		}
 		return nil
 	})
+
 }
 
 // TestEngineUnreachable checks the single head+end with 503 when the engine

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -36,12 +37,13 @@ func TestMetadataNamesTheDetectedFlavor(t *testing.T) {
 		t.Fatalf("flavor %q (%v) before the engine answered, want auto", f, err)
 	}
 	e.eng.metrics.Store("vllm/metrics-idle.txt")
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if f, err := flavor(); f != "vllm" {
 			return fmt.Errorf("metadata flavor %q (%v)", f, err)
 		}
 		return nil
 	})
+
 	e.eng.health.Store(http.StatusOK)
 	e.waitReady("r-1")
 	if r, _ := e.replica("r-1"); r.Flavor != "vllm" {

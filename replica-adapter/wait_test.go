@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -66,11 +67,12 @@ func TestIdleReplicaRecoversItsWaitEstimate(t *testing.T) {
 	// Every sample of the burst took at least the engine's 400 ms; the bare
 	// time to first token is the fast first request's, far below it even on
 	// a loaded machine under -race.
-	checkFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if hb := beat(); hb.TTFTEWMAMillis >= 400 || hb.QueueWaitMillis != 0 {
 			return fmt.Errorf("idle engine: ttft %v queue %v", hb.TTFTEWMAMillis, hb.QueueWaitMillis)
 		}
 		return nil
 	})
+
 	t.Logf("wait estimate back to the bare time to first token %v after the engine went idle", time.Since(start).Round(time.Millisecond))
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -102,19 +104,8 @@ func newRig(t *testing.T, cfg ui.Config) (*rig, string) {
 	// Messages published before Run subscribed would be lost: wait for its
 	// heartbeat, decision, ejection and load status subscriptions to reach
 	// the server.
-	waitFor(t, "the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+4 })
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+4 }))
 	return r, url
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 5s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func (r *rig) stop(t *testing.T) {
@@ -345,11 +336,7 @@ func TestDecisionsKeepOnlyTheNewest(t *testing.T) {
 		r.publish(t, subjects.New("").Decision("general"), subjects.Decision{Replica: "r", RequestID: string(rune('a' + i))})
 	}
 	var s state
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Seen < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("saw %d decisions, want 5", s.Seen)
-		}
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		resp, err := http.Get(r.srv.URL + "/ui/state")
 		if err != nil {
 			t.Fatal(err)
@@ -357,8 +344,11 @@ func TestDecisionsKeepOnlyTheNewest(t *testing.T) {
 		s = state{}
 		_ = json.NewDecoder(resp.Body).Decode(&s)
 		resp.Body.Close()
-		time.Sleep(10 * time.Millisecond)
-	}
+		if s.Seen < 5 {
+			return fmt.Errorf("saw %d decisions, want 5", s.Seen)
+		}
+		return nil
+	})
 	var ids []string
 	for _, d := range s.Decisions {
 		ids = append(ids, d.RequestID)

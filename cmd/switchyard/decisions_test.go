@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -132,7 +133,7 @@ func followDecisions(t *testing.T, nc *nats.Conn, connect ...string) {
 			t.Errorf("exit code %d, stderr %q", code, errOut.String())
 		}
 	}()
-	waitForDecisions(t, func() bool { return strings.Contains(errOut.String(), "following llm.decision.>") })
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, testkit.Cond("the decisions", func() bool { return strings.Contains(errOut.String(), "following llm.decision.>") }))
 
 	publish := func(d subjects.Decision) {
 		b, _ := json.Marshal(d)
@@ -147,7 +148,7 @@ func followDecisions(t *testing.T, nc *nats.Conn, connect ...string) {
 	want.RequestID = "wanted"
 	publish(want)
 	line := formatDecision(&want, time.Local)
-	waitForDecisions(t, func() bool { return strings.Contains(out.String(), line) })
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, testkit.Cond("the decisions", func() bool { return strings.Contains(out.String(), line) }))
 	if n := strings.Count(out.String(), "\n"); n != 1 {
 		t.Errorf("printed %d lines, want only the matching one:\n%s", n, out.String())
 	}
@@ -157,16 +158,5 @@ func TestDecisionsRejectsABadPool(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if code := run(context.Background(), []string{"decisions", "--pool", "a.b"}, &out, &errOut); code != exitUsage {
 		t.Errorf("exit code %d, want %d (stderr %q)", code, exitUsage, errOut.String())
-	}
-}
-
-func waitForDecisions(t *testing.T, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/table"
@@ -74,22 +75,6 @@ func devTable(t *testing.T) map[string]json.RawMessage {
 		t.Fatalf("dev table: %v", errs)
 	}
 	return flat
-}
-
-// waitFor polls cond until it returns nil or the time runs out.
-func waitFor(t *testing.T, total time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // recorder keeps what a watcher reported.
@@ -185,7 +170,7 @@ func put(t *testing.T, b jetstream.KeyValue, key, value string) uint64 {
 // containing want ("" waits for the key to be gone).
 func snapshotHas(t *testing.T, w *kv.Watcher, key, want string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		s := w.Snapshot()
 		if s == nil {
 			return fmt.Errorf("no snapshot")
@@ -203,4 +188,5 @@ func snapshotHas(t *testing.T, w *kv.Watcher, key, want string) {
 		}
 		return nil
 	})
+
 }

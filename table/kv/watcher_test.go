@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -81,12 +82,13 @@ func TestInvalidValueKeepsThePreviousGoodOne(t *testing.T) {
 	waitReady(t, w)
 
 	put(t, e.kv, "models.m1", `{"tier":"lukewarm"}`)
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if rec.invalidCount("models.m1") != 1 {
 			return errors.New("OnInvalid not called for models.m1")
 		}
 		return nil
 	})
+
 	put(t, e.kv, "models.marker", `{}`) // a later good write shows the bad one was processed
 	snapshotHas(t, w, "models.marker", "{}")
 	if m := w.Snapshot().Models["m1"]; m == nil || m.Tier != "hot" || m.MaxContextTokens != 1000 {
@@ -185,12 +187,13 @@ func TestImportIsSeenWhole(t *testing.T) {
 			t.Fatalf("snapshot at revision %d mixes import rounds %v", s.Revision, rounds)
 		}
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if n := len(rec.snapshots()); n != 4 {
 			return fmt.Errorf("%d snapshots, want 4 (initial + one per import)", n)
 		}
 		return nil
 	})
+
 }
 
 func TestSnapshotIsPersistedAndServedWithoutJetStream(t *testing.T) {
@@ -206,7 +209,7 @@ func TestSnapshotIsPersistedAndServedWithoutJetStream(t *testing.T) {
 	want := w.Snapshot()
 
 	path := filepath.Join(state, kv.StateFile)
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
@@ -223,6 +226,7 @@ func TestSnapshotIsPersistedAndServedWithoutJetStream(t *testing.T) {
 		}
 		return nil
 	})
+
 	if tmp, _ := filepath.Glob(filepath.Join(state, ".table-*")); len(tmp) != 0 {
 		t.Errorf("temporary files left: %v", tmp)
 	}
@@ -255,7 +259,7 @@ func TestMissingBucketFallsBackThenRecovers(t *testing.T) {
 	put(t, e.kv, "models.old", `{}`)
 	w, _ := startWatcher(t, e.js, kv.Config{StateDir: state})
 	waitReady(t, w)
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		_, err := os.Stat(filepath.Join(state, kv.StateFile))
 		return err
 	})
@@ -284,13 +288,14 @@ func TestMissingBucketFallsBackThenRecovers(t *testing.T) {
 		t.Error("a key absent from the bucket survived recovery")
 	}
 	// OnSnapshot runs just after the swap: wait for it.
-	waitFor(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		snaps := rec.snapshots()
 		if len(snaps) < 2 || snaps[len(snaps)-1].Models["new"] == nil {
 			return fmt.Errorf("%d snapshots reported", len(snaps))
 		}
 		return nil
 	})
+
 }
 
 func TestNoStateAndNoBucketIsNotReady(t *testing.T) {
@@ -326,12 +331,13 @@ func TestWatcherSurvivesAServerRestart(t *testing.T) {
 	if w.Snapshot().Models["before"] == nil {
 		t.Fatal("table lost on restart")
 	}
-	waitFor(t, 15*time.Second, func() error {
+	testkit.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := e.kv.PutString(ctx, "models.after", `{}`)
 		return err
 	})
+
 	snapshotHas(t, w, "models.after", "{}")
 }
 
