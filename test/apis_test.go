@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -103,12 +104,13 @@ func TestStoredResponsesStayOnTheirReplica(t *testing.T) {
 	if _, err := bucket.Update(ctx, "replicas."+owner, jsonMarshal(v), e.Revision()); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if s := replicaState(st, owner); s != subjects.StateDraining {
 			return fmt.Errorf("broker sees %q", s)
 		}
 		return nil
 	})
+
 	before := metric(st, "switchyard_broker_rejections_total", map[string]string{"code": subjects.CodePreviousResponseNotFound})
 	if a := turn(prev); a.status != 404 || a.code() != subjects.CodePreviousResponseNotFound {
 		t.Errorf("a turn whose replica drains: %d %v, want 404 %s", a.status, a.body, subjects.CodePreviousResponseNotFound)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -313,13 +314,13 @@ func TestAuthorization(t *testing.T) {
 		if err := os.WriteFile(f, old, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, func() (bool, string) {
+		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 			nc, err := nats.Connect(st.NATSURL(), nats.UserCredentials(f))
 			if err == nil {
 				nc.Close()
-				return false, "the revoked creds still connect"
+				return errors.New("the revoked creds still connect")
 			}
-			return true, ""
+			return nil
 		})
 	})
 

@@ -2,6 +2,8 @@ package test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // post sends a chat request and returns the status and response headers.
@@ -35,8 +38,11 @@ func post(t *testing.T, url, key, body string) (int, http.Header) {
 // until each counts the other.
 func twoBrokers(t *testing.T) *devstack.Stack {
 	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.Replicas()[:2]})
-	eventually(t, 5*time.Second, func() (bool, string) {
-		return st.Broker(0).LiveBrokers() == 2 && st.Broker(1).LiveBrokers() == 2, "brokers have not seen each other"
+	testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		if st.Broker(0).LiveBrokers() != 2 || st.Broker(1).LiveBrokers() != 2 {
+			return errors.New("brokers have not seen each other")
+		}
+		return nil
 	})
 	return st
 }
@@ -77,8 +83,24 @@ func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
 		t.Fatalf("first request: %d", status)
 	}
 	first := h.Get("X-Switchyard-Replica")
-	// Let the placement reach the other broker.
-	time.Sleep(100 * time.Millisecond)
+	fr, err := features.ParseRequest("/v1/chat/completions", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := features.AppendPrefix(nil, fr.Prompt, 256, 64)
+	// knows says whether broker i, asked directly, would send the prompt to
+	// the replica that holds its prefix.
+	knows := func(i int) error {
+		var d policy.Decision
+		req := policy.Request{Tenant: "default", Model: "chat-large", Endpoint: "/v1/chat/completions", PromptTokens: fr.PromptTokens, Prefix: prefix}
+		st.Broker(i).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)), &d)
+		if d.Replica != first || d.PrefixMatched != len(prefix) {
+			return fmt.Errorf("broker %d would send the prompt to %s with %d/%d blocks matched (%s); want %s with all", i, d.Replica, d.PrefixMatched, len(prefix), d.Reason, first)
+		}
+		return nil
+	}
+	// The placement reaches the other broker.
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return errors.Join(knows(0), knows(1)) })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range 16 {
@@ -95,17 +117,9 @@ func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
 	}
 	// Each broker, asked directly, knows where the prefix lives, whichever
 	// of them made the first decision.
-	fr, err := features.ParseRequest("/v1/chat/completions", []byte(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := features.AppendPrefix(nil, fr.Prompt, 256, 64)
 	for i := range 2 {
-		var d policy.Decision
-		req := policy.Request{Tenant: "default", Model: "chat-large", Endpoint: "/v1/chat/completions", PromptTokens: fr.PromptTokens, Prefix: prefix}
-		st.Broker(i).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)), &d)
-		if d.Replica != first || d.PrefixMatched != len(prefix) {
-			t.Errorf("broker %d would send the prompt to %s with %d/%d blocks matched (%s); want %s with all", i, d.Replica, d.PrefixMatched, len(prefix), d.Reason, first)
+		if err := knows(i); err != nil {
+			t.Error(err)
 		}
 		if n := decisions(t, st, i); n == 0 {
 			t.Errorf("broker %d decided nothing: the queue group did not spread the requests", i)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 var buildOnce struct {
@@ -158,9 +159,12 @@ func TestKeyAddAndExplain(t *testing.T) {
 	}
 	// The new key speaks for acme (premium) once the gateway has the table.
 	body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
-	eventually(t, 3*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
 		status, h := post(t, st.GatewayURL(), key, body)
-		return status == 200 && h.Get("X-Switchyard-Pool") == "premium", "pool " + h.Get("X-Switchyard-Pool")
+		if status != 200 || h.Get("X-Switchyard-Pool") != "premium" {
+			return errors.New("pool " + h.Get("X-Switchyard-Pool"))
+		}
+		return nil
 	})
 
 	// Anonymous access is on in dev, yet a key that is not in the table is
@@ -186,9 +190,12 @@ func TestKeyAddAndExplain(t *testing.T) {
 	if out, errOut, code := sy(t, env, "", "key", "revoke", id); code != 0 || !strings.Contains(out, "revoked "+id) {
 		t.Fatalf("key revoke: exit %d: %s %s", code, out, errOut)
 	}
-	eventually(t, 3*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
 		status, _ := post(t, st.GatewayURL(), key, body)
-		return status == 401, "a revoked key answers " + strconv.Itoa(status)
+		if status != 401 {
+			return errors.New("a revoked key answers " + strconv.Itoa(status))
+		}
+		return nil
 	})
 	if out, _, _ := sy(t, env, "", "key", "list"); strings.Contains(out, id) {
 		t.Errorf("key list after revoke still shows %s:\n%s", id, out)

@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -105,7 +106,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	run(func(ctx context.Context) error { return g.Serve(ctx, gln) })
 	url := "http://" + gln.Addr().String()
 	seen := map[string]bool{}
-	within(t, 30*time.Second, func() error {
+	testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		o := send(ctx, url, chatBody("chat-small", 1, false))
 		seen[o.replica] = o.status == 200
 		if !seen["l8-gen-0"] || !seen["l8-gen-1"] {
@@ -163,7 +164,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	survivor := clusterConn(t, c, sec, roleOperator, (victim+1)%3, "writer")
 	sjs, _ := jetstream.New(survivor)
 	var rev uint64
-	writable := within(t, 20*time.Second, func() error {
+	writable := testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer wcancel()
 		b, err := sjs.KeyValue(wctx, subjects.DefaultBucket)
@@ -173,7 +174,8 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 		rev, err = b.Put(wctx, "aliases.after-failover", []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`))
 		return err
 	})
-	readable := within(t, 20*time.Second, func() error {
+
+	readable := testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		for _, b := range brokers {
 			if b.Table().Revision < rev {
 				return fmt.Errorf("broker %s at revision %d, want %d", b.ID(), b.Table().Revision, rev)
@@ -181,6 +183,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 		}
 		return nil
 	})
+
 	time.Sleep(2 * time.Second) // load after the failover
 	close(stop)
 	load.Wait()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -70,7 +71,7 @@ func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
 	if codes["model_loading"] == 0 {
 		t.Fatalf("answers while cold = %v, want 503 model_loading", codes)
 	}
-	took := within(t, time.Minute, func() error {
+	took := testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
 		status, h, b := chatOnce(t, url, body, nil)
 		if status != 200 {
 			return &answerErr{status, b}
@@ -80,6 +81,7 @@ func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
 		}
 		return nil
 	})
+
 	t.Logf("first 200 %s after the 503s", took.Round(10*time.Millisecond))
 	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 1 {
 		t.Errorf("loads ready = %v, want 1 for %d requests on two brokers", n, 20)
@@ -91,22 +93,29 @@ func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
 	if _, err := kv.Put(ctx, "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "idle_unload_after": "1s", "expected_load_seconds": 2}`)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, func() (bool, string) {
-		return metric(st, "switchyard_loader_unloads_total", map[string]string{"model": mixtral, "outcome": "unloaded"}) == 1, "not unloaded"
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if metric(st, "switchyard_loader_unloads_total", map[string]string{"model": mixtral, "outcome": "unloaded"}) != 1 {
+			return errors.New("not unloaded")
+		}
+		return nil
 	})
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		_, err := kv.Get(ctx, "replicas.mixtral-gen-0")
-		return err != nil, "the unloaded replica is still registered"
+		if err == nil {
+			return errors.New("the unloaded replica is still registered")
+		}
+		return nil
 	})
 	if status, _, b := chatOnce(t, url, body, nil); status != 503 || !strings.Contains(b, "model_loading") {
 		t.Fatalf("after the unload: %d %s, want 503 model_loading", status, b)
 	}
-	within(t, time.Minute, func() error {
+	testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
 		if status, _, b := chatOnce(t, url, body, nil); status != 200 {
 			return &answerErr{status, b}
 		}
 		return nil
 	})
+
 	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 2 {
 		t.Errorf("loads ready = %v, want 2", n)
 	}
@@ -130,9 +139,12 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		m := st.Gateway().Table().Models[mixtral]
-		return m != nil && m.OnCold == table.OnColdWait, "the gateway has not seen on_cold: wait"
+		if m == nil || m.OnCold != table.OnColdWait {
+			return errors.New("the gateway has not seen on_cold: wait")
+		}
+		return nil
 	})
 
 	// Half a second is not enough for a 2 s load: the 503, after the wait.
@@ -201,7 +213,7 @@ func TestDevServesTheColdModel(t *testing.T) {
 	})
 	gwRE := regexp.MustCompile(`gateway\s+(http://\S+)`)
 	var gw string
-	within(t, 60*time.Second, func() error {
+	testkit.CheckFor(t, 60*time.Second, 10*time.Millisecond, func() error {
 		m := gwRE.FindStringSubmatch(out.String())
 		if m == nil {
 			return errors.New("dev has not printed its URL: " + errs.String())
@@ -209,17 +221,19 @@ func TestDevServesTheColdModel(t *testing.T) {
 		gw = m[1]
 		return nil
 	})
+
 	body := chatBody("mixtral", 4, false)
 	status, h, b := chatOnce(t, gw, body, nil)
 	if status != 503 || !strings.Contains(b, `"model_loading"`) || h.Get("Retry-After") == "" {
 		t.Fatalf("first mixtral request: %d %s, want 503 model_loading with Retry-After", status, b)
 	}
-	took := within(t, time.Minute, func() error {
+	took := testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
 		if status, _, b := chatOnce(t, gw, body, nil); status != 200 {
 			return &answerErr{status, b}
 		}
 		return nil
 	})
+
 	t.Logf("mixtral: 503 model_loading (Retry-After %s), then 200 after %s at --speed 20", h.Get("Retry-After"), took.Round(10*time.Millisecond))
 }
 
@@ -233,9 +247,12 @@ func TestColdWaitsAreBounded(t *testing.T) {
 	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait"}`)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		m := st.Gateway().Table().Models[mixtral]
-		return m != nil && m.OnCold == table.OnColdWait, "the gateway has not seen on_cold: wait"
+		if m == nil || m.OnCold != table.OnColdWait {
+			return errors.New("the gateway has not seen on_cold: wait")
+		}
+		return nil
 	})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -243,8 +260,11 @@ func TestColdWaitsAreBounded(t *testing.T) {
 			t.Errorf("held request past its deadline: %d %s, want 503", status, b)
 		}
 	})
-	eventually(t, 5*time.Second, func() (bool, string) {
-		return metric(st, "switchyard_gateway_cold_waiting_requests", nil) == 1, "no request held"
+	testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		if metric(st, "switchyard_gateway_cold_waiting_requests", nil) != 1 {
+			return errors.New("no request held")
+		}
+		return nil
 	})
 	began := time.Now()
 	status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "5"})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 var natsServerOnce struct {
@@ -76,17 +77,17 @@ func bareNATS(t *testing.T) string {
 	var ports struct {
 		Nats []string `json:"nats"`
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		b, err := os.ReadFile(portsFile)
-		if err == nil && json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 {
-			return ports.Nats[0]
+		if err != nil {
+			return fmt.Errorf("nats-server wrote no ports file: %w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server wrote no ports file: %v", err)
+		if json.Unmarshal(b, &ports) != nil || len(ports.Nats) == 0 {
+			return fmt.Errorf("nats-server's ports file holds no client URL: %s", b)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return ports.Nats[0]
 }
 
 // A new user's first steps: a bare `nats-server -js`, then the table.

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // rawRequest is a whole HTTP/1.1 request for /v1/chat/completions.
@@ -70,7 +71,7 @@ func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
 					time.Sleep(delay)
 					conn.Close()
 					counted++
-					took := within(t, time.Second, func() error {
+					took := testkit.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
 						if n := inFlight(st, ids); n != 0 {
 							return fmt.Errorf("%d generation(s) still running for a client that left", n)
 						}
@@ -79,6 +80,7 @@ func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
 						}
 						return nil
 					})
+
 					slowest = max(slowest, took)
 				}
 				t.Logf("in flight back to 0 and the disconnect counted within %v at worst; %d of 20 published, %d reached an engine",
@@ -87,12 +89,13 @@ func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
 		}
 	}
 	// A generation that started after its last check would still run now.
-	within(t, time.Second, func() error {
+	testkit.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
 		if n := inFlight(st, ids); n != 0 {
 			return fmt.Errorf("%d generation(s) still running", n)
 		}
 		return nil
 	})
+
 }
 
 // watchRequests counts the requests the gateway published (llm.gw.*, seen
@@ -133,12 +136,13 @@ func TestClientGoneMidBodyIsNeverPublished(t *testing.T) {
 				time.Sleep(delay)
 				conn.Close()
 				counted++
-				within(t, time.Second, func() error {
+				testkit.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
 					if n := metric(st, name, nil); n != counted {
 						return fmt.Errorf("%s = %v, want %v", name, n, counted)
 					}
 					return nil
 				})
+
 			}
 		}
 	}

@@ -6,6 +6,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // launch starts the dev stack on free ports, stopped when the test ends.
@@ -276,22 +278,6 @@ func kvBucket(t *testing.T, st *devstack.Stack) jetstream.KeyValue {
 	return kv
 }
 
-// eventually polls cond until it holds or the time is up.
-func eventually(t *testing.T, within time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, why)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestKVEditChangesRoutingAndInvalidValueIsIgnored(t *testing.T) {
 	st := startStack(t, devstack.Config{})
 	kv := kvBucket(t, st)
@@ -305,9 +291,12 @@ func TestKVEditChangesRoutingAndInvalidValueIsIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	eventually(t, 3*time.Second, func() (bool, string) {
+	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
 		rep := chatReplica(t, st.GatewayURL(), "chat-small")
-		return rep == "coder-gen-0", "chat-small still served by " + rep
+		if rep != "coder-gen-0" {
+			return errors.New("chat-small still served by " + rep)
+		}
+		return nil
 	})
 	t.Logf("routing followed the KV edit in %s", time.Since(start).Round(time.Millisecond))
 
@@ -319,8 +308,11 @@ func TestKVEditChangesRoutingAndInvalidValueIsIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the valid edit after it is applied, so the invalid one was seen too.
-	eventually(t, 3*time.Second, func() (bool, string) {
-		return st.Broker(0).Table().Revision >= mustRev(t, kv, "aliases.code"), "broker has not caught up"
+	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+		if st.Broker(0).Table().Revision < mustRev(t, kv, "aliases.code") {
+			return errors.New("broker has not caught up")
+		}
+		return nil
 	})
 	for range 5 {
 		if rep := chatReplica(t, st.GatewayURL(), "chat-small"); rep != "coder-gen-0" {

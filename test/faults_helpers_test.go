@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // chatBody is a chat request for model with max_tokens n.
@@ -176,23 +177,6 @@ func spread(t *testing.T, url, model string, n int) map[string]int {
 	return got
 }
 
-// within polls cond every 10ms until it holds and returns how long that
-// took, or fails the test after total.
-func within(t *testing.T, total time.Duration, cond func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > total {
-			t.Fatalf("not within %v: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // metric sums the samples of a counter or gauge in the stack's registry
 // whose labels include want.
 func metric(st *devstack.Stack, name string, want map[string]string) float64 {
@@ -229,12 +213,13 @@ func metric(st *devstack.Stack, name string, want map[string]string) float64 {
 func startUnready(t *testing.T, cfg devstack.Config) *devstack.Stack {
 	t.Helper()
 	st := launch(t, cfg)
-	within(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if st.Gateway().Table() == nil || st.Broker(0).Table() == nil {
 			return errors.New("table not loaded")
 		}
 		return nil
 	})
+
 	return st
 }
 

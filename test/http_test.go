@@ -12,6 +12,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key, and returns
@@ -149,9 +151,11 @@ func TestProductionGatewayListeners(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	https := &http.Client{Transport: tr, Timeout: 20 * time.Second}
 	base := "https://" + public
-	eventually(t, 10*time.Second, func() (bool, string) {
-		resp, body := getWith(t, https, base+"/readyz")
-		return resp.StatusCode == 200, body
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if resp, body := getWith(t, https, base+"/readyz"); resp.StatusCode != 200 {
+			return fmt.Errorf("/readyz: %d %s", resp.StatusCode, body)
+		}
+		return nil
 	})
 	resp, _ := getWith(t, https, base+"/healthz")
 	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {

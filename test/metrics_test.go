@@ -1,6 +1,7 @@
 package test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // scrape fetches and parses a Prometheus text exposition.
@@ -120,8 +122,11 @@ func TestDeployArtefactsNameRealSeries(t *testing.T) {
 	post(t, st.GatewayURL(), "", `{"model":"chat-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
 	// A cold load, so that the loader's series exist.
 	post(t, st.GatewayURL(), "", `{"model":"mixtral","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
-	eventually(t, 30*time.Second, func() (bool, string) {
-		return metric(st, "switchyard_loader_loads_total", nil) == 1, "the cold load has not finished"
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if metric(st, "switchyard_loader_loads_total", nil) != 1 {
+			return errors.New("the cold load has not finished")
+		}
+		return nil
 	})
 	mfs := scrape(t, st.GatewayURL()+"/metrics")
 	_, file, _, _ := runtime.Caller(0)

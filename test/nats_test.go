@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
@@ -45,7 +46,7 @@ func TestNATSServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var lastErr outcome
-	took := within(t, 15*time.Second, func() error {
+	took := testkit.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		o := send(context.Background(), url, chatBody("chat-small", 1, false))
 		if o.status == 200 && o.done {
 			return nil
@@ -56,26 +57,29 @@ func TestNATSServerRestart(t *testing.T) {
 		lastErr = o
 		return fmt.Errorf("not yet: %v", o)
 	})
+
 	t.Logf("NATS down: the stream failed in %v; requests got 503 in ≤1s; after the restart requests flowed in %v (last error before: %v)",
 		failedIn.Round(time.Millisecond), took.Round(time.Millisecond), lastErr)
 	// Both replicas serve again, and the table is writable (adapters
 	// re-register through the new server).
-	within(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if got := spread(t, url, "chat-small", 10); len(got) != 2 {
 			return fmt.Errorf("not both replicas yet: %v", got)
 		}
 		return nil
 	})
+
 	bucket := kvBucket(t, st)
 	if _, err := bucket.Put(context.Background(), "aliases.after-restart", []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`)); err != nil {
 		t.Errorf("table not writable after the restart: %v", err)
 	}
-	within(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if st.Gateway().Table().Aliases["after-restart"] == nil {
 			return errors.New("the gateway has not seen the new alias")
 		}
 		return nil
 	})
+
 }
 
 // TestJetStreamUnavailableKeepsRouting disables JetStream under a running
@@ -107,7 +111,7 @@ func TestJetStreamUnavailableKeepsRouting(t *testing.T) {
 	if err := st.StartBroker(0); err != nil {
 		t.Fatal(err)
 	}
-	took := within(t, 15*time.Second, func() error {
+	took := testkit.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		o := send(context.Background(), url, chatBody("chat-small", 1, false))
 		if o.status != 200 {
 			if !o.explicit() {
@@ -117,6 +121,7 @@ func TestJetStreamUnavailableKeepsRouting(t *testing.T) {
 		}
 		return nil
 	})
+
 	b := st.Broker(0)
 	if src := b.TableSource(); src != kv.SourceStateDir {
 		t.Errorf("restarted broker's table came from %q, want %q", src, kv.SourceStateDir)

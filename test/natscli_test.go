@@ -1,6 +1,7 @@
 package test
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // natsCLI finds the nats CLI that `make tools` installs (NATS_CLI, then
@@ -86,9 +88,12 @@ func TestNatsCLIWorkflows(t *testing.T) {
 	t.Run("kv put changes routing", func(t *testing.T) {
 		runNats(t, cli, st, roleOperator, "kv", "put", "llm-routing", "aliases.chat-small",
 			`{"targets":[{"model":"qwen-coder-32b","version":"v1.0.0","weight":100}]}`)
-		eventually(t, 3*time.Second, func() (bool, string) {
+		testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
 			rep := chatReplica(t, st.GatewayURL(), "chat-small")
-			return rep == "coder-gen-0", "chat-small still served by " + rep
+			if rep != "coder-gen-0" {
+				return errors.New("chat-small still served by " + rep)
+			}
+			return nil
 		})
 	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -30,39 +31,43 @@ func TestEngineHealthDecidesCandidacy(t *testing.T) {
 		ScrapeEvery: 100 * time.Millisecond, HeartbeatEvery: 100 * time.Millisecond,
 	})
 	url := st.GatewayURL()
-	within(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if s0, s1 := replicaState(st, "l8-gen-0"), replicaState(st, "l8-gen-1"); s0 != subjects.StateLoading || s1 != subjects.StateReady {
 			return fmt.Errorf("l8-gen-0 %q, l8-gen-1 %q", s0, s1)
 		}
 		return nil
 	})
-	within(t, 10*time.Second, func() error { // l8-gen-1's heartbeat is in
+
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if o := send(context.Background(), url, chatBody("chat-small", 1, false)); !o.done {
 			return fmt.Errorf("%v", o)
 		}
 		return nil
 	})
+
 	if got := spread(t, url, "chat-small", 20); got["l8-gen-1"] != 20 {
 		t.Fatalf("a loading replica got requests: %v", got)
 	}
 
 	faults.SetHealth(0)
-	took := within(t, 10*time.Second, func() error {
+	took := testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if got := spread(t, url, "chat-small", 10); got["l8-gen-0"] == 0 {
 			return fmt.Errorf("l8-gen-0 gets nothing yet: %v", got)
 		}
 		return nil
 	})
+
 	t.Logf("loading → serving %v after /health turned 200", took.Round(time.Millisecond))
 
 	unhealthy := map[string]string{"replica": "l8-gen-0"}
 	faults.SetHealth(http.StatusInternalServerError)
-	took = within(t, 10*time.Second, func() error {
+	took = testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if metric(st, "switchyard_broker_unhealthy_heartbeats_total", unhealthy) == 0 {
 			return errors.New("the broker has not seen scrape_ok=false yet")
 		}
 		return nil
 	})
+
 	t.Logf("failing /health → excluded %v later (3 failed scrapes at 100ms, then a heartbeat)", took.Round(time.Millisecond))
 	if got := spread(t, url, "chat-small", 20); got["l8-gen-1"] != 20 {
 		t.Errorf("a replica failing its health checks got requests: %v", got)
@@ -72,12 +77,13 @@ func TestEngineHealthDecidesCandidacy(t *testing.T) {
 	}
 
 	faults.SetHealth(0)
-	took = within(t, 10*time.Second, func() error {
+	took = testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if got := spread(t, url, "chat-small", 10); got["l8-gen-0"] == 0 {
 			return fmt.Errorf("l8-gen-0 gets nothing yet: %v", got)
 		}
 		return nil
 	})
+
 	t.Logf("healthy again → serving %v later", took.Round(time.Millisecond))
 }
 
@@ -107,12 +113,13 @@ func TestOperatorDrainAndDisable(t *testing.T) {
 	resp, cancel := streamOn(t, url, "l8-gen-0", chatBody("chat-small", 200, true))
 	defer cancel()
 	setState(subjects.StateDraining)
-	took := within(t, 5*time.Second, func() error {
+	took := testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if s := replicaState(st, "l8-gen-0"); s != subjects.StateDraining {
 			return fmt.Errorf("broker sees %q", s)
 		}
 		return nil
 	})
+
 	t.Logf("KV edit → broker sees draining in %v", took.Round(time.Millisecond))
 	if got := spread(t, url, "chat-small", 20); got["l8-gen-1"] != 20 {
 		t.Errorf("a drained replica got new requests: %v", got)
@@ -164,12 +171,13 @@ func TestOperatorDrainAndDisable(t *testing.T) {
 	}
 
 	setState(subjects.StateReady)
-	took = within(t, 5*time.Second, func() error {
+	took = testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := spread(t, url, "chat-small", 10); got["l8-gen-0"] == 0 {
 			return fmt.Errorf("l8-gen-0 gets nothing yet: %v", got)
 		}
 		return nil
 	})
+
 	t.Logf("re-enabled → serving in %v", took.Round(time.Millisecond))
 }
 
@@ -201,12 +209,13 @@ func TestAdapterSIGTERMDrains(t *testing.T) {
 		_ = st.StopReplica("l8-gen-0")
 		stopped <- time.Now()
 	}()
-	took := within(t, 2*time.Second, func() error {
+	took := testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
 		if s := replicaState(st, "l8-gen-0"); s != subjects.StateDraining {
 			return fmt.Errorf("KV says %q", s)
 		}
 		return nil
 	})
+
 	t.Logf("SIGTERM → KV says draining in %v", took.Round(time.Millisecond))
 	// From the first heartbeat on, nothing new goes there; what raced the
 	// heartbeat is turned away with a 503 and retried elsewhere.

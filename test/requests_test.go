@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -80,12 +81,13 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 	stream := openStream(context.Background(), t, url, chatBody("chat-small", 2000, true))
 	nonStream := make(chan outcome, 1)
 	go func() { nonStream <- send(context.Background(), url, chatBody("chat-small", 2000, false)) }()
-	within(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if n := st.Engine("l8-gen-0").InFlight(); n != 2 {
 			return fmt.Errorf("%d requests in the engine", n)
 		}
 		return nil
 	})
+
 	st.Faults("l8-gen-1").SetReject(0)
 	killed := time.Now()
 	f.Kill()
@@ -107,12 +109,13 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 	if err := f.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	took := within(t, 10*time.Second, func() error {
+	took := testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if got := spread(t, url, "chat-small", 10); got["l8-gen-0"] == 0 {
 			return fmt.Errorf("l8-gen-0 gets nothing yet: %v", got)
 		}
 		return nil
 	})
+
 	t.Logf("engine restarted: serving again after %v", took.Round(time.Millisecond))
 }
 
@@ -126,19 +129,21 @@ func TestClientDisconnectCancelsTheEngineCall(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan outcome, 1)
 			go func() { done <- send(ctx, st.GatewayURL(), chatBody("chat-small", 4000, stream)) }()
-			within(t, 5*time.Second, func() error {
+			testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 				if n := eng.InFlight(); n != 1 {
 					return fmt.Errorf("%d in flight", n)
 				}
 				return nil
 			})
+
 			cancel()
-			took := within(t, time.Second, func() error {
+			took := testkit.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
 				if n := eng.InFlight(); n != 0 {
 					return fmt.Errorf("the engine still works on %d request(s)", n)
 				}
 				return nil
 			})
+
 			<-done
 			t.Logf("client gone → engine call cancelled in %v", took.Round(time.Millisecond))
 		})
@@ -233,21 +238,23 @@ func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 			}
 		})
 	}
-	cutAfter := within(t, 20*time.Second, func() error {
+	cutAfter := testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if metric(st, "switchyard_gateway_stream_errors_total", map[string]string{"cause": "slow_client"}) == 0 {
 			return errors.New("the slow stream is not cut yet")
 		}
 		return nil
 	})
+
 	cut := time.Now()
 	close(stop)
 	wg.Wait()
-	within(t, 2*time.Second, func() error {
+	testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
 		if n := eng.InFlight(); n != 0 {
 			return fmt.Errorf("the engine still works on %d request(s)", n)
 		}
 		return nil
 	})
+
 	// The gateway's write to the slow client was blocked for the whole
 	// write timeout before the cut: the streams that ended then prove the
 	// others were not held up by it.

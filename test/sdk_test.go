@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -104,11 +105,12 @@ func TestSDKs(t *testing.T) {
 	if _, err := bucket.Update(ctx, "replicas."+owner, jsonMarshal(v), e.Revision()); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 5*time.Second, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if s := replicaState(st, owner); s != subjects.StateDraining {
 			return fmt.Errorf("broker sees %q", s)
 		}
 		return nil
 	})
+
 	checked(t, sdkScript(t, "drained", url, last), 1)
 }

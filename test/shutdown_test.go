@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // lockedBuffer collects a process's output for the test to poll.
@@ -72,7 +74,7 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 	t.Cleanup(func() { _ = dev.Process.Kill() })
 	urls := regexp.MustCompile(`gateway\s+(http://\S+)[\s\S]*NATS\s+(nats://\S+)`)
 	var gw, natsURL string
-	within(t, 60*time.Second, func() error {
+	testkit.CheckFor(t, 60*time.Second, 10*time.Millisecond, func() error {
 		m := urls.FindStringSubmatch(devOut.String())
 		if m == nil {
 			return errors.New("dev has not printed its URLs: " + devErr.String())
@@ -91,12 +93,13 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 		}
 		bDone := make(chan error, 1)
 		go func() { bDone <- b.Wait() }()
-		within(t, 20*time.Second, func() error {
+		testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 			if !strings.Contains(bErr.String(), "broker serving") {
 				return errors.New("broker not serving yet")
 			}
 			return nil
 		})
+
 		var (
 			mu       sync.Mutex
 			outcomes []outcome
@@ -155,7 +158,7 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 			t.Fatal(err)
 		}
 		// No new work: the listener closes at once.
-		refusedIn := within(t, 2*time.Second, func() error {
+		refusedIn := testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
 			r, err := http.Post(gw+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("chat-small", 1, false)))
 			if err != nil {
 				return nil
@@ -163,6 +166,7 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 			r.Body.Close()
 			return errors.New("still accepting requests")
 		})
+
 		done, code, err := readSSE(br)
 		if !done || code != "" || err != nil {
 			t.Errorf("the stream in flight at SIGTERM: done %v error event %q err %v; want it complete", done, code, err)

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -246,9 +248,12 @@ func TestTrust(t *testing.T) {
 		defer nc.Close()
 		before := refused(t, st, "unknown_replica")
 		hb := `{"replica":"ghost-0","state":"ready","scrape_ok":true,"kv_usage":0.1}`
-		eventually(t, 5*time.Second, func() (bool, string) {
+		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 			_ = nc.Publish("llm.heartbeat.ghost-0", []byte(hb))
-			return refused(t, st, "unknown_replica") > before, "the ghost's heartbeat was not refused"
+			if refused(t, st, "unknown_replica") <= before {
+				return errors.New("the ghost's heartbeat was not refused")
+			}
+			return nil
 		})
 		mfs, err := st.Registry().Gather()
 		if err != nil {
@@ -273,9 +278,12 @@ func TestTrust(t *testing.T) {
 		if _, err := kv.Put(context.Background(), "tenants.trial", []byte(`{"tier":"standard","quota":{"tpm":3000}}`)); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, func() (bool, string) {
+		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 			tt := st.Broker(0).Table().Tenants["trial"]
-			return tt != nil && tt.Quota.TPM == 3000, "the broker has not seen trial's tpm quota"
+			if tt == nil || tt.Quota.TPM != 3000 {
+				return errors.New("the broker has not seen trial's tpm quota")
+			}
+			return nil
 		})
 		nc := mustConnectAs(t, st, tenant("trial"))
 		// Spend the quota with requests of 300 tokens until one is refused
@@ -294,8 +302,11 @@ func TestTrust(t *testing.T) {
 					t.Fatalf("a 3000 tpm quota admitted %d requests of 300 tokens: %s", admitted, data)
 				}
 			}
-			eventually(t, 5*time.Second, func() (bool, string) {
-				return st.Broker(0).Router().Reservations() == 0, "reservations still held"
+			testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+				if st.Broker(0).Router().Reservations() != 0 {
+					return errors.New("reservations still held")
+				}
+				return nil
 			})
 			if admitted == 0 {
 				break
@@ -314,8 +325,11 @@ func TestTrust(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, 5*time.Second, func() (bool, string) {
-			return refused(t, st, "usage_unreserved") >= before+2, "the forged usage events were not refused"
+		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+			if refused(t, st, "usage_unreserved") < before+2 {
+				return errors.New("the forged usage events were not refused")
+			}
+			return nil
 		})
 		head, _ := ask(t, nc, "llm.route.trial", nats.NewInbox(), nil, chat("again", 1000))
 		if head.Get(subjects.HdrStatus) != "429" {
