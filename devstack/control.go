@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
@@ -75,10 +76,10 @@ func (s *Stack) startBroker(i int) error {
 func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
 	if maxBatch <= 0 {
-		maxBatch = 32
+		maxBatch = fleet.DefaultMaxBatch
 	}
 	if maxQueue <= 0 {
-		maxQueue = 128
+		maxQueue = fleet.DefaultMaxQueue
 	}
 	role := auth.Role{Kind: auth.RoleAdapter, ID: r.ID}
 	if _, err := os.Stat(s.Creds(role)); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
@@ -43,41 +44,14 @@ import (
 )
 
 // Replica is one simulated engine and its adapter.
-type Replica struct {
-	ID, Model, Version, Pool string
-	KVBlocks, MaxLoras       int
-	Adapters                 []string
-	// EngineURL points the adapter at an engine running elsewhere (e.g.
-	// http://127.0.0.1:8000); no simulated engine is started for it, and
-	// Engine returns nil for its id. Benchmarks use it to put the stack and
-	// a plain proxy in front of the same engine.
-	EngineURL string
-	// MaxBatch and MaxQueue are the capacity the adapter declares
-	// (default 32 and 128, the simulated engine's).
-	MaxBatch, MaxQueue int
-	// Endpoints the adapter says its engine serves (default: vLLM's, all).
-	Endpoints []string
-}
+type Replica = fleet.Replica
 
-// Replicas is the deployment `switchyard dev` runs: nine simulated replicas
-// of three models across the five pools of the dev table. The coder
-// replica says it serves what llama.cpp's server does (no Responses API),
-// so a Responses request for its model shows endpoint_not_supported.
-func Replicas() []Replica {
-	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
-	return []Replica{
-		{ID: "l70-gen-0", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
-		{ID: "l70-gen-1", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
-		{ID: "l70-long-0", Model: l70, Version: "v1.5.0", Pool: table.PoolLongContext, KVBlocks: 16384},
-		{ID: "l70-prem-0", Model: l70, Version: "v1.5.0", Pool: table.PoolPremium, KVBlocks: 8192},
-		{ID: "l70-batch-0", Model: l70, Version: "v1.5.0", Pool: table.PoolBatch, KVBlocks: 8192},
-		{ID: "l70-canary-0", Model: l70, Version: "v1.6.0", Pool: table.PoolCanary, KVBlocks: 8192},
-		{ID: "l8-gen-0", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
-		{ID: "l8-gen-1", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
-		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192,
-			Endpoints: []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, subjects.EndpointMessages}},
-	}
-}
+// Replicas is the deployment `switchyard dev` runs (fleet.Dev).
+func Replicas() []Replica { return fleet.Dev() }
+
+// ReplicasNamed is the dev replicas with these ids, in this order; tests
+// choose their replicas by name. An unknown id panics.
+func ReplicasNamed(ids ...string) []Replica { return fleet.Named(ids...) }
 
 // Config configures the stack. Zero values take the defaults of `switchyard dev`.
 type Config struct {

@@ -44,7 +44,7 @@ func TestFaultControlsAndClose(t *testing.T) {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Config{
 		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", DataDir: t.TempDir(), Speed: 4,
-		Replicas: devstack.Replicas()[6:7], HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
+		Replicas: devstack.ReplicasNamed("l8-gen-0"), HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

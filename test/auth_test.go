@@ -63,7 +63,7 @@ func adapterRole(r string) auth.Role { return auth.Role{Kind: auth.RoleAdapter, 
 // stack's server, which runs with the authorization `switchyard auth` makes.
 func TestAuthorization(t *testing.T) {
 	cli := natsCLI(t)
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[:4]}) // l70: gen ×2, long, prem
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l70-long-0", "l70-prem-0")}) // l70: gen ×2, long, prem
 	body := `{"model":"chat-large","max_tokens":3,"messages":[{"role":"user","content":"hello from a direct client"}]}`
 
 	t.Run("a tenant's creds get answers on its route subject", func(t *testing.T) {

@@ -37,7 +37,7 @@ func post(t *testing.T, url, key, body string) (int, http.Header) {
 // twoBrokers runs the stack with two brokers in the queue group and waits
 // until each counts the other.
 func twoBrokers(t *testing.T) *devstack.Stack {
-	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.Replicas()[:2]})
+	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1")})
 	testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 		if st.Broker(0).LiveBrokers() != 2 || st.Broker(1).LiveBrokers() != 2 {
 			return errors.New("brokers have not seen each other")

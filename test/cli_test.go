@@ -95,7 +95,7 @@ func TestTableValidateOffline(t *testing.T) {
 }
 
 func TestTableCommandsAgainstTheBucket(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 
 	out, _, code := sy(t, env, "", "table", "get", "aliases.chat-small")
@@ -150,7 +150,7 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 }
 
 func TestKeyAddAndExplain(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: append(devstack.Replicas()[:4], devstack.Replicas()[8])})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l70-long-0", "l70-prem-0", "coder-gen-0")})
 	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 	out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
 	key := strings.TrimSpace(out)

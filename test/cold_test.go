@@ -45,7 +45,7 @@ func chatOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.
 // loads it again.
 func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
 	const speed = 10 // a 2 s load
-	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.Replicas()[6:7], Speed: speed})
+	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
 	url := st.GatewayURL()
 	body := chatBody("mixtral", 4, false)
 
@@ -133,7 +133,7 @@ func (e *answerErr) Error() string { return strconv.Itoa(e.status) + " " + e.bod
 // 503 it would have got. A held stream gets SSE comments while it waits.
 func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	const speed = 10 // a 2 s load
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: speed})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
 	url := st.GatewayURL()
 	kv := kvBucket(t, st)
 	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)); err != nil {
@@ -240,7 +240,7 @@ func TestDevServesTheColdModel(t *testing.T) {
 // The requests held per gateway are bounded (--max-cold-waits): one more
 // gets the 503 at once.
 func TestColdWaitsAreBounded(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: 1, ColdLoad: time.Minute,
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: 1, ColdLoad: time.Minute,
 		Gateway: gateway.Config{MaxColdWaits: 1}})
 	url := st.GatewayURL()
 	kv := kvBucket(t, st)

@@ -44,7 +44,7 @@ func inFlight(st *devstack.Stack, ids []string) int {
 // gateway counts each disconnect. A client gone before publishing is never
 // published; one gone after is cancelled where the broker routed it.
 func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
-	replicas := devstack.Replicas()[6:8]
+	replicas := devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")
 	st := startStack(t, devstack.Config{Replicas: replicas, Speed: 1})
 	var ids []string
 	for _, r := range replicas {
@@ -116,7 +116,7 @@ func watchRequests(t *testing.T, st *devstack.Stack) (*atomic.Int64, func() int6
 // TestClientGoneMidBodyIsNeverPublished closes the connection with half the
 // body sent: no request reaches NATS, so no engine ever sees it.
 func TestClientGoneMidBodyIsNeverPublished(t *testing.T) {
-	replicas := devstack.Replicas()[6:7]
+	replicas := devstack.ReplicasNamed("l8-gen-0")
 	st := startStack(t, devstack.Config{Replicas: replicas, Speed: 1})
 	published, _ := watchRequests(t, st)
 	addr := strings.TrimPrefix(st.GatewayURL(), "http://")

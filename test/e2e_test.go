@@ -225,7 +225,7 @@ func rawSSE(t *testing.T, url string) (http.Header, string) {
 }
 
 func TestStreamEndsWithDone(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:8]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	h, body := rawSSE(t, st.GatewayURL())
 	if ct := h.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		t.Errorf("Content-Type = %q", ct)
@@ -331,7 +331,7 @@ func mustRev(t *testing.T, kv jetstream.KeyValue, key string) uint64 {
 }
 
 func TestErrorsHaveTheOpenAIShape(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	for _, tc := range []struct {
 		name, path, body string
 		status           int

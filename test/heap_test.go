@@ -29,7 +29,7 @@ func TestHeapFlat(t *testing.T) {
 	if v := os.Getenv("SWITCHYARD_HEAP_REQUESTS"); v != "" {
 		total, _ = strconv.Atoi(v)
 	}
-	st := startStack(t, devstack.Config{Speed: 1000, Replicas: devstack.Replicas()[6:8]})
+	st := startStack(t, devstack.Config{Speed: 1000, Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	client := loadgen.NewClient()
 	url := st.GatewayURL() + "/v1/chat/completions"
 	var sent, failed atomic.Int64

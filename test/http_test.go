@@ -141,7 +141,7 @@ func getWith(t *testing.T, c *http.Client, url string) (*http.Response, string) 
 // serves the API, /healthz and /readyz and answers 404 for the dashboard
 // and /metrics, which the admin listener serves, without any API key.
 func TestProductionGatewayListeners(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	certFile, keyFile, pool := selfSigned(t)
 	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleGateway}), "HOME=" + t.TempDir()}
 	public, admin := runGateway(t, env, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",

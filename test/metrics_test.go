@@ -38,7 +38,7 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 }
 
 func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:8]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	body := `{"model":"chat-small","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	if status, _ := post(t, st.GatewayURL(), "", body); status != 200 {
 		t.Fatalf("status %d", status)
@@ -118,7 +118,7 @@ func sampleValue(mf *dto.MetricFamily, labels map[string]string) (float64, bool)
 // TestDeployArtefactsNameRealSeries keeps the alert rules and the Grafana
 // dashboard true to the series the parts export.
 func TestDeployArtefactsNameRealSeries(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], ColdLoad: 200 * time.Millisecond})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), ColdLoad: 200 * time.Millisecond})
 	post(t, st.GatewayURL(), "", `{"model":"chat-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
 	// A cold load, so that the loader's series exist.
 	post(t, st.GatewayURL(), "", `{"model":"mixtral","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)

@@ -17,7 +17,7 @@ import (
 )
 
 // l8 are the two chat-small replicas: enough to see one excluded.
-func l8() []devstack.Replica { return devstack.Replicas()[6:8] }
+func l8() []devstack.Replica { return devstack.ReplicasNamed("l8-gen-0", "l8-gen-1") }
 
 // TestEngineHealthDecidesCandidacy follows one replica through its engine's
 // health: loading (no /health 200 yet) is excluded; once healthy it serves;

@@ -122,7 +122,7 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 // TestClientDisconnectCancelsTheEngineCall: the engine stops working on a
 // request within a second of its client going away, streamed or not.
 func TestClientDisconnectCancelsTheEngineCall(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7], Speed: 1})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: 1})
 	eng := st.Engine("l8-gen-0")
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
@@ -168,7 +168,7 @@ func TestLongGenerationIsNotMistakenForDead(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := startStack(t, devstack.Config{
-				Replicas: devstack.Replicas()[6:7], Speed: 1, KeepaliveEvery: tc.keepalive,
+				Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: 1, KeepaliveEvery: tc.keepalive,
 				Gateway: gateway.Config{IdleTimeout: 400 * time.Millisecond},
 			})
 			o := send(context.Background(), st.GatewayURL(), long)
@@ -197,7 +197,7 @@ func TestLongGenerationIsNotMistakenForDead(t *testing.T) {
 func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 	const writeTimeout = time.Second
 	st := startStack(t, devstack.Config{
-		Replicas: devstack.Replicas()[6:7], Speed: 40,
+		Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: 40,
 		Gateway: gateway.Config{WriteTimeout: writeTimeout, HandoffDepth: 64},
 	})
 	url := st.GatewayURL()

@@ -18,7 +18,7 @@ import (
 // decisions` does: a client's traceparent travels with the request and the
 // decision names its trace; without one the gateway starts a trace.
 func TestDecisionsCarryTheTrace(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.Replicas()[6:7]})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	nc, err := connectAs(st, auth.Role{Kind: auth.RoleObserver})
 	if err != nil {
 		t.Fatal(err)

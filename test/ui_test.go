@@ -247,7 +247,7 @@ func TestDashboardStreamEndsWhenTheStackStops(t *testing.T) {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Config{
 		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", Speed: 4, DataDir: t.TempDir(),
-		Replicas: devstack.Replicas()[:1],
+		Replicas: devstack.ReplicasNamed("l70-gen-0"),
 	})
 	if err != nil {
 		t.Fatal(err)

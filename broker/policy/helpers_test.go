@@ -9,22 +9,25 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	examples "github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// devReplicas registers the replicas `switchyard dev` runs (devstack.Replicas).
-const devReplicas = `{
-  "replicas.l70-gen-0":    {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "general", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l70-gen-1":    {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "general", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l70-long-0":   {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "long-context", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l70-prem-0":   {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "premium", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l70-batch-0":  {"model": "llama-3-70b-instruct", "version": "v1.5.0", "pool": "batch", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l70-canary-0": {"model": "llama-3-70b-instruct", "version": "v1.6.0", "pool": "canary", "max_batch": 32, "max_queue": 128, "state": "ready"},
-  "replicas.l8-gen-0":     {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "max_batch": 32, "max_queue": 128, "max_loras": 4, "state": "ready"},
-  "replicas.l8-gen-1":     {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "max_batch": 32, "max_queue": 128, "max_loras": 4, "state": "ready"},
-  "replicas.coder-gen-0":  {"model": "qwen-coder-32b", "version": "v1.0.0", "pool": "general", "max_batch": 32, "max_queue": 128, "state": "ready"}
-}`
+// devReplicas registers the replicas `switchyard dev` runs, as their
+// adapters do.
+func devReplicas(t testing.TB) []byte {
+	t.Helper()
+	flat := map[string]table.Replica{}
+	for _, r := range fleet.Dev() {
+		flat["replicas."+r.ID] = r.Registration()
+	}
+	b, err := json.Marshal(flat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
@@ -68,7 +71,7 @@ type env struct {
 // replica heartbeating idle at t0.
 func newEnv(t testing.TB, extra ...string) *env {
 	t.Helper()
-	flats := [][]byte{examples.Table(), []byte(devReplicas)}
+	flats := [][]byte{examples.Table(), devReplicas(t)}
 	for _, x := range extra {
 		flats = append(flats, []byte(x))
 	}
@@ -85,7 +88,7 @@ func newEnv(t testing.TB, extra ...string) *env {
 // received are kept, new replicas have none.
 func (e *env) retable(extra ...string) {
 	e.t.Helper()
-	flats := [][]byte{examples.Table(), []byte(devReplicas)}
+	flats := [][]byte{examples.Table(), devReplicas(e.t)}
 	for _, x := range extra {
 		flats = append(flats, []byte(x))
 	}

@@ -1,0 +1,87 @@
+// Package fleet is the replicas `switchyard dev` runs, defined once: the
+// dev stack starts them, and tests that need the dev deployment without
+// starting it (the routing policy's) register them as their adapters would.
+package fleet
+
+import (
+	"fmt"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// Replica is one simulated engine and its adapter.
+type Replica struct {
+	ID, Model, Version, Pool string
+	KVBlocks, MaxLoras       int
+	Adapters                 []string
+	// EngineURL points the adapter at an engine running elsewhere (e.g.
+	// http://127.0.0.1:8000); no simulated engine is started for it, and
+	// Engine returns nil for its id. Benchmarks use it to put the stack and
+	// a plain proxy in front of the same engine.
+	EngineURL string
+	// MaxBatch and MaxQueue are the capacity the adapter declares
+	// (default 32 and 128, the simulated engine's).
+	MaxBatch, MaxQueue int
+	// Endpoints the adapter says its engine serves (default: vLLM's, all).
+	Endpoints []string
+}
+
+// Dev is the deployment `switchyard dev` runs: nine simulated replicas
+// of three models across the five pools of the dev table. The coder
+// replica says it serves what llama.cpp's server does (no Responses API),
+// so a Responses request for its model shows endpoint_not_supported.
+func Dev() []Replica {
+	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
+	return []Replica{
+		{ID: "l70-gen-0", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+		{ID: "l70-gen-1", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+		{ID: "l70-long-0", Model: l70, Version: "v1.5.0", Pool: table.PoolLongContext, KVBlocks: 16384},
+		{ID: "l70-prem-0", Model: l70, Version: "v1.5.0", Pool: table.PoolPremium, KVBlocks: 8192},
+		{ID: "l70-batch-0", Model: l70, Version: "v1.5.0", Pool: table.PoolBatch, KVBlocks: 8192},
+		{ID: "l70-canary-0", Model: l70, Version: "v1.6.0", Pool: table.PoolCanary, KVBlocks: 8192},
+		{ID: "l8-gen-0", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
+		{ID: "l8-gen-1", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
+		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192,
+			Endpoints: []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, subjects.EndpointMessages}},
+	}
+}
+
+// Named is the dev replicas with these ids, in this order. An unknown id
+// is a defect of the caller and panics.
+func Named(ids ...string) []Replica {
+	dev := Dev()
+	out := make([]Replica, 0, len(ids))
+next:
+	for _, id := range ids {
+		for _, r := range dev {
+			if r.ID == id {
+				out = append(out, r)
+				continue next
+			}
+		}
+		panic(fmt.Sprintf("fleet: no dev replica %q", id))
+	}
+	return out
+}
+
+// Registration is the routing-table entry the replica's adapter writes
+// under replicas.<id> once its engine is ready.
+func (r Replica) Registration() table.Replica {
+	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
+	if maxBatch == 0 {
+		maxBatch = DefaultMaxBatch
+	}
+	if maxQueue == 0 {
+		maxQueue = DefaultMaxQueue
+	}
+	return table.Replica{Model: r.Model, Version: r.Version, Pool: r.Pool, MaxBatch: maxBatch, MaxQueue: maxQueue,
+		MaxLoras: r.MaxLoras, State: subjects.StateReady, Endpoints: r.Endpoints}
+}
+
+// The capacity a replica declares unless it says otherwise: the simulated
+// engine's.
+const (
+	DefaultMaxBatch = 32
+	DefaultMaxQueue = 128
+)
