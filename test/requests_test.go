@@ -217,27 +217,16 @@ func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 	var (
 		mu   sync.Mutex
 		ends []time.Time // when each normal stream completed
-		stop = make(chan struct{})
-		wg   sync.WaitGroup
 	)
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				o := send(context.Background(), url, chatBody("chat-small", 200, true))
-				if o.status != 200 || !o.done || o.took > 2*time.Second {
-					t.Errorf("a normal stream beside the slow one: %v", o)
-				}
-				mu.Lock()
-				ends = append(ends, time.Now())
-				mu.Unlock()
-			}
-		})
-	}
+	stop := testkit.Load(t, 4, func(_, _ int) {
+		o := send(context.Background(), url, chatBody("chat-small", 200, true))
+		if o.status != 200 || !o.done || o.took > 2*time.Second {
+			t.Errorf("a normal stream beside the slow one: %v", o)
+		}
+		mu.Lock()
+		ends = append(ends, time.Now())
+		mu.Unlock()
+	})
 	cutAfter := testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if metric(st, "switchyard_gateway_stream_errors_total", map[string]string{"cause": "slow_client"}) == 0 {
 			return errors.New("the slow stream is not cut yet")
@@ -246,8 +235,7 @@ func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 	})
 
 	cut := time.Now()
-	close(stop)
-	wg.Wait()
+	stop()
 	testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
 		if n := eng.InFlight(); n != 0 {
 			return fmt.Errorf("the engine still works on %d request(s)", n)

@@ -103,32 +103,20 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 		var (
 			mu       sync.Mutex
 			outcomes []outcome
-			stop     = make(chan struct{})
-			wg       sync.WaitGroup
 		)
-		for range 4 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					o := send(context.Background(), gw, chatBody("chat-small", 1, false))
-					mu.Lock()
-					outcomes = append(outcomes, o)
-					mu.Unlock()
-				}
-			})
-		}
+		stop := testkit.Load(t, 4, func(_, _ int) {
+			o := send(context.Background(), gw, chatBody("chat-small", 1, false))
+			mu.Lock()
+			outcomes = append(outcomes, o)
+			mu.Unlock()
+		})
 		time.Sleep(300 * time.Millisecond) // load before the signal
 		if err := b.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
 		code, took := exited(b, bDone, 10*time.Second)
 		time.Sleep(300 * time.Millisecond) // and after it
-		close(stop)
-		wg.Wait()
+		stop()
 		if code != 0 {
 			t.Errorf("broker exit code %d after %v: %s", code, took, bErr.String())
 		}
