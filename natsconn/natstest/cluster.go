@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // clusterReadyTimeout bounds the election of a JetStream meta leader.
@@ -115,7 +117,7 @@ func (c *JSCluster) Leader() int {
 // WaitLeader waits until the running members agree on a meta leader.
 func (c *JSCluster) WaitLeader() {
 	c.t.Helper()
-	waitFor(c.t, clusterReadyTimeout, "a JetStream meta leader", func() bool {
+	testkit.CheckFor(c.t, clusterReadyTimeout, 25*time.Millisecond, testkit.Cond("a JetStream meta leader", func() bool {
 		if c.Leader() < 0 {
 			return false
 		}
@@ -125,5 +127,6 @@ func (c *JSCluster) WaitLeader() {
 			}
 		}
 		return true
-	})
+	}))
+
 }

@@ -97,14 +97,3 @@ func freePorts(t testing.TB, n int) []int {
 	}
 	return ports
 }
-
-func waitFor(t testing.TB, total time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", total, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
