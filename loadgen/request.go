@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sse"
 )
 
 // Error kinds that are not an HTTP status.
@@ -42,8 +43,6 @@ func shorten(s string) string {
 }
 
 var (
-	dataPrefix  = []byte("data:")
-	doneLine    = []byte("data: [DONE]")
 	errorData   = []byte(`{"error"`)
 	contentType = []string{"application/json"}
 )
@@ -91,52 +90,42 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time, out out
 
 // readStream reads server-sent events, timing each data line as it is read.
 // Two lines that arrive in one read have a gap of about zero: that is what
-// a client sees.
+// a client sees. A data line longer than the reader's limit is timed once,
+// as its first part arrives.
 func readStream(body io.Reader, r *result) error {
-	br := bufio.NewReaderSize(body, 16<<10)
+	sr := sse.NewReader(body, 16<<10)
 	var last time.Time
 	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			line = bytes.TrimRight(line, "\r\n")
-			switch {
-			case bytes.HasPrefix(line, dataPrefix):
-				now := time.Now()
-				if last.IsZero() {
-					r.first = now
-				} else {
-					r.gaps = append(r.gaps, now.Sub(last))
-				}
-				last = now
-				if bytes.Equal(line, doneLine) {
-					_, _ = io.Copy(io.Discard, br)
-					return nil
-				}
-				// A failed stream ends with a data line holding an
-				// error object, as vLLM and Switchyard send it.
-				if r.errKind == "" && bytes.HasPrefix(bytes.TrimSpace(line[len(dataPrefix):]), errorData) {
-					r.errKind, r.errDetail = errEvent, shorten(string(line))
-				} else {
-					r.chunks++
-				}
-			}
-		}
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			// A data line longer than the buffer: its first part was timed.
-			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = br.ReadSlice('\n')
-			}
-			if err != nil && !errors.Is(err, io.EOF) {
-				return err
-			}
-		case errors.Is(err, io.EOF):
+		line, err := sr.Next()
+		if errors.Is(err, io.EOF) {
 			if r.errKind == "" {
 				r.errKind = errIncomplete
 			}
 			return nil
-		case err != nil:
+		}
+		if err != nil {
 			return err
+		}
+		if line.Field != "data" {
+			continue
+		}
+		now := time.Now()
+		if last.IsZero() {
+			r.first = now
+		} else {
+			r.gaps = append(r.gaps, now.Sub(last))
+		}
+		last = now
+		if line.Done() {
+			_, _ = io.Copy(io.Discard, body)
+			return nil
+		}
+		// A failed stream ends with a data line holding an error object,
+		// as vLLM and Switchyard send it.
+		if r.errKind == "" && bytes.HasPrefix(bytes.TrimSpace(line.Value), errorData) {
+			r.errKind, r.errDetail = errEvent, shorten("data: "+string(line.Value))
+		} else {
+			r.chunks++
 		}
 	}
 }

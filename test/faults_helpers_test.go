@@ -1,7 +1,7 @@
 package test
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -100,24 +101,29 @@ func readSSE(r io.Reader) (done bool, code string, err error) {
 
 // readSSEMessage is readSSE with the error line's message.
 func readSSEMessage(r io.Reader) (done bool, code, msg string, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sr := sse.NewReader(r, 1<<20)
 	eventLine := false
-	for sc.Scan() {
-		line := sc.Text()
+	for {
+		l, err := sr.Next()
+		if errors.Is(err, io.EOF) {
+			return done, code, msg, nil
+		}
+		if err != nil {
+			return done, code, msg, err
+		}
 		switch {
-		case line == "event: error":
+		case l.Field == "event" && string(l.Value) == "error":
 			eventLine = true // a form go-openai cannot parse: never sent
-		case line == "data: [DONE]":
+		case l.Done():
 			done = true
-		case strings.HasPrefix(line, `data: {"error"`) && !eventLine:
+		case l.Field == "data" && bytes.HasPrefix(l.Value, []byte(`{"error"`)) && !eventLine:
 			var e struct {
 				Error struct {
 					Code    string `json:"code"`
 					Message string `json:"message"`
 				} `json:"error"`
 			}
-			if json.Unmarshal([]byte(line[6:]), &e) == nil {
+			if json.Unmarshal(l.Value, &e) == nil {
 				code, msg = e.Error.Code, e.Error.Message
 			}
 			if code == "" {
@@ -125,7 +131,6 @@ func readSSEMessage(r io.Reader) (done bool, code, msg string, err error) {
 			}
 		}
 	}
-	return done, code, msg, sc.Err()
 }
 
 // openStream starts a streamed chat and returns once its head arrived.
