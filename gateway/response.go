@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -83,7 +83,7 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 	if ct != "" {
 		hd.Set("Content-Type", ct)
 	}
-	s.sse = s.u.stream && s.status == http.StatusOK && strings.HasPrefix(ct, "text/event-stream")
+	s.sse = s.u.stream && s.status == http.StatusOK && sse.IsEventStream(ct)
 	if !s.sse {
 		return nil, nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -36,7 +37,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 
 	ct := resp.Header.Get("Content-Type")
 	hd := a.head(h, resp, ct)
-	scan := usageScanner{sse: isSSE(ct)}
+	scan := usageScanner{sse: sse.IsEventStream(ct)}
 	if rec := a.newOwnerRecorder(h); rec != nil {
 		scan.observe = func(p []byte) { rec.observe(ctx, p) }
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -188,11 +187,6 @@ func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string)
 		}
 	}
 	return hd
-}
-
-func isSSE(contentType string) bool {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	return mt == "text/event-stream"
 }
 
 // callError is the error answered when the engine call failed before a head.
