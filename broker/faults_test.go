@@ -14,8 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
@@ -101,7 +100,6 @@ func (e *faultEnv) waitServing() {
 		_, err := e.nc.Request("$SRV.PING."+subjects.BrokerService, nil, time.Second)
 		return err
 	})
-
 }
 
 func (e *faultEnv) register(id, state string) {
@@ -121,7 +119,6 @@ func (e *faultEnv) waitTable(ok func() error) {
 		}
 		return ok()
 	})
-
 }
 
 // heartbeat publishes hb for its replica and waits until the broker took it
@@ -138,22 +135,11 @@ func (e *faultEnv) heartbeat(hb subjects.Heartbeat) {
 		e.t.Fatal(err)
 	}
 	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
-		if got := value(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
+		if got := testutil.ToFloat64(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
 			return fmt.Errorf("broker has kv %v for %s, want %v", got, hb.Replica, hb.KVUsage)
 		}
 		return nil
 	})
-
-}
-
-// value reads a counter's or gauge's current value.
-func value(m prometheus.Metric) float64 {
-	var d dto.Metric
-	_ = m.Write(&d)
-	if c := d.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return d.GetGauge().GetValue()
 }
 
 // heartbeatRaw publishes hb until the broker took it, for a broker that
@@ -164,12 +150,11 @@ func (e *faultEnv) heartbeatRaw(hb subjects.Heartbeat) {
 	b, _ := json.Marshal(hb)
 	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		_ = e.nc.Publish(subjects.New("").Heartbeat(hb.Replica), b)
-		if got := value(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
+		if got := testutil.ToFloat64(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
 			return fmt.Errorf("heartbeat of %s not taken", hb.Replica)
 		}
 		return nil
 	})
-
 }
 
 func ready(id string, kv float64) subjects.Heartbeat {
@@ -260,14 +245,14 @@ func TestReplicaStatesDecideCandidacy(t *testing.T) {
 	})
 
 	t.Run("failing health checks exclude, log and count", func(t *testing.T) {
-		before := value(e.b.metrics.unhealthy.WithLabelValues("r-0"))
+		before := testutil.ToFloat64(e.b.metrics.unhealthy.WithLabelValues("r-0"))
 		hb := ready("r-0", 0.2)
 		hb.ScrapeOK = false
 		e.heartbeat(hb)
 		if got := e.spread(20); got["r-1"] != 20 {
 			t.Errorf("a replica failing its health checks got requests: %v", got)
 		}
-		if n := value(e.b.metrics.unhealthy.WithLabelValues("r-0")) - before; n != 1 {
+		if n := testutil.ToFloat64(e.b.metrics.unhealthy.WithLabelValues("r-0")) - before; n != 1 {
 			t.Errorf("unhealthy heartbeats counted %v, want 1", n)
 		}
 		// Alone, it is not served: no replica is better than a broken one.
@@ -352,7 +337,7 @@ func TestBadHeartbeatsAreIgnoredAndCounted(t *testing.T) {
 	e.heartbeat(ready("r-0", 0.2))
 	e.heartbeat(ready("r-1", 0.2))
 	bad := e.b.metrics.badMessages.WithLabelValues("heartbeat")
-	before := value(bad)
+	before := testutil.ToFloat64(bad)
 	hb := func(f func(*subjects.Heartbeat)) []byte {
 		h := ready("r-0", 0.2)
 		h.State = subjects.StateDraining // each would exclude r-0 if taken
@@ -377,7 +362,7 @@ func TestBadHeartbeatsAreIgnoredAndCounted(t *testing.T) {
 		}
 	}
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if n := value(bad) - before; n != float64(len(cases)) {
+		if n := testutil.ToFloat64(bad) - before; n != float64(len(cases)) {
 			return fmt.Errorf("%v bad heartbeats counted, want %d", n, len(cases))
 		}
 		return nil
@@ -403,7 +388,7 @@ func TestDirectClientWithABadTenantToken(t *testing.T) {
 	if _, err := e.nc.Request("llm.route.bad.token", body, 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("llm.route.bad.token: %v, want no responders", err)
 	}
-	if n := value(e.b.metrics.rejections.WithLabelValues(subjects.CodeInvalidRequest)); n != 1 {
+	if n := testutil.ToFloat64(e.b.metrics.rejections.WithLabelValues(subjects.CodeInvalidRequest)); n != 1 {
 		t.Errorf("invalid_request_error rejections = %v, want 1", n)
 	}
 }

@@ -129,7 +129,6 @@ func TestMetricsReflectInFlight(t *testing.T) {
 		f := scrape(t, hs)
 		return gauge(t, f, "vllm:num_requests_running") == 0 && gauge(t, f, "vllm:kv_cache_usage_perc") == 0
 	}))
-
 }
 
 func TestMetricsMatchVLLMNamesTypesAndLabels(t *testing.T) {

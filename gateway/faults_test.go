@@ -167,23 +167,7 @@ func (u *upstream) excluded() []string {
 
 // counter reads a gateway counter (summed over its labels matching want).
 func (u *upstream) counter(name string, want map[string]string) float64 {
-	mfs, _ := u.reg.Gather()
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
-					continue next
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return testkit.Sum(u.reg, name, want)
 }
 
 // result is what a client saw.

@@ -35,22 +35,7 @@ func execAction(path string) string {
 }
 
 func loads(reg *prometheus.Registry, model, outcome string) float64 {
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != "switchyard_loader_loads_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["model"] == model && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testkit.Sum(reg, "switchyard_loader_loads_total", map[string]string{"model": model, "outcome": outcome})
 }
 
 // Many requests from two brokers, shared by two loaders, while the model
@@ -124,21 +109,10 @@ func TestFailedLoadIsReportedAndRetriedAfterCooldown(t *testing.T) {
 		e.request(mixtral, "v1.0.0", 1)
 		return len(lines(t, calls)) == 2
 	}))
-
 }
 
 func deduplicated(reg *prometheus.Registry) float64 {
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() == "switchyard_loader_load_requests_deduplicated_total" {
-			s := 0.0
-			for _, m := range mf.GetMetric() {
-				s += m.GetCounter().GetValue()
-			}
-			return s
-		}
-	}
-	return 0
+	return testkit.Sum(reg, "switchyard_loader_load_requests_deduplicated_total", nil)
 }
 
 // A replica that heartbeats while it is up: the test's stand-in for the

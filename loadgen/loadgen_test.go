@@ -310,8 +310,13 @@ func TestProgressLinesWhileRunning(t *testing.T) {
 func TestInterruptedRunReturnsPartialReport(t *testing.T) {
 	srv := newServer(t, okJSON)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	go func() {
-		time.Sleep(100 * time.Millisecond) // let a few slots go out first
+		// Let a few slots go out first: the first has long been answered
+		// when the tenth arrives (90 ms later at 100/s).
+		for len(srv.arrived()) < 10 && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
 		cancel()
 	}()
 	client := loadgen.NewClient()

@@ -147,7 +147,6 @@ func (e *env) waitReady(id string) {
 		}
 		return nil
 	})
-
 }
 
 func (e *env) replica(id string) (table.Replica, error) {

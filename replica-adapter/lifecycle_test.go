@@ -131,7 +131,6 @@ func TestOperatorStateSurvives(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 // TestDrain checks the drain on context end: the heartbeat and KV say
@@ -372,7 +371,6 @@ func TestDiscoveryAndMetrics(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 // gather flattens a registry into "name{labels}" → value.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -124,26 +125,12 @@ func TestEngineAPIKey(t *testing.T) {
 	})
 }
 
-// counter reads a counter of reg, the series whose label has value (any
-// series when label is "").
+// counter reads a counter of reg: the series whose label has value (all of
+// them when label is "").
 func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	var want map[string]string
+	if label != "" {
+		want = map[string]string{label: value}
 	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if label == "" || (l.GetName() == label && l.GetValue() == value) {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s{%s=%q}", name, label, value)
-	return 0
+	return testkit.Sum(reg, name, want)
 }

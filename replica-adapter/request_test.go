@@ -286,7 +286,6 @@ func TestCancel(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 // TestEngineUnreachable checks the single head+end with 503 when the engine

@@ -129,24 +129,5 @@ func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
 
 // decisions counts the decisions broker i made, from the shared registry.
 func decisions(t *testing.T, st *devstack.Stack, i int) float64 {
-	t.Helper()
-	mfs, err := st.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := st.Broker(i).ID()
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "switchyard_broker_decisions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "broker" && l.GetValue() == want {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n
+	return metric(st, "switchyard_broker_decisions_total", map[string]string{"broker": st.Broker(i).ID()})
 }

@@ -95,7 +95,6 @@ func TestClientGoneBeforeTheFirstByteCancelsTheGeneration(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 // watchRequests counts the requests the gateway published (llm.gw.*, seen

@@ -185,31 +185,7 @@ func spread(t *testing.T, url, model string, n int) map[string]int {
 // metric sums the samples of a counter or gauge in the stack's registry
 // whose labels include want.
 func metric(st *devstack.Stack, name string, want map[string]string) float64 {
-	mfs, _ := st.Registry().Gather()
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || (l.GetName() == k && l.GetValue() == v)
-				}
-				if !found {
-					continue next
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				sum += c.GetValue()
-			} else {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
+	return testkit.Sum(st.Registry(), name, want)
 }
 
 // startUnready starts a stack without waiting for every replica to be

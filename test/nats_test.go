@@ -79,7 +79,6 @@ func TestNATSServerRestart(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 // TestJetStreamUnavailableKeepsRouting disables JetStream under a running

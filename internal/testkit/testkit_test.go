@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -68,5 +70,32 @@ func TestListenHandsOverABoundListener(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 204 {
 		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+func TestSumAddsTheMatchingSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "requests_total"}, []string{"code", "pool"})
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "in_flight"})
+	reg.MustRegister(c, g)
+	c.WithLabelValues("200", "a").Add(3)
+	c.WithLabelValues("200", "b").Add(4)
+	c.WithLabelValues("503", "a").Add(5)
+	g.Set(7)
+	for _, tc := range []struct {
+		name string
+		want map[string]string
+		sum  float64
+	}{
+		{"requests_total", nil, 12},
+		{"requests_total", map[string]string{"code": "200"}, 7},
+		{"requests_total", map[string]string{"code": "200", "pool": "b"}, 4},
+		{"requests_total", map[string]string{"code": "404"}, 0},
+		{"in_flight", nil, 7},
+		{"missing_total", nil, 0},
+	} {
+		if got := testkit.Sum(reg, tc.name, tc.want); got != tc.sum {
+			t.Errorf("Sum(%s, %v) = %v, want %v", tc.name, tc.want, got, tc.sum)
+		}
 	}
 }

@@ -128,5 +128,4 @@ func (c *JSCluster) WaitLeader() {
 		}
 		return true
 	}))
-
 }

@@ -188,5 +188,4 @@ func snapshotHas(t *testing.T, w *kv.Watcher, key, want string) {
 		}
 		return nil
 	})
-
 }

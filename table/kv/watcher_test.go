@@ -193,7 +193,6 @@ func TestImportIsSeenWhole(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 func TestSnapshotIsPersistedAndServedWithoutJetStream(t *testing.T) {
@@ -295,7 +294,6 @@ func TestMissingBucketFallsBackThenRecovers(t *testing.T) {
 		}
 		return nil
 	})
-
 }
 
 func TestNoStateAndNoBucketIsNotReady(t *testing.T) {
