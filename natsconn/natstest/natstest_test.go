@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 )
 
@@ -45,16 +46,10 @@ func TestStartAndRestartKeepTheStore(t *testing.T) {
 	}
 	// The old client reconnects to the new process on the same port.
 	var e jetstream.KeyValueEntry
-	for e == nil {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() (err error) {
 		e, err = kv.Get(ctx, "k")
-		if err != nil {
-			if ctx.Err() != nil {
-				t.Fatalf("value after restart: %v", err)
-			}
-			e = nil
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+		return err
+	})
 	if string(e.Value()) != "v1" {
 		t.Fatalf("value after restart = %q", e.Value())
 	}
@@ -83,16 +78,10 @@ func TestClusterSurvivesALostMember(t *testing.T) {
 		t.Fatal("a stopped member is still leader")
 	}
 	// Writes go on with two of three members.
-	for {
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		_, err := kv.PutString(ctx, "k", "v2")
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("put with a member lost: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	c.Start(lost)
 	c.WaitLeader()
 	if got := len(c.Servers()); got != 3 {
