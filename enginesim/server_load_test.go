@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -277,10 +276,7 @@ func TestSpeedScalesTime(t *testing.T) {
 
 func TestServeStopsWithOpenStreams(t *testing.T) {
 	srv := enginesim.NewServer(enginesim.ServerConfig{Engine: enginesim.Config{ITL: 20 * time.Millisecond}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()

@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"net"
 	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 type helpEntry struct{ name, kind string }
@@ -56,10 +57,7 @@ func TestEveryCommandHasHelp(t *testing.T) {
 // flag, and never connects to the NATS server it was pointed at.
 func TestNumericFlagsRefuseOutOfRange(t *testing.T) {
 	// A listener standing in for NATS counts who tries to reach it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	var dialed atomic.Int32
 	done := make(chan struct{})
 	go func() {
