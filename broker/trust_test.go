@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/features"
@@ -148,7 +149,7 @@ func TestTrust(t *testing.T) {
 		if n := series(b.metrics.heartbeatAge); n > before {
 			t.Errorf("%d heartbeat-age series for %d registered replicas", n, before)
 		}
-		if got := value(b.metrics.refused.WithLabelValues(refusedReplica)); got != 100 {
+		if got := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedReplica)); got != 100 {
 			t.Errorf("refused unknown-replica heartbeats counted %v, want 100", got)
 		}
 	})
@@ -178,10 +179,10 @@ func TestTrust(t *testing.T) {
 	})
 
 	t.Run("usage without a reservation is dropped and counted", func(t *testing.T) {
-		before := value(b.metrics.refused.WithLabelValues(refusedUsage))
+		before := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage))
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","reserved_tokens":1000000000}`)})
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","request_id":"nobody","reserved_tokens":1000000000}`)})
-		if got := value(b.metrics.refused.WithLabelValues(refusedUsage)) - before; got != 2 {
+		if got := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage)) - before; got != 2 {
 			t.Errorf("counted %v forged usage events, want 2", got)
 		}
 	})

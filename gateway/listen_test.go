@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -25,17 +26,6 @@ func (u *upstream) gauge(name string) float64 {
 		}
 	}
 	return -1
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // slowBody is one client whose headers arrived and whose body did not.
@@ -150,9 +140,10 @@ func TestSlowBodiesAreCutWhileOthersAreServed(t *testing.T) {
 		slow <- streamed{status: resp.StatusCode, body: string(b), took: time.Since(start), err: err}
 	})
 
-	waitFor(t, 10*time.Second, "200 slow connections open", func() bool {
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("200 slow connections open", func() bool {
 		return u.gauge("switchyard_gateway_open_connections") >= n
-	})
+	}))
+
 	start := time.Now()
 	if r := u.post(false); r.status != 200 {
 		t.Fatalf("a normal request beside %d slow ones: %d %s", n, r.status, r.body)
@@ -184,9 +175,9 @@ func TestSlowBodiesAreCutWhileOthersAreServed(t *testing.T) {
 		t.Fatalf("the stream took %v, not past the %v deadline: the test proves nothing", s.took, bodyTimeout)
 	}
 	http.DefaultClient.CloseIdleConnections()
-	waitFor(t, 5*time.Second, "every connection closed", func() bool {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("every connection closed", func() bool {
 		return u.gauge("switchyard_gateway_open_connections") == 0
-	})
+	}))
 }
 
 // TestConnectionsPastTheLimitAreRefused: with --max-conns 2 held, a third
@@ -203,9 +194,10 @@ func TestConnectionsPastTheLimitAreRefused(t *testing.T) {
 		defer c.Close()
 		held = append(held, c)
 	}
-	waitFor(t, 5*time.Second, "2 connections open", func() bool {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("2 connections open", func() bool {
 		return u.gauge("switchyard_gateway_open_connections") == 2
-	})
+	}))
+
 	get := func() (*http.Response, string) {
 		t.Helper()
 		tr := &http.Transport{DisableKeepAlives: true}
@@ -226,8 +218,8 @@ func TestConnectionsPastTheLimitAreRefused(t *testing.T) {
 		t.Errorf("refused connections = %v, want 1", got)
 	}
 	held[0].Close()
-	waitFor(t, 5*time.Second, "a slot free again", func() bool {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("a slot free again", func() bool {
 		resp, _ := get()
 		return resp.StatusCode == 200
-	})
+	}))
 }
