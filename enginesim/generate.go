@@ -112,6 +112,7 @@ type generation struct {
 	req          Request
 	reason       string
 	seed         uint64
+	from         int // the answer's first token: past the words a continuation carries
 	stream       bool
 	includeUsage bool
 }
@@ -173,7 +174,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation)
 func (s *Server) response(g *generation, p progress) any {
 	u := g.usage(p)
 	reason := g.reason
-	text := s.words.answer(g.seed, 0, p.tokens)
+	text := s.words.answer(g.seed, g.from, g.from+p.tokens)
 	if g.chat {
 		return chatCompletion{ID: g.id, Model: g.model, Object: "chat.completion", Created: g.created, Usage: u,
 			Choices: []chatChoice{{FinishReason: &reason, Message: &chatMessageOut{Role: "assistant", Content: text}}}}
@@ -245,7 +246,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, g *generation
 			}
 		}
 		for i := seen; i < p.tokens; i++ {
-			if !send(g.tokenChoice(s.words.word(g.seed, i), nil)) {
+			if !send(g.tokenChoice(s.words.word(g.seed, g.from+i), nil)) {
 				return
 			}
 		}

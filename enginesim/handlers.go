@@ -115,15 +115,18 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if maxTok == nil {
 		maxTok = req.MaxTokens
 	}
-	g, err := s.newGeneration(w, true, req.Model, maxTok, req.Stream, req.StreamOptions, func() (prompt, error) {
+	g, err := s.newGeneration(w, true, req.Model, maxTok, req.Stream, req.StreamOptions, func() (input, error) {
 		if len(req.Messages) == 0 {
-			return prompt{}, errorf(http.StatusBadRequest, "messages must not be empty")
+			return input{}, errorf(http.StatusBadRequest, "messages must not be empty")
 		}
-		p, err := chatPrompt(req.Messages)
+		if req.ContinueFinalMessage && (req.AddGenerationPrompt == nil || *req.AddGenerationPrompt) {
+			return input{}, errorf(http.StatusBadRequest, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		}
+		in, err := s.chatInput(req.Messages, req.ContinueFinalMessage)
 		if err != nil {
-			return prompt{}, errorf(http.StatusBadRequest, "%v", err)
+			return input{}, errorf(http.StatusBadRequest, "%v", err)
 		}
-		return p, nil
+		return in, nil
 	})
 	if err != nil {
 		writeError(w, err)
@@ -138,12 +141,12 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	g, err := s.newGeneration(w, false, req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() (prompt, error) {
+	g, err := s.newGeneration(w, false, req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() (input, error) {
 		p, err := completionPrompt(req.Prompt)
 		if err != nil {
-			return prompt{}, errorf(http.StatusBadRequest, "%v", err)
+			return input{}, errorf(http.StatusBadRequest, "%v", err)
 		}
-		return p, nil
+		return s.completionInput(p), nil
 	})
 	if err != nil {
 		writeError(w, err)
@@ -154,15 +157,16 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 
 // newGeneration validates what chat and text completions share.
 func (s *Server) newGeneration(w http.ResponseWriter, chat bool, name string, maxTok *int, stream bool,
-	opts *streamOptions, readPrompt func() (prompt, error)) (*generation, error) {
+	opts *streamOptions, readInput func() (input, error)) (*generation, error) {
 	model, lora, err := s.resolve(name)
 	if err != nil {
 		return nil, err
 	}
-	p, err := readPrompt()
+	in, err := readInput()
 	if err != nil {
 		return nil, err
 	}
+	p := in.prompt
 	n, reason, err := s.maxTokens(maxTok, p.tokens)
 	if err != nil {
 		return nil, err
@@ -182,7 +186,8 @@ func (s *Server) newGeneration(w http.ResponseWriter, chat bool, name string, ma
 			Prefix: prefixHashes(p.text, s.cfg.Engine.BlockTokens),
 		},
 		reason:       reason,
-		seed:         xxhash.Sum64String(p.text),
+		seed:         in.seed,
+		from:         in.from,
 		stream:       stream,
 		includeUsage: stream && opts != nil && opts.IncludeUsage,
 	}, nil

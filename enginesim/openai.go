@@ -21,6 +21,11 @@ type chatRequest struct {
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
+	// ContinueFinalMessage continues the final (assistant) message instead
+	// of starting a new one; vLLM requires AddGenerationPrompt false with it
+	// (its default is true).
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 }
 
 type chatMessage struct {

@@ -160,3 +160,97 @@ func embeddingInputs(raw json.RawMessage) ([]prompt, error) {
 	}
 	return out, nil
 }
+
+// input is a prompt and where its answer starts: a seed for the word
+// sequence and the index of its first word.
+type input struct {
+	prompt prompt
+	seed   uint64
+	from   int
+}
+
+// chatInput renders the messages. With continueFinal the final message is
+// the start of the answer, left open: the model goes on from the word after
+// its last, so a continuation of an interrupted answer reads as the whole
+// answer would have. The continued words count as one prompt token each,
+// the tokens the model generated them as.
+func (s *Server) chatInput(msgs []chatMessage, continueFinal bool) (input, error) {
+	if !continueFinal {
+		p, err := chatPrompt(msgs)
+		if err != nil {
+			return input{}, err
+		}
+		return input{prompt: p, seed: s.seedOf(p.text)}, nil
+	}
+	last := len(msgs) - 1
+	head, err := chatPrompt(msgs[:last])
+	if err != nil {
+		return input{}, err
+	}
+	if msgs[last].Role == "" {
+		return input{}, fmt.Errorf("messages[%d].role is required", last)
+	}
+	text, err := textOf(msgs[last].Content)
+	if err != nil {
+		return input{}, fmt.Errorf("messages[%d].content: %w", last, err)
+	}
+	if last == 0 {
+		head = prompt{}
+	}
+	words := len(strings.Fields(text))
+	p := prompt{text: head.text + "<|" + msgs[last].Role + "|>" + text, tokens: max(1, head.tokens+words)}
+	return input{prompt: p, seed: s.seedOf(head.text), from: words}, nil
+}
+
+// completionInput is a completions prompt's input. In the deterministic
+// text mode a prompt ending with the answer's first k words is answered
+// from word k, and those words count as one prompt token each.
+func (s *Server) completionInput(p prompt) input {
+	if !s.cfg.DeterministicText {
+		return input{prompt: p, seed: s.seedOf(p.text)}
+	}
+	k, rest := s.words.continued(p.text)
+	if k > 0 {
+		p.tokens = textPrompt(rest).tokens + k
+		if rest == "" {
+			p.tokens = k
+		}
+	}
+	return input{prompt: p, from: k}
+}
+
+// seedOf is the seed of a prompt's answer: one for every prompt in the
+// deterministic text mode.
+func (s *Server) seedOf(text string) uint64 {
+	if s.cfg.DeterministicText {
+		return 0
+	}
+	return xxhash.Sum64String(text)
+}
+
+// maxContinued bounds the words continued() compares.
+const maxContinued = 1 << 16
+
+// continued finds the largest k such that text ends with the first k words
+// of the seed-0 answer, and returns it with the text before them.
+func (v vocabulary) continued(text string) (k int, rest string) {
+	if !strings.HasSuffix(text, " ") {
+		return 0, text
+	}
+	fields := strings.Fields(text)
+	if len(fields) > maxContinued {
+		fields = fields[len(fields)-maxContinued:]
+	}
+	n := len(fields)
+	for k = n; k > 0; k-- {
+		ok := true
+		for j := k - 1; j > 0 && ok; j-- {
+			ok = fields[n-k+j]+" " == v.word(0, j)
+		}
+		// The first word may be glued to the prompt before it.
+		if a := v.answer(0, 0, k); ok && strings.HasSuffix(text, a) {
+			return k, strings.TrimSuffix(text, a)
+		}
+	}
+	return 0, text
+}

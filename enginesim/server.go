@@ -35,6 +35,11 @@ type ServerConfig struct {
 	// DefaultMaxTokens is used when a request sets no max_tokens (default
 	// 16); such requests finish with "stop", the others with "length".
 	DefaultMaxTokens int
+	// DeterministicText makes every answer the same word sequence whatever
+	// the prompt, and a prompt that ends with the first k words of it is
+	// answered from word k on: a continuation of an interrupted answer
+	// reads exactly like the answer that was not interrupted.
+	DeterministicText bool
 	// Logger receives the shell's logs (default slog.Default()).
 	Logger *slog.Logger
 }

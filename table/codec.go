@@ -307,6 +307,9 @@ func validateModel(key string, m *Model) error {
 	if m.DefaultMaxTokens < 0 {
 		return fieldErr(key, "default_max_tokens", "must not be negative")
 	}
+	if m.Resume != "" && m.Resume != ResumeContinue && m.Resume != ResumeNone {
+		return fieldErr(key, "resume", "want continue or none, got %q", m.Resume)
+	}
 	if m.IdleUnloadAfter < 0 {
 		return fieldErr(key, "idle_unload_after", "must not be negative")
 	}

@@ -176,6 +176,24 @@ type Model struct {
 	ExpectedLoadSeconds float64 `json:"expected_load_seconds,omitempty"`
 	// OnCold is OnColdReject (default) or OnColdWait.
 	OnCold string `json:"on_cold,omitempty"`
+	// Resume is how a generation whose replica fails mid-answer goes on
+	// elsewhere: ResumeContinue (the default, "") re-issues it as a
+	// continuation of the text so far; ResumeNone ends it with an error.
+	Resume string `json:"resume,omitempty"`
+}
+
+// Resume methods (models.<model>.resume).
+const (
+	ResumeContinue = "continue"
+	ResumeNone     = "none"
+)
+
+// ResumeMethod is the model's resume method, ResumeContinue when unset.
+func (m *Model) ResumeMethod() string {
+	if m == nil || m.Resume == "" {
+		return ResumeContinue
+	}
+	return m.Resume
 }
 
 // Action is one way of loading or unloading a model; exactly one field is

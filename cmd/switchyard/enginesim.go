@@ -23,6 +23,7 @@ func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&cfg.Engine.MaxLoras, "max-loras", 0, "LoRA slots (0: none, or one when --adapters is set; at most 1024)")
 	adapters := fs.String("adapters", "", "comma-separated LoRA adapters it can serve")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale (2 = twice as fast; at most 1e6)")
+	fs.BoolVar(&cfg.DeterministicText, "deterministic-text", false, "answer every prompt with the same word sequence, continuing one a prompt ends with")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
