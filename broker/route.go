@@ -245,6 +245,10 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 		q.Features = s.features
 	}
 	q.ColdWaited = h.Get(subjects.HdrColdWaited) != ""
+	if v := h.Get(subjects.HdrResume); v != "" {
+		q.ResumeFrom = v
+		q.ResumeTokens, _ = strconv.Atoi(h.Get(subjects.HdrResumeTokens))
+	}
 	if v := h.Get(subjects.HdrExclude); v != "" {
 		s.exclude = appendSplit(s.exclude, v)
 		q.Exclude = s.exclude

@@ -75,7 +75,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, errorf(http.StatusBadRequest, "max_tokens: Field required"))
 		return
 	}
-	g, err := s.newGeneration(w, false, req.Model, req.MaxTokens, req.Stream, nil, func() (prompt, error) {
+	g, err := s.newGeneration(w, false, req.Model, req.MaxTokens, req.Stream, nil, s.promptInput(func() (prompt, error) {
 		if len(req.Messages) == 0 {
 			return prompt{}, errorf(http.StatusBadRequest, "messages: at least one message is required")
 		}
@@ -91,7 +91,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 			p = textPrompt("<|system|>" + system + "\n" + p.text)
 		}
 		return p, nil
-	})
+	}))
 	if err != nil {
 		writeAnthropicError(w, err)
 		return

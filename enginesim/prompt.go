@@ -169,6 +169,18 @@ type input struct {
 	from   int
 }
 
+// promptInput is the input of a prompt read by readPrompt: its answer
+// from the first word.
+func (s *Server) promptInput(readPrompt func() (prompt, error)) func() (input, error) {
+	return func() (input, error) {
+		p, err := readPrompt()
+		if err != nil {
+			return input{}, err
+		}
+		return input{prompt: p, seed: s.seedOf(p.text)}, nil
+	}
+}
+
 // chatInput renders the messages. With continueFinal the final message is
 // the start of the answer, left open: the model goes on from the word after
 // its last, so a continuation of an interrupted answer reads as the whole

@@ -176,7 +176,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		}
 		history = prev.context
 	}
-	g, err := s.newGeneration(w, false, req.Model, req.MaxOutputTokens, req.Stream, nil, func() (prompt, error) {
+	g, err := s.newGeneration(w, false, req.Model, req.MaxOutputTokens, req.Stream, nil, s.promptInput(func() (prompt, error) {
 		if len(req.Input) == 0 {
 			return prompt{}, errorf(http.StatusBadRequest, "input is required")
 		}
@@ -189,7 +189,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 			text += "<|system|>" + req.Instructions + "\n"
 		}
 		return textPrompt(text + in), nil
-	})
+	}))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -22,6 +22,7 @@ type metrics struct {
 	clientGone     prometheus.Counter
 	openConns      prometheus.Gauge
 	refusedConns   prometheus.Counter
+	resumes        *prometheus.CounterVec
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -57,6 +58,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_connections_refused_total", Help: "Client connections refused at once because --max-conns were open.",
 		}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_gateway_resumes_total",
+			Help: "Answers whose replica failed mid-answer, by cause and outcome: completed or failed on another replica, or impossible (the request or the budget did not allow a continuation).",
+		}, []string{"cause", "outcome"}),
 		models: map[string]struct{}{},
 	}
 	// Every cause is exported from the start, so a rate() over it works
@@ -64,8 +69,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "slow_client", "nats_disconnect"} {
 		m.streamErrors.WithLabelValues(cause)
 	}
+	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "handover"} {
+		for _, outcome := range []string{"completed", "failed", "impossible"} {
+			m.resumes.WithLabelValues(cause, outcome)
+		}
+	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
 	}
 	return m
 }

@@ -31,7 +31,7 @@ type upstream struct {
 }
 
 // relay sends the request through brokers: attempts until one answers or
-// judge says no retry, then concludes.
+// judge says neither retry nor resume, then concludes.
 func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	g.budget.active.Add(1)
 	defer g.budget.active.Add(-1)
@@ -39,10 +39,48 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	defer cancel()
 	out := &response{g: g, w: w, u: u}
 	res := g.tryCold(ctx, out)
-	for n := 1; judge(res) == retry && n <= g.cfg.MaxRetries && g.budget.acquire(); n++ {
-		g.metrics.retries.Inc()
-		res = g.tryCold(ctx, out)
-		g.budget.release()
+	retries, cause := 0, ""
+	for {
+		switch judge(res) {
+		case retry:
+			if retries >= g.cfg.MaxRetries || !g.budget.acquire() {
+				break
+			}
+			retries++
+			g.metrics.retries.Inc()
+			res = g.tryCold(ctx, out)
+			g.budget.release()
+			continue
+		case resume:
+			if !g.budget.acquire() {
+				g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
+				break
+			}
+			from := res.replica
+			if cause = res.kind.cause(); !out.resume(res) {
+				g.budget.release()
+				cause = ""
+				res.resumable = false
+				continue // judged again: the explicit error
+			}
+			g.log.Info("resuming", "request", out.u.hdr.Get(subjects.HdrTraceparent), "from", from,
+				"cause", res.kind.cause(), "tokens", out.carry.tokens)
+			res = g.try(ctx, out)
+			g.budget.release()
+			continue
+		default:
+			if res.kind.resumable() && res.accepted && cause == "" {
+				g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
+			}
+		}
+		break
+	}
+	if cause != "" {
+		outcome := "completed"
+		if res.kind != failNone {
+			outcome = "failed"
+		}
+		g.metrics.resumes.WithLabelValues(cause, outcome).Inc()
 	}
 	g.conclude(out, res)
 }
@@ -63,6 +101,7 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	}
 	res = g.attempt(ctx, out, id)
 	res.wrote = out.wrote
+	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
 	return res
 }
 
@@ -83,7 +122,7 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	c := g.disp.register(id)
 	defer g.disp.unregister(id)
 
-	h := make(nats.Header, len(u.hdr)+2)
+	h := make(nats.Header, len(u.hdr)+4)
 	for k, v := range u.hdr {
 		h[k] = v
 	}
@@ -91,7 +130,12 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	if len(u.exclude) > 0 {
 		h[subjects.HdrExclude] = []string{strings.Join(u.exclude, ",")}
 	}
-	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: u.body}
+	body := u.body
+	if out.cont != nil {
+		body = out.cont
+		out.continuationHeaders(h)
+	}
+	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: body}
 	if err := g.nc.PublishMsg(msg); err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
@@ -242,6 +286,12 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	l.next++
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	eos := m.Header.Get(subjects.HdrEOS) != ""
+	if eos && m.Header.Get(subjects.HdrHandover) != "" {
+		// Handed back, with or without a head before it.
+		r = l.fail(failHandover, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" drained before the answer ended"))
+		r.ended = true
+		return r, true
+	}
 	if seq == 1 {
 		refused, err := l.out.head(m, l.replica)
 		switch {
@@ -259,12 +309,20 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	}
 	if len(m.Data) > 0 {
 		if err := l.out.data(m.Data); err != nil {
-			// The client stopped reading (the write deadline passed) or
-			// went away: only its own stream ends.
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return l.fail(failClientWrite, nil), true
+			switch {
+			case errors.Is(err, errEngineEvent):
+				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response"))
+			case errors.Is(err, errSSEEventTooLarge):
+				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" sent "+err.Error()))
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				// The client stopped reading (the write deadline passed)
+				// or went away: only its own stream ends.
+				r = l.fail(failClientWrite, nil)
+			default:
+				r = l.fail(failClientGone, nil)
 			}
-			return l.fail(failClientGone, nil), true
+			r.ended = eos
+			return r, true
 		}
 	}
 	if !eos {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -12,24 +13,48 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// response is the HTTP side of a relayed request, shared by its attempts:
-// only one attempt ever writes, since nothing is retried once bytes reached
-// the client.
+// response is the HTTP side of a relayed request, shared by its attempts.
+// Until bytes reach the client one attempt can replace another whole; after
+// that only a continuation writes on, into the same stream.
 type response struct {
 	g      *Gateway
 	w      http.ResponseWriter
 	u      *upstream
 	status int
 	sse    bool
-	wrote  bool // bytes have reached the client: no more retries
+	wrote  bool // bytes have reached the client
 	buf    bytes.Buffer
 	rc     *http.ResponseController
+	events sseEvents // SSE: only whole events are written
+
+	// carry follows the answer for a continuation (nil until the head of a
+	// stream, or a failure, asks); cont is the continuation's body once
+	// one is issued, and model the model the broker routed to.
+	carry *carry
+	cont  []byte
+	model string
 }
 
-// reset forgets what a failed attempt buffered.
+// errEngineEvent is an in-band error event from the engine, ending a part
+// the relay may resume.
+var errEngineEvent = errors.New("the engine reported an error in the stream")
+
+// reset forgets what a failed attempt buffered; a stream already started
+// stays one.
 func (s *response) reset() {
-	s.status, s.sse = 0, false
+	if !s.wrote {
+		s.status, s.sse = 0, false
+	}
 	s.buf.Reset()
+	s.events.reset()
+}
+
+// following returns the carry, started on first use.
+func (s *response) following() *carry {
+	if s.carry == nil {
+		s.carry = newCarry(s.u, s.g.table.Load(), s.model)
+	}
+	return s.carry
 }
 
 // rejected copies a broker's or adapter's rejection to the client, or
@@ -57,16 +82,28 @@ func (s *response) rejected(m *nats.Msg) result {
 // head handles seq 1. refused is set when the replica's engine turned the
 // request away (429/503); err when the client could not be written to.
 func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError, err error) {
-	s.status, _ = strconv.Atoi(m.Header.Get(subjects.HdrStatus))
-	if s.status == 0 {
-		s.status = 502
+	status, _ := strconv.Atoi(m.Header.Get(subjects.HdrStatus))
+	if status == 0 {
+		status = 502
 	}
-	if s.status == http.StatusTooManyRequests || s.status == http.StatusServiceUnavailable {
-		e := &subjects.APIError{Status: s.status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(s.status) + ")"}
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		e := &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(status) + ")"}
 		if n, err := strconv.Atoi(m.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
 			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
 		}
 		return e, nil
+	}
+	ct := m.Header.Get(subjects.HdrContent)
+	if s.wrote {
+		// A continuation of a stream the client has: it must be one too.
+		if status != http.StatusOK || !strings.HasPrefix(ct, "text/event-stream") {
+			return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" did not continue the stream (status "+strconv.Itoa(status)+")"), nil
+		}
+		return nil, nil
+	}
+	s.status = status
+	if v := m.Header.Get(subjects.HdrRouteModel); v != "" {
+		s.model = v
 	}
 	hd := s.w.Header()
 	for _, rh := range subjects.RouteHeaders() {
@@ -79,7 +116,6 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 			hd.Set(k, v)
 		}
 	}
-	ct := m.Header.Get(subjects.HdrContent)
 	if ct != "" {
 		hd.Set("Content-Type", ct)
 	}
@@ -90,6 +126,7 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
 	s.rc = http.NewResponseController(s.w)
+	s.following()
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	s.w.WriteHeader(s.status)
 	s.wrote = true
@@ -105,10 +142,26 @@ func (s *response) data(b []byte) error {
 		return nil
 	}
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-	if _, err := s.w.Write(b); err != nil {
+	n := 0
+	err := s.events.write(b, func(ev []byte) error {
+		out, failed := s.carry.event(ev)
+		if failed {
+			return errEngineEvent
+		}
+		if out == nil {
+			return nil
+		}
+		n++
+		_, err := s.w.Write(out)
+		return err
+	})
+	if n == 0 {
 		return err
 	}
-	return s.rc.Flush()
+	if ferr := s.rc.Flush(); err == nil {
+		err = ferr
+	}
+	return err
 }
 
 // finish completes a whole answer: written at once when buffered.
@@ -118,6 +171,14 @@ func (s *response) finish() {
 		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
 		return
 	}
+	if s.events.pending() > 0 {
+		// The engine ended without a blank line after its last event:
+		// it is whole all the same.
+		_, _ = s.w.Write(s.events.held)
+		_, _ = s.w.Write([]byte("\n\n"))
+		_ = s.rc.Flush()
+		s.events.reset()
+	}
 	s.g.metrics.done(s.u, s.status)
 }
 
@@ -125,6 +186,7 @@ func (s *response) finish() {
 // error event: never a silently truncated answer.
 func (s *response) endStream(e *subjects.APIError) {
 	s.g.metrics.done(s.u, e.Status)
+	s.events.reset() // an incomplete event is never forwarded
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	_, _ = s.w.Write(s.u.dialect.streamError(e))
 	_ = s.rc.Flush()

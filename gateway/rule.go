@@ -26,7 +26,18 @@ const (
 	failDeadline                     // the request deadline passed
 	failClientGone                   // the client went away
 	failClientWrite                  // a write to the client timed out: it stopped reading
+	failHandover                     // the replica drained and handed the unfinished answer back
 )
+
+// resumable reports whether an answer that failed this way may continue
+// on another replica: the replica failed, not the client or NATS.
+func (f failure) resumable() bool {
+	switch f {
+	case failSequenceGap, failSilence, failEngine, failHandover:
+		return true
+	}
+	return false
+}
 
 // cause labels switchyard_gateway_stream_errors_total for failures after
 // the accept; "" is not counted there.
@@ -42,6 +53,8 @@ func (f failure) cause() string {
 		return "nats_disconnect"
 	case failOverflow, failClientWrite:
 		return "slow_client"
+	case failHandover:
+		return "handover"
 	}
 	return ""
 }
@@ -57,6 +70,9 @@ type result struct {
 	accepted bool // the replica accepted: its reply is on the way
 	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
 	wrote    bool // bytes reached the client
+	// resumable: the answer can continue on another replica (the request
+	// allows it and the resumes are not spent).
+	resumable bool
 }
 
 // verdict is what the relay does with a result.
@@ -64,29 +80,29 @@ type verdict uint8
 
 const (
 	answered  verdict = iota // the client has its whole answer
-	retry                    // nothing reached the client and another replica may serve it
+	retry                    // the replica did no work and another may serve it
+	resume                   // the replica failed mid-answer: continue it on another
 	httpError                // nothing reached the client: an HTTP error in the OpenAI shape
 	endStream                // bytes reached the client: an SSE error event ends the stream
 	abandon                  // the client is gone: nothing left to tell it
 )
 
 func (v verdict) String() string {
-	return [...]string{"answered", "retry", "http_error", "end_stream", "abandon"}[v]
+	return [...]string{"answered", "retry", "resume", "http_error", "end_stream", "abandon"}[v]
 }
 
-// judge is the before/after-first-byte rule, in one place as in
-// httputil.ReverseProxy: before the first byte a failure is retried on
-// another replica when the replica did no work the client could see, and
-// an HTTP error otherwise; after it the stream ends with an explicit error
-// event, never a silent truncation.
+// judge is the relay's one rule, in one place as in httputil.ReverseProxy:
+// a failure before the replica did any work is retried on another replica
+// (a retry of a continuation is still a continuation); a replica that
+// failed mid-answer is resumed on another when the request allows it;
+// otherwise an HTTP error before the first byte, and after it the stream
+// ends with an explicit error event, never a silent truncation.
 func judge(r result) verdict {
 	switch {
 	case r.kind == failNone:
 		return answered
 	case r.kind == failClientGone || r.kind == failClientWrite:
 		return abandon
-	case r.wrote:
-		return endStream
 	}
 	switch r.kind {
 	case failNoResponders, failNotRouted, failAcceptTimeout, failRefused:
@@ -97,6 +113,12 @@ func judge(r result) verdict {
 		if !r.accepted {
 			return retry
 		}
+	}
+	if r.resumable && r.accepted && r.kind.resumable() {
+		return resume
+	}
+	if r.wrote {
+		return endStream
 	}
 	return httpError
 }
@@ -115,7 +137,7 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	case failAcceptTimeout:
 		g.metrics.acceptTimeouts.Inc()
 		u.exclude = append(u.exclude, r.replica)
-	case failRefused:
+	case failRefused, failSequenceGap, failSilence, failEngine, failHandover:
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
 		}
@@ -128,12 +150,15 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 }
 
 // conclude tells the client what the last attempt's verdict leaves to say.
+// A retry or resume left over (its budget spent) ends as an error.
 func (g *Gateway) conclude(out *response, r result) {
 	switch judge(r) {
-	case retry, httpError:
-		g.fail(out.w, out.u, r.err)
-	case endStream:
-		out.endStream(r.err)
+	case retry, resume, httpError, endStream:
+		if out.wrote {
+			out.endStream(r.err)
+		} else {
+			g.fail(out.w, out.u, r.err)
+		}
 	}
 }
 

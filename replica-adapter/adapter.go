@@ -327,8 +327,8 @@ func (a *Adapter) Run(ctx context.Context) error {
 	}
 	// Engine calls and the control loops outlive ctx: they run through the
 	// drain and are ended by it.
-	reqBase, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelReqs()
+	reqBase, cancelReqs := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelReqs(nil)
 	a.reqBase = reqBase
 	ctrl, stopCtrl := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCtrl()
@@ -395,9 +395,15 @@ func (a *Adapter) startService(flavor string) (micro.Service, error) {
 	return svc, nil
 }
 
+// errHandover is the cause of the engine calls cancelled when the drain
+// grace runs out: their answers are handed back to their gateways, which
+// continue them on other replicas.
+var errHandover = errors.New("the replica drained before the answer ended")
+
 // drain stops taking requests and waits for the in-flight ones, at most
-// DrainGrace, then cancels what is left and waits for it to end.
-func (a *Adapter) drain(cancelReqs context.CancelFunc) {
+// DrainGrace, then hands what is left back to the gateways (an end with
+// Llm-Handover) and waits for it to end.
+func (a *Adapter) drain(cancelReqs context.CancelCauseFunc) {
 	a.mu.Lock()
 	a.draining = true
 	a.mu.Unlock()
@@ -417,8 +423,8 @@ func (a *Adapter) drain(cancelReqs context.CancelFunc) {
 	select {
 	case <-done:
 	case <-grace.C:
-		a.log.Warn("drain grace over, cancelling in-flight requests", "inflight", a.InFlight())
-		cancelReqs()
+		a.log.Warn("drain grace over, handing in-flight requests back", "inflight", a.InFlight())
+		cancelReqs(errHandover)
 		<-done
 	}
 }

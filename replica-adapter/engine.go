@@ -3,6 +3,7 @@ package adapter
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -120,6 +121,10 @@ func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req
 	if err != nil {
 		a.metrics.requests.WithLabelValues("error").Inc()
 		a.metrics.engineErrors.Inc()
+		if errors.Is(context.Cause(ctx), errHandover) {
+			st.handover()
+			return nil
+		}
 		e := callError(ctx, err)
 		if e.Status == http.StatusServiceUnavailable {
 			a.engineUnreachable(err)
@@ -174,7 +179,7 @@ func answerInline(ctx context.Context, st *stream, hd nats.Header, body io.Reade
 		}
 	}
 	if err != nil {
-		st.end(streamError(ctx, err))
+		endBroken(ctx, st, err)
 		return phaseEnded, err
 	}
 	return phaseNext, nil
@@ -210,8 +215,18 @@ func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, sc
 			return nil
 		}
 		if err != nil {
-			st.end(streamError(ctx, err))
+			endBroken(ctx, st, err)
 			return err
 		}
 	}
+}
+
+// endBroken ends a stream whose engine body broke: handed back to the
+// gateway when the drain grace ran out, else with the error.
+func endBroken(ctx context.Context, st *stream, err error) {
+	if errors.Is(context.Cause(ctx), errHandover) {
+		st.handover()
+		return
+	}
+	st.end(streamError(ctx, err))
 }

@@ -234,6 +234,12 @@ func (a *Adapter) publishUsage(h nats.Header, t tokens) {
 	if model == "" {
 		model = a.cfg.Model
 	}
+	reserved, resumed := prompt+maxTokens, h.Get(subjects.HdrResume) != ""
+	if resumed {
+		// A continuation reserved nothing: its prompt (the request's and
+		// the carried text) was charged with the part before it.
+		reserved, t.PromptTokens = 0, 0
+	}
 	b, _ := json.Marshal(subjects.Usage{
 		Tenant:           tenant,
 		Model:            model,
@@ -241,8 +247,9 @@ func (a *Adapter) publishUsage(h nats.Header, t tokens) {
 		RequestID:        h.Get(subjects.HdrRequestID),
 		PromptTokens:     t.PromptTokens,
 		CompletionTokens: t.CompletionTokens,
-		ReservedTokens:   prompt + maxTokens,
+		ReservedTokens:   reserved,
 		Broker:           h.Get(subjects.HdrBroker),
+		Resumed:          resumed,
 	})
 	m := &nats.Msg{Subject: a.subj.Usage(tenant), Data: b}
 	if broker := h.Get(subjects.HdrBroker); broker != "" {

@@ -141,6 +141,21 @@ func (s *stream) end(errText string) {
 	s.ended = true
 }
 
+// handover ends the stream unfinished and hands it back: the gateway
+// continues the answer on another replica (Llm-Handover), or, if it cannot,
+// ends it with the error as for any engine failure.
+func (s *stream) handover() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopKeepaliveLocked()
+	_ = s.sendLocked(nats.Header{
+		subjects.HdrEOS:      {"1"},
+		subjects.HdrHandover: {"1"},
+		subjects.HdrError:    {errHandover.Error()},
+	}, nil)
+	s.ended = true
+}
+
 // fail answers with a single head that is also the end, carrying the status
 // and the OpenAI error body: the shape of a rejection, after the accept.
 func (s *stream) fail(e *subjects.APIError) {

@@ -26,8 +26,16 @@ const (
 	// HdrPreviousResponse is the stored response a request continues
 	// (previous_response_id) or reads: it routes to the replica holding it.
 	HdrPreviousResponse = "Llm-Previous-Response"
-	HdrTraceparent      = "traceparent"
-	HdrTracestate       = "tracestate"
+	// HdrResume marks a continuation: the request re-issued, with the text
+	// generated so far, after the replica it names failed mid-answer (or
+	// handed it back while draining). It was admitted once: a broker does
+	// not check or charge the tenant's quota again, and the adapter reports
+	// its usage as the rest of that request's.
+	HdrResume = "Llm-Resume"
+	// HdrResumeTokens is the completion tokens a continuation carries.
+	HdrResumeTokens = "Llm-Resume-Tokens"
+	HdrTraceparent  = "traceparent"
+	HdrTracestate   = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"
@@ -78,9 +86,13 @@ const (
 	// without Llm-Seq, sent to the reply subject just before the request is
 	// forwarded, naming the chosen replica. It is outside the adapter's
 	// sequence; a gateway uses it to exclude a replica that never accepts.
-	HdrRouted  = "Llm-Routed"
-	HdrError   = "Llm-Error"
-	HdrContent = "Content-Type"
+	HdrRouted = "Llm-Routed"
+	HdrError  = "Llm-Error"
+	// HdrHandover on an end (with Llm-Error) says the replica drained
+	// before the answer was over and hands it back: the gateway continues
+	// it on another replica.
+	HdrHandover = "Llm-Handover"
+	HdrContent  = "Content-Type"
 
 	HdrRetryAfter   = "Retry-After"
 	HdrRetryAfterMS = "retry-after-ms"

@@ -120,6 +120,9 @@ type Usage struct {
 	ReservedTokens   int    `json:"reserved_tokens"`
 	// Broker is the broker that admitted the request and holds its reservation.
 	Broker string `json:"broker,omitempty"`
+	// Resumed marks a continuation's usage: it reserved nothing, and its
+	// completion tokens are charged on top of the request's reservation.
+	Resumed bool `json:"resumed,omitempty"`
 }
 
 // ControlLoad asks for a cold-tier model to be loaded.
@@ -187,15 +190,19 @@ type Decision struct {
 	// Ejected lists replicas of the pool left out for their engine
 	// failures; EjectPanic says they were kept in because too many of the
 	// pool were (see the policy's MaxEjectedShare).
-	Ejected        []string `json:"ejected,omitempty"`
-	EjectPanic     bool     `json:"eject_panic,omitempty"`
-	PromptTokens   int      `json:"prompt_tokens"`
-	PrefixBlocks   int      `json:"prefix_blocks"`
-	PrefixMatched  int      `json:"prefix_matched"`
-	Status         int      `json:"status"`
-	Code           string   `json:"code,omitempty"`
-	Message        string   `json:"message,omitempty"`
-	TableRevision  uint64   `json:"table_revision"`
-	DurationNanos  int64    `json:"duration_ns"`
-	DecidedUnixMil int64    `json:"decided_unix_ms"`
+	Ejected       []string `json:"ejected,omitempty"`
+	EjectPanic    bool     `json:"eject_panic,omitempty"`
+	PromptTokens  int      `json:"prompt_tokens"`
+	PrefixBlocks  int      `json:"prefix_blocks"`
+	PrefixMatched int      `json:"prefix_matched"`
+	Status        int      `json:"status"`
+	Code          string   `json:"code,omitempty"`
+	Message       string   `json:"message,omitempty"`
+	TableRevision uint64   `json:"table_revision"`
+	DurationNanos int64    `json:"duration_ns"`
+	// ResumeFrom is set on a continuation: the replica whose answer it
+	// continues, and the completion tokens it carried over.
+	ResumeFrom     string `json:"resume_from,omitempty"`
+	ResumeTokens   int    `json:"resume_tokens,omitempty"`
+	DecidedUnixMil int64  `json:"decided_unix_ms"`
 }

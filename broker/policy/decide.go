@@ -102,9 +102,11 @@ func (st *decision) run() {
 		st.reject(e)
 		return
 	}
-	if e := st.checkQuota(); e != nil {
-		st.reject(e)
-		return
+	if req.ResumeFrom == "" {
+		if e := st.checkQuota(); e != nil {
+			st.reject(e)
+			return
+		}
 	}
 
 	// Which replicas?
@@ -122,7 +124,7 @@ func (st *decision) run() {
 		}
 	}
 	d.Model, d.Version, d.Pool, d.Lora = st.target.Model, st.target.Version, st.pool, st.adapter
-	if e := st.checkCapacity(); e != nil {
+	if e := st.checkCapacity(); e != nil && req.ResumeFrom == "" {
 		st.reject(e)
 		return
 	}
@@ -151,7 +153,9 @@ func (st *decision) run() {
 // commitTo records an admitted request: quota, in-flight, the adapter sent,
 // the prefix blocks placed.
 func (st *decision) commitTo(x *replica) {
-	st.chargeQuota()
+	if st.req.ResumeFrom == "" {
+		st.chargeQuota()
+	}
 	x.inflight++
 	if a := st.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {

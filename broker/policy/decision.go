@@ -26,6 +26,11 @@ type Request struct {
 	// ID is the request id (Llm-Request-Id): a tpm reservation is held
 	// under it until the adapter's usage event settles it.
 	ID string
+	// ResumeFrom names the replica a continuation resumes from (Llm-Resume):
+	// the request was admitted once, so neither quota nor capacity refuse
+	// it again, and its quota is not charged twice.
+	ResumeFrom   string
+	ResumeTokens int
 	// Prompt returns the canonical prompt. It is called at most once per
 	// decision, and only when a regex cascade rule has to be evaluated; nil
 	// means no prompt (regex rules never match).
@@ -126,6 +131,8 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		TableRevision: d.TableRevision,
 		DurationNanos: int64(d.Duration),
 		EjectPanic:    d.EjectPanic,
+		ResumeFrom:    req.ResumeFrom,
+		ResumeTokens:  req.ResumeTokens,
 	}
 	if d.NEjected > 0 {
 		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])

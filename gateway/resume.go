@@ -1,0 +1,347 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// MaxCarried bounds the text a continuation carries to the next replica:
+// an answer longer than this when its replica fails is not resumed (the
+// stream ends with its explicit error), so a continuation body stays small
+// next to the request's own.
+const MaxCarried = 256 << 10
+
+// maxResumes is how many times one request is continued on another
+// replica.
+const maxResumes = 1
+
+// carry follows a streamed answer so it can continue on another replica:
+// the text and completion tokens relayed so far, and the identity (id,
+// created, model) every chunk of the client's one stream keeps. It also
+// rewrites the continuation's chunks into that stream: its role chunk
+// dropped, its identity replaced and its usage summed.
+type carry struct {
+	on  bool   // the answer can still be continued
+	why string // why not, once !on
+
+	chat      bool
+	maxTokens int // the request's max tokens; 0: unset
+
+	text    []byte
+	tokens  int // completion tokens of the parts before this one
+	part    int // completion tokens of this part
+	parts   int // continuations issued
+	from    string
+	roleOut bool // a role chunk reached the client
+
+	id, model string
+	created   json.RawMessage
+	known     bool // id, created and model are recorded
+	finished  bool // a finish_reason was relayed
+}
+
+// chunkView is what the relay reads of a streamed chunk.
+type chunkView struct {
+	ID      string          `json:"id"`
+	Created json.RawMessage `json:"created"`
+	Model   string          `json:"model"`
+	Choices []struct {
+		Index int     `json:"index"`
+		Text  *string `json:"text"`
+		Delta *struct {
+			Role             string          `json:"role"`
+			Content          *string         `json:"content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+			ReasoningContent *string         `json:"reasoning_content"`
+		} `json:"delta"`
+		FinishReason *string         `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// stop marks the answer as one that cannot continue.
+func (c *carry) stop(why string) {
+	if c.on {
+		c.on, c.why = false, why
+	}
+}
+
+// event reads one whole event of the stream and returns what the client
+// gets of it: the event itself, a rewrite of it, or nil to drop it.
+// failed is set for an in-band error event from the engine, which ends
+// this part as a failure the relay may resume from.
+func (c *carry) event(ev []byte) (out []byte, failed bool) {
+	if !c.on && c.parts == 0 {
+		return ev, false // not followed: nothing to carry or rewrite
+	}
+	data := sseData(ev)
+	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
+		return ev, false
+	}
+	var v chunkView
+	if err := json.Unmarshal(data, &v); err != nil {
+		c.stop("a chunk is not JSON")
+		return ev, false
+	}
+	if len(v.Error) > 0 && string(v.Error) != "null" {
+		return ev, c.on
+	}
+	cont := c.parts > 0 && c.known
+	if !c.known && v.ID != "" {
+		c.id, c.created, c.model, c.known = v.ID, append(json.RawMessage(nil), v.Created...), v.Model, true
+	}
+	roleOnly := false
+	for i := range v.Choices {
+		ch := &v.Choices[i]
+		if ch.Index != 0 {
+			c.stop("n > 1")
+			continue
+		}
+		if len(ch.Logprobs) > 0 && string(ch.Logprobs) != "null" {
+			c.stop("logprobs")
+		}
+		var s string
+		if ch.Text != nil {
+			s = *ch.Text
+		}
+		if d := ch.Delta; d != nil {
+			if d.Content != nil {
+				s = *d.Content
+			}
+			if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
+				c.stop("a tool call is in progress")
+			}
+			if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+				c.stop("reasoning is in progress")
+			}
+			roleOnly = d.Role != "" && s == "" && ch.FinishReason == nil
+		}
+		if s != "" {
+			c.part++
+			if c.on {
+				if len(c.text)+len(s) > MaxCarried {
+					c.stop("the text so far is over the carried limit")
+				} else {
+					c.text = append(c.text, s...)
+				}
+			}
+		}
+		if ch.FinishReason != nil {
+			c.finished = true
+		}
+	}
+	if v.Usage != nil && v.Usage.CompletionTokens > 0 && c.parts == 0 {
+		c.part = v.Usage.CompletionTokens // the engine's count, when it gave one
+	}
+	if roleOnly {
+		if c.roleOut {
+			return nil, false // the continuation's: the client has one
+		}
+		c.roleOut = true
+	}
+	if !cont || (v.ID == c.id && v.Model == c.model && bytes.Equal(v.Created, c.created) && v.Usage == nil) {
+		return ev, false
+	}
+	return c.rewrite(data, v.Usage != nil), false
+}
+
+// rewrite gives a continuation's chunk the stream's identity and, on the
+// usage chunk, the whole answer's usage: the prompt counted once (the
+// continuation's engine read the carried text as prompt) and the
+// completion tokens of every part.
+func (c *carry) rewrite(data []byte, usage bool) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return append(append([]byte("data: "), data...), '\n', '\n')
+	}
+	m["id"], _ = json.Marshal(c.id)
+	m["model"], _ = json.Marshal(c.model)
+	if len(c.created) > 0 {
+		m["created"] = c.created
+	}
+	if usage {
+		var u map[string]json.RawMessage
+		if json.Unmarshal(m["usage"], &u) == nil && u != nil {
+			var prompt, completion int
+			_ = json.Unmarshal(u["prompt_tokens"], &prompt)
+			_ = json.Unmarshal(u["completion_tokens"], &completion)
+			prompt = max(prompt-c.tokens, 0)
+			completion += c.tokens
+			u["prompt_tokens"] = json.RawMessage(strconv.Itoa(prompt))
+			u["completion_tokens"] = json.RawMessage(strconv.Itoa(completion))
+			u["total_tokens"] = json.RawMessage(strconv.Itoa(prompt + completion))
+			m["usage"], _ = json.Marshal(u)
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return append(append([]byte("data: "), data...), '\n', '\n')
+	}
+	return append(append([]byte("data: "), b...), '\n', '\n')
+}
+
+// resumeRequest is what decides whether a request can continue elsewhere.
+type resumeRequest struct {
+	N                   *int            `json:"n"`
+	BestOf              *int            `json:"best_of"`
+	Logprobs            json.RawMessage `json:"logprobs"`
+	TopLogprobs         json.RawMessage `json:"top_logprobs"`
+	Echo                bool            `json:"echo"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+}
+
+// newCarry decides once, from the request, whether its answer can be
+// continued on another replica, and starts following it.
+func newCarry(u *upstream, t *table.Snapshot, routedModel string) *carry {
+	c := &carry{chat: u.endpoint == subjects.EndpointChat}
+	if u.endpoint != subjects.EndpointChat && u.endpoint != subjects.EndpointCompletions {
+		c.why = "only chat and text completions continue"
+		return c
+	}
+	if t != nil {
+		name := routedModel
+		if name == "" {
+			name = u.model
+		}
+		if t.Models[name].ResumeMethod() == table.ResumeNone {
+			c.why = "the model's resume method is none"
+			return c
+		}
+	}
+	var r resumeRequest
+	if json.Unmarshal(u.body, &r) != nil {
+		c.why = "the body is not a JSON object"
+		return c
+	}
+	switch {
+	case r.N != nil && *r.N > 1, r.BestOf != nil && *r.BestOf > 1:
+		c.why = "n > 1"
+	case set(r.Logprobs) || set(r.TopLogprobs):
+		c.why = "logprobs"
+	case r.Echo:
+		c.why = "echo"
+	case !c.chat && (len(r.Prompt) == 0 || r.Prompt[0] != '"'):
+		c.why = "the prompt is not one string"
+	default:
+		c.on = true
+	}
+	if r.MaxCompletionTokens != nil {
+		c.maxTokens = *r.MaxCompletionTokens
+	} else if r.MaxTokens != nil {
+		c.maxTokens = *r.MaxTokens
+	}
+	return c
+}
+
+// set reports whether a JSON value is present and not null or false.
+func set(v json.RawMessage) bool {
+	s := string(bytes.TrimSpace(v))
+	return s != "" && s != "null" && s != "false"
+}
+
+// continuation builds the request that continues the answer: chat gets
+// the text so far as a final assistant message to continue, completions
+// the prompt followed by it, and the max tokens less what was generated.
+// ok is false, with why, when it cannot be built.
+func (c *carry) continuation(body []byte) (b []byte, why string) {
+	generated := c.tokens + c.part
+	if len(c.text) == 0 {
+		return body, "" // nothing carried: the request itself, re-run
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, "the body is not a JSON object"
+	}
+	if c.maxTokens > 0 {
+		left := c.maxTokens - generated
+		if left < 1 {
+			return nil, "the max tokens are spent"
+		}
+		for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
+			if _, ok := m[k]; ok {
+				m[k] = json.RawMessage(strconv.Itoa(left))
+			}
+		}
+	}
+	text, _ := json.Marshal(string(c.text))
+	if c.chat {
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(m["messages"], &msgs); err != nil {
+			return nil, "messages is not an array"
+		}
+		msgs = append(msgs, json.RawMessage(`{"role":"assistant","content":`+string(text)+`}`))
+		m["messages"], _ = json.Marshal(msgs)
+		m["continue_final_message"] = json.RawMessage("true")
+		m["add_generation_prompt"] = json.RawMessage("false")
+	} else {
+		var p string
+		if err := json.Unmarshal(m["prompt"], &p); err != nil {
+			return nil, "the prompt is not one string"
+		}
+		m["prompt"], _ = json.Marshal(p + string(c.text))
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return b, ""
+}
+
+// next starts a new part: what this one generated is carried.
+func (c *carry) next(from string) {
+	c.tokens += c.part
+	c.part = 0
+	c.parts++
+	c.from = from
+}
+
+// canResume reports whether the answer can continue on another replica.
+func (s *response) canResume() bool {
+	c := s.following()
+	return c.on && !c.finished && c.parts < maxResumes
+}
+
+// resume prepares the continuation of a failed part; false, with the
+// reason logged, when it cannot be built.
+func (s *response) resume(r result) bool {
+	c := s.carry
+	b, why := c.continuation(s.u.body)
+	if why == "" && int64(len(b)) > s.g.maxBody {
+		why = "the continuation is over the body limit"
+	}
+	if why != "" {
+		c.stop(why)
+		s.g.log.Info("cannot resume", "from", r.replica, "why", why)
+		return false
+	}
+	c.next(r.replica)
+	s.cont = b
+	return true
+}
+
+// continuationHeaders marks an attempt as a continuation: the replica it
+// resumes from, the tokens carried, and the max tokens left.
+func (s *response) continuationHeaders(h nats.Header) {
+	c := s.carry
+	h[subjects.HdrResume] = []string{c.from}
+	h[subjects.HdrResumeTokens] = []string{strconv.Itoa(c.tokens)}
+	if c.maxTokens > 0 {
+		h[subjects.HdrMaxTokens] = []string{strconv.Itoa(max(c.maxTokens-c.tokens, 1))}
+	}
+	if p, err := strconv.Atoi(h.Get(subjects.HdrPromptTokens)); err == nil {
+		h[subjects.HdrPromptTokens] = []string{strconv.Itoa(p + c.tokens)}
+	}
+}
