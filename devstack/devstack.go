@@ -64,6 +64,10 @@ type Config struct {
 	DataDir string
 	// Speed scales the simulated engines' time (default 1).
 	Speed float64
+	// DeterministicText puts the simulated engines in their deterministic
+	// text mode: every answer is the same word sequence, and a continuation
+	// goes on with it.
+	DeterministicText bool
 	// Replicas overrides the dev replicas (tests use fewer).
 	Replicas []Replica
 	// Brokers is the number of brokers in the queue group (default 1).
@@ -399,7 +403,7 @@ func (s *Stack) startReplica(r Replica) error {
 	engineURL := r.EngineURL
 	if engineURL == "" {
 		ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
-		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, Logger: s.log})
+		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, DeterministicText: s.cfg.DeterministicText, Logger: s.log})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err

@@ -52,21 +52,24 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			g.budget.release()
 			continue
 		case resume:
+			// A resume must find the retry budget open, but does not hold
+			// it: it continues work already admitted, on the replica that
+			// takes over what the failed one no longer carries, so a drain
+			// can hand over every stream at once.
 			if !g.budget.acquire() {
 				g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
 				break
 			}
+			g.budget.release()
 			from := res.replica
 			if cause = res.kind.cause(); !out.resume(res) {
-				g.budget.release()
 				cause = ""
 				res.resumable = false
 				continue // judged again: the explicit error
 			}
-			g.log.Info("resuming", "request", out.u.hdr.Get(subjects.HdrTraceparent), "from", from,
-				"cause", res.kind.cause(), "tokens", out.carry.tokens)
+			g.log.Info("resuming", "from", from, "cause", res.kind.cause(), "tokens", out.carry.tokens,
+				"traceparent", out.u.hdr.Get(subjects.HdrTraceparent))
 			res = g.try(ctx, out)
-			g.budget.release()
 			continue
 		default:
 			if res.kind.resumable() && res.accepted && cause == "" {

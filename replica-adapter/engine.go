@@ -126,8 +126,14 @@ func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req
 			return nil
 		}
 		e := callError(ctx, err)
-		if e.Status == http.StatusServiceUnavailable {
+		switch {
+		case e.Status == http.StatusServiceUnavailable:
 			a.engineUnreachable(err)
+		case ctx.Err() == nil:
+			// The engine took the request and died working on it: the end
+			// says so (Llm-Error), so the gateway can run it elsewhere.
+			st.failBroken(e)
+			return nil
 		}
 		st.fail(e)
 		return nil

@@ -167,6 +167,18 @@ func (s *stream) fail(e *subjects.APIError) {
 	s.ended = true
 }
 
+// failBroken is fail for an engine that broke after taking the request:
+// the end carries Llm-Error too.
+func (s *stream) failBroken(e *subjects.APIError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopKeepaliveLocked()
+	h := errorHeader(s.next, e)
+	h[subjects.HdrError] = []string{e.Message}
+	_ = s.sendLocked(h, e.Body())
+	s.ended = true
+}
+
 func (s *stream) startKeepalive(every time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
