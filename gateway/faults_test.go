@@ -174,9 +174,16 @@ type result struct {
 	took   time.Duration
 }
 
+// post sends a chat request whose answer cannot be continued on another
+// replica (n=2), so a failure mid-answer shows as judge's explicit error;
+// resume_test.go has the answers that continue.
 func (u *upstream) post(stream bool) result {
 	u.t.Helper()
-	body := `{"model":"chat-small","messages":[{"role":"user","content":"hi"}],"stream":` + strconv.FormatBool(stream) + `}`
+	return u.postBody(`{"model":"chat-small","n":2,"messages":[{"role":"user","content":"hi"}],"stream":` + strconv.FormatBool(stream) + `}`)
+}
+
+func (u *upstream) postBody(body string) result {
+	u.t.Helper()
 	start := time.Now()
 	resp, err := http.Post(u.gw+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
