@@ -68,8 +68,9 @@ func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
 }
 
 // TestEngineDeathMidResponseIsExplicit kills an engine under a stream and
-// under a non-streamed generation: the stream ends with an SSE error event,
-// the other with a 502, never a silent truncation. Requests meanwhile go to
+// under a non-streamed generation that cannot be continued elsewhere (n=2;
+// resume_test.go has those that can): the stream ends with an SSE error
+// event, the other with a 502, never a silent truncation. Requests meanwhile go to
 // the other replica (a refused connection is retried), and the engine
 // serves again after its restart.
 func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
@@ -78,9 +79,10 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 	f := st.Faults("l8-gen-0")
 	// Both requests land on l8-gen-0: l8-gen-1 turns them away for now.
 	st.Faults("l8-gen-1").SetReject(503)
-	stream := openStream(context.Background(), t, url, chatBody("chat-small", 2000, true))
+	noResume := func(body string) string { return strings.Replace(body, `"max_tokens"`, `"n":2,"max_tokens"`, 1) }
+	stream := openStream(context.Background(), t, url, noResume(chatBody("chat-small", 2000, true)))
 	nonStream := make(chan outcome, 1)
-	go func() { nonStream <- send(context.Background(), url, chatBody("chat-small", 2000, false)) }()
+	go func() { nonStream <- send(context.Background(), url, noResume(chatBody("chat-small", 2000, false))) }()
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if n := st.Engine("l8-gen-0").InFlight(); n != 2 {
 			return fmt.Errorf("%d requests in the engine", n)

@@ -325,6 +325,37 @@ func TestQuota(t *testing.T) {
 		q.MaxTokens = 200 // 300 now fits in the 380 returned
 		mustRoute(t, e.decide(q))
 	})
+	t.Run("a continuation is not admitted again", func(t *testing.T) {
+		e := newEnv(t, `{"tenants.metered": {"quota": {"tpm": 1000}}}`)
+		q := chat("chat-small")
+		q.Tenant, q.PromptTokens, q.MaxTokens = "metered", 100, 400
+		mustRoute(t, e.decide(q))
+		mustRoute(t, e.decide(q))
+		mustReject(t, e.decide(q), 429, subjects.CodeRateLimit)
+		// Its request was charged: the continuation is neither refused nor
+		// charged again, however often it comes.
+		c := *q
+		c.ResumeFrom, c.ResumeTokens = "l8-gen-0", 100
+		for range 3 {
+			if d := e.decide(&c); d.Err != nil || d.Replica == "" {
+				t.Fatalf("continuation refused: %v", d.Err)
+			}
+		}
+		// Its usage charges its completion tokens only: 2 × 500 reserved,
+		// 2 × 100 back (400 used of each); then 150 completion tokens of a
+		// continuation take 150 of them, leaving 50.
+		for range 2 {
+			e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", Broker: "b1", ReservedTokens: 500, PromptTokens: 100, CompletionTokens: 300}, e.now)
+		}
+		e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", Broker: "b1", Resumed: true, CompletionTokens: 150}, e.now)
+		q.MaxTokens = 0
+		q.PromptTokens = 40
+		d := e.decide(q)
+		mustReject(t, d, 429, subjects.CodeRateLimit) // 40 + the default 1024 > 50
+		if d.Err.Headers[subjects.HdrRateLimitRemainingTokens] != "50" {
+			t.Fatalf("remaining %s tokens, want 50", d.Err.Headers[subjects.HdrRateLimitRemainingTokens])
+		}
+	})
 	t.Run("default max tokens are reserved", func(t *testing.T) {
 		e := newEnv(t)
 		q := chat("chat-small")
