@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -246,12 +247,15 @@ func TestAdapterSIGTERMDrains(t *testing.T) {
 }
 
 // TestDrainGraceCutsWhatIsLeftExplicitly: a request longer than the drain
-// grace is cancelled when the grace ends, and the client is told.
+// grace that cannot be continued elsewhere (n=2) is cancelled when the
+// grace ends, and the client is told. (TestDrainHandsStreamsOver has the
+// answers that continue.)
 func TestDrainGraceCutsWhatIsLeftExplicitly(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DrainGrace: grace})
 	url := st.GatewayURL()
-	resp, cancel := streamOn(t, url, "l8-gen-0", chatBody("chat-small", 4000, true)) // ~20s
+	body := strings.Replace(chatBody("chat-small", 4000, true), `"max_tokens"`, `"n":2,"max_tokens"`, 1)
+	resp, cancel := streamOn(t, url, "l8-gen-0", body) // ~20s
 	defer cancel()
 	start := time.Now()
 	if err := st.StopReplica("l8-gen-0"); err != nil {

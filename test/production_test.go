@@ -1,0 +1,206 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// natsServerBinary builds nats-server from the module the project depends
+// on, once per test run.
+func natsServerBinary(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..")
+	path := filepath.Join(filepath.Dir(binary(t)), "nats-server")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	cmd := exec.Command("go", "build", "-o", path, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build nats-server: %v: %s", err, out)
+	}
+	return path
+}
+
+// freePort returns a loopback address no one listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// proc is a process of the production shape, killed when the test ends.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  lockedBuffer
+	done chan error
+}
+
+func startProc(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, p.out.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// running is the engine's vllm:num_requests_running.
+func running(engineURL string) int {
+	resp, err := http.Get(engineURL + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^vllm:num_requests_running\{[^}]*\} (\S+)`).FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	f, _ := strconv.ParseFloat(string(m[1]), 64)
+	return int(f)
+}
+
+// TestProductionShapeSurvivesAKilledEngine runs Switchyard as it is
+// deployed: a bare nats-server, the dev table imported, a broker, a
+// gateway and two engine + adapter pairs, each its own process. SIGKILL
+// the engine under a stream of the `code` model, then under a non-streamed
+// answer: each client gets its whole answer, the text of the
+// uninterrupted one.
+func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs seven processes")
+	}
+	bin, natsBin := binary(t), natsServerBinary(t)
+	natsAddr := freePort(t)
+	host, port, _ := net.SplitHostPort(natsAddr)
+	startProc(t, "nats-server", natsBin, "-a", host, "-p", port, "-js", "-sd", t.TempDir())
+	natsURL := "nats://" + natsAddr
+	within(t, 20*time.Second, func() error {
+		c, err := net.Dial("tcp", natsAddr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	_, file, _, _ := runtime.Caller(0)
+	tableFile := filepath.Join(filepath.Dir(file), "..", "deploy", "examples", "table.json")
+	env := []string{"NATS_URL=" + natsURL, "HOME=" + t.TempDir()}
+	if out, errOut, code := sy(t, env, "", "table", "import", tableFile); code != 0 {
+		t.Fatalf("table import: exit %d: %s %s", code, out, errOut)
+	}
+	startProc(t, "broker", bin, "broker", "--nats", natsURL, "--metrics-listen", "", "--state-dir", t.TempDir())
+	gwAddr := freePort(t)
+	startProc(t, "gateway", bin, "gateway", "--nats", natsURL, "--listen", gwAddr, "--state-dir", t.TempDir())
+	gw := "http://" + gwAddr
+
+	engines := map[string]string{} // replica → engine URL
+	engineProcs := map[string]*proc{}
+	startEngine := func(id, addr string) {
+		engineProcs[id] = startProc(t, "engine "+id, bin, "engine-sim", "--model", "qwen-coder-32b", "--listen", addr, "--deterministic-text")
+	}
+	for _, id := range []string{"coder-a", "coder-b"} {
+		addr := freePort(t)
+		engines[id] = "http://" + addr
+		startEngine(id, addr)
+		startProc(t, "adapter "+id, bin, "adapter", "--nats", natsURL, "--engine", engines[id], "--replica", id,
+			"--model", "qwen-coder-32b", "--version", "v1.0.0", "--pool", "general")
+	}
+	body := func(stream bool) string {
+		return `{"model":"code","max_tokens":500,"stream":` + strconv.FormatBool(stream) +
+			`,"stream_options":` + map[bool]string{true: `{"include_usage":true}`, false: "null"}[stream] +
+			`,"messages":[{"role":"user","content":"write a function"}]}`
+	}
+	// Both replicas serve before the faults.
+	within(t, 60*time.Second, func() error {
+		seen := map[string]bool{}
+		for range 20 {
+			o := send(context.Background(), gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+			if o.status != 200 {
+				return fmt.Errorf("not serving yet: %v", o)
+			}
+			seen[o.replica] = true
+		}
+		if !seen["coder-a"] || !seen["coder-b"] {
+			return fmt.Errorf("replicas serving: %v", seen)
+		}
+		return nil
+	})
+	want := ask(t, gw, body(true), 0, nil)
+	if !want.done || want.completed != 500 {
+		t.Fatalf("uninterrupted answer: done %v, %d tokens", want.done, want.completed)
+	}
+	killBusy := func() string {
+		for id, url := range engines {
+			if running(url) > 0 {
+				engineProcs[id].kill()
+				return id
+			}
+		}
+		t.Error("no engine is running the request")
+		return ""
+	}
+
+	var killed string
+	got := ask(t, gw, body(true), 100, func() { killed = killBusy() })
+	whole(t, "stream under a SIGKILLed engine", got, want)
+	t.Logf("engine of %s SIGKILLed after 100 tokens of a stream: the client got all 500, one id", killed)
+
+	startEngine(killed, strings.TrimPrefix(engines[killed], "http://"))
+	within(t, 30*time.Second, func() error {
+		if resp, err := http.Get(engines[killed] + "/health"); err == nil {
+			resp.Body.Close()
+			return nil
+		} else {
+			return err
+		}
+	})
+	done := make(chan *answer, 1)
+	go func() { done <- ask(t, gw, body(false), 0, nil) }()
+	within(t, 10*time.Second, func() error {
+		for _, url := range engines {
+			if running(url) > 0 {
+				return nil
+			}
+		}
+		return errors.New("not running yet")
+	})
+	time.Sleep(500 * time.Millisecond) // about 100 of the 500 tokens
+	killed = killBusy()
+	whole(t, "non-streamed answer under a SIGKILLed engine", <-done, want)
+	t.Logf("engine of %s SIGKILLed under a non-streamed answer: the client got it whole", killed)
+}
