@@ -26,8 +26,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", gateway.DefaultBodyTimeout, "time a request body may take to arrive in full (at most 1h; the response is not bounded by it)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "open client connections at most; one more is refused at once (at most 1048576)")
-	sizeVar(fs, &cfg.MaxBody, "max-body", gateway.DefaultMaxBody,
-		"largest request body `size`, e.g. 512KiB (at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
+	sizeVar(fs, &cfg.MaxBody, "max-body", 0,
+		"largest request body `size`, e.g. 512KiB (0: "+check.FormatSize(gateway.DefaultMaxBody)+", or what the NATS server carries when less; at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
