@@ -53,17 +53,17 @@ type proc struct {
 	name string
 	cmd  *exec.Cmd
 	out  lockedBuffer
-	done chan error
+	done chan struct{} // closed when the process has exited
 }
 
 func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- p.cmd.Wait() }()
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
