@@ -110,6 +110,9 @@ func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) 
 //
 //	14:03:07.412 default  chat-large → llama-3-70b-instruct v1.5.0  pool general  → l70-gen-1  power-of-two  runner-up l70-gen-0 (0.412 vs 0.118): higher load_score
 //	14:03:08.020 trial    chat-large  rejected 429 rate_limit_exceeded: rpm quota of 5 reached
+//
+// A continuation says which replica's answer it resumes, and the tokens it
+// carried over.
 func formatDecision(d *subjects.Decision, loc *time.Location) string {
 	var b strings.Builder
 	b.WriteString(time.UnixMilli(d.DecidedUnixMil).In(loc).Format("15:04:05.000"))
@@ -134,6 +137,9 @@ func formatDecision(d *subjects.Decision, loc *time.Location) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "  → %s  %s", cmp.Or(d.Replica, "?"), cmp.Or(d.Reason, "?"))
+	if d.ResumeFrom != "" {
+		fmt.Fprintf(&b, "  resumed from %s, %d tokens carried", d.ResumeFrom, d.ResumeTokens)
+	}
 	if len(d.Alternatives) == 0 {
 		b.WriteString("  no runner-up")
 		return b.String()

@@ -32,6 +32,8 @@ func TestFormatDecision(t *testing.T) {
 	lora := decisionAt(at)
 	lora.Tenant, lora.Requested, lora.Model, lora.Version, lora.Lora = "team-x", "chat-small", "llama-3-8b-instruct", "v1.0.0", "team-x-v3"
 	lora.Replica, lora.Reason, lora.Alternatives = "l8-gen-0", "lora-affinity", nil
+	resumed := lora
+	resumed.Replica, resumed.ResumeFrom, resumed.ResumeTokens = "l8-gen-1", "l8-gen-0", 100
 	rejected := subjects.Decision{
 		Tenant: "trial", Requested: "chat-large", Status: 429, Code: "rate_limit_exceeded",
 		Message: "rpm quota of 5 reached", Reason: "", DecidedUnixMil: at,
@@ -45,6 +47,8 @@ func TestFormatDecision(t *testing.T) {
 			"14:03:07.412 default  chat-large → llama-3-70b-instruct v1.5.0  pool general  → l70-gen-1  power-of-two  runner-up l70-gen-0 (0.412 vs 0.118): higher load_score"},
 		{"LoRA, no runner-up", lora,
 			"14:03:07.412 team-x   chat-small → llama-3-8b-instruct v1.0.0 +lora team-x-v3  pool general  → l8-gen-0  lora-affinity  no runner-up"},
+		{"a continuation", resumed,
+			"14:03:07.412 team-x   chat-small → llama-3-8b-instruct v1.0.0 +lora team-x-v3  pool general  → l8-gen-1  lora-affinity  resumed from l8-gen-0, 100 tokens carried  no runner-up"},
 		{"rejected before a model", rejected,
 			"14:03:07.412 trial    chat-large  rejected 429 rate_limit_exceeded: rpm quota of 5 reached"},
 	} {

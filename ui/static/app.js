@@ -185,6 +185,9 @@
           h('span', 'mono', `(${alt.score.toFixed(3)} vs ${(d.score || 0).toFixed(3)})`))
         : h('span', 'd-lost', 'no runner-up'));
     }
+    if (d.resume_from) {
+      line2.append(h('span', 'd-resume', `resumed from ${d.resume_from} → ${d.replica || '?'}, ${d.resume_tokens || 0} tokens carried`));
+    }
     if ((d.ejected || []).length) {
       line2.append(h('span', 'd-lost', (d.eject_panic ? 'kept in despite ejection (panic threshold): ' : 'ejected, left out: ') + d.ejected.join(', ')));
     }
