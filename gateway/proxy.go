@@ -223,7 +223,7 @@ func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time
 				if gone {
 					return leave(result{ended: true}) // rejected: nothing started
 				}
-				if g.holdable(out.u, m) {
+				if out.cont == nil && g.holdable(out.u, m) {
 					return result{ended: true} // held for its cold model by tryCold
 				}
 				return out.rejected(m)

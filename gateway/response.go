@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -68,6 +70,14 @@ func (s *response) rejected(m *nats.Msg) result {
 	if rep := m.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
 		return result{kind: failRefused, replica: rep, ended: true,
 			err: &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + rep + " turned the request away"}}
+	}
+	if s.wrote {
+		// A continuation turned away (no other replica): the stream the
+		// client has ends with the reason, after any retries.
+		var b subjects.ErrorBody
+		_ = json.Unmarshal(m.Data, &b)
+		return result{kind: failRefused, ended: true,
+			err: subjects.NewError(502, subjects.CodeUpstreamError, "the answer could not continue on another replica: "+cmp.Or(b.Error.Message, "status "+strconv.Itoa(status)))}
 	}
 	hd := s.w.Header()
 	for _, k := range subjects.PassThroughHeaders() {

@@ -163,3 +163,28 @@ func wholeEvents(body string) bool {
 	}
 	return true
 }
+
+// TestResumeWithNoOtherReplica: a continuation the broker cannot route
+// (no other replica) ends the stream the client has with the explicit
+// error, never a second HTTP head or a rejection body inside the stream.
+func TestResumeWithNoOtherReplica(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+		if attempt > 1 {
+			r.send(nats.Header{subjects.HdrStatus: {"503"}, subjects.HdrEOS: {"1"}, subjects.HdrContent: {"application/json"}},
+				`{"error":{"message":"no replica of chat-small is available","type":"server_error","param":null,"code":"no_replicas"}}`)
+			return
+		}
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, chunk("A", 1, "word "))
+		r.end("engine stream broke")
+	})
+	s := u.postBody(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if s.status != 200 || sseError(s.body) != subjects.CodeUpstreamError || !wholeEvents(s.body) ||
+		!strings.Contains(s.body, "no replica of chat-small") || strings.Contains(s.body, "[DONE]") {
+		t.Errorf("continuation with no replica: %d %q; want the first chunk, then one SSE error event", s.status, s.body)
+	}
+	if n := u.counter("switchyard_gateway_resumes_total", map[string]string{"cause": "engine", "outcome": "failed"}); n != 1 {
+		t.Errorf("failed resumes counted %v, want 1", n)
+	}
+}
