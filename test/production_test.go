@@ -7,35 +7,15 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// natsServerBinary builds nats-server from the module the project depends
-// on, once per test run.
-func natsServerBinary(t *testing.T) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..")
-	path := filepath.Join(filepath.Dir(binary(t)), "nats-server")
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	cmd := exec.Command("go", "build", "-o", path, "github.com/nats-io/nats-server/v2")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build nats-server: %v: %s", err, out)
-	}
-	return path
-}
 
 // freePort returns a loopback address no one listens on now.
 func freePort(t *testing.T) string {
@@ -117,8 +97,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 		}
 		return err
 	})
-	_, file, _, _ := runtime.Caller(0)
-	tableFile := filepath.Join(filepath.Dir(file), "..", "deploy", "examples", "table.json")
+	tableFile := filepath.Join(repoRoot(), "deploy", "examples", "table.json")
 	env := []string{"NATS_URL=" + natsURL, "HOME=" + t.TempDir()}
 	if out, errOut, code := sy(t, env, "", "table", "import", tableFile); code != 0 {
 		t.Fatalf("table import: exit %d: %s %s", code, out, errOut)
