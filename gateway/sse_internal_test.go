@@ -50,3 +50,27 @@ func TestSSEData(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRelayEvents is what following a resumable stream costs the
+// relay per chunk: cutting the bytes into events and reading each one.
+func BenchmarkRelayEvents(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"llama-3-8b-instruct","choices":[{"index":0,"delta":{"content":"word "},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for _, follow := range []bool{false, true} {
+		name := "split"
+		if follow {
+			name = "split+follow"
+		}
+		b.Run(name, func(b *testing.B) {
+			var s sseEvents
+			c := &carry{on: follow}
+			b.SetBytes(int64(len(ev)))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = s.write(ev, func(e []byte) error { _, _ = c.event(e); return nil })
+				if len(c.text) > 1<<16 {
+					c.text = c.text[:0]
+				}
+			}
+		})
+	}
+}
