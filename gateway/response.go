@@ -32,9 +32,10 @@ type response struct {
 	// carry follows the answer for a continuation (nil until the head of a
 	// stream, or a failure, asks); cont is the continuation's body once
 	// one is issued, and model the model the broker routed to.
-	carry *carry
-	cont  []byte
-	model string
+	carry  *carry
+	cont   []byte
+	model  string
+	failed *subjects.APIError // the failure a continuation is resuming from
 }
 
 // errEngineEvent is an in-band error event from the engine, ending a part
@@ -71,13 +72,17 @@ func (s *response) rejected(m *nats.Msg) result {
 		return result{kind: failRefused, replica: rep, ended: true,
 			err: &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + rep + " turned the request away"}}
 	}
-	if s.wrote {
-		// A continuation turned away (no other replica): the stream the
-		// client has ends with the reason, after any retries.
+	if s.cont != nil {
+		// A continuation no broker could place (no other replica): the
+		// client gets the failure it would have had without one.
 		var b subjects.ErrorBody
 		_ = json.Unmarshal(m.Data, &b)
-		return result{kind: failRefused, ended: true,
-			err: subjects.NewError(502, subjects.CodeUpstreamError, "the answer could not continue on another replica: "+cmp.Or(b.Error.Message, "status "+strconv.Itoa(status)))}
+		s.g.log.Info("cannot resume", "why", cmp.Or(b.Error.Message, "status "+strconv.Itoa(status)))
+		e := s.failed
+		if e == nil {
+			e = subjects.NewError(502, subjects.CodeUpstreamError, "the answer could not continue on another replica")
+		}
+		return result{kind: failUnplaced, ended: true, err: e}
 	}
 	hd := s.w.Header()
 	for _, k := range subjects.PassThroughHeaders() {

@@ -328,7 +328,7 @@ func (s *response) resume(r result) bool {
 		return false
 	}
 	c.next(r.replica)
-	s.cont = b
+	s.cont, s.failed = b, r.err
 	return true
 }
 

@@ -166,7 +166,8 @@ func wholeEvents(body string) bool {
 
 // TestResumeWithNoOtherReplica: a continuation the broker cannot route
 // (no other replica) ends the stream the client has with the explicit
-// error, never a second HTTP head or a rejection body inside the stream.
+// error it would have had without one, never a second HTTP head or a
+// rejection body inside the stream.
 func TestResumeWithNoOtherReplica(t *testing.T) {
 	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
 		if attempt > 1 {
@@ -181,8 +182,11 @@ func TestResumeWithNoOtherReplica(t *testing.T) {
 	})
 	s := u.postBody(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if s.status != 200 || sseError(s.body) != subjects.CodeUpstreamError || !wholeEvents(s.body) ||
-		!strings.Contains(s.body, "no replica of chat-small") || strings.Contains(s.body, "[DONE]") {
-		t.Errorf("continuation with no replica: %d %q; want the first chunk, then one SSE error event", s.status, s.body)
+		!strings.Contains(s.body, "engine stream broke") || strings.Contains(s.body, "[DONE]") {
+		t.Errorf("continuation with no replica: %d %q; want the first chunk, then the engine's failure as one SSE error event", s.status, s.body)
+	}
+	if n := u.attempts.Load(); n != 2 {
+		t.Errorf("%d attempts; a continuation no broker can place is not retried", n)
 	}
 	if n := u.counter("switchyard_gateway_resumes_total", map[string]string{"cause": "engine", "outcome": "failed"}); n != 1 {
 		t.Errorf("failed resumes counted %v, want 1", n)

@@ -27,6 +27,7 @@ const (
 	failClientGone                   // the client went away
 	failClientWrite                  // a write to the client timed out: it stopped reading
 	failHandover                     // the replica drained and handed the unfinished answer back
+	failUnplaced                     // no broker could place a continuation (no other replica)
 )
 
 // resumable reports whether an answer that failed this way may continue
