@@ -89,6 +89,12 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
 		return ev, false
 	}
+	if c.parts == 0 && c.known {
+		if s, ok := plainDelta(data); ok {
+			c.add(s)
+			return ev, false
+		}
+	}
 	var v chunkView
 	if err := json.Unmarshal(data, &v); err != nil {
 		c.stop("a chunk is not JSON")
@@ -127,16 +133,7 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 			}
 			roleOnly = d.Role != "" && s == "" && ch.FinishReason == nil
 		}
-		if s != "" {
-			c.part++
-			if c.on {
-				if len(c.text)+len(s) > MaxCarried {
-					c.stop("the text so far is over the carried limit")
-				} else {
-					c.text = append(c.text, s...)
-				}
-			}
-		}
+		c.add(s)
 		if ch.FinishReason != nil {
 			c.finished = true
 		}
@@ -154,6 +151,86 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 		return ev, false
 	}
 	return c.rewrite(data, v.Usage != nil), false
+}
+
+// add counts a content delta and carries its text.
+func (c *carry) add(s string) {
+	if s == "" {
+		return
+	}
+	c.part++
+	if !c.on {
+		return
+	}
+	if len(c.text)+len(s) > MaxCarried {
+		c.stop("the text so far is over the carried limit")
+		return
+	}
+	c.text = append(c.text, s...)
+}
+
+// plainDelta reads the text of the commonest chunk without decoding it: one
+// choice at index 0, a content (or text) delta, no finish reason, logprobs,
+// tool call, reasoning, role, usage or error. ok is false for any other chunk,
+// which is then decoded. A key inside a string value has its quotes
+// escaped, so the searches below cannot match it.
+func plainDelta(data []byte) (text string, ok bool) {
+	for _, k := range [...]string{`"tool_calls"`, `"reasoning_content"`, `"usage":{`, `"error"`, `"role"`} {
+		if bytes.Contains(data, []byte(k)) {
+			return "", false
+		}
+	}
+	for _, k := range [...]string{`"finish_reason":`, `"logprobs":`} {
+		if v, found := valueAfter(data, k); found && !bytes.HasPrefix(v, []byte("null")) {
+			return "", false
+		}
+	}
+	if i := bytes.Index(data, []byte(`"index":`)); i >= 0 {
+		if v, _ := valueAfter(data[i:], `"index":`); !bytes.HasPrefix(v, []byte("0")) || bytes.Contains(data[i+8:], []byte(`"index":`)) {
+			return "", false
+		}
+	}
+	v, found := valueAfter(data, `"content":`)
+	if !found {
+		v, found = valueAfter(data, `"text":`)
+	}
+	if !found || bytes.HasPrefix(v, []byte("null")) {
+		return "", true
+	}
+	if len(v) == 0 || v[0] != '"' {
+		return "", false
+	}
+	end := 1
+	escaped := false
+	for ; end < len(v); end++ {
+		if v[end] == '\\' {
+			escaped = true
+			end++
+			continue
+		}
+		if v[end] == '"' {
+			break
+		}
+	}
+	if end >= len(v) {
+		return "", false
+	}
+	if !escaped {
+		return string(v[1:end]), true
+	}
+	if json.Unmarshal(v[:end+1], &text) != nil {
+		return "", false
+	}
+	return text, true
+}
+
+// valueAfter returns what follows the first key k, spaces skipped.
+func valueAfter(data []byte, k string) ([]byte, bool) {
+	i := bytes.Index(data, []byte(k))
+	if i < 0 {
+		return nil, false
+	}
+	return bytes.TrimLeft(data[i+len(k):], " \t\r\n"), true
 }
 
 // rewrite gives a continuation's chunk the stream's identity and, on the

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -72,5 +73,54 @@ func BenchmarkRelayEvents(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlainDeltaAgreesWithDecoding: the fast read of a chunk either gives
+// up or gives the text a full decode gives.
+func TestPlainDeltaAgreesWithDecoding(t *testing.T) {
+	chunks := []string{
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"word "},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"quote \" and \\ and \u00e9 \ud83d\ude00"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"a \"content\":\"fake\" inside"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[]},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":1,"delta":{"content":"x"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"x"}},{"index":0,"delta":{"content":"y"}}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]},"finish_reason":null}]}`,
+		`{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
+		`{"id":"cmpl","object":"text_completion","choices":[{"index":0,"text":"tok ","logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":null},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"cut`,
+	}
+	for _, ch := range chunks {
+		fast, ok := plainDelta([]byte(ch))
+		if !ok {
+			continue
+		}
+		var c carry
+		c.on, c.known = true, true
+		c.parts = 0
+		var v chunkView
+		if err := json.Unmarshal([]byte(ch), &v); err != nil {
+			t.Errorf("%s: read fast as %q, but it is not JSON", ch, fast)
+			continue
+		}
+		want := ""
+		for _, choice := range v.Choices {
+			if choice.Text != nil {
+				want += *choice.Text
+			}
+			if choice.Delta != nil && choice.Delta.Content != nil {
+				want += *choice.Delta.Content
+			}
+			if choice.FinishReason != nil || choice.Index != 0 || (choice.Delta != nil && choice.Delta.Role != "") {
+				t.Errorf("%s: read fast, but it needs decoding", ch)
+			}
+		}
+		if fast != want {
+			t.Errorf("%s: fast %q, decoded %q", ch, fast, want)
+		}
 	}
 }
