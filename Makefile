@@ -117,7 +117,8 @@ bench-heap:
 
 # Mixed load for SOAK (default 60s) with engines killed and restarted and
 # adapters stopped and started; fails on any request lost (neither complete
-# nor an explicit error). `make test` runs a 6 s version of the same test.
+# nor an explicit error) and on any answer that failed mid-way without
+# continuing on another replica. `make test` runs a 6 s version of the same test.
 SOAK ?= 60s
 soak:
 	SWITCHYARD_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 10m ./test
