@@ -104,7 +104,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	}
 	startProc(t, "broker", bin, "broker", "--nats", natsURL, "--metrics-listen", "", "--state-dir", t.TempDir())
 	gwAddr := freePort(t)
-	startProc(t, "gateway", bin, "gateway", "--nats", natsURL, "--listen", gwAddr, "--state-dir", t.TempDir())
+	startProc(t, "gateway", bin, "gateway", "--nats", natsURL, "--listen", gwAddr, "--admin-listen", "127.0.0.1:0", "--state-dir", t.TempDir())
 	gw := "http://" + gwAddr
 
 	engines := map[string]string{} // replica → engine URL
