@@ -202,7 +202,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 		// (only gateways publish cancels), so nothing needs theirs.
 		setHeader(h, subjects.HdrRequestID, nuid.Next())
 		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
-			subjects.HdrFeatures, subjects.HdrColdWaited} {
+			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens} {
 			delete(h, k)
 		}
 	}
@@ -272,7 +272,8 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 func checkBounds(h nats.Header) *subjects.APIError {
 	for _, k := range [...]string{subjects.HdrModel, subjects.HdrEndpoint, subjects.HdrConversation, subjects.HdrPriority,
 		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrPrefix, subjects.HdrFeatures,
-		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrTraceparent, subjects.HdrTracestate} {
+		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
+		subjects.HdrTraceparent, subjects.HdrTracestate} {
 		v := h[k]
 		if len(v) > 1 {
 			return subjects.NewError(400, subjects.CodeInvalidRequest, k+" may appear once")

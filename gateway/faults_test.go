@@ -175,11 +175,11 @@ type result struct {
 }
 
 // post sends a chat request whose answer cannot be continued on another
-// replica (n=2), so a failure mid-answer shows as judge's explicit error;
+// replica (logprobs), so a failure mid-answer shows as judge's explicit error;
 // resume_test.go has the answers that continue.
 func (u *upstream) post(stream bool) result {
 	u.t.Helper()
-	return u.postBody(`{"model":"chat-small","n":2,"messages":[{"role":"user","content":"hi"}],"stream":` + strconv.FormatBool(stream) + `}`)
+	return u.postBody(`{"model":"chat-small","logprobs":true,"messages":[{"role":"user","content":"hi"}],"stream":` + strconv.FormatBool(stream) + `}`)
 }
 
 func (u *upstream) postBody(body string) result {

@@ -79,7 +79,7 @@ func running(engineURL string) int {
 // deployed: a bare nats-server, the dev table imported, a broker, a
 // gateway and two engine + adapter pairs, each its own process. SIGKILL
 // the engine under a stream of the `code` model, then under a non-streamed
-// answer: each client gets its whole answer, the text of the
+// reading: each client gets its whole reading, the text of the
 // uninterrupted one.
 func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	if testing.Short() {
@@ -139,9 +139,9 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 		}
 		return nil
 	})
-	want := ask(t, gw, body(true), 0, nil)
+	want := askChat(t, gw, body(true), 0, nil)
 	if !want.done || want.completed != 500 {
-		t.Fatalf("uninterrupted answer: done %v, %d tokens", want.done, want.completed)
+		t.Fatalf("uninterrupted reading: done %v, %d tokens", want.done, want.completed)
 	}
 	killBusy := func() string {
 		for id, url := range engines {
@@ -155,7 +155,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	}
 
 	var killed string
-	got := ask(t, gw, body(true), 100, func() { killed = killBusy() })
+	got := askChat(t, gw, body(true), 100, func() { killed = killBusy() })
 	whole(t, "stream under a SIGKILLed engine", got, want)
 	t.Logf("engine of %s SIGKILLed after 100 tokens of a stream: the client got all 500, one id", killed)
 
@@ -168,8 +168,8 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 			return err
 		}
 	})
-	done := make(chan *answer, 1)
-	go func() { done <- ask(t, gw, body(false), 0, nil) }()
+	done := make(chan *reading, 1)
+	go func() { done <- askChat(t, gw, body(false), 0, nil) }()
 	within(t, 10*time.Second, func() error {
 		for _, url := range engines {
 			if running(url) > 0 {
@@ -180,6 +180,6 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	})
 	time.Sleep(500 * time.Millisecond) // about 100 of the 500 tokens
 	killed = killBusy()
-	whole(t, "non-streamed answer under a SIGKILLed engine", <-done, want)
-	t.Logf("engine of %s SIGKILLed under a non-streamed answer: the client got it whole", killed)
+	whole(t, "non-streamed reading under a SIGKILLed engine", <-done, want)
+	t.Logf("engine of %s SIGKILLed under a non-streamed reading: the client got it whole", killed)
 }

@@ -247,14 +247,14 @@ func TestAdapterSIGTERMDrains(t *testing.T) {
 }
 
 // TestDrainGraceCutsWhatIsLeftExplicitly: a request longer than the drain
-// grace that cannot be continued elsewhere (n=2) is cancelled when the
+// grace that cannot be continued elsewhere (logprobs) is cancelled when the
 // grace ends, and the client is told. (TestDrainHandsStreamsOver has the
 // answers that continue.)
 func TestDrainGraceCutsWhatIsLeftExplicitly(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DrainGrace: grace})
 	url := st.GatewayURL()
-	body := strings.Replace(chatBody("chat-small", 4000, true), `"max_tokens"`, `"n":2,"max_tokens"`, 1)
+	body := strings.Replace(chatBody("chat-small", 4000, true), `"max_tokens"`, `"logprobs":true,"max_tokens"`, 1)
 	resp, cancel := streamOn(t, url, "l8-gen-0", body) // ~20s
 	defer cancel()
 	start := time.Now()

@@ -68,7 +68,7 @@ func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
 }
 
 // TestEngineDeathMidResponseIsExplicit kills an engine under a stream and
-// under a non-streamed generation that cannot be continued elsewhere (n=2;
+// under a non-streamed generation that cannot be continued elsewhere (logprobs;
 // resume_test.go has those that can): the stream ends with an SSE error
 // event, the other with a 502, never a silent truncation. Requests meanwhile go to
 // the other replica (a refused connection is retried), and the engine
@@ -79,7 +79,7 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 	f := st.Faults("l8-gen-0")
 	// Both requests land on l8-gen-0: l8-gen-1 turns them away for now.
 	st.Faults("l8-gen-1").SetReject(503)
-	noResume := func(body string) string { return strings.Replace(body, `"max_tokens"`, `"n":2,"max_tokens"`, 1) }
+	noResume := func(body string) string { return strings.Replace(body, `"max_tokens"`, `"logprobs":true,"max_tokens"`, 1) }
 	stream := openStream(context.Background(), t, url, noResume(chatBody("chat-small", 2000, true)))
 	nonStream := make(chan outcome, 1)
 	go func() { nonStream <- send(context.Background(), url, noResume(chatBody("chat-small", 2000, false))) }()

@@ -16,8 +16,8 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// answer is what a client read of one chat answer, streamed or not.
-type answer struct {
+// reading is what a client read of one chat reading, streamed or not.
+type reading struct {
 	status    int
 	replica   string
 	ids       map[string]bool
@@ -32,12 +32,12 @@ type answer struct {
 	errCode   string // an SSE error event's, or an error body's
 }
 
-func newAnswer() *answer {
-	return &answer{ids: map[string]bool{}, created: map[int64]bool{}, models: map[string]bool{}}
+func newReading() *reading {
+	return &reading{ids: map[string]bool{}, created: map[int64]bool{}, models: map[string]bool{}}
 }
 
 // chunk reads one chunk, or a whole non-streamed body.
-func (a *answer) chunk(b []byte) {
+func (a *reading) chunk(b []byte) {
 	var c struct {
 		ID      string `json:"id"`
 		Created int64  `json:"created"`
@@ -86,9 +86,9 @@ func (a *answer) chunk(b []byte) {
 	}
 }
 
-// readStream reads an SSE answer; after, if set, runs once after n content
+// readStream reads an SSE reading; after, if set, runs once after n content
 // chunks.
-func readStream(r io.Reader, a *answer, n int, after func()) error {
+func readStream(r io.Reader, a *reading, n int, after func()) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -109,16 +109,16 @@ func readStream(r io.Reader, a *answer, n int, after func()) error {
 	return sc.Err()
 }
 
-// ask sends a chat request and reads the answer; for a stream, after runs
+// askChat sends a chat request and reads the reading; for a stream, after runs
 // after n content chunks.
-func ask(t *testing.T, url, body string, n int, after func()) *answer {
+func askChat(t *testing.T, url, body string, n int, after func()) *reading {
 	t.Helper()
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	a := newAnswer()
+	a := newReading()
 	a.status, a.replica = resp.StatusCode, resp.Header.Get("X-Switchyard-Replica")
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		if err := readStream(resp.Body, a, n, after); err != nil {
@@ -140,14 +140,14 @@ func resumeBody(stream bool, extra string) string {
 		`,"stream_options":null,"messages":[{"role":"user","content":"tell me a long story"}]}`
 }
 
-// whole checks that got is the uninterrupted answer want, told as one.
-func whole(t *testing.T, what string, got, want *answer) {
+// whole checks that got is the uninterrupted reading want, told as one.
+func whole(t *testing.T, what string, got, want *reading) {
 	t.Helper()
 	switch {
 	case !got.done || got.errCode != "":
-		t.Fatalf("%s: not a whole answer (status %d, error %q)", what, got.status, got.errCode)
+		t.Fatalf("%s: not a whole reading (status %d, error %q)", what, got.status, got.errCode)
 	case got.text.String() != want.text.String():
-		t.Fatalf("%s: text differs from the uninterrupted answer:\n%q\nwant\n%q", what, got.text.String(), want.text.String())
+		t.Fatalf("%s: text differs from the uninterrupted reading:\n%q\nwant\n%q", what, got.text.String(), want.text.String())
 	case len(got.ids) != 1 || len(got.created) != 1 || len(got.models) != 1:
 		t.Fatalf("%s: ids %v, created %v, models %v; want one of each", what, got.ids, got.created, got.models)
 	case got.roles > 1:
@@ -158,20 +158,20 @@ func whole(t *testing.T, what string, got, want *answer) {
 }
 
 // TestEngineDeathMidAnswerResumesElsewhere kills the engine under a
-// 500-token answer after 100 tokens: the client gets one whole answer from
+// 500-token reading after 100 tokens: the client gets one whole reading from
 // the other replica (one stream, one id, the text of the uninterrupted
-// answer, the usage summed), streamed or not; with n=2 the stream cannot
+// reading, the usage summed), streamed or not; with logprobs the stream cannot
 // be continued and ends with its explicit error.
 func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DeterministicText: true})
 	url := st.GatewayURL()
 	usage := `,"stream_options":{"include_usage":true}`
 	streamBody := strings.Replace(resumeBody(true, ""), `,"stream_options":null`, usage, 1)
-	want := ask(t, url, streamBody, 0, nil)
+	want := askChat(t, url, streamBody, 0, nil)
 	if !want.done || want.completed != 500 {
-		t.Fatalf("uninterrupted answer: done %v, %d tokens", want.done, want.completed)
+		t.Fatalf("uninterrupted reading: done %v, %d tokens", want.done, want.completed)
 	}
-	kill := func(a **answer) func() {
+	kill := func(a **reading) func() {
 		return func() {
 			for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
 				if st.Engine(id).InFlight() > 0 {
@@ -180,7 +180,7 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 					return
 				}
 			}
-			t.Error("no engine works on the answer")
+			t.Error("no engine works on the reading")
 		}
 	}
 	restart := func() {
@@ -196,8 +196,8 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 	}
 
 	t.Run("stream", func(t *testing.T) {
-		var got *answer
-		got = ask(t, url, streamBody, 100, kill(&got))
+		var got *reading
+		got = askChat(t, url, streamBody, 100, kill(&got))
 		whole(t, "stream", got, want)
 		if n := metric(st, "switchyard_gateway_resumes_total", map[string]string{"outcome": "completed"}); n != 1 {
 			t.Errorf("resumes completed: %v, want 1", n)
@@ -205,8 +205,8 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 	})
 	restart()
 	t.Run("non-streamed", func(t *testing.T) {
-		done := make(chan *answer, 1)
-		go func() { done <- ask(t, url, resumeBody(false, ""), 0, nil) }()
+		done := make(chan *reading, 1)
+		go func() { done <- askChat(t, url, resumeBody(false, ""), 0, nil) }()
 		within(t, 10*time.Second, func() error {
 			if st.Engine("l8-gen-0").InFlight()+st.Engine("l8-gen-1").InFlight() != 1 {
 				return fmt.Errorf("not in an engine yet")
@@ -219,11 +219,11 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 		whole(t, "non-streamed", got, want)
 	})
 	restart()
-	t.Run("n=2", func(t *testing.T) {
-		var got *answer
-		got = ask(t, url, strings.Replace(streamBody, `"stream":true`, `"stream":true,"n":2`, 1), 100, kill(&got))
+	t.Run("logprobs", func(t *testing.T) {
+		var got *reading
+		got = askChat(t, url, strings.Replace(streamBody, `"stream":true`, `"stream":true,"logprobs":true`, 1), 100, kill(&got))
 		if got.done || !strings.HasPrefix(got.errCode, subjects.CodeUpstreamError) {
-			t.Fatalf("n=2: done %v, error %q; want the explicit upstream_error", got.done, got.errCode)
+			t.Fatalf("logprobs: done %v, error %q; want the explicit upstream_error", got.done, got.errCode)
 		}
 	})
 }
@@ -236,13 +236,13 @@ func TestDrainHandsStreamsOver(t *testing.T) {
 	url := st.GatewayURL()
 	// 600 tokens at the engine's 5 ms a step: about 3 seconds.
 	body := `{"model":"chat-small","max_tokens":600,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"tell me a long story"}]}`
-	want := ask(t, url, body, 0, nil)
+	want := askChat(t, url, body, 0, nil)
 	var wg sync.WaitGroup
-	got := make([]*answer, 10)
+	got := make([]*reading, 10)
 	started := make(chan struct{}, 10)
 	for i := range got {
 		wg.Go(func() {
-			got[i] = ask(t, url, body, 1, func() { started <- struct{}{} })
+			got[i] = askChat(t, url, body, 1, func() { started <- struct{}{} })
 		})
 	}
 	for range got {
@@ -261,7 +261,7 @@ func TestDrainHandsStreamsOver(t *testing.T) {
 	wg.Wait()
 	for i, a := range got {
 		if !a.done || a.errCode != "" || a.text.String() != want.text.String() || len(a.ids) != 1 || a.completed != want.completed {
-			t.Errorf("stream %d: done %v error %q ids %d, %d tokens; want the whole answer", i, a.done, a.errCode, len(a.ids), a.completed)
+			t.Errorf("stream %d: done %v error %q ids %d, %d tokens; want the whole reading", i, a.done, a.errCode, len(a.ids), a.completed)
 		}
 	}
 	t.Logf("%s drained with a 300ms grace: %v resumes by handover", victim,
