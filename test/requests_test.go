@@ -79,7 +79,9 @@ func TestEngineDeathMidResponseIsExplicit(t *testing.T) {
 	f := st.Faults("l8-gen-0")
 	// Both requests land on l8-gen-0: l8-gen-1 turns them away for now.
 	st.Faults("l8-gen-1").SetReject(503)
-	noResume := func(body string) string { return strings.Replace(body, `"max_tokens"`, `"logprobs":true,"max_tokens"`, 1) }
+	noResume := func(body string) string {
+		return strings.Replace(body, `"max_tokens"`, `"logprobs":true,"max_tokens"`, 1)
+	}
 	stream := openStream(context.Background(), t, url, noResume(chatBody("chat-small", 2000, true)))
 	nonStream := make(chan outcome, 1)
 	go func() { nonStream <- send(context.Background(), url, noResume(chatBody("chat-small", 2000, false))) }()
