@@ -111,7 +111,7 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 	ct := m.Header.Get(subjects.HdrContent)
 	if s.wrote {
 		// A continuation of a stream the client has: it must be one too.
-		if status != http.StatusOK || !strings.HasPrefix(ct, "text/event-stream") {
+		if status != http.StatusOK || !sse.IsEventStream(ct) {
 			return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" did not continue the stream (status "+strconv.Itoa(status)+")"), nil
 		}
 		return nil, nil

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // freePort returns a loopback address no one listens on now.
@@ -90,7 +92,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	host, port, _ := net.SplitHostPort(natsAddr)
 	startProc(t, "nats-server", natsBin, "-a", host, "-p", port, "-js", "-sd", t.TempDir())
 	natsURL := "nats://" + natsAddr
-	within(t, 20*time.Second, func() error {
+	testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		c, err := net.Dial("tcp", natsAddr)
 		if err == nil {
 			c.Close()
@@ -125,7 +127,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 			`,"messages":[{"role":"user","content":"write a function"}]}`
 	}
 	// Both replicas serve before the faults.
-	within(t, 60*time.Second, func() error {
+	testkit.CheckFor(t, 60*time.Second, 10*time.Millisecond, func() error {
 		seen := map[string]bool{}
 		for range 20 {
 			o := send(context.Background(), gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
@@ -160,7 +162,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	t.Logf("engine of %s SIGKILLed after 100 tokens of a stream: the client got all 500, one id", killed)
 
 	startEngine(killed, strings.TrimPrefix(engines[killed], "http://"))
-	within(t, 30*time.Second, func() error {
+	testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if resp, err := http.Get(engines[killed] + "/health"); err == nil {
 			resp.Body.Close()
 			return nil
@@ -170,7 +172,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	})
 	done := make(chan *reading, 1)
 	go func() { done <- askChat(t, gw, body(false), 0, nil) }()
-	within(t, 10*time.Second, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		for _, url := range engines {
 			if running(url) > 0 {
 				return nil

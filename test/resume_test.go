@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -187,7 +188,7 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 		for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
 			_ = st.Faults(id).Restart()
 		}
-		within(t, 10*time.Second, func() error {
+		testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 			if s0, s1 := replicaState(st, "l8-gen-0"), replicaState(st, "l8-gen-1"); s0 != subjects.StateReady || s1 != subjects.StateReady {
 				return fmt.Errorf("replicas %s, %s", s0, s1)
 			}
@@ -207,7 +208,7 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 	t.Run("non-streamed", func(t *testing.T) {
 		done := make(chan *reading, 1)
 		go func() { done <- askChat(t, url, resumeBody(false, ""), 0, nil) }()
-		within(t, 10*time.Second, func() error {
+		testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 			if st.Engine("l8-gen-0").InFlight()+st.Engine("l8-gen-1").InFlight() != 1 {
 				return fmt.Errorf("not in an engine yet")
 			}
