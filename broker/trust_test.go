@@ -110,6 +110,25 @@ func TestTrust(t *testing.T) {
 		}
 	})
 
+	t.Run("a direct client continues only a stored response its body names and its tenant owns", func(t *testing.T) {
+		// No response is stored: whatever names one is a 404, and a
+		// header cannot vouch for a body naming another tenant's.
+		for _, tc := range []struct{ header, body string }{
+			{"", `{"model":"chat-large","input":"hi","previous_response_id":"resp_other"}`},
+			{"resp_mine", `{"model":"chat-large","input":"hi","previous_response_id":"resp_other"}`},
+		} {
+			var msg nats.Msg
+			h := nats.Header{subjects.HdrEndpoint: {subjects.EndpointResponses}}
+			if tc.header != "" {
+				h.Set(subjects.HdrPreviousResponse, tc.header)
+			}
+			b.handle(newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			if msg.Header.Get(subjects.HdrStatus) != "404" || !strings.Contains(string(msg.Data), "resp_other") {
+				t.Errorf("header %q: %v %s, want 404 naming the body's resp_other", tc.header, msg.Header, msg.Data)
+			}
+		}
+	})
+
 	t.Run("a gateway's feature headers are", func(t *testing.T) {
 		var msg nats.Msg
 		h := nats.Header{}
