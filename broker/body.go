@@ -37,6 +37,9 @@ func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
 	if q.MaxTokens == 0 && fr.MaxTokens != nil {
 		q.MaxTokens = *fr.MaxTokens
 	}
+	if fr.PreviousResponseID != "" && h.Get(subjects.HdrPreviousResponse) == "" {
+		h.Set(subjects.HdrPreviousResponse, fr.PreviousResponseID)
+	}
 	if fr.Stream && h.Get(subjects.HdrStream) == "" {
 		h.Set(subjects.HdrStream, "1")
 	}

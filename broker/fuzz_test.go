@@ -2,6 +2,7 @@ package broker
 
 import (
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -143,19 +144,29 @@ func FuzzMessages(f *testing.F) {
 		case 3:
 			msg = &nats.Msg{Subject: "llm.broker.presence", Data: data}
 		}
-		start := time.Now()
-		switch kind % 4 {
-		case 0:
-			b.routeMsg("llm."+token, reply, h, data)
-		case 1:
-			b.onHeartbeat(msg)
-		case 2:
-			b.onUsage(msg)
-		case 3:
-			b.onPresence(msg)
+		deliver := func() time.Duration {
+			start := time.Now()
+			switch kind % 4 {
+			case 0:
+				b.routeMsg("llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
+			case 1:
+				b.onHeartbeat(msg)
+			case 2:
+				b.onUsage(msg)
+			case 3:
+				b.onPresence(msg)
+			}
+			return time.Since(start)
 		}
-		if d := time.Since(start); d > 100*time.Millisecond {
-			t.Fatalf("one message took %v", d)
+		// The bound is about time, so a loaded machine gets two more tries:
+		// work in proportion to a 6 MB header took over a second each time;
+		// a stall of the process does not repeat three times.
+		d, tries := deliver(), 1
+		for ; d > 100*time.Millisecond && tries < 3; tries++ {
+			d = min(d, deliver())
+		}
+		if d > 100*time.Millisecond {
+			t.Fatalf("one message took %v, the best of %d", d, tries)
 		}
 		for len(b.out) > 0 {
 			<-b.out
@@ -183,8 +194,8 @@ func FuzzMessages(f *testing.F) {
 		if got := series(b.metrics.heartbeatAge); got > known {
 			t.Fatalf("%d heartbeat series for %d replicas", got, known)
 		}
-		if got := b.router.Reservations(); got > reservations+1 {
-			t.Fatalf("%d reservations after one message", got)
+		if got := b.router.Reservations(); got > reservations+tries {
+			t.Fatalf("%d reservations after one message sent %d times", got, tries)
 		}
 		reservations = b.router.Reservations()
 		if n := b.LiveBrokers(); n > maxBrokers+1 {

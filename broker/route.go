@@ -201,8 +201,13 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 		// own could name another request's. Direct clients cannot cancel
 		// (only gateways publish cancels), so nothing needs theirs.
 		setHeader(h, subjects.HdrRequestID, nuid.Next())
+		// The stored response continued is the body's previous_response_id
+		// (scanBody), checked against the tenant's: a header naming
+		// another would pass the check for one and send the engine the
+		// other.
 		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
-			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens} {
+			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
+			subjects.HdrPreviousResponse} {
 			delete(h, k)
 		}
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,6 +146,27 @@ func BenchmarkRoutePath(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRefuseOverBound is the broker refusing a 6 MB Llm-Exclude: the
+// check counts bytes, so the figure does not grow with the header.
+func BenchmarkRefuseOverBound(b *testing.B) {
+	br := newTestBroker(b, 8, time.Unix(1_800_000_000, 0))
+	h := nats.Header{subjects.HdrExclude: {strings.Repeat("r-0,", 6<<20/4)}}
+	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`)
+	s := newScratch()
+	var msg nats.Msg
+	b.ReportAllocs()
+	for b.Loop() {
+		s.reset()
+		br.handle(s, "llm.gw.default", "_INBOX.gw.1", h, body, &msg)
+		if msg.Header.Get(subjects.HdrStatus) != "400" {
+			b.Fatal("not refused")
+		}
+		for len(br.out) > 0 {
+			<-br.out
+		}
 	}
 }
 

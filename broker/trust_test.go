@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/features"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // TestTrust checks what the broker refuses to believe of a message
@@ -49,6 +50,82 @@ func TestTrust(t *testing.T) {
 		}
 		if got := msg.Header.Get(subjects.HdrMaxTokens); got != "5" {
 			t.Errorf("Llm-Max-Tokens forwarded %q, want the body's 5", got)
+		}
+	})
+
+	t.Run("a direct client's headers are not believed on Responses and Messages either", func(t *testing.T) {
+		// One replica whose engine serves every endpoint, for this case alone.
+		old := b.Table()
+		t.Cleanup(func() { b.setTable(old) })
+		next := old.Clone()
+		v, err := table.Decode("replicas.r-all", []byte(`{"model":"llama-3-70b-instruct","version":"v1.5.0","pool":"general",`+
+			`"max_batch":32,"max_queue":128,"state":"ready","endpoints":["`+strings.Join(subjects.AllEndpoints(), `","`)+`"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.Set(v, nil)
+		b.setTable(next)
+		b.router.ObserveHeartbeat(&subjects.Heartbeat{Replica: "r-all", Model: "llama-3-70b-instruct", Version: "v1.5.0", Pool: "general",
+			State: subjects.StateReady, MaxBatch: 32, MaxQueue: 128, ScrapeOK: true, Endpoints: subjects.AllEndpoints()}, now)
+		long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2000) // 88 KB
+		for _, tc := range []struct {
+			endpoint string
+			body     map[string]any
+		}{
+			{subjects.EndpointResponses, map[string]any{"model": "chat-large", "max_output_tokens": 5, "input": long}},
+			{subjects.EndpointResponses, map[string]any{"model": "chat-large", "max_output_tokens": 5, "input": "hi", "instructions": long}},
+			{subjects.EndpointMessages, map[string]any{"model": "chat-large", "max_tokens": 5,
+				"messages": []map[string]string{{"role": "user", "content": long}}}},
+			{subjects.EndpointMessages, map[string]any{"model": "chat-large", "max_tokens": 5, "system": long,
+				"messages": []map[string]string{{"role": "user", "content": "hi"}}}},
+		} {
+			body, _ := json.Marshal(tc.body)
+			var msg nats.Msg
+			h := nats.Header{}
+			h.Set(subjects.HdrEndpoint, tc.endpoint)
+			h.Set(subjects.HdrPromptTokens, "1")
+			h.Set(subjects.HdrMaxTokens, "1")
+			s := newScratch()
+			if !b.handle(s, "llm.route.default", "_INBOX.x", h, body, &msg) {
+				t.Fatalf("%s: not forwarded: %v %s", tc.endpoint, msg.Header, msg.Data)
+			}
+			if s.req.PromptTokens < 16000 {
+				t.Errorf("%s: took the header: prompt %d", tc.endpoint, s.req.PromptTokens)
+			}
+			if got := msg.Header.Get(subjects.HdrMaxTokens); got != "5" {
+				t.Errorf("%s: Llm-Max-Tokens forwarded %q, want the body's 5", tc.endpoint, got)
+			}
+		}
+		for _, tc := range []struct{ endpoint, body string }{
+			{subjects.EndpointResponses, `{"model":"chat-large","input":"hi","max_output_tokens":2000000}`},
+			{subjects.EndpointMessages, `{"model":"chat-large","max_tokens":-1,"messages":[{"role":"user","content":"hi"}]}`},
+			{subjects.EndpointMessages, `{"model":"chat-large","n":4,"messages":[{"role":"user","content":"hi"}]}`},
+		} {
+			var msg nats.Msg
+			h := nats.Header{subjects.HdrEndpoint: {tc.endpoint}}
+			b.handle(newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			if msg.Header.Get(subjects.HdrStatus) != "400" {
+				t.Errorf("%s %s: %v %s, want 400", tc.endpoint, tc.body, msg.Header, msg.Data)
+			}
+		}
+	})
+
+	t.Run("a direct client continues only a stored response its body names and its tenant owns", func(t *testing.T) {
+		// No response is stored: whatever names one is a 404, and a
+		// header cannot vouch for a body naming another tenant's.
+		for _, tc := range []struct{ header, body string }{
+			{"", `{"model":"chat-large","input":"hi","previous_response_id":"resp_other"}`},
+			{"resp_mine", `{"model":"chat-large","input":"hi","previous_response_id":"resp_other"}`},
+		} {
+			var msg nats.Msg
+			h := nats.Header{subjects.HdrEndpoint: {subjects.EndpointResponses}}
+			if tc.header != "" {
+				h.Set(subjects.HdrPreviousResponse, tc.header)
+			}
+			b.handle(newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			if msg.Header.Get(subjects.HdrStatus) != "404" || !strings.Contains(string(msg.Data), "resp_other") {
+				t.Errorf("header %q: %v %s, want 404 naming the body's resp_other", tc.header, msg.Header, msg.Data)
+			}
 		}
 	})
 
@@ -101,19 +178,26 @@ func TestTrust(t *testing.T) {
 			{subjects.HdrPrefix, strings.Repeat("0123456789abcdef,", 100000)},
 		} {
 			best := time.Hour
-			for range 5 {
+			for range 3 {
 				var msg nats.Msg
+				s := newScratch()
 				h := nats.Header{tc.header: {tc.value}}
 				start := time.Now()
-				b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
+				b.handle(s, "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
 				best = min(best, time.Since(start))
 				if msg.Header.Get(subjects.HdrStatus) != "400" {
 					t.Fatalf("%s of %d bytes: %v %s", tc.header, len(tc.value), msg.Header, msg.Data)
 				}
+				// Refused before any work in proportion: nothing was split.
+				if len(s.exclude)+len(s.features)+len(s.prefix) > 0 || s.req.Model != "" {
+					t.Fatalf("%s of %d bytes was read before it was refused: %d excluded, %d features, %d prefix blocks, model %d chars",
+						tc.header, len(tc.value), len(s.exclude), len(s.features), len(s.prefix), len(s.req.Model))
+				}
 			}
-			// The bound is about time: the check counts bytes, so it is
-			// microseconds where splitting 6 MB took over a second.
-			if best > time.Millisecond {
+			// The bound is about time, and generous: refusing is
+			// microseconds (BenchmarkRefuseOverBound, docs/benchmarks.md)
+			// where splitting 6 MB took over a second.
+			if best > 100*time.Millisecond {
 				t.Errorf("%s of %d bytes took %v to refuse", tc.header, len(tc.value), best)
 			}
 		}

@@ -223,3 +223,49 @@ func TestConnectionsPastTheLimitAreRefused(t *testing.T) {
 		return resp.StatusCode == 200
 	}))
 }
+
+// TestSlowBodyOnEveryEndpoint: the body deadline is the gateway's, before
+// any endpoint reads a byte, and its 408 comes in the endpoint's own error
+// shape (an Anthropic SDK parses only Anthropic's).
+func TestSlowBodyOnEveryEndpoint(t *testing.T) {
+	u := newUpstream(t, gateway.Config{BodyTimeout: 300 * time.Millisecond}, func(r *reply, _ int) {
+		r.t.Errorf("a body cut by its deadline reached the bus: %s", r.m.Data)
+	})
+	addr := strings.TrimPrefix(u.gw, "http://")
+	for _, ep := range []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings,
+		subjects.EndpointResponses, subjects.EndpointMessages} {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := "POST " + ep + " HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+		if _, err := io.WriteString(c, head+`{"model":`); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", ep, err)
+		}
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type string `json:"type"`
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		c.Close()
+		if err != nil || resp.StatusCode != http.StatusRequestTimeout {
+			t.Fatalf("%s: %d %v, want 408", ep, resp.StatusCode, err)
+		}
+		if ep == subjects.EndpointMessages {
+			if e.Type != "error" || e.Error.Type == "" {
+				t.Errorf("%s: %+v, want Anthropic's {\"type\":\"error\",\"error\":{\"type\":…}}", ep, e)
+			}
+		} else if e.Error.Code != subjects.CodeRequestTimeout {
+			t.Errorf("%s: code %q, want %s", ep, e.Error.Code, subjects.CodeRequestTimeout)
+		}
+	}
+}

@@ -267,6 +267,43 @@ func TestBrokenStreamsAreErrors(t *testing.T) {
 	}
 }
 
+// TestStreamsEndInEachAPIsForm: a Messages stream ends with message_stop
+// and a Responses stream with response.completed, neither with [DONE];
+// their error events are failures.
+func TestStreamsEndInEachAPIsForm(t *testing.T) {
+	raw := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	const (
+		messages = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+		responses = "event: response.created\ndata: {\"type\":\"response.created\"}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n"
+		messagesFailed  = "event: message_start\ndata: {}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n"
+		responsesFailed = "event: response.created\ndata: {}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"upstream_error\"}\n\n"
+		messagesCut     = "event: message_start\ndata: {}\n\n"
+	)
+	var targets []string
+	for _, b := range []string{messages, responses, messagesFailed, responsesFailed, messagesCut} {
+		targets = append(targets, newServer(t, raw(b)).URL)
+	}
+	rep := run(t, loadgen.Config{Targets: targets, Rate: 100, Requests: 2, Stream: true})
+	for i, want := range []string{"", "", "stream error event", "stream error event", "incomplete stream"} {
+		tr := rep.Targets[i]
+		if want == "" && (tr.OK != 2 || tr.Gaps == nil || tr.Gaps.N != 4) {
+			t.Errorf("target %d: ok %d, errors %v, gaps %+v; want 2 whole streams of 3 events", i, tr.OK, tr.ErrorsBy, tr.Gaps)
+		}
+		if want != "" && tr.ErrorsBy[want] != 2 {
+			t.Errorf("target %d: errors %v, want 2 %q", i, tr.ErrorsBy, want)
+		}
+	}
+}
+
 func TestReportJSONRoundTrips(t *testing.T) {
 	a, b := newServer(t, okJSON), newServer(t, sse(0, time.Millisecond, 2, "data: [DONE]\n\n"))
 	rep := run(t, loadgen.Config{Targets: []string{a.URL, b.URL}, Names: []string{"direct", "proxy"}, Rate: 100, Requests: 4, Stream: true})

@@ -17,7 +17,7 @@ const (
 	errTimeout    = "timeout"
 	errTransport  = "transport"
 	errCanceled   = "canceled"
-	errIncomplete = "incomplete stream" // ended without data: [DONE]
+	errIncomplete = "incomplete stream" // ended without its API's last event (data: [DONE] on chat)
 	errEvent      = "stream error event"
 	errEmpty      = "empty body"
 )
@@ -26,7 +26,7 @@ const (
 type result struct {
 	sched, sent, head, first, end time.Time
 	gaps                          []time.Duration // between successive data lines
-	chunks                        int             // data lines before [DONE]
+	chunks                        int             // data lines before the stream's end
 	replica, reason               string          // X-Switchyard-Replica and -Reason
 	errKind                       string          // "" when the request succeeded
 	errDetail                     string          // what the failure said, shortened
@@ -95,6 +95,7 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time, out out
 func readStream(body io.Reader, r *result) error {
 	sr := sse.NewReader(body, 16<<10)
 	var last time.Time
+	var event string // the event: line of the data line that follows, if any
 	for {
 		line, err := sr.Next()
 		if errors.Is(err, io.EOF) {
@@ -106,6 +107,9 @@ func readStream(body io.Reader, r *result) error {
 		if err != nil {
 			return err
 		}
+		if line.Field == "event" {
+			event = string(line.Value)
+		}
 		if line.Field != "data" {
 			continue
 		}
@@ -116,18 +120,41 @@ func readStream(body io.Reader, r *result) error {
 			r.gaps = append(r.gaps, now.Sub(last))
 		}
 		last = now
-		if line.Done() {
+		end, failed := streamEnd(line, event)
+		event = ""
+		if failed && r.errKind == "" {
+			r.errKind, r.errDetail = errEvent, shorten("data: "+string(line.Value))
+		}
+		if end {
 			_, _ = io.Copy(io.Discard, body)
 			return nil
 		}
-		// A failed stream ends with a data line holding an error object,
-		// as vLLM and Switchyard send it.
-		if r.errKind == "" && bytes.HasPrefix(bytes.TrimSpace(line.Value), errorData) {
-			r.errKind, r.errDetail = errEvent, shorten("data: "+string(line.Value))
-		} else {
+		if !failed {
 			r.chunks++
 		}
 	}
+}
+
+// streamEnd tells whether a data line (after its event: line, if any) ends
+// the stream, and whether it is a failure, in each API's own form: chat and
+// completions end with data: [DONE] and fail with a data line holding an
+// error object (as vLLM and Switchyard send it); the Responses API ends
+// with response.completed and fails with error, response.failed or
+// response.incomplete; the Messages API ends with message_stop and fails
+// with error.
+func streamEnd(line sse.Line, event string) (end, failed bool) {
+	switch event {
+	case "response.completed", "message_stop":
+		return true, false
+	case "response.failed", "response.incomplete":
+		return true, true
+	case "error":
+		return false, true
+	}
+	if line.Done() {
+		return true, false
+	}
+	return false, bytes.HasPrefix(bytes.TrimSpace(line.Value), errorData)
 }
 
 func classify(ctx context.Context, err error) string {

@@ -96,8 +96,9 @@ const (
 	maxEntries    = 1_000_000
 )
 
-// ReadWorkload reads JSONL: one OpenAI request body a line (chat, with
-// "messages", or completion, with "prompt"). A line may carry a
+// ReadWorkload reads JSONL: one request body a line (chat or the Messages
+// API, with "messages"; completion, with "prompt"; the Responses API or
+// embeddings, with "input"). A line may carry a
 // "timestamp" field, seconds from the start of the run, which is removed
 // before the body is sent. Blank lines are skipped.
 func ReadWorkload(r io.Reader) ([]Entry, error) {
@@ -135,8 +136,8 @@ func parseEntry(line []byte) (Entry, error) {
 	if err := json.Unmarshal(line, &m); err != nil {
 		return Entry{}, fmt.Errorf("not a JSON object: %w", err)
 	}
-	if m["messages"] == nil && m["prompt"] == nil {
-		return Entry{}, errors.New(`neither "messages" nor "prompt"`)
+	if m["messages"] == nil && m["prompt"] == nil && m["input"] == nil {
+		return Entry{}, errors.New(`none of "messages", "prompt" and "input"`)
 	}
 	var e Entry
 	if ts, ok := m["timestamp"]; ok {

@@ -243,6 +243,9 @@ func TestWorkloadFileIsReplayed(t *testing.T) {
 			t.Errorf("ReadWorkload(%q) accepted", bad)
 		}
 	}
+	if w, err := loadgen.ReadWorkload(strings.NewReader(`{"model": "m", "input": "hi", "max_output_tokens": 8}`)); err != nil || len(w) != 1 {
+		t.Errorf("a Responses body: %d entries, %v", len(w), err)
+	}
 	untimed, _ := loadgen.ReadWorkload(strings.NewReader(`{"messages": []}`))
 	if err := (&loadgen.Config{Targets: []string{e.URL}, Workload: untimed, Replay: true}).Validate(); err == nil {
 		t.Error("replay of a line without a timestamp accepted")

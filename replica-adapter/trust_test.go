@@ -17,7 +17,9 @@ func TestTrust(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
 	})
-	e.start(e.config())
+	cfg := e.config()
+	cfg.Endpoints = subjects.AllEndpoints()
+	e.start(cfg)
 	e.waitReady("r-1")
 
 	status := func(t *testing.T, id, endpoint, maxTokens, body string) int {
@@ -80,6 +82,27 @@ func TestTrust(t *testing.T) {
 			}
 			if reqs[0].Body["max_tokens"] == nil && reqs[0].Body["max_completion_tokens"] == nil {
 				t.Errorf("%s: engine got no max_tokens: %v", tc.name, reqs[0].Body)
+			}
+		}
+	})
+
+	t.Run("the Responses and Messages engines receive the reserved limit", func(t *testing.T) {
+		for _, tc := range []struct{ name, endpoint, field, body string }{
+			{"responses over", subjects.EndpointResponses, "max_output_tokens", `{"model":"m","max_output_tokens":100000,"input":"hi"}`},
+			{"responses absent", subjects.EndpointResponses, "max_output_tokens", `{"model":"m","input":"hi"}`},
+			{"messages over", subjects.EndpointMessages, "max_tokens", `{"model":"m","max_tokens":100000,"messages":[]}`},
+			{"messages absent", subjects.EndpointMessages, "max_tokens", `{"model":"m","messages":[]}`},
+		} {
+			before := len(e.eng.requests())
+			if got := status(t, "limit-"+tc.name, tc.endpoint, "64", tc.body); got != http.StatusOK {
+				t.Fatalf("%s: status %d", tc.name, got)
+			}
+			reqs := e.eng.requests()[before:]
+			if len(reqs) != 1 || reqs[0].Path != tc.endpoint {
+				t.Fatalf("%s: engine saw %v", tc.name, reqs)
+			}
+			if v := reqs[0].Body[tc.field]; v != float64(64) {
+				t.Errorf("%s: engine got %s %v, want 64: %v", tc.name, tc.field, v, reqs[0].Body)
 			}
 		}
 	})

@@ -45,7 +45,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	})
 	fs.IntVar(&cfg.Conversations, "conversations", 0, "spread requests over N multi-turn conversations (history and X-Conversation-Id)")
-	workload := fs.String("workload", "", "JSONL file of OpenAI request bodies (optional \"timestamp\": seconds), sent at their timestamps, or at --rate when given")
+	workload := fs.String("workload", "", "JSONL file of request bodies: chat, completions, Responses or Messages (optional \"timestamp\": seconds), sent at their timestamps, or at --rate when given")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "send Authorization: Bearer <key>")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 0, "closed loop: keep N requests in flight per target instead of sending at --rate")
 	fs.Int64Var(&cfg.Seed, "seed", 1, "seed of the generated prompts and choices")

@@ -31,13 +31,6 @@ const Headroom = 64 << 20
 // every is how often the live heap is read.
 const every = 500 * time.Millisecond
 
-// Apply sets Percent, unless the operator set GOGC in the environment.
-func Apply() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(Percent)
-	}
-}
-
 // PercentFor is the GOGC for a live heap of live bytes: Headroom above it,
 // between 100 and Percent.
 func PercentFor(live uint64) int {

@@ -4,8 +4,10 @@ import (
 	"runtime/debug"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
+
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func TestPercentFollowsTheLiveHeap(t *testing.T) {
 	const mib = 1 << 20
@@ -28,7 +30,6 @@ func TestPercentFollowsTheLiveHeap(t *testing.T) {
 }
 
 func TestStartSetsPercentAndStops(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	t.Setenv("GOGC", "")
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
