@@ -332,14 +332,36 @@ func TestQuota(t *testing.T) {
 		mustRoute(t, e.decide(q))
 		mustRoute(t, e.decide(q))
 		mustReject(t, e.decide(q), 429, subjects.CodeRateLimit)
-		// Its request was charged: the continuation is neither refused nor
-		// charged again, however often it comes.
+		// Its request was charged: the continuation is never refused,
+		// however often it comes.
 		c := *q
 		c.ResumeFrom, c.ResumeTokens = "l8-gen-0", 100
 		for range 3 {
 			if d := e.decide(&c); d.Err != nil || d.Replica == "" {
 				t.Fatalf("continuation refused: %v", d.Err)
 			}
+		}
+	})
+	t.Run("a continuation's generated tokens are charged once", func(t *testing.T) {
+		e := newEnv(t, `{"tenants.metered": {"quota": {"tpm": 1000}}}`)
+		q := chat("chat-small")
+		q.Tenant, q.PromptTokens, q.MaxTokens, q.ID = "metered", 100, 400, "req-a"
+		mustRoute(t, e.decide(q)) // 500 reserved, 500 left
+		c := *q
+		c.ID, c.ResumeFrom, c.ResumeTokens, c.MaxTokens = "req-c", "l8-gen-0", 100, 300
+		mustRoute(t, e.decide(&c)) // 300 more reserved, 200 left
+		// The continuation generated 50: 250 come back. Its prompt (the
+		// original prompt and the carried text) was charged with the first
+		// part and does not count again.
+		if !e.r.ObserveUsage(&subjects.Usage{RequestID: "req-c", PromptTokens: 5000, CompletionTokens: 50}, e.now) {
+			t.Fatal("the continuation's reservation was not settled")
+		}
+		q2 := *q
+		q2.ID = "req-b"
+		d := e.decide(&q2) // 500 wanted, 450 left
+		mustReject(t, d, 429, subjects.CodeRateLimit)
+		if d.Err.RetryAfter != 3*time.Second { // 50 tokens at 1000/min
+			t.Fatalf("RetryAfter %v, want 3s: the continuation's 50 tokens charged once", d.Err.RetryAfter)
 		}
 	})
 	t.Run("default max tokens are reserved", func(t *testing.T) {

@@ -155,6 +155,8 @@ func (st *decision) run() {
 func (st *decision) commitTo(x *replica) {
 	if st.req.ResumeFrom == "" {
 		st.chargeQuota()
+	} else {
+		st.chargeContinuation()
 	}
 	x.inflight++
 	if a := st.adapter; a != "" && !hasAdapter(x, a) {

@@ -142,8 +142,31 @@ func (st *decision) chargeQuota() {
 	}
 	if q.TPM > 0 {
 		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
-		st.r.reserveLocked(st.req.ID, st.tenantKey, st.quota.cost, st.now)
+		st.r.reserveLocked(st.req.ID, st.tenantKey, st.quota.cost, false, st.now)
 	}
+}
+
+// chargeContinuation charges a continuation of an admitted request (a
+// stream resumed on another replica). It was admitted once, so nothing
+// here refuses it and the request quota is not charged again; the tokens it
+// may generate are taken from the tpm bucket and reserved under its own
+// request id, so its usage event settles them: the text it generates is
+// charged once, with neither the prompt nor the carried text again.
+func (st *decision) chargeContinuation() {
+	if st.tenant == nil || st.tenant.Quota.TPM == 0 {
+		return
+	}
+	q := st.tenant.Quota
+	tq := st.r.quotas[st.tenantKey]
+	if tq == nil {
+		tq = &tenantQuota{}
+		st.r.quotas[st.tenantKey] = tq
+	}
+	capacity := float64(q.TPM) / float64(st.r.brokers)
+	cost := st.maxTokens()
+	lvl := tq.tpm.level(q.TPM, capacity, st.now)
+	tq.tpm.set(q.TPM, max(lvl-float64(cost), -capacity), st.now)
+	st.r.reserveLocked(st.req.ID, st.tenantKey, cost, true, st.now)
 }
 
 // chargeHeld counts a request the gateway will hold for its cold model
@@ -175,6 +198,10 @@ type reservation struct {
 	tenant string // the quota key charged
 	tokens int
 	at     time.Time
+	// completionOnly marks a continuation's reservation: its prompt (the
+	// original prompt plus the text carried over) was charged with the
+	// first part, so only the tokens it generates count.
+	completionOnly bool
 }
 
 // Reservations are bounded in number and age: one whose usage never came
@@ -186,7 +213,7 @@ const (
 )
 
 // reserveLocked records a reservation. Lock must be held.
-func (r *Router) reserveLocked(id, tenant string, tokens int, now time.Time) {
+func (r *Router) reserveLocked(id, tenant string, tokens int, completionOnly bool, now time.Time) {
 	if id == "" || tokens <= 0 {
 		return
 	}
@@ -203,7 +230,7 @@ func (r *Router) reserveLocked(id, tenant string, tokens int, now time.Time) {
 			return
 		}
 	}
-	r.reserved[id] = reservation{tenant: tenant, tokens: tokens, at: now}
+	r.reserved[id] = reservation{tenant: tenant, tokens: tokens, at: now, completionOnly: completionOnly}
 }
 
 // Reservations is the number of reservations held.
@@ -237,7 +264,10 @@ func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	if t == nil || t.Quota.TPM == 0 || tq == nil {
 		return true
 	}
-	used := min(max(u.PromptTokens, 0), 2*res.tokens) + min(max(u.CompletionTokens, 0), 2*res.tokens)
+	used := min(max(u.CompletionTokens, 0), 2*res.tokens)
+	if !res.completionOnly {
+		used += min(max(u.PromptTokens, 0), 2*res.tokens)
+	}
 	refund := float64(res.tokens - min(used, 2*res.tokens))
 	n := float64(r.brokers)
 	capacity := float64(t.Quota.TPM) / n
