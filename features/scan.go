@@ -288,22 +288,31 @@ func (s *scanner) object(fields *[numFields][]byte) bool {
 				fields[f] = s.b[v:s.i]
 			}
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case '}':
-			s.i++
-			s.depth--
-			return true
-		default:
-			return false
+		if end, ok := s.next('}'); !ok || end {
+			return ok
 		}
 	}
+}
+
+// next reads what follows a member of an object or an element of an array:
+// a comma (more follow) or the closing byte (the container ends). ok is
+// false for anything else.
+func (s *scanner) next(closing byte) (end, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		s.ws()
+		return false, true
+	case closing:
+		s.i++
+		s.depth--
+		return true, true
+	}
+	return false, false
 }
 
 func (s *scanner) array() bool {
@@ -321,20 +330,8 @@ func (s *scanner) array() bool {
 		if !s.value() {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case ']':
-			s.i++
-			s.depth--
-			return true
-		default:
-			return false
+		if end, ok := s.next(']'); !ok || end {
+			return ok
 		}
 	}
 }
