@@ -8,6 +8,9 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
 
@@ -47,23 +50,10 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	cfg.EngineAPIKey = key
 	log := newLogger(stderr, *logLevel)
-	nc, err := nf.connect(ctx, "switchyard-adapter-"+cfg.Replica, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	reg := newRegistry()
-	cfg.Logger, cfg.Registerer = log, reg
-	a, err := adapter.New(nc, cfg)
-	if err != nil {
-		return err
-	}
-	stop, err := serveMetrics(*metricsListen, reg)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	return a.Run(ctx)
+	return runPart(ctx, &nf, "switchyard-adapter-"+cfg.Replica, log, *metricsListen, func(nc *nats.Conn, reg *prometheus.Registry) (part, error) {
+		cfg.Logger, cfg.Registerer = log, reg
+		return adapter.New(nc, cfg)
+	})
 }
 
 // engineKeyEnv names the environment variable holding the engine's API key.

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -38,23 +40,36 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
-	nc, err := nf.connect(ctx, "switchyard-broker", log)
+	return runPart(ctx, &nf, "switchyard-broker", log, *metricsListen, func(nc *nats.Conn, reg *prometheus.Registry) (part, error) {
+		cfg.Logger, cfg.Registerer = log, reg
+		return broker.New(nc, cfg)
+	})
+}
+
+// part is a long-running part of Switchyard: a broker, an adapter, a loader.
+type part interface{ Run(context.Context) error }
+
+// runPart connects to NATS as name, builds the part with a fresh registry,
+// serves that registry's /metrics on metricsAddr and runs the part until
+// ctx ends.
+func runPart(ctx context.Context, nf *natsFlags, name string, log *slog.Logger, metricsAddr string,
+	build func(*nats.Conn, *prometheus.Registry) (part, error)) error {
+	nc, err := nf.connect(ctx, name, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	cfg.Logger, cfg.Registerer = log, reg
-	b, err := broker.New(nc, cfg)
+	p, err := build(nc, reg)
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveMetrics(*metricsListen, reg)
+	stopMetrics, err := serveMetrics(metricsAddr, reg)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	return b.Run(ctx)
+	return p.Run(ctx)
 }
 
 // newRegistry is a fresh Prometheus registry with the process collectors and

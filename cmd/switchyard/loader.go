@@ -5,6 +5,9 @@ import (
 	"flag"
 	"io"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/loader"
 )
 
@@ -28,21 +31,8 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
-	nc, err := nf.connect(ctx, "switchyard-loader", log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	reg := newRegistry()
-	cfg.Logger, cfg.Registerer = log, reg
-	l, err := loader.New(nc, cfg)
-	if err != nil {
-		return err
-	}
-	stopMetrics, err := serveMetrics(*metricsListen, reg)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	return l.Run(ctx)
+	return runPart(ctx, &nf, "switchyard-loader", log, *metricsListen, func(nc *nats.Conn, reg *prometheus.Registry) (part, error) {
+		cfg.Logger, cfg.Registerer = log, reg
+		return loader.New(nc, cfg)
+	})
 }
