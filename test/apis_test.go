@@ -93,23 +93,7 @@ func TestStoredResponsesStayOnTheirReplica(t *testing.T) {
 		t.Errorf("GET a deleted response: %d %v, want 404 %s", g.status, g.body, subjects.CodePreviousResponseNotFound)
 	}
 
-	bucket, ctx := kvBucket(t, st), context.Background()
-	e, err := bucket.Get(ctx, "replicas."+owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v map[string]any
-	_ = json.Unmarshal(e.Value(), &v)
-	v["state"] = subjects.StateDraining
-	if _, err := bucket.Update(ctx, "replicas."+owner, jsonMarshal(v), e.Revision()); err != nil {
-		t.Fatal(err)
-	}
-	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if s := replicaState(st, owner); s != subjects.StateDraining {
-			return fmt.Errorf("broker sees %q", s)
-		}
-		return nil
-	})
+	drainInTable(t, st, owner)
 
 	before := metric(st, "switchyard_broker_rejections_total", map[string]string{"code": subjects.CodePreviousResponseNotFound})
 	if a := turn(prev); a.status != 404 || a.code() != subjects.CodePreviousResponseNotFound {
@@ -151,4 +135,27 @@ func TestEndpointNotServedIs501(t *testing.T) {
 	if inner, _ := e.body["error"].(map[string]any); e.status != 404 || e.body["type"] != "error" || inner["type"] != "not_found_error" {
 		t.Errorf("messages for an unknown model: %d %v, want 404 in Anthropic's shape", e.status, e.body)
 	}
+}
+
+// drainInTable sets replica id draining in its replicas.<id> key, as an
+// operator does, and waits until the broker sees it.
+func drainInTable(t *testing.T, st *devstack.Stack, id string) {
+	t.Helper()
+	bucket, ctx := kvBucket(t, st), context.Background()
+	e, err := bucket.Get(ctx, "replicas."+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	_ = json.Unmarshal(e.Value(), &v)
+	v["state"] = subjects.StateDraining
+	if _, err := bucket.Update(ctx, "replicas."+id, jsonMarshal(v), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if s := replicaState(st, id); s != subjects.StateDraining {
+			return fmt.Errorf("broker sees %q", s)
+		}
+		return nil
+	})
 }

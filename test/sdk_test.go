@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
-	"github.com/switchyard-llm/switchyard/internal/testkit"
-	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // sdkScript runs test/sdk/sdk.mjs with args and returns its result lines.
@@ -94,23 +91,7 @@ func TestSDKs(t *testing.T) {
 	if owner == "" || last == "" {
 		t.Fatal("no stored conversation to drain")
 	}
-	bucket, ctx := kvBucket(t, st), context.Background()
-	e, err := bucket.Get(ctx, "replicas."+owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v map[string]any
-	_ = json.Unmarshal(e.Value(), &v)
-	v["state"] = subjects.StateDraining
-	if _, err := bucket.Update(ctx, "replicas."+owner, jsonMarshal(v), e.Revision()); err != nil {
-		t.Fatal(err)
-	}
-	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if s := replicaState(st, owner); s != subjects.StateDraining {
-			return fmt.Errorf("broker sees %q", s)
-		}
-		return nil
-	})
+	drainInTable(t, st, owner)
 
 	checked(t, sdkScript(t, "drained", url, last), 1)
 }
