@@ -59,9 +59,11 @@ type Config struct {
 
 // Broker routes requests. Create it with New and start it with Run.
 type Broker struct {
-	nc      *nats.Conn
-	cfg     Config
-	subj    subjects.Subjects
+	nc   *nats.Conn
+	cfg  Config
+	subj subjects.Subjects
+	// direct is the prefix of the direct clients' subjects, llm.route.
+	direct  string
 	log     *slog.Logger
 	router  *policy.Router
 	watcher *kv.Watcher
@@ -127,12 +129,13 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg.Now = time.Now
 	}
 	b := &Broker{
-		nc:   nc,
-		cfg:  cfg,
-		subj: subjects.New(cfg.Prefix),
-		log:  cfg.Logger.With("component", "broker", "broker", cfg.ID),
-		out:  make(chan outMsg, 4096),
-		rng:  rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+		nc:     nc,
+		cfg:    cfg,
+		subj:   subjects.New(cfg.Prefix),
+		direct: subjects.New(cfg.Prefix).Route(""),
+		log:    cfg.Logger.With("component", "broker", "broker", cfg.ID),
+		out:    make(chan outMsg, 4096),
+		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
 	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)

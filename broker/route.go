@@ -110,7 +110,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if h.Get(subjects.HdrMethod) != "" {
 		return b.handleStored(tenant, reply, h, msg)
 	}
-	direct := strings.HasPrefix(subject, b.subj.Route(""))
+	direct := strings.HasPrefix(subject, b.direct)
 	apiErr := b.fillRequest(s, tenant, direct, h, data)
 	if apiErr == nil {
 		apiErr = b.pin(&s.req, tenant, h)
