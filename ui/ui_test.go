@@ -16,7 +16,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
@@ -391,8 +390,7 @@ func TestWatchesTheBucketWithoutATableFunc(t *testing.T) {
 func TestStoppingEndsEveryStreamAndLeavesNoGoroutines(t *testing.T) {
 	// Registered first, so it runs after every other cleanup has stopped
 	// the server and the connections.
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	testkit.NoGoroutinesLeft(t)
 	snap := devSnapshot(t)
 	r, _ := newRig(t, ui.Config{Table: func() *table.Snapshot { return snap }})
 	ev := openEvents(t, r.srv.URL)

@@ -59,6 +59,17 @@ func Main(m *testing.M, opts ...goleak.Option) {
 	os.Exit(code)
 }
 
+// NoGoroutinesLeft fails t at cleanup when a goroutine started after the
+// call is still running: the parts the test started and stopped left
+// nothing behind. Cleanups run last-registered first, so where it is called
+// decides what it checks: first in the test, after every other cleanup;
+// after the test's fixtures, before they are torn down.
+func NoGoroutinesLeft(t testing.TB) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
 // Load runs f in a loop on each of workers goroutines (f gets the worker's
 // number and its iteration) until the returned stop is called; stop waits
 // for every loop to finish its iteration, and runs at cleanup if the test

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
@@ -341,7 +340,7 @@ func TestWatcherSurvivesAServerRestart(t *testing.T) {
 
 func TestRunTwiceAndStopLeaveNoGoroutines(t *testing.T) {
 	e := newEnv(t)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testkit.NoGoroutinesLeft(t)
 	w := kv.New(e.js, kv.Config{Bucket: bucket})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
