@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -157,22 +158,20 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	// after since that was.
 	writable := func(since time.Time) time.Duration {
 		t.Helper()
-		for {
+		_, err := testkit.Poll(writableBound-time.Since(since), 50*time.Millisecond, func() error {
 			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
 			kv, err := js.KeyValue(wctx, subjects.DefaultBucket)
 			if err == nil {
 				_, err = kv.Put(wctx, "aliases.after-failover", []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`))
 			}
-			cancel()
-			if err == nil {
-				return time.Since(since).Round(time.Millisecond)
-			}
-			if time.Since(since) > writableBound {
-				t.Errorf("%s: table not writable within %v: %v", cur.fault, writableBound, err)
-				return writableBound
-			}
-			time.Sleep(50 * time.Millisecond)
+			return err
+		})
+		if err != nil {
+			t.Errorf("%s: table not writable within %v: %v", cur.fault, writableBound, err)
+			return writableBound
 		}
+		return time.Since(since).Round(time.Millisecond)
 	}
 	fault("1. SIGKILL the NATS node leading llm-routing; restart it", func() {
 		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
@@ -190,30 +189,31 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	// group, as a rolling restart waits for before stopping the next.
 	brokerUp := func(id string) {
 		t.Helper()
-		from := time.Now()
-		for time.Since(from) < routingBound {
+		_, err := testkit.Poll(routingBound, 50*time.Millisecond, func() error {
 			inbox := nats.NewInbox()
 			sub, err := op.SubscribeSync(inbox)
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
+			defer sub.Unsubscribe()
 			_ = op.PublishRequest("$SRV.PING."+subjects.BrokerService, inbox, nil)
 			for {
+				// Every broker answers; wait for the one restarted.
 				m, err := sub.NextMsg(500 * time.Millisecond)
 				if err != nil {
-					break
+					return fmt.Errorf("%s did not answer a ping: %w", id, err)
 				}
 				var ping struct {
 					Metadata map[string]string `json:"metadata"`
 				}
 				if json.Unmarshal(m.Data, &ping) == nil && ping.Metadata["broker"] == id {
-					_ = sub.Unsubscribe()
-					return
+					return nil
 				}
 			}
-			_ = sub.Unsubscribe()
+		})
+		if err != nil {
+			t.Errorf("%s not in the queue group %v after its start: %v", id, routingBound, err)
 		}
-		t.Errorf("%s not in the queue group %v after its start", id, routingBound)
 	}
 	fault("2. SIGKILL broker-1, restart it; SIGTERM broker-2, restart it", func() {
 		step("kill broker-1")
@@ -253,9 +253,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		if _, err := kv.Put(context.Background(), "aliases.chat-large", []byte(`{"targets":[{"model":"llama-3-70b-instruct","version":"v1.5.0","weight":50},{"model":"llama-3-70b-instruct","version":"v1.6.0","weight":50}],"fallbacks":["chat-small"]}`)); err != nil {
 			t.Fatal(err)
 		}
-		for l.canary.Load() < 20 && time.Since(edited) < routingBound {
-			time.Sleep(20 * time.Millisecond)
-		}
+		_, _ = testkit.Poll(routingBound, 20*time.Millisecond, testkit.Cond("20 answers from the canary", func() bool { return l.canary.Load() >= 20 }))
 		half := l.canary.Load()
 		cur.routing = time.Since(edited).Round(time.Millisecond)
 		if half < 20 {
@@ -489,13 +487,10 @@ func (l *clusterLoad) since() (failed, retried int64) {
 // now, and returns how long that took.
 func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
 	from := time.Now()
-	for time.Since(from) < bound {
-		if l.okSince(0, from) && l.okSince(1, from) {
-			return time.Since(from), true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return bound, false
+	took, err := testkit.Poll(bound, 20*time.Millisecond, testkit.Cond("both gateways answering", func() bool {
+		return l.okSince(0, from) && l.okSince(1, from)
+	}))
+	return took, err == nil
 }
 
 // okSince reports whether a request through gateway g that started after

@@ -30,14 +30,26 @@ import (
 // speed target: pick it generous.
 func CheckFor(t testing.TB, total, every time.Duration, f func() error) time.Duration {
 	t.Helper()
+	took, err := Poll(total, every, f)
+	if err != nil {
+		t.Fatalf("not within %v: %v", total, err)
+	}
+	return took
+}
+
+// Poll is CheckFor for a test that measures the wait and carries on when it
+// runs out: it calls f every `every` until f returns nil or total has
+// passed, and returns how long it waited and f's last error (nil when f
+// succeeded).
+func Poll(total, every time.Duration, f func() error) (time.Duration, error) {
 	start := time.Now()
 	for {
 		err := f()
 		if err == nil {
-			return time.Since(start)
+			return time.Since(start), nil
 		}
 		if time.Since(start) > total {
-			t.Fatalf("not within %v: %v", total, err)
+			return time.Since(start), err
 		}
 		time.Sleep(every)
 	}

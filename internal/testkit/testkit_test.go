@@ -28,6 +28,32 @@ func TestCheckForReturnsOnceTheConditionHolds(t *testing.T) {
 	}
 }
 
+func TestPollGivesUpWithTheLastError(t *testing.T) {
+	var calls int
+	took, err := testkit.Poll(20*time.Millisecond, time.Millisecond, func() error {
+		calls++
+		return errors.New("never")
+	})
+	if err == nil || err.Error() != "never" || took < 20*time.Millisecond || calls < 2 {
+		t.Fatalf("Poll = %v, %v after %d calls; want the error after at least 20ms", took, err, calls)
+	}
+	if _, err := testkit.Poll(time.Second, time.Millisecond, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNoGoroutinesLeftPassesWhenTheTestStopsWhatItStarted(t *testing.T) {
+	testkit.NoGoroutinesLeft(t)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-done
+	}()
+	close(done)
+	<-stopped
+}
+
 func TestCondNamesWhatIsAwaited(t *testing.T) {
 	err := testkit.Cond("the engine", func() bool { return false })()
 	if err == nil || err.Error() != "still waiting for the engine" {
