@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/loader"
-	"github.com/switchyard-llm/switchyard/table"
 )
 
 // DefaultColdLoad is how long the dev stack's cold model takes to load at
@@ -18,14 +18,10 @@ import (
 // off local NVMe onto its GPUs.
 const DefaultColdLoad = 20 * time.Second
 
-// ColdReplicas are the dev replicas of cold-tier models. None runs at
-// start: the dev loader starts one when a request asks for its model, and
-// stops it after the model's idle_unload_after.
-func ColdReplicas() []Replica {
-	return []Replica{
-		{ID: "mixtral-gen-0", Model: "mixtral-8x22b", Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192},
-	}
-}
+// ColdReplicas are the dev replicas of cold-tier models (fleet.Cold).
+// None runs at start: the dev loader starts one when a request asks for
+// its model, and stops it after the model's idle_unload_after.
+func ColdReplicas() []Replica { return fleet.Cold() }
 
 // coldRun is a cold replica while it runs.
 type coldRun struct {

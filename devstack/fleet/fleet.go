@@ -47,6 +47,14 @@ func Dev() []Replica {
 	}
 }
 
+// Cold is the dev deployment's cold tier: replicas of a model that is not
+// loaded until a request asks for it (the table's mixtral-8x22b).
+func Cold() []Replica {
+	return []Replica{
+		{ID: "mixtral-gen-0", Model: "mixtral-8x22b", Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192},
+	}
+}
+
 // Named is the dev replicas with these ids, in this order. An unknown id
 // is a defect of the caller and panics.
 func Named(ids ...string) []Replica {
