@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,32 +13,15 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-// scrape reads /metrics the way Prometheus does.
+// scrape reads the simulator's /metrics the way Prometheus does.
 func scrape(t *testing.T, hs *httptest.Server) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := hs.Client().Get(hs.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	return parseMetrics(t, resp.Body)
-}
-
-func parseMetrics(t *testing.T, r io.Reader) map[string]*dto.MetricFamily {
-	t.Helper()
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		t.Fatalf("parse metrics: %v", err)
-	}
-	return fams
+	return testkit.Scrape(t, hs.URL+"/metrics")
 }
 
 // gauge returns the value of a single-series gauge.
@@ -134,7 +116,7 @@ func TestMetricsMatchVLLMNamesTypesAndLabels(t *testing.T) {
 	_, hs := start(t, enginesim.ServerConfig{Engine: enginesim.Config{Model: "sim-model"}, Adapters: []string{"lora-a"}, Speed: 10})
 	post(t, hs, "/v1/chat/completions", fmtBody(chatBody, `,"max_tokens":3`))
 	ours := scrape(t, hs)
-	vllm := parseMetrics(t, bytes.NewReader(golden(t, "metrics-idle.txt")))
+	vllm := testkit.ParseMetrics(t, bytes.NewReader(golden(t, "metrics-idle.txt")))
 	for _, name := range []string{
 		"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:lora_requests_info",
 		"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds",

@@ -2,8 +2,6 @@ package test
 
 import (
 	"errors"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,29 +11,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
-
-// scrape fetches and parses a Prometheus text exposition.
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
-	if err != nil {
-		t.Fatalf("/metrics does not parse: %v", err)
-	}
-	return mfs
-}
 
 func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
@@ -44,7 +23,7 @@ func TestMetricsEndpointHoldsEveryPartsSeries(t *testing.T) {
 		t.Fatalf("status %d", status)
 	}
 	post(t, st.GatewayURL(), "", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)
-	mfs := scrape(t, st.GatewayURL()+"/metrics")
+	mfs := testkit.Scrape(t, st.GatewayURL()+"/metrics")
 	for _, want := range []struct {
 		name string
 		typ  dto.MetricType
@@ -128,7 +107,7 @@ func TestDeployArtefactsNameRealSeries(t *testing.T) {
 		}
 		return nil
 	})
-	mfs := scrape(t, st.GatewayURL()+"/metrics")
+	mfs := testkit.Scrape(t, st.GatewayURL()+"/metrics")
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..")
 	re := regexp.MustCompile(`switchyard_[a-z_]+`)

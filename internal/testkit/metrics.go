@@ -1,9 +1,15 @@
 package testkit
 
 import (
+	"io"
 	"math"
+	"net/http"
+	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Sum is the value of a counter or gauge family in g, summed over the
@@ -40,4 +46,36 @@ func Sum(g prometheus.Gatherer, name string, want map[string]string) float64 {
 		}
 	}
 	return sum
+}
+
+// Scrape reads url's Prometheus text exposition as Prometheus does, and
+// fails the test when it cannot be fetched or does not parse.
+func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	return ParseMetrics(t, resp.Body)
+}
+
+// ParseMetrics parses a text exposition. Names are held to the classic
+// rules (letters, digits, '_' and ':'), which every series here and vLLM's
+// keep, so a name only newer servers accept fails the test.
+func ParseMetrics(t testing.TB, r io.Reader) map[string]*dto.MetricFamily {
+	t.Helper()
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		t.Fatalf("metrics do not parse: %v", err)
+	}
+	return fams
 }
