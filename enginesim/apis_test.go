@@ -1,7 +1,6 @@
 package enginesim_test
 
 import (
-	"bufio"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,15 +11,7 @@ import (
 // events reads a stream's event names, in order.
 func events(t *testing.T, resp *http.Response) []string {
 	t.Helper()
-	var out []string
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if e, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
-			out = append(out, e)
-		}
-	}
-	return out
+	return fieldValues(t, resp.Body, "event")
 }
 
 func TestResponsesAreStoredPerReplica(t *testing.T) {

@@ -279,7 +279,7 @@ func TestServeStopsWithOpenStreams(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return")
 	}
-	events := sse(t, resp.Body)
+	events := streamData(t, resp.Body)
 	if len(events) == 0 || events[len(events)-1] == "[DONE]" || !strings.Contains(events[len(events)-1], `"error"`) {
 		t.Errorf("a stream cut by shutdown must end with an error event, not [DONE]; last events %q", events[max(0, len(events)-2):])
 	}

@@ -1,7 +1,6 @@
 package enginesim_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -111,18 +111,23 @@ func sameKeys(t *testing.T, what string, got, want any) {
 	}
 }
 
-// sse reads a stream's data payloads, in order.
-func sse(t *testing.T, r io.Reader) []string {
+// streamData reads a stream's data payloads, in order.
+func streamData(t *testing.T, r io.Reader) []string { return fieldValues(t, r, "data") }
+
+// fieldValues reads the values of a stream's lines of one field, in order.
+func fieldValues(t *testing.T, r io.Reader, field string) []string {
 	t.Helper()
 	var out []string
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			out = append(out, d)
+	sr := sse.NewReader(r, 1<<20)
+	for {
+		l, err := sr.Next()
+		if err != nil {
+			return out
+		}
+		if l.Field == field {
+			out = append(out, string(l.Value))
 		}
 	}
-	return out
 }
 
 const chatBody = `{"model":"sim-model","messages":[{"role":"user","content":"What is the weather like?"}]%s}`
@@ -178,8 +183,8 @@ func TestChatStreamMatchesVLLMShape(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != 200 || ct != "text/event-stream" {
 		t.Fatalf("status %d content-type %q", resp.StatusCode, ct)
 	}
-	got := sse(t, resp.Body)
-	want := sse(t, bytes.NewReader(golden(t, "chat-stream-lora.sse")))
+	got := streamData(t, resp.Body)
+	want := streamData(t, bytes.NewReader(golden(t, "chat-stream-lora.sse")))
 	if len(got) != len(want) {
 		t.Fatalf("%d events, want %d like vLLM (role, 4 tokens, finish, usage, [DONE]):\n%s", len(got), len(want), strings.Join(got, "\n"))
 	}
@@ -216,7 +221,7 @@ func TestChatStreamMatchesVLLMShape(t *testing.T) {
 
 func TestStreamWithoutUsageOption(t *testing.T) {
 	_, hs := start(t, enginesim.ServerConfig{Speed: 10})
-	got := sse(t, post(t, hs, "/v1/chat/completions", fmtBody(chatBody, `,"stream":true,"max_tokens":2`)).Body)
+	got := streamData(t, post(t, hs, "/v1/chat/completions", fmtBody(chatBody, `,"stream":true,"max_tokens":2`)).Body)
 	if len(got) != 5 || got[4] != "[DONE]" {
 		t.Fatalf("events %q, want role, 2 tokens, finish, [DONE]", got)
 	}
@@ -238,7 +243,7 @@ func TestCompletions(t *testing.T) {
 	if u := ids["usage"].(map[string]any); u["prompt_tokens"] != 8.0 {
 		t.Errorf("token-id prompt usage = %v, want 8 prompt tokens", u)
 	}
-	events := sse(t, post(t, hs, "/v1/completions", `{"model":"m","prompt":"Once upon a time","max_tokens":3,"stream":true}`).Body)
+	events := streamData(t, post(t, hs, "/v1/completions", `{"model":"m","prompt":"Once upon a time","max_tokens":3,"stream":true}`).Body)
 	if len(events) != 5 || events[4] != "[DONE]" || !strings.Contains(events[0], `"text_completion"`) {
 		t.Errorf("stream = %q, want 3 tokens, finish, [DONE]", events)
 	}

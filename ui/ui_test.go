@@ -1,7 +1,6 @@
 package ui_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -139,22 +139,24 @@ func openEvents(t *testing.T, base string) *events {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+	if ct := resp.Header.Get("Content-Type"); !sse.IsEventStream(ct) {
 		t.Fatalf("Content-Type %q", ct)
 	}
 	e := &events{ch: make(chan state, 64), body: resp.Body}
 	e.wg.Go(func() {
 		defer close(e.ch)
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			data, ok := strings.CutPrefix(sc.Text(), "data: ")
-			if !ok {
+		r := sse.NewReader(resp.Body, 1<<20)
+		for {
+			l, err := r.Next()
+			if err != nil {
+				return
+			}
+			if l.Field != "data" {
 				continue
 			}
 			var s state
-			if err := json.Unmarshal([]byte(data), &s); err != nil {
-				t.Errorf("bad event %q: %v", data, err)
+			if err := json.Unmarshal(l.Value, &s); err != nil {
+				t.Errorf("bad event %q: %v", l.Value, err)
 				return
 			}
 			e.ch <- s
