@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -177,7 +178,7 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 		if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load") || !strings.Contains(b, "data: [DONE]") || strings.Contains(b, "event: error") {
 			t.Errorf("held stream: %d %q, want 200, a waiting comment, then the stream to [DONE]", status, b)
 		}
-		if ct := h.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		if ct := h.Get("Content-Type"); !sse.IsEventStream(ct) {
 			t.Errorf("held stream Content-Type = %q", ct)
 		}
 	})

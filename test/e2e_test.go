@@ -20,6 +20,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -227,7 +228,7 @@ func rawSSE(t *testing.T, url string) (http.Header, string) {
 func TestStreamEndsWithDone(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	h, body := rawSSE(t, st.GatewayURL())
-	if ct := h.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+	if ct := h.Get("Content-Type"); !sse.IsEventStream(ct) {
 		t.Errorf("Content-Type = %q", ct)
 	}
 	lines := strings.Split(strings.TrimSpace(body), "\n\n")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -142,16 +143,19 @@ func TestProductionGatewayListeners(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sresp.Body.Close()
-	if sresp.StatusCode != 200 || sresp.ProtoMajor != 2 || !strings.HasPrefix(sresp.Header.Get("Content-Type"), "text/event-stream") {
+	if sresp.StatusCode != 200 || sresp.ProtoMajor != 2 || !sse.IsEventStream(sresp.Header.Get("Content-Type")) {
 		t.Fatalf("stream over HTTPS: %d %s %s", sresp.StatusCode, sresp.Proto, sresp.Header.Get("Content-Type"))
 	}
 	chunks, done := 0, false
-	sc := bufio.NewScanner(sresp.Body)
-	for sc.Scan() {
-		switch line := sc.Text(); {
-		case line == "data: [DONE]":
+	for r := sse.NewReader(sresp.Body, 1<<20); ; {
+		l, err := r.Next()
+		if err != nil {
+			break
+		}
+		switch {
+		case l.Done():
 			done = true
-		case strings.HasPrefix(line, "data: "):
+		case l.Field == "data":
 			chunks++
 		}
 	}

@@ -1,9 +1,9 @@
 package test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -90,24 +91,25 @@ func (a *reading) chunk(b []byte) {
 // readStream reads an SSE reading; after, if set, runs once after n content
 // chunks.
 func readStream(r io.Reader, a *reading, n int, after func()) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
+	sr := sse.NewReader(r, 1<<20)
+	for {
+		l, err := sr.Next()
 		switch {
-		case !ok:
-		case data == "[DONE]":
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return err
+		case l.Field != "data":
+		case l.Done():
 			a.done = true
 		default:
-			a.chunk([]byte(data))
+			a.chunk(l.Value)
 			if after != nil && a.chunks == n {
 				after()
 				after = nil
 			}
 		}
 	}
-	return sc.Err()
 }
 
 // askChat sends a chat request and reads the reading; for a stream, after runs

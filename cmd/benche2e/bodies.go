@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -106,21 +106,21 @@ func (b *bench) once(ctx context.Context, url string, body []byte, stream bool) 
 		}
 		return time.Since(start), err
 	}
-	br := bufio.NewReader(resp.Body)
+	r := sse.NewReader(resp.Body, 64<<10)
 	var first time.Duration
 	for {
-		line, err := br.ReadSlice('\n')
-		if first == 0 && bytes.HasPrefix(line, []byte("data:")) {
-			first = time.Since(start)
+		l, err := r.Next()
+		if err != nil {
+			return 0, fmt.Errorf("stream ended without [DONE]: %w", err)
 		}
-		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-			return first, nil
-		}
-		if bytes.HasPrefix(line, []byte("event: error")) {
+		if l.Field == "event" && string(l.Value) == "error" {
 			return 0, errors.New("stream error event")
 		}
-		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
-			return 0, fmt.Errorf("stream ended without [DONE]: %w", err)
+		if l.Field == "data" && first == 0 {
+			first = time.Since(start)
+		}
+		if l.Done() {
+			return first, nil
 		}
 	}
 }
