@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -353,9 +354,7 @@ func TestInterruptedRunReturnsPartialReport(t *testing.T) {
 	go func() {
 		// Let a few slots go out first: the first has long been answered
 		// when the tenth arrives (90 ms later at 100/s).
-		for len(srv.arrived()) < 10 && ctx.Err() == nil {
-			time.Sleep(5 * time.Millisecond)
-		}
+		_, _ = testkit.Poll(time.Minute, 5*time.Millisecond, testkit.Cond("ten arrivals", func() bool { return len(srv.arrived()) >= 10 || ctx.Err() != nil }))
 		cancel()
 	}()
 	client := loadgen.NewClient()
