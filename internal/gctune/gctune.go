@@ -41,8 +41,8 @@ func PercentFor(live uint64) int {
 }
 
 // Start applies Percent and then follows the live heap (PercentFor) from a
-// goroutine of its own until stop is called; nothing when the operator set
-// GOGC in the environment.
+// goroutine of its own until stop is called (stop may be called more than
+// once); nothing when the operator set GOGC in the environment.
 func Start() (stop func()) {
 	if os.Getenv("GOGC") != "" {
 		return func() {}
@@ -71,5 +71,9 @@ func Start() (stop func()) {
 			}
 		}
 	})
-	return func() { close(done); wg.Wait() }
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
 }
