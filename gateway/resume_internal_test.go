@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/switchyard-llm/switchyard/internal/sse"
+)
+
+// BenchmarkRelayEvents is what following a resumable stream costs the
+// relay per chunk: cutting the bytes into events and reading each one.
+func BenchmarkRelayEvents(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"llama-3-8b-instruct","choices":[{"index":0,"delta":{"content":"word "},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for _, follow := range []bool{false, true} {
+		name := "split"
+		if follow {
+			name = "split+follow"
+		}
+		b.Run(name, func(b *testing.B) {
+			var s sse.Events
+			c := &carry{on: follow}
+			b.SetBytes(int64(len(ev)))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = s.Write(ev, func(e []byte) error { _, _ = c.event(e); return nil })
+				if len(c.text) > 1<<16 {
+					c.text = c.text[:0]
+				}
+			}
+		})
+	}
+}
+
+// TestPlainDeltaAgreesWithDecoding: the fast read of a chunk either gives
+// up or gives the text a full decode gives.
+func TestPlainDeltaAgreesWithDecoding(t *testing.T) {
+	chunks := []string{
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"word "},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"quote \" and \\ and \u00e9 \ud83d\ude00"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"a \"content\":\"fake\" inside"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[]},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":1,"delta":{"content":"x"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"x"}},{"index":0,"delta":{"content":"y"}}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]},"finish_reason":null}]}`,
+		`{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
+		`{"id":"cmpl","object":"text_completion","choices":[{"index":0,"text":"tok ","logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":null},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"cut`,
+	}
+	for _, ch := range chunks {
+		fast, ok := plainDelta([]byte(ch))
+		if !ok {
+			continue
+		}
+		var c carry
+		c.on, c.known = true, true
+		c.parts = 0
+		var v chunkView
+		if err := json.Unmarshal([]byte(ch), &v); err != nil {
+			t.Errorf("%s: read fast as %q, but it is not JSON", ch, fast)
+			continue
+		}
+		want := ""
+		for _, choice := range v.Choices {
+			if choice.Text != nil {
+				want += *choice.Text
+			}
+			if choice.Delta != nil && choice.Delta.Content != nil {
+				want += *choice.Delta.Content
+			}
+			if choice.FinishReason != nil || choice.Index != 0 || (choice.Delta != nil && choice.Delta.Role != "") {
+				t.Errorf("%s: read fast, but it needs decoding", ch)
+			}
+		}
+		if fast != want {
+			t.Errorf("%s: fast %q, decoded %q", ch, fast, want)
+		}
+	}
+}
