@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -46,16 +47,23 @@ func TestUsageSSEWithoutUsage(t *testing.T) {
 	}
 }
 
-func TestUsageSSELongLineSkipped(t *testing.T) {
+// An event too long to hold is skipped, not buffered, and the events
+// after it still count.
+func TestUsageSSELongEventSkipped(t *testing.T) {
 	u := usageScanner{sse: true}
 	u.Write([]byte("data: {\"x\":\""))
-	u.Write(bytes.Repeat([]byte("a"), maxSSELine))
+	for range 3 {
+		u.Write(bytes.Repeat([]byte("a"), sse.MaxEvent/2))
+		if held := len(u.split.Pending()); held > sse.MaxEvent {
+			t.Fatalf("holding %d bytes of an oversized event", held)
+		}
+	}
 	u.Write([]byte("\"}\n\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n"))
 	if got, ok := u.Finish(); !ok || got != (tokens{1, 2}) {
-		t.Errorf("usage %+v %v after a long line", got, ok)
+		t.Errorf("usage %+v %v after a long event", got, ok)
 	}
-	if len(u.line) != 0 || cap(u.line) > maxSSELine {
-		t.Errorf("line buffer kept %d bytes (cap %d)", len(u.line), cap(u.line))
+	if u.events != 1 {
+		t.Errorf("counted %d events, want the one after the long event", u.events)
 	}
 }
 
