@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -150,18 +151,15 @@ func TestResumeOnce(t *testing.T) {
 // wholeEvents reports whether every event of an SSE body is whole: its
 // data JSON (or [DONE]), its end a blank line.
 func wholeEvents(body string) bool {
-	if !strings.HasSuffix(body, "\n\n") {
-		return false
-	}
-	for ev := range strings.SplitSeq(strings.TrimSuffix(body, "\n\n"), "\n\n") {
-		for line := range strings.SplitSeq(ev, "\n") {
-			data, ok := strings.CutPrefix(line, "data: ")
-			if ok && data != "[DONE]" && !json.Valid([]byte(data)) {
-				return false
-			}
+	var events sse.Events
+	whole := true
+	err := events.Write([]byte(body), func(ev []byte) error {
+		if data := sse.Data(ev); data != nil && string(data) != "[DONE]" && !json.Valid(data) {
+			whole = false
 		}
-	}
-	return true
+		return nil
+	})
+	return err == nil && whole && len(events.Pending()) == 0
 }
 
 // TestResumeWithNoOtherReplica: a continuation the broker cannot route
