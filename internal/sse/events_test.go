@@ -193,3 +193,29 @@ func BenchmarkEvents(b *testing.B) {
 		_ = s.Write(ev, func(e []byte) error { n += len(sse.Data(e)); return nil })
 	}
 }
+
+// FuzzEvents: however a stream is cut into writes, the same events come
+// out, and they and the pending rest are exactly the bytes written.
+func FuzzEvents(f *testing.F) {
+	f.Add("data: 1\n\nevent: x\r\ndata: 2\r\n\r\ndata: 3\r\r: c\n\ndata: 4", 7)
+	f.Add("\r\n\r\r\n\n\r", 1)
+	f.Fuzz(func(t *testing.T, stream string, cut int) {
+		if cut < 0 || cut > len(stream) {
+			return
+		}
+		var whole, parts sse.Events
+		want := split(t, &whole, stream)
+		got := split(t, &parts, stream[:cut], stream[cut:])
+		if !slices.Equal(got, want) || string(parts.Pending()) != string(whole.Pending()) {
+			t.Fatalf("cut at %d: %q + %q, whole %q + %q", cut, got, parts.Pending(), want, whole.Pending())
+		}
+		if strings.Join(want, "")+string(whole.Pending()) != stream {
+			t.Fatalf("events %q + %q are not the stream %q", want, whole.Pending(), stream)
+		}
+		for _, ev := range want {
+			if !strings.HasSuffix(ev, "\n") && !strings.HasSuffix(ev, "\r") {
+				t.Fatalf("event %q does not end with a line end", ev)
+			}
+		}
+	})
+}
