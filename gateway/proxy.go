@@ -317,7 +317,7 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 			case errors.Is(err, errEngineEvent):
 				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response"))
 			case errors.Is(err, sse.ErrEventTooLarge):
-				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" sent "+err.Error()))
+				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+": "+err.Error()))
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				// The client stopped reading (the write deadline passed)
 				// or went away: only its own stream ends.

@@ -3,16 +3,17 @@ package sse
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"iter"
 )
 
-// MaxEvent is the default bound on one event, what an [Events] holds while
-// the event is incomplete. An engine's chunk is a few hundred bytes; a
-// larger event is an upstream fault, not something to buffer without end.
+// MaxEvent is the default bound on one event, and so on what an [Events]
+// holds. An engine's chunk is a few hundred bytes; a larger event is an
+// upstream fault, not something to buffer without end.
 const MaxEvent = 1 << 20
 
 // ErrEventTooLarge is the error of an event that outgrew its bound.
-var ErrEventTooLarge = errors.New("a server-sent event is over 1 MiB")
+var ErrEventTooLarge = errors.New("server-sent event too large")
 
 // Events cuts a byte stream pushed into it into whole events, as the side
 // that relays or watches a stream sees it: bytes are handed on only once
@@ -69,7 +70,7 @@ func (s *Events) Write(p []byte, emit func(event []byte) error) error {
 			s.skipping = false // the oversized event's end: dropped
 		case end > limit:
 			if !s.SkipOversized {
-				err = ErrEventTooLarge
+				err = tooLarge(limit)
 			}
 		default:
 			err = emit(b[:end])
@@ -83,7 +84,7 @@ func (s *Events) Write(p []byte, emit func(event []byte) error) error {
 	if len(b) > limit {
 		if !s.SkipOversized {
 			s.Reset()
-			return ErrEventTooLarge
+			return tooLarge(limit)
 		}
 		// Keep the scanning state, drop the bytes: the event's end is
 		// still to come.
@@ -92,6 +93,10 @@ func (s *Events) Write(p []byte, emit func(event []byte) error) error {
 	}
 	s.held = append(s.held[:0], b...) // b may overlap held: append moves it
 	return nil
+}
+
+func tooLarge(limit int) error {
+	return fmt.Errorf("%w: over %d bytes", ErrEventTooLarge, limit)
 }
 
 // next scans b on from where the last scan stopped and returns the length
