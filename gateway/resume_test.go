@@ -162,6 +162,36 @@ func wholeEvents(body string) bool {
 	return err == nil && whole && len(events.Pending()) == 0
 }
 
+// TestOversizedEventIsTheReplicasFault: an event that outgrows the
+// relay's bound (sse.MaxEvent), sent in pieces as a runaway engine would,
+// is never passed on; it counts as the replica failing mid-answer, and the
+// answer continues elsewhere.
+func TestOversizedEventIsTheReplicasFault(t *testing.T) {
+	piece := strings.Repeat("x", sse.MaxEvent/2)
+	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+		r.accept("r-" + string(rune('0'+attempt)))
+		r.head(200, "text/event-stream")
+		if attempt == 1 {
+			r.send(nil, chunk("A", 1, "one "))
+			r.send(nil, `data: {"id":"A","choices":[{"index":0,"delta":{"content":"`+piece)
+			r.send(nil, piece)
+			r.send(nil, piece+`"},"finish_reason":null}]}`+"\n\n")
+			r.end("")
+			return
+		}
+		r.send(nil, chunk("B", 2, "two "))
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	s := u.postBody(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if s.status != 200 || strings.Contains(s.body, "xxxx") || !wholeEvents(s.body) || !strings.HasSuffix(s.body, "data: [DONE]\n\n") {
+		t.Fatalf("stream with an oversized event: %d, %d bytes, ends %q", s.status, len(s.body), s.body[max(len(s.body)-200, 0):])
+	}
+	if n := u.attempts.Load(); n != 2 {
+		t.Errorf("%d attempts, want the answer and one continuation", n)
+	}
+}
+
 // TestResumeWithNoOtherReplica: a continuation the broker cannot route
 // (no other replica) ends the stream the client has with the explicit
 // error it would have had without one, never a second HTTP head or a
