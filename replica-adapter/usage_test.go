@@ -47,6 +47,24 @@ func TestUsageSSEWithoutUsage(t *testing.T) {
 	}
 }
 
+// An event is read as the gateway reads it: a data field over several
+// lines is one event and one JSON value, whatever the line ends.
+func TestUsageSSEReadsWholeEvents(t *testing.T) {
+	for name, body := range map[string]string{
+		"LF":   "data: {\"choices\":[]}\n\ndata: {\"usage\":\ndata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n",
+		"CR":   "data: {\"choices\":[]}\r\rdata: {\"usage\":\rdata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\r\rdata: [DONE]\r\r",
+		"CRLF": "data: {\"choices\":[]}\r\n\r\ndata: {\"usage\":\r\ndata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]",
+	} {
+		for i := range 20 {
+			u := usageScanner{sse: true}
+			feed(&u, []byte(body), rand.New(rand.NewPCG(uint64(i), 5)))
+			if got, ok := u.Finish(); !ok || got != (tokens{3, 4}) || u.events != 2 {
+				t.Fatalf("%s, cut %d: usage %+v %v over %d events, want 3/4 over 2", name, i, got, ok, u.events)
+			}
+		}
+	}
+}
+
 // An event too long to hold is skipped, not buffered, and the events
 // after it still count.
 func TestUsageSSELongEventSkipped(t *testing.T) {
