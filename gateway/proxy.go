@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -315,8 +316,8 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 			switch {
 			case errors.Is(err, errEngineEvent):
 				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response"))
-			case errors.Is(err, errSSEEventTooLarge):
-				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" sent "+err.Error()))
+			case errors.Is(err, sse.ErrEventTooLarge):
+				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+": "+err.Error()))
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				// The client stopped reading (the write deadline passed)
 				// or went away: only its own stream ends.

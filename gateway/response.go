@@ -27,7 +27,7 @@ type response struct {
 	wrote  bool // bytes have reached the client
 	buf    bytes.Buffer
 	rc     *http.ResponseController
-	events sseEvents // SSE: only whole events are written
+	events sse.Events // SSE: only whole events are written
 
 	// carry follows the answer for a continuation (nil until the head of a
 	// stream, or a failure, asks); cont is the continuation's body once
@@ -49,7 +49,7 @@ func (s *response) reset() {
 		s.status, s.sse = 0, false
 	}
 	s.buf.Reset()
-	s.events.reset()
+	s.events.Reset()
 }
 
 // following returns the carry, started on first use.
@@ -158,7 +158,7 @@ func (s *response) data(b []byte) error {
 	}
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	n := 0
-	err := s.events.write(b, func(ev []byte) error {
+	err := s.events.Write(b, func(ev []byte) error {
 		out, failed := s.carry.event(ev)
 		if failed {
 			return errEngineEvent
@@ -186,13 +186,13 @@ func (s *response) finish() {
 		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
 		return
 	}
-	if s.events.pending() > 0 {
+	if last := s.events.Pending(); len(last) > 0 {
 		// The engine ended without a blank line after its last event:
 		// it is whole all the same.
-		_, _ = s.w.Write(s.events.held)
+		_, _ = s.w.Write(last)
 		_, _ = s.w.Write([]byte("\n\n"))
 		_ = s.rc.Flush()
-		s.events.reset()
+		s.events.Reset()
 	}
 	s.g.metrics.done(s.u, s.status)
 }
@@ -201,7 +201,7 @@ func (s *response) finish() {
 // error event: never a silently truncated answer.
 func (s *response) endStream(e *subjects.APIError) {
 	s.g.metrics.done(s.u, e.Status)
-	s.events.reset() // an incomplete event is never forwarded
+	s.events.Reset() // an incomplete event is never forwarded
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	_, _ = s.w.Write(s.u.dialect.streamError(e))
 	_ = s.rc.Flush()

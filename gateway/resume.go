@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -85,7 +86,7 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 	if !c.on && c.parts == 0 {
 		return ev, false // not followed: nothing to carry or rewrite
 	}
-	data := sseData(ev)
+	data := sse.Data(ev)
 	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
 		return ev, false
 	}

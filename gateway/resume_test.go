@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -150,18 +151,45 @@ func TestResumeOnce(t *testing.T) {
 // wholeEvents reports whether every event of an SSE body is whole: its
 // data JSON (or [DONE]), its end a blank line.
 func wholeEvents(body string) bool {
-	if !strings.HasSuffix(body, "\n\n") {
-		return false
-	}
-	for ev := range strings.SplitSeq(strings.TrimSuffix(body, "\n\n"), "\n\n") {
-		for line := range strings.SplitSeq(ev, "\n") {
-			data, ok := strings.CutPrefix(line, "data: ")
-			if ok && data != "[DONE]" && !json.Valid([]byte(data)) {
-				return false
-			}
+	var events sse.Events
+	whole := true
+	err := events.Write([]byte(body), func(ev []byte) error {
+		if data := sse.Data(ev); data != nil && string(data) != "[DONE]" && !json.Valid(data) {
+			whole = false
 		}
+		return nil
+	})
+	return err == nil && whole && len(events.Pending()) == 0
+}
+
+// TestOversizedEventIsTheReplicasFault: an event that outgrows the
+// relay's bound (sse.MaxEvent), sent in pieces as a runaway engine would,
+// is never passed on; it counts as the replica failing mid-answer, and the
+// answer continues elsewhere.
+func TestOversizedEventIsTheReplicasFault(t *testing.T) {
+	piece := strings.Repeat("x", sse.MaxEvent/2)
+	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+		r.accept("r-" + string(rune('0'+attempt)))
+		r.head(200, "text/event-stream")
+		if attempt == 1 {
+			r.send(nil, chunk("A", 1, "one "))
+			r.send(nil, `data: {"id":"A","choices":[{"index":0,"delta":{"content":"`+piece)
+			r.send(nil, piece)
+			r.send(nil, piece+`"},"finish_reason":null}]}`+"\n\n")
+			r.end("")
+			return
+		}
+		r.send(nil, chunk("B", 2, "two "))
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	s := u.postBody(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if s.status != 200 || strings.Contains(s.body, "xxxx") || !wholeEvents(s.body) || !strings.HasSuffix(s.body, "data: [DONE]\n\n") {
+		t.Fatalf("stream with an oversized event: %d, %d bytes, ends %q", s.status, len(s.body), s.body[max(len(s.body)-200, 0):])
 	}
-	return true
+	if n := u.attempts.Load(); n != 2 {
+		t.Errorf("%d attempts, want the answer and one continuation", n)
+	}
 }
 
 // TestResumeWithNoOtherReplica: a continuation the broker cannot route

@@ -3,6 +3,8 @@ package adapter
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/switchyard-llm/switchyard/internal/sse"
 )
 
 const (
@@ -10,9 +12,6 @@ const (
 	// find "usage": engines put it first (vLLM) or last (OpenAI), and an
 	// embeddings body can be far larger than both ends together.
 	usageWindow = 64 << 10
-	// maxSSELine bounds the partial SSE line kept between reads; a longer
-	// line is skipped, not buffered.
-	maxSSELine = 1 << 20
 )
 
 // tokens is the engine's usage object.
@@ -65,11 +64,10 @@ type usageScanner struct {
 	// the engine reports no usage (one token per chunk, as vLLM streams).
 	events int
 
-	line     []byte // SSE: the line not yet ended
-	skipLine bool   // SSE: the current line outgrew maxSSELine
-	head     []byte // JSON: the first usageWindow bytes
-	tail     []byte // JSON: at least the last usageWindow bytes
-	total    int
+	split sse.Events // SSE: the event not yet ended
+	head  []byte     // JSON: the first usageWindow bytes
+	tail  []byte     // JSON: at least the last usageWindow bytes
+	total int
 
 	// observe, if set, sees every byte first (the owner recorder).
 	observe func(p []byte)
@@ -94,37 +92,16 @@ func (u *usageScanner) Write(p []byte) {
 }
 
 func (u *usageScanner) writeSSE(p []byte) {
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			if !u.skipLine && len(u.line)+len(p) <= maxSSELine {
-				u.line = append(u.line, p...)
-			} else {
-				u.skipLine, u.line = true, u.line[:0]
-			}
-			return
-		}
-		line := p[:i]
-		if len(u.line) > 0 {
-			u.line = append(u.line, line...)
-			line = u.line
-		}
-		if !u.skipLine {
-			u.sseLine(line)
-		}
-		u.line, u.skipLine = u.line[:0], false
-		p = p[i+1:]
-	}
+	// Only watching: an event over the bound (sse.MaxEvent) is skipped, not
+	// buffered, and the events after it still count.
+	u.split.SkipOversized = true
+	_ = u.split.Write(p, u.sseEvent)
 }
 
-func (u *usageScanner) sseLine(line []byte) {
-	data, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return
-	}
-	data = bytes.TrimSpace(data)
+func (u *usageScanner) sseEvent(ev []byte) error {
+	data := bytes.TrimSpace(sse.Data(ev))
 	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
-		return
+		return nil
 	}
 	u.events++
 	if t, hasPrompt, ok := findUsage(data); ok {
@@ -133,15 +110,14 @@ func (u *usageScanner) sseLine(line []byte) {
 		}
 		u.usage, u.found = t, true
 	}
+	return nil
 }
 
 // Finish returns the usage found, if any.
 func (u *usageScanner) Finish() (tokens, bool) {
 	if u.sse {
-		if len(u.line) > 0 && !u.skipLine {
-			u.sseLine(u.line)
-			u.line = u.line[:0]
-		}
+		_ = u.sseEvent(u.split.Pending()) // the last event, without its blank line
+		u.split.Reset()
 		return u.usage, u.found
 	}
 	if u.total > len(u.head) {

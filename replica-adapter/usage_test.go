@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -46,16 +47,41 @@ func TestUsageSSEWithoutUsage(t *testing.T) {
 	}
 }
 
-func TestUsageSSELongLineSkipped(t *testing.T) {
+// An event is read as the gateway reads it: a data field over several
+// lines is one event and one JSON value, whatever the line ends.
+func TestUsageSSEReadsWholeEvents(t *testing.T) {
+	for name, body := range map[string]string{
+		"LF":   "data: {\"choices\":[]}\n\ndata: {\"usage\":\ndata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n",
+		"CR":   "data: {\"choices\":[]}\r\rdata: {\"usage\":\rdata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\r\rdata: [DONE]\r\r",
+		"CRLF": "data: {\"choices\":[]}\r\n\r\ndata: {\"usage\":\r\ndata: {\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]",
+	} {
+		for i := range 20 {
+			u := usageScanner{sse: true}
+			feed(&u, []byte(body), rand.New(rand.NewPCG(uint64(i), 5)))
+			if got, ok := u.Finish(); !ok || got != (tokens{3, 4}) || u.events != 2 {
+				t.Fatalf("%s, cut %d: usage %+v %v over %d events, want 3/4 over 2", name, i, got, ok, u.events)
+			}
+		}
+	}
+}
+
+// An event too long to hold is skipped, not buffered, and the events
+// after it still count.
+func TestUsageSSELongEventSkipped(t *testing.T) {
 	u := usageScanner{sse: true}
 	u.Write([]byte("data: {\"x\":\""))
-	u.Write(bytes.Repeat([]byte("a"), maxSSELine))
+	for range 3 {
+		u.Write(bytes.Repeat([]byte("a"), sse.MaxEvent/2))
+		if held := len(u.split.Pending()); held > sse.MaxEvent {
+			t.Fatalf("holding %d bytes of an oversized event", held)
+		}
+	}
 	u.Write([]byte("\"}\n\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n"))
 	if got, ok := u.Finish(); !ok || got != (tokens{1, 2}) {
-		t.Errorf("usage %+v %v after a long line", got, ok)
+		t.Errorf("usage %+v %v after a long event", got, ok)
 	}
-	if len(u.line) != 0 || cap(u.line) > maxSSELine {
-		t.Errorf("line buffer kept %d bytes (cap %d)", len(u.line), cap(u.line))
+	if u.events != 1 {
+		t.Errorf("counted %d events, want the one after the long event", u.events)
 	}
 }
 

@@ -64,7 +64,7 @@ func send(ctx context.Context, url, body string) outcome {
 // readAnswer classifies a response.
 func readAnswer(resp *http.Response) outcome {
 	o := outcome{status: resp.StatusCode, replica: resp.Header.Get("X-Switchyard-Replica")}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if sse.IsEventStream(resp.Header.Get("Content-Type")) {
 		o.done, o.code, o.msg, o.err = readSSEMessage(resp.Body)
 		return o
 	}

@@ -123,7 +123,7 @@ func askChat(t *testing.T, url, body string, n int, after func()) *reading {
 	defer resp.Body.Close()
 	a := newReading()
 	a.status, a.replica = resp.StatusCode, resp.Header.Get("X-Switchyard-Replica")
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if sse.IsEventStream(resp.Header.Get("Content-Type")) {
 		if err := readStream(resp.Body, a, n, after); err != nil {
 			t.Fatal(err)
 		}

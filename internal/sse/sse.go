@@ -1,7 +1,11 @@
-// Package sse reads text/event-stream responses as a client does, one field
-// line at a time, and recognises the media type. The parts that read a
-// stream they did not write (the load generator, the tests) share it, so a
-// long line, a CRLF or a comment is handled the same way everywhere.
+// Package sse reads text/event-stream responses, and recognises the media
+// type. A client pulls field lines from a [Reader] (the load generator, the
+// benchmarks, the tests); a relay or an observer pushes the bytes it passes
+// on into [Events], which hands back whole events, and reads an event's
+// data with [Data] (the gateway, the replica adapter). Both cut lines and
+// fields the same way, so a long line, a CR, a CRLF, a comment, a data
+// field split over lines or written without its space is read alike
+// everywhere.
 package sse
 
 import (
@@ -36,9 +40,12 @@ type Line struct {
 func (l Line) Done() bool { return l.Field == "data" && string(l.Value) == "[DONE]" }
 
 // Reader reads field lines, skipping blank lines (event boundaries) and
-// comments (": keepalive"). It holds at most its limit of one line.
+// comments (": keepalive"). Lines end with LF, CR or CRLF, as [Events]
+// and [Lines] read them. It holds at most its limit of one line.
 type Reader struct {
-	br *bufio.Reader
+	br   *bufio.Reader
+	rest []byte // what the last read holds beyond the lines returned
+	cut  bool   // rest ends in a line longer than the limit
 }
 
 // NewReader reads r with lines kept up to maxLine bytes (at least 16).
@@ -51,6 +58,13 @@ func NewReader(r io.Reader, maxLine int) *Reader {
 // is returned first).
 func (r *Reader) Next() (Line, error) {
 	for {
+		for len(r.rest) > 0 {
+			var raw []byte
+			raw, r.rest = cutLine(r.rest)
+			if len(raw) > 0 && raw[0] != ':' {
+				return parse(raw, r.cut && len(r.rest) == 0), nil
+			}
+		}
 		raw, err := r.br.ReadSlice('\n')
 		cut := false
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -63,21 +77,34 @@ func (r *Reader) Next() (Line, error) {
 		if err != nil && !errors.Is(err, io.EOF) {
 			return Line{}, err
 		}
-		raw = bytes.TrimRight(raw, "\r\n")
-		if len(raw) > 0 && raw[0] != ':' {
-			return parse(raw, cut), nil
-		}
-		if err != nil {
+		if len(raw) == 0 {
 			return Line{}, err
 		}
+		r.rest, r.cut = raw, cut
 	}
 }
 
 func parse(raw []byte, cut bool) Line {
 	field, value, found := bytes.Cut(raw, []byte(":"))
 	if !found {
-		return Line{Field: string(field), Cut: cut}
+		return Line{Field: fieldName(field), Cut: cut}
 	}
 	value, _ = bytes.CutPrefix(value, []byte(" "))
-	return Line{Field: string(field), Value: value, Cut: cut}
+	return Line{Field: fieldName(field), Value: value, Cut: cut}
+}
+
+// fieldName is the field as a string, without an allocation for the
+// fields the format defines (one per chunk on a relay's path).
+func fieldName(b []byte) string {
+	switch string(b) {
+	case "data":
+		return "data"
+	case "event":
+		return "event"
+	case "id":
+		return "id"
+	case "retry":
+		return "retry"
+	}
+	return string(b)
 }

@@ -2,55 +2,10 @@ package gateway
 
 import (
 	"encoding/json"
-	"errors"
-	"strings"
 	"testing"
+
+	"github.com/switchyard-llm/switchyard/internal/sse"
 )
-
-// TestSSEEventsHandsOnOnlyWholeEvents feeds a stream cut at every byte:
-// the events come out whole and in order, whatever the cut, and what is
-// left held is the incomplete last event.
-func TestSSEEventsHandsOnOnlyWholeEvents(t *testing.T) {
-	stream := "data: {\"a\":1}\n\n: comment\n\nevent: x\ndata: 2\r\n\r\ndata: 3\r\rdata: {\"partial\""
-	want := []string{"data: {\"a\":1}\n\n", ": comment\n\n", "event: x\ndata: 2\r\n\r\n", "data: 3\r\r"}
-	for cut := 1; cut < len(stream); cut++ {
-		var s sseEvents
-		var got []string
-		emit := func(ev []byte) error { got = append(got, string(ev)); return nil }
-		for _, part := range []string{stream[:cut], stream[cut:]} {
-			if err := s.write([]byte(part), emit); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if strings.Join(got, "|") != strings.Join(want, "|") {
-			t.Fatalf("cut at %d: %q, want %q", cut, got, want)
-		}
-		if s.pending() != len(`data: {"partial"`) {
-			t.Fatalf("cut at %d: %d bytes held, want the partial event", cut, s.pending())
-		}
-	}
-}
-
-func TestSSEEventsBoundsAnEvent(t *testing.T) {
-	var s sseEvents
-	err := s.write([]byte("data: "+strings.Repeat("x", maxSSEEvent)), func([]byte) error { return nil })
-	if !errors.Is(err, errSSEEventTooLarge) || s.pending() != 0 {
-		t.Fatalf("oversized event: %v, %d held", err, s.pending())
-	}
-}
-
-func TestSSEData(t *testing.T) {
-	for ev, want := range map[string]string{
-		"data: {}\n\n":              "{}",
-		"data:x\ndata: y\n\n":       "x\ny",
-		": keepalive\n\n":           "",
-		"event: error\ndata: e\n\n": "e",
-	} {
-		if got := string(sseData([]byte(ev))); got != want {
-			t.Errorf("sseData(%q) = %q, want %q", ev, got, want)
-		}
-	}
-}
 
 // BenchmarkRelayEvents is what following a resumable stream costs the
 // relay per chunk: cutting the bytes into events and reading each one.
@@ -62,12 +17,12 @@ func BenchmarkRelayEvents(b *testing.B) {
 			name = "split+follow"
 		}
 		b.Run(name, func(b *testing.B) {
-			var s sseEvents
+			var s sse.Events
 			c := &carry{on: follow}
 			b.SetBytes(int64(len(ev)))
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = s.write(ev, func(e []byte) error { _, _ = c.event(e); return nil })
+				_ = s.Write(ev, func(e []byte) error { _, _ = c.event(e); return nil })
 				if len(c.text) > 1<<16 {
 					c.text = c.text[:0]
 				}
