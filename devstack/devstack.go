@@ -34,6 +34,7 @@ import (
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/listen"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/owners"
@@ -279,7 +280,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 	s.goRun("dashboard", dash.Run, runCtx)
-	s.gwLn, err = net.Listen("tcp", cfg.Listen)
+	s.gwLn, err = listen.Listen(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("gateway listen: %w", err)
 	}

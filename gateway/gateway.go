@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/listen"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -49,9 +50,12 @@ type Config struct {
 	// ID names this gateway; it is a token of its reply subjects (default NUID).
 	ID string
 	// Listen is the HTTP address (default 127.0.0.1:8080): the API,
-	// /healthz and /readyz.
+	// /healthz and /readyz. fd:N serves on the listening socket inherited
+	// as file descriptor N (internal/listen), as from a systemd .socket
+	// unit.
 	Listen string
-	// AdminListen is the address of the dashboard (Extra) and /metrics.
+	// AdminListen is the address (or fd:N) of the dashboard (Extra) and
+	// /metrics.
 	// Empty: they share the public listener, as in `switchyard dev`.
 	AdminListen string
 	// TLSCert and TLSKey (PEM files, both or neither) make the public
@@ -332,7 +336,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 // Run listens on cfg.Listen and serves until ctx is cancelled; then it stops
 // accepting requests and lets in-flight ones finish within ShutdownGrace.
 func (g *Gateway) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", g.cfg.Listen)
+	ln, err := listen.Listen(g.cfg.Listen)
 	if err != nil {
 		return err
 	}
@@ -345,7 +349,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	var admin net.Listener
 	if g.adminMux != nil {
 		var err error
-		if admin, err = net.Listen("tcp", g.cfg.AdminListen); err != nil {
+		if admin, err = listen.Listen(g.cfg.AdminListen); err != nil {
 			ln.Close()
 			return fmt.Errorf("admin listener: %w", err)
 		}

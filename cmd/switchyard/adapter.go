@@ -32,7 +32,7 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(listFlag{&cfg.Endpoints}, "endpoint", "an API `path` the engine serves, e.g. /v1/responses (repeatable; default: the flavor's: all for vLLM, no /v1/responses for llama.cpp, SGLang, TGI)")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", adapter.DefaultDrainGrace, "how long in-flight requests may run after SIGTERM (0: none; at most 1h)")
 	keyFile := fs.String("engine-api-key-file", "", "file holding the engine's API key, sent as a bearer token (else $"+engineKeyEnv+")")
-	metricsListen := fs.String("metrics-listen", "", "address of the /metrics listener (default: none)")
+	metricsListen := fs.String("metrics-listen", "", "address (or fd:N, an inherited listening socket) of the /metrics listener (default: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
+	"github.com/switchyard-llm/switchyard/internal/listen"
 )
 
 func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -25,7 +25,7 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	nf.register(fs)
 	var cfg broker.Config
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
-	metricsListen := fs.String("metrics-listen", ":9101", "address of the /metrics listener")
+	metricsListen := fs.String("metrics-listen", ":9101", "address (or fd:N, an inherited listening socket) of the /metrics listener")
 	fs.StringVar(&cfg.ID, "id", "", "broker id (default: random)")
 	fs.DurationVar(&cfg.WarmUp, "warm-up", 2*time.Second, "longest wait, before taking requests, for a heartbeat from every ready replica (0: none; at most 1m)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -86,7 +86,7 @@ func serveMetrics(addr string, g prometheus.Gatherer) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen.Listen(addr)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	var cfg devstack.Config
-	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "gateway HTTP address")
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "gateway HTTP address, or fd:N for an inherited listening socket")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address (the nats CLI connects here)")
 	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream, broker state, NATS keys (auth/) and creds (creds/) (default: a temporary directory)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")

@@ -5,17 +5,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/listen"
 )
 
 func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("engine-sim", flag.ContinueOnError)
 	var cfg enginesim.ServerConfig
-	listen := fs.String("listen", "127.0.0.1:8000", "HTTP listen address")
+	listenAddr := fs.String("listen", "127.0.0.1:8000", "HTTP listen address, or fd:N for an inherited listening socket")
 	fs.StringVar(&cfg.Engine.Model, "model", "", "served model name")
 	fs.IntVar(&cfg.Engine.KVBlocks, "kv-blocks", 8192, "KV-cache blocks of 16 tokens (at most 16777216)")
 	fs.IntVar(&cfg.Engine.MaxBatch, "max-batch", 32, "continuous-batching limit (at most 65536)")
@@ -36,7 +36,7 @@ func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	cfg.Logger = newLogger(stderr, *logLevel)
 	eng := enginesim.NewServer(cfg)
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := listen.Listen(*listenAddr)
 	if err != nil {
 		return err
 	}

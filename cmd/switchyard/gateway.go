@@ -20,8 +20,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var nf natsFlags
 	nf.register(fs)
 	var cfg gateway.Config
-	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address: the API, /healthz and /readyz")
-	fs.StringVar(&cfg.AdminListen, "admin-listen", gateway.DefaultAdminListen, "address of the dashboard (/ui) and /metrics; keep it private")
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address (or fd:N, an inherited listening socket): the API, /healthz and /readyz")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", gateway.DefaultAdminListen, "address (or fd:N, an inherited listening socket) of the dashboard (/ui) and /metrics; keep it private")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate `file`: serve HTTPS (and HTTP/2) on --listen")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", gateway.DefaultBodyTimeout, "time a request body may take to arrive in full (at most 1h; the response is not bounded by it)")

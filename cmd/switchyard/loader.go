@@ -21,7 +21,7 @@ func runLoader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.DurationVar(&cfg.LoadTimeout, "load-timeout", loader.DefaultLoadTimeout, "a load with no ready replica by then has failed (at most 24h)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", loader.DefaultDrainTimeout, "how long an unloading model's requests may take to finish (at most 24h)")
 	fs.IntVar(&cfg.ClaimReplicas, "kv-replicas", 1, "replicas of the llm-loads bucket, when the loader creates it (1 to 5)")
-	metricsListen := fs.String("metrics-listen", ":9103", "address of the /metrics listener")
+	metricsListen := fs.String("metrics-listen", ":9103", "address (or fd:N, an inherited listening socket) of the /metrics listener")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
