@@ -2,6 +2,9 @@ package natstest
 
 import (
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +17,9 @@ import (
 // clusterReadyTimeout bounds the election of a JetStream meta leader.
 const clusterReadyTimeout = 30 * time.Second
 
-// JSCluster is a JetStream cluster on loopback ports. Every member keeps its
-// ports and store across Stop and Start, so restarts look like a process
-// restart to the others.
+// JSCluster is a JetStream cluster on loopback ports. Every member keeps the
+// ports it bound and its store across Stop and Start, so restarts look like
+// a process restart to the others.
 type JSCluster struct {
 	t       testing.TB
 	opts    []*server.Options
@@ -31,40 +34,67 @@ func Cluster(t testing.TB, n int) *JSCluster {
 }
 
 // cluster is Cluster with each member's options passed through configure.
+//
+// Every port is the server's own choice (RANDOM_PORT), so none is guessed:
+// the members start one after another, each routed to the cluster
+// addresses the earlier ones bound, and gossip completes the mesh. A
+// clustered JetStream will not start without a configured route, which the
+// first member cannot have yet; it starts with JetStream off and turns it
+// on by a configuration reload once the others are up. Each member then
+// keeps the ports it bound, and routes to every other, for its restarts.
 func cluster(t testing.TB, n int, configure func(*server.Options)) *JSCluster {
 	t.Helper()
 	if n < 2 {
 		t.Fatalf("a cluster needs at least 2 servers, got %d", n)
-	}
-	ports := freePorts(t, 2*n) // n client ports, then n route ports
-	routes := make([]string, n)
-	for i := range n {
-		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", ports[n+i])
 	}
 	c := &JSCluster{t: t, opts: make([]*server.Options, n), servers: make([]*server.Server, n)}
 	for i := range n {
 		c.opts[i] = &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
-			Port:       ports[i],
+			Port:       server.RANDOM_PORT,
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			Cluster: server.ClusterOpts{
 				Name: "switchyard-test",
 				Host: "127.0.0.1",
-				Port: ports[n+i],
+				Port: server.RANDOM_PORT,
 			},
-			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 		}
 		if configure != nil {
 			configure(c.opts[i])
 		}
 	}
 	for i := range n {
-		c.Start(i)
+		opts := *c.opts[i]
+		opts.Routes = c.routes(func(j int) bool { return j < i })
+		opts.JetStream = i > 0
+		s := RunServer(t, &opts)
+		c.servers[i] = s
+		c.opts[i].Port = s.Addr().(*net.TCPAddr).Port
+		c.opts[i].Cluster.Port = s.ClusterAddr().Port
+	}
+	for i := range n {
+		c.opts[i].Routes = c.routes(func(j int) bool { return j != i })
+	}
+	first := *c.opts[0]
+	if err := c.servers[0].ReloadOptions(&first); err != nil {
+		t.Fatalf("turning on JetStream on the first member: %v", err)
 	}
 	c.WaitLeader()
 	return c
+}
+
+// routes are the cluster URLs of the members for which pick is true; a
+// member's cluster port is known once it has started.
+func (c *JSCluster) routes(pick func(int) bool) []*url.URL {
+	var urls []*url.URL
+	for j, o := range c.opts {
+		if pick(j) {
+			urls = append(urls, &url.URL{Scheme: "nats", Host: net.JoinHostPort(o.Cluster.Host, strconv.Itoa(o.Cluster.Port))})
+		}
+	}
+	return urls
 }
 
 // Servers returns the running members (nil for a stopped one).

@@ -76,24 +76,3 @@ func shutdown(s *server.Server) {
 	s.Shutdown()
 	s.WaitForShutdown()
 }
-
-// freePorts returns n loopback ports that were free a moment ago. Cluster
-// routes must be named before the servers start, so the ports cannot be
-// chosen by the servers themselves.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	ls := make([]net.Listener, n)
-	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("reserving a port: %v", err)
-		}
-		ls[i] = l
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
-}
