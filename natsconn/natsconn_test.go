@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -214,21 +213,18 @@ func TestConnectRejectsBadOptions(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // A component starts while its server is away and connects when it comes;
 // it logs losing and regaining the server.
 func TestConnectStartsBeforeTheServerAndReconnects(t *testing.T) {
 	isolate(t)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	// The server the component is configured with has gone away; it comes
+	// back on the port it had bound.
+	e, err := natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: "127.0.0.1:-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := e.Server().Addr().String()
+	e.Shutdown()
 	var logs syncBuffer
 	nc := connect(t, natsconn.Options{URL: "nats://" + listen, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if nc.IsConnected() {
@@ -240,7 +236,7 @@ func TestConnectStartsBeforeTheServerAndReconnects(t *testing.T) {
 		t.Fatalf("WaitConnected with no server: %v", err)
 	}
 
-	e, err := natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: listen})
+	e, err = natsconn.StartEmbedded(natsconn.EmbeddedConfig{Listen: listen})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +253,7 @@ func TestConnectStartsBeforeTheServerAndReconnects(t *testing.T) {
 
 func TestConnectFailFastWhenAsked(t *testing.T) {
 	isolate(t)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
+	url := "nats://" + testkit.Refusing(t)
 	_, err := natsconn.Connect(context.Background(), natsconn.Options{URL: url}, nats.RetryOnFailedConnect(false))
 	if err == nil {
 		t.Fatal("want an error with no server and RetryOnFailedConnect(false)")

@@ -42,22 +42,32 @@ func setup(t *testing.T) (*checker, *rendering) {
 	return c, r
 }
 
-func freePort(t *testing.T) string {
+// listenFile binds a loopback port and returns the listening socket as a
+// file, to hand to a child process (as fd:3 when it is the first of
+// exec.Cmd.ExtraFiles), and its address. The socket stays open until the
+// test ends, so the port is never free for someone else to take.
+func listenFile(t *testing.T) (*os.File, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	defer l.Close() // the file is a duplicate of the socket
+	f, err := l.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, l.Addr().String()
 }
 
 // startGateway runs `switchyard dev` (the gateway on an embedded NATS) until
 // the test ends and returns the gateway's base URL once it answers.
 func startGateway(t *testing.T, bin string) string {
 	t.Helper()
-	addr := freePort(t)
-	cmd := exec.Command(bin, "dev", "--listen", addr, "--nats-listen", freePort(t), "--data", t.TempDir())
+	ln, addr := listenFile(t)
+	cmd := exec.Command(bin, "dev", "--listen", "fd:3", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir())
+	cmd.ExtraFiles = []*os.File{ln}
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
