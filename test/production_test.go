@@ -7,11 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,15 +19,20 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-// freePort returns a loopback address no one listens on now.
-func freePort(t *testing.T) string {
+// listenFile binds a loopback port and returns the listening socket as a
+// file to hand to a process (fd:3 when it is the first of its extra files),
+// and its address. The test keeps the socket until it ends: a part that is
+// killed and started again serves on the same one, and the port is never
+// free for anyone else in between.
+func listenFile(t *testing.T) (*os.File, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln := testkit.Listen(t)
+	f, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Cleanup(func() { f.Close() })
+	return f, ln.Addr().String()
 }
 
 // proc is a process of the production shape, killed when the test ends.
@@ -40,8 +45,16 @@ type proc struct {
 
 func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcWith(t, name, nil, bin, args...)
+}
+
+// startProcWith is startProc handing the process files: the first is its
+// fd 3, the next fd 4, and so on.
+func startProcWith(t *testing.T, name string, files []*os.File, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	p.cmd.ExtraFiles = files
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -87,37 +100,28 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs seven processes")
 	}
-	bin, natsBin := binary(t), natsServerBinary(t)
-	natsAddr := freePort(t)
-	host, port, _ := net.SplitHostPort(natsAddr)
-	startProc(t, "nats-server", natsBin, "-a", host, "-p", port, "-js", "-sd", t.TempDir())
-	natsURL := "nats://" + natsAddr
-	testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		c, err := net.Dial("tcp", natsAddr)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
+	bin := binary(t)
+	natsURL := bareNATS(t)
 	tableFile := filepath.Join(repoRoot(), "deploy", "examples", "table.json")
 	env := []string{"NATS_URL=" + natsURL, "HOME=" + t.TempDir()}
 	if out, errOut, code := sy(t, env, "", "table", "import", tableFile); code != 0 {
 		t.Fatalf("table import: exit %d: %s %s", code, out, errOut)
 	}
 	startProc(t, "broker", bin, "broker", "--nats", natsURL, "--metrics-listen", "", "--state-dir", t.TempDir())
-	gwAddr := freePort(t)
-	startProc(t, "gateway", bin, "gateway", "--nats", natsURL, "--listen", gwAddr, "--admin-listen", "127.0.0.1:0", "--state-dir", t.TempDir())
+	gwFile, gwAddr := listenFile(t)
+	startProcWith(t, "gateway", []*os.File{gwFile}, bin, "gateway", "--nats", natsURL, "--listen", "fd:3", "--admin-listen", "127.0.0.1:0", "--state-dir", t.TempDir())
 	gw := "http://" + gwAddr
 
-	engines := map[string]string{} // replica → engine URL
+	engines := map[string]string{}         // replica → engine URL
+	engineSockets := map[string]*os.File{} // replica → its engine's socket, kept across the engine's restart
 	engineProcs := map[string]*proc{}
-	startEngine := func(id, addr string) {
-		engineProcs[id] = startProc(t, "engine "+id, bin, "engine-sim", "--model", "qwen-coder-32b", "--listen", addr, "--deterministic-text")
+	startEngine := func(id string) {
+		engineProcs[id] = startProcWith(t, "engine "+id, []*os.File{engineSockets[id]}, bin, "engine-sim", "--model", "qwen-coder-32b", "--listen", "fd:3", "--deterministic-text")
 	}
 	for _, id := range []string{"coder-a", "coder-b"} {
-		addr := freePort(t)
-		engines[id] = "http://" + addr
-		startEngine(id, addr)
+		f, addr := listenFile(t)
+		engines[id], engineSockets[id] = "http://"+addr, f
+		startEngine(id)
 		startProc(t, "adapter "+id, bin, "adapter", "--nats", natsURL, "--engine", engines[id], "--replica", id,
 			"--model", "qwen-coder-32b", "--version", "v1.0.0", "--pool", "general")
 	}
@@ -161,7 +165,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	whole(t, "stream under a SIGKILLed engine", got, want)
 	t.Logf("engine of %s SIGKILLed after 100 tokens of a stream: the client got all 500, one id", killed)
 
-	startEngine(killed, strings.TrimPrefix(engines[killed], "http://"))
+	startEngine(killed)
 	testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if resp, err := http.Get(engines[killed] + "/health"); err == nil {
 			resp.Body.Close()
