@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -47,10 +50,55 @@ func authorize(ctx context.Context, cfg config) (authDir string, err error) {
 	return authDir, nil
 }
 
+// natsNode is one NATS server of the cluster and the ports it bound.
+type natsNode struct {
+	name, dir                    string
+	client, route, monitor, leaf int
+}
+
+// conf is the node.conf that includes the shipped cluster.conf: the
+// node's addresses, routes and certificate. Ports are the server's choice
+// ("127.0.0.1:-1") until it has bound them; from then on it keeps them.
+func (nd natsNode) conf(tlsDir string, routes []string) []byte {
+	addr := func(port int) string {
+		if port == 0 {
+			return "127.0.0.1:-1"
+		}
+		return fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	quoted := make([]string, len(routes))
+	for i, r := range routes {
+		quoted[i] = strconv.Quote(r)
+	}
+	return fmt.Appendf(nil, `NODE_NAME: %s
+CLIENT_LISTEN: %q
+MONITOR_LISTEN: %q
+ROUTE_LISTEN: %q
+LEAF_LISTEN: %q
+ROUTES: [%s]
+JETSTREAM_DIR: %q
+TLS_CERT: %q
+TLS_KEY: %q
+TLS_CA: %q
+`, nd.name, addr(nd.client), addr(nd.monitor), addr(nd.route), addr(nd.leaf), strings.Join(quoted, ", "),
+		filepath.Join(nd.dir, "jetstream"), filepath.Join(tlsDir, nd.name+".pem"), filepath.Join(tlsDir, nd.name+"-key.pem"), filepath.Join(tlsDir, "ca.pem"))
+}
+
+func (nd natsNode) routeURL() string { return fmt.Sprintf("nats-route://127.0.0.1:%d", nd.route) }
+
 // startNATS makes throwaway certificates with deploy/nats/make-certs.sh,
 // gives each server a directory with the shipped cluster.conf and a
-// node.conf of loopback addresses, starts the three and waits until each
-// reports healthy JetStream.
+// node.conf of loopback addresses, starts the three one after another and
+// waits until each reports healthy JetStream.
+//
+// No port is chosen here: each server binds ports of its own choosing and
+// reports them (--ports_file_dir, then /varz), and each later server routes
+// to the earlier ones; gossip completes the mesh. A clustered JetStream
+// will not start without a configured route, which the first server cannot
+// have yet: it is given one to an address that refuses (a port this
+// launcher holds without listening), and reloads with routes to the others
+// once they are up. Each node.conf is then rewritten with the ports its
+// server bound and routes to every other server, for its restarts.
 func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, error) {
 	const n = 3
 	authDir, err := authorize(ctx, cfg)
@@ -67,117 +115,240 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 	}
 	leafJS := fmt.Appendf(nil, "default_js_domain: { %s: \"\" }\n", account)
 	tlsDir := filepath.Join(cfg.dir, "tls")
+	nodes := make([]natsNode, n)
 	names := make([]string, n)
-	for i := range names {
+	for i := range nodes {
 		names[i] = fmt.Sprintf("nats-%d", i+1)
+		nodes[i] = natsNode{name: names[i], dir: filepath.Join(cfg.dir, names[i])}
 	}
 	mk := exec.CommandContext(ctx, filepath.Join(cfg.root, "deploy", "nats", "make-certs.sh"), append([]string{tlsDir}, names...)...)
 	mk.Env = append(os.Environ(), "EXTRA_SANS=DNS:localhost,IP:127.0.0.1", "DAYS=7")
 	if out, err := mk.CombinedOutput(); err != nil {
 		return natsCluster{}, fmt.Errorf("make-certs.sh: %v: %s", err, out)
 	}
-	ports, err := freePorts(4 * n) // client, route, monitor, leaf
-	if err != nil {
-		return natsCluster{}, err
-	}
-	routes := make([]string, n)
-	clients := make([]string, n)
-	for i := range n {
-		routes[i] = fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", ports[n+i]))
-		clients[i] = fmt.Sprintf("tls://127.0.0.1:%d", ports[i])
-	}
 	shipped, err := os.ReadFile(filepath.Join(cfg.root, "deploy", "nats", "cluster.conf"))
 	if err != nil {
 		return natsCluster{}, err
 	}
-	monitors := make([]string, n)
-	for i, name := range names {
-		dir := filepath.Join(cfg.dir, name)
-		monitors[i] = fmt.Sprintf("127.0.0.1:%d", ports[2*n+i])
-		node := fmt.Sprintf(`NODE_NAME: %s
-CLIENT_LISTEN: "127.0.0.1:%d"
-MONITOR_LISTEN: %q
-ROUTE_LISTEN: "127.0.0.1:%d"
-LEAF_LISTEN: "127.0.0.1:%d"
-ROUTES: [%s]
-JETSTREAM_DIR: %q
-TLS_CERT: %q
-TLS_KEY: %q
-TLS_CA: %q
-`, name, ports[i], monitors[i], ports[n+i], ports[3*n+i], strings.Join(routes, ", "), filepath.Join(dir, "jetstream"),
-			filepath.Join(tlsDir, name+".pem"), filepath.Join(tlsDir, name+"-key.pem"), filepath.Join(tlsDir, "ca.pem"))
-		if err := os.MkdirAll(filepath.Join(dir, "switchyard"), 0o755); err != nil {
+	seed, err := refusing()
+	if err != nil {
+		return natsCluster{}, err
+	}
+	defer seed.close()
+	for i := range nodes {
+		nd := &nodes[i]
+		routes := []string{"nats-route://" + seed.addr}
+		if i > 0 {
+			routes = routes[:0]
+			for _, earlier := range nodes[:i] {
+				routes = append(routes, earlier.routeURL())
+			}
+		}
+		files := map[string][]byte{
+			filepath.Join("switchyard", "server.conf"):    serverAuth,
+			filepath.Join("switchyard", "leafnodes.conf"): leafJS,
+			"node.conf":    nd.conf(tlsDir, routes),
+			"cluster.conf": shipped,
+		}
+		if err := writeFiles(nd.dir, files); err != nil {
 			return natsCluster{}, err
 		}
-		if err := os.WriteFile(filepath.Join(dir, "switchyard", "server.conf"), serverAuth, 0o644); err != nil {
+		if err := procs.start(nd.name, nd.dir, nil, nil, cfg.natsServer, "-c", "cluster.conf", "--ports_file_dir", nd.dir); err != nil {
 			return natsCluster{}, err
 		}
-		if err := os.WriteFile(filepath.Join(dir, "switchyard", "leafnodes.conf"), leafJS, 0o644); err != nil {
-			return natsCluster{}, err
-		}
-		if err := os.WriteFile(filepath.Join(dir, "node.conf"), []byte(node), 0o644); err != nil {
-			return natsCluster{}, err
-		}
-		if err := os.WriteFile(filepath.Join(dir, "cluster.conf"), shipped, 0o644); err != nil {
-			return natsCluster{}, err
-		}
-		if err := procs.start(name, dir, nil, cfg.natsServer, "-c", "cluster.conf"); err != nil {
+		if err := learnPorts(ctx, cfg, procs, nd); err != nil {
 			return natsCluster{}, err
 		}
 	}
-	for i, m := range monitors {
-		if err := poll(ctx, 60*time.Second, procs, names[i]+" healthy", func() bool { return httpOK("http://" + m + "/healthz") }); err != nil {
+	for i, nd := range nodes {
+		var others []string
+		for j, o := range nodes {
+			if j != i {
+				others = append(others, o.routeURL())
+			}
+		}
+		if err := os.WriteFile(filepath.Join(nd.dir, "node.conf"), nd.conf(tlsDir, others), 0o644); err != nil {
 			return natsCluster{}, err
 		}
 	}
+	if err := procs.signal(nodes[0].name, syscall.SIGHUP); err != nil {
+		return natsCluster{}, err
+	}
+	first := fmt.Sprintf("http://127.0.0.1:%d/varz", nodes[0].monitor)
+	if err := poll(ctx, 30*time.Second, procs, nodes[0].name+"'s routes reloaded", func() bool {
+		var varz natsVarz
+		return getJSON(first, &varz) && len(varz.Cluster.URLs) == n-1 && !slices.Contains(varz.Cluster.URLs, seed.addr)
+	}); err != nil {
+		return natsCluster{}, err
+	}
+	for _, nd := range nodes {
+		m := fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.monitor)
+		if err := poll(ctx, 60*time.Second, procs, nd.name+" healthy", func() bool { return httpOK(m) }); err != nil {
+			return natsCluster{}, err
+		}
+	}
+	clients := make([]string, n)
 	leafURLs := make([]string, n)
-	for i := range n {
-		leafURLs[i] = fmt.Sprintf("%q", fmt.Sprintf("tls://127.0.0.1:%d", ports[3*n+i]))
+	for i, nd := range nodes {
+		clients[i] = fmt.Sprintf("tls://127.0.0.1:%d", nd.client)
+		leafURLs[i] = strconv.Quote(fmt.Sprintf("tls://127.0.0.1:%d", nd.leaf))
 	}
 	nc := natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), creds: filepath.Join(authDir, "creds")}
 	nc.site, err = startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), nc.ca, nc.credsFor("adapter-"+siteReplica))
 	return nc, err
 }
 
-// startSite runs deploy/nats/leaf-gpu-site.conf as a GPU site that dials
-// the cluster's leaf ports, and waits until its leaf connection is up.
-func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca, creds string) (string, error) {
-	ports, err := freePorts(2)
+// natsVarz is what the launcher reads of a server's /varz.
+type natsVarz struct {
+	Port    int `json:"port"`
+	Cluster struct {
+		Port int      `json:"cluster_port"`
+		URLs []string `json:"urls"`
+	} `json:"cluster"`
+	Leaf struct {
+		Port int `json:"port"`
+	} `json:"leaf"`
+}
+
+// learnPorts waits for the ports file the server nd writes once it is ready
+// (--ports_file_dir): it names the monitoring address, and /varz there the
+// client, route and leaf ports.
+func learnPorts(ctx context.Context, cfg config, procs *procs, nd *natsNode) error {
+	monitor, err := monitorOf(ctx, cfg, procs, nd.name, nd.dir)
+	if err != nil {
+		return err
+	}
+	var varz natsVarz
+	if err := poll(ctx, 30*time.Second, procs, nd.name+"'s /varz", func() bool {
+		return getJSON(monitor+"/varz", &varz) && varz.Port > 0 && varz.Cluster.Port > 0 && varz.Leaf.Port > 0
+	}); err != nil {
+		return err
+	}
+	u, err := url.Parse(monitor)
+	if err != nil {
+		return err
+	}
+	if nd.monitor, err = strconv.Atoi(u.Port()); err != nil {
+		return fmt.Errorf("%s's monitoring address %q: %w", nd.name, monitor, err)
+	}
+	nd.client, nd.route, nd.leaf = varz.Port, varz.Cluster.Port, varz.Leaf.Port
+	return nil
+}
+
+// natsPorts is nats-server's ports file.
+type natsPorts struct {
+	Nats       []string `json:"nats"`
+	Monitoring []string `json:"monitoring"`
+}
+
+// portsOf waits for the ports file of the server name, started with
+// --ports_file_dir dir.
+func portsOf(ctx context.Context, cfg config, procs *procs, name, dir string) (natsPorts, error) {
+	file := filepath.Join(dir, fmt.Sprintf("%s_%d.ports", filepath.Base(cfg.natsServer), procs.pid(name)))
+	var ports natsPorts
+	err := poll(ctx, 30*time.Second, procs, name+"'s ports file", func() bool {
+		b, err := os.ReadFile(file)
+		return err == nil && json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 && len(ports.Monitoring) > 0
+	})
+	return ports, err
+}
+
+// monitorOf is the monitoring URL the server name reports.
+func monitorOf(ctx context.Context, cfg config, procs *procs, name, dir string) (string, error) {
+	ports, err := portsOf(ctx, cfg, procs, name, dir)
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(cfg.dir, "gpu-site-1")
-	monitor := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	site := fmt.Sprintf(`SITE_NAME: gpu-site-1
-SITE_LISTEN: "127.0.0.1:%d"
+	return ports.Monitoring[0], nil
+}
+
+// writeFiles writes files (paths relative to dir), making the directories.
+func writeFiles(dir string, files map[string][]byte) error {
+	for name, b := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refusingAddr is a loopback address that refuses connections: its port is
+// bound, until close, by a socket that does not listen.
+type refusingAddr struct {
+	addr string
+	fd   int
+}
+
+func refusing() (refusingAddr, error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return refusingAddr{}, err
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		syscall.Close(fd)
+		return refusingAddr{}, err
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		syscall.Close(fd)
+		return refusingAddr{}, err
+	}
+	return refusingAddr{addr: fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port), fd: fd}, nil
+}
+
+func (r refusingAddr) close() { _ = syscall.Close(r.fd) }
+
+// startSite runs deploy/nats/leaf-gpu-site.conf as a GPU site that dials
+// the cluster's leaf ports, and waits until its leaf connection is up. Its
+// ports are its own choice, kept (site.conf rewritten) for its restarts.
+func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca, creds string) (string, error) {
+	const name = "gpu-site-1"
+	dir := filepath.Join(cfg.dir, name)
+	site := func(listen, monitor string) []byte {
+		return fmt.Appendf(nil, `SITE_NAME: %s
+SITE_LISTEN: %q
 SITE_MONITOR_LISTEN: %q
 CORE_LEAF_URLS: [%s]
 TLS_CA: %q
 SITE_CREDS: %q
-`, ports[0], monitor, leafURLs, ca, creds)
+`, name, listen, monitor, leafURLs, ca, creds)
+	}
 	shipped, err := os.ReadFile(filepath.Join(cfg.root, "deploy", "nats", "leaf-gpu-site.conf"))
 	if err != nil {
 		return "", err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := writeFiles(dir, map[string][]byte{"site.conf": site("127.0.0.1:-1", "127.0.0.1:-1"), "leaf-gpu-site.conf": shipped}); err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "site.conf"), []byte(site), 0o644); err != nil {
+	if err := procs.start(name, dir, nil, nil, cfg.natsServer, "-c", "leaf-gpu-site.conf", "--ports_file_dir", dir); err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "leaf-gpu-site.conf"), shipped, 0o644); err != nil {
+	ports, err := portsOf(ctx, cfg, procs, name, dir)
+	if err != nil {
 		return "", err
 	}
-	if err := procs.start("gpu-site-1", dir, nil, cfg.natsServer, "-c", "leaf-gpu-site.conf"); err != nil {
+	client, err := url.Parse(ports.Nats[0])
+	if err != nil {
 		return "", err
 	}
-	err = poll(ctx, 30*time.Second, procs, "gpu-site-1's leaf connection", func() bool {
+	monitor, err := url.Parse(ports.Monitoring[0])
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "site.conf"), site(client.Host, monitor.Host), 0o644); err != nil {
+		return "", err
+	}
+	err = poll(ctx, 30*time.Second, procs, name+"'s leaf connection", func() bool {
 		var leafz struct {
 			Leafs int `json:"leafnodes"`
 		}
-		return getJSON("http://"+monitor+"/leafz", &leafz) && leafz.Leafs > 0
+		return getJSON(ports.Monitoring[0]+"/leafz", &leafz) && leafz.Leafs > 0
 	})
-	return fmt.Sprintf("nats://127.0.0.1:%d", ports[0]), err
+	return ports.Nats[0], err
 }
 
 func getJSON(url string, v any) bool {
@@ -209,26 +380,6 @@ func switchyardAccount(creds string) (string, error) {
 		return uc.IssuerAccount, nil
 	}
 	return uc.Issuer, nil
-}
-
-// freePorts returns n loopback ports free at the time of the call.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	lns := make([]net.Listener, 0, n)
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func httpOK(url string) bool {

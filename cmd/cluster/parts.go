@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -40,25 +41,28 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 		}
 	}
 
+	// Every part that listens is handed its socket (fd:3, fd:4), which this
+	// launcher keeps across the part's restarts.
 	replicas := devstack.Replicas()
-	ports, err := freePorts(len(replicas) + cfg.brokers + 2*cfg.gateways)
-	if err != nil {
-		return nil, err
-	}
 	procs.nextTier()
+	engines := make([]string, len(replicas))
 	for i, r := range replicas {
-		engine := fmt.Sprintf("127.0.0.1:%d", ports[i])
-		args := []string{"engine-sim", "--listen", engine, "--model", r.Model, "--kv-blocks", strconv.Itoa(r.KVBlocks)}
+		sock, addr, err := procs.listen()
+		if err != nil {
+			return nil, err
+		}
+		engines[i] = "http://" + addr
+		args := []string{"engine-sim", "--listen", "fd:3", "--model", r.Model, "--kv-blocks", strconv.Itoa(r.KVBlocks)}
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras), "--adapters", strings.Join(r.Adapters, ","))
 		}
-		if err := procs.start("engine-"+r.ID, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+		if err := procs.start("engine-"+r.ID, cfg.dir, nil, []*os.File{sock}, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
 	}
 	procs.nextTier()
 	for i, r := range replicas {
-		args := []string{"adapter", "--engine", fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
+		args := []string{"adapter", "--engine", engines[i],
 			"--replica", r.ID, "--model", r.Model, "--version", r.Version, "--pool", r.Pool}
 		if r.ID == siteReplica {
 			// Plain NATS inside the site; the leaf connection carries
@@ -70,7 +74,7 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras))
 		}
-		if err := procs.start("adapter-"+r.ID, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+		if err := procs.start("adapter-"+r.ID, cfg.dir, nil, nil, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
 	}
@@ -78,28 +82,37 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 		return nil, err
 	}
 	procs.nextTier()
-	ports = ports[len(replicas):]
 	for i := range cfg.brokers {
 		name := fmt.Sprintf("broker-%d", i+1)
+		metrics, _, err := procs.listen()
+		if err != nil {
+			return nil, err
+		}
 		args := append([]string{"broker", "--id", name, "--state-dir", filepath.Join(cfg.dir, name),
-			"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[i])}, conn("broker")...)
-		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+			"--metrics-listen", "fd:3"}, conn("broker")...)
+		if err := procs.start(name, cfg.dir, nil, []*os.File{metrics}, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
 	}
 	procs.nextTier()
-	ports = ports[cfg.brokers:]
 	urls := make([]gatewayURLs, cfg.gateways)
 	for i := range cfg.gateways {
 		name := fmt.Sprintf("gateway-%d", i+1)
 		// Both gateways run on this one host: each admin listener (the
 		// dashboard and /metrics) needs a port of its own.
-		listen, admin := fmt.Sprintf("127.0.0.1:%d", ports[2*i]), fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])
-		args := append([]string{"gateway", "--listen", listen, "--admin-listen", admin, "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
-		if err := procs.start(name, cfg.dir, nil, cfg.switchyard, args...); err != nil {
+		public, listen, err := procs.listen()
+		if err != nil {
 			return nil, err
 		}
-		urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + admin}
+		admin, adminListen, err := procs.listen()
+		if err != nil {
+			return nil, err
+		}
+		args := append([]string{"gateway", "--listen", "fd:3", "--admin-listen", "fd:4", "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
+		if err := procs.start(name, cfg.dir, nil, []*os.File{public, admin}, cfg.switchyard, args...); err != nil {
+			return nil, err
+		}
+		urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
 	}
 	return urls, nil
 }

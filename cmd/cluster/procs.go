@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,19 +30,21 @@ type procs struct {
 	// not the end of the run.
 	faults atomic.Bool
 
-	mu   sync.Mutex
-	list []*proc
+	mu      sync.Mutex
+	list    []*proc
+	sockets []*os.File // the listening sockets handed to parts, closed by stopAll
 }
 
 type proc struct {
-	name string
-	dir  string
-	env  []string
-	exe  string
-	args []string
-	tier int // started in ascending tiers, stopped in descending ones
-	cmd  *exec.Cmd
-	done chan struct{}
+	name  string
+	dir   string
+	env   []string
+	files []*os.File // handed over as fd 3, 4, …; the same ones on a restart
+	exe   string
+	args  []string
+	tier  int // started in ascending tiers, stopped in descending ones
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 func newProcs(logDir, pidFile string) *procs {
@@ -55,7 +58,29 @@ func (ps *procs) nextTier() {
 	ps.list = append(ps.list, nil) // a marker: tiers are counted by markers
 }
 
-func (ps *procs) start(name, dir string, env []string, exe string, args ...string) error {
+// listen binds a loopback port for a part and returns the listening socket,
+// to hand to the part as one of start's files (it then listens on fd:N),
+// and its address. The socket stays open here until stopAll: a part killed
+// and started again serves on the same one, so no one else can take its
+// port in between, and connections made meanwhile wait in its queue.
+func (ps *procs) listen() (*os.File, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	defer ln.Close() // f is a duplicate of the socket
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		return nil, "", err
+	}
+	ps.mu.Lock()
+	ps.sockets = append(ps.sockets, f)
+	ps.mu.Unlock()
+	return f, ln.Addr().String(), nil
+}
+
+// start runs exe as the part name, handing it files as fd 3, 4, and so on.
+func (ps *procs) start(name, dir string, env []string, files []*os.File, exe string, args ...string) error {
 	log, err := os.OpenFile(filepath.Join(ps.logDir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -65,11 +90,12 @@ func (ps *procs) start(name, dir string, env []string, exe string, args ...strin
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.ExtraFiles = files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, dir: dir, env: env, exe: exe, args: args, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, dir: dir, env: env, files: files, exe: exe, args: args, cmd: cmd, done: make(chan struct{})}
 	ps.mu.Lock()
 	if old := ps.find(name); old != nil { // a restart keeps the part's place
 		p.tier = old.tier
@@ -141,7 +167,17 @@ func (ps *procs) restart(name string) error {
 	case <-time.After(stopTimeout):
 		return fmt.Errorf("%s is still running", name)
 	}
-	return ps.start(name, p.dir, p.env, p.exe, p.args...)
+	return ps.start(name, p.dir, p.env, p.files, p.exe, p.args...)
+}
+
+// pid is the process id of the part name as last started, or 0.
+func (ps *procs) pid(name string) int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if p := ps.find(name); p != nil {
+		return p.cmd.Process.Pid
+	}
+	return 0
 }
 
 // stopAll sends SIGTERM tier by tier, the last started first, and waits for
@@ -176,6 +212,12 @@ func (ps *procs) stopAll() error {
 		}
 		wg.Wait()
 	}
+	ps.mu.Lock()
+	for _, f := range ps.sockets {
+		_ = f.Close()
+	}
+	ps.sockets = nil
+	ps.mu.Unlock()
 	return errors.Join(errs...)
 }
 
