@@ -160,26 +160,28 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 			return natsCluster{}, err
 		}
 	}
-	for i, nd := range nodes {
-		var others []string
-		for j, o := range nodes {
-			if j != i {
-				others = append(others, o.routeURL())
-			}
-		}
-		if err := os.WriteFile(filepath.Join(nd.dir, "node.conf"), nd.conf(tlsDir, others), 0o644); err != nil {
-			return natsCluster{}, err
-		}
-	}
-	if err := procs.signal(nodes[0].name, syscall.SIGHUP); err != nil {
+	// The first server reloads its routes. nats-server cannot reload the
+	// monitoring port it picked, so it reads that one as it was until the
+	// reload is done.
+	first := nodes[0]
+	first.monitor = 0
+	if err := os.WriteFile(filepath.Join(first.dir, "node.conf"), first.conf(tlsDir, routesExcept(nodes, 0)), 0o644); err != nil {
 		return natsCluster{}, err
 	}
-	first := fmt.Sprintf("http://127.0.0.1:%d/varz", nodes[0].monitor)
-	if err := poll(ctx, 30*time.Second, procs, nodes[0].name+"'s routes reloaded", func() bool {
+	if err := procs.signal(first.name, syscall.SIGHUP); err != nil {
+		return natsCluster{}, err
+	}
+	varzURL := fmt.Sprintf("http://127.0.0.1:%d/varz", nodes[0].monitor)
+	if err := poll(ctx, 30*time.Second, procs, first.name+"'s routes reloaded", func() bool {
 		var varz natsVarz
-		return getJSON(first, &varz) && len(varz.Cluster.URLs) == n-1 && !slices.Contains(varz.Cluster.URLs, seed.addr)
+		return getJSON(varzURL, &varz) && len(varz.Cluster.URLs) == n-1 && !slices.Contains(varz.Cluster.URLs, seed.addr)
 	}); err != nil {
 		return natsCluster{}, err
+	}
+	for i, nd := range nodes {
+		if err := os.WriteFile(filepath.Join(nd.dir, "node.conf"), nd.conf(tlsDir, routesExcept(nodes, i)), 0o644); err != nil {
+			return natsCluster{}, err
+		}
 	}
 	for _, nd := range nodes {
 		m := fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.monitor)
@@ -196,6 +198,17 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 	nc := natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), creds: filepath.Join(authDir, "creds")}
 	nc.site, err = startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), nc.ca, nc.credsFor("adapter-"+siteReplica))
 	return nc, err
+}
+
+// routesExcept is the route URLs of every node but nodes[i].
+func routesExcept(nodes []natsNode, i int) []string {
+	var routes []string
+	for j, nd := range nodes {
+		if j != i {
+			routes = append(routes, nd.routeURL())
+		}
+	}
+	return routes
 }
 
 // natsVarz is what the launcher reads of a server's /varz.
