@@ -39,8 +39,8 @@ func Cluster(t testing.TB, n int) *JSCluster {
 // the members start one after another, each routed to the cluster
 // addresses the earlier ones bound, and gossip completes the mesh. A
 // clustered JetStream will not start without a configured route, which the
-// first member cannot have yet; it starts with JetStream off and turns it
-// on by a configuration reload once the others are up. Each member then
+// first member cannot have yet: it is given one to an address that refuses,
+// and reloads with routes to the others once they are up. Each member then
 // keeps the ports it bound, and routes to every other, for its restarts.
 func cluster(t testing.TB, n int, configure func(*server.Options)) *JSCluster {
 	t.Helper()
@@ -65,10 +65,15 @@ func cluster(t testing.TB, n int, configure func(*server.Options)) *JSCluster {
 			configure(c.opts[i])
 		}
 	}
+	// The first member's route refuses: a port held, for the test, by a
+	// socket that does not listen.
+	seed := &url.URL{Scheme: "nats", Host: testkit.Refusing(t)}
 	for i := range n {
 		opts := *c.opts[i]
 		opts.Routes = c.routes(func(j int) bool { return j < i })
-		opts.JetStream = i > 0
+		if i == 0 {
+			opts.Routes = []*url.URL{seed}
+		}
 		s := RunServer(t, &opts)
 		c.servers[i] = s
 		c.opts[i].Port = s.Addr().(*net.TCPAddr).Port
@@ -79,7 +84,7 @@ func cluster(t testing.TB, n int, configure func(*server.Options)) *JSCluster {
 	}
 	first := *c.opts[0]
 	if err := c.servers[0].ReloadOptions(&first); err != nil {
-		t.Fatalf("turning on JetStream on the first member: %v", err)
+		t.Fatalf("reloading the first member's routes: %v", err)
 	}
 	c.WaitLeader()
 	return c
@@ -144,18 +149,25 @@ func (c *JSCluster) Leader() int {
 	return -1
 }
 
-// WaitLeader waits until the running members agree on a meta leader.
+// WaitLeader waits until the running members agree on a meta leader that
+// counts every one of them as a JetStream peer it can place streams on.
 func (c *JSCluster) WaitLeader() {
 	c.t.Helper()
-	testkit.CheckFor(c.t, clusterReadyTimeout, 25*time.Millisecond, testkit.Cond("a JetStream meta leader", func() bool {
-		if c.Leader() < 0 {
+	testkit.CheckFor(c.t, clusterReadyTimeout, 25*time.Millisecond, testkit.Cond("a JetStream meta leader with every running member as a peer", func() bool {
+		leader := c.Leader()
+		if leader < 0 {
 			return false
 		}
+		running := 0
 		for _, s := range c.servers {
-			if s != nil && !s.JetStreamIsCurrent() {
+			if s == nil {
+				continue
+			}
+			if !s.JetStreamIsCurrent() {
 				return false
 			}
+			running++
 		}
-		return true
+		return len(c.servers[leader].JetStreamClusterPeers()) == running
 	}))
 }
