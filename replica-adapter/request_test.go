@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -292,12 +291,7 @@ func TestCancel(t *testing.T) {
 // refuses the connection: it did no work, so the gateway may retry elsewhere.
 func TestEngineUnreachable(t *testing.T) {
 	e := newEnv(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + l.Addr().String()
-	l.Close()
+	deadURL := "http://" + testkit.Refusing(t)
 	cfg := e.config()
 	cfg.EngineURL = deadURL
 	e.start(cfg)
