@@ -14,6 +14,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -335,17 +336,32 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 
 // Run listens on cfg.Listen and serves until ctx is cancelled; then it stops
 // accepting requests and lets in-flight ones finish within ShutdownGrace.
+//
+// On an inherited socket (fd:N) it accepts only once the routing table is
+// loaded, waiting at most inheritedTableWait: the socket outlived the
+// previous process, so the connections made while that one restarted are
+// queued on it, and they are answered rather than failed with 503 the
+// moment this one starts.
 func (g *Gateway) Run(ctx context.Context) error {
 	ln, err := listen.Listen(g.cfg.Listen)
 	if err != nil {
 		return err
 	}
-	return g.Serve(ctx, ln)
+	return g.serve(ctx, ln, strings.HasPrefix(g.cfg.Listen, listen.FDPrefix))
 }
+
+// inheritedTableWait bounds how long a gateway on an inherited socket
+// leaves its connections queued while it loads the routing table (from
+// --state-dir, at once, or from the bucket).
+const inheritedTableWait = 10 * time.Second
 
 // Serve is Run on a listener the caller opened. With AdminListen set it
 // opens the admin listener too; both stop together.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	return g.serve(ctx, ln, false)
+}
+
+func (g *Gateway) serve(ctx context.Context, ln net.Listener, awaitTable bool) error {
 	var admin net.Listener
 	if g.adminMux != nil {
 		var err error
@@ -374,6 +390,9 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	servers := []*http.Server{srv}
 	errc := make(chan error, 2)
+	if awaitTable {
+		g.awaitTable(ctx, inheritedTableWait)
+	}
 	go func() { errc <- srv.Serve(ln) }()
 	g.log.Info("gateway listening", "addr", g.Addr(), "tls", g.tls != nil)
 	if admin != nil {
@@ -423,5 +442,24 @@ func (g *Gateway) server(h http.Handler) *http.Server {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
+}
+
+// awaitTable returns once the routing table is loaded, after bound, or
+// when ctx ends.
+func (g *Gateway) awaitTable(ctx context.Context, bound time.Duration) {
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for g.table.Load() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			g.log.Warn("serving before the routing table is loaded", "waited", bound)
+			return
+		case <-tick.C:
+		}
 	}
 }

@@ -137,12 +137,9 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 	defer seed.close()
 	for i := range nodes {
 		nd := &nodes[i]
-		routes := []string{"nats-route://" + seed.addr}
-		if i > 0 {
-			routes = routes[:0]
-			for _, earlier := range nodes[:i] {
-				routes = append(routes, earlier.routeURL())
-			}
+		routes := routesExcept(nodes[:i], -1) // the earlier servers
+		if i == 0 {
+			routes = []string{"nats-route://" + seed.addr}
 		}
 		files := map[string][]byte{
 			filepath.Join("switchyard", "server.conf"):    serverAuth,
@@ -200,7 +197,8 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 	return nc, err
 }
 
-// routesExcept is the route URLs of every node but nodes[i].
+// routesExcept is the route URLs of every node but nodes[i] (of every
+// node for i = -1).
 func routesExcept(nodes []natsNode, i int) []string {
 	var routes []string
 	for j, nd := range nodes {
@@ -227,10 +225,11 @@ type natsVarz struct {
 // (--ports_file_dir): it names the monitoring address, and /varz there the
 // client, route and leaf ports.
 func learnPorts(ctx context.Context, cfg config, procs *procs, nd *natsNode) error {
-	monitor, err := monitorOf(ctx, cfg, procs, nd.name, nd.dir)
+	ports, err := portsOf(ctx, cfg, procs, nd.name, nd.dir)
 	if err != nil {
 		return err
 	}
+	monitor := ports.Monitoring[0]
 	var varz natsVarz
 	if err := poll(ctx, 30*time.Second, procs, nd.name+"'s /varz", func() bool {
 		return getJSON(monitor+"/varz", &varz) && varz.Port > 0 && varz.Cluster.Port > 0 && varz.Leaf.Port > 0
@@ -264,15 +263,6 @@ func portsOf(ctx context.Context, cfg config, procs *procs, name, dir string) (n
 		return err == nil && json.Unmarshal(b, &ports) == nil && len(ports.Nats) > 0 && len(ports.Monitoring) > 0
 	})
 	return ports, err
-}
-
-// monitorOf is the monitoring URL the server name reports.
-func monitorOf(ctx context.Context, cfg config, procs *procs, name, dir string) (string, error) {
-	ports, err := portsOf(ctx, cfg, procs, name, dir)
-	if err != nil {
-		return "", err
-	}
-	return ports.Monitoring[0], nil
 }
 
 // writeFiles writes files (paths relative to dir), making the directories.

@@ -1,0 +1,88 @@
+//go:build unix
+
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// A gateway on an inherited socket (fd:N) leaves the connections queued on
+// it until its routing table is loaded: a request made while the previous
+// process restarted is routed, not failed with "not loaded yet".
+func TestInheritedSocketWaitsForTheTable(t *testing.T) {
+	_, natsURL := natstest.Start(t)
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ln := testkit.Listen(t) // this process never accepts on it
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fd, err := syscall.Dup(int(f.Fd())) // the gateway owns and closes this one
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The request is queued on the socket before any gateway runs.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"chat-small","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+
+	g, err := gateway.New(nc, gateway.Config{Listen: fmt.Sprintf("fd:%d", fd), AcceptTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Run(rctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the gateway to take its socket", func() bool { return g.Addr() == ln.Addr().String() }))
+	if _, err := kv.Seed(ctx, bucket, examples.Flat()); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	// No broker runs: the routed request fails for want of one, but not for
+	// want of the table.
+	if strings.Contains(string(b), "not loaded") {
+		t.Fatalf("the queued request was answered before the table loaded: %d %s", resp.StatusCode, b)
+	}
+}
