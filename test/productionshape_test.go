@@ -227,7 +227,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		at := time.Now()
 		l.stopping.Store(1)
 		command("term gateway-1")   // routing goes on through gateway-2
-		time.Sleep(2 * time.Second) // its clients meanwhile go to gateway-2
+		time.Sleep(2 * time.Second) // its new connections meanwhile wait on the socket the launcher keeps
 		step("start gateway-1")
 		l.stopping.Store(0)
 		ok, failed := l.inFlight(0, at)
