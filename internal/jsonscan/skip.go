@@ -1,0 +1,289 @@
+package jsonscan
+
+import "bytes"
+
+// The skippers check punctuation only. Every offset they return is within
+// the input, and -1 (or a false Next) says the input ended first or broke
+// the punctuation they read; what lies inside a value (an escape, a number,
+// the nesting of brackets) is left to whoever parses it next, or to
+// Validate before them.
+
+// SkipSpace returns the offset of the first non-blank byte at or after i,
+// or len(b).
+func SkipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// StringEnd returns the offset just past the string starting at b[i] ==
+// '"': the first quote after it not preceded by an odd run of backslashes,
+// or -1 when there is none. It jumps from quote to quote with
+// bytes.IndexByte, so a long prompt costs a memory scan, not a loop over its
+// bytes.
+func StringEnd(b []byte, i int) int {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return -1
+		}
+		q := j + k
+		n := 0
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1
+		}
+		j = q + 1
+	}
+}
+
+// ValueEnd returns the offset just past the value starting at b[i], or -1.
+// An object or array ends where its brackets balance, strings minded; a
+// scalar ends at the next delimiter or blank and must not be empty.
+func ValueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return StringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				e := StringEnd(b, j)
+				if e < 0 {
+					return -1
+				}
+				j = e - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// Members walks the members of an object: each key must be a string
+// followed by a colon, members are separated by commas and the object ends
+// with '}'; each value is read as far as ValueEnd reads it.
+//
+//	m := jsonscan.NewMembers(b, i)
+//	for m.Next() {
+//		use(m.Key(), m.Value())
+//	}
+//	if m.End() < 0 {
+//		// malformed
+//	}
+type Members struct {
+	c        container
+	key, kto int
+}
+
+// NewMembers walks the object starting at b[i], which should be '{'.
+func NewMembers(b []byte, i int) Members {
+	return Members{c: container{b: b, i: i, end: -1}}
+}
+
+// Next reads the next member; false after the last, or on malformed input.
+func (m *Members) Next() bool {
+	b := &m.c
+	i, ok := b.item('{', '}')
+	if !ok {
+		return false
+	}
+	if b.b[i] != '"' {
+		return b.fail()
+	}
+	ke := StringEnd(b.b, i)
+	if ke < 0 {
+		return b.fail()
+	}
+	v := SkipSpace(b.b, ke)
+	if v >= len(b.b) || b.b[v] != ':' {
+		return b.fail()
+	}
+	if !b.value(SkipSpace(b.b, v+1)) {
+		return false
+	}
+	m.key, m.kto = i, ke
+	return true
+}
+
+// Key is the current member's key.
+func (m *Members) Key() Key { return keyOf(m.c.b[m.key:m.kto]) }
+
+// Value is the current member's value.
+func (m *Members) Value() []byte { return m.c.b[m.c.from:m.c.to] }
+
+// Span is where the current member's value lies: b[from:to].
+func (m *Members) Span() (from, to int) { return m.c.from, m.c.to }
+
+// End is the offset just past the closing brace once Next has returned
+// false, or -1 when the object was malformed or cut short.
+func (m *Members) End() int { return m.c.end }
+
+// Elems walks the elements of an array as Members walks an object's
+// members.
+type Elems struct{ c container }
+
+// NewElems walks the array starting at b[i], which should be '['.
+func NewElems(b []byte, i int) Elems {
+	return Elems{c: container{b: b, i: i, end: -1}}
+}
+
+// Next reads the next element; false after the last, or on malformed input.
+func (e *Elems) Next() bool {
+	i, ok := e.c.item('[', ']')
+	return ok && e.c.value(i)
+}
+
+// Value is the current element.
+func (e *Elems) Value() []byte { return e.c.b[e.c.from:e.c.to] }
+
+// End is the offset just past the closing bracket once Next has returned
+// false, or -1 when the array was malformed or cut short.
+func (e *Elems) End() int { return e.c.end }
+
+// container is the walk Members and Elems share.
+type container struct {
+	b        []byte
+	i        int // the opening byte, then the end of the last value
+	started  bool
+	done     bool
+	from, to int // the current value
+	end      int
+}
+
+// item finds where the next item starts: past the opening byte or a comma.
+// ok is false at the closing byte (end is then set) and on malformed input.
+func (c *container) item(opening, closing byte) (int, bool) {
+	if c.done {
+		return 0, false
+	}
+	i := c.i
+	if !c.started {
+		c.started = true
+		if i >= len(c.b) || c.b[i] != opening {
+			return 0, c.fail()
+		}
+		if i = SkipSpace(c.b, i+1); i < len(c.b) && c.b[i] == closing {
+			c.done, c.end = true, i+1
+			return 0, false
+		}
+	} else {
+		i = SkipSpace(c.b, i)
+		if i >= len(c.b) {
+			return 0, c.fail()
+		}
+		switch c.b[i] {
+		case ',':
+			i = SkipSpace(c.b, i+1)
+		case closing:
+			c.done, c.end = true, i+1
+			return 0, false
+		default:
+			return 0, c.fail()
+		}
+	}
+	if i >= len(c.b) {
+		return 0, c.fail()
+	}
+	return i, true
+}
+
+// value reads the value at b[i].
+func (c *container) value(i int) bool {
+	end := ValueEnd(c.b, i)
+	if end < 0 {
+		return c.fail()
+	}
+	c.from, c.to, c.i = i, end, end
+	return true
+}
+
+func (c *container) fail() bool {
+	c.done, c.end = true, -1
+	return false
+}
+
+// Lookup2Fold returns the values of the members named a and b of an object
+// (the last of duplicates), matching keys with Key.EqualFold as
+// encoding/json does.
+func Lookup2Fold(obj []byte, a, b string) (va, vb []byte) {
+	m := NewMembers(obj, 0)
+	for m.Next() {
+		k := m.Key()
+		switch {
+		case k.EqualFold(a):
+			va = m.Value()
+		case k.EqualFold(b):
+			vb = m.Value()
+		}
+	}
+	return va, vb
+}
+
+// FindMember returns the offset of the value of the first member keyed
+// quoted (a string literal such as `"usage"`) in b, found by searching for
+// the literal followed, blanks allowed, by a colon; -1 when there is none.
+// It reads windows that may be cut from a larger body or not yet parsed:
+// the literal cannot match inside a string value, whose quotes are escaped,
+// and a string value equal to it is not followed by a colon.
+func FindMember(b []byte, quoted string) int {
+	for i := 0; ; {
+		k := bytes.Index(b[i:], []byte(quoted))
+		if k < 0 {
+			return -1
+		}
+		i += k + len(quoted)
+		if v := afterColon(b, i); v >= 0 {
+			return v
+		}
+	}
+}
+
+// LastMember is FindMember searching backwards from before: the last key
+// literal that ends at or before offset before, and its value. key and value
+// are -1 when there is none.
+func LastMember(b []byte, quoted string, before int) (key, value int) {
+	for end := before; ; {
+		k := bytes.LastIndex(b[:end], []byte(quoted))
+		if k < 0 {
+			return -1, -1
+		}
+		if v := afterColon(b, k+len(quoted)); v >= 0 {
+			return k, v
+		}
+		end = k
+	}
+}
+
+// afterColon returns the offset of the value after a colon at b[i:], blanks
+// allowed around it, or -1 when no colon or no value follows.
+func afterColon(b []byte, i int) int {
+	i = SkipSpace(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	if i = SkipSpace(b, i+1); i >= len(b) {
+		return -1
+	}
+	return i
+}
