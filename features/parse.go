@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -78,22 +79,26 @@ func ParseRequest(endpoint string, b []byte) (*Request, error) {
 // It accepts and refuses exactly what decoding into Go values with
 // encoding/json would (keys matched case-insensitively, the last of
 // duplicates kept, nesting up to 10,000 deep), and refuses invalid UTF-8
-// besides, reading the body in two passes without decoding it (scan.go). It
+// besides, reading the body in two passes without decoding it (fields.go). It
 // allocates the model name and nothing else when r.Prompt has room.
 func ParseRequestInto(r *Request, endpoint string, b []byte) error {
 	*r = Request{Prompt: r.Prompt[:0]}
 	var f [numFields][]byte
-	s := scanner{b: b}
-	object, ok := s.top(&f)
+	scan, ok := jsonscan.Validate(b, func(k jsonscan.Key, v []byte) {
+		if i := topField(k); i >= 0 {
+			f[i] = v // the last of duplicates, as encoding/json keeps
+		}
+	})
 	if !ok {
 		return syntaxError(b)
 	}
-	if !object {
+	// null leaves a struct untouched in encoding/json: no fields.
+	if scan.Top != '{' && scan.Top != 'n' {
 		return perr("", "the request body must be a JSON object")
 	}
 	// encoding/json silently replaces invalid UTF-8 with U+FFFD; an engine
 	// would see a different prompt than the client sent, so refuse it.
-	if s.badUTF8 {
+	if scan.BadUTF8 {
 		return perr(invalidUTF8Param(&f), "strings must be valid UTF-8")
 	}
 	if err := scalars(r, &f); err != nil {
@@ -169,7 +174,7 @@ func scalars(r *Request, f *[numFields][]byte) error {
 		r.Model = string(model[1 : len(model)-1])
 	} else {
 		var tmp [64]byte
-		r.Model = string(appendJSONString(tmp[:0], model))
+		r.Model = string(jsonscan.AppendString(tmp[:0], model))
 	}
 	if r.Model == "" {
 		return perr("model", "you must provide a model parameter")
@@ -200,7 +205,7 @@ func scalars(r *Request, f *[numFields][]byte) error {
 		if so[0] != '{' {
 			return perr("stream_options", "must be an object")
 		}
-		iu, _ := lookup2(so, "include_usage", "")
+		iu, _ := jsonscan.Lookup2Fold(so, "include_usage", "")
 		if present(iu) {
 			v, ok := boolean(iu)
 			if !ok {
@@ -230,7 +235,7 @@ func scalars(r *Request, f *[numFields][]byte) error {
 	r.MaxTokens = mt
 	if id := f[fPreviousResponseID]; present(id) {
 		if isString(id) {
-			r.PreviousResponseID = string(appendJSONString(nil, id))
+			r.PreviousResponseID = string(jsonscan.AppendString(nil, id))
 		}
 		if !isString(id) || !ValidResponseID(r.PreviousResponseID) {
 			return perr("previous_response_id", "must be a response id: 1 to 128 letters, digits, '-' or '_'")
@@ -270,7 +275,7 @@ func appendSystem(dst []byte, param string, raw []byte) ([]byte, error) {
 func appendInput(dst []byte, raw []byte) ([]byte, error) {
 	if isString(raw) {
 		dst = append(dst, "user\n"...)
-		return append(appendJSONString(dst, raw), '\n'), nil
+		return append(jsonscan.AppendString(dst, raw), '\n'), nil
 	}
 	return appendItems(dst, "input", raw, true)
 }

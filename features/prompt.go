@@ -1,11 +1,10 @@
 package features
 
 import (
-	"bytes"
 	"encoding/binary"
 	"strconv"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 )
 
 // The canonical prompt is what prefix hashes, token estimates, code detection
@@ -32,19 +31,19 @@ func appendItems(dst []byte, param string, raw []byte, lenient bool) ([]byte, er
 	if raw[0] != '[' {
 		return dst, perr(param, "must be an array of message objects")
 	}
-	e := newElems(raw)
+	e := jsonscan.NewElems(raw, 0)
 	for i := 0; ; i++ {
-		m, ok := e.next()
-		if !ok {
+		if !e.Next() {
 			if i == 0 {
 				return dst, perr(param, "must not be empty")
 			}
 			return dst, nil
 		}
+		m := e.Value()
 		var role, content []byte
 		switch m[0] {
 		case '{':
-			role, content = lookup2(m, "role", "content")
+			role, content = jsonscan.Lookup2Fold(m, "role", "content")
 		case 'n': // null decodes to an empty message
 		default:
 			return dst, perr(index(param, i), "must be a message object")
@@ -55,7 +54,7 @@ func appendItems(dst []byte, param string, raw []byte, lenient bool) ([]byte, er
 		if !isString(role) || len(role) == 2 {
 			return dst, perr(index(param, i)+".role", "must be a non-empty string")
 		}
-		dst = appendJSONString(dst, role)
+		dst = jsonscan.AppendString(dst, role)
 		dst = append(dst, '\n')
 		var err error
 		if dst, err = appendContent(dst, index(param, i)+".content", content); err != nil {
@@ -75,20 +74,17 @@ func appendContent(dst []byte, param string, raw []byte) ([]byte, error) {
 	case !present(raw):
 		return dst, nil
 	case isString(raw):
-		return appendJSONString(dst, raw), nil
+		return jsonscan.AppendString(dst, raw), nil
 	case raw[0] != '[':
 		return dst, perr(param, "must be a string or an array of content parts")
 	}
-	e := newElems(raw)
-	for j := 0; ; j++ {
-		pr, ok := e.next()
-		if !ok {
-			return dst, nil
-		}
+	e := jsonscan.NewElems(raw, 0)
+	for j := 0; e.Next(); j++ {
+		pr := e.Value()
 		var typ, text []byte
 		switch pr[0] {
 		case '{':
-			typ, text = lookup2(pr, "type", "text")
+			typ, text = jsonscan.Lookup2Fold(pr, "type", "text")
 		case 'n':
 		default:
 			return dst, perr(index(param, j), "must be a content part object")
@@ -104,8 +100,9 @@ func appendContent(dst []byte, param string, raw []byte) ([]byte, error) {
 		if !isString(text) {
 			return dst, perr(index(param, j)+".text", "must be a string")
 		}
-		dst = appendJSONString(dst, text)
+		dst = jsonscan.AppendString(dst, text)
 	}
+	return dst, nil
 }
 
 // appendPromptField renders a completions prompt or an embeddings input: a
@@ -113,39 +110,34 @@ func appendContent(dst []byte, param string, raw []byte) ([]byte, error) {
 // of token ids. exact is the token count when ids were given, else -1.
 func appendPromptField(dst []byte, param string, raw []byte) (out []byte, exact int, err error) {
 	if isString(raw) {
-		return appendJSONString(dst, raw), -1, nil
+		return jsonscan.AppendString(dst, raw), -1, nil
 	}
 	if raw[0] != '[' {
 		return dst, -1, perr(param, "must be a string, an array of strings or an array of token ids")
 	}
-	e := newElems(raw)
-	first, ok := e.next()
-	if !ok {
+	e := jsonscan.NewElems(raw, 0)
+	if !e.Next() {
 		return dst, -1, perr(param, "must not be empty")
 	}
-	e = newElems(raw)
+	first := e.Value()
+	e = jsonscan.NewElems(raw, 0)
 	switch {
 	case isString(first):
-		for i := 0; ; i++ {
-			it, ok := e.next()
-			if !ok {
-				return dst, -1, nil
-			}
+		for i := 0; e.Next(); i++ {
+			it := e.Value()
 			if !isString(it) {
 				return dst, -1, perr(index(param, i), "must be a string like the other items")
 			}
 			if i > 0 {
 				dst = append(dst, '\n')
 			}
-			dst = appendJSONString(dst, it)
+			dst = jsonscan.AppendString(dst, it)
 		}
+		return dst, -1, nil
 	case first[0] == '[':
 		n := 0
-		for i := 0; ; i++ {
-			it, ok := e.next()
-			if !ok {
-				return dst, n, nil
-			}
+		for i := 0; e.Next(); i++ {
+			it := e.Value()
 			k := 0 // anything but an array (null included) is an empty batch
 			if it[0] == '[' {
 				if dst, k, err = appendTokenIDs(dst, index(param, i), it); err != nil {
@@ -157,6 +149,7 @@ func appendPromptField(dst []byte, param string, raw []byte) (out []byte, exact 
 			}
 			n += k
 		}
+		return dst, n, nil
 	}
 	dst, n, err := appendTokenIDs(dst, param, raw)
 	return dst, n, err
@@ -164,18 +157,16 @@ func appendPromptField(dst []byte, param string, raw []byte) (out []byte, exact 
 
 // appendTokenIDs renders a valid array of token ids, returning how many.
 func appendTokenIDs(dst []byte, param string, arr []byte) ([]byte, int, error) {
-	e := newElems(arr)
-	for i := 0; ; i++ {
-		id, ok := e.next()
-		if !ok {
-			return dst, i, nil
-		}
-		v, ok := tokenID(id)
+	e := jsonscan.NewElems(arr, 0)
+	i := 0
+	for ; e.Next(); i++ {
+		v, ok := tokenID(e.Value())
 		if !ok {
 			return dst, i, perr(index(param, i), "must be a token id (an integer from 0 to 4294967295)")
 		}
 		dst = binary.LittleEndian.AppendUint32(dst, v)
 	}
+	return dst, i, nil
 }
 
 // tokenID parses what strconv.ParseUint(s, 10, 32) accepts of a JSON value:
@@ -198,70 +189,3 @@ func tokenID(b []byte) (uint32, bool) {
 }
 
 func isString(raw []byte) bool { return len(raw) >= 2 && raw[0] == '"' }
-
-// appendJSONString appends the decoded value of a JSON string literal that
-// the scanner has already validated, without an intermediate string. It
-// decodes exactly as encoding/json does, lone surrogates becoming U+FFFD.
-func appendJSONString(dst []byte, lit []byte) []byte {
-	s := lit[1 : len(lit)-1]
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c != '\\' {
-			j := bytes.IndexByte(s[i:], '\\')
-			if j < 0 {
-				return append(dst, s[i:]...)
-			}
-			dst = append(dst, s[i:i+j]...)
-			i += j
-			continue
-		}
-		if i+1 >= len(s) {
-			break
-		}
-		switch e := s[i+1]; e {
-		case 'b':
-			dst, i = append(dst, '\b'), i+2
-		case 'f':
-			dst, i = append(dst, '\f'), i+2
-		case 'n':
-			dst, i = append(dst, '\n'), i+2
-		case 'r':
-			dst, i = append(dst, '\r'), i+2
-		case 't':
-			dst, i = append(dst, '\t'), i+2
-		case 'u':
-			r := hex4(s[i+2:])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-					r2 = hex4(s[i+2:])
-				}
-				if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-					r, i = dec, i+6
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst, i = append(dst, e), i+2
-		}
-	}
-	return dst
-}
-
-func hex4(b []byte) rune {
-	if len(b) < 4 {
-		return utf8.RuneError
-	}
-	var r rune
-	for _, c := range b[:4] {
-		v, ok := hexDigit(c)
-		if !ok {
-			return utf8.RuneError
-		}
-		r = r<<4 | rune(v)
-	}
-	return r
-}
