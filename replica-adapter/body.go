@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 )
 
 var errBadJSON = errors.New("request body is not a JSON object")
@@ -91,145 +93,28 @@ func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]by
 // span is the value of a top-level key: keys[key] at body[from:to].
 type span struct{ key, from, to int }
 
-// topLevel scans a JSON object and returns the byte spans of the values of
-// its top-level keys named in keys, and the offset of its closing brace.
+// topLevel reads a JSON object's punctuation and returns the byte spans of
+// the values of its top-level keys named in keys, and the offset of its
+// closing brace. Keys match exactly once unescaped, as the engine's JSON
+// decoder reads them. Values are not validated beyond finding their ends:
+// the engine parses the body and answers 400 for what is malformed.
 func topLevel(b []byte, keys []string) (spans []span, end int, err error) {
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, 0, errBadJSON
-	}
-	i = skipSpace(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return nil, i, checkTail(b, i+1)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return nil, 0, errBadJSON
-		}
-		keyEnd, err := skipString(b, i)
-		if err != nil {
-			return nil, 0, err
-		}
-		which := -1
-		for k, want := range keys {
-			if keyIs(b[i:keyEnd], want) {
-				which = k
+	m := jsonscan.NewMembers(b, jsonscan.SkipSpace(b, 0))
+	for m.Next() {
+		k := m.Key()
+		for which, want := range keys {
+			if k.Equal(want) {
+				from, to := m.Span()
+				spans = append(spans, span{which, from, to})
 				break
 			}
 		}
-		i = skipSpace(b, keyEnd)
-		if i >= len(b) || b[i] != ':' {
-			return nil, 0, errBadJSON
-		}
-		i = skipSpace(b, i+1)
-		valEnd, err := skipValue(b, i)
-		if err != nil {
-			return nil, 0, err
-		}
-		if which >= 0 {
-			spans = append(spans, span{which, i, valEnd})
-		}
-		i = skipSpace(b, valEnd)
-		if i >= len(b) {
-			return nil, 0, errBadJSON
-		}
-		switch b[i] {
-		case ',':
-			i = skipSpace(b, i+1)
-		case '}':
-			return spans, i, checkTail(b, i+1)
-		default:
-			return nil, 0, errBadJSON
-		}
 	}
-}
-
-// keyIs compares a quoted key with want, unescaping only when the key holds
-// an escape ("mod\u0065l" is "model" too).
-func keyIs(quoted []byte, want string) bool {
-	if bytes.IndexByte(quoted, '\\') < 0 {
-		return string(quoted[1:len(quoted)-1]) == want
+	end = m.End()
+	if end < 0 || jsonscan.SkipSpace(b, end) != len(b) {
+		return nil, 0, errBadJSON
 	}
-	var s string
-	return json.Unmarshal(quoted, &s) == nil && s == want
-}
-
-func checkTail(b []byte, i int) error {
-	if skipSpace(b, i) != len(b) {
-		return errBadJSON
-	}
-	return nil
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the offset just past the string starting at b[i] ==
-// '"': the first quote after it not preceded by an odd run of backslashes.
-// It jumps from quote to quote with bytes.IndexByte, so a long prompt costs
-// a memory scan, not a loop over its bytes.
-func skipString(b []byte, i int) (int, error) {
-	for j := i + 1; ; {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			return 0, errBadJSON
-		}
-		q := j + k
-		n := 0
-		for p := q - 1; p > i && b[p] == '\\'; p-- {
-			n++
-		}
-		if n%2 == 0 {
-			return q + 1, nil
-		}
-		j = q + 1
-	}
-}
-
-// skipValue returns the offset just past the value starting at b[i]. Nested
-// objects and arrays are skipped by depth, minding strings; scalars end at
-// the next delimiter. Values are not validated beyond that: the engine parses
-// the body and answers 400 for what is malformed.
-func skipValue(b []byte, i int) (int, error) {
-	if i >= len(b) {
-		return 0, errBadJSON
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				e, err := skipString(b, j)
-				if err != nil {
-					return 0, err
-				}
-				j = e - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return 0, errBadJSON
-	}
-	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
-		j++
-	}
-	if j == i {
-		return 0, errBadJSON
-	}
-	return j, nil
+	return spans, end - 1, nil
 }
 
 // quote quotes s as a JSON string (a string always marshals).

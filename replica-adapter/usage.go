@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 )
 
@@ -133,19 +134,13 @@ func (u *usageScanner) Finish() (tokens, bool) {
 // rather than decoding b: b may be a cut window of a larger body, and a
 // "usage" inside a string value is escaped (\"usage\") so it cannot match.
 func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
-	key := []byte(`"usage"`)
 	for end := len(b); end > 0; {
-		i := bytes.LastIndex(b[:end], key)
+		i, j := jsonscan.LastMember(b, `"usage"`, end)
 		if i < 0 {
 			return tokens{}, false, false
 		}
 		end = i
-		j := skipSpace(b, i+len(key))
-		if j >= len(b) || b[j] != ':' {
-			continue
-		}
-		j = skipSpace(b, j+1)
-		if j >= len(b) || b[j] != '{' {
+		if b[j] != '{' {
 			continue
 		}
 		var o usageObject
