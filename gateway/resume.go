@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -176,62 +177,43 @@ func (c *carry) add(s string) {
 // which is then decoded. A key inside a string value has its quotes
 // escaped, so the searches below cannot match it.
 func plainDelta(data []byte) (text string, ok bool) {
-	for _, k := range [...]string{`"tool_calls"`, `"reasoning_content"`, `"usage":{`, `"error"`, `"role"`} {
+	for _, k := range [...]string{`"tool_calls"`, `"reasoning_content"`, `"error"`, `"role"`} {
 		if bytes.Contains(data, []byte(k)) {
 			return "", false
 		}
 	}
-	for _, k := range [...]string{`"finish_reason":`, `"logprobs":`} {
-		if v, found := valueAfter(data, k); found && !bytes.HasPrefix(v, []byte("null")) {
+	for _, k := range [...]string{`"finish_reason"`, `"logprobs"`, `"usage"`} {
+		if v := jsonscan.FindMember(data, k); v >= 0 && !bytes.HasPrefix(data[v:], []byte("null")) {
 			return "", false
 		}
 	}
-	if i := bytes.Index(data, []byte(`"index":`)); i >= 0 {
-		if v, _ := valueAfter(data[i:], `"index":`); !bytes.HasPrefix(v, []byte("0")) || bytes.Contains(data[i+8:], []byte(`"index":`)) {
+	if v := jsonscan.FindMember(data, `"index"`); v >= 0 {
+		if data[v] != '0' || jsonscan.FindMember(data[v:], `"index"`) >= 0 {
 			return "", false
 		}
 	}
-	v, found := valueAfter(data, `"content":`)
-	if !found {
-		v, found = valueAfter(data, `"text":`)
+	v := jsonscan.FindMember(data, `"content"`)
+	if v < 0 {
+		v = jsonscan.FindMember(data, `"text"`)
 	}
-	if !found || bytes.HasPrefix(v, []byte("null")) {
+	if v < 0 || bytes.HasPrefix(data[v:], []byte("null")) {
 		return "", true
 	}
-	if len(v) == 0 || v[0] != '"' {
+	if data[v] != '"' {
 		return "", false
 	}
-	end := 1
-	escaped := false
-	for ; end < len(v); end++ {
-		if v[end] == '\\' {
-			escaped = true
-			end++
-			continue
-		}
-		if v[end] == '"' {
-			break
-		}
-	}
-	if end >= len(v) {
+	end := jsonscan.StringEnd(data, v)
+	if end < 0 {
 		return "", false
 	}
-	if !escaped {
-		return string(v[1:end]), true
+	lit := data[v:end]
+	if bytes.IndexByte(lit, '\\') < 0 {
+		return string(lit[1 : len(lit)-1]), true
 	}
-	if json.Unmarshal(v[:end+1], &text) != nil {
+	if json.Unmarshal(lit, &text) != nil {
 		return "", false
 	}
 	return text, true
-}
-
-// valueAfter returns what follows the first key k, spaces skipped.
-func valueAfter(data []byte, k string) ([]byte, bool) {
-	i := bytes.Index(data, []byte(k))
-	if i < 0 {
-		return nil, false
-	}
-	return bytes.TrimLeft(data[i+len(k):], " \t\r\n"), true
 }
 
 // rewrite gives a continuation's chunk the stream's identity and, on the

@@ -48,6 +48,11 @@ func TestPlainDeltaAgreesWithDecoding(t *testing.T) {
 		`{"id":"cmpl","object":"text_completion","choices":[{"index":0,"text":"tok ","logprobs":null,"finish_reason":null}]}`,
 		`{"id":"c","choices":[{"index":0,"delta":{"content":null},"finish_reason":null}]}`,
 		`{"id":"c","choices":[{"index":0,"delta":{"content":"cut`,
+		// Python's json.dumps writes a blank after each colon and comma.
+		`{"id": "c", "choices": [{"index": 0, "delta": {"content": "spaced"}, "finish_reason": null}]}`,
+		`{"id" : "c", "choices" : [{"index" : 0, "delta" : {"content" : "spaced"}, "finish_reason" : "stop"}]}`,
+		`{"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"prompt_tokens": 1}}`,
+		`{"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}], "usage": null}`,
 	}
 	for _, ch := range chunks {
 		fast, ok := plainDelta([]byte(ch))
