@@ -103,25 +103,37 @@ func NewMembers(b []byte, i int) Members {
 
 // Next reads the next member; false after the last, or on malformed input.
 func (m *Members) Next() bool {
-	b := &m.c
-	i, ok := b.item('{', '}')
-	if !ok {
+	c := &m.c
+	i, ok := c.i, false
+	switch c.state {
+	case walking:
+		if i, ok = c.next('}'); !ok {
+			return false
+		}
+	case unopened:
+		if i, ok = c.open('{', '}'); !ok {
+			return false
+		}
+	default:
 		return false
 	}
-	if b.b[i] != '"' {
-		return b.fail()
+	if c.b[i] != '"' {
+		return c.fail()
 	}
-	ke := StringEnd(b.b, i)
+	ke := StringEnd(c.b, i)
 	if ke < 0 {
-		return b.fail()
+		return c.fail()
 	}
-	v := SkipSpace(b.b, ke)
-	if v >= len(b.b) || b.b[v] != ':' {
-		return b.fail()
+	v := SkipSpace(c.b, ke)
+	if v >= len(c.b) || c.b[v] != ':' {
+		return c.fail()
 	}
-	if !b.value(SkipSpace(b.b, v+1)) {
-		return false
+	v = SkipSpace(c.b, v+1)
+	end := ValueEnd(c.b, v)
+	if end < 0 {
+		return c.fail()
 	}
+	c.from, c.i = v, end
 	m.key, m.kto = i, ke
 	return true
 }
@@ -130,10 +142,10 @@ func (m *Members) Next() bool {
 func (m *Members) Key() Key { return keyOf(m.c.b[m.key:m.kto]) }
 
 // Value is the current member's value.
-func (m *Members) Value() []byte { return m.c.b[m.c.from:m.c.to] }
+func (m *Members) Value() []byte { return m.c.b[m.c.from:m.c.i] }
 
 // Span is where the current member's value lies: b[from:to].
-func (m *Members) Span() (from, to int) { return m.c.from, m.c.to }
+func (m *Members) Span() (from, to int) { return m.c.from, m.c.i }
 
 // End is the offset just past the closing brace once Next has returned
 // false, or -1 when the object was malformed or cut short.
@@ -150,12 +162,30 @@ func NewElems(b []byte, i int) Elems {
 
 // Next reads the next element; false after the last, or on malformed input.
 func (e *Elems) Next() bool {
-	i, ok := e.c.item('[', ']')
-	return ok && e.c.value(i)
+	c := &e.c
+	i, ok := c.i, false
+	switch c.state {
+	case walking:
+		if i, ok = c.next(']'); !ok {
+			return false
+		}
+	case unopened:
+		if i, ok = c.open('[', ']'); !ok {
+			return false
+		}
+	default:
+		return false
+	}
+	end := ValueEnd(c.b, i)
+	if end < 0 {
+		return c.fail()
+	}
+	c.from, c.i = i, end
+	return true
 }
 
 // Value is the current element.
-func (e *Elems) Value() []byte { return e.c.b[e.c.from:e.c.to] }
+func (e *Elems) Value() []byte { return e.c.b[e.c.from:e.c.i] }
 
 // End is the offset just past the closing bracket once Next has returned
 // false, or -1 when the array was malformed or cut short.
@@ -163,63 +193,58 @@ func (e *Elems) End() int { return e.c.end }
 
 // container is the walk Members and Elems share.
 type container struct {
-	b        []byte
-	i        int // the opening byte, then the end of the last value
-	started  bool
-	done     bool
-	from, to int // the current value
-	end      int
+	b     []byte
+	i     int // the opening byte, then the end of the current value
+	from  int // the current value is b[from:i]
+	end   int
+	state uint8
 }
 
-// item finds where the next item starts: past the opening byte or a comma.
-// ok is false at the closing byte (end is then set) and on malformed input.
-func (c *container) item(opening, closing byte) (int, bool) {
-	if c.done {
-		return 0, false
-	}
-	i := c.i
-	if !c.started {
-		c.started = true
-		if i >= len(c.b) || c.b[i] != opening {
-			return 0, c.fail()
-		}
-		if i = SkipSpace(c.b, i+1); i < len(c.b) && c.b[i] == closing {
-			c.done, c.end = true, i+1
-			return 0, false
-		}
-	} else {
-		i = SkipSpace(c.b, i)
-		if i >= len(c.b) {
-			return 0, c.fail()
-		}
-		switch c.b[i] {
-		case ',':
-			i = SkipSpace(c.b, i+1)
-		case closing:
-			c.done, c.end = true, i+1
-			return 0, false
-		default:
-			return 0, c.fail()
-		}
-	}
-	if i >= len(c.b) {
+const (
+	unopened = iota
+	walking
+	ended
+)
+
+// open reads past the opening byte to the first item. ok is false for an
+// empty container (end is then set) and on malformed input.
+func (c *container) open(opening, closing byte) (i int, ok bool) {
+	i = c.i
+	if i >= len(c.b) || c.b[i] != opening {
 		return 0, c.fail()
 	}
+	if i = SkipSpace(c.b, i+1); i >= len(c.b) {
+		return 0, c.fail()
+	}
+	if c.b[i] == closing {
+		c.state, c.end = ended, i+1
+		return 0, false
+	}
+	c.state = walking
 	return i, true
 }
 
-// value reads the value at b[i].
-func (c *container) value(i int) bool {
-	end := ValueEnd(c.b, i)
-	if end < 0 {
-		return c.fail()
+// next reads past the comma after an item to the next one. ok is false
+// at the closing byte (end is then set) and on malformed input.
+func (c *container) next(closing byte) (i int, ok bool) {
+	i = SkipSpace(c.b, c.i)
+	if i >= len(c.b) {
+		return 0, c.fail()
 	}
-	c.from, c.to, c.i = i, end, end
-	return true
+	switch c.b[i] {
+	case ',':
+		if i = SkipSpace(c.b, i+1); i < len(c.b) {
+			return i, true
+		}
+	case closing:
+		c.state, c.end = ended, i+1
+		return 0, false
+	}
+	return 0, c.fail()
 }
 
 func (c *container) fail() bool {
-	c.done, c.end = true, -1
+	c.state, c.end = ended, -1
 	return false
 }
 
