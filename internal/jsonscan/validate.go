@@ -273,6 +273,11 @@ func special(x uint64) uint64 {
 	return x | (x - ones*0x20) | (q - ones) | (bs - ones)
 }
 
+// plainByte is plainWord for one byte.
+func plainByte(c byte) bool {
+	return c >= 0x20 && c < utf8.RuneSelf && c != '"' && c != '\\'
+}
+
 // str validates the string at s.b[s.i] == '"' and moves past it. plain
 // reports that it held no escape and nothing above ASCII.
 func (s *scanner) str() (plain, ok bool) {
@@ -318,14 +323,21 @@ func (s *scanner) str() (plain, ok bool) {
 		case c < 0x20:
 			return false, false
 		case c < utf8.RuneSelf:
-			i++
+			// The word that failed holds a special byte: walk to it a byte
+			// at a time rather than testing words at every byte.
+			for i++; i < len(b) && plainByte(b[i]); i++ {
+			}
 		default:
 			plain = false
-			r, n := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && n == 1 {
-				s.badUTF8 = true
+			// A run of letters outside ASCII (accents, CJK) is decoded
+			// rune by rune, not word-tested between runes.
+			for i < len(b) && b[i] >= utf8.RuneSelf {
+				r, n := utf8.DecodeRune(b[i:])
+				if r == utf8.RuneError && n == 1 {
+					s.badUTF8 = true
+				}
+				i += n
 			}
-			i += n
 		}
 	}
 }

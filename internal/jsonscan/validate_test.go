@@ -21,6 +21,9 @@ func bodies() []string {
 		`{"a":"` + strings.Repeat(`long line of text with \"quotes\" \\ and é\n`, 300) + `"}`,
 		`[1,"two",{"three":3}]`, `"s"`, `12`, `-1.5E+3`, `true`, `false`, `null`, `{}`, `[]`,
 		"{\"a\":\"\xff\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\xff\":1}",
+		// Runs outside ASCII, whole, cut short or broken in the middle.
+		`{"a":"中文文本 déjà vu 😀 ` + strings.Repeat("中文", 40) + `"}`, "{\"a\":\"中\xe4\xb8\"}", "{\"a\":\"中\xff文\"}",
+		"\"\xe4\xb8", "\"中\x01文\"", "\"中\\u00e9文\"", "\"é\"",
 		// Refusals.
 		``, ` `, `{`, `{"a"`, `{"a":`, `{"a":1`, `{"a":1,}`, `{,}`, `{"a" 1}`, `{"a":1 "b":2}`, `{a:1}`,
 		`[1,]`, `[,1]`, `[1 2]`, `01`, `1.`, `-`, `1e`, `.5`, `+1`, `tru`, `nul`, `True`, `"a`, `"\x"`, `"\u12"`,
