@@ -291,7 +291,7 @@ func boolean(v []byte) (val, ok bool) {
 	return false, false
 }
 
-// tokenLimit decodes an optional non-negative integer no larger than
+// tokenLimit decodes an optional positive integer no larger than
 // MaxTokensLimit. An integral float (100.0) is accepted.
 func tokenLimit(param string, raw []byte) (*int, error) {
 	if !present(raw) {
@@ -305,8 +305,10 @@ func tokenLimit(param string, raw []byte) (*int, error) {
 		}
 		n = int64(f)
 	}
-	if n < 0 {
-		return nil, perr(param, "must not be negative")
+	if n < 1 {
+		// A limit of 0 would be no answer at all: engines refuse it
+		// (vLLM: "max_tokens must be at least 1"), so the edge does.
+		return nil, perr(param, "must be at least 1")
 	}
 	if n > MaxTokensLimit {
 		return nil, perr(param, "must be at most "+strconv.Itoa(MaxTokensLimit))

@@ -104,6 +104,8 @@ func TestParseRequestErrors(t *testing.T) {
 		{"stream_options not an object", chat, `{"model":"m","stream_options":1,` + msg + `}`, "stream_options"},
 		{"include_usage not a bool", chat, `{"model":"m","stream_options":{"include_usage":1},` + msg + `}`, "stream_options.include_usage"},
 		{"negative max_tokens", chat, `{"model":"m","max_tokens":-1,` + msg + `}`, "max_tokens"},
+		{"zero max_tokens", chat, `{"model":"m","max_tokens":0,` + msg + `}`, "max_tokens"},
+		{"zero max_output_tokens", "/v1/responses", `{"model":"m","input":"x","max_output_tokens":0}`, "max_output_tokens"},
 		{"absurd max_tokens", chat, `{"model":"m","max_tokens":1048577,` + msg + `}`, "max_tokens"},
 		{"fractional max_tokens", chat, `{"model":"m","max_tokens":1.5,` + msg + `}`, "max_tokens"},
 		{"string max_completion_tokens", chat, `{"model":"m","max_completion_tokens":"9",` + msg + `}`, "max_completion_tokens"},

@@ -197,7 +197,7 @@ func refAppendInput(dst []byte, raw json.RawMessage) ([]byte, error) {
 	return refAppendItems(dst, "input", raw, true)
 }
 
-// refTokenLimit decodes an optional non-negative integer no larger than
+// refTokenLimit decodes an optional positive integer no larger than
 // MaxTokensLimit. An integral float (100.0) is accepted.
 func refTokenLimit(param string, raw json.RawMessage) (*int, error) {
 	if !refPresent(raw) {
@@ -211,8 +211,10 @@ func refTokenLimit(param string, raw json.RawMessage) (*int, error) {
 		}
 		n = int64(f)
 	}
-	if n < 0 {
-		return nil, perr(param, "must not be negative")
+	if n < 1 {
+		// A limit of 0 would be no answer at all: engines refuse it
+		// (vLLM: "max_tokens must be at least 1"), so the edge does.
+		return nil, perr(param, "must be at least 1")
 	}
 	if n > MaxTokensLimit {
 		return nil, perr(param, "must be at most "+strconv.Itoa(MaxTokensLimit))
