@@ -41,11 +41,11 @@ func (l Line) Done() bool { return l.Field == "data" && string(l.Value) == "[DON
 
 // Reader reads field lines, skipping blank lines (event boundaries) and
 // comments (": keepalive"). Lines end with LF, CR or CRLF, as [Events]
-// and [Lines] read them. It holds at most its limit of one line.
+// and [Lines] read them: a line is returned as soon as its end arrives. It
+// holds at most its limit of one line.
 type Reader struct {
-	br   *bufio.Reader
-	rest []byte // what the last read holds beyond the lines returned
-	cut  bool   // rest ends in a line longer than the limit
+	br      *bufio.Reader
+	afterCR bool // the last line ended with a CR: an LF next is its CRLF
 }
 
 // NewReader reads r with lines kept up to maxLine bytes (at least 16).
@@ -54,33 +54,69 @@ func NewReader(r io.Reader, maxLine int) *Reader {
 }
 
 // Next returns the next field line. Its Value is valid until the next call.
-// At the end of the stream it returns io.EOF (a last line without a newline
-// is returned first).
+// At the end of the stream it returns io.EOF (a last line without a line
+// end is returned first).
 func (r *Reader) Next() (Line, error) {
 	for {
-		for len(r.rest) > 0 {
-			var raw []byte
-			raw, r.rest = cutLine(r.rest)
-			if len(raw) > 0 && raw[0] != ':' {
-				return parse(raw, r.cut && len(r.rest) == 0), nil
-			}
-		}
-		raw, err := r.br.ReadSlice('\n')
-		cut := false
-		if errors.Is(err, bufio.ErrBufferFull) {
-			cut = true
-			raw = bytes.Clone(raw)
-			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = r.br.ReadSlice('\n')
-			}
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
+		raw, cut, err := r.line()
+		if err != nil {
 			return Line{}, err
 		}
-		if len(raw) == 0 {
-			return Line{}, err
+		if len(raw) > 0 && raw[0] != ':' {
+			return parse(raw, cut), nil
 		}
-		r.rest, r.cut = raw, cut
+	}
+}
+
+// line returns the next line without its end. A line longer than the
+// limit is returned cut (its beginning) and the rest of it skipped.
+func (r *Reader) line() (raw []byte, cut bool, err error) {
+	if r.afterCR {
+		r.afterCR = false
+		if b, err := r.br.Peek(1); err == nil && b[0] == '\n' {
+			_, _ = r.br.Discard(1)
+		}
+	}
+	scanned := 0
+	for {
+		buf, _ := r.br.Peek(r.br.Buffered())
+		if i := bytes.IndexAny(buf[scanned:], "\r\n"); i >= 0 {
+			i += scanned
+			r.afterCR = buf[i] == '\r'
+			_, _ = r.br.Discard(i + 1) // moves no bytes: buf stays valid
+			return buf[:i], false, nil
+		}
+		scanned = len(buf)
+		if len(buf) == r.br.Size() {
+			raw = bytes.Clone(buf)
+			_, _ = r.br.Discard(len(buf))
+			r.skipLine() // an error is met again by the next call
+			return raw, true, nil
+		}
+		if _, err := r.br.Peek(len(buf) + 1); err != nil {
+			buf, _ = r.br.Peek(r.br.Buffered())
+			if len(buf) == 0 || !errors.Is(err, io.EOF) {
+				return nil, false, err
+			}
+			_, _ = r.br.Discard(len(buf))
+			return buf, false, nil // the last line, with no end
+		}
+	}
+}
+
+// skipLine drops bytes up to and including the next line end.
+func (r *Reader) skipLine() {
+	for {
+		buf, err := r.br.Peek(max(r.br.Buffered(), 1))
+		if i := bytes.IndexAny(buf, "\r\n"); i >= 0 {
+			r.afterCR = buf[i] == '\r'
+			_, _ = r.br.Discard(i + 1)
+			return
+		}
+		_, _ = r.br.Discard(len(buf))
+		if err != nil {
+			return
+		}
 	}
 }
 
