@@ -19,15 +19,16 @@ import (
 // Until bytes reach the client one attempt can replace another whole; after
 // that only a continuation writes on, into the same stream.
 type response struct {
-	g      *Gateway
-	w      http.ResponseWriter
-	u      *upstream
-	status int
-	sse    bool
-	wrote  bool // bytes have reached the client
-	buf    bytes.Buffer
-	rc     *http.ResponseController
-	events sse.Events // SSE: only whole events are written
+	g       *Gateway
+	w       http.ResponseWriter
+	u       *upstream
+	status  int
+	sse     bool
+	wrote   bool // bytes have reached the client
+	buf     bytes.Buffer
+	rc      *http.ResponseController
+	events  sse.Events // SSE: only whole events are written
+	written int        // SSE: events written by the current data or finish call
 
 	// carry follows the answer for a continuation (nil until the head of a
 	// stream, or a failure, asks); cont is the continuation's body once
@@ -157,25 +158,28 @@ func (s *response) data(b []byte) error {
 		return nil
 	}
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
-	n := 0
-	err := s.events.Write(b, func(ev []byte) error {
-		out, failed := s.carry.event(ev)
-		if failed {
-			return errEngineEvent
-		}
-		if out == nil {
-			return nil
-		}
-		n++
-		_, err := s.w.Write(out)
-		return err
-	})
-	if n == 0 {
+	s.written = 0
+	err := s.events.Write(b, s.event)
+	if s.written == 0 {
 		return err
 	}
 	if ferr := s.rc.Flush(); err == nil {
 		err = ferr
 	}
+	return err
+}
+
+// event writes one whole event of the stream, as the carry rewrites it.
+func (s *response) event(ev []byte) error {
+	out, failed := s.carry.event(ev)
+	if failed {
+		return errEngineEvent
+	}
+	if out == nil {
+		return nil
+	}
+	s.written++
+	_, err := s.w.Write(out)
 	return err
 }
 
@@ -186,13 +190,11 @@ func (s *response) finish() {
 		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
 		return
 	}
-	if last := s.events.Pending(); len(last) > 0 {
-		// The engine ended without a blank line after its last event:
-		// it is whole all the same.
-		_, _ = s.w.Write(last)
-		_, _ = s.w.Write([]byte("\n\n"))
+	// The engine may have ended without a blank line after its last
+	// event: it is whole all the same.
+	s.written = 0
+	if _ = s.events.End(s.event); s.written > 0 {
 		_ = s.rc.Flush()
-		s.events.Reset()
 	}
 	s.g.metrics.done(s.u, s.status)
 }

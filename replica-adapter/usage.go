@@ -117,8 +117,7 @@ func (u *usageScanner) sseEvent(ev []byte) error {
 // Finish returns the usage found, if any.
 func (u *usageScanner) Finish() (tokens, bool) {
 	if u.sse {
-		_ = u.sseEvent(u.split.Pending()) // the last event, without its blank line
-		u.split.Reset()
+		_ = u.split.End(u.sseEvent) // the last event, perhaps without its blank line
 		return u.usage, u.found
 	}
 	if u.total > len(u.head) {

@@ -158,6 +158,29 @@ func (s *Events) Pending() []byte {
 	return s.held
 }
 
+// End is the end of the stream: what is held is whole all the same (an
+// engine that ended without a blank line after its last event, or with a
+// CR that an LF did not follow), and emit gets it as the last event, its
+// end completed to a blank line. Then the state is reset.
+func (s *Events) End(emit func(event []byte) error) error {
+	defer s.Reset()
+	ev := s.Pending()
+	if len(ev) == 0 {
+		return nil
+	}
+	switch {
+	case s.ending: // an empty line ended it; only an LF could have followed
+	case ev[len(ev)-1] == '\r':
+		ev = append(ev, '\r') // a line ended by CR: a CR is the empty line
+	case ev[len(ev)-1] == '\n':
+		ev = append(ev, '\n')
+	default:
+		ev = append(ev, "\n\n"...)
+	}
+	s.held = ev
+	return emit(ev)
+}
+
 // Reset drops the incomplete event: its stream ended or broke.
 func (s *Events) Reset() {
 	s.held = s.held[:0]

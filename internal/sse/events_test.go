@@ -219,3 +219,59 @@ func FuzzEvents(f *testing.F) {
 		}
 	})
 }
+
+// End hands on what a stream ended with as a whole last event, its end
+// completed to a blank line, and nothing when nothing is held.
+func TestEndCompletesTheLastEvent(t *testing.T) {
+	for in, want := range map[string]string{
+		"data: x":       "data: x\n\n",
+		"data: x\n":     "data: x\n\n",
+		"data: x\r":     "data: x\r\r",
+		"data: x\r\n":   "data: x\r\n\n",
+		"data: x\r\r":   "data: x\r\r", // whole; only its LF was awaited
+		"data: x\r\n\r": "data: x\r\n\r",
+		"":              "",
+	} {
+		var s sse.Events
+		var got []string
+		emit := func(ev []byte) error { got = append(got, string(ev)); return nil }
+		if err := s.Write([]byte(in), emit); err != nil || len(got) != 0 {
+			t.Fatalf("%q: %v, %q emitted before the end", in, err, got)
+		}
+		if err := s.End(emit); err != nil {
+			t.Fatal(err)
+		}
+		if want == "" {
+			if len(got) != 0 {
+				t.Errorf("%q: End emitted %q", in, got)
+			}
+			continue
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%q: End emitted %q, want %q", in, got, want)
+		}
+		// What End hands on is one whole event to a reader too (one that
+		// may also wait for the end of the stream to know a CR is last).
+		var again sse.Events
+		n := 0
+		count := func([]byte) error { n++; return nil }
+		_ = again.Write([]byte(want), count)
+		_ = again.End(count)
+		if n != 1 || string(sse.Data([]byte(want))) != "x" {
+			t.Errorf("%q: not one whole event with data x (%d events)", want, n)
+		}
+		if len(s.Pending()) != 0 {
+			t.Errorf("%q: still held after End", in)
+		}
+	}
+}
+
+func TestEndAfterAnOversizedEventIsNothing(t *testing.T) {
+	s := sse.Events{Max: 16, SkipOversized: true}
+	if err := s.Write([]byte("data: "+strings.Repeat("x", 40)), func([]byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.End(func(ev []byte) error { t.Errorf("emitted %q", ev); return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
