@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/internal/listen"
@@ -88,11 +89,18 @@ func TestInheritedSocketIsServedByTheChild(t *testing.T) {
 // on the same port.
 func TestListenTakesOverADuplicate(t *testing.T) {
 	ln := testkit.Listen(t)
-	f, err := ln.(*net.TCPListener).File() // a duplicate descriptor
+	f, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := listen.Listen(fmt.Sprintf("fd:%d", f.Fd()))
+	defer f.Close()
+	// Listen takes the descriptor over and closes it: hand it one of its
+	// own, not f's, which f closes.
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := listen.Listen(fmt.Sprintf("fd:%d", fd))
 	if err != nil {
 		t.Fatal(err)
 	}
