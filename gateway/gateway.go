@@ -390,17 +390,19 @@ func (g *Gateway) serve(ctx context.Context, ln net.Listener, awaitTable bool) e
 	}
 	servers := []*http.Server{srv}
 	errc := make(chan error, 2)
-	if awaitTable {
-		g.awaitTable(ctx, inheritedTableWait)
-	}
-	go func() { errc <- srv.Serve(ln) }()
-	g.log.Info("gateway listening", "addr", g.Addr(), "tls", g.tls != nil)
+	// The admin listener first: /metrics, /ui and the probes answer while
+	// the API waits for the table.
 	if admin != nil {
 		asrv := g.server(g.adminMux)
 		servers = append(servers, asrv)
 		go func() { errc <- asrv.Serve(admin) }()
 		g.log.Info("admin listening", "addr", g.AdminAddr())
 	}
+	if awaitTable {
+		g.awaitTable(ctx, inheritedTableWait)
+	}
+	go func() { errc <- srv.Serve(ln) }()
+	g.log.Info("gateway listening", "addr", g.Addr(), "tls", g.tls != nil)
 	var err error
 	pending := len(servers)
 	select {
@@ -450,16 +452,10 @@ func (g *Gateway) server(h http.Handler) *http.Server {
 func (g *Gateway) awaitTable(ctx context.Context, bound time.Duration) {
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for g.table.Load() == nil {
-		select {
-		case <-ctx.Done():
-			return
-		case <-deadline.C:
-			g.log.Warn("serving before the routing table is loaded", "waited", bound)
-			return
-		case <-tick.C:
-		}
+	select {
+	case <-g.watcher.Ready():
+	case <-ctx.Done():
+	case <-deadline.C:
+		g.log.Warn("serving before the routing table is loaded", "waited", bound)
 	}
 }
