@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
@@ -74,20 +73,25 @@ func (p *proc) kill() {
 	<-p.done
 }
 
-// running is the engine's vllm:num_requests_running.
-func running(engineURL string) int {
-	resp, err := http.Get(engineURL + "/metrics")
-	if err != nil {
+// engineMetric is the sum of an engine's series name on its /metrics; 0
+// when the engine does not answer (it was killed).
+func engineMetric(engineURL, name string) float64 {
+	v := testkit.Sum(testkit.Remote(engineURL+"/metrics"), name, nil)
+	if math.IsNaN(v) {
 		return 0
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^vllm:num_requests_running\{[^}]*\} (\S+)`).FindSubmatch(b)
-	if m == nil {
-		return 0
+	return v
+}
+
+func running(engineURL string) int { return int(engineMetric(engineURL, "vllm:num_requests_running")) }
+
+// generated is how many tokens the engines have generated.
+func generated(engines map[string]string) float64 {
+	n := 0.0
+	for _, url := range engines {
+		n += engineMetric(url, "vllm:generation_tokens_total")
 	}
-	f, _ := strconv.ParseFloat(string(m[1]), 64)
-	return int(f)
+	return n
 }
 
 // TestProductionShapeSurvivesAKilledEngine runs Switchyard as it is
@@ -174,6 +178,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 			return err
 		}
 	})
+	before := generated(engines)
 	done := make(chan *reading, 1)
 	go func() { done <- askChat(t, gw, body(false), 0, nil) }()
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -184,7 +189,7 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 		}
 		return errors.New("not running yet")
 	})
-	time.Sleep(500 * time.Millisecond) // about 100 of the 500 tokens
+	testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, testkit.Cond("100 of the 500 tokens", func() bool { return generated(engines)-before >= 100 }))
 	killed = killBusy()
 	whole(t, "non-streamed reading under a SIGKILLed engine", <-done, want)
 	t.Logf("engine of %s SIGKILLed under a non-streamed reading: the client got it whole", killed)

@@ -208,6 +208,11 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 	})
 	restart()
 	t.Run("non-streamed", func(t *testing.T) {
+		generated := func() float64 {
+			return testkit.Sum(st.Engine("l8-gen-0").Registry(), "vllm:generation_tokens_total", nil) +
+				testkit.Sum(st.Engine("l8-gen-1").Registry(), "vllm:generation_tokens_total", nil)
+		}
+		before := generated()
 		done := make(chan *reading, 1)
 		go func() { done <- askChat(t, url, resumeBody(false, ""), 0, nil) }()
 		testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -216,7 +221,7 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 			}
 			return nil
 		})
-		time.Sleep(500 * time.Millisecond) // about 100 of 500 tokens
+		testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, testkit.Cond("100 of the 500 tokens", func() bool { return generated()-before >= 100 }))
 		kill(nil)()
 		got := <-done
 		whole(t, "non-streamed", got, want)

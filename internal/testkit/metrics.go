@@ -1,10 +1,15 @@
 package testkit
 
 import (
+	"context"
+	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -52,19 +57,43 @@ func Sum(g prometheus.Gatherer, name string, want map[string]string) float64 {
 // fails the test when it cannot be fetched or does not parse.
 func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	fams, err := scrape(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return fams
+}
+
+// Remote gathers url's text exposition: Sum reads a part running in
+// another process through it, and sums to NaN when the part does not
+// answer (an engine killed on purpose).
+func Remote(url string) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		fams, err := scrape(context.Background(), url)
+		return slices.Collect(maps.Values(fams)), err
+	})
+}
+
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return ParseMetrics(t, resp.Body)
+	fams, err := parse(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: metrics do not parse: %w", url, err)
+	}
+	return fams, nil
 }
 
 // ParseMetrics parses a text exposition. Names are held to the classic
@@ -72,10 +101,14 @@ func Scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 // keep, so a name only newer servers accept fails the test.
 func ParseMetrics(t testing.TB, r io.Reader) map[string]*dto.MetricFamily {
 	t.Helper()
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := parse(r)
 	if err != nil {
 		t.Fatalf("metrics do not parse: %v", err)
 	}
 	return fams
+}
+
+func parse(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	return p.TextToMetricFamilies(r)
 }
