@@ -1,7 +1,6 @@
 package enginesim_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -58,9 +58,8 @@ func openStream(t *testing.T, ctx context.Context, hs *httptest.Server, model st
 		t.Fatalf("stream status %d", resp.StatusCode)
 	}
 	if waitToken {
-		line, err := bufio.NewReader(resp.Body).ReadString('\n')
-		if err != nil || !strings.HasPrefix(line, "data: ") {
-			t.Fatalf("first line %q: %v", line, err)
+		if l, err := sse.NewReader(resp.Body, 64<<10).Next(); err != nil || l.Field != "data" {
+			t.Fatalf("first line %+v: %v", l, err)
 		}
 	}
 	return resp

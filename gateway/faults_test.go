@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -202,27 +204,33 @@ func (u *upstream) postBody(body string) result {
 	return r
 }
 
-// sseError returns the code of the stream's error line (data: {"error":…}
-// with no event line before it, and nothing after it), or "".
+// sseError returns the code of the stream's error event (data:
+// {"error":…} with no event line before it, and nothing after it), or "".
 func sseError(body string) string {
-	sc := bufio.NewScanner(strings.NewReader(body))
-	prev := ""
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, `data: {"error"`) || prev == "event: error" {
-			prev = line
+	r := sse.NewReader(strings.NewReader(body), 1<<20)
+	named := false // the line before was an event line
+	for {
+		l, err := r.Next()
+		if err != nil {
+			return ""
+		}
+		if l.Field == "event" {
+			named = true
+			continue
+		}
+		if l.Field != "data" || !bytes.HasPrefix(l.Value, []byte(`{"error"`)) || named {
+			named = false
 			continue
 		}
 		var e openAIError
-		if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &e) != nil {
+		if json.Unmarshal(l.Value, &e) != nil {
 			return "unparsed"
 		}
-		if sc.Scan() && sc.Text() != "" || sc.Scan() {
+		if _, err := r.Next(); !errors.Is(err, io.EOF) {
 			return "trailing_after_error"
 		}
 		return e.Error.Code
 	}
-	return ""
 }
 
 func TestSequenceGapEndsTheResponseExplicitly(t *testing.T) {

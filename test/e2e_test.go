@@ -231,6 +231,8 @@ func TestStreamEndsWithDone(t *testing.T) {
 	if ct := h.Get("Content-Type"); !sse.IsEventStream(ct) {
 		t.Errorf("Content-Type = %q", ct)
 	}
+	// The bytes on the wire, not what a reader makes of them: one
+	// "data: " line per event, LF-ended, as vLLM and OpenAI write them.
 	lines := strings.Split(strings.TrimSpace(body), "\n\n")
 	if len(lines) < 5 {
 		t.Fatalf("want one data: line per token, got %q", body)
