@@ -212,8 +212,9 @@ func refTokenLimit(param string, raw json.RawMessage) (*int, error) {
 		n = int64(f)
 	}
 	if n < 1 {
-		// A limit of 0 would be no answer at all: engines refuse it
-		// (vLLM: "max_tokens must be at least 1"), so the edge does.
+		// A limit of 0 is refused: the token quota reserves the limit
+		// and the engine is held to it, and for chat engines refuse 0
+		// themselves ("max_tokens must be at least 1").
 		return nil, perr(param, "must be at least 1")
 	}
 	if n > MaxTokensLimit {
