@@ -3,6 +3,7 @@ package enginesim_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -114,7 +115,16 @@ func TestMetricsReflectInFlight(t *testing.T) {
 func TestMetricsMatchVLLMNamesTypesAndLabels(t *testing.T) {
 	_, hs := start(t, enginesim.ServerConfig{Engine: enginesim.Config{Model: "sim-model"}, Adapters: []string{"lora-a"}, Speed: 10})
 	post(t, hs, "/v1/chat/completions", fmtBody(chatBody, `,"max_tokens":3`))
-	ours := scrape(t, hs)
+	// The engine loop publishes its counters after the answer is written,
+	// as vLLM's does: wait for the request to show.
+	var ours map[string]*dto.MetricFamily
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		ours = scrape(t, hs)
+		if g := ours["vllm:generation_tokens_total"]; g == nil || g.GetMetric()[0].GetCounter().GetValue() == 0 {
+			return errors.New("the request's tokens are not counted yet")
+		}
+		return nil
+	})
 	vllm := testkit.ParseMetrics(t, bytes.NewReader(golden(t, "metrics-idle.txt")))
 	for _, name := range []string{
 		"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:lora_requests_info",
