@@ -90,6 +90,9 @@ func TestPrefixHeader(t *testing.T) {
 		{"empty item", "1,,2", nil, true},
 		{"trailing comma", "1,", nil, true},
 		{"not hex", "xyz", nil, true},
+		{"signed", "+1", nil, true},
+		{"0x prefix", "0x1", nil, true},
+		{"underscore", "de_ad", nil, true},
 		{"too long", "10000000000000000", nil, true},
 		{"too many", strings.Repeat("1,", features.MaxPrefixBlocks) + "1", nil, true},
 	}

@@ -438,15 +438,11 @@ func refHex4(b []byte) rune {
 	if len(b) < 4 {
 		return utf8.RuneError
 	}
-	var r rune
-	for _, c := range b[:4] {
-		v, ok := hexDigit(c)
-		if !ok {
-			return utf8.RuneError
-		}
-		r = r<<4 | rune(v)
+	v, err := strconv.ParseUint(string(b[:4]), 16, 32)
+	if err != nil {
+		return utf8.RuneError
 	}
-	return r
+	return rune(v)
 }
 
 // refIsCode is a cheap heuristic: a fenced ``` block, or at least codeLines
