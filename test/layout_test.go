@@ -1,0 +1,130 @@
+package test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestOneOfEachKind holds the repository to one reader of each kind: the
+// tests wait and check for leaks through internal/testkit, event streams
+// are read through internal/sse, JSON is scanned through internal/jsonscan,
+// and no port is reserved and released before use. A second one written
+// anywhere fails here, naming the file and line.
+func TestOneOfEachKind(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if name := d.Name(); rel != "." && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		if rel == filepath.Join("test", "layout_test.go") {
+			return nil // its rules name what they look for
+		}
+		checkOneOfEachKind(t, fset, filepath.ToSlash(rel), f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("read %d Go files under %s: not the repository", files, root)
+	}
+}
+
+func checkOneOfEachKind(t *testing.T, fset *token.FileSet, rel string, f *ast.File) {
+	t.Helper()
+	dir := filepath.ToSlash(filepath.Dir(rel))
+	test := strings.HasSuffix(rel, "_test.go")
+	at := func(n ast.Node) string { return rel + ":" + strconv.Itoa(fset.Position(n.Pos()).Line) }
+
+	for _, imp := range f.Imports {
+		if imp.Path.Value == `"go.uber.org/goleak"` && dir != "internal/testkit" {
+			t.Errorf("%s: imports goleak; leak checks go through testkit.Main or testkit.NoGoroutinesLeft", at(imp))
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncDecl:
+			switch strings.ToLower(n.Name.Name) {
+			case "freeport", "freeports":
+				t.Errorf("%s: %s reserves a port and releases it; hand the listener over (testkit.Listen, fd:N) or let the server report its port", at(n), n.Name.Name)
+			case "checkfor", "waitfor", "eventually", "waituntil":
+				if test && dir != "internal/testkit" {
+					t.Errorf("%s: a poller of its own; tests poll with testkit.CheckFor or testkit.Poll", at(n))
+				}
+			}
+		case *ast.CallExpr:
+			pkg, fn := callee(n)
+			if pkg != "bytes" && pkg != "strings" {
+				return true
+			}
+			for _, a := range n.Args {
+				if conv, ok := a.(*ast.CallExpr); ok && len(conv.Args) == 1 {
+					a = conv.Args[0] // []byte("data:")
+				}
+				lit, ok := a.(*ast.BasicLit)
+				if !ok {
+					continue
+				}
+				v, _ := strconv.Unquote(lit.Value)
+				switch {
+				case !test && dir != "internal/sse" && readsSSE(fn, v):
+					t.Errorf("%s: %s.%s(…, %s) reads an event stream by hand; use internal/sse", at(n), pkg, fn, lit.Value)
+				case !test && dir != "internal/jsonscan" && fn == "IndexByte" && v == `"`:
+					t.Errorf("%s: looks for a JSON string's quote by hand; use internal/jsonscan", at(n))
+				case strings.HasPrefix(v, "text/event-stream") && dir != "internal/sse":
+					t.Errorf("%s: recognises the media type by hand; use sse.IsEventStream", at(n))
+				}
+			}
+		}
+		return true
+	})
+}
+
+// readsSSE reports whether a bytes or strings call with this literal
+// argument takes a stream's lines apart (writing "data: " is not reading).
+func readsSSE(fn, lit string) bool {
+	switch fn {
+	case "HasPrefix", "CutPrefix", "TrimPrefix", "Cut", "Index", "Contains":
+		return strings.HasPrefix(lit, "data:") || strings.HasPrefix(lit, "event:")
+	}
+	return false
+}
+
+// callee is the package and function of a call like bytes.HasPrefix(…).
+func callee(c *ast.CallExpr) (pkg, fn string) {
+	sel, ok := c.Fun.(*ast.SelectorExpr)
+	if !ok {
+		return "", ""
+	}
+	id, ok := sel.X.(*ast.Ident)
+	if !ok {
+		return "", ""
+	}
+	return id.Name, sel.Sel.Name
+}
