@@ -45,6 +45,7 @@ func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
 	}
 	canary, _ := table.Decode("replicas.c-0", []byte(`{"model":"llama-3-70b-instruct","version":"v1.6.0","pool":"canary","max_batch":32,"max_queue":128,"state":"ready"}`))
 	snap.Set(canary, nil)
+	snap.Revision = 4711 // a live bucket's revision, past strconv's cached small numbers
 	b.setTable(snap)
 	for id, r := range snap.Replicas {
 		b.router.ObserveHeartbeat(&subjects.Heartbeat{
@@ -146,6 +147,30 @@ func BenchmarkRoutePath(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRoutePathDirect is BenchmarkRoutePath for a direct client: no
+// routing headers, so the broker reads model, tokens, prefix and flags from
+// the body itself.
+func BenchmarkRoutePathDirect(b *testing.B) {
+	now := time.Unix(1_800_000_000, 0)
+	br := newTestBroker(b, 8, now)
+	body := []byte(`{"model":"chat-large","max_tokens":64,"messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a careful assistant. ", 64) + `"},{"role":"user","content":"hi"}]}`)
+	s := newScratch()
+	var msg nats.Msg
+	h := nats.Header{}
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(h)
+		br.handle(s, "llm.route.default", "_INBOX.c.1", h, body, &msg)
+		if msg.Header.Get(subjects.HdrRouteReplica) == "" {
+			b.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
+		}
+		for len(br.out) > 0 {
+			<-br.out
+		}
 	}
 }
 
