@@ -15,7 +15,7 @@ import (
 // headers it may not set); the gateway always sets them, so its requests
 // never do.
 func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
-	var fr features.Request
+	fr := features.Request{Prompt: s.prompt} // rendered into the pooled buffer
 	if err := features.ParseRequestInto(&fr, s.req.Endpoint, s.body); err != nil {
 		if pe, ok := err.(*features.ParseError); ok {
 			return pe.APIError()
@@ -47,7 +47,7 @@ func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
 		q.Endpoint = subjects.EndpointChat
 		h.Set(subjects.HdrEndpoint, q.Endpoint)
 	}
-	s.prompt = append(s.prompt[:0], fr.Prompt...)
+	s.prompt = fr.Prompt
 	if len(q.Prefix) == 0 {
 		if t := b.router.Table(); t != nil {
 			s.prefix = features.AppendPrefix(s.prefix[:0], s.prompt, t.Policy.PrefixBlockChars, t.Policy.PrefixMaxBlocks)
