@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,7 +130,8 @@ func BenchmarkRoutePath(b *testing.B) {
 		b.Run(fmt.Sprintf("candidates=%d", n), func(b *testing.B) {
 			now := time.Unix(1_800_000_000, 0)
 			br := newTestBroker(b, n, now)
-			h := gatewayHeaders()
+			sent := gatewayHeaders()
+			h := maps.Clone(sent)
 			body := []byte(`{"model":"chat-large"}`)
 			s := newScratch()
 			var msg nats.Msg
@@ -140,6 +142,13 @@ func BenchmarkRoutePath(b *testing.B) {
 				br.handle(s, "llm.gw.default", "_INBOX.gw.1", h, body, &msg)
 				if msg.Subject == "" {
 					b.Fatal("no message")
+				}
+				// NATS decodes each message's headers afresh: only the
+				// gateway's are there, and every route header is new.
+				for k := range h {
+					if sent[k] == nil {
+						delete(h, k)
+					}
 				}
 				// Drain the publish queue as the publisher goroutine would.
 				for len(br.out) > 0 {
