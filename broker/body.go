@@ -25,27 +25,27 @@ func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
 	q := &s.req
 	if q.Model == "" {
 		q.Model = fr.Model
-		h.Set(subjects.HdrModel, fr.Model)
+		s.setHeader(h, subjects.HdrModel, fr.Model)
 	}
 	if q.Model == "" {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, "model is required")
 	}
 	if h.Get(subjects.HdrPromptTokens) == "" {
 		q.PromptTokens = fr.PromptTokens
-		h.Set(subjects.HdrPromptTokens, strconv.Itoa(fr.PromptTokens))
+		s.setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(fr.PromptTokens))
 	}
 	if q.MaxTokens == 0 && fr.MaxTokens != nil {
 		q.MaxTokens = *fr.MaxTokens
 	}
 	if fr.PreviousResponseID != "" && h.Get(subjects.HdrPreviousResponse) == "" {
-		h.Set(subjects.HdrPreviousResponse, fr.PreviousResponseID)
+		s.setHeader(h, subjects.HdrPreviousResponse, fr.PreviousResponseID)
 	}
 	if fr.Stream && h.Get(subjects.HdrStream) == "" {
-		h.Set(subjects.HdrStream, "1")
+		s.setHeader(h, subjects.HdrStream, "1")
 	}
 	if q.Endpoint == "" {
 		q.Endpoint = subjects.EndpointChat
-		h.Set(subjects.HdrEndpoint, q.Endpoint)
+		s.setHeader(h, subjects.HdrEndpoint, q.Endpoint)
 	}
 	s.prompt = fr.Prompt
 	if len(q.Prefix) == 0 {

@@ -28,6 +28,7 @@ type scratch struct {
 	body     []byte
 	routed   nats.Header   // the routed notice's header, reused
 	promptFn func() []byte // s.renderPrompt, bound once (a method value allocates)
+	values   []string      // backs the header values setHeader adds; new per request
 }
 
 func newScratch() *scratch {
@@ -43,6 +44,7 @@ func (s *scratch) reset() {
 	s.exclude = s.exclude[:0]
 	s.prompt = s.prompt[:0]
 	s.body = nil
+	s.values = nil // the last request's header map may still hold them
 }
 
 // route is the per-message hot path: headers in, one publish out.
@@ -108,12 +110,12 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	s.reset()
 	tenant := subjects.TenantFromRoute(subject)
 	if h.Get(subjects.HdrMethod) != "" {
-		return b.handleStored(tenant, reply, h, msg)
+		return b.handleStored(s, tenant, reply, h, msg)
 	}
 	direct := strings.HasPrefix(subject, b.direct)
 	apiErr := b.fillRequest(s, tenant, direct, h, data)
 	if apiErr == nil {
-		apiErr = b.pin(&s.req, tenant, h)
+		apiErr = b.pin(s, tenant, h)
 	}
 	if apiErr != nil {
 		b.reject(msg, reply, apiErr)
@@ -135,38 +137,38 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	if d.Placement && len(s.req.Prefix) > 0 {
 		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
 	}
-	setHeader(h, subjects.HdrRouteModel, d.Model)
-	setHeader(h, subjects.HdrRouteVersion, d.Version)
-	setHeader(h, subjects.HdrRoutePool, d.Pool)
-	setHeader(h, subjects.HdrRouteReplica, d.Replica)
-	setHeader(h, subjects.HdrRouteReason, d.Reason)
+	s.setHeader(h, subjects.HdrRouteModel, d.Model)
+	s.setHeader(h, subjects.HdrRouteVersion, d.Version)
+	s.setHeader(h, subjects.HdrRoutePool, d.Pool)
+	s.setHeader(h, subjects.HdrRouteReplica, d.Replica)
+	s.setHeader(h, subjects.HdrRouteReason, d.Reason)
 	if d.Lora != "" {
-		setHeader(h, subjects.HdrRouteLora, d.Lora)
+		s.setHeader(h, subjects.HdrRouteLora, d.Lora)
 	} else {
 		delete(h, subjects.HdrRouteLora)
 	}
-	setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
-	setHeader(h, subjects.HdrTenant, tenant)
-	setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	s.setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
+	s.setHeader(h, subjects.HdrTenant, tenant)
+	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
 	// The max_tokens the quota reserved (the client's, or the model's
 	// default) travels with the request, and the adapter writes it into the
 	// body it sends the engine: the engine cannot generate past it.
 	if d.ReservedTokens > s.req.PromptTokens {
-		setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
+		s.setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
 	} else {
 		delete(h, subjects.HdrMaxTokens)
 	}
-	b.forwardTo(msg, d.Replica, reply, h, data)
+	b.forwardTo(s, msg, d.Replica, reply, h, data)
 	return true
 }
 
 // forwardTo fills msg with the request for replica.
-func (b *Broker) forwardTo(msg *nats.Msg, replica, reply string, h nats.Header, data []byte) {
+func (b *Broker) forwardTo(s *scratch, msg *nats.Msg, replica, reply string, h nats.Header, data []byte) {
 	// A direct tenant's reply is a service-import reply (_R_.…), which the
 	// server refuses as a published reply: it travels in Llm-Reply. A
 	// sender's own Llm-Reply is never passed on.
 	if subjects.IsServiceReply(reply) {
-		setHeader(h, subjects.HdrReply, reply)
+		s.setHeader(h, subjects.HdrReply, reply)
 		reply = ""
 	} else {
 		delete(h, subjects.HdrReply)
@@ -174,13 +176,20 @@ func (b *Broker) forwardTo(msg *nats.Msg, replica, reply string, h nats.Header, 
 	*msg = nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}
 }
 
-// setHeader sets one value, reusing the slice already there.
-func setHeader(h nats.Header, k, v string) {
+// setHeader sets one value, reusing the slice already there. A header NATS
+// just decoded holds none of the route headers, so each would be a new
+// one-element slice: they are cut from one array instead.
+func (s *scratch) setHeader(h nats.Header, k, v string) {
 	if old := h[k]; len(old) == 1 {
 		old[0] = v
 		return
 	}
-	h[k] = []string{v}
+	if len(s.values) == cap(s.values) {
+		s.values = make([]string, 0, 16)
+	}
+	s.values = append(s.values, v)
+	n := len(s.values)
+	h[k] = s.values[n-1 : n : n]
 }
 
 // fillRequest turns headers into a policy request. A gateway's request
@@ -200,7 +209,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 		// The reservation is keyed by the request id: a direct client's
 		// own could name another request's. Direct clients cannot cancel
 		// (only gateways publish cancels), so nothing needs theirs.
-		setHeader(h, subjects.HdrRequestID, nuid.Next())
+		s.setHeader(h, subjects.HdrRequestID, nuid.Next())
 		// The stored response continued is the body's previous_response_id
 		// (scanBody), checked against the tenant's: a header naming
 		// another would pass the check for one and send the engine the
@@ -403,7 +412,7 @@ func (b *Broker) explain(r micro.Request) {
 	}
 	apiErr := b.fillRequest(s, tenant, false, h, nil)
 	if apiErr == nil {
-		apiErr = b.pin(&s.req, tenant, h)
+		apiErr = b.pin(s, tenant, h)
 	}
 	if apiErr != nil {
 		_ = r.Respond(apiErr.Body())

@@ -44,7 +44,8 @@ func (b *Broker) owner(tenant, id string) (owners.Record, *subjects.APIError) {
 // pin makes a request that continues a stored response go to the replica
 // holding it, and counts the stored conversation in its prompt: the engine
 // puts it before the new input.
-func (b *Broker) pin(q *policy.Request, tenant string, h nats.Header) *subjects.APIError {
+func (b *Broker) pin(s *scratch, tenant string, h nats.Header) *subjects.APIError {
+	q := &s.req
 	id := h.Get(subjects.HdrPreviousResponse)
 	if id == "" {
 		return nil
@@ -55,14 +56,14 @@ func (b *Broker) pin(q *policy.Request, tenant string, h nats.Header) *subjects.
 	}
 	q.Pin = rec.Replica
 	q.PromptTokens += max(rec.Tokens, 0)
-	setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(q.PromptTokens))
+	s.setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(q.PromptTokens))
 	return nil
 }
 
 // handleStored forwards a GET or DELETE of a stored response to the replica
 // holding it, or answers 404 when it is unknown or its replica cannot
 // serve.
-func (b *Broker) handleStored(tenant, reply string, h nats.Header, msg *nats.Msg) (forward bool) {
+func (b *Broker) handleStored(s *scratch, tenant, reply string, h nats.Header, msg *nats.Msg) (forward bool) {
 	fail := func(e *subjects.APIError) {
 		b.reject(msg, reply, e)
 		b.metrics.rejected(e.Code)
@@ -88,15 +89,15 @@ func (b *Broker) handleStored(tenant, reply string, h nats.Header, msg *nats.Msg
 		fail(errOwnerGone(id, rec.Replica))
 		return false
 	}
-	setHeader(h, subjects.HdrEndpoint, subjects.EndpointResponses+"/"+id)
-	setHeader(h, subjects.HdrRouteModel, reg.Model)
-	setHeader(h, subjects.HdrRouteVersion, reg.Version)
-	setHeader(h, subjects.HdrRoutePool, reg.Pool)
-	setHeader(h, subjects.HdrRouteReplica, rec.Replica)
-	setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
-	setHeader(h, subjects.HdrTenant, tenant)
-	setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	b.forwardTo(msg, rec.Replica, reply, h, nil)
+	s.setHeader(h, subjects.HdrEndpoint, subjects.EndpointResponses+"/"+id)
+	s.setHeader(h, subjects.HdrRouteModel, reg.Model)
+	s.setHeader(h, subjects.HdrRouteVersion, reg.Version)
+	s.setHeader(h, subjects.HdrRoutePool, reg.Pool)
+	s.setHeader(h, subjects.HdrRouteReplica, rec.Replica)
+	s.setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
+	s.setHeader(h, subjects.HdrTenant, tenant)
+	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	b.forwardTo(s, msg, rec.Replica, reply, h, nil)
 	return true
 }
 
