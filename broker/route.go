@@ -113,11 +113,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 		return b.handleStored(s, tenant, reply, h, msg)
 	}
 	direct := strings.HasPrefix(subject, b.direct)
-	apiErr := b.fillRequest(s, tenant, direct, h, data)
-	if apiErr == nil {
-		apiErr = b.pin(s, tenant, h)
-	}
-	if apiErr != nil {
+	if apiErr := b.fillRequest(s, tenant, direct, h, data); apiErr != nil {
 		b.reject(msg, reply, apiErr)
 		b.metrics.rejected(apiErr.Code)
 		return false
@@ -197,7 +193,8 @@ func (s *scratch) setHeader(h nats.Header, k, v string) {
 // the gateway parsed. A direct client's (llm.route.<tenant>) headers are
 // its own claims: the broker computes prompt tokens, max tokens, prefix
 // blocks and flags from the body itself, and ignores those headers and
-// Llm-Cold-Waited, which only a gateway holding the request may set.
+// Llm-Cold-Waited, which only a gateway holding the request may set. A
+// request that continues a stored response is pinned to its replica.
 func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Header, body []byte) *subjects.APIError {
 	if err := subjects.ValidToken(tenant); err != nil {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
@@ -277,7 +274,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 	if len(q.Model) > subjects.MaxModelChars {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
 	}
-	return nil
+	return b.pin(s, tenant, h)
 }
 
 // checkBounds refuses a request whose routing headers are over their
@@ -410,11 +407,7 @@ func (b *Broker) explain(r micro.Request) {
 		}
 		x.toHeaders(h)
 	}
-	apiErr := b.fillRequest(s, tenant, false, h, nil)
-	if apiErr == nil {
-		apiErr = b.pin(s, tenant, h)
-	}
-	if apiErr != nil {
+	if apiErr := b.fillRequest(s, tenant, false, h, nil); apiErr != nil {
 		_ = r.Respond(apiErr.Body())
 		return
 	}
