@@ -351,7 +351,7 @@ func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header, de
 		return
 	}
 	w := d.Wire(q)
-	w.RequestID = h.Get(subjects.HdrRequestID)
+	w.RequestID = q.ID
 	w.TraceID = traceID(h.Get(subjects.HdrTraceparent))
 	w.DecidedUnixMil = decided.UnixMilli()
 	pool := d.Pool
