@@ -123,6 +123,17 @@ func (st *decision) maxTokens() int {
 	return 0
 }
 
+// buckets returns the tenant's buckets for a charge, creating them: only a
+// commit creates quota state (checkQuota reads a missing tenant's as full).
+func (st *decision) buckets() *tenantQuota {
+	tq := st.r.quotas[st.tenantKey]
+	if tq == nil {
+		tq = &tenantQuota{}
+		st.r.quotas[st.tenantKey] = tq
+	}
+	return tq
+}
+
 // chargeQuota takes the request out of the buckets checkQuota read.
 func (st *decision) chargeQuota() {
 	if st.tenant == nil {
@@ -132,11 +143,7 @@ func (st *decision) chargeQuota() {
 	if q.RPM == 0 && q.TPM == 0 {
 		return
 	}
-	tq := st.r.quotas[st.tenantKey]
-	if tq == nil {
-		tq = &tenantQuota{}
-		st.r.quotas[st.tenantKey] = tq
-	}
+	tq := st.buckets()
 	if q.RPM > 0 && !st.req.ColdWaited {
 		tq.rpm.set(q.RPM, st.quota.rpmLevel-1, st.now)
 	}
@@ -157,11 +164,7 @@ func (st *decision) chargeContinuation() {
 		return
 	}
 	q := st.tenant.Quota
-	tq := st.r.quotas[st.tenantKey]
-	if tq == nil {
-		tq = &tenantQuota{}
-		st.r.quotas[st.tenantKey] = tq
-	}
+	tq := st.buckets()
 	capacity := float64(q.TPM) / float64(st.r.brokers)
 	cost := st.maxTokens()
 	lvl := tq.tpm.level(q.TPM, capacity, st.now)
@@ -181,11 +184,7 @@ func (st *decision) chargeHeld() {
 	if st.tenant == nil || st.tenant.Quota.RPM == 0 {
 		return
 	}
-	tq := st.r.quotas[st.tenantKey]
-	if tq == nil {
-		tq = &tenantQuota{}
-		st.r.quotas[st.tenantKey] = tq
-	}
+	tq := st.buckets()
 	tq.rpm.set(st.tenant.Quota.RPM, st.quota.rpmLevel-1, st.now)
 }
 
