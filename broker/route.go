@@ -29,6 +29,8 @@ type scratch struct {
 	routed   nats.Header   // the routed notice's header, reused
 	promptFn func() []byte // s.renderPrompt, bound once (a method value allocates)
 	values   []string      // backs the header values setHeader adds; new per request
+	rev      uint64        // the table revision revText spells
+	revText  string
 }
 
 func newScratch() *scratch {
@@ -143,7 +145,10 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 	} else {
 		delete(h, subjects.HdrRouteLora)
 	}
-	s.setHeader(h, subjects.HdrRouteTableRev, strconv.FormatUint(d.TableRevision, 10))
+	if s.revText == "" || s.rev != d.TableRevision {
+		s.rev, s.revText = d.TableRevision, strconv.FormatUint(d.TableRevision, 10)
+	}
+	s.setHeader(h, subjects.HdrRouteTableRev, s.revText)
 	s.setHeader(h, subjects.HdrTenant, tenant)
 	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
 	// The max_tokens the quota reserved (the client's, or the model's
