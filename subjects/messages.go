@@ -120,8 +120,10 @@ type Usage struct {
 	ReservedTokens   int    `json:"reserved_tokens"`
 	// Broker is the broker that admitted the request and holds its reservation.
 	Broker string `json:"broker,omitempty"`
-	// Resumed marks a continuation's usage: it reserved nothing, and its
-	// completion tokens are charged on top of the request's reservation.
+	// Resumed marks a continuation's usage. The broker reserved only the
+	// completion it may generate, under the continuation's own request id,
+	// so only its completion tokens settle that: the prompt and the carried
+	// text were charged with the first part.
 	Resumed bool `json:"resumed,omitempty"`
 }
 
