@@ -109,6 +109,26 @@ func parseHex64(s string) (uint64, bool) {
 	if len(s) == 0 || len(s) > 16 {
 		return 0, false
 	}
-	h, err := strconv.ParseUint(s, 16, 64) // hex digits only: no sign, prefix or '_' in base 16
-	return h, err == nil
+	var h uint64
+	for i := 0; i < len(s); i++ {
+		v, ok := hexDigit(s[i])
+		if !ok {
+			return 0, false
+		}
+		h = h<<4 | uint64(v)
+	}
+	return h, true
+}
+
+// hexDigit is the value of one hex digit, either case.
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
