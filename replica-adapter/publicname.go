@@ -50,7 +50,8 @@ type renamer struct {
 	src      io.ReadCloser
 	from, to [2][]byte
 	pending  []byte // input not yet passed on: a possible partial match
-	out      []byte // output not yet returned
+	out      []byte // output not yet returned, in outBuf
+	outBuf   []byte // reused by every read
 	buf      []byte
 	err      error
 }
@@ -81,18 +82,37 @@ func (r *renamer) Read(p []byte) (int, error) {
 		if len(r.pending) > 0 {
 			data = append(r.pending, data...)
 		}
-		for i := range r.from {
-			if bytes.Contains(data, r.from[i]) {
-				data = bytes.ReplaceAll(data, r.from[i], r.to[i])
-			}
-		}
-		keep := r.partial(data)
-		r.out = append(r.out[:0], data[:len(data)-keep]...)
+		var keep int
+		r.outBuf, keep = r.rename(r.outBuf[:0], data)
+		r.out = r.outBuf
 		r.pending = append([]byte(nil), data[len(data)-keep:]...)
 	}
 	n := copy(p, r.out)
 	r.out = r.out[n:]
 	return n, nil
+}
+
+// rename appends data to out with every match replaced, but for a tail
+// after the last match that may begin one the next read completes; it
+// returns out and that tail's length. A match's replacement never begins
+// another match: the public name is quoted.
+func (r *renamer) rename(out, data []byte) ([]byte, int) {
+	for {
+		at, which := -1, 0
+		for i, f := range r.from {
+			if j := bytes.Index(data, f); j >= 0 && (at < 0 || j < at) {
+				at, which = j, i
+			}
+		}
+		if at < 0 {
+			break
+		}
+		out = append(out, data[:at]...)
+		out = append(out, r.to[which]...)
+		data = data[at+len(r.from[which]):]
+	}
+	keep := r.partial(data)
+	return append(out, data[:len(data)-keep]...), keep
 }
 
 // partial is the length of the longest tail of data that is a proper
