@@ -143,7 +143,7 @@ func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
 			continue
 		}
 		var o usageObject
-		if json.NewDecoder(bytes.NewReader(b[j:])).Decode(&o) == nil {
+		if e := jsonscan.ValueEnd(b, j); e > 0 && json.Unmarshal(b[j:e], &o) == nil {
 			if t, hasPrompt, ok := o.tokens(); ok {
 				return t, hasPrompt, true
 			}
