@@ -52,14 +52,13 @@ type renamer struct {
 	pending  []byte // input not yet passed on: a possible partial match
 	out      []byte // output not yet returned, in outBuf
 	outBuf   []byte // reused by every read
-	buf      []byte
 	err      error
 }
 
 func newRenamer(src io.ReadCloser, served, public string) *renamer {
 	s, _ := json.Marshal(served)
 	p, _ := json.Marshal(public)
-	r := &renamer{src: src, buf: make([]byte, 8<<10)}
+	r := &renamer{src: src}
 	for i, sep := range [2]string{":", ": "} {
 		r.from[i] = append([]byte(`"model"`+sep), s...)
 		r.to[i] = append([]byte(`"model"`+sep), p...)
@@ -76,9 +75,15 @@ func (r *renamer) Read(p []byte) (int, error) {
 			}
 			return 0, r.err
 		}
-		n, err := r.src.Read(r.buf)
+		if len(p) == 0 {
+			return 0, nil
+		}
+		// The engine's bytes are read into p, renamed into outBuf and
+		// copied back: a stream holds no read buffer of its own, only the
+		// output of its last read.
+		n, err := r.src.Read(p)
 		r.err = err
-		data := r.buf[:n]
+		data := p[:n]
 		if len(r.pending) > 0 {
 			data = append(r.pending, data...)
 		}
