@@ -79,7 +79,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		if len(req.Messages) == 0 {
 			return prompt{}, errorf(http.StatusBadRequest, "messages: at least one message is required")
 		}
-		system, err := partsText(req.System)
+		system, err := contentText(req.System, "")
 		if err != nil {
 			return prompt{}, errorf(http.StatusBadRequest, "system: %v", err)
 		}

@@ -196,9 +196,10 @@ func writeJSONBytes(w http.ResponseWriter, status int, b []byte) {
 	_, _ = w.Write(b)
 }
 
-// textOf reads a message content: a string, or an array of parts whose text
-// parts are joined.
-func textOf(raw json.RawMessage) (string, error) {
+// contentText reads a message content: a string, or an array of parts
+// whose text fields are joined, of the parts of type only ("" for every
+// part: the Responses API's input_text and output_text, Anthropic's text).
+func contentText(raw json.RawMessage, only string) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
@@ -215,7 +216,7 @@ func textOf(raw json.RawMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, p := range parts {
-		if p.Type == "text" {
+		if only == "" || p.Type == only {
 			b.WriteString(p.Text)
 		}
 	}

@@ -29,7 +29,7 @@ func chatPrompt(msgs []chatMessage) (prompt, error) {
 		if m.Role == "" {
 			return prompt{}, fmt.Errorf("messages[%d].role is required", i)
 		}
-		text, err := textOf(m.Content)
+		text, err := contentText(m.Content, "text")
 		if err != nil {
 			return prompt{}, fmt.Errorf("messages[%d].content: %w", i, err)
 		}
@@ -202,7 +202,7 @@ func (s *Server) chatInput(msgs []chatMessage, continueFinal bool) (input, error
 	if msgs[last].Role == "" {
 		return input{}, fmt.Errorf("messages[%d].role is required", last)
 	}
-	text, err := textOf(msgs[last].Content)
+	text, err := contentText(msgs[last].Content, "text")
 	if err != nil {
 		return input{}, fmt.Errorf("messages[%d].content: %w", last, err)
 	}

@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"container/list"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -84,33 +85,11 @@ func responsesInput(raw json.RawMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, it := range items {
-		text, err := partsText(it.Content)
+		text, err := contentText(it.Content, "")
 		if err != nil {
 			return "", err
 		}
 		b.WriteString("<|" + it.Role + "|>" + text + "\n")
-	}
-	return b.String(), nil
-}
-
-// partsText reads a string or an array of parts with a text field.
-func partsText(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
-	}
-	var parts []struct {
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("content must be a string or an array of parts")
-	}
-	var b strings.Builder
-	for _, p := range parts {
-		b.WriteString(p.Text)
 	}
 	return b.String(), nil
 }
@@ -311,18 +290,29 @@ func (a *answer) fail(err error) {
 }
 
 // whole waits for the generation and writes the answer at once.
-func (a *answer) whole() {
-	ctx := a.r.Context()
+// open starts the generation; a failure is answered here (unless the client
+// is gone) and nil returned.
+func (a *answer) open(ctx context.Context) source {
 	src, err := a.s.open(ctx, a.g)
 	if err != nil {
 		if ctx.Err() == nil {
 			a.fail(apiError(err))
 		}
+		return nil
+	}
+	return src
+}
+
+func (a *answer) whole() {
+	ctx := a.r.Context()
+	src := a.open(ctx)
+	if src == nil {
 		return
 	}
 	defer src.close()
 	var p progress
 	for !p.done {
+		var err error
 		if p, err = src.next(ctx, p.tokens); err != nil {
 			if ctx.Err() == nil {
 				a.fail(apiError(err))
@@ -338,11 +328,8 @@ func (a *answer) whole() {
 // after the head is reported with fail's event.
 func (a *answer) stream(start func() []byte, delta func(word string) []byte, end func(p progress) []byte, fail func(err error) []byte) {
 	ctx := a.r.Context()
-	src, err := a.s.open(ctx, a.g)
-	if err != nil {
-		if ctx.Err() == nil {
-			a.fail(apiError(err))
-		}
+	src := a.open(ctx)
+	if src == nil {
 		return
 	}
 	defer src.close()

@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -136,19 +135,4 @@ func (s Summary) StepShare(step string) float64 {
 		}
 	}
 	return ratio(float64(n), float64(s.N))
-}
-
-// topReasons lists reasons by count, most frequent first.
-func (s Summary) topReasons() []string {
-	keys := slices.Collect(maps.Keys(s.Reasons))
-	slices.SortFunc(keys, func(a, b string) int {
-		if s.Reasons[a] != s.Reasons[b] {
-			return s.Reasons[b] - s.Reasons[a]
-		}
-		if a < b {
-			return -1
-		}
-		return 1
-	})
-	return keys
 }

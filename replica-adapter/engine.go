@@ -88,11 +88,7 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 	var rd io.Reader
 	if method == "" {
 		method = http.MethodPost
-		model := h.Get(subjects.HdrRouteLora)
-		if model == "" {
-			model = a.cfg.EngineModel
-		}
-		b, e := engineBody(answerLimits(endpoint), body, model, h.Get(subjects.HdrMaxTokens))
+		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens))
 		if e != nil {
 			return nil, e
 		}

@@ -50,15 +50,15 @@ type renamer struct {
 	src      io.ReadCloser
 	from, to [2][]byte
 	pending  []byte // input not yet passed on: a possible partial match
-	out      []byte // output not yet returned
-	buf      []byte
+	out      []byte // output not yet returned, in outBuf
+	outBuf   []byte // reused by every read
 	err      error
 }
 
 func newRenamer(src io.ReadCloser, served, public string) *renamer {
 	s, _ := json.Marshal(served)
 	p, _ := json.Marshal(public)
-	r := &renamer{src: src, buf: make([]byte, 8<<10)}
+	r := &renamer{src: src}
 	for i, sep := range [2]string{":", ": "} {
 		r.from[i] = append([]byte(`"model"`+sep), s...)
 		r.to[i] = append([]byte(`"model"`+sep), p...)
@@ -75,24 +75,49 @@ func (r *renamer) Read(p []byte) (int, error) {
 			}
 			return 0, r.err
 		}
-		n, err := r.src.Read(r.buf)
+		if len(p) == 0 {
+			return 0, nil
+		}
+		// The engine's bytes are read into p, renamed into outBuf and
+		// copied back: a stream holds no read buffer of its own, only the
+		// output of its last read.
+		n, err := r.src.Read(p)
 		r.err = err
-		data := r.buf[:n]
+		data := p[:n]
 		if len(r.pending) > 0 {
 			data = append(r.pending, data...)
 		}
-		for i := range r.from {
-			if bytes.Contains(data, r.from[i]) {
-				data = bytes.ReplaceAll(data, r.from[i], r.to[i])
-			}
-		}
-		keep := r.partial(data)
-		r.out = append(r.out[:0], data[:len(data)-keep]...)
+		var keep int
+		r.outBuf, keep = r.rename(r.outBuf[:0], data)
+		r.out = r.outBuf
 		r.pending = append([]byte(nil), data[len(data)-keep:]...)
 	}
 	n := copy(p, r.out)
 	r.out = r.out[n:]
 	return n, nil
+}
+
+// rename appends data to out with every match replaced, but for a tail
+// after the last match that may begin one the next read completes; it
+// returns out and that tail's length. A match's replacement never begins
+// another match: the public name is quoted.
+func (r *renamer) rename(out, data []byte) ([]byte, int) {
+	for {
+		at, which := -1, 0
+		for i, f := range r.from {
+			if j := bytes.Index(data, f); j >= 0 && (at < 0 || j < at) {
+				at, which = j, i
+			}
+		}
+		if at < 0 {
+			break
+		}
+		out = append(out, data[:at]...)
+		out = append(out, r.to[which]...)
+		data = data[at+len(r.from[which]):]
+	}
+	keep := r.partial(data)
+	return append(out, data[:len(data)-keep]...), keep
 }
 
 // partial is the length of the longest tail of data that is a proper

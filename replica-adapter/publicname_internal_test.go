@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 	"testing/iotest"
 )
@@ -66,4 +67,40 @@ func TestRenamerPassesAWholeEventOn(t *testing.T) {
 		t.Fatalf("read %q, %v", buf[:n], err)
 	}
 	pw.Close()
+}
+
+// eventReader returns one SSE event a read, as an engine flushes a stream.
+type eventReader struct{ events [][]byte }
+
+func (e *eventReader) Read(p []byte) (int, error) {
+	if len(e.events) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, e.events[0])
+	if e.events[0] = e.events[0][n:]; len(e.events[0]) == 0 {
+		e.events = e.events[1:]
+	}
+	return n, nil
+}
+
+// BenchmarkRenamerStream is the rename of a streamed answer, every event
+// of which names the model: the per-chunk cost of answering with the name
+// the client asked for.
+func BenchmarkRenamerStream(b *testing.B) {
+	in, err := os.ReadFile("testdata/vllm/chat-stream-lora.sse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	events := bytes.SplitAfter(in, []byte("\n\n"))
+	buf := make([]byte, sseChunkSize)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := newRenamer(io.NopCloser(&eventReader{events: slices.Clone(events)}), "lora-a", "chat-small:team-x-v3")
+		for {
+			if _, err := r.Read(buf); err != nil {
+				break
+			}
+		}
+	}
 }

@@ -149,13 +149,18 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 	}
 	// The engine names the model as it serves it; the client gets the name
 	// it asked for.
-	served := h.Get(subjects.HdrRouteLora)
-	if served == "" {
-		served = a.cfg.EngineModel
-	}
-	ctx = withNames(ctx, served, h.Get(subjects.HdrModel))
+	ctx = withNames(ctx, a.servedModel(h), h.Get(subjects.HdrModel))
 	used := a.callEngine(ctx, st, h, body)
 	a.publishUsage(h, used)
+}
+
+// servedModel is the name the engine serves the request's model under: the
+// LoRA adapter the route chose, else the engine's model.
+func (a *Adapter) servedModel(h nats.Header) string {
+	if lora := h.Get(subjects.HdrRouteLora); lora != "" {
+		return lora
+	}
+	return a.cfg.EngineModel
 }
 
 // settle returns the engine's usage, or an estimate: the gateway's prompt

@@ -158,23 +158,20 @@ func (s *stream) handover() {
 
 // fail answers with a single head that is also the end, carrying the status
 // and the OpenAI error body: the shape of a rejection, after the accept.
-func (s *stream) fail(e *subjects.APIError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopKeepaliveLocked()
-	h := errorHeader(s.next, e)
-	_ = s.sendLocked(h, e.Body())
-	s.ended = true
-}
+func (s *stream) fail(e *subjects.APIError) { s.failWith(e, false) }
 
 // failBroken is fail for an engine that broke after taking the request:
 // the end carries Llm-Error too.
-func (s *stream) failBroken(e *subjects.APIError) {
+func (s *stream) failBroken(e *subjects.APIError) { s.failWith(e, true) }
+
+func (s *stream) failWith(e *subjects.APIError, broken bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
 	h := errorHeader(s.next, e)
-	h[subjects.HdrError] = []string{e.Message}
+	if broken {
+		h[subjects.HdrError] = []string{e.Message}
+	}
 	_ = s.sendLocked(h, e.Body())
 	s.ended = true
 }

@@ -86,6 +86,12 @@ func (u *usageScanner) Write(p []byte) {
 	if n := min(len(p), usageWindow-len(u.head)); n > 0 {
 		u.head = append(u.head, p[:n]...)
 	}
+	if len(p) >= usageWindow {
+		// The body's last usageWindow bytes are all in p: a non-streamed
+		// answer arrives in one write, and is not copied whole.
+		u.tail = append(u.tail[:0], p[len(p)-usageWindow:]...)
+		return
+	}
 	u.tail = append(u.tail, p...)
 	if len(u.tail) > 2*usageWindow {
 		u.tail = append(u.tail[:0], u.tail[len(u.tail)-usageWindow:]...)
@@ -143,7 +149,7 @@ func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
 			continue
 		}
 		var o usageObject
-		if json.NewDecoder(bytes.NewReader(b[j:])).Decode(&o) == nil {
+		if e := jsonscan.ValueEnd(b, j); e > 0 && json.Unmarshal(b[j:e], &o) == nil {
 			if t, hasPrompt, ok := o.tokens(); ok {
 				return t, hasPrompt, true
 			}

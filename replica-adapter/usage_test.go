@@ -111,6 +111,33 @@ func TestUsageJSON(t *testing.T) {
 	if len(u.head) > usageWindow || len(u.tail) > 2*usageWindow {
 		t.Errorf("kept %d + %d bytes", len(u.head), len(u.tail))
 	}
+
+	// Whole, in one write, as a non-streamed answer is read.
+	u = usageScanner{}
+	u.Write(big.Bytes())
+	if got, ok := u.Finish(); !ok || got != (tokens{PromptTokens: 512}) {
+		t.Errorf("big body in one write: usage %+v %v, want 512/0", got, ok)
+	}
+}
+
+// BenchmarkUsageJSON is the usage finder over a non-streamed embeddings
+// answer of 512 KiB, read whole as the adapter reads one.
+func BenchmarkUsageJSON(b *testing.B) {
+	var big bytes.Buffer
+	big.WriteString(`{"object":"list","data":[{"embedding":[`)
+	for big.Len() < 8*usageWindow {
+		big.WriteString("0.0123456,")
+	}
+	big.WriteString(`0]}],"usage":{"prompt_tokens":512,"total_tokens":512}}`)
+	b.SetBytes(int64(big.Len()))
+	b.ReportAllocs()
+	for b.Loop() {
+		u := usageScanner{}
+		u.Write(big.Bytes())
+		if _, ok := u.Finish(); !ok {
+			b.Fatal("no usage")
+		}
+	}
 }
 
 func TestEngineError(t *testing.T) {
