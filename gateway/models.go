@@ -30,21 +30,31 @@ const ownedBy = "switchyard"
 // serveModels lists every name the tenant may ask for: the aliases and
 // models it may use, and its own adapters as "name:adapter".
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
-	t := g.snapshot(w)
-	if t == nil {
-		return
-	}
-	tenant, apiErr := g.tenantOf(r, t)
-	if apiErr != nil {
-		writeError(w, apiErr)
+	list, ok := g.modelsFor(w, r)
+	if !ok {
 		return
 	}
 	out := struct {
 		Object string       `json:"object"`
 		Data   []modelEntry `json:"data"`
-	}{Object: "list", Data: modelList(t, tenant)}
+	}{Object: "list", Data: list}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// modelsFor is the model list of the request's tenant; false when the
+// request was answered with an error instead (no table yet, a bad key).
+func (g *Gateway) modelsFor(w http.ResponseWriter, r *http.Request) ([]modelEntry, bool) {
+	t := g.snapshot(w)
+	if t == nil {
+		return nil, false
+	}
+	tenant, apiErr := g.tenantOf(r, t)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return nil, false
+	}
+	return modelList(t, tenant), true
 }
 
 // modelList is the tenant's view of the table: aliases, then models, then
@@ -86,17 +96,12 @@ func modelList(t *table.Snapshot, tenant string) []modelEntry {
 // models.retrieve expects: exactly what /v1/models lists, 404 for anything
 // else.
 func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request) {
-	t := g.snapshot(w)
-	if t == nil {
-		return
-	}
-	tenant, apiErr := g.tenantOf(r, t)
-	if apiErr != nil {
-		writeError(w, apiErr)
+	list, ok := g.modelsFor(w, r)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
-	for _, m := range modelList(t, tenant) {
+	for _, m := range list {
 		if m.ID == id {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(m)
