@@ -140,6 +140,11 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 	}
 	sum := sha256.Sum256([]byte(key))
 	if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
+		// The tenant is a token of the subjects the request goes out on:
+		// checked here, where it is read, for every handler that uses it.
+		if err := subjects.ValidToken(k.Tenant); err != nil {
+			return "", subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+		}
 		return k.Tenant, nil
 	}
 	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")

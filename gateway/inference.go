@@ -50,11 +50,6 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant, apiErr := g.tenantOf(r, t)
-	if apiErr == nil {
-		if err := subjects.ValidToken(tenant); err != nil {
-			apiErr = subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
-		}
-	}
 	id := r.PathValue("id")
 	if apiErr == nil && !features.ValidResponseID(id) {
 		apiErr = subjects.NewError(http.StatusNotFound, subjects.CodePreviousResponseNotFound, "Response with id "+strconv.Quote(id)+" not found.")
@@ -83,9 +78,6 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	tenant, apiErr := g.tenantOf(r, t)
 	if apiErr != nil {
 		return nil, apiErr
-	}
-	if err := subjects.ValidToken(tenant); err != nil {
-		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
 	}
 	h := nats.Header{}
 	now := time.Now()
