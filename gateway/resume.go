@@ -135,7 +135,7 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 			}
 			roleOnly = d.Role != "" && s == "" && ch.FinishReason == nil
 		}
-		c.add(s)
+		c.add([]byte(s))
 		if ch.FinishReason != nil {
 			c.finished = true
 		}
@@ -156,8 +156,8 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 }
 
 // add counts a content delta and carries its text.
-func (c *carry) add(s string) {
-	if s == "" {
+func (c *carry) add(s []byte) {
+	if len(s) == 0 {
 		return
 	}
 	c.part++
@@ -174,46 +174,72 @@ func (c *carry) add(s string) {
 // plainDelta reads the text of the commonest chunk without decoding it: one
 // choice at index 0, a content (or text) delta, no finish reason, logprobs,
 // tool call, reasoning, role, usage or error. ok is false for any other chunk,
-// which is then decoded. A key inside a string value has its quotes
-// escaped, so the searches below cannot match it.
-func plainDelta(data []byte) (text string, ok bool) {
-	for _, k := range [...]string{`"tool_calls"`, `"reasoning_content"`, `"error"`, `"role"`} {
-		if bytes.Contains(data, []byte(k)) {
-			return "", false
+// which is then decoded. It reads the chunk once, string by string: a string
+// followed by a colon is a key, any other is a value and skipped whole, so a
+// key's name inside a value cannot be taken for the key. text is data's own
+// bytes unless the literal holds an escape.
+func plainDelta(data []byte) (text []byte, ok bool) {
+	content, txt, index := -1, -1, false
+	for i := 0; ; {
+		q := bytes.IndexByte(data[i:], '"')
+		if q < 0 {
+			break
+		}
+		k := i + q
+		end := jsonscan.StringEnd(data, k)
+		if end < 0 {
+			return nil, false
+		}
+		i = jsonscan.SkipSpace(data, end)
+		if i >= len(data) || data[i] != ':' {
+			continue // a value
+		}
+		v := jsonscan.SkipSpace(data, i+1)
+		if v >= len(data) {
+			return nil, false
+		}
+		i = v
+		switch string(data[k:end]) {
+		case `"tool_calls"`, `"reasoning_content"`, `"error"`, `"role"`:
+			return nil, false
+		case `"finish_reason"`, `"logprobs"`, `"usage"`:
+			if !bytes.HasPrefix(data[v:], []byte("null")) {
+				return nil, false
+			}
+		case `"index"`:
+			if index || data[v] != '0' {
+				return nil, false
+			}
+			index = true
+		case `"content"`:
+			if content < 0 {
+				content = v
+			}
+		case `"text"`:
+			if txt < 0 {
+				txt = v
+			}
 		}
 	}
-	for _, k := range [...]string{`"finish_reason"`, `"logprobs"`, `"usage"`} {
-		if v := jsonscan.FindMember(data, k); v >= 0 && !bytes.HasPrefix(data[v:], []byte("null")) {
-			return "", false
-		}
-	}
-	if v := jsonscan.FindMember(data, `"index"`); v >= 0 {
-		if data[v] != '0' || jsonscan.FindMember(data[v:], `"index"`) >= 0 {
-			return "", false
-		}
-	}
-	v := jsonscan.FindMember(data, `"content"`)
+	v := content
 	if v < 0 {
-		v = jsonscan.FindMember(data, `"text"`)
+		v = txt
 	}
 	if v < 0 || bytes.HasPrefix(data[v:], []byte("null")) {
-		return "", true
+		return nil, true
 	}
 	if data[v] != '"' {
-		return "", false
+		return nil, false
 	}
-	end := jsonscan.StringEnd(data, v)
-	if end < 0 {
-		return "", false
-	}
-	lit := data[v:end]
+	lit := data[v:jsonscan.StringEnd(data, v)]
 	if bytes.IndexByte(lit, '\\') < 0 {
-		return string(lit[1 : len(lit)-1]), true
+		return lit[1 : len(lit)-1], true
 	}
-	if json.Unmarshal(lit, &text) != nil {
-		return "", false
+	var s string
+	if json.Unmarshal(lit, &s) != nil {
+		return nil, false
 	}
-	return text, true
+	return []byte(s), true
 }
 
 // rewrite gives a continuation's chunk the stream's identity and, on the

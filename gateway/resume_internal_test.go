@@ -53,10 +53,20 @@ func TestPlainDeltaAgreesWithDecoding(t *testing.T) {
 		`{"id" : "c", "choices" : [{"index" : 0, "delta" : {"content" : "spaced"}, "finish_reason" : "stop"}]}`,
 		`{"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"prompt_tokens": 1}}`,
 		`{"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}], "usage": null}`,
+		// A key's name as a value, and a value after a key's name.
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"role"},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"usage:"},"finish_reason":null}],"usage":{"completion_tokens":3}}`,
 	}
+	// The chunks a streaming engine sends for each token must take the
+	// fast read, or it would be only a slower decode.
+	mustBeFast := map[string]bool{chunks[0]: true, chunks[1]: true, chunks[2]: true, chunks[10]: true,
+		chunks[11]: true, chunks[13]: true, chunks[16]: true}
 	for _, ch := range chunks {
 		fast, ok := plainDelta([]byte(ch))
 		if !ok {
+			if mustBeFast[ch] {
+				t.Errorf("%s: not read fast", ch)
+			}
 			continue
 		}
 		var c carry
@@ -79,7 +89,7 @@ func TestPlainDeltaAgreesWithDecoding(t *testing.T) {
 				t.Errorf("%s: read fast, but it needs decoding", ch)
 			}
 		}
-		if fast != want {
+		if string(fast) != want {
 			t.Errorf("%s: fast %q, decoded %q", ch, fast, want)
 		}
 	}
