@@ -249,7 +249,7 @@ func plainDelta(data []byte) (text []byte, ok bool) {
 func (c *carry) rewrite(data []byte, usage bool) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(data, &m) != nil {
-		return append(append([]byte("data: "), data...), '\n', '\n')
+		return sseEvent("", data)
 	}
 	m["id"], _ = json.Marshal(c.id)
 	m["model"], _ = json.Marshal(c.model)
@@ -272,9 +272,9 @@ func (c *carry) rewrite(data []byte, usage bool) []byte {
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
-		return append(append([]byte("data: "), data...), '\n', '\n')
+		return sseEvent("", data)
 	}
-	return append(append([]byte("data: "), b...), '\n', '\n')
+	return sseEvent("", b)
 }
 
 // resumeRequest is what decides whether a request can continue elsewhere.
