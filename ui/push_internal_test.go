@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,5 +52,23 @@ func TestASlowClientIsDroppedAndTheOthersKeepUp(t *testing.T) {
 	u.stop()
 	if _, ok := <-fast.ch; ok {
 		t.Error("stop left a client channel open")
+	}
+}
+
+// Ejections are kept for at most maxReplicas replicas, like heartbeats: a
+// publisher naming ever new replicas cannot grow the dashboard's memory.
+func TestEjectionsAreBounded(t *testing.T) {
+	u := New(nil, Config{Table: func() *table.Snapshot { return nil }})
+	until := time.Now().Add(time.Hour).UnixMilli()
+	for i := range maxReplicas + 10 {
+		u.onEjection(&nats.Msg{Subject: "llm.eject.x", Data: fmt.Appendf(nil, `{"replica":"r%d","until_unix_ms":%d}`, i, until)})
+	}
+	if len(u.ejections) != maxReplicas {
+		t.Fatalf("%d ejections kept, want %d", len(u.ejections), maxReplicas)
+	}
+	// A replica already kept is still updated.
+	u.onEjection(&nats.Msg{Subject: "llm.eject.x", Data: fmt.Appendf(nil, `{"replica":"r0","until_unix_ms":%d}`, until+1)})
+	if got := u.ejections["r0"].UntilUnixMs; got != until+1 {
+		t.Errorf("r0 until %d, want %d", got, until+1)
 	}
 }

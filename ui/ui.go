@@ -225,7 +225,9 @@ func (u *UI) onHeartbeat(m *nats.Msg) {
 }
 
 // onEjection keeps the latest ejection of each replica (brokers eject on
-// the same heartbeats, so theirs agree to within a heartbeat).
+// the same heartbeats, so theirs agree to within a heartbeat), for at most
+// maxReplicas replicas, as heartbeats: an ejection of a replica no
+// heartbeat names is only forgotten when the list shows it.
 func (u *UI) onEjection(m *nats.Msg) {
 	var e subjects.Ejection
 	if err := json.Unmarshal(m.Data, &e); err != nil || subjects.ValidToken(e.Replica) != nil {
@@ -233,7 +235,8 @@ func (u *UI) onEjection(m *nats.Msg) {
 		return
 	}
 	u.mu.Lock()
-	if e.UntilUnixMs > u.ejections[e.Replica].UntilUnixMs {
+	last, known := u.ejections[e.Replica]
+	if e.UntilUnixMs > last.UntilUnixMs && (known || len(u.ejections) < maxReplicas) {
 		u.ejections[e.Replica] = e
 		u.dirty = true
 	}
