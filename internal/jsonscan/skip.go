@@ -265,28 +265,13 @@ func Lookup2Fold(obj []byte, a, b string) (va, vb []byte) {
 	return va, vb
 }
 
-// FindMember returns the offset of the value of the first member keyed
-// quoted (a string literal such as `"usage"`) in b, found by searching for
-// the literal followed, blanks allowed, by a colon; -1 when there is none.
-// It reads windows that may be cut from a larger body or not yet parsed:
-// the literal cannot match inside a string value, whose quotes are escaped,
-// and a string value equal to it is not followed by a colon.
-func FindMember(b []byte, quoted string) int {
-	for i := 0; ; {
-		k := bytes.Index(b[i:], []byte(quoted))
-		if k < 0 {
-			return -1
-		}
-		i += k + len(quoted)
-		if v := afterColon(b, i); v >= 0 {
-			return v
-		}
-	}
-}
-
-// LastMember is FindMember searching backwards from before: the last key
-// literal that ends at or before offset before, and its value. key and value
-// are -1 when there is none.
+// LastMember returns the last member keyed quoted (a string literal such as
+// `"usage"`) whose key ends at or before offset before: the offsets of its
+// key and of its value, found by searching for the literal followed, blanks
+// allowed, by a colon; -1 and -1 when there is none. It reads windows that
+// may be cut from a larger body or not yet parsed: the literal cannot match
+// inside a string value, whose quotes are escaped, and a string value equal
+// to it is not followed by a colon.
 func LastMember(b []byte, quoted string, before int) (key, value int) {
 	for end := before; ; {
 		k := bytes.LastIndex(b[:end], []byte(quoted))

@@ -92,28 +92,7 @@ func TestLookup2Fold(t *testing.T) {
 	}
 }
 
-func TestFindMember(t *testing.T) {
-	tests := []struct {
-		in, key string
-		want    string // what follows the value's offset; "" for none
-	}{
-		{`{"usage":{"a":1}}`, `"usage"`, `{"a":1}}`},
-		{`{"type":"usage","usage" : null}`, `"usage"`, `null}`},
-		{`{"text":"say \"usage\": 1"}`, `"usage"`, ``},
-		{`{"usage"`, `"usage"`, ``},
-		{`{"usage":`, `"usage"`, ``},
-		{`"usage":  1`, `"usage"`, `1`},
-	}
-	for _, tt := range tests {
-		v := jsonscan.FindMember([]byte(tt.in), tt.key)
-		got := ""
-		if v >= 0 {
-			got = tt.in[v:]
-		}
-		if got != tt.want {
-			t.Errorf("FindMember(%s, %s): %q, want %q", tt.in, tt.key, got, tt.want)
-		}
-	}
+func TestLastMember(t *testing.T) {
 	b := []byte(`{"usage":{"n":1},"x":"usage","usage": 2,"usage"}`)
 	k, v := jsonscan.LastMember(b, `"usage"`, len(b))
 	if k < 0 || string(b[v:v+1]) != "2" {
