@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -279,14 +280,52 @@ func (c *carry) rewrite(data []byte, usage bool) []byte {
 
 // resumeRequest is what decides whether a request can continue elsewhere.
 type resumeRequest struct {
-	N                   *int            `json:"n"`
-	BestOf              *int            `json:"best_of"`
-	Logprobs            json.RawMessage `json:"logprobs"`
-	TopLogprobs         json.RawMessage `json:"top_logprobs"`
-	Echo                bool            `json:"echo"`
-	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	N, BestOf                      *int
+	Logprobs, TopLogprobs, Prompt  json.RawMessage // the body's own bytes
+	Echo                           bool
+	MaxTokens, MaxCompletionTokens *int
+}
+
+// readResumeRequest reads the members of the body that decide a
+// continuation, as encoding/json would decode them into resumeRequest: keys
+// matched under its case folding, the last of duplicates kept, a value of
+// the wrong type an error. The feature extraction validated the body, so
+// its members are walked at memory speed and only the few wanted values
+// decoded: a long conversation is not decoded a second time.
+func readResumeRequest(body []byte) (r resumeRequest, err error) {
+	start := jsonscan.SkipSpace(body, 0)
+	if bytes.Equal(bytes.TrimSpace(body[start:]), []byte("null")) {
+		return r, nil // decodes as nothing, as encoding/json has it
+	}
+	m := jsonscan.NewMembers(body, start)
+	for m.Next() {
+		k, v := m.Key(), m.Value()
+		switch {
+		case k.EqualFold("n"):
+			err = json.Unmarshal(v, &r.N)
+		case k.EqualFold("best_of"):
+			err = json.Unmarshal(v, &r.BestOf)
+		case k.EqualFold("logprobs"):
+			r.Logprobs = v
+		case k.EqualFold("top_logprobs"):
+			r.TopLogprobs = v
+		case k.EqualFold("echo"):
+			err = json.Unmarshal(v, &r.Echo)
+		case k.EqualFold("prompt"):
+			r.Prompt = v
+		case k.EqualFold("max_tokens"):
+			err = json.Unmarshal(v, &r.MaxTokens)
+		case k.EqualFold("max_completion_tokens"):
+			err = json.Unmarshal(v, &r.MaxCompletionTokens)
+		}
+		if err != nil {
+			return r, err
+		}
+	}
+	if end := m.End(); end < 0 || jsonscan.SkipSpace(body, end) != len(body) {
+		return r, errors.New("the body is not a JSON object")
+	}
+	return r, nil
 }
 
 // newCarry decides once, from the request, whether its answer can be
@@ -307,8 +346,8 @@ func newCarry(u *upstream, t *table.Snapshot, routedModel string) *carry {
 			return c
 		}
 	}
-	var r resumeRequest
-	if json.Unmarshal(u.body, &r) != nil {
+	r, err := readResumeRequest(u.body)
+	if err != nil {
 		c.why = "the body is not a JSON object"
 		return c
 	}
