@@ -12,13 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
-	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
 // startGateway runs a gateway on a real nats-server with the dev table, and
@@ -31,16 +28,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	flat := examples.Flat()
-	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
-		t.Fatal(err)
-	}
+	seedDevTable(t, nc)
 	routed = new(atomic.Int64)
 	if _, err := nc.Subscribe("llm.gw.*", func(m *nats.Msg) { routed.Add(1) }); err != nil {
 		t.Fatal(err)
@@ -51,7 +39,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 		t.Fatal(err)
 	}
 	ln := testkit.Listen(t)
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g.Serve(rctx, ln) })
 	t.Cleanup(func() { cancel(); wg.Wait() })

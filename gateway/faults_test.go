@@ -107,16 +107,7 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 	u := &upstream{t: t, srv: srv, url: url, script: script, reg: prometheus.NewRegistry()}
 	nc := connect(t, url)
 	u.nc = nc
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	flat := examples.Flat()
-	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
-		t.Fatal(err)
-	}
+	seedDevTable(t, nc)
 	if script != nil {
 		var wg sync.WaitGroup
 		t.Cleanup(wg.Wait)
@@ -138,13 +129,28 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 		t.Fatal(err)
 	}
 	ln := testkit.Listen(t)
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g.Serve(rctx, ln) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	u.gw = "http://" + ln.Addr().String()
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the gateway to load the table", func() bool { return g.Table() != nil }))
 	return u
+}
+
+// seedDevTable writes the dev routing table into the bucket a gateway
+// watches, creating it.
+func seedDevTable(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Seed(ctx, bucket, examples.Flat()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func connect(t *testing.T, url string) *nats.Conn {

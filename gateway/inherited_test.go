@@ -16,13 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
-	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
 // A gateway on an inherited socket (fd:N) leaves the connections queued on
@@ -35,15 +32,7 @@ func TestInheritedSocketWaitsForTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	bucket, err := kv.EnsureBucket(ctx, js, "llm-routing", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Seed(ctx, bucket, examples.Flat()); err != nil {
-		t.Fatal(err)
-	}
+	seedDevTable(t, nc)
 
 	ln := testkit.Listen(t) // this process never accepts on it
 	f, err := ln.(*net.TCPListener).File()
@@ -68,7 +57,7 @@ func TestInheritedSocketWaitsForTheTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g.Run(rctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
