@@ -175,32 +175,21 @@ func (c *carry) add(s []byte) {
 // plainDelta reads the text of the commonest chunk without decoding it: one
 // choice at index 0, a content (or text) delta, no finish reason, logprobs,
 // tool call, reasoning, role, usage or error. ok is false for any other chunk,
-// which is then decoded. It reads the chunk once, string by string: a string
-// followed by a colon is a key, any other is a value and skipped whole, so a
-// key's name inside a value cannot be taken for the key. text is data's own
-// bytes unless the literal holds an escape.
+// which is then decoded. It reads the chunk once, member by member
+// (jsonscan.NextMember), so a key's name inside a value cannot be taken for
+// the key. text is data's own bytes unless the literal holds an escape.
 func plainDelta(data []byte) (text []byte, ok bool) {
 	content, txt, index := -1, -1, false
 	for i := 0; ; {
-		q := bytes.IndexByte(data[i:], '"')
-		if q < 0 {
+		key, v := jsonscan.NextMember(data, i)
+		if key == nil {
+			if v < 0 {
+				return nil, false // cut short
+			}
 			break
 		}
-		k := i + q
-		end := jsonscan.StringEnd(data, k)
-		if end < 0 {
-			return nil, false
-		}
-		i = jsonscan.SkipSpace(data, end)
-		if i >= len(data) || data[i] != ':' {
-			continue // a value
-		}
-		v := jsonscan.SkipSpace(data, i+1)
-		if v >= len(data) {
-			return nil, false
-		}
 		i = v
-		switch string(data[k:end]) {
+		switch string(key) {
 		case `"tool_calls"`, `"reasoning_content"`, `"error"`, `"role"`:
 			return nil, false
 		case `"finish_reason"`, `"logprobs"`, `"usage"`:

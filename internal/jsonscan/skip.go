@@ -265,6 +265,35 @@ func Lookup2Fold(obj []byte, a, b string) (va, vb []byte) {
 	return va, vb
 }
 
+// NextMember finds the first member whose key starts at or after offset i
+// of b, a window of JSON at any depth that need not be whole or parsed: it
+// reads strings whole, quote to quote, and a string followed (blanks
+// allowed) by a colon is a key, so neither a key's name inside a string
+// value nor a string value passes for a key. It returns the key's literal,
+// quotes included, and the offset of its value. key is nil when no member
+// follows: value is then len(b), or -1 when b ends inside a string or right
+// after a key's colon.
+func NextMember(b []byte, i int) (key []byte, value int) {
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return nil, len(b)
+		}
+		k := i + q
+		end := StringEnd(b, k)
+		if end < 0 {
+			return nil, -1
+		}
+		if i = SkipSpace(b, end); i >= len(b) || b[i] != ':' {
+			continue // a string value
+		}
+		if v := SkipSpace(b, i+1); v < len(b) {
+			return b[k:end], v
+		}
+		return nil, -1
+	}
+}
+
 // LastMember returns the last member keyed quoted (a string literal such as
 // `"usage"`) whose key ends at or before offset before: the offsets of its
 // key and of its value, found by searching for the literal followed, blanks

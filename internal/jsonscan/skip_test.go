@@ -3,6 +3,7 @@ package jsonscan_test
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
@@ -89,6 +90,44 @@ func TestLookup2Fold(t *testing.T) {
 	}
 	if typ, text := jsonscan.Lookup2Fold(obj, "type", "text"); typ != nil || string(text) != `1` {
 		t.Errorf("type %s text %s", typ, text)
+	}
+}
+
+func TestNextMember(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // key=value-start pairs, then "end" or "cut"
+	}{
+		{`{"a":1,"b":{"c":"d"}}`, `"a"=1 "b"={ "c"=" end`},
+		{`{"text":"say \"usage\": 1","n" : null}`, `"text"=" "n"=n end`},
+		{`["usage", "x" ,"y"]`, `end`},
+		{`{"a":"b\\","c":2}`, `"a"=" "c"=2 end`},
+		{`{"a":"cut`, `"a"=" cut`},
+		{`{"a": `, `cut`},
+		{`{"a":1,"b"`, `"a"=1 end`},
+		{``, `end`},
+	}
+	for _, tt := range tests {
+		b := []byte(tt.in)
+		var got []string
+		for i := 0; ; {
+			key, v := jsonscan.NextMember(b, i)
+			if key == nil {
+				if v < 0 {
+					got = append(got, "cut")
+				} else if v != len(b) {
+					got = append(got, "bad end")
+				} else {
+					got = append(got, "end")
+				}
+				break
+			}
+			got = append(got, string(key)+"="+string(b[v:v+1]))
+			i = v
+		}
+		if g := strings.Join(got, " "); g != tt.want {
+			t.Errorf("%s: %s, want %s", tt.in, g, tt.want)
+		}
 	}
 }
 
