@@ -130,8 +130,7 @@ type Stack struct {
 	hbMu sync.Mutex
 	seen map[string]bool
 
-	loader *loader.Loader
-	cold   *devActions
+	cold *devActions
 }
 
 // Validate range-checks cfg before anything starts. Zero values stand for
@@ -395,7 +394,6 @@ func (s *Stack) startLoader() error {
 	if err != nil {
 		return err
 	}
-	s.loader = l
 	s.goRun("loader", l.Run, s.runCtx)
 	return nil
 }
@@ -537,9 +535,6 @@ func (s *Stack) Engine(id string) *enginesim.Server {
 	defer s.partsMu.Unlock()
 	return s.engines[id]
 }
-
-// Loader is the dev loader.
-func (s *Stack) Loader() *loader.Loader { return s.loader }
 
 // Registry is the one Prometheus registry every part reports to.
 func (s *Stack) Registry() *prometheus.Registry { return s.registry }
