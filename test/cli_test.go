@@ -38,17 +38,23 @@ func (b *built) build(t *testing.T, name, pkg string) string {
 			b.err = err
 			return
 		}
-		b.path = filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", b.path, pkg)
-		cmd.Dir = repoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("%v: %s", err, out)
-		}
+		b.path, b.err = goBuild(dir, name, pkg)
 	})
 	if b.err != nil {
 		t.Fatalf("build %s: %v", pkg, b.err)
 	}
 	return b.path
+}
+
+// goBuild builds the package pkg of this module as dir/name.
+func goBuild(dir, name, pkg string) (string, error) {
+	path := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", path, pkg)
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v: %s", err, out)
+	}
+	return path, nil
 }
 
 var switchyardBin built
