@@ -3,13 +3,11 @@ package devstack
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack/fleet"
-	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/loader"
 )
 
@@ -26,7 +24,7 @@ func ColdReplicas() []Replica { return fleet.Cold() }
 // coldRun is a cold replica while it runs.
 type coldRun struct {
 	cancel context.CancelFunc // stops its engine
-	done   chan struct{}      // closed when the engine stopped
+	done   <-chan struct{}    // closed when the engine stopped
 }
 
 // devActions are the dev loader's load and unload actions: a cold dev
@@ -69,27 +67,16 @@ func (a *devActions) start(r Replica) error {
 	if a.running[r.ID] != nil {
 		return nil
 	}
-	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
-	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, Logger: s.log})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
 	f := new(Faults)
 	f.SetHealth(http.StatusServiceUnavailable) // loading its weights
-	host := newEngineHost(eng, f, s.log)
 	ctx, cancel := context.WithCancel(s.engineCtx)
-	run := &coldRun{cancel: cancel, done: make(chan struct{})}
-	s.engineWG.Go(func() {
-		defer close(run.done)
-		if err := host.run(ctx, ln); err != nil {
-			s.log.Error("engine stopped", "replica", r.ID, "err", err)
-		}
-	})
-	s.partsMu.Lock()
-	s.engines[r.ID], s.faults[r.ID] = eng, f
-	s.partsMu.Unlock()
-	if err := s.startAdapter(r, "http://"+ln.Addr().String()); err != nil {
+	url, stopped, err := s.startEngine(ctx, r, f)
+	if err != nil {
+		cancel()
+		return err
+	}
+	run := &coldRun{cancel: cancel, done: stopped}
+	if err := s.startAdapter(r, url); err != nil {
 		cancel()
 		<-run.done
 		return fmt.Errorf("adapter %s: %w", r.ID, err)

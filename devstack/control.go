@@ -12,7 +12,6 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker"
-	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
@@ -74,13 +73,7 @@ func (s *Stack) startBroker(i int) error {
 }
 
 func (s *Stack) startAdapter(r Replica, engineURL string) error {
-	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
-	if maxBatch <= 0 {
-		maxBatch = fleet.DefaultMaxBatch
-	}
-	if maxQueue <= 0 {
-		maxQueue = fleet.DefaultMaxQueue
-	}
+	maxBatch, maxQueue := r.Capacity()
 	role := auth.Role{Kind: auth.RoleAdapter, ID: r.ID}
 	if _, err := os.Stat(s.Creds(role)); err != nil {
 		if _, err := s.auth.WriteCreds(s.credsDir, role); err != nil {

@@ -130,8 +130,7 @@ type Stack struct {
 	hbMu sync.Mutex
 	seen map[string]bool
 
-	loader *loader.Loader
-	cold   *devActions
+	cold *devActions
 }
 
 // Validate range-checks cfg before anything starts. Zero values stand for
@@ -395,7 +394,6 @@ func (s *Stack) startLoader() error {
 	if err != nil {
 		return err
 	}
-	s.loader = l
 	s.goRun("loader", l.Run, s.runCtx)
 	return nil
 }
@@ -403,30 +401,41 @@ func (s *Stack) startLoader() error {
 func (s *Stack) startReplica(r Replica) error {
 	engineURL := r.EngineURL
 	if engineURL == "" {
-		ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: 32, MaxQueue: 128, MaxLoras: r.MaxLoras}
-		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, DeterministicText: s.cfg.DeterministicText, Logger: s.log})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
 		f := s.cfg.Faults[r.ID]
 		if f == nil {
 			f = new(Faults)
 		}
-		s.partsMu.Lock()
-		s.engines[r.ID], s.faults[r.ID] = eng, f
-		s.partsMu.Unlock()
-		host := newEngineHost(eng, f, s.log)
 		// Engines outlive the adapters so that draining adapters can finish
 		// their requests: they stop on engineCtx, cancelled after the rest.
-		s.engineWG.Go(func() {
-			if err := host.run(s.engineCtx, ln); err != nil {
-				s.log.Error("engine stopped", "replica", r.ID, "err", err)
-			}
-		})
-		engineURL = "http://" + ln.Addr().String()
+		var err error
+		if engineURL, _, err = s.startEngine(s.engineCtx, r, f); err != nil {
+			return err
+		}
 	}
 	return s.startAdapter(r, engineURL)
+}
+
+// startEngine runs r's simulated engine, behind the fault injector f, until
+// ctx ends, and returns its URL and a channel closed once it has stopped.
+func (s *Stack) startEngine(ctx context.Context, r Replica, f *Faults) (url string, stopped <-chan struct{}, err error) {
+	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras}
+	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, DeterministicText: s.cfg.DeterministicText, Logger: s.log})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	s.partsMu.Lock()
+	s.engines[r.ID], s.faults[r.ID] = eng, f
+	s.partsMu.Unlock()
+	host := newEngineHost(eng, f, s.log)
+	done := make(chan struct{})
+	s.engineWG.Go(func() {
+		defer close(done)
+		if err := host.run(ctx, ln); err != nil {
+			s.log.Error("engine stopped", "replica", r.ID, "err", err)
+		}
+	})
+	return "http://" + ln.Addr().String(), done, nil
 }
 
 func (s *Stack) goRun(what string, run func(context.Context) error, ctx context.Context) {
@@ -526,9 +535,6 @@ func (s *Stack) Engine(id string) *enginesim.Server {
 	defer s.partsMu.Unlock()
 	return s.engines[id]
 }
-
-// Loader is the dev loader.
-func (s *Stack) Loader() *loader.Loader { return s.loader }
 
 // Registry is the one Prometheus registry every part reports to.
 func (s *Stack) Registry() *prometheus.Registry { return s.registry }

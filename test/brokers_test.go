@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -17,21 +16,20 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-// post sends a chat request and returns the status and response headers.
+// post sends a chat request with the API key (none if "") and returns the
+// status and response headers.
 func post(t *testing.T, url, key, body string) (int, http.Header) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+	status, h, _ := chatOnce(t, url, body, bearer(key))
+	return status, h
+}
+
+// bearer is the header that sends key, none for "".
+func bearer(key string) map[string]string {
+	if key == "" {
+		return nil
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, resp.Header
+	return map[string]string{"Authorization": "Bearer " + key}
 }
 
 // twoBrokers runs the stack with two brokers in the queue group and waits

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,34 +23,52 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-var buildOnce struct {
+// built is a binary the tests build from this module once per run.
+type built struct {
 	sync.Once
 	path string
 	err  error
 }
 
+func (b *built) build(t *testing.T, name, pkg string) string {
+	t.Helper()
+	b.Do(func() {
+		dir, err := os.MkdirTemp("", name+"-bin")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.path, b.err = goBuild(dir, name, pkg)
+	})
+	if b.err != nil {
+		t.Fatalf("build %s: %v", pkg, b.err)
+	}
+	return b.path
+}
+
+// goBuild builds the package pkg of this module as dir/name.
+func goBuild(dir, name, pkg string) (string, error) {
+	path := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", path, pkg)
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v: %s", err, out)
+	}
+	return path, nil
+}
+
+var switchyardBin built
+
 // binary builds cmd/switchyard once per test run.
 func binary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..")
-		dir, err := os.MkdirTemp("", "switchyard-bin")
-		if err != nil {
-			buildOnce.err = err
-			return
-		}
-		buildOnce.path = filepath.Join(dir, "switchyard")
-		cmd := exec.Command("go", "build", "-o", buildOnce.path, "./cmd/switchyard")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildOnce.err = errors.New(string(out))
-		}
-	})
-	if buildOnce.err != nil {
-		t.Fatalf("build: %v", buildOnce.err)
-	}
-	return buildOnce.path
+	return switchyardBin.build(t, "switchyard", "./cmd/switchyard")
+}
+
+// repoRoot is the module's directory.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..")
 }
 
 // sy runs the binary and returns stdout, stderr and the exit code.
@@ -74,8 +93,7 @@ func sy(t *testing.T, env []string, stdin string, args ...string) (string, strin
 }
 
 func TestTableValidateOffline(t *testing.T) {
-	_, file, _, _ := runtime.Caller(0)
-	good := filepath.Join(filepath.Dir(file), "..", "deploy", "examples", "table.json")
+	good := filepath.Join(repoRoot(), "deploy", "examples", "table.json")
 	out, _, code := sy(t, nil, "", "table", "validate", good)
 	if code != 0 || !strings.Contains(out, "all valid") {
 		t.Errorf("validate dev table: exit %d: %s", code, out)

@@ -124,26 +124,15 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		results []result
-		stop    = make(chan struct{})
-		load    sync.WaitGroup
 	)
-	for w := range 4 {
-		load.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
-				o := send(rctx, url, chatBody("chat-small", 20, (w+i)%2 == 0))
-				rcancel()
-				mu.Lock()
-				results = append(results, result{o, time.Now()})
-				mu.Unlock()
-			}
-		})
-	}
+	stopLoad := testkit.Load(t, 4, func(w, i int) {
+		rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
+		o := send(rctx, url, chatBody("chat-small", 20, (w+i)%2 == 0))
+		rcancel()
+		mu.Lock()
+		results = append(results, result{o, time.Now()})
+		mu.Unlock()
+	})
 	time.Sleep(time.Second)
 
 	info, err := js.Stream(ctx, "KV_"+subjects.DefaultBucket)
@@ -185,8 +174,7 @@ func TestThreeNodeClusterLosesANode(t *testing.T) {
 	})
 
 	time.Sleep(2 * time.Second) // load after the failover
-	close(stop)
-	load.Wait()
+	stopLoad()
 
 	var ok, failed, hung int
 	var firstOKAfter time.Duration = -1

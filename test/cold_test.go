@@ -23,17 +23,20 @@ import (
 
 const mixtral = "mixtral-8x22b"
 
-// chatOnce sends one chat request and returns its status, headers and body.
+// chatOnce sends one chat request and returns its status, headers and body;
+// a request unanswered within a minute fails the test.
 func chatOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, string) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", url, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -129,15 +132,11 @@ type answerErr struct {
 
 func (e *answerErr) Error() string { return strconv.Itoa(e.status) + " " + e.body }
 
-// on_cold "wait": the gateway holds the request until the model is ready,
-// within the request's deadline; a deadline shorter than the load gets the
-// 503 it would have got. A held stream gets SSE comments while it waits.
-func TestOnColdWaitHoldsUntilReady(t *testing.T) {
-	const speed = 10 // a 2 s load
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
-	url := st.GatewayURL()
-	kv := kvBucket(t, st)
-	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)); err != nil {
+// holdWhileCold writes mixtral's table entry, one with on_cold "wait", and
+// waits until the gateway has seen it.
+func holdWhileCold(t *testing.T, st *devstack.Stack, entry string) {
+	t.Helper()
+	if _, err := kvBucket(t, st).Put(context.Background(), "models."+mixtral, []byte(entry)); err != nil {
 		t.Fatal(err)
 	}
 	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
@@ -147,6 +146,16 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// on_cold "wait": the gateway holds the request until the model is ready,
+// within the request's deadline; a deadline shorter than the load gets the
+// 503 it would have got. A held stream gets SSE comments while it waits.
+func TestOnColdWaitHoldsUntilReady(t *testing.T) {
+	const speed = 10 // a 2 s load
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
+	url := st.GatewayURL()
+	holdWhileCold(t, st, `{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)
 
 	// Half a second is not enough for a 2 s load: the 503, after the wait.
 	began := time.Now()
@@ -244,17 +253,7 @@ func TestColdWaitsAreBounded(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: 1, ColdLoad: time.Minute,
 		Gateway: gateway.Config{MaxColdWaits: 1}})
 	url := st.GatewayURL()
-	kv := kvBucket(t, st)
-	if _, err := kv.Put(context.Background(), "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait"}`)); err != nil {
-		t.Fatal(err)
-	}
-	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		m := st.Gateway().Table().Models[mixtral]
-		if m == nil || m.OnCold != table.OnColdWait {
-			return errors.New("the gateway has not seen on_cold: wait")
-		}
-		return nil
-	})
+	holdWhileCold(t, st, `{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait"}`)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "5"}); status != 503 {

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,11 +16,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-var natsServerOnce struct {
-	sync.Once
-	path string
-	err  error
-}
+var natsServerBin built
 
 // natsServerBinary finds the nats-server that `make tools` builds from the
 // module in go.mod (NATS_SERVER, then .cache/tools/nats-server), or builds
@@ -31,36 +26,12 @@ func natsServerBinary(t *testing.T) string {
 	if p := os.Getenv("NATS_SERVER"); p != "" {
 		return p
 	}
-	root := repoRoot()
-	if p := filepath.Join(root, ".cache", "tools", "nats-server"); fileExists(p) {
+	if p := filepath.Join(repoRoot(), ".cache", "tools", "nats-server"); fileExists(p) {
 		return p
 	}
-	natsServerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nats-server-bin")
-		if err != nil {
-			natsServerOnce.err = err
-			return
-		}
-		natsServerOnce.path = filepath.Join(dir, "nats-server")
-		cmd := exec.Command("go", "build", "-o", natsServerOnce.path, "github.com/nats-io/nats-server/v2")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			natsServerOnce.err = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	if natsServerOnce.err != nil {
-		t.Fatalf("build nats-server: %v", natsServerOnce.err)
-	}
-	return natsServerOnce.path
+	return natsServerBin.build(t, "nats-server", "github.com/nats-io/nats-server/v2")
 }
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..")
-}
-
-// bareNATS runs `nats-server -js` as its own process on a free loopback port,
-// stopped when the test ends, and returns its URL.
 func bareNATS(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()

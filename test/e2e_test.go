@@ -250,17 +250,11 @@ func TestStreamEndsWithDone(t *testing.T) {
 // chatReplica sends one chat and returns the replica that served it.
 func chatReplica(t *testing.T, url, model string) string {
 	t.Helper()
-	body := `{"model":"` + model + `","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	status, h, b := chatOnce(t, url, `{"model":"`+model+`","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if status != 200 {
+		t.Fatalf("%s: status %d: %s", model, status, b)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("%s: status %d: %s", model, resp.StatusCode, b)
-	}
-	return resp.Header.Get("X-Switchyard-Replica")
+	return h.Get("X-Switchyard-Replica")
 }
 
 func kvBucket(t *testing.T, st *devstack.Stack) jetstream.KeyValue {

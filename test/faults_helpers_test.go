@@ -214,8 +214,6 @@ func replicaState(st *devstack.Stack, id string) string {
 	return t.Replicas[id].State
 }
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
 func jsonMarshal(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b

@@ -2,9 +2,7 @@ package test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -108,10 +106,10 @@ func TestMakeClusterRunsAndStopsClean(t *testing.T) {
 			t.Errorf("%s: code through the leaf node routed to %v", g, h)
 		}
 		// /metrics is on the admin listener only.
-		if m := get(t, admins[i]+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
+		if _, m := getWith(t, http.DefaultClient, admins[i]+"/metrics"); !strings.Contains(m, "switchyard_build_info{") {
 			t.Errorf("%s/metrics has no switchyard_build_info", admins[i])
 		}
-		if m := get(t, g+"/metrics"); strings.Contains(m, "switchyard_build_info") {
+		if _, m := getWith(t, http.DefaultClient, g+"/metrics"); strings.Contains(m, "switchyard_build_info") {
 			t.Errorf("%s/metrics is public", g)
 		}
 	}
@@ -159,34 +157,11 @@ func clusterChat(t *testing.T, gateway, key, model string) http.Header {
 
 func clusterPost(t *testing.T, gateway, key, body string) http.Header {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+	status, h, b := chatOnce(t, gateway, body, bearer(key))
+	if status != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", gateway, body, status, b)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s: %v", gateway, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s %s: %d %s", gateway, body, resp.StatusCode, b)
-	}
-	return resp.Header
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	return h
 }
 
 // readPids reads the launcher's "PID NAME" lines.

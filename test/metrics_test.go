@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -108,8 +107,7 @@ func TestDeployArtefactsNameRealSeries(t *testing.T) {
 		return nil
 	})
 	mfs := testkit.Scrape(t, st.GatewayURL()+"/metrics")
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..")
+	root := repoRoot()
 	re := regexp.MustCompile(`switchyard_[a-z_]+`)
 	for _, f := range []string{"deploy/prometheus/switchyard-alerts.yml", "deploy/grafana/switchyard-dashboard.json"} {
 		b, err := os.ReadFile(filepath.Join(root, f))

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +21,7 @@ func natsCLI(t *testing.T) string {
 	if p := os.Getenv("NATS_CLI"); p != "" {
 		return p
 	}
-	_, file, _, _ := runtime.Caller(0)
-	if p := filepath.Join(filepath.Dir(file), "..", ".cache", "tools", "nats"); fileExists(p) {
+	if p := filepath.Join(repoRoot(), ".cache", "tools", "nats"); fileExists(p) {
 		return p
 	}
 	if p, err := exec.LookPath("nats"); err == nil {

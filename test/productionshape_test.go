@@ -43,18 +43,13 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	if os.Getenv("SWITCHYARD_CLUSTER_FAULTS") == "" {
 		t.Skip("make test-cluster runs this (separate processes, minutes)")
 	}
-	root := repoRoot()
-	bin := t.TempDir()
-	for _, b := range [][]string{{"switchyard", "./cmd/switchyard"}, {"cluster", "./cmd/cluster"}} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, b[0]), b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v: %s", b[0], err, out)
-		}
+	launcher, err := goBuild(t.TempDir(), "cluster", "./cmd/cluster")
+	if err != nil {
+		t.Fatalf("build cmd/cluster: %v", err)
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(filepath.Join(bin, "cluster"), "-faults", "-dir", dir, "-root", root,
-		"-switchyard", filepath.Join(bin, "switchyard"), "-nats-server", natsServerBinary(t))
+	cmd := exec.Command(launcher, "-faults", "-dir", dir, "-root", repoRoot(),
+		"-switchyard", binary(t), "-nats-server", natsServerBinary(t))
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -103,7 +104,7 @@ func TestOperatorDrainAndDisable(t *testing.T) {
 			t.Fatal(err)
 		}
 		var v map[string]any
-		_ = jsonUnmarshal(e.Value(), &v)
+		_ = json.Unmarshal(e.Value(), &v)
 		v["state"] = state
 		if _, err := bucket.Update(ctx, "replicas.l8-gen-0", jsonMarshal(v), e.Revision()); err != nil {
 			t.Fatal(err)
@@ -159,7 +160,7 @@ func TestOperatorDrainAndDisable(t *testing.T) {
 			t.Fatal(err)
 		}
 		var hb subjects.Heartbeat
-		_ = jsonUnmarshal(m.Data, &hb)
+		_ = json.Unmarshal(m.Data, &hb)
 		if hb.Seq >= 5 && hb.State == subjects.StateReady {
 			break
 		}
@@ -191,7 +192,7 @@ func stateOf(t *testing.T, bucket jetstream.KeyValue, id string) string {
 	var v struct {
 		State string `json:"state"`
 	}
-	_ = jsonUnmarshal(e.Value(), &v)
+	_ = json.Unmarshal(e.Value(), &v)
 	return v.State
 }
 

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// unitFile is one of deploy/systemd's files, read.
+// deployFile is one of deploy/systemd's files, read.
 func deployFile(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "deploy", "systemd", name))

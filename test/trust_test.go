@@ -53,26 +53,8 @@ func ask(t *testing.T, nc *nats.Conn, subject, inbox string, h nats.Header, body
 }
 
 // refused reads the broker's count of messages refused for what they claim.
-func refused(t *testing.T, st *devstack.Stack, kind string) float64 {
-	t.Helper()
-	mfs, err := st.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "switchyard_broker_refused_messages_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == kind {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n
+func refused(st *devstack.Stack, kind string) float64 {
+	return metric(st, "switchyard_broker_refused_messages_total", map[string]string{"kind": kind})
 }
 
 // TestTrust replays each attack of docs/security.md ("What each part
@@ -119,7 +101,7 @@ func TestTrust(t *testing.T) {
 		if after := keys(); after != before {
 			t.Errorf("the table went from %d keys to %d", before, after)
 		}
-		if n := refused(t, st, "reply_subject"); n < 3 {
+		if n := refused(st, "reply_subject"); n < 3 {
 			t.Errorf("%v refused reply subjects counted, want 3", n)
 		}
 	})
@@ -246,11 +228,11 @@ func TestTrust(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		before := refused(t, st, "unknown_replica")
+		before := refused(st, "unknown_replica")
 		hb := `{"replica":"ghost-0","state":"ready","scrape_ok":true,"kv_usage":0.1}`
 		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 			_ = nc.Publish("llm.heartbeat.ghost-0", []byte(hb))
-			if refused(t, st, "unknown_replica") <= before {
+			if refused(st, "unknown_replica") <= before {
 				return errors.New("the ghost's heartbeat was not refused")
 			}
 			return nil
@@ -315,7 +297,7 @@ func TestTrust(t *testing.T) {
 				t.Fatal("the quota is never spent")
 			}
 		}
-		before := refused(t, st, "usage_unreserved")
+		before := refused(st, "usage_unreserved")
 		adapter := mustConnectAs(t, st, adapterRole("l70-gen-0"))
 		for _, u := range []string{
 			`{"tenant":"trial","reserved_tokens":1000000000}`,
@@ -326,7 +308,7 @@ func TestTrust(t *testing.T) {
 			}
 		}
 		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
-			if refused(t, st, "usage_unreserved") < before+2 {
+			if refused(st, "usage_unreserved") < before+2 {
 				return errors.New("the forged usage events were not refused")
 			}
 			return nil

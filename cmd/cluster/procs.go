@@ -137,13 +137,21 @@ func (ps *procs) find(name string) *proc {
 	return nil
 }
 
+// part is the part name as last started.
+func (ps *procs) part(name string) (*proc, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if p := ps.find(name); p != nil {
+		return p, nil
+	}
+	return nil, fmt.Errorf("no part %q", name)
+}
+
 // signal sends sig to the running part name.
 func (ps *procs) signal(name string, sig syscall.Signal) error {
-	ps.mu.Lock()
-	p := ps.find(name)
-	ps.mu.Unlock()
-	if p == nil {
-		return fmt.Errorf("no part %q", name)
+	p, err := ps.part(name)
+	if err != nil {
+		return err
 	}
 	select {
 	case <-p.done:
@@ -156,11 +164,9 @@ func (ps *procs) signal(name string, sig syscall.Signal) error {
 // restart starts the part name again, as it was first started, once it has
 // exited (waiting up to stopTimeout for that); its log is appended to.
 func (ps *procs) restart(name string) error {
-	ps.mu.Lock()
-	p := ps.find(name)
-	ps.mu.Unlock()
-	if p == nil {
-		return fmt.Errorf("no part %q", name)
+	p, err := ps.part(name)
+	if err != nil {
+		return err
 	}
 	select {
 	case <-p.done:

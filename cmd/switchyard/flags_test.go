@@ -142,15 +142,18 @@ func TestNumericFlagsRefuseOutOfRange(t *testing.T) {
 // before it connects.
 func TestGatewayListenerFlags(t *testing.T) {
 	base := []string{"gateway", "--nats", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
-	for name, args := range map[string][]string{
-		"no admin listener":       {"--admin-listen", ""},
-		"a certificate, no key":   {"--tls-cert", "cert.pem"},
-		"a certificate not there": {"--tls-cert", t.TempDir() + "/cert.pem", "--tls-key", t.TempDir() + "/key.pem"},
+	for name, tc := range map[string]struct {
+		args []string
+		flag string // the flag the refusal names
+	}{
+		"no admin listener":       {[]string{"--admin-listen", ""}, "--admin-listen"},
+		"a certificate, no key":   {[]string{"--tls-cert", "cert.pem"}, "--tls-key"},
+		"a certificate not there": {[]string{"--tls-cert", t.TempDir() + "/cert.pem", "--tls-key", t.TempDir() + "/key.pem"}, "--tls-cert"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			if code := run(t.Context(), append(append([]string{}, base...), args...), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "-") {
-				t.Errorf("exit %d, want %d; stderr %q", code, exitUsage, errb.String())
+			if code := run(t.Context(), append(append([]string{}, base...), tc.args...), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), tc.flag) {
+				t.Errorf("exit %d, want %d naming %s; stderr %q", code, exitUsage, tc.flag, errb.String())
 			}
 		})
 	}

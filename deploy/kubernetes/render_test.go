@@ -54,35 +54,25 @@ func render(dir string) (*rendering, error) {
 		var obj any
 		switch gvk.ApiVersion() + " " + gvk.Kind {
 		case "apps/v1 Deployment":
-			d := &appsv1.Deployment{}
-			out.deployments, obj = append(out.deployments, d), d
+			obj = add(&out.deployments)
 		case "v1 Service":
-			s := &corev1.Service{}
-			out.services, obj = append(out.services, s), s
+			obj = add(&out.services)
 		case "policy/v1 PodDisruptionBudget":
-			p := &policyv1.PodDisruptionBudget{}
-			out.pdbs, obj = append(out.pdbs, p), p
+			obj = add(&out.pdbs)
 		case "autoscaling/v2 HorizontalPodAutoscaler":
-			h := &autoscalingv2.HorizontalPodAutoscaler{}
-			out.hpas, obj = append(out.hpas, h), h
+			obj = add(&out.hpas)
 		case "batch/v1 Job":
-			j := &batchv1.Job{}
-			out.jobs, obj = append(out.jobs, j), j
+			obj = add(&out.jobs)
 		case "v1 ConfigMap":
-			c := &corev1.ConfigMap{}
-			out.configMaps, obj = append(out.configMaps, c), c
+			obj = add(&out.configMaps)
 		case "v1 Secret":
-			s := &corev1.Secret{}
-			out.secrets, obj = append(out.secrets, s), s
+			obj = add(&out.secrets)
 		case "v1 ServiceAccount":
-			a := &corev1.ServiceAccount{}
-			out.accounts, obj = append(out.accounts, a), a
+			obj = add(&out.accounts)
 		case "rbac.authorization.k8s.io/v1 Role":
-			ro := &rbacv1.Role{}
-			out.roles, obj = append(out.roles, ro), ro
+			obj = add(&out.roles)
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
-			b := &rbacv1.RoleBinding{}
-			out.bindings, obj = append(out.bindings, b), b
+			obj = add(&out.bindings)
 		default:
 			return nil, fmt.Errorf("%s: a kind this deployment does not use", id)
 		}
@@ -93,6 +83,13 @@ func render(dir string) (*rendering, error) {
 		}
 	}
 	return out, nil
+}
+
+// add appends a new, empty object to list and returns it to decode into.
+func add[T any](list *[]*T) *T {
+	v := new(T)
+	*list = append(*list, v)
+	return v
 }
 
 // repoRoot is the main module's directory.

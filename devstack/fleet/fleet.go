@@ -76,15 +76,22 @@ next:
 // Registration is the routing-table entry the replica's adapter writes
 // under replicas.<id> once its engine is ready.
 func (r Replica) Registration() table.Replica {
-	maxBatch, maxQueue := r.MaxBatch, r.MaxQueue
-	if maxBatch == 0 {
-		maxBatch = DefaultMaxBatch
-	}
-	if maxQueue == 0 {
-		maxQueue = DefaultMaxQueue
-	}
+	maxBatch, maxQueue := r.Capacity()
 	return table.Replica{Model: r.Model, Version: r.Version, Pool: r.Pool, MaxBatch: maxBatch, MaxQueue: maxQueue,
 		MaxLoras: r.MaxLoras, State: subjects.StateReady, Endpoints: r.Endpoints}
+}
+
+// Capacity is the batch and queue the replica's adapter declares: its own
+// MaxBatch and MaxQueue, else the defaults.
+func (r Replica) Capacity() (maxBatch, maxQueue int) {
+	maxBatch, maxQueue = r.MaxBatch, r.MaxQueue
+	if maxBatch <= 0 {
+		maxBatch = DefaultMaxBatch
+	}
+	if maxQueue <= 0 {
+		maxQueue = DefaultMaxQueue
+	}
+	return maxBatch, maxQueue
 }
 
 // The capacity a replica declares unless it says otherwise: the simulated

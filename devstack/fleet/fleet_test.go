@@ -38,3 +38,12 @@ func TestIDsAreUniqueAndRegistrationsComplete(t *testing.T) {
 		}
 	}
 }
+
+func TestCapacityIsTheReplicasOwnElseTheDefault(t *testing.T) {
+	if b, q := (fleet.Replica{MaxBatch: 8}).Capacity(); b != 8 || q != fleet.DefaultMaxQueue {
+		t.Errorf("MaxBatch 8: capacity %d, %d; want 8, %d", b, q, fleet.DefaultMaxQueue)
+	}
+	if reg := (fleet.Replica{MaxQueue: 5}).Registration(); reg.MaxBatch != fleet.DefaultMaxBatch || reg.MaxQueue != 5 {
+		t.Errorf("MaxQueue 5 registers %+v", reg)
+	}
+}

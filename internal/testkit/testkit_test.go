@@ -54,6 +54,37 @@ func TestNoGoroutinesLeftPassesWhenTheTestStopsWhatItStarted(t *testing.T) {
 	<-stopped
 }
 
+// recorder is a testing.TB whose failures and cleanups the test sees.
+type recorder struct {
+	testing.TB
+	failed   bool
+	cleanups []func()
+}
+
+func (r *recorder) Helper()               {}
+func (r *recorder) Error(...any)          { r.failed = true }
+func (r *recorder) Errorf(string, ...any) { r.failed = true }
+func (r *recorder) Cleanup(f func())      { r.cleanups = append(r.cleanups, f) }
+
+func TestNoGoroutinesLeftFailsWhenOneIsLeft(t *testing.T) {
+	r := &recorder{TB: t}
+	testkit.NoGoroutinesLeft(r)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-done
+	}()
+	for _, f := range r.cleanups {
+		f()
+	}
+	close(done)
+	<-stopped
+	if !r.failed {
+		t.Fatal("a goroutine still running at cleanup did not fail the test")
+	}
+}
+
 func TestCondNamesWhatIsAwaited(t *testing.T) {
 	err := testkit.Cond("the engine", func() bool { return false })()
 	if err == nil || err.Error() != "still waiting for the engine" {

@@ -132,13 +132,6 @@ func (c *JSCluster) Start(i int) {
 	c.servers[i] = RunServer(c.t, &opts)
 }
 
-// Restart stops and starts member i.
-func (c *JSCluster) Restart(i int) {
-	c.t.Helper()
-	c.Stop(i)
-	c.Start(i)
-}
-
 // Leader returns the index of the JetStream meta leader, or -1.
 func (c *JSCluster) Leader() int {
 	for i, s := range c.servers {
