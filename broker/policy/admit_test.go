@@ -325,6 +325,27 @@ func TestQuota(t *testing.T) {
 		q.MaxTokens = 200 // 300 now fits in the 380 returned
 		mustRoute(t, e.decide(q))
 	})
+	t.Run("usage of a tenant without a token quota is not refused", func(t *testing.T) {
+		e := newEnv(t, `{"tenants.metered": {"quota": {"tpm": 1000}}, "tenants.free": {}}`)
+		q := chat("chat-small")
+		q.Tenant, q.PromptTokens, q.MaxTokens, q.ID = "free", 100, 400, "req-f"
+		if d := e.decide(q); d.Err != nil || d.ReservedTokens != 500 {
+			t.Fatalf("free request: %v, %d reserved", d.Err, d.ReservedTokens)
+		}
+		if n := e.r.Reservations(); n != 0 {
+			t.Fatalf("%d reservations held for a tenant without a token quota", n)
+		}
+		// Its usage had nothing to settle: believed, and nothing changes.
+		for _, tenant := range []string{"free", "not-in-the-table"} {
+			if !e.r.ObserveUsage(&subjects.Usage{Tenant: tenant, RequestID: "req-f", CompletionTokens: 20}, e.now) {
+				t.Fatalf("usage of unmetered tenant %q refused", tenant)
+			}
+		}
+		// A metered tenant's usage without a reservation still is.
+		if e.r.ObserveUsage(&subjects.Usage{Tenant: "metered", RequestID: "req-f", CompletionTokens: 20}, e.now) {
+			t.Fatal("usage of a metered tenant without a reservation believed")
+		}
+	})
 	t.Run("a continuation is not admitted again", func(t *testing.T) {
 		e := newEnv(t, `{"tenants.metered": {"quota": {"tpm": 1000}}}`)
 		q := chat("chat-small")

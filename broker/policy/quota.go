@@ -243,15 +243,18 @@ func (r *Router) Reservations() int {
 // tokens reserved and not used go back to the tenant's bucket (a request
 // that used more than it reserved takes the difference, up to as much
 // again). It reports false, changing nothing, when this broker holds no
-// reservation for that id: another broker's, one already settled, or a
-// forgery. Nothing of u but the request id and the token counts is
-// believed, and no more than was reserved ever comes back.
+// reservation for that id although the tenant has a token quota: another
+// broker's, one already settled, or a forgery. Usage of a tenant without a
+// token quota had nothing reserved and is not a refusal: it reports true
+// and changes nothing. Nothing of u but the request id, the tenant's
+// quota (never more than nothing) and the token counts is believed, and
+// no more than was reserved ever comes back.
 func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res, ok := r.reserved[u.RequestID]
 	if !ok || u.RequestID == "" {
-		return false
+		return !r.meteredLocked(u.Tenant)
 	}
 	delete(r.reserved, u.RequestID)
 	s := r.snap.Load()
@@ -273,4 +276,19 @@ func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	lvl := tq.tpm.level(t.Quota.TPM, capacity, now)
 	tq.tpm.set(t.Quota.TPM, max(min(lvl+refund, capacity), -capacity), now)
 	return true
+}
+
+// meteredLocked reports whether usage of tenant could settle a
+// reservation: the tenant (or, for one missing from the table, the default
+// tenant it is routed as) has a token quota. Lock must be held.
+func (r *Router) meteredLocked(tenant string) bool {
+	s := r.snap.Load()
+	if s == nil {
+		return false
+	}
+	t := s.Tenants[tenant]
+	if t == nil {
+		t = s.Tenants[table.DefaultTenant]
+	}
+	return t != nil && t.Quota.TPM > 0
 }
