@@ -263,11 +263,26 @@ func TestTrust(t *testing.T) {
 	})
 
 	t.Run("usage without a reservation is dropped and counted", func(t *testing.T) {
+		// Only a tenant with a token quota has reservations to settle.
+		old := b.Table()
+		t.Cleanup(func() { b.setTable(old) })
+		next := old.Clone()
+		v, err := table.Decode("tenants.trial", []byte(`{"tier":"standard","quota":{"tpm":3000}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.Set(v, nil)
+		b.setTable(next)
 		before := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage))
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","reserved_tokens":1000000000}`)})
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","request_id":"nobody","reserved_tokens":1000000000}`)})
 		if got := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage)) - before; got != 2 {
 			t.Errorf("counted %v forged usage events, want 2", got)
+		}
+		// An unmetered tenant's usage had nothing reserved: not a lie.
+		b.onUsage(&nats.Msg{Subject: "llm.usage.acme", Data: []byte(`{"tenant":"acme","request_id":"r-1","completion_tokens":5}`)})
+		if got := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage)) - before; got != 2 {
+			t.Errorf("usage of a tenant without a token quota counted as refused (%v)", got-2)
 		}
 	})
 
