@@ -134,6 +134,7 @@ func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req
 		st.fail(e)
 		return nil
 	}
+	a.engineReached()
 	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
 	if resp.StatusCode < 400 {
 		return resp

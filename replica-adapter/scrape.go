@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -30,6 +31,11 @@ type loadState struct {
 	ttftEWMA float64
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
+
+	// unreachable: a request could not connect to the engine since the
+	// last good scrape or the engine's last answer. Atomic, so the check
+	// on every request's answer takes no lock.
+	unreachable atomic.Bool
 }
 
 func (l *loadState) observeTTFT(d time.Duration) {
@@ -111,7 +117,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 		}
 		return
 	}
-	if l.fails >= a.cfg.ScrapeFailLimit {
+	if l.unreachable.Swap(false) || l.fails >= a.cfg.ScrapeFailLimit {
 		a.log.Info("engine scrape recovered")
 	}
 	l.fails = 0
@@ -122,17 +128,24 @@ func (a *Adapter) scrape(ctx context.Context) {
 // scrape_ok=false at once, rather than after ScrapeFailLimit scrapes, so
 // brokers stop sending it requests that would only be retried (an engine
 // that is down reports no load, which makes it look like the best choice).
-// The next good scrape clears it.
+// The next good scrape, or the engine's next answer to a request, clears
+// it.
 func (a *Adapter) engineUnreachable(err error) {
-	l := &a.load
-	l.mu.Lock()
-	first := l.fails < a.cfg.ScrapeFailLimit
-	if first {
-		l.fails = a.cfg.ScrapeFailLimit
-	}
-	l.mu.Unlock()
-	if first {
+	if !a.load.unreachable.Swap(true) {
 		a.log.Warn("engine unreachable, heartbeat says scrape_ok=false", "err", err)
+		a.publishHeartbeat()
+	}
+}
+
+// engineReached ends an engineUnreachable mark when the engine answers a
+// request, whatever the status: it is reachable again. Such a request was
+// routed before its broker saw the mark, as when the engine restarts at
+// once; the heartbeat goes at once, so brokers do not leave the replica
+// out until the next scrape (up to ScrapeEvery) on the strength of a mark
+// already stale. Failing scrapes still count on their own.
+func (a *Adapter) engineReached() {
+	if a.load.unreachable.CompareAndSwap(true, false) {
+		a.log.Info("engine reachable again")
 		a.publishHeartbeat()
 	}
 }
@@ -249,7 +262,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	// Queue wait is approximated as the time to first token above the
 	// fastest one seen: what an unloaded engine needs is not waiting.
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
-	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit
+	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && !l.unreachable.Load()
 	l.mu.Unlock()
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the
