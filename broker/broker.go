@@ -70,7 +70,9 @@ type Broker struct {
 	owners  *owners.Store
 	metrics *metrics
 	out     chan outMsg
-	rng     *rand.Rand // only used by the route endpoint handler, which runs one message at a time
+	// rng draws the decisions' random choices, inside Router.Decide under
+	// the router's lock: the route and gateway endpoints run at once.
+	rng     *rand.Rand
 	scratch sync.Pool
 	peers   presence
 	health  health

@@ -345,14 +345,15 @@ func appendSplit(dst []string, v string) []string {
 }
 
 // sample publishes the explained decision on llm.decision.<pool>, at the
-// table's decision_sample rate.
+// table's decision_sample rate, drawn from the goroutine-safe global
+// source: the route and gateway endpoints call it at once.
 func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header, decided time.Time) {
 	t := b.router.Table()
 	rate := 1.0
 	if t != nil {
 		rate = t.Policy.DecisionSample
 	}
-	if rate <= 0 || (rate < 1 && b.rng.Float64() >= rate) {
+	if rate <= 0 || (rate < 1 && rand.Float64() >= rate) {
 		return
 	}
 	w := d.Wire(q)

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -229,6 +230,44 @@ func TestHandleCarriesAServiceImportReplyInAHeader(t *testing.T) {
 		if msg.Reply != tc.wantReply || msg.Header.Get(subjects.HdrReply) != tc.wantHeader {
 			t.Errorf("reply %q (Llm-Reply %q): forwarded with reply %q, Llm-Reply %q; want %q, %q",
 				tc.reply, tc.forged, msg.Reply, msg.Header.Get(subjects.HdrReply), tc.wantReply, tc.wantHeader)
+		}
+	}
+}
+
+// TestRouteEndpointsRunAtOnce: the route and gateway endpoints are two
+// subscriptions, each with its own goroutine, so the route path may run on
+// both at once; under -race this fails on any state it shares unlocked
+// (the decision sampling's random source was such state).
+func TestRouteEndpointsRunAtOnce(t *testing.T) {
+	b := newTestBroker(t, 4, time.Unix(1_800_000_000, 0))
+	next := b.Table().Clone()
+	v, err := table.Decode("policy", []byte(`{"decision_sample": 0.5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Set(v, nil)
+	b.setTable(next)
+	sub, err := b.nc.SubscribeSync("llm.replica.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const each = 200
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for range each {
+			b.routeMsg("llm.gw.default", "_INBOX.gw.1", gatewayHeaders(), []byte(`{"model":"chat-large"}`))
+		}
+	})
+	wg.Go(func() {
+		for range each {
+			b.routeMsg("llm.route.default", "_INBOX.direct.1", nats.Header{},
+				[]byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`))
+		}
+	})
+	wg.Wait()
+	for n := range 2 * each {
+		if _, err := sub.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("%d of %d requests forwarded: %v", n, 2*each, err)
 		}
 	}
 }
