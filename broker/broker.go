@@ -78,7 +78,11 @@ type Broker struct {
 	health  health
 	heard   heard
 	handled atomic.Uint64 // route messages handled, watched by stop
-	logged  sync.Map      // refused-message kinds already logged
+	// lookups holds a token per request routed on a goroutine of its own
+	// (route.go, lookUp); stop waits for lookupsRunning.
+	lookups        chan struct{}
+	lookupsRunning sync.WaitGroup
+	logged         sync.Map // refused-message kinds already logged
 }
 
 type outMsg struct {
@@ -131,13 +135,14 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg.Now = time.Now
 	}
 	b := &Broker{
-		nc:     nc,
-		cfg:    cfg,
-		subj:   subjects.New(cfg.Prefix),
-		direct: subjects.New(cfg.Prefix).Route(""),
-		log:    cfg.Logger.With("component", "broker", "broker", cfg.ID),
-		out:    make(chan outMsg, 4096),
-		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+		nc:      nc,
+		cfg:     cfg,
+		subj:    subjects.New(cfg.Prefix),
+		direct:  subjects.New(cfg.Prefix).Route(""),
+		log:     cfg.Logger.With("component", "broker", "broker", cfg.ID),
+		out:     make(chan outMsg, 4096),
+		lookups: make(chan struct{}, MaxOwnerLookups),
+		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
 	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)
@@ -257,8 +262,10 @@ const drainWait = 2 * time.Second
 // server already delivered to it: the endpoints drain (the server stops
 // sending; pending requests are still handled), the flush's round trip
 // confirms the server saw it, and stop waits until the route handler has
-// been idle for a poll interval, at most drainWait.
+// been idle for a poll interval, at most drainWait, and for the requests
+// still reading their stored response's owner (at most ownerTimeout).
 func (b *Broker) stop(svc micro.Service) {
+	defer b.lookupsRunning.Wait()
 	if err := svc.Stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		b.log.Warn("stopping micro service", "err", err)
 	}

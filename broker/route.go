@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strconv"
@@ -49,9 +50,62 @@ func (s *scratch) reset() {
 	s.values = nil // the last request's header map may still hold them
 }
 
-// route is the per-message hot path: headers in, one publish out.
+// route is the per-message hot path: headers in, one publish out. It runs
+// on the endpoint's one goroutine, so a request that must first read its
+// stored response's owner from the owners bucket goes to a goroutine of its
+// own (lookUp): a slow read (a JetStream leader election) holds up that
+// request only, not every request behind it.
 func (b *Broker) route(r micro.Request) {
-	b.routeMsg(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
+	b.dispatch(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
+}
+
+func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
+	if b.namesStored(subject, h, data) {
+		b.lookUp(subject, reply, h, data)
+		return
+	}
+	b.routeMsg(subject, reply, h, data)
+}
+
+// namesStored reports whether a request may name a stored response: a GET
+// or DELETE of one, a gateway's Llm-Previous-Response, or a direct client's
+// body that mentions previous_response_id (read only when routed; a false
+// positive just runs on a lookup goroutine).
+func (b *Broker) namesStored(subject string, h nats.Header, data []byte) bool {
+	if h.Get(subjects.HdrMethod) != "" || h.Get(subjects.HdrPreviousResponse) != "" {
+		return true
+	}
+	return strings.HasPrefix(subject, b.direct) && bytes.Contains(data, []byte(`"previous_response_id"`))
+}
+
+// MaxOwnerLookups bounds the requests waiting on the owners bucket at once
+// (each holds its body, up to 8 MiB): past it a request naming a stored
+// response is answered 503 with Retry-After, never queued.
+const MaxOwnerLookups = 64
+
+// lookUp routes one request on a goroutine of its own, counted in
+// b.lookups and waited for by stop.
+func (b *Broker) lookUp(subject, reply string, h nats.Header, data []byte) {
+	select {
+	case b.lookups <- struct{}{}:
+	default:
+		defer b.handled.Add(1)
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable,
+			"this broker is reading the owners of "+strconv.Itoa(MaxOwnerLookups)+" stored responses already; try again")
+		e.RetryAfter = time.Second
+		b.metrics.rejected(e.Code)
+		if reply == "" || !b.subj.InReplySpace(reply) {
+			return // routeMsg would refuse it; nothing to tell
+		}
+		var msg nats.Msg
+		b.reject(&msg, reply, e)
+		_ = b.nc.PublishMsg(&msg)
+		return
+	}
+	b.lookupsRunning.Go(func() {
+		defer func() { <-b.lookups }()
+		b.routeMsg(subject, reply, h, data)
+	})
 }
 
 func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {

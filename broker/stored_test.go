@@ -1,0 +1,119 @@
+package broker
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/owners"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestOwnerLookupDoesNotHoldUpRouting: a request naming a stored response
+// reads its owner from the owners bucket; while that read hangs (here a
+// JetStream API that takes requests and never answers, as during a leader
+// election), the requests behind it on the same endpoint are still routed.
+// The one waiting is answered 503 when its read times out, and past
+// MaxOwnerLookups waiting, the next is answered 503 at once.
+func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
+	b := newTestBroker(t, 4, time.Unix(1_800_000_000, 0))
+	stalled, err := b.nc.SubscribeSync("stalled.API.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.NewWithAPIPrefix(b.nc, "stalled.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.owners = owners.NewReader(js, "")
+	replies, err := b.nc.SubscribeSync("_INBOX.t.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The replicas take what is forwarded (else the server answers the
+	// forwarded request's reply subject with "no responders").
+	forwarded, err := b.nc.SubscribeSync(b.subj.Replica(">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint's goroutine, as micro runs it: one message at a time.
+	deliver := func(reply string, h nats.Header) {
+		b.dispatch("llm.gw.default", reply, h, []byte(`{"model":"chat-large"}`))
+	}
+	storedHeaders := func() nats.Header {
+		h := gatewayHeaders()
+		h.Set(subjects.HdrEndpoint, subjects.EndpointResponses)
+		h.Set(subjects.HdrPreviousResponse, "resp_0123456789abcdef")
+		return h
+	}
+
+	deliver("_INBOX.t.stored", storedHeaders())
+	if _, err := stalled.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("the owners read never reached JetStream: %v", err)
+	}
+	deliver("_INBOX.t.plain", gatewayHeaders())
+	m, err := replies.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "_INBOX.t.plain" || m.Header.Get(subjects.HdrRouted) == "" {
+		t.Fatalf("first answer %s %v %s: the plain request waited behind the owners read", m.Subject, m.Header, m.Data)
+	}
+	if m, err := forwarded.NextMsg(5 * time.Second); err != nil || m.Reply != "_INBOX.t.plain" {
+		t.Fatalf("the plain request was not forwarded: %v", err)
+	}
+
+	// Fill the lookups: the one past the bound is refused at once.
+	for i := 1; i < MaxOwnerLookups; i++ {
+		deliver("_INBOX.t.stored-"+strconv.Itoa(i), storedHeaders())
+	}
+	deliver("_INBOX.t.over", storedHeaders())
+	m, err = replies.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "_INBOX.t.over" || m.Header.Get(subjects.HdrStatus) != "503" || m.Header.Get("Retry-After") == "" {
+		t.Fatalf("past the bound: %s %v %s, want 503 with Retry-After to _INBOX.t.over", m.Subject, m.Header, m.Data)
+	}
+
+	// Every waiting request is answered when its read times out.
+	answered := map[string]bool{}
+	for len(answered) < MaxOwnerLookups {
+		m, err := replies.NextMsg(2 * ownerTimeout)
+		if err != nil {
+			t.Fatalf("%d of %d waiting requests answered: %v", len(answered), MaxOwnerLookups, err)
+		}
+		if m.Header.Get(subjects.HdrStatus) != "503" || answered[m.Subject] {
+			t.Fatalf("%s: %v %s", m.Subject, m.Header, m.Data)
+		}
+		answered[m.Subject] = true
+	}
+	b.lookupsRunning.Wait()
+	if len(b.lookups) != 0 {
+		t.Errorf("%d lookup tokens held after every lookup ended", len(b.lookups))
+	}
+}
+
+func TestNamesStored(t *testing.T) {
+	b := newTestBroker(t, 1, time.Unix(1_800_000_000, 0))
+	for _, c := range []struct {
+		name    string
+		subject string
+		h       nats.Header
+		body    string
+		want    bool
+	}{
+		{"a gateway's chat", "llm.gw.default", gatewayHeaders(), `{"previous_response_id":"x"}`, false},
+		{"a gateway's next turn", "llm.gw.default", nats.Header{subjects.HdrPreviousResponse: {"resp_1"}}, `{}`, true},
+		{"a GET of a stored response", "llm.gw.default", nats.Header{subjects.HdrMethod: {"GET"}}, ``, true},
+		{"a direct client's next turn", "llm.route.default", nats.Header{}, `{"input":"hi","previous_response_id":"resp_1"}`, true},
+		{"a direct client's chat", "llm.route.default", nats.Header{}, `{"messages":[]}`, false},
+	} {
+		if got := b.namesStored(c.subject, c.h, []byte(c.body)); got != c.want {
+			t.Errorf("%s: namesStored = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
