@@ -1,13 +1,17 @@
 package natstest
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn"
 )
 
@@ -47,6 +51,22 @@ func ClusterSecured(t testing.TB, n int, cfg auth.Config) (*JSCluster, *Secured)
 		}
 	})
 	sec.URL = c.URL()
+	// The meta leader takes up an account's JetStream when it first hears
+	// of the account, which may be after it was elected: until then a
+	// stream or bucket created in it fails "JetStream not enabled for
+	// account". Ask the leader, as the operator, until it answers.
+	nc := sec.Connect(t, auth.Role{Kind: auth.RoleOperator})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, clusterReadyTimeout, 25*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err
+	})
+	nc.Close()
 	return c, sec
 }
 
