@@ -21,6 +21,7 @@ type dispatcher struct {
 // hand-off, so a slow HTTP client fails its own stream and never stalls the
 // subscription that every other request shares.
 type call struct {
+	reply    string // the attempt's reply subject
 	ch       chan *nats.Msg
 	overflow chan struct{}
 	once     sync.Once

@@ -328,6 +328,69 @@ func TestSilencePastTheIdleTimeoutFailsExplicitly(t *testing.T) {
 	t.Logf("slow answer with keepalives took %v against an idle timeout of %v", s.took.Round(time.Millisecond), idle)
 }
 
+// TestSilentGoneReplicaFailsAtTheProbe: a reply silent for ProbeAfter is
+// probed on its replica's cancel subject. An adapter that died leaves
+// nothing subscribed there, NATS answers no-responders, and the answer
+// fails then (502 upstream_error, or an SSE error event), long before the
+// idle timeout; a live adapter, subscribed, is probed and left alone.
+func TestSilentGoneReplicaFailsAtTheProbe(t *testing.T) {
+	const probe = 50 * time.Millisecond
+	release := make(chan struct{})
+	u := newUpstream(t, gateway.Config{IdleTimeout: time.Minute, ProbeAfter: probe}, func(r *reply, attempt int) {
+		switch attempt {
+		case 1: // accepted, then gone before the head
+			r.accept("r-gone")
+		case 2: // gone mid-stream
+			r.accept("r-gone")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+		case 3: // alive (its cancel subject taken) and silent for 6 probes
+			r.accept("r-live")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+			time.Sleep(6 * probe)
+			r.send(nil, "data: [DONE]\n\n")
+			r.end("")
+		}
+		<-release
+	})
+	t.Cleanup(func() { close(release) })
+	probes := make(chan *nats.Msg, 64)
+	sub, err := u.nc.ChanSubscribe("llm.replica.r-live.cancel", probes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := u.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Were the probe not answered, the idle timeout (a minute) would
+	// answer 504 upstream_timeout: the code tells the two apart.
+	if s := u.post(false); s.status != 502 || s.code != subjects.CodeUpstreamError {
+		t.Errorf("gone replica, non-streamed: %d %s after %v; want 502 upstream_error", s.status, s.code, s.took)
+	}
+	s := u.post(true)
+	if s.status != 200 || sseError(s.body) != subjects.CodeUpstreamError || !strings.Contains(s.body, "is gone") {
+		t.Errorf("gone replica mid-stream: %d %q after %v; want an SSE error event saying it is gone", s.status, s.body, s.took)
+	}
+	s = u.post(true)
+	if s.status != 200 || sseError(s.body) != "" || !strings.Contains(s.body, "[DONE]") {
+		t.Errorf("live replica silent for 6 probes: %d %q; want the whole stream", s.status, s.body)
+	}
+	if len(probes) == 0 {
+		t.Error("the live replica was never probed")
+	}
+	for len(probes) > 0 {
+		if m := <-probes; m.Header.Get(subjects.HdrRequestID) != "" || m.Reply == "" {
+			t.Errorf("a probe must name no request and carry a reply subject: %v reply %q", m.Header, m.Reply)
+		}
+	}
+	if got := u.counter("switchyard_gateway_stream_errors_total", map[string]string{"cause": "replica_gone"}); got != 2 {
+		t.Errorf("stream_errors_total{cause=replica_gone} = %v, want 2", got)
+	}
+}
+
 func TestEngineFailureMidStreamIsAnSSEErrorEvent(t *testing.T) {
 	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
 		r.accept("r-0")

@@ -80,6 +80,12 @@ type Config struct {
 	AcceptTimeout time.Duration
 	// IdleTimeout fails a reply silent for this long (default 60s; keepalives reset it).
 	IdleTimeout time.Duration
+	// ProbeAfter is the silence after which the gateway asks NATS whether
+	// the replica's adapter is still there, and again after as long while
+	// the silence lasts: a gone adapter fails the answer then (continued
+	// elsewhere when it can be), not at IdleTimeout. Default two keepalive
+	// periods (10s); negative: never. Only a value below IdleTimeout probes.
+	ProbeAfter time.Duration
 	// DefaultTimeout bounds a request without X-Request-Timeout (default 10m).
 	DefaultTimeout time.Duration
 	// MaxRetries per request (default 2, -1: none) under a budget of
@@ -160,6 +166,7 @@ func (c *Config) Validate() error {
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
 		check.Duration("idle-timeout", c.IdleTimeout, 0, time.Hour),
+		check.Duration("probe-after", c.ProbeAfter, math.MinInt64, time.Hour),
 		check.Duration("default-timeout", c.DefaultTimeout, 0, 24*time.Hour),
 		check.Range("max-retries", c.MaxRetries, -1, MaxRetriesCeiling),
 		check.Range("retry-budget", c.RetryBudget, 0, 1),
@@ -232,6 +239,9 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 60 * time.Second
+	}
+	if cfg.ProbeAfter == 0 {
+		cfg.ProbeAfter = 2 * subjects.KeepaliveEvery * time.Second
 	}
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = 10 * time.Minute

@@ -139,7 +139,8 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		body = out.cont
 		out.continuationHeaders(h)
 	}
-	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: body}
+	c.reply = g.replyPfx + id
+	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: c.reply, Header: h, Data: body}
 	if err := g.nc.PublishMsg(msg); err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
@@ -239,14 +240,29 @@ type leg struct {
 	out     *response
 	c       *call
 	timer   *time.Timer // the idle timer: every message and keepalive resets it
+	probe   *time.Timer // the silence probe (nil when off): reset with timer
 	replica string
 	next    int // the Llm-Seq expected next
 }
 
 // relay relays the reply until it ends or fails; first, if not nil, is the
 // head that carried the accept.
+//
+// An adapter sends a keepalive every subjects.KeepaliveEvery while its
+// engine is silent, so a reply silent for ProbeAfter is suspect: the leg
+// publishes, with its own reply subject, an empty cancel on the replica's
+// cancel subject, which a live adapter takes and ignores. When nothing
+// subscribes there any more (the adapter died, or lost NATS), the server
+// answers "no responders" at once, and the answer fails as gone then,
+// not at the idle timeout.
 func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
 	l.timer.Reset(l.g.cfg.IdleTimeout)
+	var probe <-chan time.Time
+	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {
+		l.probe = time.NewTimer(p)
+		defer l.probe.Stop()
+		probe = l.probe.C
+	}
 	if first != nil {
 		if r, over := l.onMsg(first); over {
 			return r
@@ -264,11 +280,22 @@ func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
 			return l.fail(failOverflow, subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
 		case <-l.timer.C:
 			return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
+		case <-probe:
+			l.g.probe(l.replica, l.c.reply)
+			l.probe.Reset(l.g.cfg.ProbeAfter)
 		case m := <-l.c.ch:
 			if r, over := l.onMsg(m); over {
 				return r
 			}
 		}
+	}
+}
+
+// heard restarts the silence timers: the replica is alive.
+func (l *leg) heard() {
+	l.timer.Reset(l.g.cfg.IdleTimeout)
+	if l.probe != nil {
+		l.probe.Reset(l.g.cfg.ProbeAfter)
 	}
 }
 
@@ -280,15 +307,21 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	}
 	if m.Header.Get(subjects.HdrKeepalive) != "" {
 		// A keepalive repeats the last seq sent: slow, not dead.
-		l.timer.Reset(l.g.cfg.IdleTimeout)
+		l.heard()
 		return r, false
+	}
+	if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
+		// NATS no-responders to the silence probe: nothing listens on the
+		// replica's subjects any more.
+		return l.fail(failGone, subjects.NewError(502, subjects.CodeUpstreamError,
+			"replica "+l.replica+" went silent and is gone (nothing listens on its subjects)")), true
 	}
 	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
 	if err != nil || seq != l.next {
 		return l.fail(failSequenceGap, subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+l.replica+" lost a message (sequence gap)")), true
 	}
 	l.next++
-	l.timer.Reset(l.g.cfg.IdleTimeout)
+	l.heard()
 	eos := m.Header.Get(subjects.HdrEOS) != ""
 	if eos && m.Header.Get(subjects.HdrHandover) != "" {
 		// Handed back, with or without a head before it.
@@ -345,6 +378,14 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 // fail is the result of a failure after the accept.
 func (l *leg) fail(kind failure, e *subjects.APIError) result {
 	return result{kind: kind, err: e, replica: l.replica, accepted: true}
+}
+
+// probe asks NATS whether anything still listens on replica's cancel
+// subject: an empty cancel (no request id) with the attempt's reply
+// subject, which a live adapter ignores, and to which the server answers
+// no-responders when the adapter is gone (relay).
+func (g *Gateway) probe(replica, reply string) {
+	_ = g.nc.PublishMsg(&nats.Msg{Subject: g.subj.ReplicaCancel(replica), Reply: reply})
 }
 
 // cancelUpstream tells the adapter to stop the engine call.

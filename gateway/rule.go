@@ -20,6 +20,7 @@ const (
 	failRefused                      // a replica or its engine turned the request away (429/503)
 	failSequenceGap                  // a reply message was lost
 	failSilence                      // the replica went silent past the idle timeout
+	failGone                         // the replica went silent and nothing listens on its subjects
 	failEngine                       // the engine failed mid-response (Llm-Error on the end)
 	failLost                         // the NATS connection dropped with the request in flight
 	failOverflow                     // the client read too slowly; its mailbox overflowed
@@ -34,7 +35,7 @@ const (
 // on another replica: the replica failed, not the client or NATS.
 func (f failure) resumable() bool {
 	switch f {
-	case failSequenceGap, failSilence, failEngine, failHandover:
+	case failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		return true
 	}
 	return false
@@ -48,6 +49,8 @@ func (f failure) cause() string {
 		return "sequence_gap"
 	case failSilence:
 		return "idle_timeout"
+	case failGone:
+		return "replica_gone"
 	case failEngine:
 		return "engine"
 	case failLost:
@@ -138,7 +141,7 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	case failAcceptTimeout:
 		g.metrics.acceptTimeouts.Inc()
 		u.exclude = append(u.exclude, r.replica)
-	case failRefused, failSequenceGap, failSilence, failEngine, failHandover:
+	case failRefused, failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
 		}
