@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -19,9 +20,10 @@ import (
 // part is one component running under its own context, so a test can stop
 // it alone (an adapter's SIGTERM, a broker's restart) while the rest runs.
 type part struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	nc     *nats.Conn
+	cancel  context.CancelFunc
+	done    chan struct{}
+	nc      *nats.Conn
+	crashed atomic.Bool // stopped as by SIGKILL: its errors are expected
 	// replica and engineURL let a stopped adapter start again.
 	replica   Replica
 	engineURL string
@@ -33,7 +35,7 @@ func (s *Stack) startPart(what string, run func(context.Context) error, nc *nats
 	p := &part{cancel: cancel, done: make(chan struct{}), nc: nc}
 	s.wg.Go(func() {
 		defer close(p.done)
-		if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) && !p.crashed.Load() {
 			s.log.Error("stopped with an error", "part", what, "err", err)
 			s.errMu.Lock()
 			s.errs = append(s.errs, fmt.Errorf("%s: %w", what, err))
@@ -114,6 +116,25 @@ func (s *Stack) StopReplica(id string) error {
 		return fmt.Errorf("devstack: no replica %q", id)
 	}
 	p.stop()
+	return nil
+}
+
+// CrashReplica stops a replica's adapter as SIGKILL would: its NATS
+// connection closes at once, so its subscriptions go and nothing more of it
+// reaches NATS (no drain, no end of the replies in flight, no
+// deregistration), and the adapter is then stopped. The engine keeps
+// running; StartReplica starts the adapter again.
+func (s *Stack) CrashReplica(id string) error {
+	s.partsMu.Lock()
+	p := s.adapters[id]
+	s.partsMu.Unlock()
+	if p == nil {
+		return fmt.Errorf("devstack: no replica %q", id)
+	}
+	p.crashed.Store(true)
+	p.nc.Close()
+	p.cancel()
+	<-p.done
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -234,6 +235,41 @@ func TestEngineDeathMidAnswerResumesElsewhere(t *testing.T) {
 			t.Fatalf("logprobs: done %v, error %q; want the explicit upstream_error", got.done, got.errCode)
 		}
 	})
+}
+
+// TestAdapterCrashMidAnswerResumesElsewhere: an adapter that dies as on
+// SIGKILL (its NATS connection gone with it, its reply never ended) leaves
+// the stream silent; the gateway's probe of the silent reply finds nothing
+// on the replica's subjects, and the answer continues on the other replica,
+// whole. The idle timeout (a minute) would continue it too, later: the
+// failure's cause tells the two apart.
+func TestAdapterCrashMidAnswerResumesElsewhere(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DeterministicText: true,
+		Gateway: gateway.Config{ProbeAfter: 200 * time.Millisecond}})
+	url := st.GatewayURL()
+	body := strings.Replace(resumeBody(true, ""), `,"stream_options":null`, `,"stream_options":{"include_usage":true}`, 1)
+	want := askChat(t, url, body, 0, nil)
+	if !want.done || want.completed != 500 {
+		t.Fatalf("uninterrupted reading: done %v, %d tokens", want.done, want.completed)
+	}
+	got := askChat(t, url, body, 100, func() {
+		for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
+			if st.Engine(id).InFlight() > 0 {
+				if err := st.CrashReplica(id); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+		}
+		t.Error("no engine works on the reading")
+	})
+	whole(t, "stream", got, want)
+	if n := metric(st, "switchyard_gateway_stream_errors_total", map[string]string{"cause": "replica_gone"}); n != 1 {
+		t.Errorf("stream errors with cause replica_gone: %v, want 1 (found by the probe, not the idle timeout)", n)
+	}
+	if n := metric(st, "switchyard_gateway_resumes_total", map[string]string{"outcome": "completed"}); n != 1 {
+		t.Errorf("resumes completed: %v, want 1", n)
+	}
 }
 
 // TestDrainHandsStreamsOver stops an adapter (as on SIGTERM) with a 300 ms
