@@ -313,8 +313,7 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 		// NATS no-responders to the silence probe: nothing listens on the
 		// replica's subjects any more.
-		return l.fail(failGone, subjects.NewError(502, subjects.CodeUpstreamError,
-			"replica "+l.replica+" went silent and is gone (nothing listens on its subjects)")), true
+		return l.fail(failGone, errGone(l.replica)), true
 	}
 	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
 	if err != nil || seq != l.next {

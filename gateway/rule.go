@@ -182,6 +182,11 @@ func errLost() *subjects.APIError {
 	return e
 }
 
+// errGone is the error of a replica where nothing listens any more.
+func errGone(replica string) *subjects.APIError {
+	return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" is gone (nothing listens on its subjects)")
+}
+
 func errDeadline(msg string) *subjects.APIError {
 	return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, msg)
 }
