@@ -44,7 +44,8 @@ func answers200(t *testing.T, url, after string) func() error {
 }
 
 // TestFaultControlsAndClose drives every control a fault test uses (engine
-// kill and restart, adapter and broker stop and start, NATS stop and start)
+// kill and restart, adapter stop, crash and start, broker stop and start,
+// NATS stop and start)
 // and checks the stack still serves after each and stops cleanly.
 func TestFaultControlsAndClose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,6 +102,17 @@ func TestFaultControlsAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the adapter's restart"))
+
+	if err := st.CrashReplica("l8-gen-0"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := chat(t, url); code == 200 {
+		t.Error("served with its only adapter crashed")
+	}
+	if err := st.StartReplica("l8-gen-0"); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, answers200(t, url, "the adapter's crash and restart"))
 
 	st.StopBroker(0)
 	if err := st.StartBroker(0); err != nil {
