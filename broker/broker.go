@@ -78,10 +78,12 @@ type Broker struct {
 	health  health
 	heard   heard
 	handled atomic.Uint64 // route messages handled, watched by stop
-	// lookups holds a token per request routed on a goroutine of its own
-	// (route.go, lookUp); stop waits for lookupsRunning.
+	// lookups holds a token per request finished on a goroutine of its own
+	// (route.go, lookUp); stop sets stopping and waits for lookupsRunning.
 	lookups        chan struct{}
 	lookupsRunning sync.WaitGroup
+	lookMu         sync.Mutex // guards stopping, and lookupsRunning.Add against Wait
+	stopping       bool
 	logged         sync.Map // refused-message kinds already logged
 }
 
@@ -265,7 +267,10 @@ const drainWait = 2 * time.Second
 // been idle for a poll interval, at most drainWait, and for the requests
 // still reading their stored response's owner (at most ownerTimeout).
 func (b *Broker) stop(svc micro.Service) {
-	defer b.lookupsRunning.Wait()
+	defer func() {
+		b.endLookups()
+		b.log.Info("broker stopped", "routed", b.handled.Load())
+	}()
 	if err := svc.Stop(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		b.log.Warn("stopping micro service", "err", err)
 	}
@@ -282,7 +287,6 @@ func (b *Broker) stop(svc micro.Service) {
 		}
 		last = n
 	}
-	b.log.Info("broker stopped", "routed", last)
 }
 
 func (b *Broker) setTable(s *table.Snapshot) {

@@ -148,7 +148,7 @@ func FuzzMessages(f *testing.F) {
 			start := time.Now()
 			switch kind % 4 {
 			case 0:
-				b.routeMsg("llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
+				b.dispatch("llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
 			case 1:
 				b.onHeartbeat(msg)
 			case 2:

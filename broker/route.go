@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strconv"
@@ -32,6 +31,11 @@ type scratch struct {
 	values   []string      // backs the header values setHeader adds; new per request
 	rev      uint64        // the table revision revText spells
 	revText  string
+	// inline: handle runs on the endpoint's goroutine, where a stored
+	// response's owner is not read; deferred: handle stopped for that
+	// read, which routeDeferred does on a goroutine of its own, from start.
+	inline, deferred bool
+	start            time.Time
 }
 
 func newScratch() *scratch {
@@ -48,71 +52,27 @@ func (s *scratch) reset() {
 	s.prompt = s.prompt[:0]
 	s.body = nil
 	s.values = nil // the last request's header map may still hold them
+	s.deferred = false
 }
 
 // route is the per-message hot path: headers in, one publish out. It runs
 // on the endpoint's one goroutine, so a request that must first read its
-// stored response's owner from the owners bucket goes to a goroutine of its
-// own (lookUp): a slow read (a JetStream leader election) holds up that
-// request only, not every request behind it.
+// stored response's owner from the owners bucket goes on to a goroutine of
+// its own (lookUp) once handle finds that out: a slow read (a JetStream
+// leader election) holds up that request only, not every request behind
+// it.
 func (b *Broker) route(r micro.Request) {
 	b.dispatch(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
 }
 
+// dispatch handles one message where it arrives.
 func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
-	if b.namesStored(subject, h, data) {
-		b.lookUp(subject, reply, h, data)
-		return
-	}
-	b.routeMsg(subject, reply, h, data)
-}
-
-// namesStored reports whether a request may name a stored response: a GET
-// or DELETE of one, a gateway's Llm-Previous-Response, or a direct client's
-// body that mentions previous_response_id (read only when routed; a false
-// positive just runs on a lookup goroutine).
-func (b *Broker) namesStored(subject string, h nats.Header, data []byte) bool {
-	if h.Get(subjects.HdrMethod) != "" || h.Get(subjects.HdrPreviousResponse) != "" {
-		return true
-	}
-	return strings.HasPrefix(subject, b.direct) && bytes.Contains(data, []byte(`"previous_response_id"`))
-}
-
-// MaxOwnerLookups bounds the requests waiting on the owners bucket at once
-// (each holds its body, up to 8 MiB): past it a request naming a stored
-// response is answered 503 with Retry-After, never queued.
-const MaxOwnerLookups = 64
-
-// lookUp routes one request on a goroutine of its own, counted in
-// b.lookups and waited for by stop.
-func (b *Broker) lookUp(subject, reply string, h nats.Header, data []byte) {
-	select {
-	case b.lookups <- struct{}{}:
-	default:
-		defer b.handled.Add(1)
-		e := subjects.NewError(503, subjects.CodeRouterUnavailable,
-			"this broker is reading the owners of "+strconv.Itoa(MaxOwnerLookups)+" stored responses already; try again")
-		e.RetryAfter = time.Second
-		b.metrics.rejected(e.Code)
-		if reply == "" || !b.subj.InReplySpace(reply) {
-			return // routeMsg would refuse it; nothing to tell
-		}
-		var msg nats.Msg
-		b.reject(&msg, reply, e)
-		_ = b.nc.PublishMsg(&msg)
-		return
-	}
-	b.lookupsRunning.Go(func() {
-		defer func() { <-b.lookups }()
-		b.routeMsg(subject, reply, h, data)
-	})
-}
-
-func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
+	b.routeMsg(subject, reply, h, data, true)
+}
+
+func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte, inline bool) {
 	s := b.scratch.Get().(*scratch)
-	defer b.release(s)
-	var msg nats.Msg
 	if reply != "" && !b.subj.InReplySpace(reply) {
 		// The routed notice and a rejection are published to the reply
 		// subject: one outside the reply space (a JetStream API subject,
@@ -120,9 +80,26 @@ func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 		// are the second line: a response allowance passes where a deny
 		// matches.
 		b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+		b.release(s)
 		return
 	}
+	if h == nil {
+		h = nats.Header{}
+	}
+	var msg nats.Msg
+	s.inline = inline
 	forward := b.handle(s, subject, reply, h, data, &msg)
+	if s.deferred {
+		b.lookUp(s, subject, reply, h, data) // s goes with it
+		return
+	}
+	b.send(s, reply, forward, &msg)
+	b.release(s)
+}
+
+// send publishes what handle decided: the routed notice and the request
+// for the replica, or the rejection.
+func (b *Broker) send(s *scratch, reply string, forward bool, msg *nats.Msg) {
 	if msg.Subject == "" {
 		return
 	}
@@ -136,16 +113,85 @@ func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 		s.routed[subjects.HdrRouted][0] = msg.Header.Get(subjects.HdrRouteReplica)
 		_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
 	}
-	if err := b.nc.PublishMsg(&msg); err != nil && forward && reply != "" {
-		b.reject(&msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
-		_ = b.nc.PublishMsg(&msg)
+	if err := b.nc.PublishMsg(msg); err != nil && forward && reply != "" {
+		b.reject(msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+		_ = b.nc.PublishMsg(msg)
 	}
+}
+
+// MaxOwnerLookups bounds the requests reading their stored response's
+// owner at once (each holds its body, up to 8 MiB): past it such a request
+// is answered 503 with Retry-After, never queued.
+const MaxOwnerLookups = 64
+
+// lookUp finishes a request handle deferred for its owner read on a
+// goroutine of its own, counted in b.lookups. Once the broker is stopping
+// it finishes here instead, so no lookup goroutine outlives stop.
+func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data []byte) {
+	b.lookMu.Lock()
+	if b.stopping {
+		b.lookMu.Unlock()
+		b.routeDeferred(s, subject, reply, h, data)
+		return
+	}
+	select {
+	case b.lookups <- struct{}{}:
+	default:
+		b.lookMu.Unlock()
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable,
+			"this broker is reading the owners of "+strconv.Itoa(MaxOwnerLookups)+" stored responses already; try again")
+		e.RetryAfter = time.Second
+		b.metrics.rejected(e.Code)
+		var msg nats.Msg
+		b.reject(&msg, reply, e)
+		b.send(s, reply, false, &msg)
+		b.release(s)
+		return
+	}
+	b.lookupsRunning.Add(1)
+	b.lookMu.Unlock()
+	go func() {
+		defer b.lookupsRunning.Done()
+		defer func() { <-b.lookups }()
+		b.routeDeferred(s, subject, reply, h, data)
+	}()
+}
+
+// routeDeferred reads the owner handle deferred and finishes the request:
+// a GET or DELETE of a stored response is handled again from the start
+// (nothing was changed before the read); a turn continuing one is pinned
+// and decided from where handle stopped.
+func (b *Broker) routeDeferred(s *scratch, subject, reply string, h nats.Header, data []byte) {
+	defer b.release(s)
+	s.inline, s.deferred = false, false
+	var msg nats.Msg
+	forward := false
+	tenant := subjects.TenantFromRoute(subject)
+	if h.Get(subjects.HdrMethod) != "" {
+		forward = b.handleStored(s, tenant, reply, h, &msg)
+	} else if e := b.pin(s, tenant, h); e != nil {
+		b.reject(&msg, reply, e)
+		b.metrics.rejected(e.Code)
+	} else {
+		forward = b.decide(s, tenant, reply, h, data, &msg, s.start)
+	}
+	b.send(s, reply, forward, &msg)
+}
+
+// endLookups makes every later lookup finish where it arrives and waits
+// for the ones running: after it, no lookup goroutine is left.
+func (b *Broker) endLookups() {
+	b.lookMu.Lock()
+	b.stopping = true
+	b.lookMu.Unlock()
+	b.lookupsRunning.Wait()
 }
 
 // release returns s to the pool without the request's body (up to 8 MiB)
 // or an unusually large rendered prompt.
 func (b *Broker) release(s *scratch) {
 	s.body = nil
+	s.inline = false
 	if cap(s.prompt) > 64<<10 {
 		s.prompt = nil
 	}
@@ -157,7 +203,8 @@ func (b *Broker) release(s *scratch) {
 // subject kept), or a rejection for the reply subject; forward says which.
 // It does no I/O, so its cost is the broker's own per-request CPU, except
 // for a request that names a stored response: its owner is read from the
-// owners bucket.
+// owners bucket, or, when s.inline, handle stops before the read with
+// s.deferred set and msg empty, for routeDeferred to go on.
 func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
 	start := b.cfg.Now()
 	if h == nil {
@@ -174,6 +221,15 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 		b.metrics.rejected(apiErr.Code)
 		return false
 	}
+	if s.deferred {
+		s.start = start
+		return false
+	}
+	return b.decide(s, tenant, reply, h, data, msg, start)
+}
+
+// decide decides a request fillRequest read and fills msg, as handle.
+func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []byte, msg *nats.Msg, start time.Time) (forward bool) {
 	b.router.Decide(&s.req, start, b.rng, &s.d)
 	d := &s.d
 	d.Duration = b.cfg.Now().Sub(start)

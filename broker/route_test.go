@@ -32,6 +32,7 @@ func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(b.endLookups) // as stop does: no lookup goroutine outlives the test
 	flat := examples.Flat()
 	snap, errs := table.FromFlat(flat)
 	if len(errs) > 0 {
@@ -255,12 +256,12 @@ func TestRouteEndpointsRunAtOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for range each {
-			b.routeMsg("llm.gw.default", "_INBOX.gw.1", gatewayHeaders(), []byte(`{"model":"chat-large"}`))
+			b.dispatch("llm.gw.default", "_INBOX.gw.1", gatewayHeaders(), []byte(`{"model":"chat-large"}`))
 		}
 	})
 	wg.Go(func() {
 		for range each {
-			b.routeMsg("llm.route.default", "_INBOX.direct.1", nats.Header{},
+			b.dispatch("llm.route.default", "_INBOX.direct.1", nats.Header{},
 				[]byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`))
 		}
 	})

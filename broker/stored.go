@@ -19,13 +19,19 @@ import (
 const ownerTimeout = 2 * time.Second
 
 // owner reads which replica holds stored response id for tenant. Another
-// tenant's response is as unknown as a missing one.
-func (b *Broker) owner(tenant, id string) (owners.Record, *subjects.APIError) {
+// tenant's response is as unknown as a missing one. On the endpoint's
+// goroutine (s.inline) it reads nothing: it sets s.deferred and returns
+// no error, and the caller stops for routeDeferred.
+func (b *Broker) owner(s *scratch, tenant, id string) (owners.Record, *subjects.APIError) {
 	if !features.ValidResponseID(id) {
 		return owners.Record{}, subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrPreviousResponse+" must be a response id")
 	}
 	if b.owners == nil {
 		return owners.Record{}, errUnknownResponse(id)
+	}
+	if s.inline {
+		s.deferred = true
+		return owners.Record{}, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
 	defer cancel()
@@ -50,8 +56,8 @@ func (b *Broker) pin(s *scratch, tenant string, h nats.Header) *subjects.APIErro
 	if id == "" {
 		return nil
 	}
-	rec, e := b.owner(tenant, id)
-	if e != nil {
+	rec, e := b.owner(s, tenant, id)
+	if e != nil || s.deferred {
 		return e
 	}
 	q.Pin = rec.Replica
@@ -79,7 +85,10 @@ func (b *Broker) handleStored(s *scratch, tenant, reply string, h nats.Header, m
 		return false
 	}
 	id := h.Get(subjects.HdrPreviousResponse)
-	rec, e := b.owner(tenant, id)
+	rec, e := b.owner(s, tenant, id)
+	if s.deferred {
+		return false
+	}
 	if e != nil {
 		fail(e)
 		return false

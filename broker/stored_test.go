@@ -50,9 +50,17 @@ func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
 		return h
 	}
 
+	// Whatever names the stored response: a gateway's header, a GET, or a
+	// direct client's body (keys match as encoding/json matches them, so
+	// in any case and with escapes).
 	deliver("_INBOX.t.stored", storedHeaders())
 	if _, err := stalled.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("the owners read never reached JetStream: %v", err)
+	}
+	b.dispatch("llm.gw.default", "_INBOX.t.get", nats.Header{subjects.HdrMethod: {"GET"}, subjects.HdrPreviousResponse: {"resp_0123456789abcdef"}}, nil)
+	for i, key := range []string{`Previous_Response_ID`, `previous\u005fresponse_id`} {
+		b.dispatch("llm.route.default", "_INBOX.t.direct-"+strconv.Itoa(i), nats.Header{},
+			[]byte(`{"model":"chat-large","input":"hi","`+key+`":"resp_0123456789abcdef"}`))
 	}
 	deliver("_INBOX.t.plain", gatewayHeaders())
 	m, err := replies.NextMsg(5 * time.Second)
@@ -60,14 +68,15 @@ func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if m.Subject != "_INBOX.t.plain" || m.Header.Get(subjects.HdrRouted) == "" {
-		t.Fatalf("first answer %s %v %s: the plain request waited behind the owners read", m.Subject, m.Header, m.Data)
+		t.Fatalf("first answer %s %v %s: the plain request waited behind an owners read", m.Subject, m.Header, m.Data)
 	}
 	if m, err := forwarded.NextMsg(5 * time.Second); err != nil || m.Reply != "_INBOX.t.plain" {
 		t.Fatalf("the plain request was not forwarded: %v", err)
 	}
 
 	// Fill the lookups: the one past the bound is refused at once.
-	for i := 1; i < MaxOwnerLookups; i++ {
+	const waiting = 4 // the stored turn, the GET and the two direct turns
+	for i := waiting; i < MaxOwnerLookups; i++ {
 		deliver("_INBOX.t.stored-"+strconv.Itoa(i), storedHeaders())
 	}
 	deliver("_INBOX.t.over", storedHeaders())
@@ -79,41 +88,28 @@ func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
 		t.Fatalf("past the bound: %s %v %s, want 503 with Retry-After to _INBOX.t.over", m.Subject, m.Header, m.Data)
 	}
 
-	// Every waiting request is answered when its read times out.
+	// Stopping waits for the reads; every waiting request is answered when
+	// its read times out.
+	b.endLookups()
 	answered := map[string]bool{}
 	for len(answered) < MaxOwnerLookups {
-		m, err := replies.NextMsg(2 * ownerTimeout)
+		m, err := replies.NextMsg(time.Second)
 		if err != nil {
-			t.Fatalf("%d of %d waiting requests answered: %v", len(answered), MaxOwnerLookups, err)
+			t.Fatalf("%d of %d waiting requests answered when stopping ended: %v", len(answered), MaxOwnerLookups, err)
 		}
 		if m.Header.Get(subjects.HdrStatus) != "503" || answered[m.Subject] {
 			t.Fatalf("%s: %v %s", m.Subject, m.Header, m.Data)
 		}
 		answered[m.Subject] = true
 	}
-	b.lookupsRunning.Wait()
 	if len(b.lookups) != 0 {
 		t.Errorf("%d lookup tokens held after every lookup ended", len(b.lookups))
 	}
-}
-
-func TestNamesStored(t *testing.T) {
-	b := newTestBroker(t, 1, time.Unix(1_800_000_000, 0))
-	for _, c := range []struct {
-		name    string
-		subject string
-		h       nats.Header
-		body    string
-		want    bool
-	}{
-		{"a gateway's chat", "llm.gw.default", gatewayHeaders(), `{"previous_response_id":"x"}`, false},
-		{"a gateway's next turn", "llm.gw.default", nats.Header{subjects.HdrPreviousResponse: {"resp_1"}}, `{}`, true},
-		{"a GET of a stored response", "llm.gw.default", nats.Header{subjects.HdrMethod: {"GET"}}, ``, true},
-		{"a direct client's next turn", "llm.route.default", nats.Header{}, `{"input":"hi","previous_response_id":"resp_1"}`, true},
-		{"a direct client's chat", "llm.route.default", nats.Header{}, `{"messages":[]}`, false},
-	} {
-		if got := b.namesStored(c.subject, c.h, []byte(c.body)); got != c.want {
-			t.Errorf("%s: namesStored = %v, want %v", c.name, got, c.want)
-		}
+	// Stopping, a request is finished where it arrives: answered by the
+	// time dispatch returns (its read took ownerTimeout; on a goroutine,
+	// the answer would come that long after), with no goroutine left.
+	deliver("_INBOX.t.stopping", storedHeaders())
+	if m, err := replies.NextMsg(ownerTimeout / 2); err != nil || m.Subject != "_INBOX.t.stopping" {
+		t.Fatalf("a request naming a stored response while stopping was not answered by dispatch: %v", err)
 	}
 }
