@@ -212,3 +212,23 @@ func TestRelayStream(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreachableMarkEndsOnlyByWhatBeganAfterIt: an answer (or a scrape)
+// begun before a request failed to connect says nothing of the engine
+// since, and must not end the mark.
+func TestUnreachableMarkEndsOnlyByWhatBeganAfterIt(t *testing.T) {
+	var l loadState
+	if l.clearUnreachable(1) {
+		t.Fatal("ended a mark never set")
+	}
+	l.unreachableAt.Store(100)
+	if l.clearUnreachable(50) || l.clearUnreachable(100) {
+		t.Fatal("an answer begun before the mark ended it")
+	}
+	if !l.clearUnreachable(150) || l.unreachableAt.Load() != 0 {
+		t.Fatal("an answer begun after the mark did not end it")
+	}
+	if l.clearUnreachable(200) {
+		t.Fatal("ended twice")
+	}
+}

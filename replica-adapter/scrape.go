@@ -32,10 +32,26 @@ type loadState struct {
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
 
-	// unreachable: a request could not connect to the engine since the
-	// last good scrape or the engine's last answer. Atomic, so the check
-	// on every request's answer takes no lock.
-	unreachable atomic.Bool
+	// unreachableAt is when a request first failed to connect to the
+	// engine (unix ns; 0: no such mark). A good scrape or an answer of the
+	// engine clears it, if it began after the mark: one begun before says
+	// nothing of the engine since. Atomic, so the check on every request's
+	// answer takes no lock.
+	unreachableAt atomic.Int64
+}
+
+// clearUnreachable ends the mark if it was set before since (unix ns);
+// it reports whether it did.
+func (l *loadState) clearUnreachable(since int64) bool {
+	for {
+		at := l.unreachableAt.Load()
+		if at == 0 || at >= since {
+			return false
+		}
+		if l.unreachableAt.CompareAndSwap(at, 0) {
+			return true
+		}
+	}
 }
 
 func (l *loadState) observeTTFT(d time.Duration) {
@@ -117,7 +133,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 		}
 		return
 	}
-	if l.unreachable.Swap(false) || l.fails >= a.cfg.ScrapeFailLimit {
+	if l.clearUnreachable(began.UnixNano()) || l.fails >= a.cfg.ScrapeFailLimit {
 		a.log.Info("engine scrape recovered")
 	}
 	l.fails = 0
@@ -131,20 +147,21 @@ func (a *Adapter) scrape(ctx context.Context) {
 // The next good scrape, or the engine's next answer to a request, clears
 // it.
 func (a *Adapter) engineUnreachable(err error) {
-	if !a.load.unreachable.Swap(true) {
+	if a.load.unreachableAt.CompareAndSwap(0, time.Now().UnixNano()) {
 		a.log.Warn("engine unreachable, heartbeat says scrape_ok=false", "err", err)
 		a.publishHeartbeat()
 	}
 }
 
 // engineReached ends an engineUnreachable mark when the engine answers a
-// request, whatever the status: it is reachable again. Such a request was
-// routed before its broker saw the mark, as when the engine restarts at
-// once; the heartbeat goes at once, so brokers do not leave the replica
-// out until the next scrape (up to ScrapeEvery) on the strength of a mark
-// already stale. Failing scrapes still count on their own.
-func (a *Adapter) engineReached() {
-	if a.load.unreachable.CompareAndSwap(true, false) {
+// request sent after the mark (sent, unix ns), whatever the status: it is
+// reachable again. Such a request was routed before its broker saw the
+// mark, as when the engine restarts at once; the heartbeat goes at once,
+// so brokers do not leave the replica out until the next scrape (up to
+// ScrapeEvery) on the strength of a mark already stale. Failing scrapes
+// still count on their own.
+func (a *Adapter) engineReached(sent int64) {
+	if a.load.clearUnreachable(sent) {
 		a.log.Info("engine reachable again")
 		a.publishHeartbeat()
 	}
@@ -262,7 +279,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	// Queue wait is approximated as the time to first token above the
 	// fastest one seen: what an unloaded engine needs is not waiting.
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
-	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && !l.unreachable.Load()
+	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
 	l.mu.Unlock()
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the

@@ -12,10 +12,12 @@ import (
 )
 
 // TestUnreachableEngineMarksTheReplicaUnhealthy: a request that cannot
-// connect to the engine is answered 503 (retryable elsewhere) and the next
-// heartbeat, sent at once, says scrape_ok=false, long before the scraper
+// connect to the engine is answered 503 (retryable elsewhere) and a
+// heartbeat saying scrape_ok=false goes at once, long before the scraper
 // would have noticed. When the engine is back, its first answer to a
-// request ends the mark, again without a scrape.
+// request ends the mark, with a heartbeat at once again. Scrapes and
+// periodic heartbeats are an hour apart, so only the heartbeats sent at
+// once can pass: the one sent at start has no engine failure or success.
 func TestUnreachableEngineMarksTheReplicaUnhealthy(t *testing.T) {
 	e := newEnv(t)
 	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
@@ -24,15 +26,10 @@ func TestUnreachableEngineMarksTheReplicaUnhealthy(t *testing.T) {
 	})
 	cfg := e.config()
 	cfg.ScrapeEvery = time.Hour // only the first scrape runs
-	cfg.HeartbeatEvery = 50 * time.Millisecond
+	cfg.HeartbeatEvery = time.Hour
 	nextHB := heartbeats(t, e.nc, "r-1")
 	e.start(cfg)
-	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
-		if !hb.ScrapeOK || hb.State != subjects.StateReady {
-			return fmt.Errorf("state %q scrape_ok %v", hb.State, hb.ScrapeOK)
-		}
-		return nil
-	})
+	e.waitReady("r-1")
 	addr := e.eng.srv.Listener.Addr().String()
 	e.eng.srv.Close() // the engine dies; nothing scrapes it for an hour
 	start := time.Now()
@@ -41,8 +38,8 @@ func TestUnreachableEngineMarksTheReplicaUnhealthy(t *testing.T) {
 		t.Errorf("request to a dead engine answered %s, want 503", st)
 	}
 	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
-		if hb.ScrapeOK {
-			return fmt.Errorf("scrape_ok still true")
+		if hb.ScrapeOK || hb.EngineFailures != 1 {
+			return fmt.Errorf("scrape_ok %v with %d engine failures", hb.ScrapeOK, hb.EngineFailures)
 		}
 		return nil
 	})
@@ -65,8 +62,8 @@ func TestUnreachableEngineMarksTheReplicaUnhealthy(t *testing.T) {
 		t.Fatalf("request to the engine back answered %q, want 200", status)
 	}
 	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
-		if !hb.ScrapeOK {
-			return fmt.Errorf("scrape_ok still false after the engine answered")
+		if !hb.ScrapeOK || hb.EngineSuccesses != 1 {
+			return fmt.Errorf("scrape_ok %v with %d engine successes after the engine answered", hb.ScrapeOK, hb.EngineSuccesses)
 		}
 		return nil
 	})
