@@ -119,11 +119,13 @@ func (s *Stack) StopReplica(id string) error {
 	return nil
 }
 
-// CrashReplica stops a replica's adapter as SIGKILL would: its NATS
-// connection closes at once, so its subscriptions go and nothing more of it
-// reaches NATS (no drain, no end of the replies in flight, no
-// deregistration), and the adapter is then stopped. The engine keeps
-// running; StartReplica starts the adapter again.
+// CrashReplica stops a replica's adapter as SIGKILL would, as NATS sees
+// it: its connection closes at once, so its subscriptions go and nothing
+// more of it reaches NATS (no drain notice, no end of the replies in
+// flight, no deregistration). The adapter is then stopped as on SIGTERM,
+// unheard: its engine calls run on until they end or the drain grace does,
+// and CrashReplica returns after. The engine keeps running; StartReplica
+// starts the adapter again.
 func (s *Stack) CrashReplica(id string) error {
 	s.partsMu.Lock()
 	p := s.adapters[id]

@@ -391,6 +391,23 @@ func TestSilentGoneReplicaFailsAtTheProbe(t *testing.T) {
 	}
 }
 
+// TestNoRespondersWithoutAProbeIsIgnored: a "no responders" status on a
+// reply that was never probed (probing off here) is no answer of NATS to
+// the gateway: whoever sent it, the answer goes on.
+func TestNoRespondersWithoutAProbeIsIgnored(t *testing.T) {
+	u := newUpstream(t, gateway.Config{ProbeAfter: -1}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, "data: {\"i\":0}\n\n")
+		_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: nats.Header{"Status": {"503"}}})
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	if s := u.post(true); s.status != 200 || sseError(s.body) != "" || !strings.Contains(s.body, "[DONE]") {
+		t.Errorf("got %d %q; want the whole stream", s.status, s.body)
+	}
+}
+
 func TestEngineFailureMidStreamIsAnSSEErrorEvent(t *testing.T) {
 	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
 		r.accept("r-0")

@@ -82,9 +82,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// ProbeAfter is the silence after which the gateway asks NATS whether
 	// the replica's adapter is still there, and again after as long while
-	// the silence lasts: a gone adapter fails the answer then (continued
-	// elsewhere when it can be), not at IdleTimeout. Default two keepalive
-	// periods (10s); negative: never. Only a value below IdleTimeout probes.
+	// the silence lasts: an adapter found gone twice in a row, a fifth of
+	// ProbeAfter apart, fails the answer then (continued elsewhere when it
+	// can be), not at IdleTimeout. Default two keepalive periods (10s);
+	// negative: never. Only a value below IdleTimeout probes.
 	ProbeAfter time.Duration
 	// DefaultTimeout bounds a request without X-Request-Timeout (default 10m).
 	DefaultTimeout time.Duration
@@ -224,6 +225,10 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
+// DefaultProbeAfter is two of the adapters' keepalive periods: a reply
+// silent that long has missed a keepalive.
+const DefaultProbeAfter = 2 * subjects.KeepaliveEvery * time.Second
+
 func setDefaults(cfg *Config) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:8080"
@@ -241,7 +246,7 @@ func setDefaults(cfg *Config) {
 		cfg.IdleTimeout = 60 * time.Second
 	}
 	if cfg.ProbeAfter == 0 {
-		cfg.ProbeAfter = 2 * subjects.KeepaliveEvery * time.Second
+		cfg.ProbeAfter = DefaultProbeAfter
 	}
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = 10 * time.Minute

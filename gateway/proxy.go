@@ -241,6 +241,7 @@ type leg struct {
 	c       *call
 	timer   *time.Timer // the idle timer: every message and keepalive resets it
 	probe   *time.Timer // the silence probe (nil when off): reset with timer
+	gone    int         // probes in a row that found nothing on the replica's subjects
 	replica string
 	next    int // the Llm-Seq expected next
 }
@@ -253,8 +254,10 @@ type leg struct {
 // publishes, with its own reply subject, an empty cancel on the replica's
 // cancel subject, which a live adapter takes and ignores. When nothing
 // subscribes there any more (the adapter died, or lost NATS), the server
-// answers "no responders" at once, and the answer fails as gone then,
-// not at the idle timeout.
+// answers the gateway "no responders" at once; a second probe, a fifth of
+// ProbeAfter later, must find nothing too (a reconnecting adapter is back
+// within that), and the answer fails as gone then, not at the idle
+// timeout.
 func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	var probe <-chan time.Time
@@ -297,7 +300,12 @@ func (l *leg) heard() {
 	if l.probe != nil {
 		l.probe.Reset(l.g.cfg.ProbeAfter)
 	}
+	l.gone = 0
 }
+
+// probesToFail is how many probes in a row must find nothing on a silent
+// replica's subjects before its answer fails as gone.
+const probesToFail = 2
 
 // onMsg handles one reply message after the accept; over reports that the
 // attempt ended, and r how.
@@ -312,7 +320,14 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	}
 	if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 		// NATS no-responders to the silence probe: nothing listens on the
-		// replica's subjects any more.
+		// replica's subjects. Without a probe sent, it answers nothing.
+		if l.probe == nil {
+			return r, false
+		}
+		if l.gone++; l.gone < probesToFail {
+			l.probe.Reset(l.g.cfg.ProbeAfter / 5)
+			return r, false
+		}
 		return l.fail(failGone, errGone(l.replica)), true
 	}
 	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))

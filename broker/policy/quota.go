@@ -246,9 +246,9 @@ func (r *Router) Reservations() int {
 // reservation for that id although the tenant has a token quota: another
 // broker's, one already settled, or a forgery. Usage of a tenant without a
 // token quota had nothing reserved and is not a refusal: it reports true
-// and changes nothing. Nothing of u but the request id, the tenant's
-// quota (never more than nothing) and the token counts is believed, and
-// no more than was reserved ever comes back.
+// and changes nothing. Of u only the request id and the token counts are
+// believed, and the tenant only to tell that nothing was owed; no more
+// than was reserved ever comes back.
 func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
