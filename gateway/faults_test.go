@@ -391,6 +391,57 @@ func TestSilentGoneReplicaFailsAtTheProbe(t *testing.T) {
 	}
 }
 
+// TestAProbeMustFindNothingTwiceInARow: a replica is gone only when two
+// probes in a row get "no responders"; one answered so (an adapter
+// reconnecting to another server), or two with a probe that found the
+// adapter between them, leave the answer alone, and so does a "no
+// responders" that answers no probe.
+func TestAProbeMustFindNothingTwiceInARow(t *testing.T) {
+	const probe = 50 * time.Millisecond
+	u := newUpstream(t, gateway.Config{IdleTimeout: time.Minute, ProbeAfter: probe}, func(r *reply, attempt int) {
+		switch attempt {
+		case 1: // r-flap: silent for twelve probe periods
+			r.accept("r-flap")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+			time.Sleep(12 * probe)
+		case 2: // bare "no responders", as many as fail a replica, before any probe
+			r.accept("r-0")
+			r.head(200, "text/event-stream")
+			r.send(nil, "data: {\"i\":0}\n\n")
+			for range 2 { // two in a row fail a replica that was probed
+				_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: nats.Header{"Status": {"503"}}})
+			}
+		}
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	// r-flap's adapter answers its first and fourth probes as NATS would
+	// if it were away, and takes the others.
+	var probes atomic.Int64
+	sub, err := u.nc.Subscribe("llm.replica.r-flap.cancel", func(m *nats.Msg) {
+		if n := probes.Add(1); n == 1 || n == 4 {
+			_ = u.nc.PublishMsg(&nats.Msg{Subject: m.Reply, Header: nats.Header{"Status": {"503"}}})
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := u.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if s := u.post(true); s.status != 200 || sseError(s.body) != "" || !strings.Contains(s.body, "[DONE]") {
+		t.Errorf("replica away for single probes: %d %q after %d probes; want the whole stream", s.status, s.body, probes.Load())
+	}
+	if n := probes.Load(); n < 5 {
+		t.Errorf("%d probes in twelve probe periods; the test needs five", n)
+	}
+	if s := u.post(true); s.status != 200 || sseError(s.body) != "" || !strings.Contains(s.body, "[DONE]") {
+		t.Errorf("a no-responders status that answers no probe: %d %q; want the whole stream", s.status, s.body)
+	}
+}
+
 // TestNoRespondersWithoutAProbeIsIgnored: a "no responders" status on a
 // reply that was never probed (probing off here) is no answer of NATS to
 // the gateway: whoever sent it, the answer goes on.

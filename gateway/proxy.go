@@ -242,6 +242,7 @@ type leg struct {
 	timer   *time.Timer // the idle timer: every message and keepalive resets it
 	probe   *time.Timer // the silence probe (nil when off): reset with timer
 	gone    int         // probes in a row that found nothing on the replica's subjects
+	asked   bool        // a probe went out and no no-responders came for it yet
 	replica string
 	next    int // the Llm-Seq expected next
 }
@@ -284,6 +285,10 @@ func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
 		case <-l.timer.C:
 			return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
 		case <-probe:
+			if l.asked {
+				l.gone = 0 // the last probe found the adapter there
+			}
+			l.asked = true
 			l.g.probe(l.replica, l.c.reply)
 			l.probe.Reset(l.g.cfg.ProbeAfter)
 		case m := <-l.c.ch:
@@ -300,7 +305,7 @@ func (l *leg) heard() {
 	if l.probe != nil {
 		l.probe.Reset(l.g.cfg.ProbeAfter)
 	}
-	l.gone = 0
+	l.gone, l.asked = 0, false
 }
 
 // probesToFail is how many probes in a row must find nothing on a silent
@@ -320,10 +325,11 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 	}
 	if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 		// NATS no-responders to the silence probe: nothing listens on the
-		// replica's subjects. Without a probe sent, it answers nothing.
-		if l.probe == nil {
+		// replica's subjects. One that answers no probe says nothing.
+		if !l.asked {
 			return r, false
 		}
+		l.asked = false
 		if l.gone++; l.gone < probesToFail {
 			l.probe.Reset(l.g.cfg.ProbeAfter / 5)
 			return r, false
