@@ -181,6 +181,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		early:   map[string]time.Time{},
 		limits:  configuredLimits(&cfg),
 	}
+	a.load.epoch = time.Now()
 	if a.client == nil {
 		a.ownHTTP = engineTransport()
 		a.client = &http.Client{Transport: a.ownHTTP}

@@ -113,7 +113,7 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 // success to relay; a failure to call, or an engine error status, is
 // answered on st here and nil returned.
 func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req *http.Request) *http.Response {
-	sent := time.Now().UnixNano()
+	sent := a.load.clock()
 	resp, err := a.client.Do(req)
 	if err != nil {
 		a.metrics.requests.WithLabelValues("error").Inc()

@@ -214,8 +214,8 @@ func TestRelayStream(t *testing.T) {
 }
 
 // TestUnreachableMarkEndsOnlyByWhatBeganAfterIt: an answer (or a scrape)
-// begun before a request failed to connect says nothing of the engine
-// since, and must not end the mark.
+// begun before a request failed to connect (the last one, when several
+// did) says nothing of the engine since, and must not end the mark.
 func TestUnreachableMarkEndsOnlyByWhatBeganAfterIt(t *testing.T) {
 	var l loadState
 	if l.clearUnreachable(1) {
@@ -230,5 +230,13 @@ func TestUnreachableMarkEndsOnlyByWhatBeganAfterIt(t *testing.T) {
 	}
 	if l.clearUnreachable(200) {
 		t.Fatal("ended twice")
+	}
+	// A later failure moves the mark on: an answer sent between the two
+	// failures does not end it.
+	if !l.markUnreachable(300) || l.markUnreachable(400) || l.markUnreachable(350) || l.unreachableAt.Load() != 400 {
+		t.Fatalf("mark at %d, want 400, new only the first time", l.unreachableAt.Load())
+	}
+	if l.clearUnreachable(380) || !l.clearUnreachable(450) {
+		t.Fatal("the mark did not follow the last failure")
 	}
 }

@@ -32,15 +32,34 @@ type loadState struct {
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
 
-	// unreachableAt is when a request first failed to connect to the
-	// engine (unix ns; 0: no such mark). A good scrape or an answer of the
+	// unreachableAt is when a request last failed to connect to the
+	// engine (l.clock; 0: no such mark). A good scrape or an answer of the
 	// engine clears it, if it began after the mark: one begun before says
 	// nothing of the engine since. Atomic, so the check on every request's
 	// answer takes no lock.
 	unreachableAt atomic.Int64
+	epoch         time.Time // l.clock's zero, set by New
 }
 
-// clearUnreachable ends the mark if it was set before since (unix ns);
+// clock is monotonic nanoseconds since the adapter was made, never 0: a
+// step of the wall clock cannot make a mark look newer than it is.
+func (l *loadState) clock() int64 { return int64(time.Since(l.epoch)) + 1 }
+
+// markUnreachable moves the mark to at, if later; it reports whether the
+// mark is new (there was none).
+func (l *loadState) markUnreachable(at int64) bool {
+	for {
+		old := l.unreachableAt.Load()
+		if old >= at {
+			return false
+		}
+		if l.unreachableAt.CompareAndSwap(old, at) {
+			return old == 0
+		}
+	}
+}
+
+// clearUnreachable ends the mark if it was set before since (l.clock);
 // it reports whether it did.
 func (l *loadState) clearUnreachable(since int64) bool {
 	for {
@@ -106,7 +125,7 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 // busy machine) can be slow to answer /metrics, and is not down. The load
 // data then only ages, and brokers treat it as stale.
 func (a *Adapter) scrape(ctx context.Context) {
-	began := time.Now()
+	began, beganClock := time.Now(), a.load.clock()
 	ctx, cancel := context.WithTimeout(ctx, max(a.cfg.ScrapeEvery, time.Second))
 	defer cancel()
 	healthErr := a.health(ctx)
@@ -133,7 +152,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 		}
 		return
 	}
-	if l.clearUnreachable(began.UnixNano()) || l.fails >= a.cfg.ScrapeFailLimit {
+	if l.clearUnreachable(beganClock) || l.fails >= a.cfg.ScrapeFailLimit {
 		a.log.Info("engine scrape recovered")
 	}
 	l.fails = 0
@@ -147,14 +166,14 @@ func (a *Adapter) scrape(ctx context.Context) {
 // The next good scrape, or the engine's next answer to a request, clears
 // it.
 func (a *Adapter) engineUnreachable(err error) {
-	if a.load.unreachableAt.CompareAndSwap(0, time.Now().UnixNano()) {
+	if a.load.markUnreachable(a.load.clock()) {
 		a.log.Warn("engine unreachable, heartbeat says scrape_ok=false", "err", err)
 		a.publishHeartbeat()
 	}
 }
 
 // engineReached ends an engineUnreachable mark when the engine answers a
-// request sent after the mark (sent, unix ns), whatever the status: it is
+// request sent after the mark (sent, l.clock), whatever the status: it is
 // reachable again. Such a request was routed before its broker saw the
 // mark, as when the engine restarts at once; the heartbeat goes at once,
 // so brokers do not leave the replica out until the next scrape (up to
