@@ -116,12 +116,13 @@ func TestMetricsMatchVLLMNamesTypesAndLabels(t *testing.T) {
 	_, hs := start(t, enginesim.ServerConfig{Engine: enginesim.Config{Model: "sim-model"}, Adapters: []string{"lora-a"}, Speed: 10})
 	post(t, hs, "/v1/chat/completions", fmtBody(chatBody, `,"max_tokens":3`))
 	// The engine loop publishes its counters after the answer is written,
-	// as vLLM's does: wait for the request to show.
+	// as vLLM's does, and not all at once: wait for the whole request to
+	// show (at least its 3 tokens; more fails below).
 	var ours map[string]*dto.MetricFamily
 	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		ours = scrape(t, hs)
-		if g := ours["vllm:generation_tokens_total"]; g == nil || g.GetMetric()[0].GetCounter().GetValue() == 0 {
-			return errors.New("the request's tokens are not counted yet")
+		if g := ours["vllm:generation_tokens_total"]; g == nil || g.GetMetric()[0].GetCounter().GetValue() < 3 {
+			return errors.New("the request's tokens are not all counted yet")
 		}
 		return nil
 	})
