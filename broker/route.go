@@ -68,10 +68,11 @@ func (b *Broker) route(r micro.Request) {
 // dispatch handles one message where it arrives.
 func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
-	b.routeMsg(subject, reply, h, data, true)
+	b.routeMsg(subject, reply, h, data)
 }
 
-func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte, inline bool) {
+// routeMsg handles one message on the endpoint's goroutine (s.inline).
+func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 	s := b.scratch.Get().(*scratch)
 	if reply != "" && !b.subj.InReplySpace(reply) {
 		// The routed notice and a rejection are published to the reply
@@ -87,7 +88,7 @@ func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte, inl
 		h = nats.Header{}
 	}
 	var msg nats.Msg
-	s.inline = inline
+	s.inline = true
 	forward := b.handle(s, subject, reply, h, data, &msg)
 	if s.deferred {
 		b.lookUp(s, subject, reply, h, data) // s goes with it
