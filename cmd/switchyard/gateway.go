@@ -30,7 +30,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		"largest request body `size`, e.g. 512KiB (0: "+check.FormatSize(gateway.DefaultMaxBody)+", or what the NATS server carries when less; at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
-	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never)")
+	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never; at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")
 	fs.Var(listFlag{&cfg.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, e.g. https://app.example, or * for any (repeatable; default: CORS off)")
