@@ -65,14 +65,9 @@ func (b *Broker) route(r micro.Request) {
 	b.dispatch(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
 }
 
-// dispatch handles one message where it arrives.
+// dispatch handles one message on the endpoint's goroutine (s.inline).
 func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
-	b.routeMsg(subject, reply, h, data)
-}
-
-// routeMsg handles one message on the endpoint's goroutine (s.inline).
-func (b *Broker) routeMsg(subject, reply string, h nats.Header, data []byte) {
 	s := b.scratch.Get().(*scratch)
 	if reply != "" && !b.subj.InReplySpace(reply) {
 		// The routed notice and a rejection are published to the reply
