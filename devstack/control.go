@@ -105,15 +105,23 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	return nil
 }
 
+// adapter is replica id's adapter part.
+func (s *Stack) adapter(id string) (*part, error) {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	if p := s.adapters[id]; p != nil {
+		return p, nil
+	}
+	return nil, fmt.Errorf("devstack: no replica %q", id)
+}
+
 // StopReplica stops a replica's adapter as SIGTERM would: it marks itself
 // draining (KV and heartbeat), lets its requests finish within the drain
 // grace, deregisters, and returns. The engine keeps running.
 func (s *Stack) StopReplica(id string) error {
-	s.partsMu.Lock()
-	p := s.adapters[id]
-	s.partsMu.Unlock()
-	if p == nil {
-		return fmt.Errorf("devstack: no replica %q", id)
+	p, err := s.adapter(id)
+	if err != nil {
+		return err
 	}
 	p.stop()
 	return nil
@@ -127,27 +135,22 @@ func (s *Stack) StopReplica(id string) error {
 // and CrashReplica returns after. The engine keeps running; StartReplica
 // starts the adapter again.
 func (s *Stack) CrashReplica(id string) error {
-	s.partsMu.Lock()
-	p := s.adapters[id]
-	s.partsMu.Unlock()
-	if p == nil {
-		return fmt.Errorf("devstack: no replica %q", id)
+	p, err := s.adapter(id)
+	if err != nil {
+		return err
 	}
 	p.crashed.Store(true)
-	p.nc.Close()
-	p.cancel()
-	<-p.done
+	p.nc.Close() // first: nothing of the stop reaches NATS
+	p.stop()
 	return nil
 }
 
 // StartReplica starts a stopped replica's adapter again, in front of the
 // same engine (a no-op while it runs).
 func (s *Stack) StartReplica(id string) error {
-	s.partsMu.Lock()
-	p := s.adapters[id]
-	s.partsMu.Unlock()
-	if p == nil {
-		return fmt.Errorf("devstack: no replica %q", id)
+	p, err := s.adapter(id)
+	if err != nil {
+		return err
 	}
 	select {
 	case <-p.done:
