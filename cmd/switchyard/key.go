@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
+	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
 const keyUsage = "usage: switchyard key add --tenant T | list [--tenant T] | revoke ID"
@@ -97,35 +98,24 @@ type apiKey struct {
 
 // apiKeys reads every keys.* entry of the table.
 func apiKeys(ctx context.Context, bucket jetstream.KeyValue) ([]apiKey, error) {
-	w, err := bucket.Watch(ctx, table.PrefixKeys+">", jetstream.IgnoreDeletes())
+	var out []apiKey
+	err := kv.Current(ctx, bucket, table.PrefixKeys+">", func(e jetstream.KeyValueEntry) error {
+		v, err := table.Decode(e.Key(), e.Value())
+		if err != nil {
+			return err
+		}
+		k, isKey := v.V.(table.Key)
+		if !isKey {
+			return fmt.Errorf("%s: not an API key entry", e.Key())
+		}
+		out = append(out, apiKey{hash: strings.TrimPrefix(e.Key(), table.PrefixKeys), tenant: k.Tenant, added: e.Created(), revision: e.Revision()})
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = w.Stop() }()
-	var out []apiKey
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("the watch on %s* ended early", table.PrefixKeys)
-			}
-			if e == nil { // every current entry has been delivered
-				sort.Slice(out, func(i, j int) bool { return out[i].added.Before(out[j].added) })
-				return out, nil
-			}
-			v, err := table.Decode(e.Key(), e.Value())
-			if err != nil {
-				return nil, err
-			}
-			k, isKey := v.V.(table.Key)
-			if !isKey {
-				return nil, fmt.Errorf("%s: not an API key entry", e.Key())
-			}
-			out = append(out, apiKey{hash: strings.TrimPrefix(e.Key(), table.PrefixKeys), tenant: k.Tenant, added: e.Created(), revision: e.Revision()})
-		}
-	}
+	sort.Slice(out, func(i, j int) bool { return out[i].added.Before(out[j].added) })
+	return out, nil
 }
 
 func listKeys(ctx context.Context, bucket jetstream.KeyValue, tenant string, stdout io.Writer) error {

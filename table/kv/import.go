@@ -104,24 +104,40 @@ func Seed(ctx context.Context, kv jetstream.KeyValue, flat map[string]json.RawMe
 // Export returns every key of the bucket with its current value, as stored
 // (not validated): the flat format `switchyard table import` reads.
 func Export(ctx context.Context, kv jetstream.KeyValue) (map[string]json.RawMessage, error) {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	flat := map[string]json.RawMessage{}
+	err := Current(ctx, kv, ">", func(e jetstream.KeyValueEntry) error {
+		flat[e.Key()] = json.RawMessage(slices.Clone(e.Value()))
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
+	return flat, nil
+}
+
+// Current calls each for every key matching filter (a subject filter
+// such as "keys.>") with its current value, deleted keys left out, and
+// stops at the first error each returns.
+func Current(ctx context.Context, kv jetstream.KeyValue, filter string, each func(jetstream.KeyValueEntry) error) error {
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
 	defer drain(w)
-	flat := map[string]json.RawMessage{}
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil, errWatchClosed
+				return errWatchClosed
 			}
-			if e == nil {
-				return flat, nil
+			if e == nil { // every current entry has been delivered
+				return nil
 			}
-			flat[e.Key()] = json.RawMessage(slices.Clone(e.Value()))
+			if err := each(e); err != nil {
+				return err
+			}
 		}
 	}
 }
