@@ -36,6 +36,16 @@ func NewSnapshot() *Snapshot {
 	}
 }
 
+// TenantRules is the entry whose rules tenant follows and whose quota it
+// shares, with that entry's name: its own, or for a tenant missing from the
+// table the default tenant's (nil when that is missing too).
+func (s *Snapshot) TenantRules(tenant string) (*Tenant, string) {
+	if t := s.Tenants[tenant]; t != nil {
+		return t, tenant
+	}
+	return s.Tenants[DefaultTenant], DefaultTenant
+}
+
 // Clone returns a copy whose maps can be changed without touching s.
 func (s *Snapshot) Clone() *Snapshot {
 	c := *s

@@ -286,9 +286,6 @@ func (r *Router) meteredLocked(tenant string) bool {
 	if s == nil {
 		return false
 	}
-	t := s.Tenants[tenant]
-	if t == nil {
-		t = s.Tenants[table.DefaultTenant]
-	}
+	t, _ := s.TenantRules(tenant)
 	return t != nil && t.Quota.TPM > 0
 }

@@ -23,15 +23,10 @@ type resolved struct {
 // lookupTenant finds the tenant's table entry; a tenant missing from the
 // table gets the default tenant's rules, and shares its quota bucket.
 func (st *decision) lookupTenant() {
-	t := st.snap.Tenants[st.req.Tenant]
-	st.tenantKey = st.req.Tenant
-	if t == nil {
-		t, st.tenantKey = st.snap.Tenants[table.DefaultTenant], table.DefaultTenant
-	}
-	st.tenant = t
+	st.tenant, st.tenantKey = st.snap.TenantRules(st.req.Tenant)
 	st.tier = table.TierStandard
-	if t != nil && t.Tier != "" {
-		st.tier = t.Tier
+	if st.tenant != nil && st.tenant.Tier != "" {
+		st.tier = st.tenant.Tier
 	}
 }
 
