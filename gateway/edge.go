@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nuid"
 
@@ -26,10 +27,15 @@ func exposedHeaders() string {
 }
 
 // edge wraps every route: the x-request-id every answer carries (the
-// client's when valid, else a fresh one), and CORS when origins are
-// configured.
+// client's when valid, else a fresh one), CORS when origins are
+// configured, and the bound on a request body left unread (letGo).
 func (g *Gateway) edge(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			b := &watchedBody{ReadCloser: r.Body}
+			r.Body = b
+			defer g.letGo(w, b, time.Now())
+		}
 		id := r.Header.Get("X-Request-Id")
 		if !printable(id, 128) {
 			id = nuid.Next()

@@ -65,6 +65,12 @@ type Config struct {
 	// BodyTimeout bounds the time a request body takes to arrive in full
 	// after its headers (default 30s); the response is not bounded by it.
 	BodyTimeout time.Duration
+	// HeaderTimeout bounds the time a request's headers take to arrive
+	// (default DefaultHeaderTimeout); past it the connection is closed.
+	HeaderTimeout time.Duration
+	// KeepAliveTimeout is how long a keep-alive connection may sit idle
+	// between requests (default DefaultKeepAliveTimeout) before it is closed.
+	KeepAliveTimeout time.Duration
 	// MaxConns bounds the open client connections (default
 	// DefaultMaxConns); one more is refused at once.
 	MaxConns int
@@ -177,6 +183,8 @@ func (c *Config) Validate() error {
 		check.Range("max-cold-waits", c.MaxColdWaits, 0, 1<<20),
 		check.Duration("cold-keepalive", c.ColdKeepalive, 0, time.Hour),
 		check.Duration("body-timeout", c.BodyTimeout, 0, time.Hour),
+		check.Duration("header-timeout", c.HeaderTimeout, 0, time.Hour),
+		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
 		tlsErr(c.TLSCert, c.TLSKey),
 	)
@@ -279,6 +287,12 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.HeaderTimeout <= 0 {
+		cfg.HeaderTimeout = DefaultHeaderTimeout
+	}
+	if cfg.KeepAliveTimeout <= 0 {
+		cfg.KeepAliveTimeout = DefaultKeepAliveTimeout
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
@@ -456,8 +470,8 @@ func (g *Gateway) server(h http.Handler) *http.Server {
 		// No WriteTimeout: it would cut long SSE streams. Writes get
 		// per-write deadlines through http.ResponseController instead,
 		// and the body's read a deadline of its own (readBody).
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: g.cfg.HeaderTimeout,
+		IdleTimeout:       g.cfg.KeepAliveTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,13 @@ const DefaultMaxConns = 4096
 
 // DefaultBodyTimeout is how long a request body may take to arrive in full.
 const DefaultBodyTimeout = 30 * time.Second
+
+// DefaultHeaderTimeout is how long a request's headers may take to arrive.
+const DefaultHeaderTimeout = 10 * time.Second
+
+// DefaultKeepAliveTimeout is how long a keep-alive connection may sit idle
+// between requests.
+const DefaultKeepAliveTimeout = 2 * time.Minute
 
 // DefaultAdminListen is the address of `switchyard gateway`'s admin
 // listener (the dashboard and /metrics): loopback, beside the broker's
@@ -136,6 +144,16 @@ type limitedConn struct {
 	once sync.Once
 }
 
+// CloseWrite sends FIN while the client may still be sending: net/http
+// does so before it closes a connection whose request it did not read in
+// full, so the answer is read before the close resets the connection.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
@@ -147,15 +165,16 @@ func (c *limitedConn) Close() error {
 
 // receiveBody reads the whole body within BodyTimeout and no more than
 // maxBody bytes. The deadline is on the connection (or HTTP/2 stream) and
-// is cleared after the read, so it never cuts the response stream.
+// is cleared after the read, so it never cuts the response stream; a body
+// that failed keeps it, and letGo bounds what net/http reads after it.
 func (g *Gateway) receiveBody(w http.ResponseWriter, r *http.Request) ([]byte, *subjects.APIError) {
 	rc := http.NewResponseController(w)
 	deadline := rc.SetReadDeadline(time.Now().Add(g.cfg.BodyTimeout)) == nil
 	body, err := readBody(http.MaxBytesReader(w, r.Body, g.maxBody), r.ContentLength, g.maxBody)
-	if deadline {
-		_ = rc.SetReadDeadline(time.Time{})
-	}
 	if err == nil {
+		if deadline {
+			_ = rc.SetReadDeadline(time.Time{})
+		}
 		return body, nil
 	}
 	var mbe *http.MaxBytesError
@@ -164,11 +183,55 @@ func (g *Gateway) receiveBody(w http.ResponseWriter, r *http.Request) ([]byte, *
 			"request body is over the limit of "+strconv.FormatInt(g.maxBody, 10)+" bytes")
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		w.Header().Set("Connection", "close")
+		// HTTP/1 closes the connection; HTTP/2 resets the stream alone
+		// (a Connection header there would send GOAWAY to every stream).
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
 		return nil, subjects.NewError(http.StatusRequestTimeout, subjects.CodeRequestTimeout,
 			"the request body did not arrive within "+g.cfg.BodyTimeout.String())
 	}
 	return nil, subjects.NewError(400, subjects.CodeInvalidRequest, "could not read the request body: "+err.Error())
+}
+
+// drainGrace is the least time a client has, once answered, to send the
+// rest of a body the gateway did not read before its connection is
+// closed: long enough to read the answer before a close with unread data
+// resets the connection (net/http waits as long before it closes).
+const drainGrace = 500 * time.Millisecond
+
+// watchedBody is a request body that notes whether it was read to its end.
+type watchedBody struct {
+	io.ReadCloser
+	ended atomic.Bool
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.ended.Store(true)
+	}
+	return n, err
+}
+
+// letGo bounds what is left of a request whose body was not read to its
+// end (refused before it was read, or cut by the body deadline). net/http
+// reads up to 256 KiB of such a body after the handler returns, to reuse
+// the connection, and with no deadline of its own: a client that never
+// sends it would hold the connection, and its --max-conns slot, for as
+// long as it likes. The read now ends at the body's own deadline, and no
+// sooner than drainGrace from now; a body that is not in by then closes
+// the connection (HTTP/1; an HTTP/2 stream is reset when its handler
+// returns).
+func (g *Gateway) letGo(w http.ResponseWriter, b *watchedBody, start time.Time) {
+	if b.ended.Load() {
+		return
+	}
+	deadline := start.Add(g.cfg.BodyTimeout)
+	if soonest := time.Now().Add(drainGrace); deadline.Before(soonest) {
+		deadline = soonest
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(deadline)
 }
 
 // tlsErr is loadTLS's error: the files are read before anything connects.

@@ -25,6 +25,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate `file`: serve HTTPS (and HTTP/2) on --listen")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", gateway.DefaultBodyTimeout, "time a request body may take to arrive in full (at most 1h; the response is not bounded by it)")
+	fs.DurationVar(&cfg.HeaderTimeout, "header-timeout", gateway.DefaultHeaderTimeout, "time a request's headers may take to arrive (at most 1h); then the connection is closed")
+	fs.DurationVar(&cfg.KeepAliveTimeout, "keepalive-timeout", gateway.DefaultKeepAliveTimeout, "time a keep-alive client connection may sit idle between requests (at most 1h); then it is closed")
 	fs.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "open client connections at most; one more is refused at once (at most 1048576)")
 	sizeVar(fs, &cfg.MaxBody, "max-body", 0,
 		"largest request body `size`, e.g. 512KiB (0: "+check.FormatSize(gateway.DefaultMaxBody)+", or what the NATS server carries when less; at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
