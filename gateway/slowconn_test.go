@@ -2,10 +2,15 @@ package gateway_test
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -267,5 +272,122 @@ func TestSlowConnectionsAreClosed(t *testing.T) {
 	}
 	testkit.CheckFor(t, 2*time.Second, 20*time.Millisecond, testkit.Cond("the open-connections gauge back to its baseline", func() bool {
 		return u.gauge(open) == baseline
+	}))
+}
+
+// TestHTTP2StalledStreamIsResetAlone: on one HTTP/2 connection, a stream
+// whose body stalls is answered 408 at the body deadline and reset, while
+// a stream that began before it and runs past the deadline completes, and
+// the connection takes a new stream after (no GOAWAY, no close).
+func TestHTTP2StalledStreamIsResetAlone(t *testing.T) {
+	const bodyTimeout = time.Second
+	certPEM, keyPEM, pool := testkit.SelfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u := newUpstream(t, gateway.Config{BodyTimeout: bodyTimeout, TLSCert: certFile, TLSKey: keyFile}, func(r *reply, _ int) {
+		if !strings.Contains(string(r.m.Data), "slowly") {
+			r.stream("r-0", 3)
+			return
+		}
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		for i := range 6 { // 2.5 s: past the stalled stream's deadline
+			if i > 0 {
+				time.Sleep(500 * time.Millisecond)
+			}
+			r.send(nil, fmt.Sprintf("data: {\"i\":%d}\n\n", i))
+		}
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	base := "https://" + strings.TrimPrefix(u.gw, "http://")
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var conns sync.Map // local addresses of the connections used
+	traced := func(req *http.Request) *http.Request {
+		return req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { conns.Store(i.Conn.LocalAddr().String(), true) },
+		}))
+	}
+	post := func(body io.Reader) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", body)
+		req.Header.Set("Content-Type", "application/json")
+		return client.Do(traced(req))
+	}
+	// The first stream opens the connection.
+	resp, err := post(strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("first request: %d over %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
+	}
+
+	long, err := post(strings.NewReader(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"answer slowly"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Body.Close()
+
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	stalled := make(chan *http.Response, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		resp, err := post(pr)
+		if err != nil {
+			t.Errorf("stalled stream: %v", err)
+			close(stalled)
+			return
+		}
+		stalled <- resp
+	})
+	_, _ = io.WriteString(pw, `{"model":`) // then nothing more
+	sr, ok := <-stalled
+	if !ok {
+		t.FailNow()
+	}
+	b, _ := io.ReadAll(sr.Body)
+	sr.Body.Close()
+	if sr.StatusCode != http.StatusRequestTimeout || sr.Header.Get("Connection") != "" {
+		t.Fatalf("stalled stream: %d %v %s, want 408 and no Connection header", sr.StatusCode, sr.Header, b)
+	}
+	// The stream is over at the server: the transport stops taking its body.
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("the stalled stream's body to be refused", func() bool {
+		_, err := pw.Write([]byte(" "))
+		return err != nil
+	}))
+
+	b, err = io.ReadAll(long.Body)
+	if err != nil || long.StatusCode != 200 || !strings.Contains(string(b), `"i":5`) || !strings.Contains(string(b), "[DONE]") {
+		t.Fatalf("the stream beside the stalled one: %d %v %q", long.StatusCode, err, b)
+	}
+	resp, err = post(strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a new stream after the reset: %d", resp.StatusCode)
+	}
+	n := 0
+	conns.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Fatalf("%d connections used, want the one", n)
+	}
+	tr.CloseIdleConnections()
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("every connection closed", func() bool {
+		return u.gauge("switchyard_gateway_open_connections") == 0
 	}))
 }
