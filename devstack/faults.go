@@ -1,8 +1,11 @@
 package devstack
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,6 +27,7 @@ type Faults struct {
 	health   atomic.Int32
 	reject   atomic.Int32
 	rejected atomic.Int64
+	noModel  atomic.Bool
 
 	mu   sync.Mutex
 	host *engineHost
@@ -38,8 +42,16 @@ func (f *Faults) SetHealth(status int) { f.health.Store(int32(status)) }
 // error body, as an engine at capacity does with 429 or 503 (0: serve).
 func (f *Faults) SetReject(status int) { f.reject.Store(int32(status)) }
 
-// Rejected is the number of inference calls answered by SetReject.
+// Rejected is the number of inference calls answered by SetReject or
+// SetModelGone.
 func (f *Faults) Rejected() int { return int(f.rejected.Load()) }
+
+// SetModelGone makes the engine stop serving the model its replica
+// registered, as one restarted with another --served-model-name: the
+// inference calls reach the simulator asking for a model it does not
+// have, and it answers its own 404 (vLLM's "The model `x` does not
+// exist.").
+func (f *Faults) SetModelGone(on bool) { f.noModel.Store(on) }
 
 // Kill closes the engine's listener and every connection at once, as when
 // its process dies: streams in flight break and new calls are refused.
@@ -85,8 +97,25 @@ func (f *Faults) wrap(next http.Handler) http.Handler {
 			_, _ = w.Write([]byte(`{"object":"error","message":"injected: engine answers ` + strconv.Itoa(st) + `","type":"server_error","code":` + strconv.Itoa(st) + `}`))
 			return
 		}
+		if f.noModel.Load() && strings.HasPrefix(r.URL.Path, "/v1/") && r.Method == http.MethodPost {
+			f.rejected.Add(1)
+			r = renamed(r, "not-served-here")
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// renamed is r with its JSON body's model set to model.
+func renamed(r *http.Request, model string) *http.Request {
+	var body map[string]json.RawMessage
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&body); err != nil {
+		body = map[string]json.RawMessage{}
+	}
+	body["model"], _ = json.Marshal(model)
+	b, _ := json.Marshal(body)
+	r2 := r.Clone(r.Context())
+	r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	return r2
 }
 
 // engineHost serves one simulated engine over HTTP behind its Faults, and

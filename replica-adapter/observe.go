@@ -43,14 +43,14 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 		}),
 		engineFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_adapter_engine_failures_total", ConstLabels: cl,
-			Help: "Engine answers that count toward outlier ejection, by kind (5xx, 429, auth, connection).",
+			Help: "Engine answers that count toward outlier ejection, by kind (5xx, 429, auth, connection, model: a 404 for the model or endpoint the replica registered).",
 		}, []string{"kind"}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_adapter_engine_auth_failures_total", ConstLabels: cl,
 			Help: "Times the engine began refusing the adapter's API key (401/403); each marks the replica unhealthy until it takes the key again.",
 		}),
 	}
-	for _, k := range []string{"5xx", "429", "auth", "connection"} {
+	for _, k := range []string{"5xx", "429", "auth", "connection", "model"} {
 		m.engineFailures.WithLabelValues(k)
 	}
 	if reg == nil {

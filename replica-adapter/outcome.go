@@ -3,6 +3,7 @@ package adapter
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -31,8 +32,19 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 	}
 	resp, err := t.base.RoundTrip(req)
 	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
-		t.out.observe(req.Context(), resp, err)
-		if err == nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+		kind, ok := failureKind(req.Context(), resp, err)
+		status := 0
+		if err == nil {
+			status = resp.StatusCode
+			if status == http.StatusNotFound {
+				var gone bool
+				if resp, gone = notServed(req, resp); gone {
+					kind = "model"
+				}
+			}
+		}
+		t.out.observe(kind, ok, status)
+		if err == nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
 			resp = refusedKey(req, resp)
 		}
 		if err == nil {
@@ -76,11 +88,15 @@ func failureKind(ctx context.Context, resp *http.Response, err error) (kind stri
 	case s >= 500:
 		return "5xx", false
 	}
-	return "", false // the client's own 4xx: neither a success nor the engine's failure
+	// The client's own 4xx: neither a success nor the engine's failure. A
+	// 404 that says the engine does not serve the replica's model is the
+	// replica's (notServed).
+	return "", false
 }
 
-func (o *outcomes) observe(ctx context.Context, resp *http.Response, err error) {
-	kind, ok := failureKind(ctx, resp, err)
+// observe counts one engine answer classified by failureKind; status is
+// its HTTP status (0 when the call failed).
+func (o *outcomes) observe(kind string, ok bool, status int) {
 	o.mu.Lock()
 	var streak, authFirst bool
 	switch {
@@ -99,7 +115,7 @@ func (o *outcomes) observe(ctx context.Context, resp *http.Response, err error) 
 		o.onFailure(kind)
 	}
 	if authFirst && o.onAuthFail != nil {
-		o.onAuthFail(resp.StatusCode)
+		o.onAuthFail(status)
 	}
 	if streak && o.onStreak != nil {
 		o.onStreak()
@@ -168,9 +184,60 @@ func (a *Adapter) checkAuth(ctx context.Context) {
 func refusedKey(req *http.Request, resp *http.Response) *http.Response {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 	resp.Body.Close()
-	e := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError,
-		"The engine refused this replica's API key ("+strconv.Itoa(resp.StatusCode)+"); the replica is marked unhealthy.")
-	body := e.Body()
+	return replaced(req, resp, "The engine refused this replica's API key ("+strconv.Itoa(resp.StatusCode)+"); the replica is marked unhealthy.")
+}
+
+// notServed replaces an engine's 404 that says the engine does not serve
+// what the replica registered with a 503, and reports it (gone): the
+// adapter sends only the model and the endpoints its replica registered,
+// so such a 404 is the replica's fault, not the client's. The gateway
+// tries another replica, and the answer counts toward this one's ejection
+// as a 5xx does. Any other 404 (a stored response the engine no longer
+// has) is the client's answer, relayed as it came.
+func notServed(req *http.Request, resp *http.Response) (_ *http.Response, gone bool) {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	what, gone := notServing(b)
+	if !gone {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), resp.Body), resp.Body}
+		return resp, false
+	}
+	resp.Body.Close()
+	return replaced(req, resp, "The engine does not serve the "+what+" this replica registered (404: "+
+		truncate(engineError(http.StatusNotFound, b).Message, 512)+"); the replica counts it as a failure."), true
+}
+
+// notServing reads an engine's 404 body: what is missing, the model
+// (vLLM's "The model `x` does not exist.", OpenAI's code model_not_found)
+// or the endpoint (FastAPI's {"detail":"Not Found"} for a path no route
+// takes), or gone false when it says neither.
+func notServing(body []byte) (what string, gone bool) {
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(body, &raw) != nil {
+		return "", false
+	}
+	if jsonString(raw["detail"]) == "Not Found" {
+		return "endpoint", true
+	}
+	obj := raw
+	if inner, ok := raw["error"]; ok {
+		if json.Unmarshal(inner, &obj) != nil {
+			obj = map[string]json.RawMessage{"message": inner}
+		}
+	}
+	msg := strings.ToLower(jsonString(obj["message"]))
+	if jsonString(obj["code"]) == subjects.CodeModelNotFound || strings.Contains(msg, "model") {
+		return "model", true
+	}
+	return "", false
+}
+
+// replaced is the 503 that stands for an engine answer that is the
+// replica's fault: the gateway retries it on another replica.
+func replaced(req *http.Request, resp *http.Response, msg string) *http.Response {
+	body := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError, msg).Body()
 	h := http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}}
 	return &http.Response{
 		Status: "503 Service Unavailable", StatusCode: http.StatusServiceUnavailable,

@@ -14,21 +14,30 @@ import (
 )
 
 // TestEngineFailureStreak: the heartbeat carries the engine's streak of
-// failed answers, which brokers eject on. 5xx, 429 and connection failures
-// count; a client's own 4xx does not, and a success ends the streak. The
-// heartbeat that completes a streak goes at once.
+// failed answers, which brokers eject on. 5xx, 429, connection failures
+// and a 404 for the model the replica registered count; a client's own
+// 4xx does not, and a success ends the streak. The heartbeat that
+// completes a streak goes at once.
 func TestEngineFailureStreak(t *testing.T) {
 	e := newEnv(t)
 	var status atomic.Int32
 	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
 		code := int(status.Load())
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(code)
-		if code == http.StatusOK {
+		switch code {
+		case http.StatusOK:
+			w.WriteHeader(code)
 			_, _ = w.Write(golden(t, "vllm/chat-completion.json"))
-			return
+		case http.StatusNotFound:
+			w.WriteHeader(code)
+			_, _ = w.Write(golden(t, "vllm/error-unknown-model.json"))
+		case http.StatusBadRequest: // the client's own error
+			w.WriteHeader(code)
+			_, _ = w.Write([]byte(`{"error":{"message":"temperature must be at most 2","type":"BadRequestError","param":"temperature","code":400}}`))
+		default:
+			w.WriteHeader(code)
+			_, _ = w.Write([]byte(`{"error":{"message":"engine failed","type":"InternalServerError","code":` + fmt.Sprint(code) + `}}`))
 		}
-		_, _ = w.Write(golden(t, "vllm/error-unknown-model.json"))
 	})
 	cfg := e.config()
 	cfg.HeartbeatEvery = 1 << 40 // only the heartbeats sent on events
@@ -45,9 +54,10 @@ func TestEngineFailureStreak(t *testing.T) {
 		}
 	}
 	call(http.StatusOK, 1)
-	call(http.StatusNotFound, 3) // the client asked for a model that is not there
+	call(http.StatusBadRequest, 3) // the client's own error
 	call(http.StatusServiceUnavailable, 2)
-	call(http.StatusTooManyRequests, 2)
+	call(http.StatusTooManyRequests, 1)
+	call(http.StatusNotFound, 1) // the engine does not serve the replica's model
 	call(http.StatusInternalServerError, subjects.EjectAfterFailures-4)
 	hb := waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
 		if hb.EngineFailures < subjects.EjectAfterFailures {
@@ -56,9 +66,9 @@ func TestEngineFailureStreak(t *testing.T) {
 		return nil
 	})
 	if hb.EngineFailures != subjects.EjectAfterFailures || hb.EngineSuccesses != 1 {
-		t.Fatalf("engine_failures %d successes %d, want %d and 1 (404s are the client's)", hb.EngineFailures, hb.EngineSuccesses, subjects.EjectAfterFailures)
+		t.Fatalf("engine_failures %d successes %d, want %d and 1 (400s are the client's)", hb.EngineFailures, hb.EngineSuccesses, subjects.EjectAfterFailures)
 	}
-	for kind, want := range map[string]float64{"429": 2, "5xx": 3, "auth": 0, "connection": 0} {
+	for kind, want := range map[string]float64{"429": 1, "5xx": 3, "model": 1, "auth": 0, "connection": 0} {
 		if got := counter(t, reg, "switchyard_adapter_engine_failures_total", "kind", kind); got != want {
 			t.Errorf("engine failures of kind %s: %v, want %v", kind, got, want)
 		}

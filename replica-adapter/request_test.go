@@ -314,24 +314,30 @@ func TestEngineUnreachable(t *testing.T) {
 
 // TestEngineErrors checks that engine errors pass their status through and
 // are translated into the OpenAI shape (vLLM's integer code becomes a string
-// code), with retry hints kept.
+// code), with retry hints kept; a 404 saying the engine does not serve the
+// model or endpoint the replica registered is the replica's fault, a 503
+// the gateway retries elsewhere.
 func TestEngineErrors(t *testing.T) {
 	e := newEnv(t)
 	e.start(e.config())
 	e.waitReady("r-1")
 	tests := []struct {
+		name       string
 		status     int
 		body       string
+		wantStatus int
 		wantCode   string
 		retryAfter string
 	}{
-		{404, string(golden(t, "vllm/error-unknown-model.json")), subjects.CodeModelNotFound, ""},
-		{429, `{"error":{"message":"slow down","type":"rate_limit","code":429}}`, subjects.CodeRateLimit, "2"},
-		{503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`, subjects.CodeModelLoading, ""},
-		{500, `Internal Server Error`, subjects.CodeUpstreamError, ""},
+		{"model not served", 404, string(golden(t, "vllm/error-unknown-model.json")), 503, subjects.CodeUpstreamError, "1"},
+		{"endpoint not served", 404, `{"detail":"Not Found"}`, 503, subjects.CodeUpstreamError, "1"},
+		{"stored response gone", 404, `{"error":{"message":"Response with id 'resp_1' not found.","type":"invalid_request_error","code":404}}`, 404, subjects.CodeModelNotFound, ""},
+		{"429", 429, `{"error":{"message":"slow down","type":"rate_limit","code":429}}`, 429, subjects.CodeRateLimit, "2"},
+		{"503", 503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`, 503, subjects.CodeModelLoading, ""},
+		{"500", 500, `Internal Server Error`, 500, subjects.CodeUpstreamError, ""},
 	}
 	for _, tt := range tests {
-		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
 				if tt.retryAfter != "" {
 					w.Header().Set("Retry-After", tt.retryAfter)
@@ -345,7 +351,7 @@ func TestEngineErrors(t *testing.T) {
 				t.Fatalf("%d messages, want accept and a head with body and end", len(msgs))
 			}
 			head := msgs[1]
-			if head.Header.Get(subjects.HdrStatus) != fmt.Sprint(tt.status) || head.Header.Get(subjects.HdrRetryAfter) != tt.retryAfter {
+			if head.Header.Get(subjects.HdrStatus) != fmt.Sprint(tt.wantStatus) || head.Header.Get(subjects.HdrRetryAfter) != tt.retryAfter {
 				t.Errorf("head %v", head.Header)
 			}
 			var eb struct {

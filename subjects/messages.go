@@ -68,7 +68,8 @@ type Heartbeat struct {
 	QueueWaitMillis float64  `json:"queue_wait_ewma_ms"`
 	ScrapeOK        bool     `json:"scrape_ok"`
 	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
-	// connection failures) since its last success; EngineSuccesses counts
+	// a 404 for the model or endpoint the replica registered, connection
+	// failures) since its last success; EngineSuccesses counts
 	// its successes, so a broker can tell a new streak from an old one.
 	// Brokers eject a replica on the streak (see EjectAfterFailures).
 	EngineFailures  int    `json:"engine_failures"`

@@ -67,6 +67,45 @@ func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
 	}
 }
 
+// TestEngineWithoutItsModelIsTheReplicasFault: an engine that no longer
+// serves the model its replica registered (the simulator answers vLLM's
+// own 404 "The model `x` does not exist.") is the replica's fault, not
+// the client's: every request is answered 200 by the other replica, each
+// such 404 is retried, and the streak ejects the replica as a 5xx streak
+// does. With no replica left that serves the model, the client gets an
+// explicit 503, never a 404 for a model the gateway lists.
+func TestEngineWithoutItsModelIsTheReplicasFault(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: l8()})
+	url := st.GatewayURL()
+	f0, f1 := st.Faults("l8-gen-0"), st.Faults("l8-gen-1")
+	f0.SetModelGone(true)
+	for i := range 40 {
+		o := send(context.Background(), url, chatBody("chat-small", 2, i%2 == 0))
+		if o.status != 200 || !o.done || o.replica != "l8-gen-1" {
+			t.Errorf("engine l8-gen-0 without its model: %v", o)
+		}
+	}
+	missed := f0.Rejected()
+	retries := metric(st, "switchyard_gateway_retries_total", nil)
+	if missed == 0 || retries != float64(missed) {
+		t.Errorf("%d requests reached the engine without its model, %v retries; want one retry each", missed, retries)
+	}
+	if n := metric(st, "switchyard_adapter_engine_failures_total", map[string]string{"replica": "l8-gen-0", "kind": "model"}); n != float64(missed) {
+		t.Errorf("l8-gen-0 counted %v failures of kind model, want %d", n, missed)
+	}
+	if ej := metric(st, "switchyard_broker_ejections_total", map[string]string{"replica": "l8-gen-0"}); ej < 1 || missed > subjects.EjectAfterFailures+2 {
+		t.Errorf("%d requests reached the engine without its model, %v ejections; want ejection after %d", missed, ej, subjects.EjectAfterFailures)
+	}
+	t.Logf("engine without its model: 40 of 40 requests served by the other replica, %d reached it before its replica was ejected", missed)
+
+	f1.SetModelGone(true)
+	for range 4 {
+		if o := send(context.Background(), url, chatBody("chat-small", 2, false)); o.status != 503 || o.code == "" {
+			t.Errorf("no engine serving the model: %v; want an explicit 503", o)
+		}
+	}
+}
+
 // TestEngineDeathMidResponseIsExplicit kills an engine under a stream and
 // under a non-streamed generation that cannot be continued elsewhere (logprobs;
 // resume_test.go has those that can): the stream ends with an SSE error
