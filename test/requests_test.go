@@ -236,7 +236,8 @@ func TestLongGenerationIsNotMistakenForDead(t *testing.T) {
 // TestSlowClientFailsOnlyItsOwnStream: one client stops reading a long
 // stream. Other clients stream to [DONE] all along, including during the
 // write timeout in which the gateway's write to the slow client is blocked;
-// then the slow stream is cut and its engine call cancelled.
+// then the slow stream is cut, its engine call cancelled and its
+// connection closed while the client still holds its end.
 func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 	const writeTimeout = time.Second
 	st := startStack(t, devstack.Config{
@@ -300,6 +301,15 @@ func TestSlowClientFailsOnlyItsOwnStream(t *testing.T) {
 	}
 	t.Logf("slow client stalled; its stream cut %v later and the engine call cancelled; %d normal streams completed meanwhile, %d of them while the gateway's write to it was blocked",
 		cutAfter.Round(time.Millisecond), len(ends), during)
+	// Its connection is let go, not kept for a client that never reads:
+	// with the others' idle ones closed, none is left open.
+	http.DefaultClient.CloseIdleConnections()
+	testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+		if n := metric(st, "switchyard_gateway_open_connections", nil); n != 0 {
+			return fmt.Errorf("%v client connections still open", n)
+		}
+		return nil
+	})
 	// The slow client, reading at last, finds its stream ended, not complete.
 	done, _, _ := readSSE(bufio.NewReader(resp.Body))
 	if done {
