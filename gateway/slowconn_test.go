@@ -29,11 +29,12 @@ const (
 	bodyTrickled                   // the same, then a byte a second
 	headerTrickled                 // the request line, then a header byte a second
 	idleKeepAlive                  // one whole request answered, then nothing
+	bodyUnread                     // a body never sent to a path that answers without reading it
 	slowKinds
 )
 
 func (k slowKind) String() string {
-	return [...]string{"body never sent", "body trickled", "headers trickled", "idle keep-alive"}[k]
+	return [...]string{"body never sent", "body trickled", "headers trickled", "idle keep-alive", "body unread"}[k]
 }
 
 // slowConn is what a slow client saw: the status the gateway answered (0:
@@ -65,6 +66,8 @@ func holdSlow(addr string, k slowKind, giveUp time.Duration, stop <-chan struct{
 		if k == bodyTrickled {
 			trickle = strings.Repeat(" ", 91)
 		}
+	case bodyUnread:
+		_, err = io.WriteString(c, "POST /v1/unknown HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"+`{"model":`)
 	case headerTrickled:
 		_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\n")
 		trickle = "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -130,7 +133,8 @@ func holdSlow(addr string, k slowKind, giveUp time.Duration, stop <-chan struct{
 
 // TestSlowConnectionsAreClosed: 300 connections that never finish a
 // request (a body never sent or trickled a byte a second, headers
-// trickled, a keep-alive connection left idle) against --max-conns 256.
+// trickled, a keep-alive connection left idle, a body never sent to a
+// path answered without reading it) against --max-conns 256.
 // Each socket is closed by the gateway within a second of its deadline
 // and of its answer (those past the limit at once), whatever the client
 // does next; a normal
@@ -151,7 +155,7 @@ func TestSlowConnectionsAreClosed(t *testing.T) {
 		lag = time.Second
 	)
 	deadline := map[slowKind]time.Duration{
-		bodyNeverSent: bodyTimeout, bodyTrickled: bodyTimeout,
+		bodyNeverSent: bodyTimeout, bodyTrickled: bodyTimeout, bodyUnread: bodyTimeout,
 		headerTrickled: headerTimeout, idleKeepAlive: keepAliveTimeout,
 	}
 	u := newUpstream(t, gateway.Config{
@@ -249,6 +253,8 @@ func TestSlowConnectionsAreClosed(t *testing.T) {
 			}
 		case r.kind == idleKeepAlive && r.status != 200:
 			t.Errorf("%s: first request answered %d", r.kind, r.status)
+		case r.kind == bodyUnread && r.status != http.StatusNotFound:
+			t.Errorf("%s: answered %d, want 404", r.kind, r.status)
 		}
 	}
 	close(normalStop)
