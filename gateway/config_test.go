@@ -23,6 +23,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{gateway.Config{RetryBudget: 1.5}, "--retry-budget"},
 		{gateway.Config{ShutdownGrace: -time.Second}, "--shutdown-grace"},
 		{gateway.Config{ID: "a.b"}, "--id"},
+		{gateway.Config{HeaderTimeout: -time.Second}, "--header-timeout"},
+		{gateway.Config{KeepAliveTimeout: 2 * time.Hour}, "--keepalive-timeout"},
 	} {
 		err := tc.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.flag) {
