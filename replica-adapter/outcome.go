@@ -223,8 +223,11 @@ func notServing(body []byte) (what string, gone bool) {
 	}
 	obj := raw
 	if inner, ok := raw["error"]; ok {
-		if json.Unmarshal(inner, &obj) != nil {
-			obj = map[string]json.RawMessage{"message": inner}
+		var nested map[string]json.RawMessage
+		if json.Unmarshal(inner, &nested) == nil {
+			obj = nested
+		} else {
+			obj = map[string]json.RawMessage{"message": inner} // TGI: {"error":"..."}
 		}
 	}
 	msg := strings.ToLower(jsonString(obj["message"]))
