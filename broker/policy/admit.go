@@ -27,7 +27,7 @@ const (
 // The message is worded as vLLM words it, so clients that look for
 // "maximum context length" find it whichever part refused.
 func (st *decision) checkContext() *subjects.APIError {
-	m := st.snap.Models[st.target.Model]
+	m := st.snap.Models[st.res.target.Model]
 	if !overContext(m, st.req) {
 		return nil
 	}
@@ -56,50 +56,62 @@ func overContext(m *table.Model, q *Request) bool {
 // checkCapacity rejects when every candidate is at capacity, with a
 // Retry-After of the shortest estimated wait among them.
 func (st *decision) checkCapacity() *subjects.APIError {
-	if st.nfull < len(st.cands) {
+	if st.pick.nfull < len(st.pick.cands) {
 		return nil
 	}
 	wait := math.Inf(1)
-	for i := range st.cands {
-		wait = min(wait, st.cands[i].wait)
+	for i := range st.pick.cands {
+		wait = min(wait, st.pick.cands[i].wait)
 	}
-	e := subjects.NewError(503, subjects.CodeAllReplicasBusy, "Every replica of "+st.target.Model+" is at capacity; retry later.")
+	e := subjects.NewError(503, subjects.CodeAllReplicasBusy, "Every replica of "+st.res.target.Model+" is at capacity; retry later.")
 	e.RetryAfter = min(max(millis(wait), RetryBusyMin), RetryBusyMax)
 	return e
 }
 
-// checkDeadline keeps the chosen replica when its estimated wait to the
-// first token fits before the deadline; else it switches to the candidate
-// with the shortest estimate if that one fits, or rejects.
-func (st *decision) checkDeadline() *subjects.APIError {
-	if st.req.Deadline.IsZero() {
-		return nil
+// deadlineCheck is the deadline check's state: the candidate it switched
+// away from, -1 when none.
+type deadlineCheck struct{ loser int }
+
+// deadline keeps the chosen replica when its estimated wait to the first
+// token fits before the request's deadline; else it switches to the
+// candidate with the shortest estimate if that one fits, or refuses.
+func (p *pick) deadline() (switched bool, e *subjects.APIError) {
+	p.dl.loser = -1
+	if p.req.Deadline.IsZero() {
+		return false, nil
 	}
-	left := st.req.Deadline.Sub(st.now)
-	if left > 0 && millis(st.cands[st.chosen].wait) <= left {
-		return nil
+	left := p.req.Deadline.Sub(p.now)
+	if left > 0 && millis(p.cands[p.chosen].wait) <= left {
+		return false, nil
 	}
-	best := st.chosen
-	for i := range st.cands {
-		if st.cands[i].wait < st.cands[best].wait {
+	best := p.chosen
+	for i := range p.cands {
+		if p.cands[i].wait < p.cands[best].wait {
 			best = i
 		}
 	}
-	wait := millis(st.cands[best].wait)
+	wait := millis(p.cands[best].wait)
 	if left > 0 && wait <= left {
-		st.deadlineLoser, st.chosen, st.deadlineSwitch = st.chosen, best, true
-		return nil
+		p.dl.loser, p.chosen = p.chosen, best
+		return true, nil
 	}
-	e := subjects.NewError(503, subjects.CodeDeadlineUnmeetable, "The estimated wait of "+wait.String()+
+	e = subjects.NewError(503, subjects.CodeDeadlineUnmeetable, "The estimated wait of "+wait.String()+
 		" does not fit in the request's remaining time of "+max(left, 0).Round(time.Millisecond).String()+".")
 	e.RetryAfter = max(wait-max(left, 0), RetryDeadlineMin)
-	return e
+	return false, e
+}
+
+func (p *pick) whyDeadline(i int) string {
+	if i == p.dl.loser {
+		return WhyDeadline
+	}
+	return ""
 }
 
 // unavailable is the rejection when neither the model nor any fallback has
 // a candidate.
 func (st *decision) unavailable() *subjects.APIError {
-	model := st.primary.Model
+	model := st.res.primary.Model
 	var e *subjects.APIError
 	m := st.snap.Models[model]
 	switch {
@@ -112,7 +124,7 @@ func (st *decision) unavailable() *subjects.APIError {
 		if !st.r.cold[model].eta.IsZero() {
 			e.RetryAfter = st.coldRetryAfter(model, m)
 		}
-	case st.unserved > 0 && !st.anyServes(model):
+	case st.pick.endpoint.unserved > 0 && !st.anyServes(model):
 		e = subjects.NewError(501, subjects.CodeEndpointNotSupported, "No replica of "+model+" serves "+st.req.Endpoint+".")
 	default:
 		e = subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available.")
@@ -130,7 +142,7 @@ func (st *decision) unavailable() *subjects.APIError {
 // request's endpoint, live or not: when none does, waiting will not help.
 func (st *decision) anyServes(model string) bool {
 	for _, x := range st.r.byModel[model] {
-		if x.serves&st.endpoint == st.endpoint {
+		if st.pick.serves(x) {
 			return true
 		}
 	}

@@ -8,13 +8,16 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
+// The replica-choice steps of the steps table, in its order, each with
+// the method that says why a candidate lost when it decided.
+
 // pinned keeps a Responses API conversation on the replica holding its
-// stored turns: gather left it the only candidate.
-func (st *decision) pinned() bool {
-	if st.req.Pin == "" || len(st.cands) != 1 {
+// stored turns: the pinned filter left it the only candidate.
+func (p *pick) pinned() bool {
+	if p.req.Pin == "" || len(p.cands) != 1 {
 		return false
 	}
-	st.chosen = 0
+	p.chosen = 0
 	return true
 }
 
@@ -22,24 +25,26 @@ func (st *decision) pinned() bool {
 // candidate with the highest mix(hash(conversation) ^ hash(replica id)).
 // Adding or removing one of N replicas moves only ≈1/N of the
 // conversations, unlike hash mod N.
-func (st *decision) session() bool {
-	if st.req.Conversation == "" {
+func (p *pick) session() bool {
+	if p.req.Conversation == "" {
 		return false
 	}
-	hc := xxhash.Sum64String(st.req.Conversation)
+	hc := xxhash.Sum64String(p.req.Conversation)
 	best, bestScore := -1, uint64(0)
-	for i := range st.cands {
-		if s := mix64(hc ^ st.cands[i].x.idHash); best < 0 || s > bestScore {
+	for i := range p.cands {
+		if s := mix64(hc ^ p.cands[i].x.idHash); best < 0 || s > bestScore {
 			best, bestScore = i, s
 		}
 	}
-	if st.cands[best].kv < st.release {
-		st.chosen = best
+	if p.cands[best].kv < p.release {
+		p.chosen = best
 		return true
 	}
-	st.released = best
+	p.released = best
 	return false
 }
+
+func (p *pick) whySession(int) string { return WhyNotAffine }
 
 // mix64 is the splitmix64 finalizer: it spreads the xor of two hashes so
 // the rendezvous scores of one conversation are independent per replica.
@@ -49,27 +54,31 @@ func mix64(z uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
+// loraStep is lora-affinity's state: whether it found the adapter
+// loaded (else it chose by free slot).
+type loraStep struct{ loaded bool }
+
 // lora concentrates an adapter: the least loaded replica already running
 // it; else the least loaded with a free adapter slot; else it leaves the
 // choice to the next steps. Fewer distinct adapters per batch means less
 // grouped-GEMM overhead, worth some imbalance.
-func (st *decision) lora() bool {
-	a := st.adapter
+func (p *pick) lora() bool {
+	a := p.adapter
 	if a == "" {
 		return false
 	}
 	best := -1
-	for i := range st.cands {
-		c := &st.cands[i]
-		if c.kv < st.release && hasAdapter(c.x, a) && (best < 0 || c.load < st.cands[best].load) {
+	for i := range p.cands {
+		c := &p.cands[i]
+		if c.kv < p.release && hasAdapter(c.x, a) && (best < 0 || c.load < p.cands[best].load) {
 			best = i
 		}
 	}
-	st.loraLoaded = best >= 0
+	p.adapters.loaded = best >= 0
 	if best < 0 {
-		for i := range st.cands {
-			c := &st.cands[i]
-			if c.kv < st.release && adapterRoom(c.x) && (best < 0 || c.load < st.cands[best].load) {
+		for i := range p.cands {
+			c := &p.cands[i]
+			if c.kv < p.release && adapterRoom(c.x) && (best < 0 || c.load < p.cands[best].load) {
 				best = i
 			}
 		}
@@ -77,8 +86,23 @@ func (st *decision) lora() bool {
 	if best < 0 {
 		return false
 	}
-	st.chosen = best
+	p.chosen = best
 	return true
+}
+
+// whyLora: the loser was above the release threshold, or lacked the
+// adapter (or a slot for it) that decided.
+func (p *pick) whyLora(i int) string {
+	c := &p.cands[i]
+	switch {
+	case c.kv >= p.release:
+		return WhyReleased
+	case p.adapters.loaded && !hasAdapter(c.x, p.adapter):
+		return WhyNoAdapter
+	case !p.adapters.loaded && !adapterRoom(c.x):
+		return WhyNoAdapterSlot
+	}
+	return WhyHigherLoad
 }
 
 // hasAdapter: running or waiting in the engine, or sent there by this broker
@@ -101,6 +125,10 @@ func adapterRoom(x *replica) bool {
 	return used < slots
 }
 
+// prefixStep is prefix-affinity's state: the blocks matched on the replica
+// it chose.
+type prefixStep struct{ matched int }
+
 // prefix picks the replica holding the longest chain of the request's prefix
 // blocks, among candidates below the release threshold; ties go to the
 // lowest kv_usage. Chained hashes make presence monotone in the chain (a
@@ -109,22 +137,19 @@ func adapterRoom(x *replica) bool {
 // continues while that level's replicas are not usable.
 //
 // When every holder is above the threshold, releasing only helps if it finds
-// a lighter replica: the power-of-two pair is drawn, and the request leaves
-// its warm cache for the pair's winner only if that one's load_score is
-// lower by more than the cached prefix is worth (prefixWorth × the matched
-// share of the prefix); the power-of-two step then decides with the same
-// pair. Near saturation every replica is above the threshold, and a plain
-// release there only trades a cache hit for a miss, a longer prefill, and
-// more load: the cascade the lab's prefix benchmark showed.
-func (st *decision) prefix() bool {
-	if len(st.req.Prefix) == 0 {
+// a lighter replica: the request leaves its warm cache for the winner of the
+// power-of-two pair only if that one's load_score is lower by more than the
+// cached prefix is worth (prefixWorth × the matched share of the prefix);
+// the power-of-two step then decides, with the same pair. Near saturation
+// every replica is above the threshold, and a plain release there only
+// trades a cache hit for a miss, a longer prefill, and more load: the
+// cascade the lab's prefix benchmark showed.
+func (p *pick) prefix() bool {
+	m := p.holders
+	if m == nil || len(p.req.Prefix) == 0 {
 		return false
 	}
-	m := st.r.prefixes[st.target.Model]
-	if m == nil {
-		return false
-	}
-	blocks := st.req.Prefix
+	blocks := p.req.Prefix
 	top := -1
 	for lo, hi := 0, len(blocks); lo < hi; {
 		mid := int(uint(lo+hi) >> 1)
@@ -142,38 +167,37 @@ func (st *decision) prefix() bool {
 		}
 		best := -1
 		for _, x := range e.reps {
-			if x == nil || x.mark != st.r.epoch {
+			if x == nil || x.mark != p.epoch {
 				continue
 			}
 			ci := int(x.ci)
-			c := &st.cands[ci]
+			c := &p.cands[ci]
 			if hot < 0 {
 				hot, hotLvl = ci, lvl
-			} else if hotLvl == lvl && c.kv < st.cands[hot].kv {
+			} else if hotLvl == lvl && c.kv < p.cands[hot].kv {
 				hot = ci
 			}
-			if c.kv < st.release && (best < 0 || c.kv < st.cands[best].kv) {
+			if c.kv < p.release && (best < 0 || c.kv < p.cands[best].kv) {
 				best = ci
 			}
 		}
 		if best >= 0 {
-			st.chosen, st.d.PrefixMatched = best, lvl+1
+			p.chosen, p.warm.matched = best, lvl+1
 			return true
 		}
 	}
 	// Weighing needs fresh load data and a choice: otherwise the next
 	// steps decide, as they would have.
-	if hot < 0 || len(st.cands) == 1 || st.nfresh == 0 {
+	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
 	}
-	st.drawTwo()
-	h, a := &st.cands[hot], &st.cands[st.pair[0]]
-	if st.pair[0] == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
-		st.drawn = false
-		st.chosen, st.d.PrefixMatched = hot, hotLvl+1
+	lighter := p.twoOf()[0]
+	h, a := &p.cands[hot], &p.cands[lighter]
+	if lighter == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
+		p.chosen, p.warm.matched = hot, hotLvl+1
 		return true
 	}
-	st.released = hot
+	p.released = hot
 	return false
 }
 
@@ -183,106 +207,76 @@ func (st *decision) prefix() bool {
 // lighter even without the penalty. A partial match is worth its share.
 const prefixWorth = 1.0
 
+func (p *pick) whyPrefix(i int) string {
+	if p.cands[i].kv >= p.release {
+		return WhyReleased
+	}
+	return WhyShorterPrefix
+}
+
+func (p *pick) reportPrefix(d *Decision) { d.PrefixMatched = p.warm.matched }
+
 // only takes the one candidate: nothing to choose.
-func (st *decision) only() bool {
-	if len(st.cands) != 1 {
+func (p *pick) only() bool {
+	if len(p.cands) != 1 {
 		return false
 	}
-	st.chosen = 0
+	p.chosen = 0
 	return true
 }
 
 // staleRandom picks at random when no candidate's load data is fresher than
 // stale_after: stale data is worse than random.
-func (st *decision) staleRandom() bool {
-	if st.nfresh != 0 {
+func (p *pick) staleRandom() bool {
+	if p.nfresh != 0 {
 		return false
 	}
-	st.chosen = st.rng.IntN(len(st.cands))
+	p.chosen = p.rng.IntN(len(p.cands))
 	return true
 }
+
+func (p *pick) whyStaleRandom(int) string { return WhyNotDrawn }
 
 // powerOfTwo is the power of two choices: two random candidates, the lower
 // load_score wins. Sampling two instead of taking the global minimum keeps
 // brokers with the same stale view from herding onto one replica. It always
-// decides (the steps before it leave at least two candidates), with the
-// pair the prefix step drew when it weighed a warm replica against it.
-func (st *decision) powerOfTwo() bool {
-	if !st.drawn {
-		st.drawTwo()
-	}
-	st.chosen, st.other = st.pair[0], st.pair[1]
+// decides (the steps before it leave at least two candidates).
+func (p *pick) powerOfTwo() bool {
+	p.chosen = p.twoOf()[0]
 	return true
 }
 
-// drawTwo draws two distinct candidates into st.pair, the lower load_score
-// first.
-func (st *decision) drawTwo() {
-	n := len(st.cands)
-	i, j := st.rng.IntN(n), st.rng.IntN(n-1)
-	if j >= i {
-		j++
+func (p *pick) whyPowerOfTwo(i int) string {
+	if i != p.pair.ij[1] {
+		return WhyNotSampled
 	}
-	if st.cands[j].load < st.cands[i].load {
-		i, j = j, i
-	}
-	st.pair, st.drawn = [2]int{i, j}, true
+	return ""
 }
 
 // alternatives records the (at most 3) lowest-load candidates that lost,
 // and why.
-func (st *decision) alternatives() {
+func (p *pick) alternatives(d *Decision) {
 	var top [3]int
 	n := 0
-	for i := range st.cands {
-		if i == st.chosen {
+	for i := range p.cands {
+		if i == p.chosen {
 			continue
 		}
-		l := st.cands[i].load
-		if n == len(top) && l >= st.cands[top[n-1]].load {
+		l := p.cands[i].load
+		if n == len(top) && l >= p.cands[top[n-1]].load {
 			continue
 		}
 		k := min(n, len(top)-1)
-		for k > 0 && st.cands[top[k-1]].load > l {
+		for k > 0 && p.cands[top[k-1]].load > l {
 			top[k] = top[k-1]
 			k--
 		}
 		top[k] = i
 		n = min(n+1, len(top))
 	}
-	d := st.d
 	for k := 0; k < n; k++ {
-		c := &st.cands[top[k]]
-		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: st.why(top[k])}
+		c := &p.cands[top[k]]
+		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: p.why(top[k])}
 	}
 	d.NAlts = n
-}
-
-// whyLora: the loser was above the release threshold, or lacked the
-// adapter (or a slot for it) that decided.
-func (st *decision) whyLora(i int) string {
-	c := &st.cands[i]
-	switch {
-	case c.kv >= st.release:
-		return WhyReleased
-	case st.loraLoaded && !hasAdapter(c.x, st.adapter):
-		return WhyNoAdapter
-	case !st.loraLoaded && !adapterRoom(c.x):
-		return WhyNoAdapterSlot
-	}
-	return WhyHigherLoad
-}
-
-func (st *decision) whyPrefix(i int) string {
-	if st.cands[i].kv >= st.release {
-		return WhyReleased
-	}
-	return WhyShorterPrefix
-}
-
-func (st *decision) whyPowerOfTwo(i int) string {
-	if i != st.other {
-		return WhyNotSampled
-	}
-	return ""
 }

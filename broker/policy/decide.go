@@ -9,7 +9,9 @@ import (
 )
 
 // decision is the working state of one decision: Router.st, under
-// Router.mu.
+// Router.mu. It ties the two halves of a decision together: res, what the
+// request resolves to (tenant, model, version, pool, adapter), and pick,
+// the replica choice over the candidates of that group.
 type decision struct {
 	r      *Router
 	req    *Request
@@ -19,54 +21,27 @@ type decision struct {
 	commit bool
 	snap   *table.Snapshot
 
-	tenant    *table.Tenant // nil: no rules
-	tenantKey string        // quota bucket key
-	tier      string
-
-	adapter  string // LoRA to apply, "" for none
-	explicit bool   // the request named "model:adapter"
-
-	path        [maxHops]string // names resolved so far (loop safety)
-	npath       int
-	promptRead  bool
-	promptBytes []byte
-
-	primary, target, stable table.Target
-	pool                    string
-	poolFallback            bool
-	canaryGone              bool
-	fallback                string // alias fallen back to
-
-	cands               []cand
-	nfresh, nfull       int
-	release, saturation float64
-	quota               quotaCheck
-
-	endpoint uint8 // the request's endpoint bit; 0 filters nothing
-	unserved int   // replicas left out because their engine lacks the endpoint
-	pinLost  bool  // the pinned replica cannot serve: gone, draining, another model
-
-	chosen, released, other int // candidate indices, -1 when none
-	deadlineLoser           int
-	deadlineSwitch          bool
-	loraLoaded              bool
-	pair                    [2]int // the power-of-two draw, lower load_score first
-	drawn                   bool   // pair is drawn
-	step                    *step  // the replica-choice step that decided
+	res   resolution
+	pick  pick
+	quota quotaCheck // the tenant's buckets as checkQuota read them
+	// pinLost: the pinned replica cannot serve (gone, draining, another
+	// model), and nothing else may.
+	pinLost bool
 }
 
 // run is the pipeline the package README describes, step by step.
 func (st *decision) run() {
 	d, req := st.d, st.req
 	*d = Decision{Requested: req.Model, PrefixBlocks: len(req.Prefix)}
-	st.chosen, st.released, st.other, st.deadlineLoser = -1, -1, -1, -1
 	if st.snap = st.r.snap.Load(); st.snap == nil {
 		st.reject(errNoTable())
 		return
 	}
 	d.TableRevision = st.snap.Revision
-	st.lookupTenant()
-	st.endpoint, st.unserved, st.pinLost = subjects.EndpointBit(req.Endpoint), 0, false
+	res, p := &st.res, &st.pick
+	res.start(st.snap, req, st.rng)
+	p.start(req, st.rng, st.now)
+	p.eject.horizon = st.r.ejectHorizon
 
 	// Which model?
 	name, adapter, explicit := splitModel(req.Model)
@@ -78,24 +53,24 @@ func (st *decision) run() {
 		st.reject(errBadModel("model `" + req.Model + "` does not name a valid adapter after ':'"))
 		return
 	}
-	st.adapter, st.explicit = adapter, explicit
-	var res resolved
-	if e := st.resolve(name, &res); e != nil {
+	res.adapter, res.explicit = adapter, explicit
+	var found resolved
+	if e := res.resolve(name, &found); e != nil {
 		st.reject(e)
 		return
 	}
 	// Which pool? (The canary draw is part of the pool rules.)
-	st.place(&res)
-	st.primary = st.target
-	d.Model, d.Pool = st.target.Model, st.pool
-	if !st.permitted(0) {
+	res.place(&found)
+	res.primary = res.target
+	d.Model, d.Pool = res.target.Model, res.pool
+	if !res.permitted(0) {
 		st.reject(errNotAllowed(req.Tenant, req.Model))
 		return
 	}
 	if !explicit {
-		st.adapter = st.tenantAdapter(0)
+		res.adapter = res.tenantAdapter(0)
 	}
-	d.Lora = st.adapter
+	d.Lora = res.adapter
 
 	// Admit: what can be refused before looking at replicas.
 	if e := st.checkContext(); e != nil {
@@ -116,35 +91,36 @@ func (st *decision) run() {
 			return
 		}
 		st.noteCold()
-		if !st.fallbacks(&res) {
-			st.target, st.pool, st.adapter = st.primary, d.Pool, d.Lora
+		if !st.fallbacks(&found) {
+			res.target, res.pool, res.adapter = res.primary, d.Pool, d.Lora
 			st.reject(st.unavailable())
 			st.chargeHeld()
 			return
 		}
 	}
-	d.Model, d.Version, d.Pool, d.Lora = st.target.Model, st.target.Version, st.pool, st.adapter
+	d.Model, d.Version, d.Pool, d.Lora = res.target.Model, res.target.Version, res.pool, res.adapter
 	if e := st.checkCapacity(); e != nil && req.ResumeFrom == "" {
 		st.reject(e)
 		return
 	}
 
 	// Which replica?
-	st.choose()
-	if e := st.checkDeadline(); e != nil {
+	p.adapter = res.adapter
+	if len(req.Prefix) > 0 {
+		p.holders = st.r.prefixes[res.target.Model]
+	}
+	if e := p.choose(); e != nil {
 		st.reject(e)
 		return
 	}
-	c := &st.cands[st.chosen]
+	c := &p.cands[p.chosen]
 	d.Replica, d.Score = c.x.id, c.load
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
-	if st.deadlineSwitch {
-		d.PrefixMatched = 0 // the prefix step's replica was not kept
-	}
-	d.Reason = reasonOf(st.fallback, st.poolFallback, st.canaryGone, st.deadlineSwitch, st.step)
-	st.alternatives()
+	p.report(d)
+	d.Reason = p.reason(res.fallback, res.modifiers())
+	p.alternatives(d)
 	if st.commit {
 		st.commitTo(c.x)
 	}
@@ -159,14 +135,14 @@ func (st *decision) commitTo(x *replica) {
 		st.chargeContinuation()
 	}
 	x.inflight++
-	if a := st.adapter; a != "" && !hasAdapter(x, a) {
+	if a := st.res.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {
 			x.sent[x.nsent] = a
 			x.nsent++
 		}
 	}
 	if len(st.req.Prefix) > 0 {
-		if m := st.r.prefixMapLocked(st.target.Model); m != nil {
+		if m := st.r.prefixMapLocked(st.res.target.Model); m != nil {
 			st.d.Placement = m.remember(st.req.Prefix, x)
 		}
 	}

@@ -85,36 +85,3 @@ func (r *Router) Ejected(now time.Time) []EjectedReplica {
 	}
 	return out
 }
-
-// ejectedSkip decides whether the candidates step leaves out the ejected
-// replicas of list: yes unless more than MaxEjectedShare of the live ones
-// are ejected (the panic threshold). It records what it did in the
-// decision.
-func (st *decision) ejectedSkip(list []*replica, now, dead int64) bool {
-	if now >= st.r.ejectHorizon {
-		return false
-	}
-	live, ejected := 0, 0
-	for _, x := range list {
-		if !x.ready || max(now-x.hbNano, 0) >= dead {
-			continue
-		}
-		live++
-		if now < x.eject.until {
-			ejected++
-		}
-	}
-	if ejected == 0 {
-		return false
-	}
-	skip := float64(ejected) <= MaxEjectedShare*float64(live)
-	d := st.d
-	d.NEjected, d.EjectPanic = 0, !skip
-	for _, x := range list {
-		if now < x.eject.until && d.NEjected < len(d.Ejected) {
-			d.Ejected[d.NEjected] = x.id
-			d.NEjected++
-		}
-	}
-	return skip
-}

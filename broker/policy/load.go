@@ -1,6 +1,6 @@
 package policy
 
-import "slices"
+import "github.com/switchyard-llm/switchyard/table"
 
 // Limits assumed when neither the heartbeat nor the table gives one.
 const (
@@ -23,48 +23,51 @@ type cand struct {
 	full      bool // at capacity: see load
 }
 
-// candidates makes the candidates of (model, version, pool): registered
-// (they come from the table index), effective state ready (the more
-// restrictive of the table's and the heartbeat's), a heartbeat younger than
-// dead_after, not excluded. It reports whether there is at least one.
+// candidates makes the candidates of (model, version, pool): the
+// registered replicas of the group (they come from the table index) that
+// every filter in force keeps. It reports whether there is at least one.
 func (st *decision) candidates(model, version, pool string) bool {
-	r := st.r
+	r, p := st.r, &st.pick
 	r.epoch++
 	list := r.groups[groupKey{model, version, pool}]
-	st.release, st.saturation = st.snap.PoolOverrides(pool)
-	cands := r.cands[:0]
 	pol := &st.snap.Policy
-	now := st.now.UnixNano()
-	dead, stale := int64(pol.DeadAfter), int64(pol.StaleAfter)
-	st.nfresh, st.nfull = 0, 0
-	skipEjected := st.ejectedSkip(list, now, dead)
+	p.epoch = r.epoch
+	p.release, p.saturation = st.snap.PoolOverrides(pool)
+	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
+	p.nfresh, p.nfull = 0, 0
+	var inForce [len(filters)]*filter
+	n := 0
+	for i := range filters {
+		f := &filters[i]
+		if f.on == nil || f.on(p, list) {
+			inForce[n] = f
+			n++
+		}
+		if f.report != nil {
+			f.report(p, st.d)
+		}
+	}
+	cands := r.cands[:0]
+	w := &pol.LoadWeights
+next:
 	for _, x := range list {
-		if !x.ready || (skipEjected && now < x.eject.until) {
-			continue
+		for _, f := range inForce[:n] {
+			if !f.keep(p, x) {
+				continue next
+			}
 		}
-		age := max(now-x.hbNano, 0)
-		if age >= dead || (len(st.req.Exclude) > 0 && slices.Contains(st.req.Exclude, x.id)) {
-			continue
-		}
-		if st.req.Pin != "" && x.id != st.req.Pin {
-			continue
-		}
-		if x.serves&st.endpoint != st.endpoint {
-			st.unserved++
-			continue
-		}
-		c := cand{x: x, fresh: max(now-x.dataNano, 0) < stale}
-		st.load(&c)
+		c := cand{x: x, fresh: max(p.nowNano-x.dataNano, 0) < p.stale}
+		p.load(&c, w)
 		if c.fresh {
-			st.nfresh++
+			p.nfresh++
 		}
 		if c.full {
-			st.nfull++
+			p.nfull++
 		}
-		x.mark, x.ci = r.epoch, int32(len(cands))
+		x.mark, x.ci = p.epoch, int32(len(cands))
 		cands = append(cands, c)
 	}
-	r.cands, st.cands = cands, cands
+	r.cands, p.cands = cands, cands
 	return len(cands) > 0
 }
 
@@ -82,7 +85,7 @@ func (st *decision) candidates(model, version, pool string) bool {
 // its reported queue is full and it cannot drain it (batch full or kv
 // saturated); stale load data is never full, since it cannot tell. An unknown max_queue counts as
 // DefaultMaxQueue in the score and never fills.
-func (st *decision) load(c *cand) {
+func (p *pick) load(c *cand, w *table.LoadWeights) {
 	x := c.x
 	running, waiting, maxBatch := x.running, x.waiting, x.maxBatch
 	if n := x.inflight; n > 0 {
@@ -94,7 +97,6 @@ func (st *decision) load(c *cand) {
 	if queueDen <= 0 {
 		queueDen = DefaultMaxQueue
 	}
-	w := &st.snap.Policy.LoadWeights
 	c.kv = x.kv
 	c.load = w.KV*c.kv + w.Queue*float64(waiting)/float64(queueDen) + w.Batch*float64(running)/float64(maxBatch)
 	// Saturation and capacity come from what the replica reported, not
@@ -103,11 +105,11 @@ func (st *decision) load(c *cand) {
 	// rate it would call an idle replica full. It steers the score only; the
 	// engine keeps the final say on admission.
 	queueFull := x.maxQueue > 0 && x.waiting >= x.maxQueue
-	c.saturated = c.kv >= st.saturation || queueFull
+	c.saturated = c.kv >= p.saturation || queueFull
 	if c.saturated {
 		c.load += SaturationPenalty
 	}
-	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= st.saturation)
+	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= p.saturation)
 	c.wait = x.wait
 }
 

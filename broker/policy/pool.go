@@ -13,47 +13,47 @@ import (
 // The stable target is the one with the highest weight (the first on a tie);
 // every other target is a canary. A table without a canary rule still splits
 // traffic by weight, in the general pool.
-func (st *decision) place(res *resolved) {
-	st.poolFallback, st.canaryGone = false, false
+func (res *resolution) place(to *resolved) {
+	res.poolFallback, res.canaryGone = false, false
 	var targets []table.Target
-	if res.alias != nil {
-		targets = res.alias.Targets
+	if to.alias != nil {
+		targets = to.alias.Targets
 	}
-	st.stable = table.Target{Model: res.model, Weight: 1}
+	res.stable = table.Target{Model: to.model, Weight: 1}
 	for i, t := range targets {
-		if i == 0 || t.Weight > st.stable.Weight {
-			st.stable = t
+		if i == 0 || t.Weight > res.stable.Weight {
+			res.stable = t
 		}
 	}
-	st.target, st.pool = st.stable, ""
+	res.target, res.pool = res.stable, ""
 	canaryRule := false
-	pol := &st.snap.Policy
+	pol := &res.snap.Policy
 	for _, rule := range pol.PoolRules {
 		match := false
 		switch rule.When {
 		case table.WhenLongContext:
-			match = st.req.PromptTokens > pol.LongContextTokens
+			match = res.req.PromptTokens > pol.LongContextTokens
 		case table.WhenPremium:
-			match = st.tier == table.TierPremium
+			match = res.tier == table.TierPremium
 		case table.WhenBatch:
-			match = st.req.Priority == subjects.PriorityBatch
+			match = res.req.Priority == subjects.PriorityBatch
 		case table.WhenCanary:
 			canaryRule = true
-			if t, ok := st.draw(res.aliasName, targets); ok {
-				st.target, match = t, true
+			if t, ok := res.draw(to.aliasName, targets); ok {
+				res.target, match = t, true
 			}
 		case table.WhenAlways:
 			match = true
 		}
 		if match {
-			st.pool = rule.Pool
+			res.pool = rule.Pool
 			return
 		}
 	}
-	st.pool = table.PoolGeneral
+	res.pool = table.PoolGeneral
 	if !canaryRule {
-		if t, ok := st.draw(res.aliasName, targets); ok {
-			st.target = t
+		if t, ok := res.draw(to.aliasName, targets); ok {
+			res.target = t
 		}
 	}
 }
@@ -61,7 +61,7 @@ func (st *decision) place(res *resolved) {
 // draw picks a target by weight, sticky per conversation (a hash of alias
 // and conversation, so one conversation is not the canary of every alias at
 // once), random without one. ok is false when the stable target was drawn.
-func (st *decision) draw(alias string, targets []table.Target) (t table.Target, ok bool) {
+func (res *resolution) draw(alias string, targets []table.Target) (t table.Target, ok bool) {
 	total := 0
 	for _, t := range targets {
 		total += t.Weight
@@ -70,7 +70,7 @@ func (st *decision) draw(alias string, targets []table.Target) (t table.Target, 
 		return t, false
 	}
 	var x int
-	if c := st.req.Conversation; c != "" {
+	if c := res.req.Conversation; c != "" {
 		var h xxhash.Digest
 		h.Reset()
 		_, _ = h.WriteString(alias)
@@ -78,11 +78,11 @@ func (st *decision) draw(alias string, targets []table.Target) (t table.Target, 
 		_, _ = h.WriteString(c)
 		x = int(h.Sum64() % uint64(total))
 	} else {
-		x = st.rng.IntN(total)
+		x = res.rng.IntN(total)
 	}
 	for _, t := range targets {
 		if x -= t.Weight; x < 0 {
-			return t, t != st.stable
+			return t, t != res.stable
 		}
 	}
 	return t, false
@@ -95,17 +95,17 @@ func (st *decision) gather() bool {
 	if st.req.Pin != "" {
 		return st.gatherPinned()
 	}
-	t := &st.target
-	if st.candidates(t.Model, t.Version, st.pool) {
+	t := &st.res.target
+	if st.candidates(t.Model, t.Version, st.res.pool) {
 		return true
 	}
-	if st.pool != table.PoolGeneral && st.candidates(t.Model, t.Version, table.PoolGeneral) {
-		st.pool, st.poolFallback = table.PoolGeneral, true
+	if st.res.pool != table.PoolGeneral && st.candidates(t.Model, t.Version, table.PoolGeneral) {
+		st.res.pool, st.res.poolFallback = table.PoolGeneral, true
 		return true
 	}
-	if *t != st.stable {
-		st.target, st.pool, st.canaryGone = st.stable, table.PoolGeneral, true
-		return st.candidates(st.stable.Model, st.stable.Version, table.PoolGeneral)
+	if *t != st.res.stable {
+		st.res.target, st.res.pool, st.res.canaryGone = st.res.stable, table.PoolGeneral, true
+		return st.candidates(st.res.stable.Model, st.res.stable.Version, table.PoolGeneral)
 	}
 	return false
 }
@@ -115,11 +115,11 @@ func (st *decision) gather() bool {
 // canary draw or fallback may move it.
 func (st *decision) gatherPinned() bool {
 	x := st.r.replicas[st.req.Pin]
-	if x == nil || x.reg == nil || x.reg.Model != st.target.Model {
+	if x == nil || x.reg == nil || x.reg.Model != st.res.target.Model {
 		st.pinLost = true
 		return false
 	}
-	st.target.Version, st.pool = x.reg.Version, x.reg.Pool
+	st.res.target.Version, st.res.pool = x.reg.Version, x.reg.Pool
 	if !st.candidates(x.reg.Model, x.reg.Version, x.reg.Pool) {
 		st.pinLost = true
 		return false
@@ -131,34 +131,34 @@ func (st *decision) gatherPinned() bool {
 // cascade aliases that led to it, breadth first and loop-safe, until one
 // leads to a candidate. An explicit "model:adapter" never falls back: the
 // adapter belongs to its model.
-func (st *decision) fallbacks(res *resolved) bool {
-	if st.explicit {
+func (st *decision) fallbacks(found *resolved) bool {
+	if st.res.explicit {
 		return false
 	}
 	var q fallbackQueue
-	if res.alias != nil {
-		q.push(res.alias.Fallbacks)
+	if found.alias != nil {
+		q.push(found.alias.Fallbacks)
 	}
-	for i := st.npath - 2; i >= 0; i-- {
-		if a := st.snap.Aliases[st.path[i]]; a != nil {
+	for i := st.res.npath - 2; i >= 0; i-- {
+		if a := st.snap.Aliases[st.res.path[i]]; a != nil {
 			q.push(a.Fallbacks)
 		}
 	}
 	for q.head < q.n {
 		name := q.names[q.head]
 		q.head++
-		from := st.npath
+		from := st.res.npath
 		var fb resolved
-		if st.resolve(name, &fb) != nil {
+		if st.res.resolve(name, &fb) != nil {
 			continue
 		}
-		st.place(&fb)
-		if overContext(st.snap.Models[st.target.Model], st.req) {
+		st.res.place(&fb)
+		if overContext(st.snap.Models[st.res.target.Model], st.req) {
 			continue
 		}
-		st.adapter = st.tenantAdapter(from)
+		st.res.adapter = st.res.tenantAdapter(from)
 		if st.gather() {
-			st.fallback = name
+			st.res.fallback = name
 			return true
 		}
 		st.noteCold()
@@ -190,12 +190,12 @@ func (q *fallbackQueue) push(names []string) {
 // noteCold asks for a load when the target's model is cold-tier and has no
 // ready replica (the first such model of the decision).
 func (st *decision) noteCold() {
-	m := st.snap.Models[st.target.Model]
+	m := st.snap.Models[st.res.target.Model]
 	if st.d.ControlLoad || m == nil || m.Tier != table.TierCold {
 		return
 	}
 	st.d.ControlLoad = true
-	st.d.LoadModel, st.d.LoadVersion = st.target.Model, st.target.Version
+	st.d.LoadModel, st.d.LoadVersion = st.res.target.Model, st.res.target.Version
 }
 
 // loading reports whether a registered replica of model is loading: the

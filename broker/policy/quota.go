@@ -48,14 +48,14 @@ type quotaCheck struct {
 // charging them (commit does).
 func (st *decision) checkQuota() *subjects.APIError {
 	st.d.ReservedTokens = st.req.PromptTokens + st.maxTokens()
-	if st.tenant == nil {
+	if st.res.tenant == nil {
 		return nil
 	}
-	q := st.tenant.Quota
+	q := st.res.tenant.Quota
 	if q.RPM == 0 && q.TPM == 0 {
 		return nil
 	}
-	tq := st.r.quotas[st.tenantKey]
+	tq := st.r.quotas[st.res.tenantKey]
 	if tq == nil {
 		tq = &tenantQuota{} // not stored: only commit creates state
 	}
@@ -117,7 +117,7 @@ func (st *decision) maxTokens() int {
 	if st.req.MaxTokens > 0 {
 		return st.req.MaxTokens
 	}
-	if m := st.snap.Models[st.target.Model]; m != nil {
+	if m := st.snap.Models[st.res.target.Model]; m != nil {
 		return m.DefaultMaxTokens
 	}
 	return 0
@@ -126,20 +126,20 @@ func (st *decision) maxTokens() int {
 // buckets returns the tenant's buckets for a charge, creating them: only a
 // commit creates quota state (checkQuota reads a missing tenant's as full).
 func (st *decision) buckets() *tenantQuota {
-	tq := st.r.quotas[st.tenantKey]
+	tq := st.r.quotas[st.res.tenantKey]
 	if tq == nil {
 		tq = &tenantQuota{}
-		st.r.quotas[st.tenantKey] = tq
+		st.r.quotas[st.res.tenantKey] = tq
 	}
 	return tq
 }
 
 // chargeQuota takes the request out of the buckets checkQuota read.
 func (st *decision) chargeQuota() {
-	if st.tenant == nil {
+	if st.res.tenant == nil {
 		return
 	}
-	q := st.tenant.Quota
+	q := st.res.tenant.Quota
 	if q.RPM == 0 && q.TPM == 0 {
 		return
 	}
@@ -149,7 +149,7 @@ func (st *decision) chargeQuota() {
 	}
 	if q.TPM > 0 {
 		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
-		st.r.reserveLocked(st.req.ID, st.tenantKey, st.quota.cost, false, st.now)
+		st.r.reserveLocked(st.req.ID, st.res.tenantKey, st.quota.cost, false, st.now)
 	}
 }
 
@@ -160,16 +160,16 @@ func (st *decision) chargeQuota() {
 // request id, so its usage event settles them: the text it generates is
 // charged once, with neither the prompt nor the carried text again.
 func (st *decision) chargeContinuation() {
-	if st.tenant == nil || st.tenant.Quota.TPM == 0 {
+	if st.res.tenant == nil || st.res.tenant.Quota.TPM == 0 {
 		return
 	}
-	q := st.tenant.Quota
+	q := st.res.tenant.Quota
 	tq := st.buckets()
 	capacity := float64(q.TPM) / float64(st.r.brokers)
 	cost := st.maxTokens()
 	lvl := tq.tpm.level(q.TPM, capacity, st.now)
 	tq.tpm.set(q.TPM, max(lvl-float64(cost), -capacity), st.now)
-	st.r.reserveLocked(st.req.ID, st.tenantKey, cost, true, st.now)
+	st.r.reserveLocked(st.req.ID, st.res.tenantKey, cost, true, st.now)
 }
 
 // chargeHeld counts a request the gateway will hold for its cold model
@@ -177,15 +177,15 @@ func (st *decision) chargeContinuation() {
 // holding it is service the tenant gets. Its tokens are reserved when it is
 // admitted after the wait, and that admission does not count it again.
 func (st *decision) chargeHeld() {
-	m := st.snap.Models[st.primary.Model]
+	m := st.snap.Models[st.res.primary.Model]
 	if !st.commit || st.req.ColdWaited || st.d.Err == nil || st.d.Err.Code != subjects.CodeModelLoading || m == nil || m.OnCold != table.OnColdWait {
 		return
 	}
-	if st.tenant == nil || st.tenant.Quota.RPM == 0 {
+	if st.res.tenant == nil || st.res.tenant.Quota.RPM == 0 {
 		return
 	}
 	tq := st.buckets()
-	tq.rpm.set(st.tenant.Quota.RPM, st.quota.rpmLevel-1, st.now)
+	tq.rpm.set(st.res.tenant.Quota.RPM, st.quota.rpmLevel-1, st.now)
 }
 
 // A reservation is the tokens this broker took from a tenant's tpm bucket

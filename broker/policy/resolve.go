@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -20,14 +21,56 @@ type resolved struct {
 	model     string // set when alias is nil
 }
 
-// lookupTenant finds the tenant's table entry; a tenant missing from the
-// table gets the default tenant's rules, and shares its quota bucket.
-func (st *decision) lookupTenant() {
-	st.tenant, st.tenantKey = st.snap.TenantRules(st.req.Tenant)
-	st.tier = table.TierStandard
-	if st.tenant != nil && st.tenant.Tier != "" {
-		st.tier = st.tenant.Tier
+// resolution is what a request resolves to: the tenant whose rules
+// apply, the names it went through, the model and version (target), the
+// pool and the adapter, and what changed the route on the way (the
+// modifiers of the reason). Its methods read the table, never the replicas.
+type resolution struct {
+	snap *table.Snapshot
+	req  *Request
+	rng  *rand.Rand // the canary draw without a conversation
+
+	tenant    *table.Tenant // nil: no rules
+	tenantKey string        // quota bucket key
+	tier      string
+
+	adapter  string // LoRA to apply, "" for none
+	explicit bool   // the request named "model:adapter"
+
+	path        [maxHops]string // names resolved so far (loop safety)
+	npath       int
+	promptRead  bool
+	promptBytes []byte
+
+	primary, target, stable table.Target
+	pool                    string
+	poolFallback            bool
+	canaryGone              bool
+	fallback                string // alias fallen back to
+}
+
+// start readies res for req and finds the tenant's table entry; a tenant
+// missing from the table gets the default tenant's rules, and shares its
+// quota bucket.
+func (res *resolution) start(snap *table.Snapshot, req *Request, rng *rand.Rand) {
+	res.snap, res.req, res.rng = snap, req, rng
+	res.tenant, res.tenantKey = snap.TenantRules(req.Tenant)
+	res.tier = table.TierStandard
+	if res.tenant != nil && res.tenant.Tier != "" {
+		res.tier = res.tenant.Tier
 	}
+}
+
+// modifiers are the route modifiers met (see step.reasons).
+func (res *resolution) modifiers() int {
+	m := 0
+	if res.canaryGone {
+		m |= modCanaryGone
+	}
+	if res.poolFallback {
+		m |= modPoolFallback
+	}
+	return m
 }
 
 // splitModel splits "model:adapter"; ':' is never part of a name.
@@ -37,27 +80,27 @@ func splitModel(s string) (name, adapter string, explicit bool) {
 }
 
 // resolve follows name through cascade aliases to an alias with targets or
-// a model id, recording every name on st.path.
-func (st *decision) resolve(name string, res *resolved) *subjects.APIError {
+// a model id, recording every name on res.path.
+func (res *resolution) resolve(name string, to *resolved) *subjects.APIError {
 	for {
-		if slices.Contains(st.path[:st.npath], name) || st.npath == maxHops {
+		if slices.Contains(res.path[:res.npath], name) || res.npath == maxHops {
 			return errAliasLoop(name)
 		}
-		st.path[st.npath] = name
-		st.npath++
-		a := st.snap.Aliases[name]
+		res.path[res.npath] = name
+		res.npath++
+		a := res.snap.Aliases[name]
 		if a == nil {
-			if st.snap.Models[name] != nil {
-				*res = resolved{model: name}
+			if res.snap.Models[name] != nil {
+				*to = resolved{model: name}
 				return nil
 			}
 			return errModelNotFound(name)
 		}
 		if len(a.Cascade) == 0 {
-			*res = resolved{alias: a, aliasName: name}
+			*to = resolved{alias: a, aliasName: name}
 			return nil
 		}
-		next := st.cascade(a)
+		next := res.cascade(a)
 		if next == "" {
 			return errNoCascadeRule(name)
 		}
@@ -66,9 +109,9 @@ func (st *decision) resolve(name string, res *resolved) *subjects.APIError {
 }
 
 // cascade returns the alias of the first rule of a whose condition holds.
-func (st *decision) cascade(a *table.Alias) string {
+func (res *resolution) cascade(a *table.Alias) string {
 	for i := range a.Cascade {
-		if st.holds(&a.Cascade[i].When) {
+		if res.holds(&a.Cascade[i].When) {
 			return a.Cascade[i].Alias
 		}
 	}
@@ -77,8 +120,8 @@ func (st *decision) cascade(a *table.Alias) string {
 
 // holds reports whether every set field of w holds. The regex runs last,
 // so the prompt is rendered only when the cheap conditions passed.
-func (st *decision) holds(w *table.CascadeWhen) bool {
-	q := st.req
+func (res *resolution) holds(w *table.CascadeWhen) bool {
+	q := res.req
 	if w.MaxPromptTokens != nil && q.PromptTokens > *w.MaxPromptTokens {
 		return false
 	}
@@ -90,12 +133,12 @@ func (st *decision) holds(w *table.CascadeWhen) bool {
 			return false
 		}
 	}
-	if w.Tier != "" && w.Tier != st.tier {
+	if w.Tier != "" && w.Tier != res.tier {
 		return false
 	}
 	if w.Regex != "" {
 		re := w.Re() // compiled by table.Decode; a hand-built table has none
-		p := st.prompt()
+		p := res.prompt()
 		if re == nil || p == nil || !re.Match(p) {
 			return false
 		}
@@ -104,14 +147,14 @@ func (st *decision) holds(w *table.CascadeWhen) bool {
 }
 
 // prompt calls req.Prompt at most once per decision.
-func (st *decision) prompt() []byte {
-	if !st.promptRead {
-		st.promptRead = true
-		if st.req.Prompt != nil {
-			st.promptBytes = st.req.Prompt()
+func (res *resolution) prompt() []byte {
+	if !res.promptRead {
+		res.promptRead = true
+		if res.req.Prompt != nil {
+			res.promptBytes = res.req.Prompt()
 		}
 	}
-	return st.promptBytes
+	return res.promptBytes
 }
 
 // permitted applies the tenant's allowed_models to the names resolved from
@@ -119,18 +162,18 @@ func (st *decision) prompt() []byte {
 // model id allows every alias leading to it. The explicit "model:adapter"
 // form needs the tenant to own the adapter, or allowed_models to list that
 // exact form.
-func (st *decision) permitted(from int) bool {
-	t := st.tenant
-	if st.explicit {
+func (res *resolution) permitted(from int) bool {
+	t := res.tenant
+	if res.explicit {
 		if t == nil {
 			return false
 		}
-		if slices.Contains(t.AllowedModels, st.req.Model) {
+		if slices.Contains(t.AllowedModels, res.req.Model) {
 			return true
 		}
 		owned := false
 		for _, l := range t.Adapters {
-			if l == st.adapter {
+			if l == res.adapter {
 				owned = true
 				break
 			}
@@ -142,25 +185,25 @@ func (st *decision) permitted(from int) bool {
 	if t == nil || len(t.AllowedModels) == 0 {
 		return true
 	}
-	for _, n := range st.path[from:st.npath] {
+	for _, n := range res.path[from:res.npath] {
 		if slices.Contains(t.AllowedModels, n) {
 			return true
 		}
 	}
-	return slices.Contains(t.AllowedModels, st.target.Model)
+	return slices.Contains(t.AllowedModels, res.target.Model)
 }
 
 // tenantAdapter is the LoRA the tenant maps the most specific name of
 // path[from:] (or the chosen model) to, "" when none.
-func (st *decision) tenantAdapter(from int) string {
-	t := st.tenant
+func (res *resolution) tenantAdapter(from int) string {
+	t := res.tenant
 	if t == nil || len(t.Adapters) == 0 {
 		return ""
 	}
-	for i := st.npath - 1; i >= from; i-- {
-		if l, ok := t.Adapters[st.path[i]]; ok {
+	for i := res.npath - 1; i >= from; i-- {
+		if l, ok := t.Adapters[res.path[i]]; ok {
 			return l
 		}
 	}
-	return t.Adapters[st.target.Model]
+	return t.Adapters[res.target.Model]
 }

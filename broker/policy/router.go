@@ -287,7 +287,7 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x, snap := r.replicas[id], r.snap.Load()
-	if x == nil || !x.ready || snap == nil || now.UnixNano()-x.hbNano >= int64(snap.Policy.DeadAfter) {
+	if x == nil || snap == nil || !x.liveAt(now.UnixNano(), int64(snap.Policy.DeadAfter)) {
 		return table.Replica{}, false
 	}
 	return *x.reg, true

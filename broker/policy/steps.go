@@ -1,19 +1,36 @@
 package policy
 
-// step declares one replica-choice step. The pipeline walks steps in order
+import (
+	"strings"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// The replica choice is three tables of rows, each row a name, a method
+// and what it reports, walked by the pick: filters make the candidates,
+// steps choose one of them, checks may revise the choice. Adding a filter,
+// a step or a check touches its row, its method (with its own state in
+// pick) and its line in README.md; the walks, the reasons and the losers'
+// explanations take it from the row.
+
+// step declares one replica-choice step. The pick walks the steps in order
 // and the first whose pick returns true decides; the last always does.
 type step struct {
 	// reason is Decision.Reason when the step decides, and its name.
 	reason string
-	// pick chooses st.chosen and returns true, or passes to the next step.
-	pick func(st *decision) bool
+	// pick chooses p.chosen and returns true, or passes to the next step.
+	pick func(p *pick) bool
 	// why says why candidate i lost when this step decided; "" leaves it
 	// to the load comparison (saturated, or a higher load_score).
-	why func(st *decision, i int) string
+	why func(p *pick, i int) string
+	// report writes what the step found into the Decision, when its
+	// choice stands (no check switched it); nil reports nothing.
+	report func(p *pick, d *Decision)
 
-	// The reason after one route modifier, joined once here so the hot
-	// path does not allocate (see reasonOf).
-	afterPoolFallback, afterCanaryGone string
+	// reasons is the step's reason after every combination of route
+	// modifiers and switching checks (see modifiers), joined once here so
+	// the hot path does not allocate.
+	reasons []string
 }
 
 // steps is the replica choice, in order. It is never written after
@@ -23,87 +40,150 @@ type step struct {
 // the pool's release threshold: the valve that stops one popular
 // conversation, adapter or prefix from overloading a replica. Prefix
 // affinity weighs a warm replica above the threshold against the
-// power-of-two draw instead of dropping it (see prefix).
+// power-of-two pair instead of dropping it (see prefix).
 var steps = [...]step{
-	newStep(ReasonResponse, (*decision).pinned, nil),
-	newStep(ReasonSession, (*decision).session, func(*decision, int) string { return WhyNotAffine }),
-	newStep(ReasonLora, (*decision).lora, (*decision).whyLora),
-	newStep(ReasonPrefix, (*decision).prefix, (*decision).whyPrefix),
-	newStep(ReasonOnly, (*decision).only, nil),
-	newStep(ReasonStaleRandom, (*decision).staleRandom, func(*decision, int) string { return WhyNotDrawn }),
-	newStep(ReasonPowerOfTwo, (*decision).powerOfTwo, (*decision).whyPowerOfTwo),
+	newStep(ReasonResponse, (*pick).pinned, nil, nil),
+	newStep(ReasonSession, (*pick).session, (*pick).whySession, nil),
+	newStep(ReasonLora, (*pick).lora, (*pick).whyLora, nil),
+	newStep(ReasonPrefix, (*pick).prefix, (*pick).whyPrefix, (*pick).reportPrefix),
+	newStep(ReasonOnly, (*pick).only, nil, nil),
+	newStep(ReasonStaleRandom, (*pick).staleRandom, (*pick).whyStaleRandom, nil),
+	newStep(ReasonPowerOfTwo, (*pick).powerOfTwo, (*pick).whyPowerOfTwo, nil),
 }
 
-func newStep(reason string, pick func(*decision) bool, why func(*decision, int) string) step {
-	return step{
-		reason: reason, pick: pick, why: why,
-		afterPoolFallback: ReasonPoolFallback + "+" + reason,
-		afterCanaryGone:   ReasonCanaryGone + "+" + reason,
+// check declares one check of the chosen replica. Every check runs, in
+// order, once a step has chosen: it keeps the replica, switches to another
+// (its reason is then joined after the step's), or refuses the request.
+type check struct {
+	reason string
+	// check returns whether it switched p.chosen, or the refusal.
+	check func(p *pick) (switched bool, e *subjects.APIError)
+	// why says why candidate i lost because of this check, "" when it
+	// did not; it takes precedence over the step's why.
+	why func(p *pick, i int) string
+}
+
+// checks run after the step that chose, in order.
+var checks = [...]check{
+	{reason: ReasonDeadline, check: (*pick).deadline, why: (*pick).whyDeadline},
+}
+
+// filter declares one candidate filter. A group's candidates are its
+// registered replicas that every filter in force keeps, filters in order.
+type filter struct {
+	name string
+	// on says whether the filter is in force for the group list (nil:
+	// always), preparing what keep needs.
+	on func(p *pick, list []*replica) bool
+	// keep reports whether replica x stays a candidate.
+	keep func(p *pick, x *replica) bool
+	// report writes what on found into the Decision; nil reports nothing.
+	report func(p *pick, d *Decision)
+}
+
+// filters is the candidate filter, in order. A filter that counts what it
+// left out (serves-endpoint) sees only replicas the ones before it kept.
+var filters = [...]filter{
+	{name: "live", keep: (*pick).live},
+	{name: "not-ejected", on: (*pick).ejectedOn, keep: (*pick).notEjected, report: (*pick).reportEjected},
+	{name: "not-excluded", on: (*pick).excludeOn, keep: (*pick).notExcluded},
+	{name: "pinned", on: (*pick).pinOn, keep: (*pick).pinnedTo},
+	{name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint},
+}
+
+// Route modifiers: what changed the route before the replica choice, bits
+// of the mask that indexes step.reasons, in the order the reason spells
+// them; the checks' bits follow (modCheck << k for checks[k]). A fallback
+// alias is a name, not a bit: it is joined in front (see reason).
+const (
+	modCanaryGone = 1 << iota
+	modPoolFallback
+	modCheck
+)
+
+var modReasons = [...]string{ReasonCanaryGone, ReasonPoolFallback}
+
+func newStep(reason string, pick func(*pick) bool, why func(*pick, int) string, report func(*pick, *Decision)) step {
+	s := step{reason: reason, pick: pick, why: why, report: report}
+	s.reasons = make([]string, modCheck<<len(checks))
+	var parts []string
+	for mask := range len(s.reasons) {
+		parts = parts[:0]
+		for k, m := range modReasons {
+			if mask&(1<<k) != 0 {
+				parts = append(parts, m)
+			}
+		}
+		parts = append(parts, reason)
+		for k := range checks {
+			if mask&(modCheck<<k) != 0 {
+				parts = append(parts, checks[k].reason)
+			}
+		}
+		s.reasons[mask] = strings.Join(parts, "+")
 	}
+	return s
 }
 
-// choose walks the steps; the one that picks is kept in st.step.
-func (st *decision) choose() {
-	st.chosen, st.released, st.other = -1, -1, -1
+// reason joins the fallback alias, the route modifiers, the deciding step
+// and the checks that switched: "fallback:chat-small+pool-fallback-general+power-of-two".
+func (p *pick) reason(fallback string, mods int) string {
+	r := p.step.reasons[mods|int(p.switched)*modCheck]
+	if fallback != "" {
+		return ReasonFallback + fallback + "+" + r
+	}
+	return r
+}
+
+// choose walks the steps, then the checks. It returns the refusal of a
+// check, nil when p.chosen stands.
+func (p *pick) choose() *subjects.APIError {
+	p.chosen, p.released = -1, -1
 	for i := range steps {
-		if steps[i].pick(st) {
-			st.step = &steps[i]
-			return
+		if steps[i].pick(p) {
+			p.step = &steps[i]
+			break
 		}
 	}
+	for k := range checks {
+		switched, e := checks[k].check(p)
+		if e != nil {
+			return e
+		}
+		if switched {
+			p.switched |= 1 << k
+		}
+	}
+	return nil
 }
 
-// why says why candidate i lost to the chosen one: the deadline or the
-// release valve first, then the deciding step, then the load comparison.
-func (st *decision) why(i int) string {
-	switch {
-	case i == st.deadlineLoser:
-		return WhyDeadline
-	case i == st.released:
-		return WhyReleased
+// report writes what the rows found into d: the deciding step's report
+// when no check switched away from its replica.
+func (p *pick) report(d *Decision) {
+	if p.switched == 0 && p.step.report != nil {
+		p.step.report(p, d)
 	}
-	if st.step.why != nil {
-		if w := st.step.why(st, i); w != "" {
+}
+
+// why says why candidate i lost to the chosen one: a check that switched
+// or the release valve first, then the deciding step, then the load
+// comparison.
+func (p *pick) why(i int) string {
+	for k := range checks {
+		if w := checks[k].why(p, i); w != "" {
 			return w
 		}
 	}
-	if st.cands[i].saturated {
+	if i == p.released {
+		return WhyReleased
+	}
+	if p.step.why != nil {
+		if w := p.step.why(p, i); w != "" {
+			return w
+		}
+	}
+	if p.cands[i].saturated {
 		return WhySaturated
 	}
 	return WhyHigherLoad
-}
-
-// reasonOf joins the route modifiers and the deciding step. The common
-// single-modifier cases are precomputed so the hot path does not allocate.
-func reasonOf(fallback string, poolFallback, canaryGone, deadline bool, s *step) string {
-	if fallback == "" && !deadline && !(poolFallback && canaryGone) {
-		switch {
-		case poolFallback:
-			return s.afterPoolFallback
-		case canaryGone:
-			return s.afterCanaryGone
-		}
-		return s.reason
-	}
-	r := ""
-	add := func(p string) {
-		if r != "" {
-			r += "+"
-		}
-		r += p
-	}
-	if fallback != "" {
-		add(ReasonFallback + fallback)
-	}
-	if canaryGone {
-		add(ReasonCanaryGone)
-	}
-	if poolFallback {
-		add(ReasonPoolFallback)
-	}
-	add(s.reason)
-	if deadline {
-		add(ReasonDeadline)
-	}
-	return r
 }

@@ -1,0 +1,112 @@
+package policy
+
+import (
+	"slices"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// The candidate filters of the filters table, in its order.
+
+// live: registered with a heartbeat seen, the effective state ready (the
+// more restrictive of the table's and the heartbeat's), and a heartbeat
+// younger than dead_after (no heartbeat, no candidate).
+// Router.Live asks the same of a stored response's replica.
+func (p *pick) live(x *replica) bool { return x.liveAt(p.nowNano, p.dead) }
+
+func (x *replica) liveAt(now, dead int64) bool {
+	return x.ready && max(now-x.hbNano, 0) < dead
+}
+
+// ejectFilter is not-ejected's state for the group in hand.
+type ejectFilter struct {
+	horizon int64      // Router.ejectHorizon: no ejection lasts past it
+	list    []*replica // the group
+	skip    bool       // leave the ejected replicas out
+	found   bool       // the group has ejected live replicas: report them
+	panic   bool       // more than MaxEjectedShare of the group is ejected: kept in
+}
+
+// ejectedOn decides whether the ejected replicas of list are left out:
+// yes unless more than MaxEjectedShare of the live ones are ejected (the
+// panic threshold, see eject.go).
+func (p *pick) ejectedOn(list []*replica) bool {
+	e := &p.eject
+	e.skip, e.found, e.panic = false, false, false
+	if p.nowNano >= e.horizon {
+		return false
+	}
+	live, ejected := 0, 0
+	for _, x := range list {
+		if !p.live(x) {
+			continue
+		}
+		live++
+		if p.nowNano < x.eject.until {
+			ejected++
+		}
+	}
+	if ejected == 0 {
+		return false
+	}
+	e.skip = float64(ejected) <= MaxEjectedShare*float64(live)
+	e.found, e.panic = true, !e.skip
+	e.list = list
+	return e.skip
+}
+
+func (p *pick) notEjected(x *replica) bool { return p.nowNano >= x.eject.until }
+
+// reportEjected names the group's ejected replicas in the decision.
+func (p *pick) reportEjected(d *Decision) {
+	if !p.eject.found {
+		return
+	}
+	d.NEjected, d.EjectPanic = 0, p.eject.panic
+	for _, x := range p.eject.list {
+		if p.nowNano < x.eject.until && d.NEjected < len(d.Ejected) {
+			d.Ejected[d.NEjected] = x.id
+			d.NEjected++
+		}
+	}
+}
+
+// excludeOn: the gateway excludes the replicas that refused or failed this
+// request already (Llm-Exclude).
+func (p *pick) excludeOn([]*replica) bool { return len(p.req.Exclude) > 0 }
+
+func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Exclude, x.id) }
+
+// pinOn: a request continuing a stored response has the replica holding it
+// as its only possible candidate.
+func (p *pick) pinOn([]*replica) bool { return p.req.Pin != "" }
+
+func (p *pick) pinnedTo(x *replica) bool { return x.id == p.req.Pin }
+
+// endpointFilter is serves-endpoint's state: the request's endpoint bit,
+// and how many replicas it left out (when none of the model serves the
+// endpoint, the rejection says so).
+type endpointFilter struct {
+	bit      uint8
+	unserved int
+}
+
+func (f *endpointFilter) start(req *Request) {
+	f.bit, f.unserved = subjects.EndpointBit(req.Endpoint), 0
+}
+
+// endpointOn: a request without a known endpoint filters nothing.
+func (p *pick) endpointOn([]*replica) bool { return p.endpoint.bit != 0 }
+
+// servesEndpoint: the engine serves the request's endpoint (the
+// heartbeat's endpoints, else the registration's, else chat, completions
+// and embeddings).
+func (p *pick) servesEndpoint(x *replica) bool {
+	if !p.serves(x) {
+		p.endpoint.unserved++
+		return false
+	}
+	return true
+}
+
+func (p *pick) serves(x *replica) bool { return x.serves&p.endpoint.bit == p.endpoint.bit }

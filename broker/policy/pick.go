@@ -1,0 +1,72 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// pick is the replica choice of one decision: the candidates of the group
+// the resolution led to, the rows' own state, and the outcome. Filters,
+// steps and checks (steps.go) are its methods; each keeps its state in its
+// own field below and reads no other row's.
+type pick struct {
+	req     *Request
+	rng     *rand.Rand
+	now     time.Time
+	nowNano int64
+	adapter string     // the LoRA the request runs with
+	holders *prefixMap // the model's prefix map, nil when none (or no prefix)
+
+	// The group's candidates, set by the walk over the filters.
+	cands               []cand
+	epoch               uint64 // replica.mark of the candidates
+	nfresh, nfull       int
+	release, saturation float64
+	dead, stale         int64 // dead_after, stale_after in ns
+
+	// The outcome.
+	chosen   int   // the candidate chosen, -1 before a step chose
+	released int   // the candidate an affinity step let go (the release valve), -1 when none
+	step     *step // the step that chose
+	switched uint8 // bit k: checks[k] switched the replica
+
+	// The rows' own state.
+	endpoint endpointFilter
+	eject    ejectFilter
+	adapters loraStep
+	warm     prefixStep
+	pair     pairDraw
+	dl       deadlineCheck
+}
+
+// start readies p for a decision of req.
+func (p *pick) start(req *Request, rng *rand.Rand, now time.Time) {
+	p.req, p.rng, p.now, p.nowNano = req, rng, now, now.UnixNano()
+	p.chosen, p.released = -1, -1
+	p.endpoint.start(req)
+}
+
+// pairDraw is the pick's power-of-two pair: two distinct random
+// candidates, the lower load_score first, drawn at most once per decision
+// whichever step asks first (prefix affinity weighs a warm replica against
+// it; power of two takes its winner).
+type pairDraw struct {
+	ij    [2]int
+	drawn bool
+}
+
+// twoOf returns the pair, drawing it on the first call.
+func (p *pick) twoOf() [2]int {
+	if !p.pair.drawn {
+		n := len(p.cands)
+		i, j := p.rng.IntN(n), p.rng.IntN(n-1)
+		if j >= i {
+			j++
+		}
+		if p.cands[j].load < p.cands[i].load {
+			i, j = j, i
+		}
+		p.pair.ij, p.pair.drawn = [2]int{i, j}, true
+	}
+	return p.pair.ij
+}
