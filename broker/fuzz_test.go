@@ -38,7 +38,7 @@ func FuzzRouteHeaders(f *testing.F) {
 		}
 		s := newScratch()
 		var msg nats.Msg
-		b.handle(s, "llm.route."+tenant, "_INBOX.fuzz", h, body, &msg)
+		handleInto(b, s, "llm.route."+tenant, "_INBOX.fuzz", h, body, &msg)
 		for len(b.out) > 0 {
 			<-b.out
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -31,11 +32,7 @@ type scratch struct {
 	values   []string      // backs the header values setHeader adds; new per request
 	rev      uint64        // the table revision revText spells
 	revText  string
-	// inline: handle runs on the endpoint's goroutine, where a stored
-	// response's owner is not read; deferred: handle stopped for that
-	// read, which routeDeferred does on a goroutine of its own, from start.
-	inline, deferred bool
-	start            time.Time
+	start    time.Time // when handle took the message: the decision's time
 }
 
 func newScratch() *scratch {
@@ -52,23 +49,36 @@ func (s *scratch) reset() {
 	s.prompt = s.prompt[:0]
 	s.body = nil
 	s.values = nil // the last request's header map may still hold them
-	s.deferred = false
 }
 
-// route is the per-message hot path: headers in, one publish out. It runs
-// on the endpoint's one goroutine, so a request that must first read its
-// stored response's owner from the owners bucket goes on to a goroutine of
-// its own (lookUp) once handle finds that out: a slow read (a JetStream
-// leader election) holds up that request only, not every request behind
-// it.
+// do is what handle decided to do with one message.
+type do uint8
+
+const (
+	doForward   do = iota + 1 // publish msg, the request for the chosen replica
+	doRefuse                  // answer the reply subject with err
+	doReadOwner               // read the owner of stored response owner, then decide (owned)
+)
+
+// action is handle's answer for one message; send acts on it.
+type action struct {
+	do    do
+	msg   nats.Msg           // doForward; send builds the refusal in it
+	err   *subjects.APIError // doRefuse
+	owner string             // doReadOwner: the stored response's id
+}
+
+func refuse(e *subjects.APIError) action { return action{do: doRefuse, err: e} }
+
+// route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
 	b.dispatch(r.Subject(), r.Reply(), nats.Header(r.Headers()), r.Data())
 }
 
-// dispatch handles one message on the endpoint's goroutine (s.inline).
+// dispatch handles one message on the endpoint's goroutine: handle
+// decides, send acts.
 func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 	defer b.handled.Add(1)
-	s := b.scratch.Get().(*scratch)
 	if reply != "" && !b.subj.InReplySpace(reply) {
 		// The routed notice and a rejection are published to the reply
 		// subject: one outside the reply space (a JetStream API subject,
@@ -76,43 +86,46 @@ func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 		// are the second line: a response allowance passes where a deny
 		// matches.
 		b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
-		b.release(s)
 		return
 	}
 	if h == nil {
 		h = nats.Header{}
 	}
-	var msg nats.Msg
-	s.inline = true
-	forward := b.handle(s, subject, reply, h, data, &msg)
-	if s.deferred {
-		b.lookUp(s, subject, reply, h, data) // s goes with it
-		return
-	}
-	b.send(s, reply, forward, &msg)
-	b.release(s)
+	s := b.scratch.Get().(*scratch)
+	b.send(s, subject, reply, h, data, b.handle(s, subject, reply, h, data))
 }
 
-// send publishes what handle decided: the routed notice and the request
-// for the replica, or the rejection.
-func (b *Broker) send(s *scratch, reply string, forward bool, msg *nats.Msg) {
-	if msg.Subject == "" {
+// send acts on what handle (or owned) decided, and is done with s: it
+// publishes the routed notice and the request for the replica, or the
+// refusal for the reply subject (to no one without one). An owner read is
+// handed to lookUp with s, which sends what the owner decides.
+func (b *Broker) send(s *scratch, subject, reply string, h nats.Header, data []byte, a action) {
+	switch a.do {
+	case doReadOwner:
+		b.lookUp(s, subject, reply, h, data, a.owner)
 		return
-	}
-	if forward && reply != "" {
-		// The routed notice goes first, so a gateway that hears no accept
-		// knows which replica to exclude on its retry
-		// (docs/architecture.md, "Decisions").
-		if s.routed == nil {
-			s.routed = nats.Header{subjects.HdrRouted: {""}}
+	case doForward:
+		if reply != "" {
+			// The routed notice goes first, so a gateway that hears no
+			// accept knows which replica to exclude on its retry
+			// (docs/architecture.md, "Decisions").
+			if s.routed == nil {
+				s.routed = nats.Header{subjects.HdrRouted: {""}}
+			}
+			s.routed[subjects.HdrRouted][0] = a.msg.Header.Get(subjects.HdrRouteReplica)
+			_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
 		}
-		s.routed[subjects.HdrRouted][0] = msg.Header.Get(subjects.HdrRouteReplica)
-		_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
+		if err := b.nc.PublishMsg(&a.msg); err != nil && reply != "" {
+			b.reject(&a.msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+			_ = b.nc.PublishMsg(&a.msg)
+		}
+	case doRefuse:
+		if reply != "" {
+			b.reject(&a.msg, reply, a.err)
+			_ = b.nc.PublishMsg(&a.msg)
+		}
 	}
-	if err := b.nc.PublishMsg(msg); err != nil && forward && reply != "" {
-		b.reject(msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
-		_ = b.nc.PublishMsg(msg)
-	}
+	b.release(s)
 }
 
 // MaxOwnerLookups bounds the requests reading their stored response's
@@ -120,14 +133,16 @@ func (b *Broker) send(s *scratch, reply string, forward bool, msg *nats.Msg) {
 // is answered 503 with Retry-After, never queued.
 const MaxOwnerLookups = 64
 
-// lookUp finishes a request handle deferred for its owner read on a
-// goroutine of its own, counted in b.lookups. Once the broker is stopping
-// it finishes here instead, so no lookup goroutine outlives stop.
-func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data []byte) {
+// lookUp reads the owner of stored response id on a goroutine of its own,
+// counted in b.lookups, so a slow read (a JetStream leader election) holds
+// up that request only, not every request behind it on the endpoint's
+// goroutine. Once the broker is stopping it reads here instead, so no
+// lookup goroutine outlives stop.
+func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data []byte, id string) {
 	b.lookMu.Lock()
 	if b.stopping {
 		b.lookMu.Unlock()
-		b.routeDeferred(s, subject, reply, h, data)
+		b.send(s, subject, reply, h, data, b.owned(s, subject, reply, h, data, id))
 		return
 	}
 	select {
@@ -138,10 +153,7 @@ func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data [
 			"this broker is reading the owners of "+strconv.Itoa(MaxOwnerLookups)+" stored responses already; try again")
 		e.RetryAfter = time.Second
 		b.metrics.rejected(e.Code)
-		var msg nats.Msg
-		b.reject(&msg, reply, e)
-		b.send(s, reply, false, &msg)
-		b.release(s)
+		b.send(s, subject, reply, h, data, refuse(e))
 		return
 	}
 	b.lookupsRunning.Add(1)
@@ -149,29 +161,26 @@ func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data [
 	go func() {
 		defer b.lookupsRunning.Done()
 		defer func() { <-b.lookups }()
-		b.routeDeferred(s, subject, reply, h, data)
+		b.send(s, subject, reply, h, data, b.owned(s, subject, reply, h, data, id))
 	}()
 }
 
-// routeDeferred reads the owner handle deferred and finishes the request:
-// a GET or DELETE of a stored response is handled again from the start
-// (nothing was changed before the read); a turn continuing one is pinned
-// and decided from where handle stopped.
-func (b *Broker) routeDeferred(s *scratch, subject, reply string, h nats.Header, data []byte) {
-	defer b.release(s)
-	s.inline, s.deferred = false, false
-	var msg nats.Msg
-	forward := false
+// owned reads the owner of stored response id that handle asked for, and
+// decides with it where handle stopped: a GET or DELETE of the stored
+// response goes to its replica; a turn continuing it is pinned there and
+// decided.
+func (b *Broker) owned(s *scratch, subject, reply string, h nats.Header, data []byte, id string) action {
 	tenant := subjects.TenantFromRoute(subject)
-	if h.Get(subjects.HdrMethod) != "" {
-		forward = b.handleStored(s, tenant, reply, h, &msg)
-	} else if e := b.pin(s, tenant, h); e != nil {
-		b.reject(&msg, reply, e)
+	rec, e := b.readOwner(tenant, id)
+	if e != nil {
 		b.metrics.rejected(e.Code)
-	} else {
-		forward = b.decide(s, tenant, reply, h, data, &msg, s.start)
+		return refuse(e)
 	}
-	b.send(s, reply, forward, &msg)
+	if h.Get(subjects.HdrMethod) != "" {
+		return b.storedAt(s, tenant, reply, h, id, rec)
+	}
+	b.pin(s, h, rec)
+	return b.decide(s, tenant, reply, h, data, s.start)
 }
 
 // endLookups makes every later lookup finish where it arrives and waits
@@ -187,45 +196,42 @@ func (b *Broker) endLookups() {
 // or an unusually large rendered prompt.
 func (b *Broker) release(s *scratch) {
 	s.body = nil
-	s.inline = false
 	if cap(s.prompt) > 64<<10 {
 		s.prompt = nil
 	}
 	b.scratch.Put(s)
 }
 
-// handle decides one request and fills msg with what to publish: the
-// request for the chosen replica (body untouched, the sender's reply
-// subject kept), or a rejection for the reply subject; forward says which.
-// It does no I/O, so its cost is the broker's own per-request CPU, except
-// for a request that names a stored response: its owner is read from the
-// owners bucket, or, when s.inline, handle stops before the read with
-// s.deferred set and msg empty, for routeDeferred to go on.
-func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
+// handle decides what to do with one request: forward it to the chosen
+// replica (body untouched, the sender's reply subject kept), refuse it, or
+// read the owner of the stored response it names first (owned goes on from
+// there). It does no I/O, so its cost is the broker's own per-request CPU;
+// what it learns on the way (the decision's sample, placement, cold load)
+// is queued for the publisher.
+func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte) action {
 	start := b.cfg.Now()
 	if h == nil {
 		h = nats.Header{}
 	}
 	s.reset()
+	s.start = start
 	tenant := subjects.TenantFromRoute(subject)
 	if h.Get(subjects.HdrMethod) != "" {
-		return b.handleStored(s, tenant, reply, h, msg)
+		return b.stored(tenant, h)
 	}
 	direct := strings.HasPrefix(subject, b.direct)
-	if apiErr := b.fillRequest(s, tenant, direct, h, data); apiErr != nil {
-		b.reject(msg, reply, apiErr)
-		b.metrics.rejected(apiErr.Code)
-		return false
+	if e := b.fillRequest(s, tenant, direct, h, data); e != nil {
+		b.metrics.rejected(e.Code)
+		return refuse(e)
 	}
-	if s.deferred {
-		s.start = start
-		return false
+	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
+		return b.readOwnerFirst(id)
 	}
-	return b.decide(s, tenant, reply, h, data, msg, start)
+	return b.decide(s, tenant, reply, h, data, start)
 }
 
-// decide decides a request fillRequest read and fills msg, as handle.
-func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []byte, msg *nats.Msg, start time.Time) (forward bool) {
+// decide decides a request fillRequest read: forward or refuse.
+func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) action {
 	b.router.Decide(&s.req, start, b.rng, &s.d)
 	d := &s.d
 	d.Duration = b.cfg.Now().Sub(start)
@@ -235,8 +241,7 @@ func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []
 	}
 	b.sample(&s.req, d, h, start)
 	if d.Err != nil {
-		b.reject(msg, reply, d.Err)
-		return false
+		return refuse(d.Err)
 	}
 	if d.Placement && len(s.req.Prefix) > 0 {
 		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
@@ -265,12 +270,11 @@ func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []
 	} else {
 		delete(h, subjects.HdrMaxTokens)
 	}
-	b.forwardTo(s, msg, d.Replica, reply, h, data)
-	return true
+	return b.forwardTo(s, d.Replica, reply, h, data)
 }
 
-// forwardTo fills msg with the request for replica.
-func (b *Broker) forwardTo(s *scratch, msg *nats.Msg, replica, reply string, h nats.Header, data []byte) {
+// forwardTo is the action that forwards the request to replica.
+func (b *Broker) forwardTo(s *scratch, replica, reply string, h nats.Header, data []byte) action {
 	// A direct tenant's reply is a service-import reply (_R_.…), which the
 	// server refuses as a published reply: it travels in Llm-Reply. A
 	// sender's own Llm-Reply is never passed on.
@@ -280,7 +284,7 @@ func (b *Broker) forwardTo(s *scratch, msg *nats.Msg, replica, reply string, h n
 	} else {
 		delete(h, subjects.HdrReply)
 	}
-	*msg = nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}
+	return action{do: doForward, msg: nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}}
 }
 
 // setHeader sets one value, reusing the slice already there. A header NATS
@@ -385,7 +389,7 @@ func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Head
 	if len(q.Model) > subjects.MaxModelChars {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
 	}
-	return b.pin(s, tenant, h)
+	return nil
 }
 
 // checkBounds refuses a request whose routing headers are over their
@@ -522,6 +526,18 @@ func (b *Broker) explain(r micro.Request) {
 	if apiErr := b.fillRequest(s, tenant, false, h, nil); apiErr != nil {
 		_ = r.Respond(apiErr.Body())
 		return
+	}
+	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
+		e := checkResponseID(id)
+		var rec owners.Record
+		if e == nil {
+			rec, e = b.readOwner(tenant, id)
+		}
+		if e != nil {
+			_ = r.Respond(e.Body())
+			return
+		}
+		b.pin(s, h, rec)
 	}
 	start := b.cfg.Now()
 	b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)), &s.d)

@@ -18,20 +18,34 @@ import (
 // ownerTimeout bounds the owners-bucket read of one request.
 const ownerTimeout = 2 * time.Second
 
-// owner reads which replica holds stored response id for tenant. Another
-// tenant's response is as unknown as a missing one. On the endpoint's
-// goroutine (s.inline) it reads nothing: it sets s.deferred and returns
-// no error, and the caller stops for routeDeferred.
-func (b *Broker) owner(s *scratch, tenant, id string) (owners.Record, *subjects.APIError) {
+// checkResponseID refuses a stored response id that cannot be one.
+func checkResponseID(id string) *subjects.APIError {
 	if !features.ValidResponseID(id) {
-		return owners.Record{}, subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrPreviousResponse+" must be a response id")
+		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrPreviousResponse+" must be a response id")
 	}
+	return nil
+}
+
+// readOwnerFirst is the action for a request naming stored response id:
+// read its owner (owned goes on), unless the id cannot be one or there is
+// no owners bucket to read.
+func (b *Broker) readOwnerFirst(id string) action {
+	e := checkResponseID(id)
+	if e == nil && b.owners == nil {
+		e = errUnknownResponse(id)
+	}
+	if e != nil {
+		b.metrics.rejected(e.Code)
+		return refuse(e)
+	}
+	return action{do: doReadOwner, owner: id}
+}
+
+// readOwner reads which replica holds stored response id for tenant.
+// Another tenant's response is as unknown as a missing one.
+func (b *Broker) readOwner(tenant, id string) (owners.Record, *subjects.APIError) {
 	if b.owners == nil {
 		return owners.Record{}, errUnknownResponse(id)
-	}
-	if s.inline {
-		s.deferred = true
-		return owners.Record{}, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
 	defer cancel()
@@ -48,55 +62,41 @@ func (b *Broker) owner(s *scratch, tenant, id string) (owners.Record, *subjects.
 }
 
 // pin makes a request that continues a stored response go to the replica
-// holding it, and counts the stored conversation in its prompt: the engine
-// puts it before the new input.
-func (b *Broker) pin(s *scratch, tenant string, h nats.Header) *subjects.APIError {
+// holding it, rec, and counts the stored conversation in its prompt: the
+// engine puts it before the new input.
+func (b *Broker) pin(s *scratch, h nats.Header, rec owners.Record) {
 	q := &s.req
-	id := h.Get(subjects.HdrPreviousResponse)
-	if id == "" {
-		return nil
-	}
-	rec, e := b.owner(s, tenant, id)
-	if e != nil || s.deferred {
-		return e
-	}
 	q.Pin = rec.Replica
 	q.PromptTokens += max(rec.Tokens, 0)
 	s.setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(q.PromptTokens))
-	return nil
 }
 
-// handleStored forwards a GET or DELETE of a stored response to the replica
-// holding it, or answers 404 when it is unknown or its replica cannot
-// serve.
-func (b *Broker) handleStored(s *scratch, tenant, reply string, h nats.Header, msg *nats.Msg) (forward bool) {
-	fail := func(e *subjects.APIError) {
-		b.reject(msg, reply, e)
+// stored is the action for a GET or DELETE of a stored response: read its
+// owner first (storedAt goes on), or refuse it.
+func (b *Broker) stored(tenant string, h nats.Header) action {
+	fail := func(e *subjects.APIError) action {
 		b.metrics.rejected(e.Code)
+		return refuse(e)
 	}
 	if err := subjects.ValidToken(tenant); err != nil {
-		fail(subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error()))
-		return false
+		return fail(subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error()))
 	}
 	switch m := h.Get(subjects.HdrMethod); m {
 	case http.MethodGet, http.MethodDelete:
 	default:
-		fail(subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrMethod+" must be GET or DELETE"))
-		return false
+		return fail(subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrMethod+" must be GET or DELETE"))
 	}
-	id := h.Get(subjects.HdrPreviousResponse)
-	rec, e := b.owner(s, tenant, id)
-	if s.deferred {
-		return false
-	}
-	if e != nil {
-		fail(e)
-		return false
-	}
+	return b.readOwnerFirst(h.Get(subjects.HdrPreviousResponse))
+}
+
+// storedAt forwards a GET or DELETE of stored response id to the replica
+// holding it, rec, or answers 404 when that replica cannot serve.
+func (b *Broker) storedAt(s *scratch, tenant, reply string, h nats.Header, id string, rec owners.Record) action {
 	reg, ok := b.router.Live(rec.Replica, b.cfg.Now())
 	if !ok {
-		fail(errOwnerGone(id, rec.Replica))
-		return false
+		e := errOwnerGone(id, rec.Replica)
+		b.metrics.rejected(e.Code)
+		return refuse(e)
 	}
 	s.setHeader(h, subjects.HdrEndpoint, subjects.EndpointResponses+"/"+id)
 	s.setHeader(h, subjects.HdrRouteModel, reg.Model)
@@ -106,8 +106,7 @@ func (b *Broker) handleStored(s *scratch, tenant, reply string, h nats.Header, m
 	s.setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
 	s.setHeader(h, subjects.HdrTenant, tenant)
 	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	b.forwardTo(s, msg, rec.Replica, reply, h, nil)
-	return true
+	return b.forwardTo(s, rec.Replica, reply, h, nil)
 }
 
 func errUnknownResponse(id string) *subjects.APIError {

@@ -37,7 +37,7 @@ func TestTrust(t *testing.T) {
 		h.Set(subjects.HdrColdWaited, "1")
 		s := newScratch()
 		long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2000) // 88 KB
-		if !b.handle(s, "llm.route.default", "_INBOX.x", h, chat(long), &msg) {
+		if !handleInto(b, s, "llm.route.default", "_INBOX.x", h, chat(long), &msg) {
 			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
 		}
 		if s.req.PromptTokens < 16000 || s.req.ColdWaited || len(s.req.Features) > 0 {
@@ -86,7 +86,7 @@ func TestTrust(t *testing.T) {
 			h.Set(subjects.HdrPromptTokens, "1")
 			h.Set(subjects.HdrMaxTokens, "1")
 			s := newScratch()
-			if !b.handle(s, "llm.route.default", "_INBOX.x", h, body, &msg) {
+			if !handleInto(b, s, "llm.route.default", "_INBOX.x", h, body, &msg) {
 				t.Fatalf("%s: not forwarded: %v %s", tc.endpoint, msg.Header, msg.Data)
 			}
 			if s.req.PromptTokens < 16000 {
@@ -103,7 +103,7 @@ func TestTrust(t *testing.T) {
 		} {
 			var msg nats.Msg
 			h := nats.Header{subjects.HdrEndpoint: {tc.endpoint}}
-			b.handle(newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
 			if msg.Header.Get(subjects.HdrStatus) != "400" {
 				t.Errorf("%s %s: %v %s, want 400", tc.endpoint, tc.body, msg.Header, msg.Data)
 			}
@@ -122,7 +122,7 @@ func TestTrust(t *testing.T) {
 			if tc.header != "" {
 				h.Set(subjects.HdrPreviousResponse, tc.header)
 			}
-			b.handle(newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
 			if msg.Header.Get(subjects.HdrStatus) != "404" || !strings.Contains(string(msg.Data), "resp_other") {
 				t.Errorf("header %q: %v %s, want 404 naming the body's resp_other", tc.header, msg.Header, msg.Data)
 			}
@@ -135,7 +135,7 @@ func TestTrust(t *testing.T) {
 		h.Set(subjects.HdrModel, "chat-large")
 		h.Set(subjects.HdrPromptTokens, "20000")
 		h.Set(subjects.HdrMaxTokens, "7")
-		if !b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+		if !handleInto(b, newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
 			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
 		}
 		if !strings.Contains(msg.Header.Get(subjects.HdrRouteReason), "pool-fallback-general") || msg.Header.Get(subjects.HdrMaxTokens) != "7" {
@@ -151,7 +151,7 @@ func TestTrust(t *testing.T) {
 		}
 		h := nats.Header{subjects.HdrModel: {"chat-large"}, subjects.HdrPromptTokens: {"10"},
 			subjects.HdrPrefix: {features.FormatPrefixHeader(blocks)}}
-		if !b.handle(newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+		if !handleInto(b, newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
 			t.Fatalf("a %d-block prefix refused: %v %s", len(blocks), msg.Header, msg.Data)
 		}
 	})
@@ -159,7 +159,7 @@ func TestTrust(t *testing.T) {
 	t.Run("the default max_tokens reserved travels with the request", func(t *testing.T) {
 		var msg nats.Msg
 		body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`)
-		if !b.handle(newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg) {
+		if !handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg) {
 			t.Fatalf("not forwarded: %s", msg.Data)
 		}
 		if got := msg.Header.Get(subjects.HdrMaxTokens); got != "1024" {
@@ -183,7 +183,7 @@ func TestTrust(t *testing.T) {
 				s := newScratch()
 				h := nats.Header{tc.header: {tc.value}}
 				start := time.Now()
-				b.handle(s, "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
+				handleInto(b, s, "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
 				best = min(best, time.Since(start))
 				if msg.Header.Get(subjects.HdrStatus) != "400" {
 					t.Fatalf("%s of %d bytes: %v %s", tc.header, len(tc.value), msg.Header, msg.Data)
@@ -203,7 +203,7 @@ func TestTrust(t *testing.T) {
 		}
 		var msg nats.Msg
 		big := strings.Repeat("x", subjects.MaxModelChars+1)
-		b.handle(newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, []byte(`{"model":"`+big+`","messages":[]}`), &msg)
+		handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, []byte(`{"model":"`+big+`","messages":[]}`), &msg)
 		if msg.Header.Get(subjects.HdrStatus) != "400" {
 			t.Errorf("a %d-character model in the body: %v", len(big), msg.Header)
 		}
