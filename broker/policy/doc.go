@@ -2,9 +2,14 @@
 // directory): which model, which pool, which replica, admit or reject. It is
 // a pipeline of small pure steps over plain values:
 //
-//	resolve model → pick version and pool → filter candidates → fallbacks →
-//	admission (context, quota, capacity) → session | LoRA | prefix affinity →
-//	power of two (or random when load data is stale) → deadline → commit
+//	resolve model → pick version and pool → admission (context, quota) →
+//	filter candidates → fallbacks → capacity → session | LoRA | prefix
+//	affinity → power of two (or random when load data is stale) → deadline →
+//	commit
+//
+// What the request resolves to (resolution) is kept apart from the replica
+// choice (pick), whose filters, steps and checks are rows of the tables in
+// steps.go.
 //
 // The Router also holds the load view the steps read: the routing table
 // snapshot, the last heartbeat of every replica, this broker's in-flight
