@@ -1,0 +1,207 @@
+// Package reply is the codec of the reply protocol (docs/protocol.md, "The
+// reply protocol"): the messages a broker and an adapter send on a
+// request's reply subject, and the gateway reads there. Each message is a
+// Frame of one Kind; Decode reads a NATS message as one, and Encode writes
+// one's headers, so the spelling of the protocol lives here alone.
+package reply
+
+import (
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Kind is what a reply message is.
+type Kind uint8
+
+const (
+	Unknown      Kind = iota // not a message of the protocol: ignored before the accept, a gap after it
+	Routed                   // the broker's notice of the replica it forwards to, no Llm-Seq
+	Accept                   // the adapter took the request (seq 0)
+	Head                     // the engine's status and headers (seq 1), maybe with the accept, the body and the end
+	Data                     // body bytes (seq 2, 3, …)
+	Keepalive                // the engine is still silent: repeats the last Llm-Seq
+	End                      // the answer is over (Llm-Eos), with Llm-Error when the engine failed midway
+	Handover                 // the end of an answer the adapter hands back while draining
+	Error                    // a rejection: status and OpenAI error body, the whole reply (seq 0)
+	NoResponders             // NATS's own answer: nothing listens on the subject published to
+)
+
+var kindNames = [...]string{"unknown", "routed", "accept", "head", "data", "keepalive", "end", "handover", "error", "no-responders"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Kinds are the kinds a broker or an adapter sends: the ones
+// docs/protocol.md lists.
+func Kinds() []Kind { return []Kind{Routed, Accept, Head, Data, Keepalive, End, Handover, Error} }
+
+// Headers are the protocol headers a frame of kind k may carry, as Encode
+// writes them (Error's also carry the pass-through headers of its
+// APIError, subjects.PassThroughHeaders; a head carries the engine's and
+// the route headers).
+func (k Kind) Headers() []string {
+	switch k {
+	case Routed:
+		return []string{subjects.HdrRouted}
+	case Accept:
+		return []string{subjects.HdrSeq, subjects.HdrAccepted}
+	case Head:
+		return []string{subjects.HdrSeq, subjects.HdrStatus, subjects.HdrContent, subjects.HdrAccepted, subjects.HdrEOS, subjects.HdrError}
+	case Data:
+		return []string{subjects.HdrSeq}
+	case Keepalive:
+		return []string{subjects.HdrSeq, subjects.HdrKeepalive}
+	case End:
+		return []string{subjects.HdrSeq, subjects.HdrEOS, subjects.HdrError}
+	case Handover:
+		return []string{subjects.HdrSeq, subjects.HdrEOS, subjects.HdrHandover, subjects.HdrError}
+	case Error:
+		pt := subjects.PassThroughHeaders()
+		return append([]string{subjects.HdrSeq, subjects.HdrStatus, subjects.HdrEOS, subjects.HdrContent}, pt[:]...)
+	}
+	return nil
+}
+
+// Frame is one message of the reply protocol.
+type Frame struct {
+	Kind Kind
+	// Seq is Llm-Seq, -1 when absent or not a number.
+	Seq int
+	// Replica is the routed replica of a Routed frame, and the accepting
+	// one of an Accept or of a Head that carries the accept.
+	Replica string
+	// Status is Llm-Status on a Head or an Error (0 when absent).
+	Status int
+	// End is Llm-Eos: the reply is over (an End, a Handover, an Error, a
+	// Head that is the whole answer).
+	End bool
+	// Err is Llm-Error: the engine failed midway (End, Handover, a Head
+	// that is the end).
+	Err string
+	// Header is the message's own headers, for what a frame carries beyond
+	// the protocol's: content type, route and pass-through headers. Encode
+	// writes into it.
+	Header nats.Header
+	Body   []byte
+}
+
+// Decode reads m as a frame. A message is a Head by its Llm-Seq (1) or
+// its Llm-Accepted with Llm-Status, so an adapter's failure after the
+// accept, a head with an error status and the end, is a Head; an Error is
+// a rejection before any accept.
+func Decode(m *nats.Msg) Frame {
+	h := m.Header
+	f := Frame{Seq: -1, Header: h, Body: m.Data}
+	if r := h.Get(subjects.HdrRouted); r != "" {
+		f.Kind, f.Replica = Routed, r
+		return f
+	}
+	if h.Get("Status") == "503" && len(m.Data) == 0 {
+		// NATS no-responders: the server's status, not a sender's.
+		f.Kind = NoResponders
+		return f
+	}
+	if n, err := strconv.Atoi(h.Get(subjects.HdrSeq)); err == nil && n >= 0 {
+		f.Seq = n
+	}
+	if h.Get(subjects.HdrKeepalive) != "" {
+		f.Kind = Keepalive
+		return f
+	}
+	f.End = h.Get(subjects.HdrEOS) != ""
+	f.Err = h.Get(subjects.HdrError)
+	status, hasStatus := h.Get(subjects.HdrStatus), false
+	if status != "" {
+		f.Status, _ = strconv.Atoi(status)
+		hasStatus = true
+	}
+	f.Replica = h.Get(subjects.HdrAccepted)
+	switch {
+	case f.Replica != "" && !hasStatus:
+		f.Kind = Accept
+	case f.Replica != "":
+		f.Kind = Head // the accept rode on the head
+	case f.Seq <= 0:
+		if f.End {
+			f.Kind = Error
+		}
+	case f.End && h.Get(subjects.HdrHandover) != "":
+		f.Kind = Handover
+	case f.Seq == 1:
+		f.Kind = Head
+	case f.End:
+		f.Kind = End
+	default:
+		f.Kind = Data
+	}
+	return f
+}
+
+// Encode writes f's protocol headers into f.Header (made when nil) and
+// returns it. A header already there with a value slice is reused, so a
+// sender that keeps one Header for its data frames allocates nothing for
+// it per frame.
+func (f *Frame) Encode() nats.Header {
+	if f.Header == nil {
+		f.Header = make(nats.Header, 4)
+	}
+	h := f.Header
+	if f.Kind == Routed {
+		set(h, subjects.HdrRouted, f.Replica)
+		return h
+	}
+	set(h, subjects.HdrSeq, strconv.Itoa(max(f.Seq, 0)))
+	switch f.Kind {
+	case Accept:
+		set(h, subjects.HdrAccepted, f.Replica)
+	case Head:
+		set(h, subjects.HdrStatus, strconv.Itoa(f.Status))
+		if f.Replica != "" {
+			set(h, subjects.HdrAccepted, f.Replica)
+		}
+	case Keepalive:
+		set(h, subjects.HdrKeepalive, "1")
+	case Handover:
+		set(h, subjects.HdrHandover, "1")
+	case Error:
+		set(h, subjects.HdrStatus, strconv.Itoa(f.Status))
+	}
+	if f.End || f.Kind == End || f.Kind == Handover || f.Kind == Error {
+		set(h, subjects.HdrEOS, "1")
+	}
+	if f.Err != "" {
+		set(h, subjects.HdrError, f.Err)
+	}
+	return h
+}
+
+// Msg is f as a message on subject, its headers encoded.
+func (f *Frame) Msg(subject string) *nats.Msg {
+	return &nats.Msg{Subject: subject, Header: f.Encode(), Data: f.Body}
+}
+
+// Rejection is the Error frame of e: its status, the OpenAI error body and
+// the Retry-After and x-ratelimit-* headers e asks for. An adapter that
+// fails after its accept sends the same frame as a Head.
+func Rejection(e *subjects.APIError) Frame {
+	f := Frame{Kind: Error, Seq: 0, Status: e.Status, End: true, Header: make(nats.Header, 6), Body: e.Body()}
+	f.Header[subjects.HdrContent] = []string{"application/json"}
+	for _, kv := range e.RetryAfterHeaders() {
+		f.Header[kv[0]] = []string{kv[1]}
+	}
+	for k, v := range e.Headers {
+		f.Header.Set(k, v)
+	}
+	return f
+}
+
+func set(h nats.Header, k, v string) {
+	h[k] = append(h[k][:0], v)
+}
