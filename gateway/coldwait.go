@@ -3,13 +3,13 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -103,11 +103,11 @@ func (g *Gateway) subscribeCold(ctx context.Context, wg *sync.WaitGroup) error {
 	return nil
 }
 
-// holdable reports whether the rejection m is model_loading for a model
+// holdable reports whether the rejection f is model_loading for a model
 // the table says to wait for.
-func (g *Gateway) holdable(u *upstream, m *nats.Msg) bool {
-	model := m.Header.Get(subjects.HdrRouteModel)
-	if model == "" || m.Header.Get(subjects.HdrStatus) != "503" {
+func (g *Gateway) holdable(f reply.Frame) bool {
+	model := f.Header.Get(subjects.HdrRouteModel)
+	if model == "" || f.Status != 503 {
 		return false
 	}
 	t := g.table.Load()
@@ -115,28 +115,7 @@ func (g *Gateway) holdable(u *upstream, m *nats.Msg) bool {
 		return false
 	}
 	mod := t.Models[model]
-	if mod == nil || mod.OnCold != table.OnColdWait {
-		return false
-	}
-	u.cold = m
-	return true
-}
-
-// tryCold is try, holding the request while its cold model loads and
-// trying again once a replica is ready. A held stream's writer becomes
-// out.w (heldStream).
-func (g *Gateway) tryCold(ctx context.Context, out *response) result {
-	for {
-		res := g.try(ctx, out)
-		m := out.u.cold
-		if m == nil {
-			return res
-		}
-		out.u.cold = nil
-		if !g.hold(ctx, out, m.Header.Get(subjects.HdrRouteModel)) {
-			return out.rejected(m) // the 503 it would have got
-		}
-	}
+	return mod != nil && mod.OnCold == table.OnColdWait
 }
 
 // hold waits until a replica of model is ready (true), or the load failed,
@@ -158,10 +137,9 @@ func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
 
 	var keep <-chan time.Time
 	if u.stream {
-		if _, ok := out.w.(*heldStream); !ok {
-			hs := startHeldStream(out.w, g.cfg.WriteTimeout, u.dialect)
-			out.w = hs
-			if hs.comment(": waiting for "+model+" to load") != nil {
+		if !out.wrote {
+			out.startHold()
+			if out.comment(": waiting for "+model+" to load") != nil {
 				return false
 			}
 		}
@@ -179,7 +157,7 @@ func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
 			return false
 		case <-keep:
 			// An SSE comment: proxies see traffic, clients ignore it.
-			if out.w.(*heldStream).comment(": waiting for "+model+" to load") != nil {
+			if out.comment(": waiting for "+model+" to load") != nil {
 				return false
 			}
 		case <-poll.C:
@@ -214,64 +192,3 @@ func (g *Gateway) replicaReady(model string) bool {
 	}
 	return false
 }
-
-// heldStream is the response of a streamed request that was held: its 200
-// and SSE headers went out with the first keepalive, so what the relay
-// writes next must fit in that stream. Header changes and WriteHeader are
-// absorbed; a body written under an error status becomes an SSE error
-// event, as an error after the first byte always is.
-type heldStream struct {
-	http.ResponseWriter
-	hdr     http.Header
-	status  int
-	timeout time.Duration
-	rc      *http.ResponseController
-	dialect dialect // the shape of the error event
-}
-
-func startHeldStream(w http.ResponseWriter, timeout time.Duration, d dialect) *heldStream {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	return &heldStream{ResponseWriter: w, hdr: http.Header{}, timeout: timeout, rc: http.NewResponseController(w), dialect: d}
-}
-
-func (h *heldStream) comment(s string) error {
-	_ = h.rc.SetWriteDeadline(time.Now().Add(h.timeout))
-	if _, err := h.ResponseWriter.Write([]byte(s + "\n\n")); err != nil {
-		return err
-	}
-	return h.rc.Flush()
-}
-
-func (h *heldStream) Header() http.Header { return h.hdr }
-
-func (h *heldStream) WriteHeader(status int) { h.status = status }
-
-func (h *heldStream) Write(b []byte) (int, error) {
-	if h.status == 0 || h.status == http.StatusOK {
-		return h.ResponseWriter.Write(b)
-	}
-	body := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c != '\n' && c != '\r' {
-			body = append(body, c)
-		}
-	}
-	// The error as the stream's API ends a stream: one data line on chat
-	// and completions, an error event on the Responses and Messages APIs.
-	event := "error"
-	if h.dialect == dialectOpenAI {
-		event = ""
-	}
-	if _, err := h.ResponseWriter.Write(sseEvent(event, body)); err != nil {
-		return 0, err
-	}
-	return len(b), h.rc.Flush()
-}
-
-// Unwrap lets http.ResponseController reach the connection (Flush and
-// write deadlines).
-func (h *heldStream) Unwrap() http.ResponseWriter { return h.ResponseWriter }

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -28,7 +28,6 @@ type upstream struct {
 	deadline time.Time
 	exclude  []string
 	started  time.Time
-	cold     *nats.Msg // a model_loading rejection to hold for (coldwait.go)
 }
 
 // relay sends the request through brokers: attempts until one answers or
@@ -39,17 +38,26 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	ctx, cancel := context.WithDeadline(r.Context(), u.deadline)
 	defer cancel()
 	out := &response{g: g, w: w, u: u}
-	res := g.tryCold(ctx, out)
+	res := g.try(ctx, out)
 	retries, cause := 0, ""
 	for {
 		switch judge(res) {
+		case hold:
+			// Held while its cold model loads, then tried again; a hold
+			// that ends otherwise is the rejection it would have got.
+			if g.hold(ctx, out, res.rejection.Header.Get(subjects.HdrRouteModel)) {
+				res = g.try(ctx, out)
+			} else {
+				res.kind, res.wrote = failRejected, out.wrote
+			}
+			continue
 		case retry:
 			if retries >= g.cfg.MaxRetries || !g.budget.acquire() {
 				break
 			}
 			retries++
 			g.metrics.retries.Inc()
-			res = g.tryCold(ctx, out)
+			res = g.try(ctx, out)
 			g.budget.release()
 			continue
 		case resume:
@@ -92,7 +100,10 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 // try makes one attempt, or says why none can be made, and settles it.
 func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	id := nuid.Next()
-	defer func() { g.settle(out.u, id, res) }()
+	defer func() {
+		res.wrote = out.wrote
+		g.settle(out.u, id, res)
+	}()
 	if ctx.Err() != nil {
 		// The client left or the deadline passed: a new attempt would
 		// only start an engine call nobody waits for.
@@ -104,7 +115,6 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		return result{kind: failOffline, err: errOffline()}
 	}
 	res = g.attempt(ctx, out, id)
-	res.wrote = out.wrote
 	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
 	return res
 }
@@ -146,157 +156,205 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	}
 	out.reset()
 
-	// Phase 1: the accept (or a rejection) within the accept timeout.
+	// The accept (or a rejection) within the accept timeout, then the
+	// replica's head, data and end within the idle timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
-	return g.await(ctx, out, c, timer)
+	l := leg{g: g, out: out, c: c, timer: timer}
+	defer l.stopProbe()
+	return l.run(ctx)
 }
 
-// await waits for the accept (or a rejection) until timer fires, then
-// hands the reply to a leg.
+// leg is one attempt's side of the reply protocol: it waits for the accept
+// (or a rejection), then relays the accepting replica's head, data and end
+// in Llm-Seq order.
 //
 // A client that leaves before a broker said where it routed the request
 // does not end the wait: the request is published and will reach a
 // replica, so the wait goes on (within the same accept timeout) for the
 // routed notice or the accept, and the result names that replica for
 // settle to cancel.
-func (g *Gateway) await(ctx context.Context, out *response, c *call, timer *time.Timer) result {
-	var routed string
-	ctxDone, gone := ctx.Done(), false
-	leave := func(r result) result {
-		if gone {
-			return result{kind: failClientGone, replica: r.replica, accepted: r.accepted, ended: r.ended}
-		}
-		return r
-	}
+//
+// Once accepted, an adapter sends a keepalive every
+// subjects.KeepaliveEvery while its engine is silent, so a reply silent
+// for ProbeAfter is suspect: the leg publishes, with its own reply
+// subject, an empty cancel on the replica's cancel subject, which a live
+// adapter takes and ignores. When nothing subscribes there any more (the
+// adapter died, or lost NATS), the server answers the gateway "no
+// responders" at once; a second probe, a fifth of ProbeAfter later, must
+// find nothing too (a reconnecting adapter is back within that), and the
+// answer fails as gone then, not at the idle timeout.
+type leg struct {
+	g     *Gateway
+	out   *response
+	c     *call
+	timer *time.Timer // the accept timer, then the idle timer: every message and keepalive resets it
+	probe *time.Timer // the silence probe (nil until the accept, and when off): reset with timer
+
+	routed   string // the replica the broker's notice named
+	left     bool   // the client left before the request was routed
+	accepted bool
+	replica  string // the replica that accepted
+	next     int    // the Llm-Seq expected next
+	missed   int    // probes in a row that found nothing on the replica's subjects
+	asked    bool   // a probe went out and no no-responders came for it yet
+}
+
+// run waits for the attempt's reply until it ends or fails.
+func (l *leg) run(ctx context.Context) result {
+	ctxDone := ctx.Done()
 	for {
+		var probe <-chan time.Time
+		if l.probe != nil {
+			probe = l.probe.C
+		}
 		select {
 		case <-ctxDone:
-			if ctx.Err() == context.Canceled && routed == "" {
-				gone, ctxDone = true, nil
+			if !l.accepted && ctx.Err() == context.Canceled && l.routed == "" {
+				l.left, ctxDone = true, nil
 				continue
 			}
 			r := ctxResult(ctx, "the request deadline passed")
-			r.replica = routed
+			r.replica, r.accepted = l.routed, l.accepted
+			if l.accepted {
+				r.replica = l.replica
+			}
 			return r
-		case <-c.overflow:
-			return leave(result{kind: failOverflow, replica: routed,
-				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")})
-		case <-c.lost:
-			return leave(result{kind: failLost, replica: routed, err: errLost()})
-		case <-timer.C:
-			if routed == "" {
-				return leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
+		case <-l.c.overflow:
+			if !l.accepted {
+				return l.leave(result{kind: failOverflow, replica: l.routed,
+					err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")})
+			}
+			return l.fail(failOverflow, subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
+		case <-l.c.lost:
+			if !l.accepted {
+				return l.leave(result{kind: failLost, replica: l.routed, err: errLost()})
+			}
+			return l.fail(failLost, errLost())
+		case <-l.timer.C:
+			switch {
+			case l.accepted:
+				return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
+			case l.routed == "":
+				return l.leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
 			}
 			// The broker chose a replica that did not accept: it is left
 			// out of the retry, and stopped in case it was only slow.
-			return result{kind: failAcceptTimeout, replica: routed,
-				err: errDeadline("replica " + routed + " did not accept the request in time")}
-		case m := <-c.ch:
-			if r := m.Header.Get(subjects.HdrRouted); r != "" {
-				routed = r
-				if gone {
-					return leave(result{replica: routed})
-				}
-				continue
-			}
-			if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
-				// NATS no-responders: no broker is listening.
-				return leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")})
-			}
-			if a := m.Header.Get(subjects.HdrAccepted); a != "" {
-				ended := m.Header.Get(subjects.HdrEOS) != ""
-				if gone {
-					return leave(result{replica: a, accepted: true, ended: ended})
-				}
-				l := leg{g: g, out: out, c: c, timer: timer, replica: a, next: 1}
-				if m.Header.Get(subjects.HdrStatus) == "" {
-					m = nil // the accept alone
-				} // else the accept rode on the head: the engine answered within the adapter's accept delay
-				return l.relay(ctx, m)
-			}
-			if n, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq)); err == nil && n > 0 && m.Header.Get(subjects.HdrKeepalive) == "" {
-				// A message from after the accept, without the accept: it
-				// was lost with a NATS connection. The rest is no answer.
-				return leave(result{kind: failSequenceGap, replica: routed, accepted: true, ended: m.Header.Get(subjects.HdrEOS) != "",
-					err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply lost its accept (sequence gap)")})
-			}
-			if m.Header.Get(subjects.HdrEOS) != "" {
-				if gone {
-					return leave(result{ended: true}) // rejected: nothing started
-				}
-				if out.cont == nil && g.holdable(out.u, m) {
-					return result{ended: true} // held for its cold model by tryCold
-				}
-				return out.rejected(m)
-			}
-		}
-	}
-}
-
-// leg is phase 2 of an accepted attempt: the replica's head, data and end.
-type leg struct {
-	g       *Gateway
-	out     *response
-	c       *call
-	timer   *time.Timer // the idle timer: every message and keepalive resets it
-	probe   *time.Timer // the silence probe (nil when off): reset with timer
-	gone    int         // probes in a row that found nothing on the replica's subjects
-	asked   bool        // a probe went out and no no-responders came for it yet
-	replica string
-	next    int // the Llm-Seq expected next
-}
-
-// relay relays the reply until it ends or fails; first, if not nil, is the
-// head that carried the accept.
-//
-// An adapter sends a keepalive every subjects.KeepaliveEvery while its
-// engine is silent, so a reply silent for ProbeAfter is suspect: the leg
-// publishes, with its own reply subject, an empty cancel on the replica's
-// cancel subject, which a live adapter takes and ignores. When nothing
-// subscribes there any more (the adapter died, or lost NATS), the server
-// answers the gateway "no responders" at once; a second probe, a fifth of
-// ProbeAfter later, must find nothing too (a reconnecting adapter is back
-// within that), and the answer fails as gone then, not at the idle
-// timeout.
-func (l *leg) relay(ctx context.Context, first *nats.Msg) result {
-	l.timer.Reset(l.g.cfg.IdleTimeout)
-	var probe <-chan time.Time
-	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {
-		l.probe = time.NewTimer(p)
-		defer l.probe.Stop()
-		probe = l.probe.C
-	}
-	if first != nil {
-		if r, over := l.onMsg(first); over {
-			return r
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			r := ctxResult(ctx, "the request deadline passed")
-			r.replica, r.accepted = l.replica, true
-			return r
-		case <-l.c.lost:
-			return l.fail(failLost, errLost())
-		case <-l.c.overflow:
-			return l.fail(failOverflow, subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
-		case <-l.timer.C:
-			return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
+			return result{kind: failAcceptTimeout, replica: l.routed,
+				err: errDeadline("replica " + l.routed + " did not accept the request in time")}
 		case <-probe:
 			if l.asked {
-				l.gone = 0 // the last probe found the adapter there
+				l.missed = 0 // the last probe found the adapter there
 			}
 			l.asked = true
 			l.g.probe(l.replica, l.c.reply)
 			l.probe.Reset(l.g.cfg.ProbeAfter)
 		case m := <-l.c.ch:
-			if r, over := l.onMsg(m); over {
+			if r, over := l.on(reply.Decode(m)); over {
 				return r
 			}
 		}
 	}
+}
+
+// on handles one reply message; over reports that the attempt ended, and
+// r how.
+func (l *leg) on(f reply.Frame) (r result, over bool) {
+	switch f.Kind {
+	case reply.Routed:
+		if l.accepted {
+			return r, false // the broker's notice, overtaken by the accept
+		}
+		l.routed = f.Replica
+		if l.left {
+			return l.leave(result{replica: l.routed}), true
+		}
+		return r, false
+	case reply.Keepalive:
+		if l.accepted {
+			// A keepalive repeats the last seq sent: slow, not dead.
+			l.heard()
+		}
+		return r, false
+	case reply.NoResponders:
+		if !l.accepted {
+			// No broker is listening.
+			return l.leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")}), true
+		}
+		return l.noResponders()
+	case reply.Unknown:
+		if !l.accepted {
+			return r, false
+		}
+	case reply.Error:
+		if !l.accepted {
+			return l.rejection(f), true
+		}
+	case reply.Accept:
+		if !l.accepted {
+			return l.accept(f)
+		}
+	case reply.Head, reply.Data, reply.End, reply.Handover:
+		if !l.accepted && f.Replica != "" {
+			// The accept rode on the head: the engine answered within the
+			// adapter's accept delay.
+			if r, over := l.accept(f); over {
+				return r, over
+			}
+		}
+		if !l.accepted {
+			// A message from after the accept, without the accept: it
+			// was lost with a NATS connection. The rest is no answer.
+			return l.leave(result{kind: failSequenceGap, replica: l.routed, accepted: true, ended: f.End,
+				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply lost its accept (sequence gap)")}), true
+		}
+		if f.Seq == l.next {
+			l.next++
+			l.heard()
+			return l.answer(f)
+		}
+	}
+	return l.fail(failSequenceGap, subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+l.replica+" lost a message (sequence gap)")), true
+}
+
+// leave is r, unless the client left while the request was being routed:
+// then nothing is left to tell it, and r only names what to cancel.
+func (l *leg) leave(r result) result {
+	if l.left {
+		return result{kind: failClientGone, replica: r.replica, accepted: r.accepted, ended: r.ended}
+	}
+	return r
+}
+
+// accept starts the relay of the replica that accepted.
+func (l *leg) accept(f reply.Frame) (r result, over bool) {
+	if l.left {
+		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
+	}
+	l.accepted, l.replica, l.next = true, f.Replica, 1
+	l.timer.Reset(l.g.cfg.IdleTimeout)
+	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {
+		l.probe = time.NewTimer(p)
+	}
+	return r, false
+}
+
+func (l *leg) stopProbe() {
+	if l.probe != nil {
+		l.probe.Stop()
+	}
+}
+
+// rejection is the result of a broker's or an adapter's rejection: a cold
+// model to hold for, or what response.rejection makes of it.
+func (l *leg) rejection(f reply.Frame) result {
+	if l.left {
+		return l.leave(result{ended: true}) // rejected: nothing started
+	}
+	if l.out.cont == nil && l.g.holdable(f) {
+		return result{kind: failCold, ended: true, rejection: &f, err: rejectionError(f)}
+	}
+	return l.out.rejection(f)
 }
 
 // heard restarts the silence timers: the replica is alive.
@@ -305,67 +363,53 @@ func (l *leg) heard() {
 	if l.probe != nil {
 		l.probe.Reset(l.g.cfg.ProbeAfter)
 	}
-	l.gone, l.asked = 0, false
+	l.missed, l.asked = 0, false
 }
 
 // probesToFail is how many probes in a row must find nothing on a silent
 // replica's subjects before its answer fails as gone.
 const probesToFail = 2
 
-// onMsg handles one reply message after the accept; over reports that the
-// attempt ended, and r how.
-func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
-	if m.Header.Get(subjects.HdrRouted) != "" {
-		return r, false // the broker's notice, overtaken by the accept
-	}
-	if m.Header.Get(subjects.HdrKeepalive) != "" {
-		// A keepalive repeats the last seq sent: slow, not dead.
-		l.heard()
+// noResponders is NATS's no-responders to the silence probe: nothing
+// listens on the replica's subjects. One that answers no probe says
+// nothing.
+func (l *leg) noResponders() (r result, over bool) {
+	if !l.asked {
 		return r, false
 	}
-	if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
-		// NATS no-responders to the silence probe: nothing listens on the
-		// replica's subjects. One that answers no probe says nothing.
-		if !l.asked {
-			return r, false
-		}
-		l.asked = false
-		if l.gone++; l.gone < probesToFail {
-			l.probe.Reset(l.g.cfg.ProbeAfter / 5)
-			return r, false
-		}
-		return l.fail(failGone, errGone(l.replica)), true
+	l.asked = false
+	if l.missed++; l.missed < probesToFail {
+		l.probe.Reset(l.g.cfg.ProbeAfter / 5)
+		return r, false
 	}
-	seq, err := strconv.Atoi(m.Header.Get(subjects.HdrSeq))
-	if err != nil || seq != l.next {
-		return l.fail(failSequenceGap, subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+l.replica+" lost a message (sequence gap)")), true
-	}
-	l.next++
-	l.heard()
-	eos := m.Header.Get(subjects.HdrEOS) != ""
-	if eos && m.Header.Get(subjects.HdrHandover) != "" {
+	return l.fail(failGone, errGone(l.replica)), true
+}
+
+// answer handles the accepted replica's next message in sequence.
+func (l *leg) answer(f reply.Frame) (r result, over bool) {
+	if f.Kind == reply.Handover {
 		// Handed back, with or without a head before it.
 		r = l.fail(failHandover, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" drained before the answer ended"))
 		r.ended = true
 		return r, true
 	}
-	if seq == 1 {
-		refused, err := l.out.head(m, l.replica)
+	if f.Kind == reply.Head {
+		refused, err := l.out.head(f, l.replica)
 		switch {
 		case refused != nil:
 			r = l.fail(failRefused, refused)
-			r.ended = eos
+			r.ended = f.End
 			return r, true
 		case err != nil:
 			r = l.fail(failClientGone, nil) // gone as the head was flushed
-			r.ended = eos
+			r.ended = f.End
 			return r, true
 		}
 		// A head may carry the body and the end too: a non-streamed
 		// answer, or an adapter that failed before the engine answered.
 	}
-	if len(m.Data) > 0 {
-		if err := l.out.data(m.Data); err != nil {
+	if len(f.Body) > 0 {
+		if err := l.out.data(f.Body); err != nil {
 			switch {
 			case errors.Is(err, errEngineEvent):
 				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response"))
@@ -378,15 +422,15 @@ func (l *leg) onMsg(m *nats.Msg) (r result, over bool) {
 			default:
 				r = l.fail(failClientGone, nil)
 			}
-			r.ended = eos
+			r.ended = f.End
 			return r, true
 		}
 	}
-	if !eos {
+	if !f.End {
 		return r, false
 	}
-	if e := m.Header.Get(subjects.HdrError); e != "" {
-		r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response: "+e))
+	if f.Err != "" {
+		r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response: "+f.Err))
 	} else {
 		l.out.finish()
 		r = result{replica: l.replica, accepted: true}

@@ -9,8 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -25,6 +24,7 @@ type response struct {
 	status  int
 	sse     bool
 	wrote   bool // bytes have reached the client
+	held    bool // the stream began while its cold model loaded: no answer in it yet
 	buf     bytes.Buffer
 	rc      *http.ResponseController
 	events  sse.Events // SSE: only whole events are written
@@ -61,56 +61,74 @@ func (s *response) following() *carry {
 	return s.carry
 }
 
-// rejected copies a broker's or adapter's rejection to the client, or
-// returns a refusal to retry when a replica turned the request away while
-// draining.
-func (s *response) rejected(m *nats.Msg) result {
-	status, _ := strconv.Atoi(m.Header.Get(subjects.HdrStatus))
-	if status == 0 {
-		status = 502
-	}
-	if rep := m.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
+// rejection is the result of a broker's or adapter's rejection: a refusal
+// to retry when a replica turned the request away while draining, the
+// failure a continuation resumed from when no broker could place it, else
+// the rejection for the client.
+func (s *response) rejection(f reply.Frame) result {
+	status := cmp.Or(f.Status, 502)
+	if rep := f.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
 		return result{kind: failRefused, replica: rep, ended: true,
 			err: &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + rep + " turned the request away"}}
 	}
 	if s.cont != nil {
 		// A continuation no broker could place (no other replica): the
 		// client gets the failure it would have had without one.
-		var b subjects.ErrorBody
-		_ = json.Unmarshal(m.Data, &b)
-		s.g.log.Info("cannot resume", "why", cmp.Or(b.Error.Message, "status "+strconv.Itoa(status)))
+		s.g.log.Info("cannot resume", "why", cmp.Or(rejectionError(f).Message, "status "+strconv.Itoa(status)))
 		e := s.failed
 		if e == nil {
 			e = subjects.NewError(502, subjects.CodeUpstreamError, "the answer could not continue on another replica")
 		}
 		return result{kind: failUnplaced, ended: true, err: e}
 	}
+	return result{kind: failRejected, ended: true, rejection: &f, err: rejectionError(f)}
+}
+
+// rejectionError is the error a rejection's body says, for a stream that
+// must end with it as an event.
+func rejectionError(f reply.Frame) *subjects.APIError {
+	var b subjects.ErrorBody
+	_ = json.Unmarshal(f.Body, &b)
+	e := &subjects.APIError{Status: cmp.Or(f.Status, 502), Message: b.Error.Message}
+	if b.Error.Param != nil {
+		e.Param = *b.Error.Param
+	}
+	switch c := b.Error.Code.(type) {
+	case string:
+		e.Code = c
+	case float64:
+		e.Code = strconv.FormatFloat(c, 'f', -1, 64)
+	}
+	if e.Message == "" {
+		e.Message = cmp.Or(string(f.Body), "upstream error "+strconv.Itoa(e.Status))
+	}
+	return e
+}
+
+// passRejection copies a rejection to the client, with its headers.
+func (s *response) passRejection(f reply.Frame) {
 	hd := s.w.Header()
 	for _, k := range subjects.PassThroughHeaders() {
-		if v := m.Header.Get(k); v != "" {
+		if v := f.Header.Get(k); v != "" {
 			hd.Set(k, v)
 		}
 	}
-	s.g.writeRaw(s.w, s.u, status, m.Header.Get(subjects.HdrContent), m.Data)
-	return result{ended: true}
+	s.g.writeRaw(s.w, s.u, cmp.Or(f.Status, 502), f.Header.Get(subjects.HdrContent), f.Body)
 }
 
 // head handles seq 1. refused is set when the replica's engine turned the
 // request away (429/503); err when the client could not be written to.
-func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError, err error) {
-	status, _ := strconv.Atoi(m.Header.Get(subjects.HdrStatus))
-	if status == 0 {
-		status = 502
-	}
+func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIError, err error) {
+	status := cmp.Or(f.Status, 502)
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
 		e := &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(status) + ")"}
-		if n, err := strconv.Atoi(m.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
+		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
 			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
 		}
 		return e, nil
 	}
-	ct := m.Header.Get(subjects.HdrContent)
-	if s.wrote {
+	ct := f.Header.Get(subjects.HdrContent)
+	if s.wrote && !s.held {
 		// A continuation of a stream the client has: it must be one too.
 		if status != http.StatusOK || !sse.IsEventStream(ct) {
 			return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" did not continue the stream (status "+strconv.Itoa(status)+")"), nil
@@ -118,17 +136,28 @@ func (s *response) head(m *nats.Msg, replica string) (refused *subjects.APIError
 		return nil, nil
 	}
 	s.status = status
-	if v := m.Header.Get(subjects.HdrRouteModel); v != "" {
+	if v := f.Header.Get(subjects.HdrRouteModel); v != "" {
 		s.model = v
+	}
+	if s.held {
+		// The 200 and the SSE headers went out when the hold began: the
+		// answer goes on in that stream, a non-streamed one whole at its
+		// end (finish).
+		if s.sse = status == http.StatusOK && sse.IsEventStream(ct); s.sse {
+			s.held = false
+			s.following()
+			s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+		}
+		return nil, nil
 	}
 	hd := s.w.Header()
 	for _, rh := range subjects.RouteHeaders() {
-		if v := m.Header.Get(rh[0]); v != "" {
+		if v := f.Header.Get(rh[0]); v != "" {
 			hd.Set(rh[1], v)
 		}
 	}
 	for _, k := range subjects.PassThroughHeaders() {
-		if v := m.Header.Get(k); v != "" {
+		if v := f.Header.Get(k); v != "" {
 			hd.Set(k, v)
 		}
 	}
@@ -185,6 +214,21 @@ func (s *response) event(ev []byte) error {
 
 // finish completes a whole answer: written at once when buffered.
 func (s *response) finish() {
+	if s.held {
+		// A held stream answered without one: an error becomes the
+		// stream's error event, anything else goes as it came.
+		s.held = false
+		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+		if s.status != http.StatusOK {
+			s.endStream(rejectionError(reply.Frame{Status: s.status, Body: s.buf.Bytes()}))
+			return
+		}
+		_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
+		_, _ = s.w.Write(s.buf.Bytes())
+		_ = s.rc.Flush()
+		s.g.metrics.done(s.u, s.status)
+		return
+	}
 	if !s.sse {
 		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
 		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
@@ -207,4 +251,26 @@ func (s *response) endStream(e *subjects.APIError) {
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	_, _ = s.w.Write(s.u.dialect.streamError(e))
 	_ = s.rc.Flush()
+}
+
+// startHold begins the client's stream as the hold of a cold model begins:
+// its 200 and SSE headers go out with the first comment, so what the
+// relay writes later goes on in this one stream.
+func (s *response) startHold() {
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	s.w.WriteHeader(http.StatusOK)
+	s.rc = http.NewResponseController(s.w)
+	s.wrote, s.held, s.sse, s.status = true, true, false, http.StatusOK
+}
+
+// comment writes an SSE comment: proxies see traffic, clients ignore it.
+func (s *response) comment(c string) error {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
+	if _, err := s.w.Write([]byte(c + "\n\n")); err != nil {
+		return err
+	}
+	return s.rc.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -29,6 +30,8 @@ const (
 	failClientWrite                  // a write to the client timed out: it stopped reading
 	failHandover                     // the replica drained and handed the unfinished answer back
 	failUnplaced                     // no broker could place a continuation (no other replica)
+	failCold                         // model_loading for a model whose on_cold is wait: hold the request
+	failRejected                     // a broker or replica rejected the request: the client gets the rejection
 )
 
 // resumable reports whether an answer that failed this way may continue
@@ -77,6 +80,9 @@ type result struct {
 	// resumable: the answer can continue on another replica (the request
 	// allows it and the resumes are not spent).
 	resumable bool
+	// rejection is the rejection of a failCold or failRejected, as the
+	// broker or replica sent it.
+	rejection *reply.Frame
 }
 
 // verdict is what the relay does with a result.
@@ -89,10 +95,12 @@ const (
 	httpError                // nothing reached the client: an HTTP error in the OpenAI shape
 	endStream                // bytes reached the client: an SSE error event ends the stream
 	abandon                  // the client is gone: nothing left to tell it
+	hold                     // the model is loading: hold the request until it is ready
+	rejected                 // nothing reached the client: the rejection, copied whole
 )
 
 func (v verdict) String() string {
-	return [...]string{"answered", "retry", "resume", "http_error", "end_stream", "abandon"}[v]
+	return [...]string{"answered", "retry", "resume", "http_error", "end_stream", "abandon", "hold", "rejected"}[v]
 }
 
 // judge is the relay's one rule, in one place as in httputil.ReverseProxy:
@@ -100,7 +108,10 @@ func (v verdict) String() string {
 // (a retry of a continuation is still a continuation); a replica that
 // failed mid-answer is resumed on another when the request allows it;
 // otherwise an HTTP error before the first byte, and after it the stream
-// ends with an explicit error event, never a silent truncation.
+// ends with an explicit error event, never a silent truncation. A request
+// for a cold model that says to wait is held; a rejection the client gets
+// goes to it as it came, or as the error event of a stream already begun
+// (a held one).
 func judge(r result) verdict {
 	switch {
 	case r.kind == failNone:
@@ -109,6 +120,12 @@ func judge(r result) verdict {
 		return abandon
 	}
 	switch r.kind {
+	case failCold:
+		return hold
+	case failRejected:
+		if !r.wrote {
+			return rejected
+		}
 	case failNoResponders, failNotRouted, failAcceptTimeout, failRefused:
 		return retry
 	case failLost:
@@ -154,15 +171,23 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 }
 
 // conclude tells the client what the last attempt's verdict leaves to say.
-// A retry or resume left over (its budget spent) ends as an error.
+// A retry or resume left over (its budget spent) ends as an error, as
+// judge would have it with none left.
 func (g *Gateway) conclude(out *response, r result) {
-	switch judge(r) {
-	case retry, resume, httpError, endStream:
-		if out.wrote {
-			out.endStream(r.err)
-		} else {
-			g.fail(out.w, out.u, r.err)
+	v := judge(r)
+	if v == retry || v == resume {
+		v = httpError
+		if r.wrote {
+			v = endStream
 		}
+	}
+	switch v {
+	case rejected:
+		out.passRejection(*r.rejection)
+	case httpError:
+		g.fail(out.w, out.u, r.err)
+	case endStream:
+		out.endStream(r.err)
 	}
 }
 

@@ -10,6 +10,7 @@ func TestJudge(t *testing.T) {
 		accepted, wrote bool
 	}
 	routing, accepted, streaming := when{}, when{accepted: true}, when{accepted: true, wrote: true}
+	held := when{wrote: true} // a stream begun while its cold model loaded
 	tests := []struct {
 		kind failure
 		want map[when]verdict
@@ -28,6 +29,8 @@ func TestJudge(t *testing.T) {
 		{failDeadline, map[when]verdict{routing: httpError, accepted: httpError, streaming: endStream}},
 		{failClientGone, map[when]verdict{routing: abandon, accepted: abandon, streaming: abandon}},
 		{failClientWrite, map[when]verdict{streaming: abandon}},
+		{failCold, map[when]verdict{routing: hold, held: hold}},
+		{failRejected, map[when]verdict{routing: rejected, held: endStream}},
 	}
 	for _, tt := range tests {
 		for w, want := range tt.want {

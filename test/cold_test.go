@@ -27,9 +27,15 @@ const mixtral = "mixtral-8x22b"
 // a request unanswered within a minute fails the test.
 func chatOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, string) {
 	t.Helper()
+	return postOnce(t, url+"/v1/chat/completions", body, hdr)
+}
+
+// postOnce is chatOnce for any endpoint.
+func postOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -174,6 +180,16 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 		t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error line with model_loading", status, b)
 	}
 
+	// A held Responses stream ends as every Responses stream that fails
+	// does: an error event in the Responses shape, not chat's error object.
+	status, _, b = postOnce(t, url+"/v1/responses", `{"model":"mixtral","input":"tell me a story","max_output_tokens":4,"stream":true}`,
+		map[string]string{"X-Request-Timeout": "0.5"})
+	if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
+		!strings.Contains(b, "\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"model_loading\"") ||
+		strings.Contains(b, `{"error":{`) {
+		t.Errorf("held Responses stream past its deadline: %d %q, want 200, the comment, then a Responses error event with model_loading", status, b)
+	}
+
 	// Thirty seconds cover it: a plain request and a stream, both held.
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -195,8 +211,8 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "ready"}); n < 2 {
 		t.Errorf("cold waits ended ready = %v, want ≥ 2", n)
 	}
-	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 2 {
-		t.Errorf("cold waits ended at the deadline = %v, want 2", n)
+	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 3 {
+		t.Errorf("cold waits ended at the deadline = %v, want 3", n)
 	}
 }
 
