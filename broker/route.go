@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/features"
+	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -110,10 +111,10 @@ func (b *Broker) send(s *scratch, subject, reply string, h nats.Header, data []b
 			// accept knows which replica to exclude on its retry
 			// (docs/architecture.md, "Decisions").
 			if s.routed == nil {
-				s.routed = nats.Header{subjects.HdrRouted: {""}}
+				s.routed = make(nats.Header, 1)
 			}
-			s.routed[subjects.HdrRouted][0] = a.msg.Header.Get(subjects.HdrRouteReplica)
-			_ = b.nc.PublishMsg(&nats.Msg{Subject: reply, Header: s.routed})
+			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.msg.Header.Get(subjects.HdrRouteReplica), Header: s.routed}
+			_ = b.nc.PublishMsg(notice.Msg(reply))
 		}
 		if err := b.nc.PublishMsg(&a.msg); err != nil && reply != "" {
 			b.reject(&a.msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -45,7 +46,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	a.forgetDeleted(ctx, h, resp.StatusCode)
 	var onFirst func()
 	if scan.sse {
-		if st.send(hd, nil) != nil {
+		if st.send(hd) != nil {
 			return tokens{}
 		}
 		// Only a stream's first byte is a time to first token: a
@@ -165,20 +166,20 @@ const (
 // generation ends, so head, body and end go back as one message when the
 // body fits in limit; a larger one goes as the head and its first part, and
 // the stream phase sends the rest. err is the engine's read error, if any.
-func answerInline(ctx context.Context, st *stream, hd nats.Header, body io.Reader, limit int, scan *usageScanner) (phaseEnd, error) {
+func answerInline(ctx context.Context, st *stream, hd reply.Frame, body io.Reader, limit int, scan *usageScanner) (phaseEnd, error) {
 	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
 	if err == nil && len(b) <= limit {
 		scan.Write(b)
 		st.last(hd, b)
 		return phaseEnded, nil
 	}
-	if st.send(hd, nil) != nil {
+	if st.send(hd) != nil {
 		return phaseNoHead, nil
 	}
 	if len(b) > 0 {
 		st.stopKeepalive()
 		scan.Write(b)
-		if st.send(nil, b) != nil {
+		if st.send(reply.Frame{Kind: reply.Data, Body: b}) != nil {
 			return phaseEnded, nil
 		}
 	}

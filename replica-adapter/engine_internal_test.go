@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -125,7 +126,7 @@ func TestEngineHeadAnswersAnEngineError(t *testing.T) {
 }
 
 func TestAnswerInline(t *testing.T) {
-	hd := func() nats.Header { return nats.Header{subjects.HdrStatus: {"200"}} }
+	hd := func() reply.Frame { return reply.Frame{Kind: reply.Head, Status: 200} }
 	t.Run("fits", func(t *testing.T) {
 		st, sub := replyStream(t)
 		scan := usageScanner{}

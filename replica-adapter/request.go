@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -109,28 +110,14 @@ func (a *Adapter) done(c *call, id string) {
 
 // reject answers with a single rejection message (seq 0, status, end).
 func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
-	hd := errorHeader(0, e)
+	f := replyproto.Rejection(e)
 	// Naming the replica tells the gateway a replica (not a broker) turned
 	// the request away, so it retries elsewhere with this one excluded.
-	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
-	m := nats.Msg{Subject: reply, Header: hd, Data: e.Body()}
-	if err := a.nc.PublishMsg(&m); err != nil {
+	f.Header[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
+	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
 		a.log.Warn("rejection not sent", "err", err)
 	}
 	a.publishUsage(h, tokens{})
-}
-
-func errorHeader(seq int, e *subjects.APIError) nats.Header {
-	h := nats.Header{
-		subjects.HdrSeq:     {strconv.Itoa(seq)},
-		subjects.HdrStatus:  {strconv.Itoa(e.Status)},
-		subjects.HdrEOS:     {"1"},
-		subjects.HdrContent: {"application/json"},
-	}
-	for _, kv := range e.RetryAfterHeaders() {
-		h[kv[0]] = []string{kv[1]}
-	}
-	return h
 }
 
 // serve runs one request: accept, engine call, head, data, end, usage.
@@ -175,8 +162,8 @@ func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
 
 // head builds the head: the engine's status and content type, the route
 // headers echoed with this replica, and the engine's retry hints.
-func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) nats.Header {
-	hd := nats.Header{subjects.HdrStatus: {strconv.Itoa(resp.StatusCode)}}
+func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) replyproto.Frame {
+	hd := make(nats.Header, 12)
 	if contentType != "" {
 		hd[subjects.HdrContent] = []string{contentType}
 	}
@@ -191,7 +178,7 @@ func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string)
 			hd[k] = []string{v}
 		}
 	}
-	return hd
+	return replyproto.Frame{Kind: replyproto.Head, Status: resp.StatusCode, Header: hd}
 }
 
 // callError is the error answered when the engine call failed before a head.

@@ -1,12 +1,12 @@
 package adapter
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -38,11 +38,11 @@ type stream struct {
 	every time.Duration
 }
 
-// send publishes the next message of the sequence. h may be nil.
-func (s *stream) send(h nats.Header, data []byte) error {
+// send publishes f as the next message of the sequence.
+func (s *stream) send(f reply.Frame) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sendLocked(h, data)
+	return s.sendLocked(f)
 }
 
 // sendData publishes one data message: the bytes of one engine read. It
@@ -52,39 +52,36 @@ func (s *stream) sendData(data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.acceptPending || s.err != nil || s.ended {
-		return s.sendLocked(nil, data)
+		return s.sendLocked(reply.Frame{Kind: reply.Data, Body: data})
 	}
 	if s.data == nil {
 		s.data = make(nats.Header, 1)
 	}
-	s.data[subjects.HdrSeq] = append(s.data[subjects.HdrSeq][:0], strconv.Itoa(s.next))
+	f := reply.Frame{Kind: reply.Data, Seq: s.next, Header: s.data, Body: data}
 	s.next++
-	s.err = s.nc.PublishMsg(&nats.Msg{Subject: s.reply, Header: s.data, Data: data})
+	s.err = s.nc.PublishMsg(f.Msg(s.reply))
 	return s.err
 }
 
 // Lock should be held.
-func (s *stream) sendLocked(h nats.Header, data []byte) error {
+func (s *stream) sendLocked(f reply.Frame) error {
 	if s.err != nil || s.ended {
 		return s.err
 	}
-	if h == nil {
-		h = make(nats.Header, 1)
-	}
 	if s.acceptPending {
-		if _, head := h[subjects.HdrStatus]; head {
+		if f.Kind == reply.Head {
 			// The head carries the accept: seq 0 is never sent alone.
 			s.acceptPending = false
 			s.acceptTimer.Stop()
-			h[subjects.HdrAccepted] = []string{s.replica}
+			f.Replica = s.replica
 			s.next = 1
 		} else if err := s.sendAcceptLocked(); err != nil {
 			return err
 		}
 	}
-	h[subjects.HdrSeq] = []string{strconv.Itoa(s.next)}
+	f.Seq = s.next
 	s.next++
-	s.err = s.nc.PublishMsg(&nats.Msg{Subject: s.reply, Header: h, Data: data})
+	s.err = s.nc.PublishMsg(f.Msg(s.reply))
 	return s.err
 }
 
@@ -114,17 +111,17 @@ func (s *stream) sendAcceptLocked() error {
 		s.acceptTimer.Stop()
 	}
 	s.acceptPending = false
-	return s.sendLocked(nats.Header{subjects.HdrAccepted: {s.replica}}, []byte(`{"replica":"`+s.replica+`"}`))
+	return s.sendLocked(reply.Frame{Kind: reply.Accept, Replica: s.replica, Body: []byte(`{"replica":"` + s.replica + `"}`)})
 }
 
 // last sends a head that is also the whole answer and the end: one message
 // for a non-streamed answer.
-func (s *stream) last(h nats.Header, data []byte) {
+func (s *stream) last(head reply.Frame, data []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
-	h[subjects.HdrEOS] = []string{"1"}
-	_ = s.sendLocked(h, data)
+	head.End, head.Body = true, data
+	_ = s.sendLocked(head)
 	s.ended = true
 }
 
@@ -133,11 +130,7 @@ func (s *stream) end(errText string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
-	h := nats.Header{subjects.HdrEOS: {"1"}}
-	if errText != "" {
-		h[subjects.HdrError] = []string{errText}
-	}
-	_ = s.sendLocked(h, nil)
+	_ = s.sendLocked(reply.Frame{Kind: reply.End, End: true, Err: errText})
 	s.ended = true
 }
 
@@ -148,11 +141,7 @@ func (s *stream) handover() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
-	_ = s.sendLocked(nats.Header{
-		subjects.HdrEOS:      {"1"},
-		subjects.HdrHandover: {"1"},
-		subjects.HdrError:    {errHandover.Error()},
-	}, nil)
+	_ = s.sendLocked(reply.Frame{Kind: reply.Handover, End: true, Err: errHandover.Error()})
 	s.ended = true
 }
 
@@ -168,11 +157,12 @@ func (s *stream) failWith(e *subjects.APIError, broken bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
-	h := errorHeader(s.next, e)
+	f := reply.Rejection(e)
+	f.Kind = reply.Head
 	if broken {
-		h[subjects.HdrError] = []string{e.Message}
+		f.Err = e.Message
 	}
-	_ = s.sendLocked(h, e.Body())
+	_ = s.sendLocked(f)
 	s.ended = true
 }
 
@@ -194,11 +184,8 @@ func (s *stream) keepalive() {
 	if s.acceptPending && s.sendAcceptLocked() != nil {
 		return
 	}
-	seq := max(s.next-1, 0)
-	s.err = s.nc.PublishMsg(&nats.Msg{Subject: s.reply, Header: nats.Header{
-		subjects.HdrSeq:       {strconv.Itoa(seq)},
-		subjects.HdrKeepalive: {"1"},
-	}})
+	ka := reply.Frame{Kind: reply.Keepalive, Seq: max(s.next-1, 0)}
+	s.err = s.nc.PublishMsg(ka.Msg(s.reply))
 	s.ka.Reset(s.every)
 }
 

@@ -1,13 +1,12 @@
 package adapter
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/internal/reply"
 )
 
 // tailWindow is how long before a lost connection a reply's end may have
@@ -109,10 +108,10 @@ func (a *Adapter) watchConnection(done <-chan struct{}) {
 			}
 			marked := a.tails.reconnected()
 			for _, e := range marked {
-				_ = a.nc.PublishMsg(&nats.Msg{Subject: e.reply, Header: nats.Header{
-					subjects.HdrSeq:   {strconv.Itoa(e.next)},
-					subjects.HdrError: {"replica " + a.cfg.Replica + " lost its NATS connection; the end of this reply may be lost"},
-				}})
+				// One past the end, without Llm-Eos: a gap to a gateway
+				// still waiting for the end.
+				mark := reply.Frame{Kind: reply.Data, Seq: e.next, Err: "replica " + a.cfg.Replica + " lost its NATS connection; the end of this reply may be lost"}
+				_ = a.nc.PublishMsg(mark.Msg(e.reply))
 			}
 			if len(marked) > 0 {
 				a.log.Warn("NATS reconnected; marked the ends of replies that may have been lost", "replies", len(marked))

@@ -55,7 +55,7 @@ func (k Kind) Headers() []string {
 	case Head:
 		return []string{subjects.HdrSeq, subjects.HdrStatus, subjects.HdrContent, subjects.HdrAccepted, subjects.HdrEOS, subjects.HdrError}
 	case Data:
-		return []string{subjects.HdrSeq}
+		return []string{subjects.HdrSeq, subjects.HdrError} // Llm-Error: the marker of a lost end
 	case Keepalive:
 		return []string{subjects.HdrSeq, subjects.HdrKeepalive}
 	case End:
