@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 )
 
 // MaxPrefixBlocks is the most blocks a Llm-Prefix header may carry (the
@@ -111,24 +113,11 @@ func parseHex64(s string) (uint64, bool) {
 	}
 	var h uint64
 	for i := 0; i < len(s); i++ {
-		v, ok := hexDigit(s[i])
+		v, ok := jsonscan.HexDigit(s[i])
 		if !ok {
 			return 0, false
 		}
 		h = h<<4 | uint64(v)
 	}
 	return h, true
-}
-
-// hexDigit is the value of one hex digit, either case.
-func hexDigit(c byte) (byte, bool) {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0', true
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10, true
-	case c >= 'A' && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
 }

@@ -116,12 +116,10 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	req := &pb.req
 	perr := features.ParseRequestInto(req, endpoint, body)
 	if perr != nil {
-		e := subjects.NewError(400, subjects.CodeInvalidRequest, perr.Error())
-		var pe *features.ParseError
-		if errors.As(perr, &pe) {
-			e.Param = pe.Param
+		if pe := (*features.ParseError)(nil); errors.As(perr, &pe) {
+			return nil, pe.APIError()
 		}
-		return nil, e
+		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, perr.Error())
 	}
 
 	tokens := req.PromptTokens

@@ -202,13 +202,17 @@ func TestBusyModelIsNotUnloaded(t *testing.T) {
 	e.start(loader.Config{ID: "loader-a"})
 	e.request(mixtral, "v1.0.0", 1)
 	testkit.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the load action", func() bool { return len(lines(t, calls)) == 1 }))
-	end := time.Now().Add(time.Second)
-	for time.Now().Before(end) {
+	// Five idle periods of heartbeats with three requests running: the
+	// poll ends early only if an unload begins.
+	_, busy := testkit.Poll(time.Second, 50*time.Millisecond, func() error {
 		e.heartbeat("mixtral-0", mixtral, "v1.0.0", subjects.StateReady, 3) // three requests running
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := e.count(mixtral, subjects.LoadUnloading); n != 0 {
-		t.Errorf("a busy model was unloaded (%d unloading statuses)", n)
+		if e.count(mixtral, subjects.LoadUnloading) != 0 {
+			return nil
+		}
+		return errors.New("busy and loaded")
+	})
+	if busy == nil {
+		t.Errorf("a busy model was unloaded (%d unloading statuses)", e.count(mixtral, subjects.LoadUnloading))
 	}
 }
 

@@ -41,20 +41,16 @@ func heartbeats(t *testing.T, nc *nats.Conn, id string) func() subjects.Heartbea
 	}
 }
 
-// waitHeartbeat reads heartbeats until one satisfies ok.
+// waitHeartbeat reads heartbeats until one satisfies ok, and returns it.
+// Each look waits for the next heartbeat, so CheckFor need not sleep.
 func waitHeartbeat(t *testing.T, nextHB func() subjects.Heartbeat, ok func(subjects.Heartbeat) error) subjects.Heartbeat {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		hb := nextHB()
-		err := ok(hb)
-		if err == nil {
-			return hb
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no matching heartbeat: %v (last %+v)", err, hb)
-		}
-	}
+	var hb subjects.Heartbeat
+	testkit.CheckFor(t, 5*time.Second, 0, func() error {
+		hb = nextHB()
+		return ok(hb)
+	})
+	return hb
 }
 
 // TestRegistration checks the replica's KV value: "loading" until /health

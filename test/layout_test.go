@@ -73,10 +73,10 @@ func checkOneOfEachKind(t *testing.T, fset *token.FileSet, rel string, f *ast.Fi
 			switch strings.ToLower(n.Name.Name) {
 			case "freeport", "freeports":
 				t.Errorf("%s: %s reserves a port and releases it; hand the listener over (testkit.Listen, fd:N) or let the server report its port", at(n), n.Name.Name)
-			case "checkfor", "waitfor", "eventually", "waituntil":
-				if test && dir != "internal/testkit" {
-					t.Errorf("%s: a poller of its own; tests poll with testkit.CheckFor or testkit.Poll", at(n))
-				}
+			}
+		case *ast.ForStmt:
+			if test && dir != "internal/testkit" && sleeps(n.Body) {
+				t.Errorf("%s: a poll loop of its own (a for loop that sleeps); tests poll with testkit.CheckFor or testkit.Poll", at(n))
 			}
 		case *ast.CallExpr:
 			pkg, fn := callee(n)
@@ -104,6 +104,28 @@ func checkOneOfEachKind(t *testing.T, fset *token.FileSet, rel string, f *ast.Fi
 		}
 		return true
 	})
+}
+
+// sleeps reports whether a for loop's own body calls time.Sleep: a loop
+// that goes on until something holds (or a time passes), sleeping between
+// looks, is a poll loop whatever its function is called. A range loop
+// that sleeps paces a fixed number of steps (a slow engine's chunks) and
+// is not one. A function literal in the body runs elsewhere (a goroutine,
+// a callback) and is not looked into.
+func sleeps(body *ast.BlockStmt) bool {
+	found := false
+	ast.Inspect(body, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncLit:
+			return false
+		case *ast.CallExpr:
+			if pkg, fn := callee(n); pkg == "time" && fn == "Sleep" {
+				found = true
+			}
+		}
+		return !found
+	})
+	return found
 }
 
 // readsSSE reports whether a bytes or strings call with this literal

@@ -65,7 +65,7 @@ func hex4(b []byte) rune {
 	}
 	var r rune
 	for _, c := range b[:4] {
-		v, ok := hexDigit(c)
+		v, ok := HexDigit(c)
 		if !ok {
 			return utf8.RuneError
 		}

@@ -312,7 +312,7 @@ func (s *scanner) str() (plain, ok bool) {
 					return false, false
 				}
 				for _, h := range b[i+2 : i+6] {
-					if _, ok := hexDigit(h); !ok {
+					if _, ok := HexDigit(h); !ok {
 						return false, false
 					}
 				}
@@ -342,8 +342,9 @@ func (s *scanner) str() (plain, ok bool) {
 	}
 }
 
-// hexDigit is the value of one hex digit, either case.
-func hexDigit(c byte) (byte, bool) {
+// HexDigit is the value of one hex digit, either case: for JSON's \u
+// escapes here, and for every other hex a caller reads.
+func HexDigit(c byte) (byte, bool) {
 	switch {
 	case c >= '0' && c <= '9':
 		return c - '0', true
