@@ -235,3 +235,24 @@ func endBroken(ctx context.Context, st *stream, err error) {
 	}
 	st.end(streamError(ctx, err))
 }
+
+// head builds the head: the engine's status and content type, the route
+// headers echoed with this replica, and the engine's retry hints.
+func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) reply.Frame {
+	hd := make(nats.Header, 12)
+	if contentType != "" {
+		hd[subjects.HdrContent] = []string{contentType}
+	}
+	for k, v := range req {
+		if strings.HasPrefix(k, "Llm-Route-") {
+			hd[k] = v
+		}
+	}
+	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
+	for _, k := range subjects.PassThroughHeaders() {
+		if v := resp.Header.Get(k); v != "" {
+			hd[k] = []string{v}
+		}
+	}
+	return reply.Frame{Kind: reply.Head, Status: resp.StatusCode, Header: hd}
+}

@@ -1,10 +1,14 @@
 package adapter
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -99,4 +103,34 @@ func truncate(s string, n int) string {
 
 func httpStatusText(status int) string {
 	return strings.TrimSpace(strconv.Itoa(status) + " " + http.StatusText(status))
+}
+
+// callError is the error answered when the engine call failed before a head.
+func callError(ctx context.Context, err error) *subjects.APIError {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "request deadline passed before the engine answered")
+	case errors.Is(ctx.Err(), context.Canceled):
+		return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "request cancelled before the engine answered")
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		// The engine did no work (it is down or restarting): a 503 lets the
+		// gateway retry on another replica before the first byte.
+		e := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError, "engine unreachable: "+err.Error())
+		e.RetryAfter = time.Second
+		return e
+	}
+	return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "engine failed before answering: "+err.Error())
+}
+
+// streamError is the Llm-Error of an end after the engine failed mid-way.
+func streamError(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return "deadline exceeded"
+	case errors.Is(ctx.Err(), context.Canceled):
+		return "cancelled"
+	}
+	return "engine stream broke: " + err.Error()
 }

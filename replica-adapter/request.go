@@ -3,11 +3,8 @@ package adapter
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -158,57 +155,6 @@ func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
 	}
 	prompt, _ := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
 	return tokens{PromptTokens: prompt, CompletionTokens: scan.events}
-}
-
-// head builds the head: the engine's status and content type, the route
-// headers echoed with this replica, and the engine's retry hints.
-func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) replyproto.Frame {
-	hd := make(nats.Header, 12)
-	if contentType != "" {
-		hd[subjects.HdrContent] = []string{contentType}
-	}
-	for k, v := range req {
-		if strings.HasPrefix(k, "Llm-Route-") {
-			hd[k] = v
-		}
-	}
-	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
-	for _, k := range subjects.PassThroughHeaders() {
-		if v := resp.Header.Get(k); v != "" {
-			hd[k] = []string{v}
-		}
-	}
-	return replyproto.Frame{Kind: replyproto.Head, Status: resp.StatusCode, Header: hd}
-}
-
-// callError is the error answered when the engine call failed before a head.
-func callError(ctx context.Context, err error) *subjects.APIError {
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, "request deadline passed before the engine answered")
-	case errors.Is(ctx.Err(), context.Canceled):
-		return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "request cancelled before the engine answered")
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		// The engine did no work (it is down or restarting): a 503 lets the
-		// gateway retry on another replica before the first byte.
-		e := subjects.NewError(http.StatusServiceUnavailable, subjects.CodeUpstreamError, "engine unreachable: "+err.Error())
-		e.RetryAfter = time.Second
-		return e
-	}
-	return subjects.NewError(http.StatusBadGateway, subjects.CodeUpstreamError, "engine failed before answering: "+err.Error())
-}
-
-// streamError is the Llm-Error of an end after the engine failed mid-way.
-func streamError(ctx context.Context, err error) string {
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return "deadline exceeded"
-	case errors.Is(ctx.Err(), context.Canceled):
-		return "cancelled"
-	}
-	return "engine stream broke: " + err.Error()
 }
 
 // publishUsage reports the tokens a request used on llm.usage.<tenant>, so
