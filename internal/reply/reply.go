@@ -117,31 +117,37 @@ func Decode(m *nats.Msg) Frame {
 	}
 	f.End = h.Get(subjects.HdrEOS) != ""
 	f.Err = h.Get(subjects.HdrError)
-	status, hasStatus := h.Get(subjects.HdrStatus), false
-	if status != "" {
-		f.Status, _ = strconv.Atoi(status)
-		hasStatus = true
-	}
 	f.Replica = h.Get(subjects.HdrAccepted)
+	// Llm-Status is read only where a frame may carry it: data, the
+	// common case, needs no more lookups.
 	switch {
-	case f.Replica != "" && !hasStatus:
-		f.Kind = Accept
 	case f.Replica != "":
-		f.Kind = Head // the accept rode on the head
+		if f.Kind = Accept; f.status(h) {
+			f.Kind = Head // the accept rode on the head
+		}
 	case f.Seq <= 0:
 		if f.End {
 			f.Kind = Error
+			f.status(h)
 		}
 	case f.End && h.Get(subjects.HdrHandover) != "":
 		f.Kind = Handover
 	case f.Seq == 1:
 		f.Kind = Head
+		f.status(h)
 	case f.End:
 		f.Kind = End
 	default:
 		f.Kind = Data
 	}
 	return f
+}
+
+// status reads Llm-Status into f.Status, and reports whether it is there.
+func (f *Frame) status(h nats.Header) bool {
+	v := h.Get(subjects.HdrStatus)
+	f.Status, _ = strconv.Atoi(v)
+	return v != ""
 }
 
 // Encode writes f's protocol headers into f.Header (made when nil) and

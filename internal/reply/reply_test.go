@@ -206,3 +206,16 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDecode is the gateway's per-message cost of reading a reply:
+// a data frame, the one every streamed token arrives in.
+func BenchmarkDecode(b *testing.B) {
+	f := reply.Frame{Kind: reply.Data, Seq: 7, Body: []byte("data: {}\n\n")}
+	m := f.Msg("llm.reply.gw.id")
+	b.ReportAllocs()
+	for b.Loop() {
+		if reply.Decode(m).Kind != reply.Data {
+			b.Fatal("not data")
+		}
+	}
+}
