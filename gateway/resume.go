@@ -235,36 +235,126 @@ func plainDelta(data []byte) (text []byte, ok bool) {
 // rewrite gives a continuation's chunk the stream's identity and, on the
 // usage chunk, the whole answer's usage: the prompt counted once (the
 // continuation's engine read the carried text as prompt) and the
-// completion tokens of every part.
+// completion tokens of every part. Like the adapter's body rewrite it
+// splices: the values of "id", "model", "created" and the usage counts are
+// replaced where they stand (every occurrence, since a decoder keeps the
+// last) or added at the end, and the rest of the chunk is its own bytes.
 func (c *carry) rewrite(data []byte, usage bool) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(data, &m) != nil {
+	if !jsonscan.Valid(data) {
 		return sseEvent("", data)
 	}
-	m["id"], _ = json.Marshal(c.id)
-	m["model"], _ = json.Marshal(c.model)
+	id, _ := json.Marshal(c.id)
+	model, _ := json.Marshal(c.model)
+	set := []spliced{{key: "id", value: id}, {key: "model", value: model}}
 	if len(c.created) > 0 {
-		m["created"] = c.created
+		set = append(set, spliced{key: "created", value: c.created})
 	}
 	if usage {
-		var u map[string]json.RawMessage
-		if json.Unmarshal(m["usage"], &u) == nil && u != nil {
-			var prompt, completion int
-			_ = json.Unmarshal(u["prompt_tokens"], &prompt)
-			_ = json.Unmarshal(u["completion_tokens"], &completion)
-			prompt = max(prompt-c.tokens, 0)
-			completion += c.tokens
-			u["prompt_tokens"] = json.RawMessage(strconv.Itoa(prompt))
-			u["completion_tokens"] = json.RawMessage(strconv.Itoa(completion))
-			u["total_tokens"] = json.RawMessage(strconv.Itoa(prompt + completion))
-			m["usage"], _ = json.Marshal(u)
-		}
+		set = append(set, spliced{key: "usage", edit: c.sumUsage})
 	}
-	b, err := json.Marshal(m)
-	if err != nil {
+	out, ok := splice(make([]byte, 0, len(data)+len(id)+len(model)+32), data, set)
+	if !ok {
 		return sseEvent("", data)
 	}
-	return sseEvent("", b)
+	return sseEvent("", out)
+}
+
+// sumUsage is a continuation's usage object with the carried completion
+// tokens moved from its prompt to its completion; a usage that is not an
+// object stays as it is.
+func (c *carry) sumUsage(dst, u []byte) []byte {
+	if len(u) == 0 || u[0] != '{' {
+		return append(dst, u...)
+	}
+	var prompt, completion int
+	m := jsonscan.NewMembers(u, 0)
+	for m.Next() {
+		switch k := m.Key(); {
+		case k.Equal("prompt_tokens"):
+			prompt = tokenCount(m.Value())
+		case k.Equal("completion_tokens"):
+			completion = tokenCount(m.Value())
+		}
+	}
+	prompt = max(prompt-c.tokens, 0)
+	completion += c.tokens
+	out, ok := splice(dst, u, []spliced{
+		{key: "prompt_tokens", value: strconv.AppendInt(nil, int64(prompt), 10)},
+		{key: "completion_tokens", value: strconv.AppendInt(nil, int64(completion), 10)},
+		{key: "total_tokens", value: strconv.AppendInt(nil, int64(prompt+completion), 10)},
+	})
+	if !ok {
+		return append(dst, u...)
+	}
+	return out
+}
+
+// tokenCount reads a count as encoding/json reads it into an int: a whole
+// number, else 0.
+func tokenCount(v []byte) int {
+	n, err := strconv.Atoi(string(v))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// spliced is one member splice sets: key's value becomes value, or what
+// edit makes of the old one (edit is not called for a member added).
+type spliced struct {
+	key   string
+	value []byte
+	edit  func(dst, old []byte) []byte
+}
+
+// splice appends the object obj to dst with every top-level member named
+// in set given its value, and the ones it lacks added before the closing
+// brace (but an edited one). ok is false when obj is not an object.
+func splice(dst, obj []byte, set []spliced) (out []byte, ok bool) {
+	start := len(dst)
+	var seen [8]bool // set is at most a few keys
+	if len(set) > len(seen) {
+		return dst, false
+	}
+	at, members := 0, 0
+	m := jsonscan.NewMembers(obj, jsonscan.SkipSpace(obj, 0))
+	for m.Next() {
+		members++
+		k := m.Key()
+		for i, sp := range set {
+			if !k.Equal(sp.key) {
+				continue
+			}
+			from, to := m.Span()
+			dst = append(dst, obj[at:from]...)
+			if sp.edit != nil {
+				dst = sp.edit(dst, obj[from:to])
+			} else {
+				dst = append(dst, sp.value...)
+			}
+			at, seen[i] = to, true
+			break
+		}
+	}
+	end := m.End()
+	if end < 0 {
+		return dst[:start], false
+	}
+	closing := end - 1 // the '}'
+	dst = append(dst, obj[at:closing]...)
+	for i, sp := range set {
+		if seen[i] || sp.edit != nil {
+			continue
+		}
+		if members > 0 {
+			dst = append(dst, ',')
+		}
+		members++
+		dst = strconv.AppendQuote(dst, sp.key)
+		dst = append(dst, ':')
+		dst = append(dst, sp.value...)
+	}
+	return append(dst, obj[closing:]...), true
 }
 
 // resumeRequest is what decides whether a request can continue elsewhere.
