@@ -493,17 +493,8 @@ func (b *Broker) reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 		*msg = nats.Msg{}
 		return
 	}
-	*msg = nats.Msg{Subject: reply, Header: nats.Header{}, Data: e.Body()}
-	msg.Header.Set(subjects.HdrSeq, "0")
-	msg.Header.Set(subjects.HdrStatus, strconv.Itoa(e.Status))
-	msg.Header.Set(subjects.HdrEOS, "1")
-	msg.Header.Set(subjects.HdrContent, "application/json")
-	for _, kv := range e.RetryAfterHeaders() {
-		msg.Header.Set(kv[0], kv[1])
-	}
-	for k, v := range e.Headers {
-		msg.Header.Set(k, v)
-	}
+	f := replyproto.Rejection(e)
+	*msg = *f.Msg(reply)
 }
 
 // explain answers a dry run: the decision with its alternatives, nothing
