@@ -59,6 +59,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		next, err := answerInline(ctx, st, hd, resp.Body, a.inline, &scan)
 		if err != nil {
 			a.metrics.engineErrors.Inc()
+			traceEngineBroke(ctx, err)
 		}
 		switch next {
 		case phaseNoHead:
@@ -75,6 +76,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	defer pool.Put(bp)
 	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed); err != nil {
 		a.metrics.engineErrors.Inc()
+		traceEngineBroke(ctx, err)
 	}
 	return a.settle(&scan, h)
 }

@@ -112,6 +112,15 @@ func traceEngineHead(ctx context.Context, resp *http.Response, err error) {
 	}
 }
 
+// traceEngineBroke marks the call's span in ctx failed: the engine's body
+// broke after its head (it died mid-answer, or the call was cancelled).
+func traceEngineBroke(ctx context.Context, err error) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetStatus(codes.Error, streamError(ctx, err))
+		span.SetAttributes(telemetry.AttrErrorType.String("body"))
+	}
+}
+
 // traceFirstToken records the time to first token on the call's span.
 func traceFirstToken(ctx context.Context) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {

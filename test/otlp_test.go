@@ -387,6 +387,12 @@ func TestResumedStreamIsOneTrace(t *testing.T) {
 	if len(resume.Links) != 1 || string(resume.Links[0].SpanId) != string(gw.SpanId) || string(resume.Links[0].TraceId) != string(gw.TraceId) {
 		t.Errorf("the resume span links %v, want the first attempt's parent (the gateway span %x)", resume.Links, gw.SpanId)
 	}
+	if st := first[0].engine.Status; st.GetCode() != tracepb.Status_STATUS_CODE_ERROR || st.GetMessage() == "" {
+		t.Errorf("the killed engine's call span has status %v, want the error", st)
+	}
+	if st := second[0].engine.Status; st.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("the continuation's engine call failed: %v", st)
+	}
 	if r := stringAttr(first[0].decision.Attributes, "switchyard.replica"); r != killed {
 		t.Errorf("first decision chose %q, the engine killed was %q", r, killed)
 	}
