@@ -21,9 +21,11 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -51,6 +53,9 @@ type Config struct {
 	// (default 2s, negative: no wait; at most a minute).
 	WarmUp time.Duration
 	Logger *slog.Logger
+	// TracerProvider receives the decision spans (nil: none are made;
+	// internal/telemetry builds one from the environment).
+	TracerProvider trace.TracerProvider
 	// Registerer receives the broker's metrics (nil: none).
 	Registerer prometheus.Registerer
 	// Now is the clock (default time.Now); tests may replace it.
@@ -65,6 +70,7 @@ type Broker struct {
 	// direct is the prefix of the direct clients' subjects, llm.route.
 	direct  string
 	log     *slog.Logger
+	tracer  trace.Tracer // nil: no spans
 	router  *policy.Router
 	watcher *kv.Watcher
 	owners  *owners.Store
@@ -141,7 +147,8 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg:     cfg,
 		subj:    subjects.New(cfg.Prefix),
 		direct:  subjects.New(cfg.Prefix).Route(""),
-		log:     cfg.Logger.With("component", "broker", "broker", cfg.ID),
+		log:     telemetry.Logger(cfg.Logger).With("component", "broker", "broker", cfg.ID),
+		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/broker"),
 		out:     make(chan outMsg, 4096),
 		lookups: make(chan struct{}, MaxOwnerLookups),
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),

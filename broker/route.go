@@ -241,6 +241,9 @@ func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []
 		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
 	}
 	b.sample(&s.req, d, h, start)
+	if b.tracer != nil {
+		b.traceDecision(tenant, h, d, start)
+	}
 	if d.Err != nil {
 		return refuse(d.Err)
 	}

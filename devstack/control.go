@@ -62,7 +62,8 @@ func (s *Stack) startBroker(i int) error {
 	if s.cfg.DataDir != "" {
 		stateDir = fmt.Sprintf("%s/broker-%d", s.cfg.DataDir, i)
 	}
-	b, err := broker.New(nc, broker.Config{ID: fmt.Sprintf("dev-broker-%d", i), StateDir: stateDir, Logger: s.log, Registerer: replacing{s.registry}})
+	b, err := broker.New(nc, broker.Config{ID: fmt.Sprintf("dev-broker-%d", i), StateDir: stateDir, Logger: s.log, Registerer: replacing{s.registry},
+		TracerProvider: s.tracing.broker.Provider()})
 	if err != nil {
 		nc.Close()
 		return err
@@ -91,7 +92,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints,
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,
 		ScrapeEvery: s.cfg.ScrapeEvery, DrainGrace: s.cfg.DrainGrace,
-		Logger: s.log, Registerer: replacing{s.registry},
+		Logger: s.log, Registerer: replacing{s.registry}, TracerProvider: s.tracing.adapter.Provider(),
 	})
 	if err != nil {
 		nc.Close()

@@ -35,6 +35,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
 	"github.com/switchyard-llm/switchyard/owners"
@@ -90,6 +91,11 @@ type Config struct {
 	ColdLoad     time.Duration
 	// Loader tunes the dev loader (Actions, Logger and metrics are set here).
 	Loader loader.Config
+	// OTLPEndpoint is the collector the gateway, the brokers and the
+	// adapters export their spans to, as OTEL_EXPORTER_OTLP_ENDPOINT
+	// (`switchyard dev --otlp-endpoint`); "": the environment decides, and
+	// without an endpoint there nothing is traced.
+	OTLPEndpoint string
 }
 
 // Stack is a running dev stack.
@@ -131,6 +137,9 @@ type Stack struct {
 	seen map[string]bool
 
 	cold *devActions
+
+	// tracing is the tracer provider of each kind of part (nil: none).
+	tracing struct{ gateway, broker, adapter *telemetry.Tracing }
 }
 
 // Validate range-checks cfg before anything starts. Zero values stand for
@@ -196,6 +205,9 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.DataDir != "" {
 		storeDir = cfg.DataDir + "/jetstream"
 	}
+	if err := s.startTracing(ctx); err != nil {
+		return nil, err
+	}
 	trust, err := s.prepareAuth()
 	if err != nil {
 		return nil, fmt.Errorf("NATS authorization: %w", err)
@@ -260,6 +272,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	gcfg := cfg.Gateway
 	gcfg.Listen = cfg.Listen
 	gcfg.Logger = cfg.Logger
+	gcfg.TracerProvider = s.tracing.gateway.Provider()
 	gcfg.Registerer, gcfg.Gatherer = s.registry, s.registry
 	if gcfg.Ready == nil {
 		gcfg.Ready = s.heartbeatsReady
@@ -561,7 +574,40 @@ func (s *Stack) Close() error {
 	if s.tempDir != "" {
 		_ = os.RemoveAll(s.tempDir)
 	}
+	s.stopTracing()
 	s.errMu.Lock()
 	defer s.errMu.Unlock()
 	return errors.Join(s.errs...)
+}
+
+// startTracing builds the parts' tracer providers, one per kind of part so
+// that each names its own service.
+func (s *Stack) startTracing(ctx context.Context) error {
+	for _, p := range []struct {
+		t       **telemetry.Tracing
+		service string
+	}{
+		{&s.tracing.gateway, telemetry.ServiceGateway},
+		{&s.tracing.broker, telemetry.ServiceBroker},
+		{&s.tracing.adapter, telemetry.ServiceAdapter},
+	} {
+		t, err := telemetry.New(ctx, telemetry.Config{Service: p.service, Endpoint: s.cfg.OTLPEndpoint})
+		if err != nil {
+			return err
+		}
+		*p.t = t
+	}
+	return nil
+}
+
+// stopTracing flushes the spans the parts made, once they have stopped.
+func (s *Stack) stopTracing() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, t := range []*telemetry.Tracing{s.tracing.gateway, s.tracing.broker, s.tracing.adapter} {
+		if err := t.Shutdown(ctx); err != nil {
+			s.log.Warn("spans not flushed", "err", err)
+		}
+	}
+	s.tracing.gateway, s.tracing.broker, s.tracing.adapter = nil, nil, nil
 }

@@ -44,8 +44,33 @@ func (s *Server) withRequestID(next http.Handler) http.Handler {
 			id = s.newID()
 		}
 		w.Header().Set("X-Request-Id", id)
+		if tp := r.Header.Get("Traceparent"); tp != "" {
+			s.recordTrace(tp)
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// maxTraces bounds the traceparents a server remembers.
+const maxTraces = 256
+
+// recordTrace remembers a traceparent received: vLLM continues the trace
+// of the request it serves, and a test reads which one it was given.
+func (s *Server) recordTrace(tp string) {
+	s.tracesMu.Lock()
+	defer s.tracesMu.Unlock()
+	if len(s.traces) == maxTraces {
+		s.traces = append(s.traces[:0], s.traces[1:]...)
+	}
+	s.traces = append(s.traces, tp[:min(len(tp), 128)])
+}
+
+// Traceparents returns the traceparent headers of the last requests the
+// server received, oldest first.
+func (s *Server) Traceparents() []string {
+	s.tracesMu.Lock()
+	defer s.tracesMu.Unlock()
+	return append([]string(nil), s.traces...)
 }
 
 // newID is a UUID-shaped id, unique for this server.

@@ -78,6 +78,9 @@ type Server struct {
 	adapters   map[string]string // name → path
 
 	stored responseStore // /v1/responses kept for previous_response_id, per replica as vLLM's store
+
+	tracesMu sync.Mutex
+	traces   []string // the traceparents received, the last maxTraces
 }
 
 type submitMsg struct {

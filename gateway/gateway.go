@@ -23,9 +23,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -110,6 +112,9 @@ type Config struct {
 	// slower than that fails its own stream.
 	HandoffDepth int
 	Logger       *slog.Logger
+	// TracerProvider receives the gateway's spans (nil: none are made;
+	// internal/telemetry builds one from the environment).
+	TracerProvider trace.TracerProvider
 	// Registerer receives the gateway's metrics; Gatherer serves /metrics.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -134,6 +139,7 @@ type Gateway struct {
 	cfg      Config
 	subj     subjects.Subjects
 	log      *slog.Logger
+	tracer   trace.Tracer // nil: no spans
 	table    atomic.Pointer[table.Snapshot]
 	watcher  *kv.Watcher
 	disp     *dispatcher
@@ -215,7 +221,8 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	}
 	setDefaults(&cfg)
 	g := &Gateway{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix)}
-	g.log = cfg.Logger.With("component", "gateway")
+	g.log = telemetry.Logger(cfg.Logger).With("component", "gateway")
+	g.tracer = telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/gateway")
 	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
 	g.disp = newDispatcher(cfg.HandoffDepth)
 	g.metrics = newMetrics(cfg.Registerer)

@@ -22,10 +22,11 @@ import (
 func (g *Gateway) routes() (public, admin *http.ServeMux) {
 	mux := http.NewServeMux()
 	for _, ep := range subjects.AllEndpoints() {
-		mux.HandleFunc("POST "+ep, g.serveInference(ep))
+		mux.HandleFunc("POST "+ep, g.traced(ep, g.serveInference(ep)))
 	}
-	mux.HandleFunc("GET "+subjects.EndpointResponses+"/{id}", g.serveStored)
-	mux.HandleFunc("DELETE "+subjects.EndpointResponses+"/{id}", g.serveStored)
+	stored := g.traced(subjects.EndpointResponses+"/{id}", g.serveStored)
+	mux.HandleFunc("GET "+subjects.EndpointResponses+"/{id}", stored)
+	mux.HandleFunc("DELETE "+subjects.EndpointResponses+"/{id}", stored)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })

@@ -64,7 +64,7 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 		subjects.HdrMethod:           {r.Method},
 		subjects.HdrPreviousResponse: {id},
 		subjects.HdrClientRequestID:  {w.Header().Get("X-Request-Id")},
-		subjects.HdrTraceparent:      {newTraceparent()},
+		subjects.HdrTraceparent:      {clientTraceparent(r)},
 	}
 	deadline := start.Add(g.cfg.DefaultTimeout)
 	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -57,7 +58,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			}
 			retries++
 			g.metrics.retries.Inc()
+			traced := g.traceAttempt(ctx, out.u, telemetry.EventRetry, res, 0)
 			res = g.try(ctx, out)
+			traced()
 			g.budget.release()
 			continue
 		case resume:
@@ -76,9 +79,11 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 				res.resumable = false
 				continue // judged again: the explicit error
 			}
-			g.log.Info("resuming", "from", from, "cause", res.kind.cause(), "tokens", out.carry.tokens,
+			g.log.InfoContext(telemetry.LogContext(ctx, out.u.hdr), "resuming", "from", from, "cause", res.kind.cause(), "tokens", out.carry.tokens,
 				"traceparent", out.u.hdr.Get(subjects.HdrTraceparent))
+			traced := g.traceAttempt(ctx, out.u, telemetry.EventResume, res, out.carry.tokens)
 			res = g.try(ctx, out)
+			traced()
 			continue
 		default:
 			if res.kind.resumable() && res.accepted && cause == "" {

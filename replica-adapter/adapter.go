@@ -24,8 +24,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -101,6 +103,10 @@ type Config struct {
 	ScrapeFailLimit int           // consecutive failed scrapes before scrape_ok=false, default 3
 
 	Logger *slog.Logger // nil: discard
+	// TracerProvider receives the adapter's spans and its engine calls'
+	// (nil: none are made; internal/telemetry builds one from the
+	// environment).
+	TracerProvider trace.TracerProvider
 	// HTTPClient calls the engine. nil: a client tuned for many concurrent
 	// streams to one host. It must not set Client.Timeout, which would cut
 	// long streams: each request carries its own deadline.
@@ -114,6 +120,7 @@ type Adapter struct {
 	nc      *nats.Conn
 	cfg     Config
 	log     *slog.Logger
+	tracer  trace.Tracer // nil: no spans
 	subj    subjects.Subjects
 	client  *http.Client
 	ownHTTP *http.Transport // closed when Run returns, when New made it
@@ -171,7 +178,8 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 	a := &Adapter{
 		nc:      nc,
 		cfg:     cfg,
-		log:     cfg.Logger.With("replica", cfg.Replica),
+		log:     telemetry.Logger(cfg.Logger).With("replica", cfg.Replica),
+		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/replica-adapter"),
 		subj:    subjects.New(cfg.Prefix),
 		client:  cfg.HTTPClient,
 		metrics: m,

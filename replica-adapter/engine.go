@@ -51,11 +51,15 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		}
 		// Only a stream's first byte is a time to first token: a
 		// non-streamed body arrives when generation is over.
-		onFirst = func() { a.load.observeTTFT(time.Since(start)) }
+		onFirst = func() {
+			a.load.observeTTFT(time.Since(start))
+			traceFirstToken(ctx)
+		}
 	} else {
 		next, err := answerInline(ctx, st, hd, resp.Body, a.inline, &scan)
 		if err != nil {
 			a.metrics.engineErrors.Inc()
+			traceEngineBroke(ctx, err)
 		}
 		switch next {
 		case phaseNoHead:
@@ -72,6 +76,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	defer pool.Put(bp)
 	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed); err != nil {
 		a.metrics.engineErrors.Inc()
+		traceEngineBroke(ctx, err)
 	}
 	return a.settle(&scan, h)
 }
@@ -102,11 +107,7 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	for _, k := range [...]string{subjects.HdrTraceparent, subjects.HdrTracestate} {
-		if v := h.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
+	a.continueTrace(ctx, h, req)
 	return req, nil
 }
 
@@ -116,6 +117,7 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req *http.Request) *http.Response {
 	sent := a.load.clock()
 	resp, err := a.client.Do(req)
+	traceEngineHead(ctx, resp, err)
 	if err != nil {
 		a.metrics.requests.WithLabelValues("error").Inc()
 		a.metrics.engineErrors.Inc()

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -120,10 +121,15 @@ func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
 // serve runs one request: accept, engine call, head, data, end, usage.
 func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.Header, body []byte) {
 	defer a.done(c, id)
+	var spans *requestSpans // nil: no tracer
+	if a.tracer != nil {
+		ctx, spans = a.traceServe(ctx, h)
+		defer spans.end()
+	}
 	st := &stream{nc: a.nc, reply: reply}
 	defer func() { a.tails.add(st, time.Now()) }()
 	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
-		a.log.Warn("accept not sent", "request", id, "err", err)
+		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)
 		return
 	}
 	if ms, err := strconv.ParseInt(h.Get(subjects.HdrDeadline), 10, 64); err == nil && ms > 0 {
@@ -134,7 +140,8 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 	// The engine names the model as it serves it; the client gets the name
 	// it asked for.
 	ctx = withNames(ctx, a.servedModel(h), h.Get(subjects.HdrModel))
-	used := a.callEngine(ctx, st, h, body)
+	used := a.callEngine(spans.startEngine(ctx, a), st, h, body)
+	spans.engineDone(used)
 	a.publishUsage(h, used)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 )
 
@@ -50,8 +51,13 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	cfg.EngineAPIKey = key
 	log := newLogger(stderr, *logLevel)
+	tracing, stopTracing, err := startTracing(ctx, telemetry.ServiceAdapter, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	return runPart(ctx, &nf, "switchyard-adapter-"+cfg.Replica, log, *metricsListen, func(nc *nats.Conn, reg *prometheus.Registry) (part, error) {
-		cfg.Logger, cfg.Registerer = log, reg
+		cfg.Logger, cfg.Registerer, cfg.TracerProvider = log, reg, tracing.Provider()
 		return adapter.New(nc, cfg)
 	})
 }

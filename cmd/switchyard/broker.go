@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/listen"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 )
 
 func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -40,8 +41,13 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
+	tracing, stopTracing, err := startTracing(ctx, telemetry.ServiceBroker, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	return runPart(ctx, &nf, "switchyard-broker", log, *metricsListen, func(nc *nats.Conn, reg *prometheus.Registry) (part, error) {
-		cfg.Logger, cfg.Registerer = log, reg
+		cfg.Logger, cfg.Registerer, cfg.TracerProvider = log, reg, tracing.Provider()
 		return broker.New(nc, cfg)
 	})
 }

@@ -18,6 +18,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&cfg.DataDir, "data", "", "directory for JetStream, broker state, NATS keys (auth/) and creds (creds/) (default: a temporary directory)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")
 	fs.Var(listFlag{&cfg.Gateway.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, or * for any (repeatable; default: CORS off)")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "OTLP collector `URL` every part exports its spans to (as OTEL_EXPORTER_OTLP_ENDPOINT; default: that variable, else no tracing)")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/ui"
 )
@@ -48,6 +49,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
+	tracing, stopTracing, err := startTracing(ctx, telemetry.ServiceGateway, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	cfg.TracerProvider = tracing.Provider()
 	nc, err := nf.connect(ctx, "switchyard-gateway", log)
 	if err != nil {
 		return err

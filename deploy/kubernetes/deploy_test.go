@@ -404,3 +404,38 @@ func wantError(t *testing.T, errs []error, want string) {
 	}
 	t.Errorf("no error contains %q; got %d: %v", want, len(errs), fmt.Sprint(errors.Join(errs...)))
 }
+
+// TestEveryPartExportsToTheCollector: in the example, the gateways, the
+// brokers and the adapters all get the collector's endpoint and a sampler
+// from the ConfigMap switchyard-otel, and nothing but OTEL_* variables
+// from it.
+func TestEveryPartExportsToTheCollector(t *testing.T) {
+	r, err := render(exampleTree(t, buildSwitchyard(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]string{{"switchyard-gateway", "gateway"}, {"switchyard-broker", "broker"}, {"vllm-llama-3-8b", "adapter"}} {
+		env := map[string]string{}
+		for _, ef := range container(t, r, p[0], p[1]).EnvFrom {
+			if ef.ConfigMapRef == nil || !strings.HasPrefix(ef.ConfigMapRef.Name, "switchyard-otel") {
+				continue
+			}
+			i := slices.IndexFunc(r.configMaps, func(c *corev1.ConfigMap) bool { return c.Name == ef.ConfigMapRef.Name })
+			if i < 0 {
+				t.Fatalf("%s: ConfigMap %s is not in the rendering", p[1], ef.ConfigMapRef.Name)
+			}
+			for k, v := range r.configMaps[i].Data {
+				if !strings.HasPrefix(k, "OTEL_") {
+					t.Errorf("%s: switchyard-otel holds %s, not an OpenTelemetry variable", p[1], k)
+				}
+				env[k] = v
+			}
+		}
+		if u := env["OTEL_EXPORTER_OTLP_ENDPOINT"]; !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT %q, want the collector's URL", p[1], u)
+		}
+		if env["OTEL_TRACES_SAMPLER"] == "" || env["OTEL_EXPORTER_OTLP_PROTOCOL"] != "http/protobuf" {
+			t.Errorf("%s: sampler %q, protocol %q", p[1], env["OTEL_TRACES_SAMPLER"], env["OTEL_EXPORTER_OTLP_PROTOCOL"])
+		}
+	}
+}
