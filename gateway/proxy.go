@@ -114,6 +114,11 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// and reach a replica after the client gave up: say so instead.
 		return result{kind: failOffline, err: errOffline()}
 	}
+	if g.silent.Load() {
+		// The connection looks open but carries nothing: the request
+		// would wait for the accept timeout, and its retries with it.
+		return result{kind: failOffline, err: errSilent(g.cfg.LinkCheck)}
+	}
 	res = g.attempt(ctx, out, id)
 	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
 	return res
