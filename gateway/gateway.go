@@ -114,9 +114,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 	// LinkCheck is how often the gateway pings its NATS server (default
-	// 1s). A pong not back within twice as long marks the link silent:
-	// /readyz fails and new requests get 503 router_unavailable at once,
-	// until a pong comes back. A cut link that still looks open is
+	// 1s). A pong not back within twice as long, or within LinkCheck when
+	// /readyz asks, marks the link silent: /readyz fails and new requests
+	// get 503 router_unavailable at once, until a pong comes back. A cut link that still looks open is
 	// otherwise noticed only by the connection's own pings (three missed,
 	// 15 s), and requests sent meanwhile wait for the accept timeout.
 	LinkCheck time.Duration
@@ -156,6 +156,10 @@ type Gateway struct {
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
 
 	silent     atomic.Bool // the last link check got no pong in time
+	probeMu    sync.Mutex
+	probeDone  chan struct{}   // closed when the ping under way ends; nil: none
+	probeWG    *sync.WaitGroup // the owner of the pings: serve's
+	probeCtx   context.Context // ends the pings: serve's
 	readyMu    sync.Mutex
 	readyAt    time.Time
 	readyErr   error
@@ -360,6 +364,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 			}
 		}
 	})
+	g.probeWG, g.probeCtx = wg, ctx
 	wg.Go(func() { g.checkLink(ctx) })
 	g.watcher = kv.New(js, kv.Config{
 		Bucket:     g.cfg.Bucket,
@@ -391,18 +396,54 @@ func (g *Gateway) checkLink(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		fctx, cancel := context.WithTimeout(ctx, 2*g.cfg.LinkCheck)
-		err := g.nc.FlushWithContext(fctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		switch was := g.silent.Swap(err != nil); {
-		case err != nil && !was:
-			g.log.Warn("NATS link silent: new requests fail until it answers", "err", err)
-		case err == nil && was:
-			g.log.Info("NATS link answers again")
-		}
+		g.awaitPong(ctx, 2*g.cfg.LinkCheck)
+	}
+}
+
+// awaitPong pings the server (or joins the ping under way) and waits up to
+// timeout for the pong; none by then marks the link silent. The ping runs
+// in a goroutine of its own: behind a write the cut link does not take,
+// the connection itself can block for its write timeout.
+func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
+	g.probeMu.Lock()
+	if g.probeDone == nil && ctx.Err() == nil {
+		done := make(chan struct{})
+		g.probeDone = done
+		g.probeWG.Go(func() {
+			fctx, cancel := context.WithTimeout(ctx, timeout)
+			err := g.nc.FlushWithContext(fctx)
+			cancel()
+			if ctx.Err() == nil {
+				g.linkAnswered(err)
+			}
+			g.probeMu.Lock()
+			g.probeDone = nil
+			g.probeMu.Unlock()
+			close(done)
+		})
+	}
+	done := g.probeDone
+	g.probeMu.Unlock()
+	if done == nil {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-t.C:
+		g.linkAnswered(fmt.Errorf("no pong within %v", timeout))
+	}
+}
+
+// linkAnswered records a ping's outcome: an error marks the link silent.
+func (g *Gateway) linkAnswered(err error) {
+	switch was := g.silent.Swap(err != nil); {
+	case err != nil && !was:
+		g.log.Warn("NATS link silent: new requests fail until it answers", "err", err)
+	case err == nil && was:
+		g.log.Info("NATS link answers again")
 	}
 }
 

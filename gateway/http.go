@@ -185,11 +185,16 @@ func (g *Gateway) ready() error {
 }
 
 func (g *Gateway) checkReady() error {
-	if !g.nc.IsConnected() {
-		return errors.New("NATS is not connected")
+	// The link itself first: a probe that finds it silent stops new
+	// requests at once, as it tells the prober.
+	if g.probeCtx != nil && !g.silent.Load() {
+		g.awaitPong(g.probeCtx, g.cfg.LinkCheck)
 	}
 	if g.silent.Load() {
 		return errors.New("the NATS link is silent")
+	}
+	if !g.nc.IsConnected() {
+		return errors.New("NATS is not connected")
 	}
 	if g.table.Load() == nil {
 		return errors.New("routing table not loaded")
