@@ -144,12 +144,16 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		mjs, _ := jetstream.New(majority)
 		cutAt := time.Now()
 		c.command("cut " + leader)
+		var writing sync.WaitGroup
+		writing.Go(func() {
+			d, err := tableWritable(mjs, cutAt, "aliases.during-partition")
+			if err != nil {
+				t.Errorf("%s: %v", cur.name, err)
+			}
+			cur.writable = d
+		})
 		normal("the cut")
-		d, err := tableWritable(mjs, cutAt, "aliases.during-partition")
-		if err != nil {
-			t.Errorf("%s: %v", cur.name, err)
-		}
-		cur.writable = d
+		writing.Wait()
 		hold(cutAt, 30*time.Second)
 		healed := time.Now()
 		c.command("heal " + leader)
@@ -227,7 +231,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			}
 		}
 		ok, failed := l.inFlightModel("code", cutAt)
-		cur.note = fmt.Sprintf("%s out of routing %v after the cut, back %v after the heal; %d streams under way there at the cut: %d whole, %d ended explicitly, the last %v after the cut; the load's `code` requests in flight at the cut: %d answered, %d failed explicitly",
+		cur.note = fmt.Sprintf("%s out of routing %v after the cut, back %v after the heal; %d streams under way there at the cut: %d ended whole, %d ended explicitly, the last %v after the cut; the load's `code` requests in flight at the cut: %d answered, %d failed explicitly",
 			siteReplica, left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), len(streams), whole, failedStreams, last.Round(100*time.Millisecond), ok, failed)
 	})
 
