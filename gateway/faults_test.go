@@ -103,6 +103,13 @@ func (r *reply) stream(replica string, n int) {
 
 func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt int)) *upstream {
 	t.Helper()
+	return newUpstreamVia(t, cfg, script, func(url string) string { return url })
+}
+
+// newUpstreamVia is newUpstream with the gateway connecting to the URL via
+// makes of the server's (a relay's, say).
+func newUpstreamVia(t *testing.T, cfg gateway.Config, script func(r *reply, attempt int), via func(url string) string) *upstream {
+	t.Helper()
 	srv, url := natstest.Start(t)
 	u := &upstream{t: t, srv: srv, url: url, script: script, reg: prometheus.NewRegistry()}
 	nc := connect(t, url)
@@ -122,7 +129,7 @@ func newUpstream(t *testing.T, cfg gateway.Config, script func(r *reply, attempt
 		}
 		_ = nc.Flush()
 	}
-	gnc := connect(t, url)
+	gnc := connect(t, via(url))
 	cfg.Registerer, cfg.Gatherer = u.reg, u.reg
 	g, err := gateway.New(gnc, cfg)
 	if err != nil {

@@ -118,6 +118,13 @@ type Config struct {
 	// Registerer receives the gateway's metrics; Gatherer serves /metrics.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+	// LinkCheck is how often the gateway pings its NATS server (default
+	// 1s). A pong not back within twice as long, or within LinkCheck when
+	// /readyz asks, marks the link silent: /readyz fails and new requests
+	// get 503 router_unavailable at once, until a pong comes back. A cut link that still looks open is
+	// otherwise noticed only by the connection's own pings (three missed,
+	// 15 s), and requests sent meanwhile wait for the accept timeout.
+	LinkCheck time.Duration
 	// Ready adds a readiness condition to /readyz (nil: none).
 	Ready func() error
 	// Extra mounts more handlers on the gateway's mux (the dashboard).
@@ -154,6 +161,11 @@ type Gateway struct {
 	exposed  string    // Access-Control-Expose-Headers
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
 
+	silent     atomic.Bool // the last link check got no pong in time
+	probeMu    sync.Mutex
+	probeDone  chan struct{}   // closed when the ping under way ends; nil: none
+	probeWG    *sync.WaitGroup // the owner of the pings: serve's
+	probeCtx   context.Context // ends the pings: serve's
 	readyMu    sync.Mutex
 	readyAt    time.Time
 	readyErr   error
@@ -191,6 +203,7 @@ func (c *Config) Validate() error {
 		check.Duration("body-timeout", c.BodyTimeout, 0, time.Hour),
 		check.Duration("header-timeout", c.HeaderTimeout, 0, time.Hour),
 		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
+		check.Duration("link-check", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
 		tlsErr(c.TLSCert, c.TLSKey),
 	)
@@ -304,6 +317,9 @@ func setDefaults(cfg *Config) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
+	if cfg.LinkCheck <= 0 {
+		cfg.LinkCheck = time.Second
+	}
 }
 
 // Handler is the gateway's HTTP handler (for tests and embedding).
@@ -355,6 +371,8 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 			}
 		}
 	})
+	g.probeWG, g.probeCtx = wg, ctx
+	wg.Go(func() { g.checkLink(ctx) })
 	g.watcher = kv.New(js, kv.Config{
 		Bucket:     g.cfg.Bucket,
 		StateDir:   g.cfg.StateDir,
@@ -368,6 +386,72 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 	})
 	return nil
+}
+
+// checkLink pings the NATS server every LinkCheck until ctx ends and marks
+// the link silent while a pong takes longer than twice that. The
+// connection's own pings notice a cut link only after three are missed;
+// this one stops new requests from being sent into it within seconds.
+// Requests in flight are left to their own bounds: a link that heals before
+// the connection is given up delivers their replies late, not never.
+func (g *Gateway) checkLink(ctx context.Context) {
+	t := time.NewTicker(g.cfg.LinkCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.awaitPong(ctx, 2*g.cfg.LinkCheck)
+	}
+}
+
+// awaitPong pings the server (or joins the ping under way) and waits up to
+// timeout for the pong; none by then marks the link silent. The ping runs
+// in a goroutine of its own: behind a write the cut link does not take,
+// the connection itself can block for its write timeout.
+func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
+	g.probeMu.Lock()
+	if g.probeDone == nil && ctx.Err() == nil {
+		done := make(chan struct{})
+		g.probeDone = done
+		g.probeWG.Go(func() {
+			fctx, cancel := context.WithTimeout(ctx, timeout)
+			err := g.nc.FlushWithContext(fctx)
+			cancel()
+			if ctx.Err() == nil {
+				g.linkAnswered(err)
+			}
+			g.probeMu.Lock()
+			g.probeDone = nil
+			g.probeMu.Unlock()
+			close(done)
+		})
+	}
+	done := g.probeDone
+	g.probeMu.Unlock()
+	if done == nil {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-t.C:
+		g.linkAnswered(fmt.Errorf("no pong within %v", timeout))
+	}
+}
+
+// linkAnswered records a ping's outcome: an error marks the link silent.
+func (g *Gateway) linkAnswered(err error) {
+	switch was := g.silent.Swap(err != nil); {
+	case err != nil && !was:
+		g.log.Warn("NATS link silent: new requests fail until it answers", "err", err)
+	case err == nil && was:
+		g.log.Info("NATS link answers again")
+	}
 }
 
 // Run listens on cfg.Listen and serves until ctx is cancelled; then it stops

@@ -161,8 +161,9 @@ func (g *Gateway) snapshot(w http.ResponseWriter) *table.Snapshot {
 	return t
 }
 
-// serveReady is 200 when NATS is connected, the table is loaded and a broker
-// answers a micro ping (checked at most once a second).
+// serveReady is 200 when NATS is connected and its link answers pings, the
+// table is loaded and a broker answers a micro ping (checked at most once a
+// second).
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 	if err := g.ready(); err != nil {
 		e := subjects.NewError(503, subjects.CodeRouterUnavailable, "not ready: "+err.Error())
@@ -185,6 +186,14 @@ func (g *Gateway) ready() error {
 }
 
 func (g *Gateway) checkReady() error {
+	// The link itself first: a probe that finds it silent stops new
+	// requests at once, as it tells the prober.
+	if g.probeCtx != nil && !g.silent.Load() {
+		g.awaitPong(g.probeCtx, g.cfg.LinkCheck)
+	}
+	if g.silent.Load() {
+		return errors.New("the NATS link is silent")
+	}
 	if !g.nc.IsConnected() {
 		return errors.New("NATS is not connected")
 	}

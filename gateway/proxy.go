@@ -114,6 +114,13 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// only start an engine call nobody waits for.
 		return ctxResult(ctx, "the request deadline passed before a replica answered")
 	}
+	if g.silent.Load() {
+		// The connection looks open but carries nothing: the request
+		// would wait for the accept timeout, and its retries with it.
+		// (Asked first: such a connection can hold its lock while a
+		// write waits.)
+		return result{kind: failOffline, err: errSilent(g.cfg.LinkCheck)}
+	}
 	if !g.nc.IsConnected() {
 		// Published now, the request would wait in the reconnect buffer
 		// and reach a replica after the client gave up: say so instead.

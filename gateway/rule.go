@@ -206,6 +206,13 @@ func errOffline() *subjects.APIError {
 	return e
 }
 
+// errSilent is the error of a request sent while the NATS link is silent.
+func errSilent(check time.Duration) *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway's NATS link is silent (no pong within "+(2*check).String()+")")
+	e.RetryAfter = time.Second
+	return e
+}
+
 // errLost is the error of a request whose replies may have been lost with
 // the NATS connection.
 func errLost() *subjects.APIError {

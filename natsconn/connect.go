@@ -57,9 +57,15 @@ const (
 // frozen process) is noticed after maxPingsOut unanswered pings, within
 // 20 s, rather than the client library's four minutes: until then every
 // request through the connection fails or waits.
+//
+// A write the server does not take within writeTimeout fails the
+// connection likewise: behind a cut link the socket's buffer fills, and the
+// client library holds the connection's lock for the write (a minute by
+// default), so that its pings, status and every publish wait with it.
 const (
 	pingInterval = 5 * time.Second
 	maxPingsOut  = 3
+	writeTimeout = 5 * time.Second
 )
 
 // Connect opens a connection. The URL comes from opts.URL, else NATS_URL,
@@ -113,6 +119,7 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 		nats.ReconnectJitter(reconnectJitter, reconnectJitter),
 		nats.PingInterval(pingInterval),
 		nats.MaxPingsOutstanding(maxPingsOut),
+		nats.FlusherTimeout(writeTimeout),
 		nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			log.Info("NATS connected", "url", nc.ConnectedUrlRedacted())

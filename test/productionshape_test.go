@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -43,69 +44,9 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	if os.Getenv("SWITCHYARD_CLUSTER_FAULTS") == "" {
 		t.Skip("make test-cluster runs this (separate processes, minutes)")
 	}
-	launcher, err := goBuild(t.TempDir(), "cluster", "./cmd/cluster")
-	if err != nil {
-		t.Fatalf("build cmd/cluster: %v", err)
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(launcher, "-faults", "-dir", dir, "-root", repoRoot(),
-		"-switchyard", binary(t), "-nats-server", natsServerBinary(t))
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
-	lines := make(chan string, 64)
-	go func() { // ends with the launcher's stdout
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var gateways []string
-	printed := map[string]string{}
-	for ready := false; !ready; {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatal("the launcher ended before it was ready")
-			}
-			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
-				gateways = append(gateways, u)
-			}
-			if k, v, ok := strings.Cut(l, ":"); ok && len(strings.Fields(v)) > 0 {
-				printed[k] = strings.Fields(v)[0]
-			}
-			ready = strings.HasPrefix(l, "Ctrl-C stops everything")
-		case <-time.After(5 * time.Minute):
-			t.Fatal("the cluster was not ready within 5 minutes")
-		}
-	}
-	command := func(c string) {
-		t.Helper()
-		fmt.Fprintln(stdin, c)
-		select {
-		case l := <-lines:
-			if !strings.HasPrefix(l, "ok ") {
-				t.Fatalf("%s: %s", c, l)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: no answer", c)
-		}
-	}
-	op, err := nats.Connect(printed["NATS"], nats.RootCAs(printed["CA"]), nats.UserCredentials(filepath.Join(printed["creds"], "operator.creds")), nats.MaxReconnects(-1),
-		nats.PingInterval(5*time.Second), nats.MaxPingsOutstanding(3)) // as natsconn connects
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	js, _ := jetstream.New(op)
+	c := startCluster(t)
+	gateways, command := c.gateways, c.command
+	op, js := c.operator()
 
 	l := newClusterLoad(gateways)
 	ctx, stopLoad := context.WithCancel(context.Background())
@@ -149,24 +90,13 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		}
 	}
 
-	// writable waits until the table takes a write, and returns how long
-	// after since that was.
 	writable := func(since time.Time) time.Duration {
 		t.Helper()
-		_, err := testkit.Poll(writableBound-time.Since(since), 50*time.Millisecond, func() error {
-			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			kv, err := js.KeyValue(wctx, subjects.DefaultBucket)
-			if err == nil {
-				_, err = kv.Put(wctx, "aliases.after-failover", []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`))
-			}
-			return err
-		})
+		d, err := tableWritable(js, since, "aliases.after-failover")
 		if err != nil {
-			t.Errorf("%s: table not writable within %v: %v", cur.fault, writableBound, err)
-			return writableBound
+			t.Errorf("%s: %v", cur.fault, err)
 		}
-		return time.Since(since).Round(time.Millisecond)
+		return d
 	}
 	fault("1. SIGKILL the NATS node leading llm-routing; restart it", func() {
 		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
@@ -301,6 +231,122 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	}
 }
 
+// clusterRun is `make cluster`'s launcher (cmd/cluster -faults) run by a
+// test, ready: its gateways serve.
+type clusterRun struct {
+	t        *testing.T
+	gateways []string          // public URLs
+	admins   []string          // admin URLs (/metrics)
+	printed  map[string]string // "NATS", "CA", "creds", "monitor" → the value printed
+	stdin    io.WriteCloser
+	lines    chan string
+}
+
+// startCluster builds and starts the launcher with args added, waits until
+// it is ready and stops it when the test ends.
+func startCluster(t *testing.T, args ...string) *clusterRun {
+	t.Helper()
+	launcher, err := goBuild(t.TempDir(), "cluster", "./cmd/cluster")
+	if err != nil {
+		t.Fatalf("build cmd/cluster: %v", err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(launcher, append([]string{"-faults", "-dir", dir, "-root", repoRoot(),
+		"-switchyard", binary(t), "-nats-server", natsServerBinary(t)}, args...)...)
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	c := &clusterRun{t: t, printed: map[string]string{}, stdin: stdin, lines: make(chan string, 64)}
+	go func() { // ends with the launcher's stdout
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+	}()
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				t.Fatal("the launcher ended before it was ready")
+			}
+			if u, ok := strings.CutPrefix(l, "gateway: "); ok {
+				c.gateways = append(c.gateways, u)
+			}
+			if u, ok := strings.CutPrefix(l, "admin:"); ok && len(strings.Fields(u)) > 0 {
+				c.admins = append(c.admins, strings.TrimSuffix(strings.Fields(u)[0], "/ui"))
+			}
+			if k, v, ok := strings.Cut(l, ":"); ok && len(strings.Fields(v)) > 0 {
+				c.printed[k] = strings.Fields(v)[0]
+			}
+			ready = strings.HasPrefix(l, "Ctrl-C stops everything")
+		case <-time.After(5 * time.Minute):
+			t.Fatal("the cluster was not ready within 5 minutes")
+		}
+	}
+	return c
+}
+
+// command has the launcher carry out one fault command.
+func (c *clusterRun) command(cmd string) {
+	c.t.Helper()
+	fmt.Fprintln(c.stdin, cmd)
+	select {
+	case l := <-c.lines:
+		if !strings.HasPrefix(l, "ok ") {
+			c.t.Fatalf("%s: %s", cmd, l)
+		}
+	case <-time.After(30 * time.Second):
+		c.t.Fatalf("%s: no answer", cmd)
+	}
+}
+
+// connect connects to the NATS servers at urls (comma-separated) with the
+// operator's creds, as natsconn connects; more options are added.
+func (c *clusterRun) connect(urls string, opts ...nats.Option) *nats.Conn {
+	c.t.Helper()
+	nc, err := nats.Connect(urls, append([]nats.Option{nats.RootCAs(c.printed["CA"]), nats.UserCredentials(filepath.Join(c.printed["creds"], "operator.creds")), nats.MaxReconnects(-1),
+		nats.PingInterval(5 * time.Second), nats.MaxPingsOutstanding(3)}, opts...)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	return nc
+}
+
+// operator is a connection to every server with the operator's creds.
+func (c *clusterRun) operator() (*nats.Conn, jetstream.JetStream) {
+	c.t.Helper()
+	op := c.connect(c.printed["NATS"])
+	js, _ := jetstream.New(op)
+	return op, js
+}
+
+// tableWritable waits until the table takes a write of key, at most until
+// writableBound after since, and returns how long after since that was.
+func tableWritable(js jetstream.JetStream, since time.Time, key string) (time.Duration, error) {
+	_, err := testkit.Poll(writableBound-time.Since(since), 50*time.Millisecond, func() error {
+		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		kv, err := js.KeyValue(wctx, subjects.DefaultBucket)
+		if err == nil {
+			_, err = kv.Put(wctx, key, []byte(`{"targets":[{"model":"llama-3-8b-instruct","version":"v1.0.0","weight":100}]}`))
+		}
+		return err
+	})
+	if err != nil {
+		return writableBound, fmt.Errorf("table not writable within %v: %w", writableBound, err)
+	}
+	return time.Since(since).Round(time.Millisecond), nil
+}
+
 // clusterLoad sends mixed requests through the gateways: tenants,
 // conversations, long contexts, premium, streamed and not. A request a
 // gateway cannot take (connection refused) goes to the other, as a load
@@ -311,6 +357,7 @@ type clusterLoad struct {
 	markFailed, markRetried                atomic.Int64
 	canary                                 atomic.Int64    // answers from v1.6.0
 	stopping                               atomic.Int64    // 1 + the index of the gateway being stopped, or 0
+	code                                   bool            // every tenth request asks for `code`, served at the GPU site
 	lastOK                                 [2]atomic.Int64 // unix nanos of each gateway's last success
 
 	mu   sync.Mutex
@@ -320,6 +367,7 @@ type clusterLoad struct {
 // sent is one request as the client saw it.
 type sent struct {
 	gateway    int
+	model      string
 	start, end time.Time
 	o          outcome
 }
@@ -340,6 +388,9 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 			key, model, conv = "sk-teamx-dev", "chat-small", fmt.Sprintf("teamx-%d-%d", w, i%3) // LoRA
 		case 4:
 			model, conv = "chat-large", fmt.Sprintf("conv-%d-%d", w, i%11) // conversations
+		}
+		if l.code && i%10 == 9 {
+			key, model, content, conv = "", "code", "write a function", ""
 		}
 		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":24,"messages":[{"role":"user","content":%q}]}`, model, i%2 == 0, content)
 		start := time.Now()
@@ -365,7 +416,7 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 			l.lost.Add(1)
 		}
 		l.mu.Lock()
-		l.reqs = append(l.reqs, sent{gateway: g, start: start, end: time.Now(), o: o})
+		l.reqs = append(l.reqs, sent{gateway: g, model: model, start: start, end: time.Now(), o: o})
 		l.mu.Unlock()
 	}
 }

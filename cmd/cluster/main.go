@@ -12,6 +12,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,7 +31,9 @@ type config struct {
 	natsServer string // the nats-server binary
 	gateways   int
 	brokers    int
-	faults     bool // parts are killed and restarted on commands read from stdin
+	faults     bool     // parts are killed and restarted on commands read from stdin
+	netns      string   // namespaces and links are named with it; "": everything on loopback
+	net        *network // the namespaces, with netns
 }
 
 func main() {
@@ -41,8 +44,17 @@ func main() {
 	flag.StringVar(&cfg.natsServer, "nats-server", ".cache/tools/nats-server", "the nats-server binary")
 	flag.IntVar(&cfg.gateways, "gateways", 2, "gateways to run")
 	flag.IntVar(&cfg.brokers, "brokers", 2, "brokers to run")
-	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|stop|cont|start PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
+	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|stop|cont|start|cut|heal PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
+	flag.StringVar(&cfg.netns, "netns", "", "run each NATS server, the GPU site, each broker and each gateway in a network namespace of its own, named with this prefix, joined by bridges (root; `cut PART` sets its link down)")
+	clean := flag.Bool("netns-clean", false, "only delete the namespaces and links a run with -netns left, and exit")
 	flag.Parse()
+	if *clean {
+		if err := cleanNetwork(cfg.netns); err != nil || cfg.netns == "" {
+			fmt.Fprintln(os.Stderr, "cluster: -netns-clean needs -netns PREFIX:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	// Children get SIGKILL if this process dies (Pdeathsig); the signal
 	// follows the thread that started them, so that thread must live as
 	// long as the process.
@@ -68,6 +80,24 @@ func run(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer) (er
 	if err := os.MkdirAll(filepath.Join(cfg.dir, "logs"), 0o755); err != nil {
 		return err
 	}
+	if cfg.netns != "" {
+		parts := []string{"nats-1", "nats-2", "nats-3", siteName}
+		for i := range cfg.brokers {
+			parts = append(parts, fmt.Sprintf("broker-%d", i+1))
+		}
+		for i := range cfg.gateways {
+			parts = append(parts, fmt.Sprintf("gateway-%d", i+1))
+		}
+		if cfg.net, err = setupNetwork(cfg.netns, parts); err != nil {
+			return errors.Join(err, cleanNetwork(cfg.netns))
+		}
+		// Deferred first, so done after every process has stopped.
+		defer func() {
+			if cerr := cleanNetwork(cfg.netns); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+	}
 	procs := newProcs(filepath.Join(cfg.dir, "logs"), filepath.Join(cfg.dir, "pids"))
 	procs.faults.Store(cfg.faults)
 	defer func() {
@@ -91,6 +121,7 @@ func run(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer) (er
 		fmt.Fprintf(stdout, "gateway: %s\n", g.public)
 		fmt.Fprintf(stdout, "admin:   %s/ui   (its dashboard; /metrics)\n", g.admin)
 	}
+	fmt.Fprintf(stdout, "monitor: %s   (each NATS server's monitoring, in the order of NATS)\n", strings.Join(n.monitors, ","))
 	fmt.Fprintf(stdout, `creds:   %s   (one per identity: operator.creds edits the table, observer.creds reads it)
 NATS:    %s
 CA:      %s
@@ -101,7 +132,7 @@ Ctrl-C stops everything.
 `, n.creds, n.url, n.ca, n.site, siteReplica, filepath.Join(cfg.dir, "logs"),
 		n.url, n.ca, n.credsFor("operator"))
 	if cfg.faults {
-		go control(stdin, stdout, procs) // ends with stdin; the process exits after run
+		go control(stdin, stdout, procs, cfg.net) // ends with stdin; the process exits after run
 	}
 	select {
 	case <-ctx.Done():
@@ -112,7 +143,7 @@ Ctrl-C stops everything.
 }
 
 // control carries out the fault commands read from in, one a line.
-func control(in io.Reader, out io.Writer, procs *procs) {
+func control(in io.Reader, out io.Writer, procs *procs, net *network) {
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		verb, name, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
@@ -128,8 +159,12 @@ func control(in io.Reader, out io.Writer, procs *procs) {
 			err = procs.signal(name, syscall.SIGCONT)
 		case "start":
 			err = procs.restart(name)
+		case "cut": // partitioned: its link drops every packet
+			err = net.cut(name)
+		case "heal":
+			err = net.heal(name)
 		default:
-			err = fmt.Errorf("unknown command %q (kill, term, stop, cont or start PART)", verb)
+			err = fmt.Errorf("unknown command %q (kill, term, stop, cont, start, cut or heal PART)", verb)
 		}
 		if err != nil {
 			fmt.Fprintf(out, "error: %v\n", err)

@@ -22,10 +22,11 @@ import (
 
 // natsCluster is the running NATS cluster as the parts connect to it.
 type natsCluster struct {
-	url   string // every client URL, comma-separated
-	ca    string // the CA that signed the servers' certificates
-	site  string // the GPU site's leaf server, for the adapters there
-	creds string // the directory of every identity's creds file
+	url      string   // every client URL, comma-separated
+	monitors []string // each server's monitoring URL
+	ca       string   // the CA that signed the servers' certificates
+	site     string   // the GPU site's leaf server, for the adapters there
+	creds    string   // the directory of every identity's creds file
 }
 
 // credsFor is the creds file of an identity (gateway, broker, operator,
@@ -53,6 +54,7 @@ func authorize(ctx context.Context, cfg config) (authDir string, err error) {
 // natsNode is one NATS server of the cluster and the ports it bound.
 type natsNode struct {
 	name, dir                    string
+	host                         string // the address it listens on
 	client, route, monitor, leaf int
 }
 
@@ -62,9 +64,9 @@ type natsNode struct {
 func (nd natsNode) conf(tlsDir string, routes []string) []byte {
 	addr := func(port int) string {
 		if port == 0 {
-			return "127.0.0.1:-1"
+			return nd.host + ":-1"
 		}
-		return fmt.Sprintf("127.0.0.1:%d", port)
+		return fmt.Sprintf("%s:%d", nd.host, port)
 	}
 	quoted := make([]string, len(routes))
 	for i, r := range routes {
@@ -84,7 +86,16 @@ TLS_CA: %q
 		filepath.Join(nd.dir, "jetstream"), filepath.Join(tlsDir, nd.name+".pem"), filepath.Join(tlsDir, nd.name+"-key.pem"), filepath.Join(tlsDir, "ca.pem"))
 }
 
-func (nd natsNode) routeURL() string { return fmt.Sprintf("nats-route://127.0.0.1:%d", nd.route) }
+func (nd natsNode) routeURL() string { return fmt.Sprintf("nats-route://%s:%d", nd.host, nd.route) }
+
+// In namespaces each server has an address of its own, and listens on the
+// usual ports there.
+const (
+	nsClientPort  = 4222
+	nsRoutePort   = 6222
+	nsMonitorPort = 8222
+	nsLeafPort    = 7422
+)
 
 // startNATS makes throwaway certificates with deploy/nats/make-certs.sh,
 // gives each server a directory with the shipped cluster.conf and a
@@ -119,16 +130,45 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 	names := make([]string, n)
 	for i := range nodes {
 		names[i] = fmt.Sprintf("nats-%d", i+1)
-		nodes[i] = natsNode{name: names[i], dir: filepath.Join(cfg.dir, names[i])}
+		nodes[i] = natsNode{name: names[i], dir: filepath.Join(cfg.dir, names[i]), host: cfg.net.addr(names[i])}
+		if cfg.net != nil {
+			nodes[i].client, nodes[i].route, nodes[i].monitor, nodes[i].leaf = nsClientPort, nsRoutePort, nsMonitorPort, nsLeafPort
+		}
 	}
-	mk := exec.CommandContext(ctx, filepath.Join(cfg.root, "deploy", "nats", "make-certs.sh"), append([]string{tlsDir}, names...)...)
-	mk.Env = append(os.Environ(), "EXTRA_SANS=DNS:localhost,IP:127.0.0.1", "DAYS=7")
-	if out, err := mk.CombinedOutput(); err != nil {
-		return natsCluster{}, fmt.Errorf("make-certs.sh: %v: %s", err, out)
+	// Each certificate names its server's address (make-certs.sh keeps
+	// the CA it made first).
+	for _, nd := range nodes {
+		mk := exec.CommandContext(ctx, filepath.Join(cfg.root, "deploy", "nats", "make-certs.sh"), tlsDir, nd.name)
+		mk.Env = append(os.Environ(), "EXTRA_SANS=DNS:localhost,IP:127.0.0.1"+map[bool]string{true: ",IP:" + nd.host}[nd.host != "127.0.0.1"], "DAYS=7")
+		if out, err := mk.CombinedOutput(); err != nil {
+			return natsCluster{}, fmt.Errorf("make-certs.sh: %v: %s", err, out)
+		}
 	}
 	shipped, err := os.ReadFile(filepath.Join(cfg.root, "deploy", "nats", "cluster.conf"))
 	if err != nil {
 		return natsCluster{}, err
+	}
+	files := func(nd natsNode, routes []string) map[string][]byte {
+		return map[string][]byte{
+			filepath.Join("switchyard", "server.conf"):    serverAuth,
+			filepath.Join("switchyard", "leafnodes.conf"): leafJS,
+			"node.conf":    nd.conf(tlsDir, routes),
+			"cluster.conf": shipped,
+		}
+	}
+	if cfg.net != nil {
+		// Every address is known: each server routes to the others from
+		// the start.
+		for i, nd := range nodes {
+			if err := writeFiles(nd.dir, files(nd, routesExcept(nodes, i))); err != nil {
+				return natsCluster{}, err
+			}
+			exe, args := cfg.net.command(nd.name, cfg.natsServer, []string{"-c", "cluster.conf"})
+			if err := procs.start(nd.name, nd.dir, nil, nil, exe, args...); err != nil {
+				return natsCluster{}, err
+			}
+		}
+		return clusterUp(ctx, cfg, procs, nodes, authDir, tlsDir)
 	}
 	seed, err := refusing()
 	if err != nil {
@@ -141,13 +181,7 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 		if i == 0 {
 			routes = []string{"nats-route://" + seed.addr}
 		}
-		files := map[string][]byte{
-			filepath.Join("switchyard", "server.conf"):    serverAuth,
-			filepath.Join("switchyard", "leafnodes.conf"): leafJS,
-			"node.conf":    nd.conf(tlsDir, routes),
-			"cluster.conf": shipped,
-		}
-		if err := writeFiles(nd.dir, files); err != nil {
+		if err := writeFiles(nd.dir, files(*nd, routes)); err != nil {
 			return natsCluster{}, err
 		}
 		if err := procs.start(nd.name, nd.dir, nil, nil, cfg.natsServer, "-c", "cluster.conf", "--ports_file_dir", nd.dir); err != nil {
@@ -180,19 +214,25 @@ func startNATS(ctx context.Context, cfg config, procs *procs) (natsCluster, erro
 			return natsCluster{}, err
 		}
 	}
+	return clusterUp(ctx, cfg, procs, nodes, authDir, tlsDir)
+}
+
+// clusterUp waits until every server reports healthy JetStream, then
+// starts the GPU site.
+func clusterUp(ctx context.Context, cfg config, procs *procs, nodes []natsNode, authDir, tlsDir string) (natsCluster, error) {
+	nc := natsCluster{ca: filepath.Join(tlsDir, "ca.pem"), creds: filepath.Join(authDir, "creds")}
+	var clients, leafURLs []string
 	for _, nd := range nodes {
-		m := fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.monitor)
-		if err := poll(ctx, 60*time.Second, procs, nd.name+" healthy", func() bool { return httpOK(m) }); err != nil {
+		m := fmt.Sprintf("http://%s:%d", nd.host, nd.monitor)
+		if err := poll(ctx, 60*time.Second, procs, nd.name+" healthy", func() bool { return httpOK(m + "/healthz") }); err != nil {
 			return natsCluster{}, err
 		}
+		nc.monitors = append(nc.monitors, m)
+		clients = append(clients, fmt.Sprintf("tls://%s:%d", nd.host, nd.client))
+		leafURLs = append(leafURLs, strconv.Quote(fmt.Sprintf("tls://%s:%d", nd.host, nd.leaf)))
 	}
-	clients := make([]string, n)
-	leafURLs := make([]string, n)
-	for i, nd := range nodes {
-		clients[i] = fmt.Sprintf("tls://127.0.0.1:%d", nd.client)
-		leafURLs[i] = strconv.Quote(fmt.Sprintf("tls://127.0.0.1:%d", nd.leaf))
-	}
-	nc := natsCluster{url: strings.Join(clients, ","), ca: filepath.Join(tlsDir, "ca.pem"), creds: filepath.Join(authDir, "creds")}
+	nc.url = strings.Join(clients, ",")
+	var err error
 	nc.site, err = startSite(ctx, cfg, procs, strings.Join(leafURLs, ", "), nc.ca, nc.credsFor("adapter-"+siteReplica))
 	return nc, err
 }
@@ -308,8 +348,11 @@ func (r refusingAddr) close() { _ = syscall.Close(r.fd) }
 // startSite runs deploy/nats/leaf-gpu-site.conf as a GPU site that dials
 // the cluster's leaf ports, and waits until its leaf connection is up. Its
 // ports are its own choice, kept (site.conf rewritten) for its restarts.
+//
+// In namespaces it listens on the site namespace's loopback (its adapter
+// runs there) on the usual port, and its monitoring on the site's address.
 func startSite(ctx context.Context, cfg config, procs *procs, leafURLs, ca, creds string) (string, error) {
-	const name = "gpu-site-1"
+	const name = siteName
 	dir := filepath.Join(cfg.dir, name)
 	site := func(listen, monitor string) []byte {
 		return fmt.Appendf(nil, `SITE_NAME: %s
@@ -324,10 +367,15 @@ SITE_CREDS: %q
 	if err != nil {
 		return "", err
 	}
-	if err := writeFiles(dir, map[string][]byte{"site.conf": site("127.0.0.1:-1", "127.0.0.1:-1"), "leaf-gpu-site.conf": shipped}); err != nil {
+	listen, monitorListen := "127.0.0.1:-1", "127.0.0.1:-1"
+	if cfg.net != nil {
+		listen, monitorListen = fmt.Sprintf("127.0.0.1:%d", nsClientPort), fmt.Sprintf("%s:%d", cfg.net.addr(name), nsMonitorPort)
+	}
+	if err := writeFiles(dir, map[string][]byte{"site.conf": site(listen, monitorListen), "leaf-gpu-site.conf": shipped}); err != nil {
 		return "", err
 	}
-	if err := procs.start(name, dir, nil, nil, cfg.natsServer, "-c", "leaf-gpu-site.conf", "--ports_file_dir", dir); err != nil {
+	exe, args := cfg.net.command(name, cfg.natsServer, []string{"-c", "leaf-gpu-site.conf", "--ports_file_dir", dir})
+	if err := procs.start(name, dir, nil, nil, exe, args...); err != nil {
 		return "", err
 	}
 	ports, err := portsOf(ctx, cfg, procs, name, dir)

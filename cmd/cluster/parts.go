@@ -24,6 +24,12 @@ import (
 // siteReplica runs at the GPU site, behind its leaf node.
 const siteReplica = "coder-gen-0"
 
+// siteName is the GPU site's leaf server (and, with -netns, its namespace).
+const siteName = "gpu-site-1"
+
+// nsEnginePort is where the site's engine listens in its namespace.
+const nsEnginePort = 8000
+
 // startSwitchyard creates the bucket with three replicas, imports
 // deploy/examples/table.json, and starts an engine-sim and an adapter for
 // each dev replica, then the brokers, then the gateways. It returns the
@@ -47,16 +53,27 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	procs.nextTier()
 	engines := make([]string, len(replicas))
 	for i, r := range replicas {
-		sock, addr, err := procs.listen()
-		if err != nil {
-			return nil, err
+		listen, files := "fd:3", []*os.File(nil)
+		if cfg.net != nil && r.ID == siteReplica {
+			// At the site, beside its adapter.
+			listen = fmt.Sprintf("127.0.0.1:%d", nsEnginePort)
+			engines[i] = "http://" + listen
+		} else {
+			sock, addr, err := procs.listen()
+			if err != nil {
+				return nil, err
+			}
+			engines[i], files = "http://"+addr, []*os.File{sock}
 		}
-		engines[i] = "http://" + addr
-		args := []string{"engine-sim", "--listen", "fd:3", "--model", r.Model, "--kv-blocks", strconv.Itoa(r.KVBlocks)}
+		args := []string{"engine-sim", "--listen", listen, "--model", r.Model, "--kv-blocks", strconv.Itoa(r.KVBlocks)}
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras), "--adapters", strings.Join(r.Adapters, ","))
 		}
-		if err := procs.start("engine-"+r.ID, cfg.dir, nil, []*os.File{sock}, cfg.switchyard, args...); err != nil {
+		exe := cfg.switchyard
+		if r.ID == siteReplica {
+			exe, args = cfg.net.command(siteName, exe, args)
+		}
+		if err := procs.start("engine-"+r.ID, cfg.dir, nil, files, exe, args...); err != nil {
 			return nil, err
 		}
 	}
@@ -74,7 +91,11 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 		if r.MaxLoras > 0 {
 			args = append(args, "--max-loras", strconv.Itoa(r.MaxLoras))
 		}
-		if err := procs.start("adapter-"+r.ID, cfg.dir, nil, nil, cfg.switchyard, args...); err != nil {
+		exe := cfg.switchyard
+		if r.ID == siteReplica {
+			exe, args = cfg.net.command(siteName, exe, args)
+		}
+		if err := procs.start("adapter-"+r.ID, cfg.dir, nil, nil, exe, args...); err != nil {
 			return nil, err
 		}
 	}
@@ -84,13 +105,18 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	procs.nextTier()
 	for i := range cfg.brokers {
 		name := fmt.Sprintf("broker-%d", i+1)
-		metrics, _, err := procs.listen()
-		if err != nil {
-			return nil, err
+		metricsListen, files := fmt.Sprintf("%s:%d", cfg.net.addr(name), nsMetricsPort), []*os.File(nil)
+		if cfg.net == nil {
+			metrics, _, err := procs.listen()
+			if err != nil {
+				return nil, err
+			}
+			metricsListen, files = "fd:3", []*os.File{metrics}
 		}
 		args := append([]string{"broker", "--id", name, "--state-dir", filepath.Join(cfg.dir, name),
-			"--metrics-listen", "fd:3"}, conn("broker")...)
-		if err := procs.start(name, cfg.dir, nil, []*os.File{metrics}, cfg.switchyard, args...); err != nil {
+			"--metrics-listen", metricsListen}, conn("broker")...)
+		exe, args := cfg.net.command(name, cfg.switchyard, args)
+		if err := procs.start(name, cfg.dir, nil, files, exe, args...); err != nil {
 			return nil, err
 		}
 	}
@@ -98,24 +124,45 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	urls := make([]gatewayURLs, cfg.gateways)
 	for i := range cfg.gateways {
 		name := fmt.Sprintf("gateway-%d", i+1)
-		// Both gateways run on this one host: each admin listener (the
-		// dashboard and /metrics) needs a port of its own.
-		public, listen, err := procs.listen()
-		if err != nil {
+		var args []string
+		var files []*os.File
+		if cfg.net != nil {
+			// On its front address, where clients reach it.
+			front := cfg.net.parts[name].front
+			listen, adminListen := fmt.Sprintf("%s:%d", front, nsGatewayPort), fmt.Sprintf("%s:%d", front, nsMetricsPort)
+			args = []string{"gateway", "--listen", listen, "--admin-listen", adminListen}
+			urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
+		} else {
+			// Both gateways run on this one host: each admin listener (the
+			// dashboard and /metrics) needs a port of its own.
+			public, listen, err := procs.listen()
+			if err != nil {
+				return nil, err
+			}
+			admin, adminListen, err := procs.listen()
+			if err != nil {
+				return nil, err
+			}
+			args = []string{"gateway", "--listen", "fd:3", "--admin-listen", "fd:4"}
+			files = []*os.File{public, admin}
+			urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
+		}
+		args = append(append(args, "--state-dir", filepath.Join(cfg.dir, name)), conn("gateway")...)
+		exe, args := cfg.net.command(name, cfg.switchyard, args)
+		if err := procs.start(name, cfg.dir, nil, files, exe, args...); err != nil {
 			return nil, err
 		}
-		admin, adminListen, err := procs.listen()
-		if err != nil {
-			return nil, err
-		}
-		args := append([]string{"gateway", "--listen", "fd:3", "--admin-listen", "fd:4", "--state-dir", filepath.Join(cfg.dir, name)}, conn("gateway")...)
-		if err := procs.start(name, cfg.dir, nil, []*os.File{public, admin}, cfg.switchyard, args...); err != nil {
-			return nil, err
-		}
-		urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
 	}
 	return urls, nil
 }
+
+// A gateway in its namespace serves on its front address at
+// nsGatewayPort, its admin listener at nsMetricsPort; a broker there serves
+// /metrics at nsMetricsPort on its address.
+const (
+	nsGatewayPort = 8080
+	nsMetricsPort = 9090
+)
 
 // gatewayURLs are a gateway's public (API) and admin (dashboard, /metrics) URLs.
 type gatewayURLs struct{ public, admin string }
