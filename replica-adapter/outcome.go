@@ -36,7 +36,7 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 		status := 0
 		if err == nil {
 			status = resp.StatusCode
-			if status == http.StatusNotFound {
+			if status == http.StatusNotFound && req.Context().Value(loraKey{}) == nil {
 				var gone bool
 				if resp, gone = notServed(req, resp); gone {
 					kind = "model"
@@ -186,6 +186,14 @@ func refusedKey(req *http.Request, resp *http.Response) *http.Response {
 	resp.Body.Close()
 	return replaced(req, resp, "The engine refused this replica's API key ("+strconv.Itoa(resp.StatusCode)+"); the replica is marked unhealthy.")
 }
+
+// loraKey marks a request the engine serves under a LoRA adapter: its 404
+// for the model names the adapter, which the engine may not have loaded
+// (the route picks a replica with a free slot for it). That is the
+// tenant's adapter missing, not this replica failing what it registered,
+// so it is relayed as it came and never counts toward ejection: one
+// tenant's missing adapter must not eject every replica of the model.
+type loraKey struct{}
 
 // notServed replaces an engine's 404 that says the engine does not serve
 // what the replica registered with a 503, and reports it (gone): the

@@ -16,7 +16,7 @@ import (
 // TestEngineFailureStreak: the heartbeat carries the engine's streak of
 // failed answers, which brokers eject on. 5xx, 429, connection failures
 // and a 404 for the model the replica registered count; a client's own
-// 4xx does not, and a success ends the streak. The heartbeat that
+// 4xx does not, nor a 404 for a LoRA adapter the engine has not loaded, and a success ends the streak. The heartbeat that
 // completes a streak goes at once.
 func TestEngineFailureStreak(t *testing.T) {
 	e := newEnv(t)
@@ -55,6 +55,15 @@ func TestEngineFailureStreak(t *testing.T) {
 	}
 	call(http.StatusOK, 1)
 	call(http.StatusBadRequest, 3) // the client's own error
+	// A 404 for a tenant's LoRA adapter the engine has not loaded is that
+	// tenant's, relayed as it came: it neither counts nor ends the streak.
+	status.Store(http.StatusNotFound)
+	h := chatHeaders("q-lora")
+	h.Del(subjects.HdrStream)
+	h.Set(subjects.HdrRouteLora, "acme-lora")
+	if msgs := untilEnd(t, e.request(cfg.Replica, h, `{"model":"sim-model"}`)); msgs[len(msgs)-1].Header.Get(subjects.HdrStatus) != "404" {
+		t.Fatalf("a LoRA adapter's 404 answered %s, want the engine's 404", msgs[len(msgs)-1].Header.Get(subjects.HdrStatus))
+	}
 	call(http.StatusServiceUnavailable, 2)
 	call(http.StatusTooManyRequests, 1)
 	call(http.StatusNotFound, 1) // the engine does not serve the replica's model

@@ -140,6 +140,9 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 	// The engine names the model as it serves it; the client gets the name
 	// it asked for.
 	ctx = withNames(ctx, a.servedModel(h), h.Get(subjects.HdrModel))
+	if h.Get(subjects.HdrRouteLora) != "" {
+		ctx = context.WithValue(ctx, loraKey{}, true)
+	}
 	used := a.callEngine(spans.startEngine(ctx, a), st, h, body)
 	spans.engineDone(used)
 	a.publishUsage(h, used)
