@@ -64,8 +64,10 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 	if dir := os.Getenv("SWITCHYARD_PARTITION_DIR"); dir != "" {
 		args = append(args, "-dir", dir) // kept: the parts' logs
 	}
+	// Registered first, so it runs last: after the launcher's own cleanup,
+	// in case the launcher was killed before it could remove them.
+	t.Cleanup(func() { cleanPartitions(t) })
 	c := startCluster(t, args...)
-	t.Cleanup(func() { cleanPartitions(t) }) // after the launcher's own cleanup, in case it was killed
 	_, js := c.operator()
 	nodes := strings.Split(c.printed["NATS"], ",")
 	monitors := strings.Split(c.printed["monitor"], ",")
@@ -160,7 +162,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		normal("the heal")
 		// Every key the same on the three servers, the cut one included.
 		var diff []string
-		took, err := testkit.Poll(routingBound, 500*time.Millisecond, func() error {
+		_, err = testkit.Poll(routingBound, 500*time.Millisecond, func() error {
 			diff = divergentKeys(t, c, nodes, monitors)
 			if len(diff) > 0 {
 				return fmt.Errorf("%d keys differ: %v", len(diff), diff)
@@ -171,7 +173,6 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			t.Errorf("%s: the servers' copies of %s still differ %v after the heal: %v", cur.name, subjects.DefaultBucket, routingBound, err)
 		}
 		cur.divergent, cur.compared = len(diff), true
-		_ = took
 		cur.note += fmt.Sprintf(" cut for %v; every key at the same revision and value on the three servers %v after the heal",
 			healed.Sub(cutAt).Round(time.Second), time.Since(healed).Round(100*time.Millisecond))
 	})

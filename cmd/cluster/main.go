@@ -48,9 +48,17 @@ func main() {
 	flag.StringVar(&cfg.netns, "netns", "", "run each NATS server, the GPU site, each broker and each gateway in a network namespace of its own, named with this prefix, joined by bridges (root; `cut PART` sets its link down)")
 	clean := flag.Bool("netns-clean", false, "only delete the namespaces and links a run with -netns left, and exit")
 	flag.Parse()
+	if cfg.netns != "" && !validPrefix(cfg.netns) {
+		fmt.Fprintf(os.Stderr, "cluster: -netns %q: a prefix is 2 to 8 lowercase letters and digits, starting with a letter\n", cfg.netns)
+		os.Exit(2)
+	}
 	if *clean {
-		if err := cleanNetwork(cfg.netns); err != nil || cfg.netns == "" {
-			fmt.Fprintln(os.Stderr, "cluster: -netns-clean needs -netns PREFIX:", err)
+		if cfg.netns == "" {
+			fmt.Fprintln(os.Stderr, "cluster: -netns-clean needs -netns PREFIX")
+			os.Exit(2)
+		}
+		if err := cleanNetwork(cfg.netns); err != nil {
+			fmt.Fprintln(os.Stderr, "cluster: -netns-clean:", err)
 			os.Exit(1)
 		}
 		return

@@ -143,7 +143,7 @@ func cleanNetwork(prefix string) error {
 				continue
 			}
 			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-			if strings.HasPrefix(name, prefix) {
+			if ownLink(prefix, name) {
 				// A veth may have gone with its namespace meanwhile.
 				if err := ipAll([][]string{{"link", "del", name}}); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
 					errs = append(errs, err)
@@ -154,6 +154,39 @@ func cleanNetwork(prefix string) error {
 		errs = append(errs, fmt.Errorf("ip link show: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// validPrefix: the names made from a prefix stay within Linux's 15
+// characters for a link, and the cleanup never reaches a link of the host's.
+func validPrefix(prefix string) bool {
+	if len(prefix) < 2 || len(prefix) > 8 || prefix[0] < 'a' || prefix[0] > 'z' {
+		return false
+	}
+	for _, c := range prefix {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// ownLink says whether a link is one setupNetwork makes under prefix: its
+// two bridges and the host ends <prefix><N>b and <prefix><N>f. Nothing
+// else is deleted, whatever its name begins with.
+func ownLink(prefix, name string) bool {
+	if name == prefix+"-back" || name == prefix+"-front" {
+		return true
+	}
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok || len(rest) < 2 || (rest[len(rest)-1] != 'b' && rest[len(rest)-1] != 'f') {
+		return false
+	}
+	for _, c := range rest[:len(rest)-1] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // ipAll runs ip with each argument list in turn, stopping at the first
