@@ -203,7 +203,7 @@ func (c *Config) Validate() error {
 		check.Duration("body-timeout", c.BodyTimeout, 0, time.Hour),
 		check.Duration("header-timeout", c.HeaderTimeout, 0, time.Hour),
 		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
-		check.Duration("link-check", c.LinkCheck, 0, time.Minute),
+		check.Duration("LinkCheck", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
 		tlsErr(c.TLSCert, c.TLSKey),
 	)
