@@ -26,6 +26,16 @@ func (g *Gateway) traced(route string, next http.HandlerFunc) http.HandlerFunc {
 		ctx := telemetry.ExtractHTTP(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := g.tracer.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer))
 		defer span.End()
+		defer func() {
+			// A stream cut for a client that stopped reading ends by
+			// aborting the connection (rule.go, conclude): the span
+			// says so before the abort goes on up to net/http.
+			if p := recover(); p != nil {
+				span.SetStatus(codes.Error, "connection aborted")
+				span.SetAttributes(telemetry.AttrErrorType.String("connection_aborted"))
+				panic(p)
+			}
+		}()
 		scheme := "http"
 		if r.TLS != nil {
 			scheme = "https"
