@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
@@ -135,6 +136,13 @@ type Config struct {
 	// ColdKeepalive is the interval of the SSE comments sent to a held
 	// stream (default 10s).
 	ColdKeepalive time.Duration
+	// MaxFileBytes and MaxFileLines bound an upload to /v1/files (default
+	// 200 MiB and 50,000 lines); MaxBody does not apply to it.
+	MaxFileBytes int64
+	MaxFileLines int
+	// BatchReplicas are the replicas of the files object store and the
+	// batches bucket when the gateway creates them (default 1).
+	BatchReplicas int
 	// CORSOrigins are the browser origins allowed to call the gateway
 	// ("*": any); none, the default, answers no preflight.
 	CORSOrigins []string
@@ -160,6 +168,7 @@ type Gateway struct {
 	maxBody  int64
 	exposed  string    // Access-Control-Expose-Headers
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
+	batch    batchStore
 
 	silent     atomic.Bool // the last link check got no pong in time
 	probeMu    sync.Mutex
@@ -205,6 +214,9 @@ func (c *Config) Validate() error {
 		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
 		check.Duration("LinkCheck", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
+		check.Size("max-file-bytes", c.MaxFileBytes, 0, 1<<40),
+		check.Range("max-file-lines", c.MaxFileLines, 0, 10_000_000),
+		check.Range("batch-replicas", c.BatchReplicas, 0, 5),
 		tlsErr(c.TLSCert, c.TLSKey),
 	)
 }
@@ -313,6 +325,12 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.KeepAliveTimeout <= 0 {
 		cfg.KeepAliveTimeout = DefaultKeepAliveTimeout
+	}
+	if cfg.MaxFileBytes == 0 {
+		cfg.MaxFileBytes = batch.DefaultMaxFileBytes
+	}
+	if cfg.MaxFileLines == 0 {
+		cfg.MaxFileLines = batch.DefaultMaxFileLines
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns

@@ -27,6 +27,15 @@ func (g *Gateway) routes() (public, admin *http.ServeMux) {
 	stored := g.traced(subjects.EndpointResponses+"/{id}", g.serveStored)
 	mux.HandleFunc("GET "+subjects.EndpointResponses+"/{id}", stored)
 	mux.HandleFunc("DELETE "+subjects.EndpointResponses+"/{id}", stored)
+	mux.HandleFunc("POST /v1/files", g.serveFileUpload)
+	mux.HandleFunc("GET /v1/files", g.serveFiles)
+	mux.HandleFunc("GET /v1/files/{id}", g.serveFile)
+	mux.HandleFunc("DELETE /v1/files/{id}", g.serveFile)
+	mux.HandleFunc("GET /v1/files/{id}/content", g.serveFileContent)
+	mux.HandleFunc("POST /v1/batches", g.serveBatchCreate)
+	mux.HandleFunc("GET /v1/batches", g.serveBatches)
+	mux.HandleFunc("GET /v1/batches/{id}", g.serveBatch)
+	mux.HandleFunc("POST /v1/batches/{id}/cancel", g.serveBatchCancel)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -59,7 +68,15 @@ func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
 // allowFor is the Allow header of a known path, "" for an unknown one.
 func allowFor(p string) string {
 	switch {
-	case p == "/v1/models":
+	case p == "/v1/models", strings.HasPrefix(p, "/v1/files/") && strings.HasSuffix(p, "/content"):
+		return "GET"
+	case p == "/v1/files", p == "/v1/batches":
+		return "GET, POST"
+	case strings.HasPrefix(p, "/v1/files/") && strings.Count(p, "/") == 3:
+		return "GET, DELETE"
+	case strings.HasPrefix(p, "/v1/batches/") && strings.HasSuffix(p, "/cancel"):
+		return "POST"
+	case strings.HasPrefix(p, "/v1/batches/") && strings.Count(p, "/") == 3:
 		return "GET"
 	case subjects.EndpointBit(p) != 0:
 		return "POST"

@@ -28,6 +28,15 @@ const (
 	// of the Responses API (package owners): adapters write it, brokers
 	// read it.
 	ResponsesBucket = "llm-responses"
+	// The Files and Batch APIs (package batch): uploaded and produced files
+	// in an object store, batch records and per-line results in KV buckets,
+	// and the items of running batches in a work-queue stream that the
+	// batchers (queue group BatcherQueue) consume.
+	FilesBucket   = "llm-files"
+	BatchesBucket = "llm-batches"
+	ResultsBucket = "llm-batch-results"
+	ItemsStream   = "LLM_BATCH_ITEMS"
+	BatcherQueue  = "switchyard-batcher"
 )
 
 // ErrBadToken is returned for an id that cannot be a subject token.
@@ -67,6 +76,27 @@ func (s Subjects) Gateway(tenant string) string { return s.p() + ".gw." + tenant
 
 // GatewayAll is the brokers' endpoint subject for gateways.
 func (s Subjects) GatewayAll() string { return s.p() + ".gw.*" }
+
+// Batch is where the batchers send a tenant's batch items: llm.batch.<tenant>.
+// Only the batcher identity may publish it; the tenant comes from the batch
+// record a gateway wrote, so the subject speaks for the tenant as
+// llm.gw.<tenant> does.
+func (s Subjects) Batch(tenant string) string { return s.p() + ".batch." + tenant }
+
+// BatchAll is the brokers' endpoint subject for batchers.
+func (s Subjects) BatchAll() string { return s.p() + ".batch.*" }
+
+// BatchItems is the subject of one batch's items in the work-queue stream:
+// llm.batchitem.<tenant>.<batch>.
+func (s Subjects) BatchItems(tenant, batch string) string {
+	return s.p() + ".batchitem." + tenant + "." + batch
+}
+
+// BatchItemsOf matches every item of one tenant's batches.
+func (s Subjects) BatchItemsOf(tenant string) string { return s.p() + ".batchitem." + tenant + ".*" }
+
+// BatchItemsAll matches every batch item: the stream's subjects.
+func (s Subjects) BatchItemsAll() string { return s.p() + ".batchitem.>" }
 
 // Replica is one adapter's request subject.
 func (s Subjects) Replica(id string) string { return s.p() + ".replica." + id }

@@ -1,0 +1,107 @@
+package batch
+
+import (
+	"sync"
+	"time"
+)
+
+// admission decides how many lines may be in flight: a window that grows
+// by half a line per answer and halves on a broker's refusal (at most once
+// per cutEvery), so the batch finds the pool's spare room and gives it back
+// as soon as interactive traffic needs it. Each tenant with running
+// batches gets an equal share of the window, so one tenant's batch cannot
+// starve another's. A 429 pauses its tenant for its Retry-After; a 503
+// pauses every tenant, for at most a second.
+type admission struct {
+	mu          sync.Mutex
+	limit       float64
+	window      float64
+	lastCut     time.Time
+	paused      time.Time
+	tenantPause map[string]time.Time
+	inflight    map[string]int
+	total       int
+	active      int
+	wake        chan struct{}
+	m           *metrics
+}
+
+const (
+	startWindow = 16
+	cutEvery    = 500 * time.Millisecond
+	maxPause503 = time.Second
+)
+
+func (a *admission) init(limit int, m *metrics) {
+	a.limit, a.window = float64(limit), float64(min(startWindow, limit))
+	a.tenantPause, a.inflight = map[string]time.Time{}, map[string]int{}
+	a.wake = make(chan struct{}, 1)
+	a.m = m
+	m.window.Set(a.window)
+}
+
+// setActive is the number of tenants with running batches.
+func (a *admission) setActive(n int) {
+	a.mu.Lock()
+	a.active = n
+	a.mu.Unlock()
+}
+
+// room is how many more lines tenant may start now.
+func (a *admission) room(tenant string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	if now.Before(a.paused) || now.Before(a.tenantPause[tenant]) {
+		return 0
+	}
+	w := int(a.window)
+	share := max(1, w/max(1, a.active))
+	return max(0, min(share-a.inflight[tenant], w-a.total))
+}
+
+func (a *admission) take(tenant string) {
+	a.mu.Lock()
+	a.inflight[tenant]++
+	a.total++
+	a.mu.Unlock()
+	a.m.inflight.Inc()
+}
+
+func (a *admission) release(tenant string) {
+	a.mu.Lock()
+	if a.inflight[tenant]--; a.inflight[tenant] <= 0 {
+		delete(a.inflight, tenant)
+	}
+	a.total--
+	a.mu.Unlock()
+	a.m.inflight.Dec()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *admission) refused(tenant string, status int, retryAfter time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	if now.Sub(a.lastCut) >= cutEvery {
+		a.window = max(1, a.window/2)
+		a.lastCut = now
+		a.m.window.Set(a.window)
+	}
+	if status == 429 {
+		a.tenantPause[tenant] = now.Add(retryAfter)
+	} else {
+		a.paused = now.Add(min(retryAfter, maxPause503))
+	}
+}
+
+func (a *admission) answered() {
+	a.mu.Lock()
+	a.window = min(a.limit, a.window+0.5)
+	w := a.window
+	a.mu.Unlock()
+	a.m.window.Set(w)
+}

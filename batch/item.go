@@ -1,0 +1,225 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// replyIdle fails a line whose answer stays silent this long; adapters
+// send a keepalive every 5 s while their engine works.
+const replyIdle = 60 * time.Second
+
+// answer is what one try of a line came back with.
+type answer struct {
+	status     int
+	body       []byte
+	retryAfter time.Duration
+	err        error // no complete answer (silence, a gap, a failure midway)
+}
+
+// process runs one item: skip it when its batch stopped or its result
+// exists, else send it, store the result and only then acknowledge it.
+func (b *Batcher) process(ctx context.Context, tenant string, msg jetstream.Msg) {
+	batchID := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
+	rec, err := b.records.get(ctx, b, tenant, batchID)
+	if errors.Is(err, ErrNotFound) {
+		_ = msg.Term() // no record: nothing to answer it for
+		return
+	}
+	if err != nil {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if rec.Status != StatusValidating && rec.Status != StatusInProgress {
+		b.metrics.item(tenant, "skipped")
+		_ = msg.Ack() // cancelled or over: the line does not run
+		return
+	}
+	var it Item
+	if err := json.Unmarshal(msg.Data(), &it); err != nil || it.Line < 1 || it.Line > rec.Lines {
+		_ = msg.Term()
+		return
+	}
+	key := resultKey(rec.ID, it.Line)
+	if _, err := b.results.Get(ctx, key); err == nil {
+		b.metrics.item(tenant, "duplicate")
+		_ = msg.Ack() // answered before this delivery: once is enough
+		return
+	}
+	stop := b.keepInProgress(msg)
+	a := b.send(ctx, rec, &it)
+	stop()
+	if ctx.Err() != nil {
+		return // stopping: JetStream gives the item to another batcher
+	}
+	attempts := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		attempts = md.NumDelivered
+	}
+	var ok bool
+	var line []byte
+	switch {
+	case a.err == nil && (a.status == http.StatusTooManyRequests || a.status == http.StatusServiceUnavailable):
+		// The brokers' refusal paces the batch; it is never a failed line.
+		b.adm.refused(tenant, a.status, a.retryAfter)
+		b.metrics.item(tenant, "paced")
+		_ = msg.NakWithDelay(max(a.retryAfter, 100*time.Millisecond))
+		return
+	case (a.err != nil || a.status == 500 || a.status == 502 || a.status == 504) && attempts < maxAttempts:
+		b.metrics.item(tenant, "retried")
+		_ = msg.NakWithDelay(time.Duration(attempts) * time.Second)
+		return
+	case a.err != nil:
+		line = b.outputLine(rec, &it, http.StatusBadGateway, subjects.NewError(502, subjects.CodeUpstreamError, a.err.Error()).Body())
+	default:
+		ok = a.status < 400
+		line = b.outputLine(rec, &it, a.status, a.body)
+	}
+	if ok {
+		line = append([]byte{kindOutput}, line...)
+	} else {
+		line = append([]byte{kindError}, line...)
+	}
+	if _, err := b.results.Create(ctx, key, line); err != nil && !conflict(err) {
+		b.log.Warn("store result", "batch", rec.ID, "line", it.Line, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	} else if err != nil {
+		b.metrics.item(tenant, "duplicate") // another delivery stored it first
+	} else {
+		b.counts.add(tenant, rec.ID, ok)
+		b.metrics.item(tenant, map[bool]string{true: "completed", false: "failed"}[ok])
+	}
+	b.adm.answered()
+	if err := msg.DoubleAck(ctx); err != nil && ctx.Err() == nil {
+		b.log.Debug("ack", "batch", rec.ID, "line", it.Line, "err", err)
+	}
+}
+
+// outputLine is the line's entry in the output or error file.
+func (b *Batcher) outputLine(rec *Record, it *Item, status int, body []byte) []byte {
+	if !json.Valid(body) {
+		body, _ = json.Marshal(string(body))
+	}
+	id := requestID(rec.ID, it.Line)
+	line, _ := json.Marshal(OutputLine{ID: id, CustomID: it.CustomID,
+		Response: &LineResponse{StatusCode: status, RequestID: id, Body: body}})
+	return line
+}
+
+// keepInProgress tells JetStream the item is still being worked on, so a
+// long answer is not delivered again while it runs; stop ends it.
+func (b *Batcher) keepInProgress(msg jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(b.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// send sends one line on llm.batch.<tenant>, the tenant being the
+// record's, and reads the reply protocol (docs/protocol.md) to its end.
+func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
+	inbox := nats.NewInbox()
+	sub, err := b.nc.SubscribeSync(inbox)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	deadline := b.cfg.Now().Add(b.cfg.RequestTimeout)
+	if rec.ExpiresAt != nil {
+		if exp := time.Unix(*rec.ExpiresAt, 0); exp.Before(deadline) {
+			deadline = exp
+		}
+	}
+	m := nats.NewMsg(b.subj.Batch(rec.Tenant))
+	m.Reply, m.Data = inbox, it.Body
+	m.Header.Set(subjects.HdrEndpoint, rec.Endpoint)
+	m.Header.Set(subjects.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	m.Header.Set(subjects.HdrClientRequestID, requestID(rec.ID, it.Line))
+	if err := b.nc.PublishMsg(m); err != nil {
+		return answer{status: 503, retryAfter: time.Second}
+	}
+	var a answer
+	seq := -1
+	maxBody := int(b.nc.MaxPayload()) - 4096
+	for {
+		mctx, cancel := context.WithTimeout(ctx, replyIdle)
+		r, err := sub.NextMsgWithContext(mctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return answer{err: ctx.Err()}
+			}
+			return answer{err: errors.New("no answer for " + replyIdle.String())}
+		}
+		if r.Header.Get("Status") == "503" && len(r.Data) == 0 {
+			return answer{status: 503, retryAfter: time.Second} // no broker listens
+		}
+		if r.Header.Get(subjects.HdrKeepalive) != "" || r.Header.Get(subjects.HdrRouted) != "" {
+			continue
+		}
+		if v := r.Header.Get(subjects.HdrSeq); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || (seq >= 0 && n != seq+1 && n != 0) {
+				return answer{err: errors.New("the answer lost a message")}
+			}
+			seq = n
+		}
+		if v := r.Header.Get(subjects.HdrStatus); v != "" {
+			a.status, _ = strconv.Atoi(v)
+			a.retryAfter = retryAfter(r.Header)
+		} else if r.Header.Get(subjects.HdrAccepted) != "" {
+			continue // the accept alone: its body names the replica
+		}
+		a.body = append(a.body, r.Data...)
+		if len(a.body) > maxBody {
+			return answer{status: 502, body: subjects.NewError(502, subjects.CodeUpstreamError,
+				"the answer is over "+strconv.Itoa(maxBody)+" bytes, more than a result can hold").Body()}
+		}
+		if r.Header.Get(subjects.HdrEOS) != "" {
+			if e := r.Header.Get(subjects.HdrError); e != "" {
+				return answer{err: errors.New(e)}
+			}
+			if a.status == 0 {
+				return answer{err: errors.New("the answer ended without a status")}
+			}
+			return a
+		}
+	}
+}
+
+func retryAfter(h nats.Header) time.Duration {
+	if v := h.Get(subjects.HdrRetryAfterMS); v != "" {
+		if ms, err := strconv.Atoi(v); err == nil && ms >= 0 {
+			return min(time.Duration(ms)*time.Millisecond, time.Minute)
+		}
+	}
+	if v := h.Get(subjects.HdrRetryAfter); v != "" {
+		if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+			return min(time.Duration(s)*time.Second, time.Minute)
+		}
+	}
+	return time.Second
+}
