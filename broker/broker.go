@@ -68,7 +68,9 @@ type Broker struct {
 	cfg  Config
 	subj subjects.Subjects
 	// direct is the prefix of the direct clients' subjects, llm.route.
-	direct  string
+	direct string
+	// batch is the prefix of the batchers' subjects, llm.batch.
+	batch   string
 	log     *slog.Logger
 	tracer  trace.Tracer // nil: no spans
 	router  *policy.Router
@@ -147,6 +149,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg:     cfg,
 		subj:    subjects.New(cfg.Prefix),
 		direct:  subjects.New(cfg.Prefix).Route(""),
+		batch:   subjects.New(cfg.Prefix).Batch(""),
 		log:     telemetry.Logger(cfg.Logger).With("component", "broker", "broker", cfg.ID),
 		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/broker"),
 		out:     make(chan outMsg, 4096),
@@ -239,6 +242,12 @@ func (b *Broker) Run(ctx context.Context) error {
 		micro.WithEndpointSubject(b.subj.GatewayAll()),
 		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
 		micro.WithEndpointPendingLimits(GatewayPendingMsgs, GatewayPendingBytes)); err != nil {
+		return err
+	}
+	if err := svc.AddEndpoint("batch", micro.HandlerFunc(b.route),
+		micro.WithEndpointSubject(b.subj.BatchAll()),
+		micro.WithEndpointQueueGroup(subjects.BrokerQueue),
+		micro.WithEndpointPendingLimits(RoutePendingMsgs, RoutePendingBytes)); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("explain", micro.HandlerFunc(b.explain),

@@ -221,6 +221,14 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 		return b.stored(tenant, h)
 	}
 	direct := strings.HasPrefix(subject, b.direct)
+	if strings.HasPrefix(subject, b.batch) {
+		// A batch item: the subject's tenant is the batch record's (only
+		// the batcher publishes here), and it runs at batch priority
+		// whatever it says. Its body is a tenant's line, read as a direct
+		// client's.
+		direct = true
+		s.setHeader(h, subjects.HdrPriority, subjects.PriorityBatch)
+	}
 	if e := b.fillRequest(s, tenant, direct, h, data); e != nil {
 		b.metrics.rejected(e.Code)
 		return refuse(e)
