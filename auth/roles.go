@@ -18,6 +18,7 @@ const (
 	RoleAdapter  = "adapter"
 	RoleTenant   = "tenant"
 	RoleLoader   = "loader"
+	RoleBatcher  = "batcher"
 )
 
 // LongestRequest is the longest request a gateway accepts (X-Request-Timeout
@@ -45,7 +46,7 @@ type Role struct {
 // ParseRole validates a kind and its id.
 func ParseRole(kind, id string) (Role, error) {
 	switch kind {
-	case RoleGateway, RoleBroker, RoleOperator, RoleObserver, RoleLoader:
+	case RoleGateway, RoleBroker, RoleOperator, RoleObserver, RoleLoader, RoleBatcher:
 		if id != "" {
 			return Role{}, fmt.Errorf("%w: role %s takes no --replica or --tenant", ErrRole, kind)
 		}
@@ -58,7 +59,7 @@ func ParseRole(kind, id string) (Role, error) {
 			return Role{}, fmt.Errorf("%w: role %s needs %s: %w", ErrRole, kind, what, err)
 		}
 	default:
-		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, broker, operator, observer, loader, adapter or tenant)", ErrRole, kind)
+		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, broker, operator, observer, loader, batcher, adapter or tenant)", ErrRole, kind)
 	}
 	return Role{Kind: kind, ID: id}, nil
 }
@@ -98,9 +99,14 @@ func permissions(r Role, prefix, bucket string) grants {
 	}
 	switch r.Kind {
 	case RoleGateway:
+		// It stores uploaded files and writes batch records (creating
+		// their buckets); the batchers do the rest.
+		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService}, tableRead...)
+		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
+		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
 		return grants{
 			// $SRV.PING of the brokers: /readyz asks whether one answers.
-			pub: append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService}, tableRead...),
+			pub: pub,
 			sub: []string{
 				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", inbox,
 			},
@@ -114,7 +120,7 @@ func permissions(r Role, prefix, bucket string) grants {
 				p + "eject.*",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
-				p + "route.*", p + "gw.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
+				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
 				p + "usage.*", p + "broker.presence", p + "control.load.status", inbox,
 			}, srv(subjects.BrokerService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: brokerRespMax, Expires: brokerRespExpires},
@@ -140,7 +146,7 @@ func permissions(r Role, prefix, bucket string) grants {
 		}
 	case RoleOperator:
 		return grants{
-			pub: []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", kv + ">", p + "explain.*", "$SRV.>"},
+			pub: []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", kv + ">", "$KV." + subjects.BatchesBucket + ".>", p + "explain.*", "$SRV.>"},
 			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", inbox},
 		}
 	case RoleObserver:
@@ -162,6 +168,22 @@ func permissions(r Role, prefix, bucket string) grants {
 			pub: append(pub, bucketRead(loads)...),
 			sub: []string{p + "control.load", p + "heartbeat.*", p + "usage.*", inbox},
 		}
+	case RoleBatcher:
+		// Sends batch items on llm.batch.<tenant> (the only identity that
+		// may: the tenant is the batch record's), and works the items
+		// stream, the results and batches buckets and the files store.
+		items := subjects.ItemsStream
+		pub := []string{
+			p + "batch.*", p + "batchitem.>",
+			"$JS.API.INFO",
+			"$JS.API.STREAM.CREATE." + items, "$JS.API.STREAM.INFO." + items, "$JS.API.STREAM.PURGE." + items,
+			"$JS.API.CONSUMER.CREATE." + items + ".>", "$JS.API.CONSUMER.INFO." + items + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + items + ".>", "$JS.ACK." + items + ".>",
+		}
+		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
+		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
+		pub = append(pub, kvWrite(subjects.ResultsBucket)...)
+		return grants{pub: pub, sub: []string{inbox}}
 	case RoleTenant:
 		// In its own account: nothing of the Switchyard account exists
 		// there but the one imported route subject.
@@ -172,8 +194,10 @@ func permissions(r Role, prefix, bucket string) grants {
 
 // bucketRead are the JetStream API subjects that read a KV bucket: bind it,
 // watch it (an ordered push consumer with flow control), get keys directly.
-func bucketRead(bucket string) []string {
-	stream := "KV_" + bucket
+func bucketRead(bucket string) []string { return streamRead("KV_" + bucket) }
+
+// streamRead are the JetStream API subjects that read a stream.
+func streamRead(stream string) []string {
 	return []string{
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO." + stream,
@@ -186,4 +210,21 @@ func bucketRead(bucket string) []string {
 		"$JS.API.STREAM.MSG.GET." + stream,
 		"$JS.FC." + stream + ".>",
 	}
+}
+
+// kvWrite are the subjects that create, read and write a KV bucket, and
+// purge keys from it.
+func kvWrite(bucket string) []string {
+	return append([]string{
+		"$JS.API.STREAM.CREATE.KV_" + bucket, "$JS.API.STREAM.PURGE.KV_" + bucket, "$KV." + bucket + ".>",
+	}, bucketRead(bucket)...)
+}
+
+// objectsWrite are the subjects that create, read and write an object
+// store: its chunks and metadata, and the purge of a failed put's chunks.
+func objectsWrite(bucket string) []string {
+	stream := "OBJ_" + bucket
+	return append([]string{
+		"$JS.API.STREAM.CREATE." + stream, "$JS.API.STREAM.PURGE." + stream, "$O." + bucket + ".>",
+	}, streamRead(stream)...)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/devstack/fleet"
@@ -96,6 +97,10 @@ type Config struct {
 	// (`switchyard dev --otlp-endpoint`); "": the environment decides, and
 	// without an endpoint there nothing is traced.
 	OTLPEndpoint string
+	// Batcher tunes the dev batcher (Logger and metrics are set here);
+	// NoBatcher runs none.
+	Batcher   batch.Config
+	NoBatcher bool
 }
 
 // Stack is a running dev stack.
@@ -264,6 +269,9 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if err := s.startLoader(); err != nil {
 		return nil, err
 	}
+	if err := s.startBatcher(); err != nil {
+		return nil, err
+	}
 
 	gnc, err := connect("switchyard-gateway", auth.Role{Kind: auth.RoleGateway})
 	if err != nil {
@@ -408,6 +416,29 @@ func (s *Stack) startLoader() error {
 		return err
 	}
 	s.goRun("loader", l.Run, s.runCtx)
+	return nil
+}
+
+// startBatcher runs the dev batcher as the batcher identity, unless
+// cfg.NoBatcher (a test runs its own).
+func (s *Stack) startBatcher() error {
+	if s.cfg.NoBatcher {
+		return nil
+	}
+	nc, err := s.connect("switchyard-batcher", auth.Role{Kind: auth.RoleBatcher})
+	if err != nil {
+		return err
+	}
+	bcfg := s.cfg.Batcher
+	if bcfg.ID == "" {
+		bcfg.ID = "dev-batcher"
+	}
+	bcfg.Prefix, bcfg.Logger, bcfg.Registerer = s.cfg.Gateway.Prefix, s.log, replacing{s.registry}
+	b, err := batch.New(nc, bcfg)
+	if err != nil {
+		return err
+	}
+	s.goRun("batcher", b.Run, s.runCtx)
 	return nil
 }
 

@@ -37,6 +37,7 @@ func commands() []command {
 		{"gateway", "run the OpenAI-compatible HTTP gateway against NATS", runGateway},
 		{"adapter", "run a replica adapter beside an engine", runAdapter},
 		{"loader", "load cold models on request and unload idle ones", runLoader},
+		{"batcher", "run batch lines (the Batch API) through the brokers in the pool's spare capacity", runBatcher},
 		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
