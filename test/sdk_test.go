@@ -26,7 +26,7 @@ func sdkScript(t *testing.T, args ...string) []map[string]any {
 	if _, err := os.Stat(filepath.Join("sdk", "node_modules", "openai")); err != nil {
 		t.Skip("the SDKs are not installed: run `make test-sdk-deps` (make test does)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, append([]string{"sdk.mjs"}, args...)...)
 	cmd.Dir = "sdk"
@@ -94,4 +94,12 @@ func TestSDKs(t *testing.T) {
 	drainInTable(t, st, owner)
 
 	checked(t, sdkScript(t, "drained", url, last), 1)
+}
+
+// TestSDKBatch runs the Batch API with the official openai SDK for Node,
+// the pinned 6.x and 5.x: files.create → batches.create → batches.retrieve
+// until completed (within 60 s) → files.content, one answer per custom_id.
+func TestSDKBatch(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: apiReplicas()})
+	checked(t, sdkScript(t, "batch", st.GatewayURL()), 2)
 }

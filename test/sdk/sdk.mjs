@@ -3,10 +3,13 @@
 //   node sdk.mjs sdks URL        every SDK check; prints the owner of a
 //                                stored conversation and its last response
 //   node sdk.mjs drained URL ID  a next turn of ID after its owner drained
+//   node sdk.mjs batch URL       the Batch API with openai 6.x and 5.x: a
+//                                40-line batch uploaded, run and read back
 //
 // Each check prints one JSON line {"check","ok","detail"}; the Go test
 // (test/sdk_test.go) fails on any line that is not ok.
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
+import OpenAIv5, { toFile as toFileV5 } from 'openai-v5';
 import Anthropic from '@anthropic-ai/sdk';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
@@ -142,9 +145,52 @@ async function drained(id) {
   });
 }
 
+// batch runs files.create → batches.create → batches.retrieve until the
+// batch is completed → files.content, and checks that every custom_id has
+// exactly one answer, with one SDK version.
+async function batch(name, Client, toFileOf) {
+  const client = new Client({ baseURL: url + '/v1', apiKey: key, maxRetries: 0 });
+  await check(`${name} batch`, async () => {
+    const lines = [];
+    for (let i = 1; i <= 40; i++) {
+      lines.push(JSON.stringify({
+        custom_id: `req-${i}`, method: 'POST', url: '/v1/chat/completions',
+        body: { model: 'chat-small', max_tokens: 3, messages: [{ role: 'user', content: `line ${i}` }] },
+      }));
+    }
+    const file = await client.files.create({
+      file: await toFileOf(Buffer.from(lines.join('\n') + '\n'), 'batch.jsonl'), purpose: 'batch',
+    });
+    if (file.purpose !== 'batch' || !file.id.startsWith('file-')) return `file ${JSON.stringify(file)}`;
+    let b = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const start = Date.now();
+    while (!['completed', 'failed', 'expired', 'cancelled'].includes(b.status)) {
+      if (Date.now() - start > 60000) return `not completed within 60 s: ${JSON.stringify(b)}`;
+      await new Promise((r) => setTimeout(r, 250));
+      b = await client.batches.retrieve(b.id);
+    }
+    if (b.status !== 'completed') return `status ${b.status}: ${JSON.stringify(b.errors)}`;
+    if (b.request_counts.total !== 40 || b.request_counts.completed !== 40) return `counts ${JSON.stringify(b.request_counts)}`;
+    const text = await (await client.files.content(b.output_file_id)).text();
+    const seen = new Map();
+    for (const line of text.split('\n').filter(Boolean)) {
+      const r = JSON.parse(line);
+      if (seen.has(r.custom_id)) return `${r.custom_id} answered twice`;
+      if (r.response?.status_code !== 200 || r.response.body.object !== 'chat.completion') return `line ${line}`;
+      seen.set(r.custom_id, r);
+    }
+    for (let i = 1; i <= 40; i++) if (!seen.has(`req-${i}`)) return `req-${i} has no answer`;
+    if (seen.size !== 40) return `${seen.size} answers`;
+  });
+}
+
 if (cmd === 'sdks') await sdks();
+else if (cmd === 'batch') {
+  await batch('openai 6', OpenAI, toFile);
+  await batch('openai 5', OpenAIv5, toFileV5);
+}
 else if (cmd === 'drained') await drained(arg);
 else {
-  console.error('usage: node sdk.mjs sdks URL | drained URL ID');
+  console.error('usage: node sdk.mjs sdks URL | drained URL ID | batch URL');
   process.exit(2);
 }
