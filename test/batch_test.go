@@ -2,17 +2,23 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -140,4 +146,134 @@ func TestBatchCompletesWithOneResultPerLine(t *testing.T) {
 func isStatus(err error, status int) bool {
 	var apiErr *openai.Error
 	return errors.As(err, &apiErr) && apiErr.StatusCode == status
+}
+
+// upload posts content to /v1/files as key and returns the status and the
+// decoded body.
+func upload(t *testing.T, url, key, content string) (int, map[string]any) {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	_ = mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	_, _ = io.WriteString(fw, content)
+	_ = mw.Close()
+	return callAPI(t, "POST", url+"/v1/files", key, mw.FormDataContentType(), &body)
+}
+
+func callAPI(t *testing.T, method, url, key, ct string, body io.Reader) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m
+}
+
+// apiError checks m is the OpenAI error shape with status's type and a
+// message containing want.
+func apiError(t *testing.T, what string, status int, m map[string]any, wantStatus int, want string) {
+	t.Helper()
+	e, _ := m["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	if status != wantStatus || e == nil || !strings.Contains(msg, want) || e["type"] == nil {
+		t.Errorf("%s: %d %v, want %d with %q in the message", what, status, m, wantStatus, want)
+	}
+}
+
+func TestBatchBadInputIsRefusedWholeAndStoresNothing(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0"), NoBatcher: true,
+		Gateway: gateway.Config{MaxFileLines: 5, MaxFileBytes: 4 << 10}})
+	url := st.GatewayURL()
+	good := batchLines(2, "chat-large")
+	line := func(id, endpoint string) string {
+		return `{"custom_id":"` + id + `","method":"POST","url":"` + endpoint + `","body":{"model":"chat-large","messages":[{"role":"user","content":"x"}]}}` + "\n"
+	}
+	for _, c := range []struct {
+		name, content, want string
+		status              int
+	}{
+		{"an empty file", "", "empty", 400},
+		{"blank lines only", "\n \n", "empty", 400},
+		{"a line that is not JSON", good + "{not json\n", "line 3", 400},
+		{"a duplicate custom_id", line("a", "/v1/chat/completions") + line("a", "/v1/chat/completions"), "line 2", 400},
+		{"an unknown url", line("a", "/v1/images"), "line 1", 400},
+		{"a method other than POST", strings.Replace(line("a", "/v1/chat/completions"), "POST", "GET", 1), "line 1", 400},
+		{"no body.model", `{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"x"}}`, "line 1", 400},
+		{"over --max-file-lines", batchLines(6, "chat-large"), "line 6", 400},
+		{"over --max-file-bytes", strings.Repeat(" ", 5<<10) + good, "bytes", 413},
+	} {
+		status, m := upload(t, url, "sk-acme-dev", c.content)
+		apiError(t, c.name, status, m, c.status, c.want)
+	}
+	op := mustConnectAs(t, st, roleOperator)
+	js, _ := jetstream.New(op)
+	ctx := context.Background()
+	if s, err := js.Stream(ctx, "OBJ_llm-files"); err != nil {
+		t.Fatal(err)
+	} else if info, err := s.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Errorf("refused uploads left %d messages in the object store (%v)", info.State.Msgs, err)
+	}
+
+	// A good file of acme's: the url must match the batch's endpoint.
+	status, f := upload(t, url, "sk-acme-dev", good+line("emb", "/v1/embeddings"))
+	if status != 200 || f["object"] != "file" || f["purpose"] != "batch" {
+		t.Fatalf("upload: %d %v", status, f)
+	}
+	id, _ := f["id"].(string)
+	create := func(key, file, endpoint string) (int, map[string]any) {
+		return callAPI(t, "POST", url+"/v1/batches", key, "application/json", strings.NewReader(
+			`{"input_file_id":"`+file+`","endpoint":"`+endpoint+`","completion_window":"24h"}`))
+	}
+	status, m := create("sk-acme-dev", id, "/v1/chat/completions")
+	apiError(t, "a url not matching the endpoint", status, m, 400, "line 3")
+	status, m = create("sk-acme-dev", id, "/v1/images")
+	apiError(t, "an unknown endpoint", status, m, 400, "endpoint")
+	status, m = callAPI(t, "POST", url+"/v1/batches", "sk-acme-dev", "application/json", strings.NewReader(`{"input_file_id":"`+id+`","endpoint":"/v1/chat/completions","completion_window":"1h"}`))
+	apiError(t, "a window other than 24h", status, m, 400, "24h")
+
+	// Another tenant's file is not found, for every call.
+	status, m = create("sk-intern-dev", id, "/v1/chat/completions")
+	apiError(t, "a batch on another tenant's file", status, m, 404, id)
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/v1/files/" + id}, {"GET", "/v1/files/" + id + "/content"}, {"DELETE", "/v1/files/" + id},
+	} {
+		status, m = callAPI(t, c.method, url+c.path, "sk-intern-dev", "", nil)
+		apiError(t, c.method+" "+c.path+" of another tenant's file", status, m, 404, id)
+	}
+	if status, m = callAPI(t, "GET", url+"/v1/files", "sk-intern-dev", "", nil); status != 200 || len(m["data"].([]any)) != 0 {
+		t.Errorf("another tenant's file list: %d %v", status, m)
+	}
+	if status, m = callAPI(t, "GET", url+"/v1/files/"+id, "sk-acme-dev", "", nil); status != 200 || m["id"] != id {
+		t.Errorf("the owner's file after another tenant's delete: %d %v", status, m)
+	}
+
+	// An unknown batch.
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/v1/batches/batch_0123456789abcdef"}, {"POST", "/v1/batches/batch_0123456789abcdef/cancel"}, {"GET", "/v1/batches/nonsense"},
+	} {
+		status, m = callAPI(t, c.method, url+c.path, "sk-acme-dev", "", nil)
+		apiError(t, c.method+" "+c.path, status, m, 404, "No batch")
+	}
+	// None of the refused creations stored a batch.
+	if status, m = callAPI(t, "GET", url+"/v1/batches", "sk-acme-dev", "", nil); status != 200 || len(m["data"].([]any)) != 0 {
+		t.Errorf("batches after refused creations: %d %v", status, m)
+	}
+	// The owner deletes its file.
+	if status, m = callAPI(t, "DELETE", url+"/v1/files/"+id, "sk-acme-dev", "", nil); status != 200 || m["deleted"] != true {
+		t.Errorf("delete: %d %v", status, m)
+	}
+	status, m = callAPI(t, "GET", url+"/v1/files/"+id, "sk-acme-dev", "", nil)
+	apiError(t, "a deleted file", status, m, 404, id)
 }
