@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
@@ -276,4 +277,57 @@ func TestBatchBadInputIsRefusedWholeAndStoresNothing(t *testing.T) {
 	}
 	status, m = callAPI(t, "GET", url+"/v1/files/"+id, "sk-acme-dev", "", nil)
 	apiError(t, "a deleted file", status, m, 404, id)
+}
+
+// TestBatchSurvivesAKilledBatcher runs the batcher as its own process,
+// built from this tree, SIGKILLs it halfway through a 2,000-line batch and
+// starts another: the lines it held are delivered again, the ones already
+// answered are skipped, and the output has every line exactly once.
+func TestBatchSurvivesAKilledBatcher(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 2,000-line batch")
+	}
+	bin := binary(t)
+	st := startStack(t, devstack.Config{Speed: 20, NoBatcher: true,
+		Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l8-gen-0", "l8-gen-1")})
+	batcher := func(name string) *proc {
+		return startProc(t, name, bin, "batcher", "--nats", st.NATSURL(), "--creds", st.Creds(auth.Role{Kind: auth.RoleBatcher}),
+			"--id", name, "--ack-wait", "3s", "--metrics-listen", "", "--log-level", "debug")
+	}
+	first := batcher("batcher-1")
+	c := client(st, "sk-acme-dev")
+	b := runBatch(t, c, batchLines(2000, "chat-large"))
+	testkit.CheckFor(t, 90*time.Second, 100*time.Millisecond, func() error {
+		got, err := c.Batches.Get(context.Background(), b.ID)
+		if err != nil {
+			return err
+		}
+		if done := got.RequestCounts.Completed; done < 700 {
+			return fmt.Errorf("%s, %d of 2000 answered", got.Status, done)
+		}
+		return nil
+	})
+	first.kill()
+	mid, err := c.Batches.Get(context.Background(), b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mid.Status != "in_progress" || mid.RequestCounts.Completed >= 2000 {
+		t.Fatalf("the batcher was killed too late to prove anything: %s %+v", mid.Status, mid.RequestCounts)
+	}
+	t.Logf("batcher SIGKILLed with %d of 2000 lines answered", mid.RequestCounts.Completed)
+	batcher("batcher-2")
+	b = awaitBatch(t, c, b.ID, 120*time.Second)
+	if b.Status != "completed" || b.RequestCounts.Completed != 2000 || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
+		t.Fatalf("after the restart: %s %+v error file %q", b.Status, b.RequestCounts, b.ErrorFileID)
+	}
+	out := fileLines(t, c, b.OutputFileID) // fails on a custom_id seen twice
+	for i := 1; i <= 2000; i++ {
+		if l := out[fmt.Sprintf("req-%d", i)]; l == nil || l["response"].(map[string]any)["status_code"] != 200.0 {
+			t.Fatalf("req-%d: %v", i, l)
+		}
+	}
+	if len(out) != 2000 {
+		t.Fatalf("%d results, want 2000", len(out))
+	}
 }
