@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
@@ -329,5 +330,63 @@ func TestBatchSurvivesAKilledBatcher(t *testing.T) {
 	}
 	if len(out) != 2000 {
 		t.Fatalf("%d results, want 2000", len(out))
+	}
+}
+
+// TestOnlyTheBatcherSpeaksOnTheBatchSubject checks the batcher identity's
+// row of docs/security.md: only it publishes llm.batch.<tenant> (a request
+// there speaks for the tenant), and it can neither write the routing table
+// nor read the requests sent to replicas.
+func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
+	roleBatcher := auth.Role{Kind: auth.RoleBatcher}
+	witness := mustConnectAs(t, st, roleBroker)
+	sub, err := witness.SubscribeSync("llm.batch.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := witness.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []auth.Role{roleGateway, roleObserver, roleOperator, adapterRole("l70-gen-0"), tenant("acme"), roleBatcher} {
+		nc := mustConnectAs(t, st, r)
+		_ = nc.Publish("llm.batch.acme", []byte("from-"+r.Name()))
+		_ = nc.Flush()
+	}
+	if err := witness.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var from []string
+	for {
+		m, err := sub.NextMsg(0)
+		if err != nil {
+			break
+		}
+		from = append(from, string(m.Data))
+	}
+	if len(from) != 1 || from[0] != "from-batcher" {
+		t.Errorf("llm.batch.acme carried %v, want the batcher's message alone", from)
+	}
+
+	nc := mustConnectAs(t, st, roleBatcher)
+	errs := make(chan error, 4)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
+	if _, err := nc.SubscribeSync("llm.replica.>"); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.Publish(ctx, "$KV.llm-routing.tenants.acme", []byte(`{"tier":"premium"}`)); err == nil {
+		t.Error("the batcher wrote the routing table")
+	}
+	_ = nc.Flush()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("subscribing llm.replica.> as the batcher: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the batcher may read the requests sent to replicas")
 	}
 }
