@@ -390,3 +390,87 @@ func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
 		t.Error("the batcher may read the requests sent to replicas")
 	}
 }
+
+// TestBatchCancelAndExpiry cancels a running batch with `switchyard batch
+// cancel` (the operator's command) and lets another pass its window: the
+// cancelled one finalizes with what completed, the expired one keeps its
+// results and lists every other line as a batch_expired error.
+func TestBatchCancelAndExpiry(t *testing.T) {
+	binary(t) // built before the batches start
+	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l70-gen-0")})
+	c := client(st, "sk-acme-dev")
+	slow := func(n int) string {
+		return strings.ReplaceAll(batchLines(n, "chat-large"), `"max_tokens":3`, `"max_tokens":200`)
+	}
+	opEnv := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(roleOperator), "HOME=" + t.TempDir()}
+	started := func(id string) {
+		testkit.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+			b, err := c.Batches.Get(context.Background(), id)
+			if err != nil || b.RequestCounts.Completed < 3 {
+				return fmt.Errorf("%v %+v", err, b)
+			}
+			return nil
+		})
+	}
+
+	b := runBatch(t, c, slow(300))
+	started(b.ID)
+	out, errOut, code := sy(t, opEnv, "", "batch", "cancel", b.ID)
+	if code != 0 || !strings.Contains(out, `"status": "cancelling"`) || !strings.Contains(out, `"tenant": "acme"`) {
+		t.Fatalf("switchyard batch cancel: exit %d\n%s%s", code, out, errOut)
+	}
+	cancelled := awaitBatch(t, c, b.ID, 20*time.Second)
+	counts := cancelled.RequestCounts
+	if cancelled.Status != "cancelled" || cancelled.CancelledAt == 0 || counts.Completed == 0 || counts.Completed >= 300 || counts.Failed != 0 {
+		t.Fatalf("cancelled batch: %s %+v", cancelled.Status, counts)
+	}
+	if got := fileLines(t, c, cancelled.OutputFileID); len(got) != int(counts.Completed) {
+		t.Errorf("the output of the cancelled batch has %d lines, its counts say %d", len(got), counts.Completed)
+	}
+	if out, _, code := sy(t, opEnv, "", "batch", "list", "--tenant", "acme"); code != 0 || !strings.Contains(out, b.ID) || !strings.Contains(out, "cancelled") {
+		t.Errorf("switchyard batch list: exit %d\n%s", code, out)
+	}
+
+	// Past its window: the record's expiry moved to now.
+	b = runBatch(t, c, slow(300))
+	started(b.ID)
+	op := mustConnectAs(t, st, roleOperator)
+	js, _ := jetstream.New(op)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, "llm-batches")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "acme."+b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	_ = json.Unmarshal(e.Value(), &rec)
+	rec["expires_at"] = time.Now().Unix()
+	v, _ := json.Marshal(rec)
+	if _, err := kv.Update(ctx, "acme."+b.ID, v, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	expired := awaitBatch(t, c, b.ID, 20*time.Second)
+	counts = expired.RequestCounts
+	if expired.Status != "expired" || expired.ExpiredAt == 0 || counts.Completed == 0 || counts.Completed+counts.Failed != 300 {
+		t.Fatalf("expired batch: %s %+v", expired.Status, counts)
+	}
+	done := fileLines(t, c, expired.OutputFileID)
+	failed := fileLines(t, c, expired.ErrorFileID)
+	for id := range done {
+		if failed[id] != nil {
+			t.Errorf("%s is in both files", id)
+		}
+	}
+	if len(done)+len(failed) != 300 || len(failed) != int(counts.Failed) {
+		t.Errorf("%d answered + %d errors, want 300 with %d errors", len(done), len(failed), counts.Failed)
+	}
+	for id, l := range failed {
+		if e, _ := l["error"].(map[string]any); e["code"] != "batch_expired" || l["response"] != nil {
+			t.Errorf("%s: %v", id, l)
+			break
+		}
+	}
+}

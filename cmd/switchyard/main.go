@@ -38,6 +38,7 @@ func commands() []command {
 		{"adapter", "run a replica adapter beside an engine", runAdapter},
 		{"loader", "load cold models on request and unload idle ones", runLoader},
 		{"batcher", "run batch lines (the Batch API) through the brokers in the pool's spare capacity", runBatcher},
+		{"batch", "list, show and cancel every tenant's batches (operators)", runBatch},
 		{"engine-sim", "run a simulated vLLM-compatible engine", runEngineSim},
 		{"table", "read and edit the routing table", runTable},
 		{"explain", "explain the decision for a hypothetical request", runExplain},
@@ -113,6 +114,8 @@ func synopsis(name string) string {
 		return strings.TrimPrefix(tableUsage, "usage: ")
 	case "key":
 		return strings.TrimPrefix(keyUsage, "usage: ") + " [flags]"
+	case "batch":
+		return strings.TrimPrefix(batchUsage, "usage: ") + " [flags]"
 	case "auth":
 		return strings.TrimPrefix(authUsage, "usage: ")
 	case "lab":
