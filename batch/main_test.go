@@ -1,0 +1,11 @@
+package batch_test
+
+import (
+	"testing"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+)
+
+// TestMain fails the package when a goroutine outlives the tests: the
+// batcher's pullers, lines and supervision stop with it.
+func TestMain(m *testing.M) { testkit.Main(m) }
