@@ -259,6 +259,12 @@ func (s *Store) Batches(ctx context.Context, tenant string) ([]*Record, error) {
 	return listRecords(ctx, s.batches, tenant)
 }
 
+// List is Batches on the bucket alone, for a reader that opens it without
+// creating anything (the dashboard).
+func List(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*Record, error) {
+	return listRecords(ctx, kv, tenant)
+}
+
 func listRecords(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*Record, error) {
 	filter := ">"
 	if tenant != "" {

@@ -143,6 +143,20 @@ func TestBatchCompletesWithOneResultPerLine(t *testing.T) {
 	if err != nil || len(page.Data) != 1 || page.Data[0].ID != b.ID {
 		t.Errorf("batches.list: %v %+v", err, page)
 	}
+	// The dashboard lists it with its progress.
+	dash, err := http.Get(st.GatewayURL() + "/ui/batches")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dash.Body.Close()
+	var listed []struct {
+		ID, Tenant, Status string
+		Counts             openai.BatchRequestCounts `json:"request_counts"`
+	}
+	if err := json.NewDecoder(dash.Body).Decode(&listed); err != nil || len(listed) != 1 || listed[0].ID != b.ID ||
+		listed[0].Tenant != "acme" || listed[0].Status != "completed" || listed[0].Counts.Completed != 39 {
+		t.Errorf("the dashboard's batches: %v %+v", err, listed)
+	}
 }
 
 func isStatus(err error, status int) bool {

@@ -272,6 +272,28 @@
     $('loads').replaceChildren(...loads.map(loadRow));
   }
 
+  // ---- batches ----
+
+  function batchRow(b) {
+    const c = b.request_counts;
+    const done = c.completed + c.failed;
+    const pct = c.total ? Math.round(100 * done / c.total) : 0;
+    const bar = h('span', 'bar', h('span', 'fill'));
+    bar.firstChild.style.width = pct + '%';
+    return h('div', 'load ' + b.status, h('span', 'id', b.id), h('span', 'phase', b.status),
+      h('span', '', `${done} of ${c.total} (${pct}%)` + (c.failed ? `, ${c.failed} failed` : '')), bar,
+      h('small', 'mono', b.tenant + ' ' + b.endpoint));
+  }
+
+  async function pollBatches() {
+    try {
+      const r = await fetch('batches', { cache: 'no-store' });
+      if (!r.ok) return;
+      const list = await r.json();
+      $('batches').replaceChildren(...(list.length ? list.map(batchRow) : [h('p', 'empty', 'No batch yet.')]));
+    } catch (e) { /* the next poll tries again */ }
+  }
+
   // ---- page ----
 
   function renderSummary() {
@@ -309,4 +331,6 @@
   es.addEventListener('open', () => setConn(true));
   es.addEventListener('error', () => setConn(false));
   setInterval(tickAges, 500);
+  pollBatches();
+  setInterval(pollBatches, 2000);
 })();
