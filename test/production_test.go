@@ -15,7 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // listenFile binds a loopback port and returns the listening socket as a
@@ -193,4 +198,52 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	killed = killBusy()
 	whole(t, "non-streamed reading under a SIGKILLed engine", <-done, want)
 	t.Logf("engine of %s SIGKILLed under a non-streamed reading: the client got it whole", killed)
+}
+
+// clusterBatchPhase runs a 2,000-line batch through the production shape
+// (gateway is a gateway's URL) and, mid-batch, SIGKILLs the NATS node
+// leading the items stream and broker-1, restarting both: the batch
+// completes with exactly 2,000 results, no custom_id twice. `make
+// test-cluster` runs it after the other faults; it returns the fault
+// table's note.
+func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, command func(string)) string {
+	t.Helper()
+	oc := openai.NewClient(option.WithBaseURL(gateway+"/v1/"), option.WithAPIKey("sk-acme-dev"), option.WithMaxRetries(3))
+	c := &oc
+	b := runBatch(t, c, batchLines(2000, "chat-large"))
+	testkit.CheckFor(t, 3*time.Minute, 200*time.Millisecond, func() error {
+		got, err := c.Batches.Get(context.Background(), b.ID)
+		if err != nil {
+			return err
+		}
+		if got.RequestCounts.Completed < 300 {
+			return fmt.Errorf("%s, %d of 2000 answered", got.Status, got.RequestCounts.Completed)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, subjects.ItemsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := info.Cluster.Leader
+	mid, _ := c.Batches.Get(context.Background(), b.ID)
+	command("kill " + leader)
+	command("kill broker-1")
+	command("start " + leader)
+	command("start broker-1")
+	b = awaitBatch(t, c, b.ID, 5*time.Minute)
+	if b.Status != "completed" || b.RequestCounts.Completed != 2000 || b.RequestCounts.Failed != 0 {
+		t.Errorf("the batch after the faults: %s %+v", b.Status, b.RequestCounts)
+		return "batch not completed"
+	}
+	if out := fileLines(t, c, b.OutputFileID); len(out) != 2000 {
+		t.Errorf("the batch has %d results, want 2000", len(out))
+	}
+	return fmt.Sprintf("%s and broker-1 SIGKILLed at %d of 2000 lines; 2000 results, none twice", leader, mid.RequestCounts.Completed)
 }

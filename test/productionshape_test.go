@@ -209,6 +209,10 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		step("cont " + leader)
 	})
 
+	fault("7. a 2,000-line batch: SIGKILL the NATS node leading its items and broker-1; restart them", func() {
+		cur.note = clusterBatchPhase(t, gateways[0], js, command)
+	})
+
 	stopLoad()
 	load.Wait()
 	total, ok, failed, lost, hung := l.totals()

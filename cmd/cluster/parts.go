@@ -147,9 +147,17 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 			files = []*os.File{public, admin}
 			urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
 		}
-		args = append(append(args, "--state-dir", filepath.Join(cfg.dir, name)), conn("gateway")...)
+		args = append(append(args, "--state-dir", filepath.Join(cfg.dir, name), "--batch-replicas", "3"), conn("gateway")...)
 		exe, args := cfg.net.command(name, cfg.switchyard, args)
 		if err := procs.start(name, cfg.dir, nil, files, exe, args...); err != nil {
+			return nil, err
+		}
+	}
+	// One batcher runs the Batch API's lines; its stream and buckets have
+	// three replicas, as the table has. (None in network namespaces.)
+	if cfg.net == nil {
+		args := append([]string{"batcher", "--id", "batcher-1", "--kv-replicas", "3", "--ack-wait", "10s", "--metrics-listen", ""}, conn("batcher")...)
+		if err := procs.start("batcher-1", cfg.dir, nil, nil, cfg.switchyard, args...); err != nil {
 			return nil, err
 		}
 	}
