@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -131,6 +131,12 @@ bench:
 # (-only-many reruns the many-streams phase alone).
 bench-e2e:
 	GO=$(GO) ./scripts/bench-e2e.sh $(BENCH_E2E_FLAGS)
+
+# A 10,000-line batch beside steady interactive traffic through the
+# in-process stack: the batch's lines per second against the pool's spare
+# capacity, and the interactive p99 TTFT with and without it.
+bench-batch:
+	SWITCHYARD_BENCH_BATCH=1 $(GO) test -count=1 -run '^TestBatchBenchmark$$' -v -timeout 40m ./test
 
 # 100,000 requests through the in-process stack; the live heap must stay flat.
 bench-heap:
