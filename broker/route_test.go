@@ -289,3 +289,27 @@ func TestRouteEndpointsRunAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestHandleRunsABatchLineAtBatchPriority: a line on llm.batch.<tenant> is
+// the subject's tenant's, at batch priority whatever it says, with its
+// features read from the body as a direct client's.
+func TestHandleRunsABatchLineAtBatchPriority(t *testing.T) {
+	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
+	s := newScratch()
+	var msg nats.Msg
+	h := nats.Header{
+		subjects.HdrEndpoint:     {subjects.EndpointChat},
+		subjects.HdrPriority:     {subjects.PriorityInteractive},
+		subjects.HdrPromptTokens: {"1"},
+		subjects.HdrRequestID:    {"someone-elses"},
+	}
+	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}],"max_tokens":3}`)
+	b.handle(s, "llm.batch.acme", "_INBOX.b.1", h, body, &msg)
+	q := &s.req
+	if q.Priority != subjects.PriorityBatch || q.Tenant != "acme" || q.PromptTokens < 100 || q.ID == "someone-elses" {
+		t.Fatalf("a batch line decided as %+v", q)
+	}
+	if msg.Header.Get(subjects.HdrPriority) != subjects.PriorityBatch {
+		t.Errorf("forwarded with priority %q", msg.Header.Get(subjects.HdrPriority))
+	}
+}
