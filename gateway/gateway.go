@@ -46,6 +46,10 @@ const HeaderRoom = 64 << 10
 // HeaderRoom. The server actually connected to may carry less; New checks.
 const MaxBodyCeiling = 64<<20 - HeaderRoom
 
+// MaxFileBytesCeiling bounds --max-file-bytes: a batch file is read whole
+// by the batch creation and the batcher.
+const MaxFileBytesCeiling = 8 << 30
+
 // MaxRetriesCeiling bounds MaxRetries: each retry is another replica tried.
 const MaxRetriesCeiling = 10
 
@@ -214,7 +218,7 @@ func (c *Config) Validate() error {
 		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
 		check.Duration("LinkCheck", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
-		check.Size("max-file-bytes", c.MaxFileBytes, 0, 1<<40),
+		check.Size("max-file-bytes", c.MaxFileBytes, 0, MaxFileBytesCeiling),
 		check.Range("max-file-lines", c.MaxFileLines, 0, 10_000_000),
 		check.Range("batch-replicas", c.BatchReplicas, 0, 5),
 		tlsErr(c.TLSCert, c.TLSKey),

@@ -32,8 +32,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "open client connections at most; one more is refused at once (at most 1048576)")
 	sizeVar(fs, &cfg.MaxBody, "max-body", 0,
 		"largest request body `size`, e.g. 512KiB (0: "+check.FormatSize(gateway.DefaultMaxBody)+", or what the NATS server carries when less; at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
-	sizeVar(fs, &cfg.MaxFileBytes, "max-file-bytes", batch.DefaultMaxFileBytes, "largest file `size` uploaded to /v1/files (--max-body does not apply there)")
-	fs.IntVar(&cfg.MaxFileLines, "max-file-lines", batch.DefaultMaxFileLines, "most lines of a file uploaded to /v1/files")
+	sizeVar(fs, &cfg.MaxFileBytes, "max-file-bytes", batch.DefaultMaxFileBytes, "largest file `size` uploaded to /v1/files (--max-body does not apply there; at most "+check.FormatSize(gateway.MaxFileBytesCeiling)+")")
+	fs.IntVar(&cfg.MaxFileLines, "max-file-lines", batch.DefaultMaxFileLines, "most lines of a file uploaded to /v1/files (at most 10000000)")
 	fs.IntVar(&cfg.BatchReplicas, "batch-replicas", 1, "replicas of the llm-files object store and the llm-batches bucket, when the gateway creates them (1 to 5)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
