@@ -37,7 +37,7 @@ func TestBatchBenchmark(t *testing.T) {
 	}
 
 	sat := base
-	sat.Concurrency, sat.Duration, sat.Warmup = 1024, 15*time.Second, 3*time.Second
+	sat.Rate, sat.Concurrency, sat.Duration, sat.Warmup = 1, 1024, 15*time.Second, 3*time.Second // a closed loop: Rate unused
 	saturation := run(context.Background(), sat).OKRate
 
 	inter := base
