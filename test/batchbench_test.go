@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -27,34 +26,50 @@ func TestBatchBenchmark(t *testing.T) {
 	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	url := st.GatewayURL() + "/v1/chat/completions"
 	base := loadgen.Config{Targets: []string{url}, Model: "chat-small", MaxTokens: maxTokens, APIKey: "sk-default-dev", Seed: 1}
-	run := func(ctx context.Context, c loadgen.Config) *loadgen.TargetReport {
-		t.Helper()
+	// run returns the run's report; one stopped by ctx reports what it
+	// measured until then.
+	run := func(ctx context.Context, c loadgen.Config) (*loadgen.TargetReport, error) {
 		r, err := loadgen.Run(ctx, c)
+		if r == nil || (err != nil && ctx.Err() == nil) {
+			return nil, err
+		}
+		return &r.Targets[0], nil
+	}
+	must := func(r *loadgen.TargetReport, err error) *loadgen.TargetReport {
+		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &r.Targets[0]
+		return r
 	}
 
 	sat := base
 	sat.Rate, sat.Concurrency, sat.Duration, sat.Warmup = 1, 1024, 15*time.Second, 3*time.Second // a closed loop: Rate unused
-	saturation := run(context.Background(), sat).OKRate
+	saturation := must(run(context.Background(), sat)).OKRate
 
 	inter := base
 	inter.Rate, inter.Stream, inter.Duration, inter.Warmup = share*saturation, true, 30*time.Second, 3*time.Second
-	alone := run(context.Background(), inter)
+	alone := must(run(context.Background(), inter))
 
 	c := client(st, "sk-default-dev")
 	ctx, stop := context.WithCancel(context.Background())
-	beside := make(chan *loadgen.TargetReport, 1)
+	type report struct {
+		r   *loadgen.TargetReport
+		err error
+	}
+	beside := make(chan report, 1)
 	inter.Duration, inter.Warmup = time.Hour, 0
-	go func() { beside <- run(ctx, inter) }()
+	go func() {
+		r, err := run(ctx, inter)
+		beside <- report{r, err}
+	}()
 	b := runBatch(t, c, batchLines(lines, "chat-small"))
 	start := time.Now()
 	b = awaitBatch(t, c, b.ID, 30*time.Minute)
 	took := time.Since(start)
 	stop()
-	with := <-beside
+	w := <-beside
+	with := must(w.r, w.err)
 	if b.Status != "completed" || b.RequestCounts.Completed != lines {
 		t.Fatalf("the batch: %s %+v", b.Status, b.RequestCounts)
 	}
@@ -64,5 +79,5 @@ func TestBatchBenchmark(t *testing.T) {
 		"|---|---|---|---|---|---|---|---|---|---|\n| %.0f/s | %.0f/s | %.0f/s | %v | %.0f | %.0f %% | %.1f ms | %.1f ms | %.2f× | %d / %d |",
 		lines, saturation, inter.Rate, spare, took.Round(time.Second), rate, 100*rate/spare,
 		alone.TTFT.P99.Ms(), with.TTFT.P99.Ms(), with.TTFT.P99.Ms()/alone.TTFT.P99.Ms(), alone.Errors, with.Errors)
-	fmt.Fprintln(os.Stderr, "interactive errors with the batch:", with.ErrorsBy)
+	t.Logf("interactive errors alone %v, with the batch %v", alone.ErrorsBy, with.ErrorsBy)
 }
