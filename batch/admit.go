@@ -6,18 +6,18 @@ import (
 )
 
 // admission decides how many lines may be in flight: a window that grows
-// by half a line per answer and halves on a broker's refusal (at most once
-// per cutEvery), so the batch finds the pool's spare room and gives it back
-// as soon as interactive traffic needs it. Each tenant with running
-// batches gets an equal share of the window, so one tenant's batch cannot
-// starve another's. A 429 pauses its tenant for its Retry-After; a 503
-// pauses every tenant, for at most a second.
+// by one line per answer and shrinks by a quarter on a broker's refusal (at
+// most once per cutEvery), so the batch finds the pool's spare room (the
+// brokers refuse batch work past it) and gives it back as soon as
+// interactive traffic takes it. Each tenant with running batches gets an
+// equal share of the window, so one tenant's batch cannot starve
+// another's. A 429 pauses its tenant for its Retry-After; a refused line
+// waits for its own Retry-After.
 type admission struct {
 	mu          sync.Mutex
 	limit       float64
 	window      float64
 	lastCut     time.Time
-	paused      time.Time
 	tenantPause map[string]time.Time
 	inflight    map[string]int
 	total       int
@@ -28,8 +28,8 @@ type admission struct {
 
 const (
 	startWindow = 16
-	cutEvery    = 500 * time.Millisecond
-	maxPause503 = time.Second
+	cutEvery    = time.Second
+	cutTo       = 0.75
 )
 
 func (a *admission) init(limit int, m *metrics) {
@@ -52,7 +52,7 @@ func (a *admission) room(tenant string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	if now.Before(a.paused) || now.Before(a.tenantPause[tenant]) {
+	if now.Before(a.tenantPause[tenant]) {
 		return 0
 	}
 	w := int(a.window)
@@ -87,20 +87,18 @@ func (a *admission) refused(tenant string, status int, retryAfter time.Duration)
 	defer a.mu.Unlock()
 	now := time.Now()
 	if now.Sub(a.lastCut) >= cutEvery {
-		a.window = max(1, a.window/2)
+		a.window = max(1, a.window*cutTo)
 		a.lastCut = now
 		a.m.window.Set(a.window)
 	}
 	if status == 429 {
 		a.tenantPause[tenant] = now.Add(retryAfter)
-	} else {
-		a.paused = now.Add(min(retryAfter, maxPause503))
 	}
 }
 
 func (a *admission) answered() {
 	a.mu.Lock()
-	a.window = min(a.limit, a.window+0.5)
+	a.window = min(a.limit, a.window+1)
 	w := a.window
 	a.mu.Unlock()
 	a.m.window.Set(w)
