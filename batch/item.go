@@ -15,6 +15,10 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
+// maxHold bounds how long a refused line holds its slot before it goes
+// back to the stream.
+const maxHold = 5 * time.Second
+
 // replyIdle fails a line whose answer stays silent this long; adapters
 // send a keepalive every 5 s while their engine works.
 const replyIdle = 60 * time.Second
@@ -71,9 +75,17 @@ func (b *Batcher) process(ctx context.Context, tenant string, msg jetstream.Msg)
 	switch {
 	case a.err == nil && (a.status == http.StatusTooManyRequests || a.status == http.StatusServiceUnavailable):
 		// The brokers' refusal paces the batch; it is never a failed line.
+		// The line keeps its slot while it waits: refused lines do not
+		// make room for more refusals.
 		b.adm.refused(tenant, a.status, a.retryAfter)
 		b.metrics.item(tenant, "paced")
-		_ = msg.NakWithDelay(max(a.retryAfter, 100*time.Millisecond))
+		wait := time.NewTimer(min(max(a.retryAfter, 100*time.Millisecond), maxHold))
+		select {
+		case <-ctx.Done():
+		case <-wait.C:
+		}
+		wait.Stop()
+		_ = msg.Nak()
 		return
 	case (a.err != nil || a.status == 500 || a.status == 502 || a.status == 504) && attempts < maxAttempts:
 		b.metrics.item(tenant, "retried")
