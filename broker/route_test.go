@@ -304,7 +304,7 @@ func TestHandleRunsABatchLineAtBatchPriority(t *testing.T) {
 		subjects.HdrRequestID:    {"someone-elses"},
 	}
 	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}],"max_tokens":3}`)
-	b.handle(s, "llm.batch.acme", "_INBOX.b.1", h, body, &msg)
+	handleInto(b, s, "llm.batch.acme", "_INBOX.b.1", h, body, &msg)
 	q := &s.req
 	if q.Priority != subjects.PriorityBatch || q.Tenant != "acme" || q.PromptTokens < 100 || q.ID == "someone-elses" {
 		t.Fatalf("a batch line decided as %+v", q)

@@ -52,6 +52,7 @@ const (
 	ReasonCanaryGone   = "canary-unavailable" // canary drawn, no canary replica: stable version instead
 	ReasonFallback     = "fallback:"          // followed by the alias fallen back to
 	ReasonDeadline     = "deadline"           // chosen replica could not meet the deadline; the fastest one could
+	ReasonBatchRoom    = "batch-room"         // batch work: the chosen replica had no room for it; another had
 )
 
 // Why a candidate lost (Alternative.Why).
@@ -66,6 +67,7 @@ const (
 	WhyNotSampled    = "not sampled by power-of-two"
 	WhyNotDrawn      = "not drawn (stale load data)"
 	WhyDeadline      = "estimated wait beyond the deadline"
+	WhyNoBatchRoom   = "no room for batch work"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes

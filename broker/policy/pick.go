@@ -37,6 +37,7 @@ type pick struct {
 	warm     prefixStep
 	pair     pairDraw
 	dl       deadlineCheck
+	room     batchRoomCheck
 }
 
 // start readies p for a decision of req.

@@ -66,6 +66,7 @@ type check struct {
 // checks run after the step that chose, in order.
 var checks = [...]check{
 	{reason: ReasonDeadline, check: (*pick).deadline, why: (*pick).whyDeadline},
+	{reason: ReasonBatchRoom, check: (*pick).batchRoom, why: (*pick).whyBatchRoom},
 }
 
 // filter declares one candidate filter. A group's candidates are its

@@ -1,0 +1,59 @@
+package policy_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// TestBatchWorkTakesOnlyRoom: a batch request goes only to a replica that
+// keeps room for interactive requests (running and waiting below BatchRoom
+// of its batch, KV below the release threshold), else it is the 503 the
+// batcher paces itself on; an interactive request is not held to it.
+func TestBatchWorkTakesOnlyRoom(t *testing.T) {
+	e := newEnv(t)
+	batch := func() *policy.Request { q := chat("chat-large"); q.Priority = subjects.PriorityBatch; return q }
+	if d := e.decide(batch()); d.Err != nil || d.Replica != "l70-batch-0" {
+		t.Fatalf("an idle batch replica: %+v", d)
+	}
+	for _, c := range []struct {
+		name             string
+		kv               float64
+		running, waiting int
+	}{
+		{"three quarters of its batch running", 0.1, 24, 0},
+		{"a queue that fills three quarters", 0.1, 2, 22},
+		{"KV past the pool's release threshold (0.95)", 0.96, 2, 0},
+	} {
+		e.now = e.now.Add(time.Second)
+		e.beat("l70-batch-0", c.kv, c.running, c.waiting)
+		d := e.decide(batch())
+		if d.Err == nil || d.Err.Status != 503 || d.Err.Code != subjects.CodeAllReplicasBusy || d.Err.RetryAfter != policy.RetryBatchRoom {
+			t.Errorf("%s: %s %s %v, want a 503 with Retry-After %v", c.name, d.Replica, d.Reason, d.Err, policy.RetryBatchRoom)
+		}
+	}
+	e.now = e.now.Add(time.Second)
+	e.beat("l70-batch-0", 0.1, 23, 0)
+	if d := e.decide(batch()); d.Err != nil {
+		t.Errorf("23 of 32 running: %v", d.Err)
+	}
+	// Two candidates: the one without room loses to the one with it.
+	e.now = e.now.Add(time.Second)
+	e.beat("l70-gen-0", 0.1, 30, 0)
+	e.beat("l70-gen-1", 0.1, 2, 0)
+	q := chat("chat-large")
+	q.Priority, q.Conversation = subjects.PriorityBatch, "sticks-to-the-busy-one"
+	e.retable(`{"policy": {"pool_rules": [{"when": "always", "pool": "general"}]}}`)
+	for range 8 {
+		d := e.decide(q)
+		if d.Err != nil || d.Replica == "l70-gen-0" {
+			t.Fatalf("batch work went to %s (%s, %v)", d.Replica, d.Reason, d.Err)
+		}
+	}
+	q.Priority = subjects.PriorityInteractive
+	if d := e.decide(q); d.Err != nil {
+		t.Errorf("an interactive request: %v", d.Err)
+	}
+}
