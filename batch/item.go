@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -151,7 +152,8 @@ func (b *Batcher) keepInProgress(msg jetstream.Msg) (stop func()) {
 }
 
 // send sends one line on llm.batch.<tenant>, the tenant being the
-// record's, and reads the reply protocol (docs/protocol.md) to its end.
+// record's, and reads the reply protocol (docs/protocol.md) to its end
+// with its one codec.
 func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 	inbox := nats.NewInbox()
 	sub, err := b.nc.SubscribeSync(inbox)
@@ -186,33 +188,32 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 			}
 			return answer{err: errors.New("no answer for " + replyIdle.String())}
 		}
-		if r.Header.Get("Status") == "503" && len(r.Data) == 0 {
+		f := replyproto.Decode(r)
+		switch f.Kind {
+		case replyproto.NoResponders:
 			return answer{status: 503, retryAfter: time.Second} // no broker listens
-		}
-		if r.Header.Get(subjects.HdrKeepalive) != "" || r.Header.Get(subjects.HdrRouted) != "" {
+		case replyproto.Routed, replyproto.Keepalive, replyproto.Accept:
 			continue
+		case replyproto.Error:
+			return answer{status: f.Status, body: f.Body, retryAfter: retryAfter(r.Header)}
+		case replyproto.Unknown, replyproto.Handover:
+			return answer{err: errors.New("the answer broke off (" + f.Kind.String() + ")")}
 		}
-		if v := r.Header.Get(subjects.HdrSeq); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || (seq >= 0 && n != seq+1 && n != 0) {
-				return answer{err: errors.New("the answer lost a message")}
-			}
-			seq = n
+		if seq >= 0 && f.Seq != seq+1 {
+			return answer{err: errors.New("the answer lost a message")}
 		}
-		if v := r.Header.Get(subjects.HdrStatus); v != "" {
-			a.status, _ = strconv.Atoi(v)
-			a.retryAfter = retryAfter(r.Header)
-		} else if r.Header.Get(subjects.HdrAccepted) != "" {
-			continue // the accept alone: its body names the replica
+		seq = f.Seq
+		if f.Kind == replyproto.Head {
+			a.status = f.Status
 		}
-		a.body = append(a.body, r.Data...)
+		a.body = append(a.body, f.Body...)
 		if len(a.body) > maxBody {
 			return answer{status: 502, body: subjects.NewError(502, subjects.CodeUpstreamError,
 				"the answer is over "+strconv.Itoa(maxBody)+" bytes, more than a result can hold").Body()}
 		}
-		if r.Header.Get(subjects.HdrEOS) != "" {
-			if e := r.Header.Get(subjects.HdrError); e != "" {
-				return answer{err: errors.New(e)}
+		if f.End {
+			if f.Err != "" {
+				return answer{err: errors.New(f.Err)}
 			}
 			if a.status == 0 {
 				return answer{err: errors.New("the answer ended without a status")}
