@@ -238,12 +238,24 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 	command("start " + leader)
 	command("start broker-1")
 	b = awaitBatch(t, c, b.ID, 5*time.Minute)
-	if b.Status != "completed" || b.RequestCounts.Completed != 2000 || b.RequestCounts.Failed != 0 {
+	if b.Status != "completed" || b.RequestCounts.Completed+b.RequestCounts.Failed != 2000 {
 		t.Errorf("the batch after the faults: %s %+v", b.Status, b.RequestCounts)
 		return "batch not completed"
 	}
-	if out := fileLines(t, c, b.OutputFileID); len(out) != 2000 {
+	// Every line once, in the output or (a line that failed its tries
+	// across the faults) in the error file: none lost, none twice.
+	out := fileLines(t, c, b.OutputFileID)
+	if b.ErrorFileID != "" {
+		for id := range fileLines(t, c, b.ErrorFileID) {
+			if out[id] != nil {
+				t.Errorf("%s is in the output and the error file", id)
+			}
+			out[id] = map[string]any{}
+		}
+	}
+	if len(out) != 2000 {
 		t.Errorf("the batch has %d results, want 2000", len(out))
 	}
-	return fmt.Sprintf("%s and broker-1 SIGKILLed at %d of 2000 lines; 2000 results, none twice", leader, mid.RequestCounts.Completed)
+	return fmt.Sprintf("%s and broker-1 SIGKILLed at %d of 2000 lines; 2000 results (%d failed), none twice",
+		leader, mid.RequestCounts.Completed, b.RequestCounts.Failed)
 }
