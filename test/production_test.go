@@ -221,17 +221,26 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 		}
 		return nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, subjects.ItemsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := info.Cluster.Leader
+	// The items stream's leader (an election may still be running after
+	// the faults before this one).
+	var leader string
+	testkit.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, subjects.ItemsStream)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			return fmt.Errorf("%s has no leader", subjects.ItemsStream)
+		}
+		leader = info.Cluster.Leader
+		return nil
+	})
 	mid, _ := c.Batches.Get(context.Background(), b.ID)
 	command("kill " + leader)
 	command("kill broker-1")
