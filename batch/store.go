@@ -171,6 +171,16 @@ func (s *Store) DeleteFile(ctx context.Context, tenant, id string) error {
 // batch creation gets.
 func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string) (lines, requests int, apiErr *subjects.APIError) {
 	r, f, err := s.OpenFile(ctx, tenant, fileID)
+	// A file uploaded a moment ago through a replicated store may not be
+	// on the replica a direct get reads yet: a few tries before 404.
+	for try := 0; errors.Is(err, ErrNotFound) && try < 10 && ValidID("file-", fileID); try++ {
+		select {
+		case <-ctx.Done():
+			return 0, 0, unavailable(ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		r, f, err = s.OpenFile(ctx, tenant, fileID)
+	}
 	if errors.Is(err, ErrNotFound) {
 		return 0, 0, fileNotFound(fileID)
 	}
