@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,43 @@ func (g *Gateway) tenantFor(w http.ResponseWriter, r *http.Request) (string, *ba
 	return tenant, st, true
 }
 
+// stallDeadline moves the connection's read deadline before every read of
+// an upload: the upload is bounded by its progress, not by its length.
+type stallDeadline struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	every   time.Duration
+	set     bool
+	stalled bool
+}
+
+func (b *stallDeadline) Read(p []byte) (int, error) {
+	b.set = b.rc.SetReadDeadline(time.Now().Add(b.every)) == nil
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.stalled = true
+	}
+	return n, err
+}
+
+// clear lifts the deadline once the upload is read, unless it expired:
+// then the connection is done (letGo).
+func (b *stallDeadline) clear() {
+	if b.set && !b.stalled {
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+}
+
+// uploadReadError is the answer to an upload whose body could not be read:
+// 408 when it stalled past the deadline, else 400.
+func uploadReadError(err error, every time.Duration) *subjects.APIError {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return subjects.NewError(http.StatusRequestTimeout, subjects.CodeRequestTimeout,
+			"the upload brought no bytes for "+every.String())
+	}
+	return subjects.NewError(400, subjects.CodeInvalidRequest, "multipart body: "+err.Error())
+}
+
 // serveFileUpload is POST /v1/files: a multipart form with purpose=batch and
 // the JSONL file, streamed into the object store while each line is
 // checked. A bad line fails the upload with its number, and nothing is kept.
@@ -76,6 +114,13 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, subjects.NewError(400, subjects.CodeInvalidRequest, "the request must be multipart/form-data with the fields purpose and file"))
 		return
 	}
+	// An upload may take long (up to --max-file-bytes), but never stall:
+	// each read must bring bytes within --body-timeout, or the upload
+	// fails 408 and letGo closes the connection, so a client trickling
+	// nothing cannot hold it.
+	body := &stallDeadline{ReadCloser: r.Body, rc: http.NewResponseController(w), every: g.cfg.BodyTimeout}
+	r.Body = body
+	defer body.clear()
 	mr, err := r.MultipartReader()
 	if err != nil {
 		writeError(w, subjects.NewError(400, subjects.CodeInvalidRequest, "multipart body: "+err.Error()))
@@ -96,7 +141,7 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if err != nil {
-			fail(subjects.NewError(400, subjects.CodeInvalidRequest, "multipart body: "+err.Error()))
+			fail(uploadReadError(err, g.cfg.BodyTimeout))
 			return
 		}
 		switch part.FormName() {
@@ -125,6 +170,10 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					fail(uploadReadError(err, g.cfg.BodyTimeout))
+					return
+				}
 				if r.Context().Err() != nil {
 					return // the client went away: nothing was kept
 				}
