@@ -37,24 +37,33 @@ func batchLines(n int, model string) string {
 // runBatch uploads lines, creates the batch and returns it.
 func runBatch(t *testing.T, c *openai.Client, lines string) *openai.Batch {
 	t.Helper()
+	b, err := createBatch(c, lines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// createBatch uploads lines and creates a chat batch of them.
+func createBatch(c *openai.Client, lines string) (*openai.Batch, error) {
 	ctx := context.Background()
 	f, err := c.Files.New(ctx, openai.FileNewParams{
 		File: openai.File(strings.NewReader(lines), "batch.jsonl", "application/jsonl"), Purpose: openai.FilePurposeBatch,
 	})
 	if err != nil {
-		t.Fatalf("files.create: %v", err)
+		return nil, fmt.Errorf("files.create: %w", err)
 	}
 	b, err := c.Batches.New(ctx, openai.BatchNewParams{
 		InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
 		CompletionWindow: openai.BatchNewParamsCompletionWindow24h,
 	})
 	if err != nil {
-		t.Fatalf("batches.create: %v", err)
+		return nil, fmt.Errorf("batches.create: %w", err)
 	}
 	if b.Status != "validating" || b.InputFileID != f.ID || b.Endpoint != "/v1/chat/completions" {
-		t.Fatalf("new batch: %+v", b)
+		return nil, fmt.Errorf("new batch: %+v", b)
 	}
-	return b
+	return b, nil
 }
 
 // awaitBatch polls the batch until it reaches a final status.

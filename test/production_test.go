@@ -210,7 +210,19 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 	t.Helper()
 	oc := openai.NewClient(option.WithBaseURL(gateway+"/v1/"), option.WithAPIKey("sk-acme-dev"), option.WithMaxRetries(3))
 	c := &oc
-	b := runBatch(t, c, batchLines(2000, "chat-large"))
+	// The phase follows a frozen NATS node: until JetStream has settled,
+	// the Files and Batch APIs answer 503 with Retry-After, as they
+	// should; a client retries, and the table's own bound applies.
+	var b *openai.Batch
+	if _, err := testkit.Poll(routingBound, time.Second, func() (err error) {
+		b, err = createBatch(c, batchLines(2000, "chat-large"))
+		if err != nil && !isStatus(err, http.StatusServiceUnavailable) {
+			t.Fatal(err)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("the batch could not be created within %v: %v", routingBound, err)
+	}
 	testkit.CheckFor(t, 3*time.Minute, 200*time.Millisecond, func() error {
 		got, err := c.Batches.Get(context.Background(), b.ID)
 		if err != nil {
