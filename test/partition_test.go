@@ -231,7 +231,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 				t.Errorf("%s: stream %d under way at the site at the cut: %v", cur.name, i, o)
 			}
 		}
-		ok, failed := l.inFlightModel("code", cutAt)
+		ok, failed, _ := l.underWay(cutAt, func(r *sent) bool { return r.model == "code" })
 		cur.note = fmt.Sprintf("%s out of routing %v after the cut, back %v after the heal; %d streams under way there at the cut: %d ended whole, %d ended explicitly, the last %v after the cut; the load's `code` requests in flight at the cut: %d answered, %d failed explicitly",
 			siteReplica, left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), len(streams), whole, failedStreams, last.Round(100*time.Millisecond), ok, failed)
 	})
@@ -277,7 +277,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		}
 		readyAgain := time.Since(healed)
 		normal("the heal")
-		ok, failed, last := l.inFlightEnd(0, cutAt)
+		ok, failed, last := l.underWay(cutAt, func(r *sent) bool { return r.gateway == 0 })
 		if last > inFlightBound {
 			t.Errorf("%s: a request in flight at the cut ended %v after it; the connection's pings give it up within %v", cur.name, last.Round(time.Millisecond), inFlightBound)
 		}
@@ -549,36 +549,6 @@ func getJSON(url string, v any) bool {
 	}
 	defer resp.Body.Close()
 	return resp.StatusCode == 200 && json.NewDecoder(resp.Body).Decode(v) == nil
-}
-
-// inFlightModel counts how the requests for model under way at t ended.
-func (l *clusterLoad) inFlightModel(model string, t time.Time) (ok, failed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.reqs {
-		if r.model != model || r.start.After(t) || r.end.Before(t) {
-			continue
-		}
-		if r.o.status == 200 && r.o.done {
-			ok++
-		} else {
-			failed++
-		}
-	}
-	return ok, failed
-}
-
-// inFlightEnd is inFlight with how long after t the last of them ended.
-func (l *clusterLoad) inFlightEnd(g int, t time.Time) (ok, failed int, last time.Duration) {
-	ok, failed = l.inFlight(g, t)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.reqs {
-		if r.gateway == g && !r.start.After(t) && !r.end.Before(t) {
-			last = max(last, r.end.Sub(t))
-		}
-	}
-	return ok, failed, last
 }
 
 // unrouted counts the requests started after from that no broker routed

@@ -472,10 +472,18 @@ func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
 // inFlight counts how the requests through gateway g that were under way
 // at t ended.
 func (l *clusterLoad) inFlight(g int, t time.Time) (ok, failed int) {
+	ok, failed, _ = l.underWay(t, func(r *sent) bool { return r.gateway == g })
+	return ok, failed
+}
+
+// underWay counts how the requests that match and were under way at t
+// ended, and how long after t the last of them ended.
+func (l *clusterLoad) underWay(t time.Time, match func(*sent) bool) (ok, failed int, last time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, r := range l.reqs {
-		if r.gateway != g || r.start.After(t) || r.end.Before(t) {
+	for i := range l.reqs {
+		r := &l.reqs[i]
+		if !match(r) || r.start.After(t) || r.end.Before(t) {
 			continue
 		}
 		if r.o.status == 200 && r.o.done {
@@ -483,8 +491,9 @@ func (l *clusterLoad) inFlight(g int, t time.Time) (ok, failed int) {
 		} else {
 			failed++
 		}
+		last = max(last, r.end.Sub(t))
 	}
-	return ok, failed
+	return ok, failed, last
 }
 
 // failures counts the requests that ended after from without an answer,
