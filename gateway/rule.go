@@ -188,11 +188,13 @@ func (g *Gateway) conclude(out *response, r result) {
 		g.fail(out.w, out.u, r.err)
 	case endStream:
 		out.endStream(r.err)
-		if r.kind == failOverflow || r.kind == failClientWrite {
-			// A client that stopped reading keeps its connection only
-			// as long as it likes: once told of the cut (as far as it
-			// reads), the connection is closed (HTTP/1) or the stream
-			// reset (HTTP/2), never left open for the next request.
+		if r.kind == failOverflow {
+			// A client that stopped reading would keep its connection
+			// for as long as it likes: once told of the cut (as far as
+			// it reads), the connection is closed (HTTP/1) or the stream
+			// reset (HTTP/2), never left open for the next request. (A
+			// failed write, failClientWrite, is abandoned and net/http
+			// closes that connection itself.)
 			panic(http.ErrAbortHandler)
 		}
 	}
