@@ -81,6 +81,9 @@ type Config struct {
 	MaxBatch int
 	MaxQueue int
 	MaxLoras int // 0: as the engine reports (vLLM's max_lora)
+	// Role is what the replica serves of a disaggregated model:
+	// table.RolePrefill, table.RoleDecode or table.RoleBoth (default).
+	Role string
 
 	// Endpoints are the inference endpoints the engine serves, told to
 	// brokers; default: its flavor's (all of them for vLLM).
@@ -234,6 +237,10 @@ func (c *Config) Validate() error {
 	if c.Pool != "" {
 		poolErr = check.Wrap("pool", c.Pool, subjects.ValidToken(c.Pool))
 	}
+	var roleErr error
+	if !table.ValidRole(c.Role) {
+		roleErr = check.Wrap("pd-role", c.Role, errors.New("want prefill, decode or both"))
+	}
 	var endpointsErr error
 	for _, e := range c.Endpoints {
 		if subjects.EndpointBit(e) == 0 {
@@ -242,7 +249,7 @@ func (c *Config) Validate() error {
 	}
 	return check.All(
 		check.Wrap("replica", c.Replica, subjects.ValidToken(c.Replica)),
-		modelErr, poolErr, flavorErr, urlErr, endpointsErr,
+		modelErr, poolErr, flavorErr, urlErr, endpointsErr, roleErr,
 		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
 		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
 		check.Range("max-loras", c.MaxLoras, 0, 1<<10),

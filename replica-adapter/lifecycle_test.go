@@ -410,6 +410,7 @@ func TestNewValidates(t *testing.T) {
 		"no engine URL":      func(c *adapter.Config) { c.EngineURL = "" },
 		"engine URL scheme":  func(c *adapter.Config) { c.EngineURL = "ftp://x" },
 		"pool with a space":  func(c *adapter.Config) { c.Pool = "a b" },
+		"unknown pd role":    func(c *adapter.Config) { c.Role = "encode" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := good

@@ -59,6 +59,7 @@ func (a *Adapter) register(ctx context.Context, force bool) error {
 		MaxQueue:  lim.queue,
 		MaxLoras:  a.cfg.MaxLoras,
 		State:     a.state(),
+		Role:      a.cfg.Role,
 		Endpoints: a.endpoints(),
 	}
 	return a.reg.sync(ctx, want, force)

@@ -319,6 +319,9 @@ func validateModel(key string, m *Model) error {
 	if m.OnCold != "" && m.OnCold != OnColdReject && m.OnCold != OnColdWait {
 		return fieldErr(key, "on_cold", "want reject or wait, got %q", m.OnCold)
 	}
+	if d := m.Disaggregation; d != nil && (d.MinUncachedTokens < 0 || d.MinUncachedTokens > MaxMinUncachedTokens) {
+		return fieldErr(key, "disaggregation.min_uncached_tokens", "must be in [0, %d], got %d", MaxMinUncachedTokens, d.MinUncachedTokens)
+	}
 	if err := validateAction(key, "load", m.Load); err != nil {
 		return err
 	}
@@ -388,6 +391,8 @@ func validateReplica(key string, r *Replica) error {
 		return fieldErr(key, "state", "want loading, ready, draining or disabled, got %q", r.State)
 	case r.MaxBatch < 0 || r.MaxQueue < 0 || r.MaxLoras < 0:
 		return fieldErr(key, "max_batch", "sizes must not be negative")
+	case !ValidRole(r.Role):
+		return fieldErr(key, "role", "want prefill, decode or both, got %q", r.Role)
 	}
 	for _, e := range r.Endpoints {
 		if subjects.EndpointBit(e) == 0 {

@@ -144,6 +144,12 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "replica no state", key: "replicas.r1", value: `{"model": "m", "pool": "general"}`, field: "state", msg: `got ""`},
 		{name: "replica model", key: "replicas.r1", value: `{"model": "", "pool": "general", "state": "ready"}`, field: "model", msg: "invalid model id"},
 		{name: "replica pool", key: "replicas.r1", value: `{"model": "m", "pool": "a/b", "state": "ready"}`, field: "pool", msg: "invalid pool"},
+		{name: "replica role", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "role": "encode"}`, field: "role", msg: `"encode"`},
+		{name: "replica role type", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "role": 1}`, msg: "cannot unmarshal number"},
+		{name: "disaggregation negative", key: "models.m", value: `{"disaggregation": {"enabled": true, "min_uncached_tokens": -1}}`, field: "disaggregation.min_uncached_tokens", msg: "[0, 4194304]"},
+		{name: "disaggregation huge", key: "models.m", value: `{"disaggregation": {"enabled": true, "min_uncached_tokens": 4194305}}`, field: "disaggregation.min_uncached_tokens", msg: "[0, 4194304]"},
+		{name: "disaggregation unknown field", key: "models.m", value: `{"disaggregation": {"enabled": true, "threshold": 10}}`, msg: `unknown field "threshold"`},
+		{name: "disaggregation enabled type", key: "models.m", value: `{"disaggregation": {"enabled": "yes"}}`, msg: "cannot unmarshal string"},
 		{name: "replica sizes", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "max_queue": -1}`, field: "max_batch", msg: "negative"},
 	}
 	for _, tc := range tests {
@@ -243,6 +249,31 @@ func TestDecodeAccepts(t *testing.T) {
 		}
 		if r := v.V.(table.Replica); r.State != subjects.StateDraining || r.MaxLoras != 4 || v.Name != "l70-gen-0" || v.Kind != table.KindReplica {
 			t.Errorf("value = %+v", v)
+		}
+	})
+	t.Run("disaggregated model and roles", func(t *testing.T) {
+		v, err := table.Decode("models.m", []byte(`{"disaggregation": {"enabled": true, "min_uncached_tokens": 2048}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := v.V.(table.Model)
+		if !m.Splits() || m.Disaggregation.MinUncachedTokens != 2048 {
+			t.Errorf("model = %+v", m)
+		}
+		for _, off := range []string{`{"disaggregation": {"enabled": false, "min_uncached_tokens": 2048}}`, `{}`} {
+			v, _ := table.Decode("models.m", []byte(off))
+			if m := v.V.(table.Model); m.Splits() {
+				t.Errorf("%s splits", off)
+			}
+		}
+		for _, role := range []string{"", "both", "prefill", "decode"} {
+			v, err := table.Decode("replicas.r1", []byte(`{"model": "m", "pool": "general", "state": "ready", "role": "`+role+`"}`))
+			if err != nil {
+				t.Fatalf("role %q: %v", role, err)
+			}
+			if r := v.V.(table.Replica); r.Role != role {
+				t.Errorf("role = %q, want %q", r.Role, role)
+			}
 		}
 	})
 	t.Run("whitespace around the value", func(t *testing.T) {

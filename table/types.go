@@ -180,6 +180,44 @@ type Model struct {
 	// elsewhere: ResumeContinue (the default, "") re-issues it as a
 	// continuation of the text so far; ResumeNone ends it with an error.
 	Resume string `json:"resume,omitempty"`
+	// Disaggregation splits a long prompt's prefill from its decode onto
+	// replicas of role prefill and decode (nil: off).
+	Disaggregation *Disaggregation `json:"disaggregation,omitempty"`
+}
+
+// Disaggregation is models.<model>.disaggregation: when a request's
+// uncached prompt tokens (its prompt less what the chosen decode replica
+// already holds) reach MinUncachedTokens, its prefill runs on a prefill
+// replica and its KV blocks move to the decode replica; below it the
+// request is served whole, since a short or mostly cached prompt costs
+// less than the transfer.
+type Disaggregation struct {
+	Enabled           bool `json:"enabled"`
+	MinUncachedTokens int  `json:"min_uncached_tokens,omitempty"`
+}
+
+// MaxMinUncachedTokens bounds disaggregation.min_uncached_tokens: no
+// context is longer.
+const MaxMinUncachedTokens = 1 << 22
+
+// Splits reports whether the model's requests may be split into a prefill
+// and a decode leg.
+func (m *Model) Splits() bool {
+	return m != nil && m.Disaggregation != nil && m.Disaggregation.Enabled
+}
+
+// Replica roles (replicas.<replica>.role): a prefill replica computes
+// prompts for decode replicas and is never given a whole request; a
+// decode or both replica serves whole requests and decode legs.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// ValidRole reports whether s is a replica role ("" is RoleBoth).
+func ValidRole(s string) bool {
+	return s == "" || s == RoleBoth || s == RolePrefill || s == RoleDecode
 }
 
 // Resume methods (models.<model>.resume).
@@ -248,6 +286,10 @@ type Replica struct {
 	MaxQueue int    `json:"max_queue,omitempty"`
 	MaxLoras int    `json:"max_loras,omitempty"`
 	State    string `json:"state"`
+	// Role is what the replica serves of a disaggregated model: RoleBoth
+	// (the default, ""), RolePrefill or RoleDecode. Written by the adapter
+	// from --pd-role.
+	Role string `json:"role,omitempty"`
 	// Endpoints are the inference endpoints the engine serves (none: the
 	// base set, subjects.BaseEndpoints).
 	Endpoints []string `json:"endpoints,omitempty"`

@@ -30,6 +30,7 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.MaxBatch, "max-batch", 0, "requests the engine runs at once (vLLM's max_num_seqs; 0: read from the engine where it exports it, else 256; at most 65536)")
 	fs.IntVar(&cfg.MaxQueue, "max-queue", 0, "waiting requests weighed as a full queue (0: 1024; at most 1048576)")
 	fs.IntVar(&cfg.MaxLoras, "max-loras", 0, "LoRA slots (0: as the engine reports; at most 1024)")
+	fs.StringVar(&cfg.Role, "pd-role", "both", "what the replica serves of a disaggregated model: prefill, decode or both")
 	fs.Var(listFlag{&cfg.Endpoints}, "endpoint", "an API `path` the engine serves, e.g. /v1/responses (repeatable; default: the flavor's: all for vLLM, no /v1/responses for llama.cpp, SGLang, TGI)")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", adapter.DefaultDrainGrace, "how long in-flight requests may run after SIGTERM (0: none; at most 1h)")
 	keyFile := fs.String("engine-api-key-file", "", "file holding the engine's API key, sent as a bearer token (else $"+engineKeyEnv+")")

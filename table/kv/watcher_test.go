@@ -109,6 +109,25 @@ func TestInvalidValueKeepsThePreviousGoodOne(t *testing.T) {
 	// A good value replaces it again.
 	put(t, e.kv, "models.m1", `{"tier":"cold"}`)
 	snapshotHas(t, w, "models.m1", "cold")
+
+	// So with the disaggregation of a model and the role of a replica.
+	put(t, e.kv, "models.pd", `{"disaggregation":{"enabled":true,"min_uncached_tokens":4096}}`)
+	put(t, e.kv, "replicas.p1", `{"model":"pd","pool":"general","state":"ready","role":"prefill"}`)
+	snapshotHas(t, w, "replicas.p1", "prefill")
+	put(t, e.kv, "models.pd", `{"disaggregation":{"enabled":true,"min_uncached_tokens":-4096}}`)
+	put(t, e.kv, "replicas.p1", `{"model":"pd","pool":"general","state":"ready","role":"prefil"}`)
+	put(t, e.kv, "models.marker", `{"tier":"hot"}`)
+	snapshotHas(t, w, "models.marker", "hot")
+	if rec.invalidCount("models.pd") != 1 || rec.invalidCount("replicas.p1") != 1 {
+		t.Errorf("OnInvalid counts: %v", rec.invalid)
+	}
+	s := w.Snapshot()
+	if m := s.Models["pd"]; !m.Splits() || m.Disaggregation.MinUncachedTokens != 4096 {
+		t.Errorf("models.pd = %+v, want the previous good value", m)
+	}
+	if r := s.Replicas["p1"]; r == nil || r.Role != table.RolePrefill {
+		t.Errorf("replicas.p1 = %+v, want the previous good value", r)
+	}
 }
 
 func TestDeleteAndPurgeRemoveKeys(t *testing.T) {
