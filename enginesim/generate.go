@@ -115,6 +115,9 @@ type generation struct {
 	from         int // the answer's first token: past the words a continuation carries
 	stream       bool
 	includeUsage bool
+	// remoteDecode: a prefill leg (do_remote_decode), whose answer holds
+	// its blocks and carries the kv_transfer_params of its decode leg.
+	remoteDecode bool
 }
 
 // open starts the request in the engine (or the fixed clock).
@@ -168,19 +171,24 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, s.response(g, p))
+	var kv *KVTransferParams
+	if g.remoteDecode {
+		kv = s.heldParams(r, g)
+	}
+	writeJSON(w, http.StatusOK, s.response(g, p, kv))
 }
 
-func (s *Server) response(g *generation, p progress) any {
+func (s *Server) response(g *generation, p progress, kv *KVTransferParams) any {
 	u := g.usage(p)
 	reason := g.reason
 	text := s.words.answer(g.seed, g.from, g.from+p.tokens)
 	if g.chat {
 		return chatCompletion{ID: g.id, Model: g.model, Object: "chat.completion", Created: g.created, Usage: u,
-			Choices: []chatChoice{{FinishReason: &reason, Message: &chatMessageOut{Role: "assistant", Content: text}}}}
+			Choices:          []chatChoice{{FinishReason: &reason, Message: &chatMessageOut{Role: "assistant", Content: text}}},
+			KVTransferParams: kv}
 	}
 	return textCompletion{ID: g.id, Model: g.model, Object: "text_completion", Created: g.created, Usage: u,
-		Choices: []textChoice{{Text: text, FinishReason: &reason}}}
+		Choices: []textChoice{{Text: text, FinishReason: &reason}}, KVTransferParams: kv}
 }
 
 func (g *generation) usage(p progress) *usage {

@@ -26,6 +26,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLora)
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLora)
+	mux.HandleFunc("POST /kv_transfer/pull", s.handlePull)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
@@ -153,6 +154,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 		return in, nil
 	})
+	if err == nil {
+		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -173,6 +177,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 		return s.completionInput(p), nil
 	})
+	if err == nil {
+		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -52,6 +52,10 @@ type Config struct {
 	// LoraPerAdapterStep is added to a step for each distinct adapter in the
 	// batch (default 500µs).
 	LoraPerAdapterStep time.Duration
+	// KVTransferPerToken is the cost of each prompt token whose KV a decode
+	// request pulls from a remote prefill instead of computing it (default
+	// 10µs: a tenth of a prefilled token, the ratio of a fast interconnect).
+	KVTransferPerToken time.Duration
 	// PrefixCacheBlocks is how many block hashes the prefix cache remembers
 	// (default KVBlocks; negative disables the cache).
 	PrefixCacheBlocks int
@@ -71,6 +75,7 @@ func (c Config) Validate() error {
 		check.Duration("prefill-per-token", c.PrefillPerToken, math.MinInt64, time.Second),
 		check.Duration("itl", c.ITL, math.MinInt64, time.Minute),
 		check.Duration("itl-per-batch", c.ITLPerBatch, math.MinInt64, time.Second),
+		check.Duration("kv-transfer-per-token", c.KVTransferPerToken, math.MinInt64, time.Second),
 		check.Duration("lora-load", c.LoraLoad, math.MinInt64, time.Minute),
 		check.Duration("lora-per-adapter-step", c.LoraPerAdapterStep, math.MinInt64, time.Second),
 	)
@@ -96,6 +101,7 @@ func (c Config) WithDefaults() Config {
 	durDefault(&c.PrefillPerToken, 100*time.Microsecond)
 	durDefault(&c.ITL, 5*time.Millisecond)
 	durDefault(&c.ITLPerBatch, 100*time.Microsecond)
+	durDefault(&c.KVTransferPerToken, 10*time.Microsecond)
 	durDefault(&c.LoraLoad, 50*time.Millisecond)
 	durDefault(&c.LoraPerAdapterStep, 500*time.Microsecond)
 	return c
@@ -127,6 +133,11 @@ type Request struct {
 	Prefix []uint64
 	// Lora names the adapter to run with; empty for the base model.
 	Lora string
+	// Transferred is how many prompt tokens' KV a remote prefill computed
+	// (vLLM's do_remote_prefill): the request pulls them, at
+	// KVTransferPerToken each, instead of prefilling them; those its own
+	// prefix cache holds are neither pulled nor computed.
+	Transferred int
 }
 
 // ID identifies a submitted request. IDs start at 1 and increase.
@@ -206,6 +217,7 @@ type request struct {
 	generated int
 	blocks    int
 	cached    int
+	pulled    int // prompt tokens pulled from a remote prefill at the last admission
 	seq       uint64
 }
 

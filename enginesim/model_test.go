@@ -181,3 +181,24 @@ func TestCachedTokensPeeksWithoutTouching(t *testing.T) {
 		t.Errorf("CachedTokens(b) = %d, want 63", got)
 	}
 }
+
+// A decode leg pulls what a remote prefill computed: each pulled token
+// costs the transfer, not the prefill, and blocks the decode replica
+// already holds are neither pulled nor computed.
+func TestTransferredTokensArePulledNotPrefilled(t *testing.T) {
+	e := enginesim.New(enginesim.Config{PrefillPerToken: time.Millisecond, KVTransferPerToken: 100 * time.Microsecond})
+	tr := newTrace()
+	pulled := submit(t, e, enginesim.Request{PromptTokens: 160, MaxTokens: 1, Prefix: chain(1, 10), Transferred: 160}, t0)
+	now := runUntil(t, e, tr, time.Time{})
+	if got, want := tr.first[pulled].Sub(t0), ms(30+1+0.1*159); got != want {
+		t.Errorf("pulled TTFT = %v, want %v (base + 1 computed token + 159 pulled)", got, want)
+	}
+	// The pulled blocks are now in this engine's prefix cache: half the
+	// prompt cached, the rest pulled.
+	half := submit(t, e, enginesim.Request{PromptTokens: 320, MaxTokens: 1, Prefix: chain(1, 20), Transferred: 320}, now)
+	then := now
+	runUntil(t, e, tr, time.Time{})
+	if got, want := tr.first[half].Sub(then), ms(30+1+0.1*159); got != want {
+		t.Errorf("half-cached TTFT = %v, want %v (160 cached, 159 pulled, 1 computed)", got, want)
+	}
+}

@@ -24,8 +24,9 @@ type chatRequest struct {
 	// ContinueFinalMessage continues the final (assistant) message instead
 	// of starting a new one; vLLM requires AddGenerationPrompt false with it
 	// (its default is true).
-	ContinueFinalMessage bool  `json:"continue_final_message"`
-	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool              `json:"continue_final_message"`
+	AddGenerationPrompt  *bool             `json:"add_generation_prompt"`
+	KVTransferParams     *KVTransferParams `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {
@@ -43,6 +44,8 @@ type completionRequest struct {
 	MaxTokens     *int            `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+
+	KVTransferParams *KVTransferParams `json:"kv_transfer_params"`
 }
 
 type embeddingRequest struct {
@@ -68,6 +71,8 @@ type chatCompletion struct {
 	Created int64        `json:"created"`
 	Usage   *usage       `json:"usage"`
 	Choices []chatChoice `json:"choices"`
+
+	KVTransferParams *KVTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type chatChoice struct {
@@ -94,6 +99,8 @@ type textCompletion struct {
 	Created int64        `json:"created"`
 	Usage   *usage       `json:"usage"`
 	Choices []textChoice `json:"choices"`
+
+	KVTransferParams *KVTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type textChoice struct {

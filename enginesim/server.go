@@ -40,6 +40,9 @@ type ServerConfig struct {
 	// answered from word k on: a continuation of an interrupted answer
 	// reads exactly like the answer that was not interrupted.
 	DeterministicText bool
+	// KVHold is how long a prefill's KV blocks wait for their decode leg
+	// (default DefaultKVHold).
+	KVHold time.Duration
 	// Logger receives the shell's logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -81,6 +84,10 @@ type Server struct {
 
 	tracesMu sync.Mutex
 	traces   []string // the traceparents received, the last maxTraces
+
+	kv       kvHold       // prefills' blocks held for their decode legs
+	engineID string       // remote_engine_id of this engine's prefills
+	kvClient *http.Client // pulls remote prefills' blocks
 }
 
 type submitMsg struct {
@@ -110,6 +117,7 @@ func (cfg ServerConfig) Validate() error {
 		check.Range("speed", cfg.Speed, 0, 1e6),
 		check.Range("max-model-len", cfg.MaxModelLen, 0, 1<<24),
 		check.Range("default-max-tokens", cfg.DefaultMaxTokens, 0, 1<<20),
+		check.Duration("kv-hold", cfg.KVHold, 0, time.Hour),
 	)
 }
 
@@ -131,6 +139,9 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = 16
 	}
+	if cfg.KVHold <= 0 {
+		cfg.KVHold = DefaultKVHold
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -150,6 +161,8 @@ func NewServer(cfg ServerConfig) *Server {
 	for _, a := range cfg.Adapters {
 		s.adapters[a] = "/adapters/" + a
 	}
+	s.engineID = s.newID()
+	s.kvClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}}
 	st := s.eng.Stats()
 	s.snap.Store(&st)
 	s.m = newMetrics(s)
@@ -169,6 +182,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer close(s.stopped)
+	defer s.kvClient.CloseIdleConnections()
 	s.wallStart = time.Now()
 
 	flights := make(map[ID]*flight)

@@ -12,7 +12,7 @@ import "time"
 func (e *Engine) startStep(at time.Time) {
 	e.stepping = false
 	e.reserveDecode()
-	loads, prefillTokens, prefills := e.admit(at)
+	loads, prefillTokens, pulled, prefills := e.admit(at)
 	if len(e.running) == 0 {
 		if len(e.waiting) > 0 {
 			// Submit only accepts requests that fit an empty engine, so an
@@ -25,7 +25,7 @@ func (e *Engine) startStep(at time.Time) {
 	c := &e.cfg
 	var d time.Duration
 	if prefills > 0 {
-		d += c.TTFTBase + c.PrefillPerToken*time.Duration(prefillTokens)
+		d += c.TTFTBase + c.PrefillPerToken*time.Duration(prefillTokens) + c.KVTransferPerToken*time.Duration(pulled)
 	}
 	if prefills < len(e.running) {
 		d += c.ITL + c.ITLPerBatch*time.Duration(len(e.running)-1)
@@ -70,7 +70,7 @@ func (e *Engine) reserveDecode() {
 // admit moves waiting requests into the batch, first come first served:
 // the queue stops at the first request the KV cache cannot hold, but a
 // request whose adapter cannot get a slot is passed over, as vLLM does.
-func (e *Engine) admit(at time.Time) (loads, prefillTokens, prefills int) {
+func (e *Engine) admit(at time.Time) (loads, prefillTokens, pulled, prefills int) {
 	free := e.cfg.KVBlocks - e.usedBlocks()
 	active := e.activeLoras()
 	var admitted []*request
@@ -97,7 +97,11 @@ func (e *Engine) admit(at time.Time) (loads, prefillTokens, prefills int) {
 		e.seq++
 		r.seq = e.seq
 		r.cached = e.kv.lookup(r.req.Lora, r.req.Prefix, r.req.PromptTokens)
-		prefillTokens += r.req.PromptTokens + r.generated - r.cached
+		// A remote prefill's KV covers the prompt but its last token, which
+		// computes the first output token here, as with a cache hit.
+		r.pulled = max(min(r.req.Transferred, r.req.PromptTokens-1)-r.cached, 0)
+		pulled += r.pulled
+		prefillTokens += r.req.PromptTokens + r.generated - r.cached - r.pulled
 		e.counts.prefixQueries += int64(r.req.PromptTokens)
 		e.counts.prefixHits += int64(r.cached)
 		e.running = append(e.running, r)
@@ -108,7 +112,7 @@ func (e *Engine) admit(at time.Time) (loads, prefillTokens, prefills int) {
 	for _, r := range admitted {
 		e.kv.insert(r.req.Lora, r.req.Prefix, r.req.PromptTokens)
 	}
-	return loads, prefillTokens, len(admitted)
+	return loads, prefillTokens, pulled, len(admitted)
 }
 
 // finishStep emits the tokens of the step that ends at `at`.
