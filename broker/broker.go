@@ -25,6 +25,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -56,6 +57,9 @@ type Config struct {
 	// TracerProvider receives the decision spans (nil: none are made;
 	// internal/telemetry builds one from the environment).
 	TracerProvider trace.TracerProvider
+	// Stages, when set, records the stage timestamps of a sample of the
+	// requests (internal/stages); nil records nothing.
+	Stages *stages.Recorder
 	// Registerer receives the broker's metrics (nil: none).
 	Registerer prometheus.Registerer
 	// Now is the clock (default time.Now); tests may replace it.

@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/features"
 	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -34,6 +35,7 @@ type scratch struct {
 	rev      uint64        // the table revision revText spells
 	revText  string
 	start    time.Time // when handle took the message: the decision's time
+	stageID  string    // the sender's request id, the stage recorder's key
 }
 
 func newScratch() *scratch {
@@ -93,6 +95,10 @@ func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 		h = nats.Header{}
 	}
 	s := b.scratch.Get().(*scratch)
+	if b.cfg.Stages != nil {
+		s.stageID = h.Get(subjects.HdrRequestID)
+		b.cfg.Stages.Mark(s.stageID, stages.BrokerReceived)
+	}
 	b.send(s, subject, reply, h, data, b.handle(s, subject, reply, h, data))
 }
 
@@ -120,6 +126,7 @@ func (b *Broker) send(s *scratch, subject, reply string, h nats.Header, data []b
 			b.reject(&a.msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
 			_ = b.nc.PublishMsg(&a.msg)
 		}
+		b.cfg.Stages.Mark(s.stageID, stages.Forwarded)
 	case doRefuse:
 		if reply != "" {
 			b.reject(&a.msg, reply, a.err)
@@ -242,6 +249,7 @@ func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data [
 // decide decides a request fillRequest read: forward or refuse.
 func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) action {
 	b.router.Decide(&s.req, start, b.rng, &s.d)
+	b.cfg.Stages.Mark(s.stageID, stages.Decided)
 	d := &s.d
 	d.Duration = b.cfg.Now().Sub(start)
 	b.metrics.decided(d)

@@ -63,7 +63,7 @@ func (s *Stack) startBroker(i int) error {
 		stateDir = fmt.Sprintf("%s/broker-%d", s.cfg.DataDir, i)
 	}
 	b, err := broker.New(nc, broker.Config{ID: fmt.Sprintf("dev-broker-%d", i), StateDir: stateDir, Logger: s.log, Registerer: replacing{s.registry},
-		TracerProvider: s.tracing.broker.Provider()})
+		TracerProvider: s.tracing.broker.Provider(), Stages: s.cfg.Stages})
 	if err != nil {
 		nc.Close()
 		return err
@@ -93,6 +93,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,
 		ScrapeEvery: s.cfg.ScrapeEvery, DrainGrace: s.cfg.DrainGrace,
 		Logger: s.log, Registerer: replacing{s.registry}, TracerProvider: s.tracing.adapter.Provider(),
+		Stages: s.cfg.Stages,
 	})
 	if err != nil {
 		nc.Close()

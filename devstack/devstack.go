@@ -36,6 +36,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/loader"
 	"github.com/switchyard-llm/switchyard/natsconn"
@@ -101,6 +102,9 @@ type Config struct {
 	// NoBatcher runs none.
 	Batcher   batch.Config
 	NoBatcher bool
+	// Stages, when set, is shared by the gateway, the brokers and the
+	// adapters: one clock for the whole path (StageSummary reads it).
+	Stages *stages.Recorder
 }
 
 // Stack is a running dev stack.
@@ -281,6 +285,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	gcfg.Listen = cfg.Listen
 	gcfg.Logger = cfg.Logger
 	gcfg.TracerProvider = s.tracing.gateway.Provider()
+	gcfg.Stages = cfg.Stages
 	gcfg.Registerer, gcfg.Gatherer = s.registry, s.registry
 	if gcfg.Ready == nil {
 		gcfg.Ready = s.heartbeatsReady
@@ -552,6 +557,26 @@ func (s *Stack) Ready(ctx context.Context) error {
 
 // GatewayURL is the gateway's base URL.
 func (s *Stack) GatewayURL() string { return "http://" + s.gwLn.Addr().String() }
+
+// StageSummary is the stage table of the requests recorded since the
+// recorder's last Reset, with the bus floor measured now through the
+// embedded server (200 bare requests, on a connection of their own under
+// an adapter's permissions: an adapter may publish and take inbox
+// subjects, as a bare request and its reply need).
+func (s *Stack) StageSummary() (stages.Summary, error) {
+	sum := s.cfg.Stages.Summary()
+	role := auth.Role{Kind: auth.RoleAdapter, ID: "bus-floor"}
+	if _, err := s.auth.WriteCreds(s.credsDir, role); err != nil {
+		return sum, err
+	}
+	nc, err := s.connect("switchyard-bus-floor", role)
+	if err != nil {
+		return sum, err
+	}
+	defer nc.Close()
+	sum.BusFloor, err = stages.BusFloor(nc, 200)
+	return sum, err
+}
 
 // NATSURL is the embedded server's client URL.
 func (s *Stack) NATSURL() string {

@@ -28,6 +28,7 @@ import (
 	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -120,6 +121,9 @@ type Config struct {
 	// TracerProvider receives the gateway's spans (nil: none are made;
 	// internal/telemetry builds one from the environment).
 	TracerProvider trace.TracerProvider
+	// Stages, when set, records the stage timestamps of a sample of the
+	// requests (internal/stages); nil records nothing.
+	Stages *stages.Recorder
 	// Registerer receives the gateway's metrics; Gatherer serves /metrics.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer

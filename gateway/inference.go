@@ -111,6 +111,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	if apiErr != nil {
 		return nil, apiErr
 	}
+	bodyAt := g.cfg.Stages.Now()
 	pb := g.getParsed()
 	defer g.putParsed(pb)
 	req := &pb.req
@@ -168,7 +169,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	}
 	return &upstream{
 		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
-		body: body, hdr: h, deadline: deadline,
+		body: body, hdr: h, deadline: deadline, bodyAt: bodyAt,
 	}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -29,6 +30,7 @@ type upstream struct {
 	deadline time.Time
 	exclude  []string
 	started  time.Time
+	bodyAt   int64 // the body's arrival on the stage recorder's clock (0: not recording)
 }
 
 // relay sends the request through brokers: attempts until one answers or
@@ -162,11 +164,14 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		out.continuationHeaders(h)
 	}
 	c.reply = g.replyPfx + id
+	g.cfg.Stages.Begin(id, u.bodyAt)
 	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: c.reply, Header: h, Data: body}
 	if err := g.nc.PublishMsg(msg); err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
+	g.cfg.Stages.Mark(id, stages.Published)
 	out.reset()
+	out.attempt = id
 
 	// The accept (or a rejection) within the accept timeout, then the
 	// replica's head, data and end within the idle timeout.
@@ -307,6 +312,9 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 			return l.accept(f)
 		}
 	case reply.Head, reply.Data, reply.End, reply.Handover:
+		if f.Kind == reply.Head {
+			l.g.cfg.Stages.Mark(l.out.attempt, stages.GatewayFirstChunk)
+		}
 		if !l.accepted && f.Replica != "" {
 			// The accept rode on the head: the engine answered within the
 			// adapter's accept delay.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -37,6 +38,15 @@ type response struct {
 	cont   []byte
 	model  string
 	failed *subjects.APIError // the failure a continuation is resuming from
+	// attempt is the request id of the attempt under way: the stage
+	// recorder's key.
+	attempt string
+}
+
+// firstByte counts the time to the client's first byte, and stamps it.
+func (s *response) firstByte() {
+	s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+	s.g.cfg.Stages.Mark(s.attempt, stages.ClientFirstByte)
 }
 
 // errEngineEvent is an in-band error event from the engine, ending a part
@@ -146,7 +156,7 @@ func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIErr
 		if s.sse = status == http.StatusOK && sse.IsEventStream(ct); s.sse {
 			s.held = false
 			s.following()
-			s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+			s.firstByte()
 		}
 		return nil, nil
 	}
@@ -175,7 +185,7 @@ func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIErr
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	s.w.WriteHeader(s.status)
 	s.wrote = true
-	s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+	s.firstByte()
 	return nil, s.rc.Flush()
 }
 
@@ -218,7 +228,7 @@ func (s *response) finish() {
 		// A held stream answered without one: an error becomes the
 		// stream's error event, anything else goes as it came.
 		s.held = false
-		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+		s.firstByte()
 		if s.status != http.StatusOK {
 			s.endStream(rejectionError(reply.Frame{Status: s.status, Body: s.buf.Bytes()}))
 			return
@@ -230,7 +240,7 @@ func (s *response) finish() {
 		return
 	}
 	if !s.sse {
-		s.g.metrics.firstByte(s.u, time.Since(s.u.started))
+		s.firstByte()
 		s.g.writeRaw(s.w, s.u, s.status, "", s.buf.Bytes()) // counts the request
 		return
 	}

@@ -148,6 +148,7 @@ func judge(r result) verdict {
 // verdict: the cancel of a replica still working, the exclusion of one that
 // refused or did not accept, and the metrics.
 func (g *Gateway) settle(u *upstream, id string, r result) {
+	g.cfg.Stages.End(id)
 	if r.kind == failNone {
 		return
 	}

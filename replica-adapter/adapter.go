@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -110,6 +111,9 @@ type Config struct {
 	// (nil: none are made; internal/telemetry builds one from the
 	// environment).
 	TracerProvider trace.TracerProvider
+	// Stages, when set, records the stage timestamps of a sample of the
+	// requests (internal/stages); nil records nothing.
+	Stages *stages.Recorder
 	// HTTPClient calls the engine. nil: a client tuned for many concurrent
 	// streams to one host. It must not set Client.Timeout, which would cut
 	// long streams: each request carries its own deadline.

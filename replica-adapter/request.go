@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -37,6 +38,7 @@ func (a *Adapter) onRequest(r micro.Request) {
 		return
 	}
 	id := h.Get(subjects.HdrRequestID)
+	a.cfg.Stages.Mark(id, stages.AdapterReceived)
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()
@@ -127,6 +129,10 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		defer spans.end()
 	}
 	st := &stream{nc: a.nc, reply: reply}
+	if a.cfg.Stages.Sampled(id) {
+		st.stages, st.id = a.cfg.Stages, id
+		ctx = stages.WithEngineTrace(ctx, a.cfg.Stages, id)
+	}
 	defer func() { a.tails.add(st, time.Now()) }()
 	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
 		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -36,6 +37,19 @@ type stream struct {
 	ka    *time.Timer
 	kaOn  bool
 	every time.Duration
+
+	// stages records when the first answer bytes went out (nil: this
+	// request is not sampled); id is its key.
+	stages *stages.Recorder
+	id     string
+}
+
+// published stamps the first answer bytes published. Lock should be held.
+func (s *stream) published() {
+	if s.stages != nil && s.err == nil {
+		s.stages.Mark(s.id, stages.AdapterFirstChunk)
+		s.stages = nil
+	}
 }
 
 // send publishes f as the next message of the sequence.
@@ -60,6 +74,7 @@ func (s *stream) sendData(data []byte) error {
 	f := reply.Frame{Kind: reply.Data, Seq: s.next, Header: s.data, Body: data}
 	s.next++
 	s.err = s.nc.PublishMsg(f.Msg(s.reply))
+	s.published()
 	return s.err
 }
 
@@ -82,6 +97,9 @@ func (s *stream) sendLocked(f reply.Frame) error {
 	f.Seq = s.next
 	s.next++
 	s.err = s.nc.PublishMsg(f.Msg(s.reply))
+	if f.Kind == reply.Head {
+		s.published()
+	}
 	return s.err
 }
 
