@@ -27,6 +27,7 @@ type bodySize struct {
 	Bytes  int                    `json:"bytes"`
 	Rounds int                    `json:"rounds"`
 	Paths  map[string]pathSummary `json:"paths"`
+	Load   float64                `json:"loadavg_start"`
 }
 
 // concPhase is the closed-loop result at a fixed concurrency.
@@ -36,6 +37,7 @@ type concPhase struct {
 	Bytes       int                    `json:"bytes"`
 	Duration    loadgen.Dur            `json:"duration_ms"`
 	Paths       map[string]pathSummary `json:"paths"`
+	Load        float64                `json:"loadavg_start"`
 }
 
 // pathSummary is one path's latencies in a body phase: total for a
@@ -134,6 +136,7 @@ func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
 		body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, false)
 		fmt.Fprintf(os.Stderr, "== body %d KB (%d bytes), one request at a time, %d rounds\n", kb, len(body), b.cfg.bodyRounds)
 		var samples []sample
+		load := loadNow()
 		const warm = 3
 		for r := -warm; r < b.cfg.bodyRounds; r++ {
 			for k := range pathNames {
@@ -147,7 +150,7 @@ func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
 				}
 			}
 		}
-		bs := bodySize{KB: kb, Bytes: len(body), Rounds: b.cfg.bodyRounds, Paths: summarize(samples)}
+		bs := bodySize{KB: kb, Bytes: len(body), Rounds: b.cfg.bodyRounds, Paths: summarize(samples), Load: load}
 		for _, p := range pathNames {
 			s := bs.Paths[p]
 			fmt.Fprintf(os.Stderr, "   %-10s p50 %7.3fms p90 %7.3fms errors %d %s\n", p, s.P50.Ms(), s.P90.Ms(), s.Errors, s.Err)
@@ -164,6 +167,7 @@ func (b *bench) concurrent(ctx context.Context) (*concPhase, error) {
 	n, kb := b.cfg.concurrency, b.cfg.concKB
 	body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, true)
 	fmt.Fprintf(os.Stderr, "== concurrency %d, %d KB bodies, stream, %s\n", n, kb, b.cfg.concDuration)
+	load := loadNow()
 	start := time.Now()
 	measureFrom := start.Add(b.cfg.concWarmup)
 	stop := measureFrom.Add(b.cfg.concDuration)
@@ -190,7 +194,7 @@ func (b *bench) concurrent(ctx context.Context) (*concPhase, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	cp := &concPhase{Concurrency: n, KB: kb, Bytes: len(body), Duration: loadgen.Dur(b.cfg.concDuration), Paths: summarize(samples)}
+	cp := &concPhase{Concurrency: n, KB: kb, Bytes: len(body), Duration: loadgen.Dur(b.cfg.concDuration), Paths: summarize(samples), Load: load}
 	for _, p := range pathNames {
 		s := cp.Paths[p]
 		fmt.Fprintf(os.Stderr, "   %-10s n %5d TTFT p50 %7.3fms p90 %7.3fms p99 %7.3fms errors %d %s\n", p, s.OK, s.P50.Ms(), s.P90.Ms(), s.P99.Ms(), s.Errors, s.Err)
@@ -267,21 +271,26 @@ func renderBodies(p func(string, ...any), r *results) {
 		p("Non-streamed chat requests whose one user message is a pasted document, each size sent %d times down each path after 3 unmeasured rounds, "+
 			"one request at a time, the three paths taking turns (the order rotating each round). Median latency in milliseconds; "+
 			"the target for Switchyard is at most twice what the proxy adds, or the proxy's addition + 0.5 ms, whichever is more.\n\n", r.Bodies[0].Rounds)
-		p("| body | direct p50 | proxy p50 | switchyard p50 | proxy adds | Switchyard adds | target | met | errors |\n|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+		p("| body | load at start | direct p50 | proxy p50 | switchyard p50 | proxy adds | Switchyard adds | target | met | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 		for _, bs := range r.Bodies {
 			px, sy := added(bs.Paths, "proxy"), added(bs.Paths, "switchyard")
 			t := bodyTarget(px)
 			errs := bs.Paths["direct"].Errors + bs.Paths["proxy"].Errors + bs.Paths["switchyard"].Errors
-			p("| %d KB | %s | %s | %s | %s | %s | ≤ %s | %s | %d |\n", bs.KB, f3(bs.Paths["direct"].P50), f3(bs.Paths["proxy"].P50),
-				f3(bs.Paths["switchyard"].P50), signed(px), signed(sy), f3(t), yes(sy <= t), errs)
+			met := yes(sy <= t)
+			if bs.Load > indicativeLoad {
+				met += " (indicative)"
+			}
+			p("| %d KB | %.2f | %s | %s | %s | %s | %s | ≤ %s | %s | %d |\n", bs.KB, bs.Load, f3(bs.Paths["direct"].P50), f3(bs.Paths["proxy"].P50),
+				f3(bs.Paths["switchyard"].P50), signed(px), signed(sy), f3(t), met, errs)
 		}
 		p("\n")
+		renderStages(p, "all body sizes together", r.BodiesStages)
 	}
 	if c := r.Concurrency; c != nil {
 		p("### Long prompts, %d at a time\n\n", c.Concurrency)
 		p("%d workers each keep one streamed request of %d bytes (%d KB) in flight for %s, taking the three paths in turn, so all three share the same load. "+
-			"Time to the first data line (TTFT), milliseconds; the target is Switchyard adding at most %s ms at p50.\n\n",
-			c.Concurrency, c.Bytes, c.KB, c.Duration.D(), f3(concTarget))
+			"Time to the first data line (TTFT), milliseconds; the target is Switchyard adding at most %s ms at p50; %s.\n\n",
+			c.Concurrency, c.Bytes, c.KB, c.Duration.D(), f3(concTarget), loadNote(c.Load))
 		p("| path | requests | errors | TTFT p50 | p90 | p99 | added p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, path := range pathNames {
 			s := c.Paths[path]

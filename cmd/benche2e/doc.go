@@ -130,7 +130,8 @@ func render(r *results) string {
 	p("## End to end: direct, reverse proxy, Switchyard\n\n")
 	p("Written by `make bench-e2e` (`cmd/benche2e`, run %s, %s in all). ", m.Date, r.Elapsed.D().Round(time.Second))
 	p("Machine: %d × %s (`nproc` %d), Linux %s, %s; load average at the start %s. ", m.NumCPU, m.CPU, m.NumCPU, m.Kernel, m.Go, m.LoadStart)
-	p("**The machine was shared with other work while this ran: the figures are noisy; compare paths within one run, not runs.**\n\n")
+	p("Each phase says the load average it started at; on these %d cores a phase that started above %.1f shared the machine with other work and is marked **indicative**: "+
+		"compare paths within one run, and judge targets on the phases that were not.\n\n", m.NumCPU, indicativeLoad)
 	p("Setup, each in its own process: the engine simulator in fixed mode (TTFT %s, then %d tokens %s apart, whatever the load; "+
 		"Go timers on an idle machine round sub-millisecond waits up to about 1 ms, so the gaps the direct path shows are the real ITL); "+
 		"`httputil.ReverseProxy` in front of it (FlushInterval −1, a tuned transport): the router that decides nothing; "+
@@ -141,19 +142,27 @@ func render(r *results) string {
 
 	if ns := r.NonStream; ns != nil {
 		p("### %g requests/s per path, non-stream, %s\n\n", c.Rate, c.Duration.D())
-		p("The three paths interleaved slot by slot, each at the full rate (%g/s on the machine in all), same window. Milliseconds.\n\n", 3*c.Rate)
+		p("The three paths interleaved slot by slot, each at the full rate (%g/s on the machine in all), same window; %s. Milliseconds.\n\n", 3*c.Rate, loadNote(ns.Load))
 		fixedTable(&b, ns, false)
+		if sy, px := ns.Report.Diffs, ns.CPU; len(sy) == 2 && px["proxy"].total() > 0 && ns.PerPath > 0 {
+			cpuRatio := px["stack"].total().Seconds() / px["proxy"].total().Seconds()
+			addOK := sy[1].Latency.P50 <= 2*sy[0].Latency.P50
+			p("Targets: Switchyard's added p50 at most 2 × the proxy's (%s: %s); CPU per request at most 1.5 × the proxy's (×%.2f: %s)%s.\n\n",
+				signed(sy[1].Latency.P50), yes(addOK), cpuRatio, yes(cpuRatio <= 1.5), indicativeNote(ns.Load))
+		}
+		renderStages(p, "non-stream at the fixed rate", ns.Stages)
 	}
 	if st := r.Stream; st != nil {
 		p("### %g requests/s per path, stream, %s\n\n", c.Rate, c.Duration.D())
-		p("Gaps are between successive SSE data lines as the client reads them (`[DONE]` included).\n\n")
+		p("Gaps are between successive SSE data lines as the client reads them (`[DONE]` included); %s.\n\n", loadNote(st.Load))
 		fixedTable(&b, st, true)
+		renderStages(p, "stream at the fixed rate", st.Stages)
 	}
 	renderBodies(p, r)
 	if len(r.Steps) > 0 {
 		p("### Highest rate held with p99 under %s (non-stream)\n\n", c.P99Limit.D())
 		p("Each path alone, %s per step after a warmup, steps in order until the first that fails (p99 ≥ %s or more than 0.1%% errors). "+
-			"The load generator shares the two cores, so at high rates it competes with the path it measures.\n\n", c.StepDuration.D(), c.P99Limit.D())
+			"The load generator shares the two cores, so at high rates it competes with the path it measures; %s.\n\n", c.StepDuration.D(), c.P99Limit.D(), loadNote(r.StepsLoad))
 		p("| path | highest rate held | first failing step |\n|---|---:|---|\n")
 		for _, path := range pathNames {
 			fail := r.StepsEnded[path]

@@ -86,9 +86,9 @@ func TestJudgeMany(t *testing.T) {
 		rss  map[string]float64
 		want string // "" = met
 	}{
-		{"within every target", tr("switchyard", 0, 79*time.Millisecond, 119*time.Millisecond), rss, ""},
-		{"first data late", tr("switchyard", 0, 81*time.Millisecond, 110*time.Millisecond), rss, "first data"},
-		{"gaps long", tr("switchyard", 0, 60*time.Millisecond, 121*time.Millisecond), rss, "chunk gap"},
+		{"within every target", tr("switchyard", 0, 109*time.Millisecond, 129*time.Millisecond), rss, ""},
+		{"first data late", tr("switchyard", 0, 111*time.Millisecond, 110*time.Millisecond), rss, "first data"},
+		{"gaps long", tr("switchyard", 0, 60*time.Millisecond, 131*time.Millisecond), rss, "chunk gap"},
 		{"an error", tr("switchyard", 1, 60*time.Millisecond, 110*time.Millisecond), rss, "errors"},
 		{"memory", tr("switchyard", 0, 60*time.Millisecond, 110*time.Millisecond), map[string]float64{"proxy": 100, "stack": 201}, "RSS"},
 	}

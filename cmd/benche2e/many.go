@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -42,6 +43,10 @@ type manyStep struct {
 	// Why not.
 	Met bool   `json:"met"`
 	Why string `json:"why,omitempty"`
+	// Load is the 1-minute load average the rate started at; Stages the
+	// stage table of Switchyard's streams at this rate.
+	Load   float64         `json:"loadavg_start"`
+	Stages *stages.Summary `json:"stages,omitempty"`
 }
 
 type manyPhase struct {
@@ -57,8 +62,8 @@ type manyPhase struct {
 
 // Targets of Switchyard against the proxy at the same load.
 const (
-	manyFirstSlack = 20 * time.Millisecond // first data p99
-	manyGapSlack   = 10 * time.Millisecond // chunk gap p99
+	manyFirstSlack = 50 * time.Millisecond // first data p99
+	manyGapSlack   = 20 * time.Millisecond // chunk gap p99
 	manyRSSRatio   = 2.0
 )
 
@@ -88,13 +93,18 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 		procs[role] = c
 	}
 	urls := []string{procs["proxy"].urls[0], procs["stack"].urls[0]}
+	ctl := ""
+	if u := procs["stack"].urls; len(u) > 1 {
+		ctl = u[1]
+	}
 	names := []string{"proxy", "switchyard"}
 	open := func(rate float64) int {
 		return int(rate * (mc.ttft + time.Duration(mc.tokens)*mc.itl).Seconds())
 	}
 	for _, rate := range mc.rates {
 		fmt.Fprintf(os.Stderr, "== many streams: %g new streams/s per path (~%d open each), %d tokens, %s\n", rate, open(rate), mc.tokens, mc.duration)
-		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}}
+		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}, Load: loadNow()}
+		b.resetStages(ctx, ctl)
 		before := cpuOf(procs)
 		stopRSS := sampleRSS(procs, &s.RSS)
 		rep, err := loadgen.Run(ctx, loadgen.Config{
@@ -112,6 +122,7 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 		}
 		_ = rep.WriteText(os.Stderr)
 		s.Report = rep
+		s.Stages = b.stageTable(ctx, ctl)
 		s.Met, s.Why = judgeMany(rep, s.RSS)
 		fmt.Fprintf(os.Stderr, "RSS MB %v; targets met: %v %s\n", s.RSS, s.Met, s.Why)
 		ph.Steps = append(ph.Steps, s)
@@ -241,7 +252,10 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 		if len(s.Report.Targets) > 0 {
 			lag = fmt.Sprintf(" (the generator sent p99 %s ms late: a measure of how starved the machine was)", f3(s.Report.Targets[0].SendLag.P99))
 		}
-		p("- %g/s (~%d open)%s: %s.\n", s.Rate, s.Open, lag, verdict)
+		p("- %g/s (~%d open)%s, %s: %s%s.\n", s.Rate, s.Open, lag, loadNote(s.Load), verdict, indicativeNote(s.Load))
 	}
 	p("\n")
+	for _, s := range ph.Steps {
+		renderStages(p, fmt.Sprintf("%g new streams/s", s.Rate), s.Stages)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -29,6 +30,10 @@ type fixedPhase struct {
 	// CPU is the CPU time each process used during the phase; the engine
 	// served all three paths, the generator sent to all three.
 	CPU map[string]cpuUse `json:"cpu"`
+	// Load is the 1-minute load average the phase started at; Stages its
+	// stage table.
+	Load   float64         `json:"loadavg_start"`
+	Stages *stages.Summary `json:"stages,omitempty"`
 }
 
 // step is one path alone at one rate.
@@ -51,6 +56,9 @@ type results struct {
 	Bodies      []bodySize  `json:"bodies,omitempty"`
 	Concurrency *concPhase  `json:"concurrency,omitempty"`
 	Steps       []step      `json:"steps"`
+	StepsLoad   float64     `json:"steps_loadavg_start"`
+	// BodiesStages is the stage table of the one-at-a-time phase.
+	BodiesStages *stages.Summary `json:"bodies_stages,omitempty"`
 	// MaxHeld is the highest step each path held (0: none); StepsEnded
 	// says why stepping stopped early for a path, if it did.
 	MaxHeld      map[string]float64 `json:"max_held"`
@@ -136,9 +144,11 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	if len(cfg.bodyKB) > 0 {
+		b.resetStages(ctx, b.ctlURL)
 		if b.results.Bodies, err = b.bodySizes(ctx); err != nil {
 			return err
 		}
+		b.results.BodiesStages = b.stageTable(ctx, b.ctlURL)
 	}
 	if cfg.concurrency > 0 {
 		if b.results.Concurrency, err = b.concurrent(ctx); err != nil {
@@ -255,6 +265,8 @@ func (b *bench) fixed(ctx context.Context, stream bool, profile string) (*fixedP
 		secs := int((b.cfg.warmup + b.cfg.duration).Seconds())
 		wg.Go(func() { profErr = fetchProfile(ctx, b.ctlURL, secs, profile) })
 	}
+	load := loadNow()
+	b.resetStages(ctx, b.ctlURL)
 	before := b.cpu()
 	rep, err := b.load(ctx, b.urls, pathNames, b.cfg.rate, b.cfg.duration, b.cfg.warmup, stream, os.Stderr)
 	after := b.cpu()
@@ -266,7 +278,8 @@ func (b *bench) fixed(ctx context.Context, stream bool, profile string) (*fixedP
 		fmt.Fprintln(os.Stderr, "cpu profile:", profErr)
 	}
 	_ = rep.WriteText(os.Stderr)
-	ph := &fixedPhase{Report: rep, CPU: map[string]cpuUse{}, PerPath: rep.Requests + int(b.cfg.rate*b.cfg.warmup.Seconds())}
+	ph := &fixedPhase{Report: rep, CPU: map[string]cpuUse{}, PerPath: rep.Requests + int(b.cfg.rate*b.cfg.warmup.Seconds()),
+		Load: load, Stages: b.stageTable(ctx, b.ctlURL)}
 	for k, v := range after {
 		ph.CPU[k] = v.minus(before[k])
 	}
@@ -292,6 +305,7 @@ func (b *bench) cpu() map[string]cpuUse {
 func (b *bench) stepUp(ctx context.Context) error {
 	r := &b.results
 	r.MaxHeld, r.StepsEnded = map[string]float64{}, map[string]string{}
+	r.StepsLoad = loadNow()
 	alive := map[string]bool{}
 	for _, p := range pathNames {
 		alive[p] = true

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/internal/gctune"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -118,8 +119,11 @@ func serveStack(ctx context.Context, rc roleConfig) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// Every request's stages are recorded (internal/stages): a few map
+	// operations a stage, the cost of knowing where the time goes.
+	rec := stages.New(1)
 	st, err := devstack.Start(ctx, devstack.Config{
-		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", DataDir: dir,
+		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", DataDir: dir, Stages: rec,
 		Replicas: []devstack.Replica{{
 			ID: "bench-0", Model: rc.model, Version: "v1.0.0", Pool: table.PoolGeneral,
 			KVBlocks: 8192, EngineURL: rc.engineURL, MaxBatch: rc.maxBatch, MaxQueue: rc.maxQueue,
@@ -140,6 +144,7 @@ func serveStack(ctx context.Context, rc roleConfig) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /cpu", cpuProfile)
+	stageHandlers(mux, st, rec)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("READY %s http://%s\n", st.GatewayURL(), ln.Addr())
 	err = serveUntil(ctx, hs, ln)

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/stages"
+)
+
+// Every phase records the 1-minute load average it started at: on these
+// two cores a phase that started above indicativeLoad shared the machine
+// with other work, and its figures are marked indicative (targets are
+// judged on the phases that were not).
+const indicativeLoad = 1.0
+
+// loadNow is the 1-minute load average (-1 when unknown).
+func loadNow() float64 {
+	f := strings.Fields(readTrim("/proc/loadavg"))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// loadNote is what the document says of a phase that started at load l.
+func loadNote(l float64) string {
+	switch {
+	case l < 0:
+		return "load average at the start unknown"
+	case l > indicativeLoad:
+		return fmt.Sprintf("load average at the start %.2f: **indicative** (the machine was busy)", l)
+	}
+	return fmt.Sprintf("load average at the start %.2f", l)
+}
+
+// The stack role records the stages of every request and serves the
+// table on its control listener: GET /stages (with the bus floor measured
+// then, through the stack's own NATS server), POST /stages/reset.
+func stageHandlers(mux *http.ServeMux, st *devstack.Stack, rec *stages.Recorder) {
+	mux.HandleFunc("GET /stages", func(w http.ResponseWriter, r *http.Request) {
+		sum, err := st.StageSummary()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(sum)
+	})
+	mux.HandleFunc("POST /stages/reset", func(w http.ResponseWriter, r *http.Request) {
+		rec.Reset()
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// resetStages starts a phase's stage table; stageTable fetches it at the
+// phase's end (nil when the stack serves none).
+func (b *bench) resetStages(ctx context.Context, ctl string) {
+	if ctl == "" {
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ctl+"/stages/reset", nil)
+	if err != nil {
+		return
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+}
+
+func (b *bench) stageTable(ctx context.Context, ctl string) *stages.Summary {
+	if ctl == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ctl+"/stages", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "stages:", err)
+		return nil
+	}
+	defer resp.Body.Close()
+	var sum stages.Summary
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&sum) != nil || sum.Requests == 0 {
+		return nil
+	}
+	return &sum
+}
+
+// renderStages is a phase's stage table.
+func renderStages(p func(string, ...any), title string, sum *stages.Summary) {
+	if sum == nil {
+		return
+	}
+	p("Stage budget of Switchyard's requests in this phase (%s; %d requests recorded, each stage the time since the stage before it that the request passed, milliseconds):\n\n", title, sum.Requests)
+	p("| stage | requests | p50 | p99 |\n|---|---:|---:|---:|\n")
+	for _, st := range sum.Stages {
+		p("| %s | %d | %.3f | %.3f |\n", st.Stage, st.Requests, st.P50, st.P99)
+	}
+	p("| **body received → first byte to the client** | %d | %.3f | %.3f |\n", sum.Total.Requests, sum.Total.P50, sum.Total.P99)
+	if f := sum.BusFloor; f.Requests > 0 {
+		p("| bus floor: a bare NATS request and reply through the same server | %d | %.3f | %.3f |\n", f.Requests, f.P50, f.P99)
+	}
+	p("\n")
+}
+
+// indicativeNote marks a verdict reached on a busy machine.
+func indicativeNote(l float64) string {
+	if l > indicativeLoad {
+		return fmt.Sprintf(" — indicative only, the phase started at load %.2f", l)
+	}
+	return ""
+}
