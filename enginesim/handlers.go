@@ -27,6 +27,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLora)
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLora)
 	mux.HandleFunc("POST /kv_transfer/pull", s.handlePull)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
@@ -207,6 +208,10 @@ func (s *Server) newGeneration(w http.ResponseWriter, chat bool, name string, ma
 	if chat {
 		prefix = "chatcmpl-"
 	}
+	var ids []uint32
+	if s.cfg.Engine.KVEvents {
+		ids = p.tokenIDs()
+	}
 	return &generation{
 		chat:    chat,
 		id:      prefix + w.Header().Get("X-Request-Id"),
@@ -215,7 +220,8 @@ func (s *Server) newGeneration(w http.ResponseWriter, chat bool, name string, ma
 		prompt:  p,
 		req: Request{
 			PromptTokens: p.tokens, MaxTokens: n, Lora: lora,
-			Prefix: prefixHashes(p.text, s.cfg.Engine.BlockTokens),
+			Prefix:   prefixHashes(p.text, s.cfg.Engine.BlockTokens),
+			TokenIDs: ids,
 		},
 		reason:       reason,
 		seed:         in.seed,

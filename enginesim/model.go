@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 )
 
 // Config describes one simulated engine. Zero fields take the defaults noted;
@@ -59,6 +60,9 @@ type Config struct {
 	// PrefixCacheBlocks is how many block hashes the prefix cache remembers
 	// (default KVBlocks; negative disables the cache).
 	PrefixCacheBlocks int
+	// KVEvents makes the prefix cache tell every block it stores and
+	// evicts, as vLLM's KV-cache events (TakeKVEvents).
+	KVEvents bool
 }
 
 // Validate range-checks c. Zero values stand for their defaults; errors
@@ -133,6 +137,9 @@ type Request struct {
 	Prefix []uint64
 	// Lora names the adapter to run with; empty for the base model.
 	Lora string
+	// TokenIDs are the prompt's token ids, told in the KV-cache events;
+	// nil makes them up from the block hashes.
+	TokenIDs []uint32
 	// Transferred is how many prompt tokens' KV a remote prefill computed
 	// (vLLM's do_remote_prefill): the request pulls them, at
 	// KVTransferPerToken each, instead of prefilling them; those its own
@@ -227,10 +234,14 @@ func New(cfg Config) *Engine {
 	return &Engine{
 		cfg:   cfg,
 		byID:  make(map[ID]*request),
-		kv:    newKVCache(cfg.BlockTokens, cfg.PrefixCacheBlocks),
+		kv:    newKVCache(cfg.BlockTokens, cfg.PrefixCacheBlocks, cfg.KVEvents),
 		loras: loraSlots{max: cfg.MaxLoras},
 	}
 }
+
+// TakeKVEvents appends the KV-cache events since the last call to dst, in
+// the order they happened (Config.KVEvents).
+func (e *Engine) TakeKVEvents(dst []kvevents.Event) []kvevents.Event { return e.kv.takeEvents(dst) }
 
 // Config returns the engine's effective configuration.
 func (e *Engine) Config() Config { return e.cfg }

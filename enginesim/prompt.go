@@ -19,6 +19,15 @@ const bytesPerToken = 4
 type prompt struct {
 	text   string // canonical text, hashed for the prefix cache and the answer
 	tokens int
+	ids    []uint32 // the client's token ids, for a prompt sent as ids
+}
+
+// tokenIDs are the ids the engine runs the prompt with.
+func (p prompt) tokenIDs() []uint32 {
+	if p.ids != nil {
+		return p.ids
+	}
+	return tokenIDs(p.text)
 }
 
 // chatPrompt renders messages the way a chat template would: each role and
@@ -53,9 +62,9 @@ func completionPrompt(raw json.RawMessage) (prompt, error) {
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return textPrompt(s), nil
 	}
-	var ids []int
+	var ids []uint32
 	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
-		return prompt{text: string(raw), tokens: len(ids)}, nil
+		return prompt{text: string(raw), tokens: len(ids), ids: ids}, nil
 	}
 	var batch []json.RawMessage
 	if err := json.Unmarshal(raw, &batch); err == nil && len(batch) == 1 {

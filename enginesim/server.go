@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 )
 
 // ServerConfig configures the real-time HTTP shell around an Engine.
@@ -64,6 +65,8 @@ type Server struct {
 	m     *metrics
 
 	eng      *Engine // owned by Run
+	kvpub    *kvevents.Publisher
+	kvbuf    []kvevents.Event // owned by Run
 	submitCh chan submitMsg
 	cancelCh chan ID
 	started  atomic.Bool
@@ -194,9 +197,13 @@ func (s *Server) Run(ctx context.Context) error {
 	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	if s.kvpub != nil {
+		defer s.kvpub.Close()
+	}
 	for {
 		now := s.clock()
 		s.dispatch(s.eng.Advance(now), flights)
+		s.publishKV()
 		st := s.eng.Stats()
 		s.snap.Store(&st)
 
@@ -210,6 +217,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		case m := <-s.submitCh:
 			id, err := s.eng.Submit(m.req, s.clock())
+			s.publishKV()
 			if err == nil {
 				flights[id] = &flight{st: m.st, submitted: s.eng.Now(), reason: m.st.reason}
 				s.inflight.Add(1)
@@ -224,6 +232,40 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-wake:
 		}
 	}
+}
+
+// PublishKVEvents turns on the engine's KV-cache event feed, as vLLM's
+// --kv-events-config does: every block the prefix cache stores or evicts
+// is published on cfg's PUB socket (batches of what one engine call
+// changed), held for its replay socket. Call it before Run, which closes
+// the publisher when it returns. The returned publisher tells the
+// sockets' addresses.
+func (s *Server) PublishKVEvents(cfg kvevents.PublisherConfig) (*kvevents.Publisher, error) {
+	if s.started.Load() {
+		return nil, ErrAlreadyRunning
+	}
+	p, err := kvevents.NewPublisher(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.kvpub = p
+	s.eng.kv.events = true
+	s.cfg.Engine.KVEvents = true
+	return p, nil
+}
+
+// publishKV publishes the KV-cache events of the last engine call as one
+// batch.
+func (s *Server) publishKV() {
+	if s.kvpub == nil {
+		return
+	}
+	s.kvbuf = s.eng.TakeKVEvents(s.kvbuf[:0])
+	if len(s.kvbuf) == 0 {
+		return
+	}
+	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: s.kvbuf, DPRank: 0}
+	s.kvpub.Publish(&b)
 }
 
 // clock is the engine's virtual time: wall time since Run started, scaled by

@@ -19,7 +19,7 @@ import (
 )
 
 // TestMain fails the package when a goroutine outlives the tests.
-func TestMain(m *testing.M) { testkit.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreZMQPub()) }
 
 // start runs a server with its owner goroutine and an httptest front, both
 // stopped when the test ends.

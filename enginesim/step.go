@@ -110,7 +110,7 @@ func (e *Engine) admit(at time.Time) (loads, prefillTokens, pulled, prefills int
 	// Blocks become reusable only once computed, so requests admitted in
 	// the same step do not hit each other's prefix.
 	for _, r := range admitted {
-		e.kv.insert(r.req.Lora, r.req.Prefix, r.req.PromptTokens)
+		e.kv.insert(r.req.Lora, r.req.Prefix, r.req.TokenIDs, r.req.PromptTokens)
 	}
 	return loads, prefillTokens, pulled, len(admitted)
 }
