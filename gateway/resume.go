@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/chunk"
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -43,34 +44,10 @@ type carry struct {
 	from    string
 	roleOut bool // a role chunk reached the client
 
-	id, model string
-	created   json.RawMessage
+	id, model []byte // string literals as the first part's chunks have them
+	created   []byte
 	known     bool // id, created and model are recorded
 	finished  bool // a finish_reason was relayed
-}
-
-// chunkView is what the relay reads of a streamed chunk.
-type chunkView struct {
-	ID      string          `json:"id"`
-	Created json.RawMessage `json:"created"`
-	Model   string          `json:"model"`
-	Choices []struct {
-		Index int     `json:"index"`
-		Text  *string `json:"text"`
-		Delta *struct {
-			Role             string          `json:"role"`
-			Content          *string         `json:"content"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-			ReasoningContent *string         `json:"reasoning_content"`
-		} `json:"delta"`
-		FinishReason *string         `json:"finish_reason"`
-		Logprobs     json.RawMessage `json:"logprobs"`
-	} `json:"choices"`
-	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
-	Error json.RawMessage `json:"error"`
 }
 
 // stop marks the answer as one that cannot continue.
@@ -92,68 +69,45 @@ func (c *carry) event(ev []byte) (out []byte, failed bool) {
 	if len(data) == 0 || bytes.Equal(data, []byte("[DONE]")) {
 		return ev, false
 	}
-	if c.parts == 0 && c.known {
-		if s, ok := plainDelta(data); ok {
-			c.add(s)
-			return ev, false
-		}
-	}
-	var v chunkView
-	if err := json.Unmarshal(data, &v); err != nil {
-		c.stop("a chunk is not JSON")
+	v, ok := chunk.Read(data)
+	if !ok {
+		c.stop("a chunk is not an OpenAI chunk")
 		return ev, false
 	}
-	if len(v.Error) > 0 && string(v.Error) != "null" {
+	if v.Error {
 		return ev, c.on
 	}
 	cont := c.parts > 0 && c.known
-	if !c.known && v.ID != "" {
-		c.id, c.created, c.model, c.known = v.ID, append(json.RawMessage(nil), v.Created...), v.Model, true
+	if !c.known && len(v.ID) > 2 {
+		c.id, c.created, c.model, c.known = bytes.Clone(v.ID), bytes.Clone(v.Created), bytes.Clone(v.Model), true
 	}
-	roleOnly := false
-	for i := range v.Choices {
-		ch := &v.Choices[i]
-		if ch.Index != 0 {
-			c.stop("n > 1")
-			continue
-		}
-		if len(ch.Logprobs) > 0 && string(ch.Logprobs) != "null" {
-			c.stop("logprobs")
-		}
-		var s string
-		if ch.Text != nil {
-			s = *ch.Text
-		}
-		if d := ch.Delta; d != nil {
-			if d.Content != nil {
-				s = *d.Content
-			}
-			if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
-				c.stop("a tool call is in progress")
-			}
-			if d.ReasoningContent != nil && *d.ReasoningContent != "" {
-				c.stop("reasoning is in progress")
-			}
-			roleOnly = d.Role != "" && s == "" && ch.FinishReason == nil
-		}
-		c.add([]byte(s))
-		if ch.FinishReason != nil {
-			c.finished = true
-		}
+	switch {
+	case v.OtherChoices:
+		c.stop("n > 1")
+	case v.Logprobs:
+		c.stop("logprobs")
+	case v.ToolCalls:
+		c.stop("a tool call is in progress")
+	case v.Reasoning:
+		c.stop("reasoning is in progress")
 	}
-	if v.Usage != nil && v.Usage.CompletionTokens > 0 && c.parts == 0 {
+	c.add(v.Text)
+	if v.Finish {
+		c.finished = true
+	}
+	if v.HasUsage && v.Usage.CompletionTokens > 0 && c.parts == 0 {
 		c.part = v.Usage.CompletionTokens // the engine's count, when it gave one
 	}
-	if roleOnly {
+	if v.Role && len(v.Text) == 0 && !v.Finish { // a role chunk
 		if c.roleOut {
 			return nil, false // the continuation's: the client has one
 		}
 		c.roleOut = true
 	}
-	if !cont || (v.ID == c.id && v.Model == c.model && bytes.Equal(v.Created, c.created) && v.Usage == nil) {
+	if !cont || (bytes.Equal(v.ID, c.id) && bytes.Equal(v.Model, c.model) && bytes.Equal(v.Created, c.created) && !v.HasUsage) {
 		return ev, false
 	}
-	return c.rewrite(data, v.Usage != nil), false
+	return c.rewrite(data, v.HasUsage), false
 }
 
 // add counts a content delta and carries its text.
@@ -172,66 +126,6 @@ func (c *carry) add(s []byte) {
 	c.text = append(c.text, s...)
 }
 
-// plainDelta reads the text of the commonest chunk without decoding it: one
-// choice at index 0, a content (or text) delta, no finish reason, logprobs,
-// tool call, reasoning, role, usage or error. ok is false for any other chunk,
-// which is then decoded. It reads the chunk once, member by member
-// (jsonscan.NextMember), so a key's name inside a value cannot be taken for
-// the key. text is data's own bytes unless the literal holds an escape.
-func plainDelta(data []byte) (text []byte, ok bool) {
-	content, txt, index := -1, -1, false
-	for i := 0; ; {
-		key, v := jsonscan.NextMember(data, i)
-		if key == nil {
-			if v < 0 {
-				return nil, false // cut short
-			}
-			break
-		}
-		i = v
-		switch string(key) {
-		case `"tool_calls"`, `"reasoning_content"`, `"error"`, `"role"`:
-			return nil, false
-		case `"finish_reason"`, `"logprobs"`, `"usage"`:
-			if !bytes.HasPrefix(data[v:], []byte("null")) {
-				return nil, false
-			}
-		case `"index"`:
-			if index || data[v] != '0' {
-				return nil, false
-			}
-			index = true
-		case `"content"`:
-			if content < 0 {
-				content = v
-			}
-		case `"text"`:
-			if txt < 0 {
-				txt = v
-			}
-		}
-	}
-	v := content
-	if v < 0 {
-		v = txt
-	}
-	if v < 0 || bytes.HasPrefix(data[v:], []byte("null")) {
-		return nil, true
-	}
-	if data[v] != '"' {
-		return nil, false
-	}
-	lit := data[v:jsonscan.StringEnd(data, v)]
-	if bytes.IndexByte(lit, '\\') < 0 {
-		return lit[1 : len(lit)-1], true
-	}
-	var s string
-	if json.Unmarshal(lit, &s) != nil {
-		return nil, false
-	}
-	return []byte(s), true
-}
-
 // rewrite gives a continuation's chunk the stream's identity and, on the
 // usage chunk, the whole answer's usage: the prompt counted once (the
 // continuation's engine read the carried text as prompt) and the
@@ -243,16 +137,17 @@ func (c *carry) rewrite(data []byte, usage bool) []byte {
 	if !jsonscan.Valid(data) {
 		return sseEvent("", data)
 	}
-	id, _ := json.Marshal(c.id)
-	model, _ := json.Marshal(c.model)
-	set := []spliced{{key: "id", value: id}, {key: "model", value: model}}
+	set := []chunk.Member{{Key: "id", Value: c.id}, {Key: "model", Value: c.model}}
+	if len(c.model) == 0 {
+		set[1].Value = []byte(`""`) // the first part's chunks named none
+	}
 	if len(c.created) > 0 {
-		set = append(set, spliced{key: "created", value: c.created})
+		set = append(set, chunk.Member{Key: "created", Value: c.created})
 	}
 	if usage {
-		set = append(set, spliced{key: "usage", edit: c.sumUsage})
+		set = append(set, chunk.Member{Key: "usage", Edit: c.sumUsage})
 	}
-	out, ok := splice(make([]byte, 0, len(data)+len(id)+len(model)+32), data, set)
+	out, ok := chunk.Splice(make([]byte, 0, len(data)+len(c.id)+len(c.model)+32), data, set)
 	if !ok {
 		return sseEvent("", data)
 	}
@@ -266,95 +161,19 @@ func (c *carry) sumUsage(dst, u []byte) []byte {
 	if len(u) == 0 || u[0] != '{' {
 		return append(dst, u...)
 	}
-	var prompt, completion int
-	m := jsonscan.NewMembers(u, 0)
-	for m.Next() {
-		switch k := m.Key(); {
-		case k.Equal("prompt_tokens"):
-			prompt = tokenCount(m.Value())
-		case k.Equal("completion_tokens"):
-			completion = tokenCount(m.Value())
-		}
-	}
+	n, _ := chunk.ReadUsage(u)
+	prompt, completion := n.PromptTokens, n.CompletionTokens
 	prompt = max(prompt-c.tokens, 0)
 	completion += c.tokens
-	out, ok := splice(dst, u, []spliced{
-		{key: "prompt_tokens", value: strconv.AppendInt(nil, int64(prompt), 10)},
-		{key: "completion_tokens", value: strconv.AppendInt(nil, int64(completion), 10)},
-		{key: "total_tokens", value: strconv.AppendInt(nil, int64(prompt+completion), 10)},
+	out, ok := chunk.Splice(dst, u, []chunk.Member{
+		{Key: "prompt_tokens", Value: strconv.AppendInt(nil, int64(prompt), 10)},
+		{Key: "completion_tokens", Value: strconv.AppendInt(nil, int64(completion), 10)},
+		{Key: "total_tokens", Value: strconv.AppendInt(nil, int64(prompt+completion), 10)},
 	})
 	if !ok {
 		return append(dst, u...)
 	}
 	return out
-}
-
-// tokenCount reads a count as encoding/json reads it into an int: a whole
-// number, else 0.
-func tokenCount(v []byte) int {
-	n, err := strconv.Atoi(string(v))
-	if err != nil {
-		return 0
-	}
-	return n
-}
-
-// spliced is one member splice sets: key's value becomes value, or what
-// edit makes of the old one (edit is not called for a member added).
-type spliced struct {
-	key   string
-	value []byte
-	edit  func(dst, old []byte) []byte
-}
-
-// splice appends the object obj to dst with every top-level member named
-// in set given its value, and the ones it lacks added before the closing
-// brace (but an edited one). ok is false when obj is not an object.
-func splice(dst, obj []byte, set []spliced) (out []byte, ok bool) {
-	start := len(dst)
-	var seen [8]bool // set is at most a few keys
-	if len(set) > len(seen) {
-		return dst, false
-	}
-	at, members := 0, 0
-	m := jsonscan.NewMembers(obj, jsonscan.SkipSpace(obj, 0))
-	for m.Next() {
-		members++
-		k := m.Key()
-		for i, sp := range set {
-			if !k.Equal(sp.key) {
-				continue
-			}
-			from, to := m.Span()
-			dst = append(dst, obj[at:from]...)
-			if sp.edit != nil {
-				dst = sp.edit(dst, obj[from:to])
-			} else {
-				dst = append(dst, sp.value...)
-			}
-			at, seen[i] = to, true
-			break
-		}
-	}
-	end := m.End()
-	if end < 0 {
-		return dst[:start], false
-	}
-	closing := end - 1 // the '}'
-	dst = append(dst, obj[at:closing]...)
-	for i, sp := range set {
-		if seen[i] || sp.edit != nil {
-			continue
-		}
-		if members > 0 {
-			dst = append(dst, ',')
-		}
-		members++
-		dst = strconv.AppendQuote(dst, sp.key)
-		dst = append(dst, ':')
-		dst = append(dst, sp.value...)
-	}
-	return append(dst, obj[closing:]...), true
 }
 
 // resumeRequest is what decides whether a request can continue elsewhere.

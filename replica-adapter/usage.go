@@ -2,8 +2,8 @@ package adapter
 
 import (
 	"bytes"
-	"encoding/json"
 
+	"github.com/switchyard-llm/switchyard/internal/chunk"
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 )
@@ -19,38 +19,6 @@ const (
 type tokens struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
-}
-
-// usageObject reads OpenAI's usage (prompt_tokens, completion_tokens) and
-// the Responses and Anthropic Messages APIs' (input_tokens,
-// output_tokens) alike.
-type usageObject struct {
-	PromptTokens     *int `json:"prompt_tokens"`
-	CompletionTokens *int `json:"completion_tokens"`
-	InputTokens      *int `json:"input_tokens"`
-	OutputTokens     *int `json:"output_tokens"`
-}
-
-// tokens returns the counts; hasPrompt is false when the object names
-// only output (Anthropic's message_delta), ok false when it names neither.
-func (o *usageObject) tokens() (t tokens, hasPrompt, ok bool) {
-	first := func(a, b *int) *int {
-		if a != nil {
-			return a
-		}
-		return b
-	}
-	p, c := first(o.PromptTokens, o.InputTokens), first(o.CompletionTokens, o.OutputTokens)
-	if p == nil && c == nil {
-		return tokens{}, false, false
-	}
-	if p != nil {
-		t.PromptTokens = *p
-	}
-	if c != nil {
-		t.CompletionTokens = *c
-	}
-	return t, p != nil, true
 }
 
 // usageScanner finds the engine's token usage in a response while it streams
@@ -148,10 +116,11 @@ func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
 		if b[j] != '{' {
 			continue
 		}
-		var o usageObject
-		if e := jsonscan.ValueEnd(b, j); e > 0 && json.Unmarshal(b[j:e], &o) == nil {
-			if t, hasPrompt, ok := o.tokens(); ok {
-				return t, hasPrompt, true
+		if e := jsonscan.ValueEnd(b, j); e > 0 {
+			// OpenAI's prompt_tokens and completion_tokens, or the
+			// Responses and Messages APIs' input_tokens and output_tokens.
+			if u, ok := chunk.ReadUsage(b[j:e]); ok {
+				return tokens{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}, u.HasPrompt, true
 			}
 		}
 	}
