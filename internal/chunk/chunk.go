@@ -59,133 +59,227 @@ type Usage struct {
 
 // Read reads data, one event's data. ok is false when data is not a JSON
 // object or a member Read needs has a value of the wrong type; members it
-// does not need are skipped, not checked.
+// does not need are skipped, not checked. It reads the chunk once, front to
+// back: the members it needs are descended into where they stand, the
+// others skipped, so a key's name inside a value is never taken for a key.
 func Read(data []byte) (c Chunk, ok bool) {
-	m := jsonscan.NewMembers(data, jsonscan.SkipSpace(data, 0))
-	for m.Next() {
-		k, v := m.Key(), m.Value()
-		switch {
-		case k.Equal("id"):
-			if c.ID, ok = str(v); !ok {
-				return c, false
+	r := reader{b: data}
+	ok = r.members(func(k []byte) bool {
+		switch string(k) {
+		case "id":
+			c.ID, ok = r.literal()
+		case "model":
+			c.Model, ok = r.literal()
+		case "created":
+			c.Created, ok = r.value()
+		case "choices":
+			ok = r.choices(&c)
+		case "usage":
+			v, vok := r.value()
+			c.HasUsage, ok = false, vok
+			if vok && !null(v) {
+				c.Usage, ok = ReadUsage(v)
+				c.HasUsage = ok
 			}
-		case k.Equal("model"):
-			if c.Model, ok = str(v); !ok {
-				return c, false
-			}
-		case k.Equal("created"):
-			c.Created = v
-		case k.Equal("choices"):
-			if !c.choices(v) {
-				return c, false
-			}
-		case k.Equal("usage"):
-			c.HasUsage = false
-			if !null(v) {
-				if c.Usage, ok = ReadUsage(v); !ok {
-					return c, false
-				}
-				c.HasUsage = true
-			}
-		case k.Equal("error"):
-			c.Error = !null(v)
+		case "error":
+			v, vok := r.value()
+			c.Error, ok = !null(v), vok
+		default:
+			_, ok = r.value()
+		}
+		return ok
+	})
+	return c, ok && jsonscan.SkipSpace(data, r.i) == len(data)
+}
+
+// reader reads one chunk front to back; i is where it stands.
+type reader struct {
+	b []byte
+	i int
+}
+
+// members walks the object at i: for each member it calls f with the
+// key's name (unescaped) and i at the value, which f must read past.
+func (r *reader) members(f func(name []byte) bool) bool {
+	b := r.b
+	i := jsonscan.SkipSpace(b, r.i)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	if i = jsonscan.SkipSpace(b, i+1); i < len(b) && b[i] == '}' {
+		r.i = i + 1
+		return true
+	}
+	var unescaped []byte
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		ke := jsonscan.StringEnd(b, i)
+		if ke < 0 {
+			return false
+		}
+		name := b[i+1 : ke-1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			unescaped = jsonscan.AppendString(unescaped[:0], b[i:ke])
+			name = unescaped
+		}
+		if i = jsonscan.SkipSpace(b, ke); i >= len(b) || b[i] != ':' {
+			return false
+		}
+		r.i = jsonscan.SkipSpace(b, i+1)
+		if !f(name) {
+			return false
+		}
+		i = jsonscan.SkipSpace(b, r.i)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = jsonscan.SkipSpace(b, i+1)
+		case '}':
+			r.i = i + 1
+			return true
+		default:
+			return false
 		}
 	}
-	return c, m.End() >= 0 && jsonscan.SkipSpace(data, m.End()) == len(data)
+}
+
+// value reads past the value at i and returns it.
+func (r *reader) value() ([]byte, bool) {
+	e := jsonscan.ValueEnd(r.b, r.i)
+	if e < 0 {
+		return nil, false
+	}
+	v := r.b[r.i:e]
+	r.i = e
+	return v, true
+}
+
+// literal reads a string literal or null: the literal, or nil.
+func (r *reader) literal() ([]byte, bool) {
+	v, ok := r.value()
+	if !ok || null(v) {
+		return nil, ok
+	}
+	return v, len(v) >= 2 && v[0] == '"'
+}
+
+// text reads a string or null: its value, or nil.
+func (r *reader) text() ([]byte, bool) {
+	v, ok := r.value()
+	if !ok {
+		return nil, false
+	}
+	return strValue(v)
+}
+
+// nonNull reads past a value and says whether it is anything but null
+// (and, with empty set, anything but "").
+func (r *reader) nonNull(empty bool) (bool, bool) {
+	v, ok := r.value()
+	return ok && !null(v) && !(empty && string(v) == `""`), ok
 }
 
 // choices reads the choices array: the first choice at index 0, and
 // whether there are others.
-func (c *Chunk) choices(v []byte) bool {
-	c.Text, c.Role, c.Finish, c.Logprobs, c.ToolCalls, c.Reasoning, c.OtherChoices = nil, false, false, false, false, false, false
-	if null(v) {
+func (r *reader) choices(c *Chunk) bool {
+	b := r.b
+	i := r.i
+	if i >= len(b) {
+		return false
+	}
+	if b[i] == 'n' {
+		_, ok := r.value()
+		return ok
+	}
+	if b[i] != '[' {
+		return false
+	}
+	if i = jsonscan.SkipSpace(b, i+1); i < len(b) && b[i] == ']' {
+		r.i = i + 1
 		return true
 	}
-	e := jsonscan.NewElems(v, 0)
+	c.Text, c.Role, c.Finish, c.Logprobs, c.ToolCalls, c.Reasoning, c.OtherChoices = nil, false, false, false, false, false, false
 	first := true
-	for e.Next() {
-		ch := e.Value()
-		if ch[0] != '{' {
+	for {
+		r.i = i
+		ch := choice{index0: true}
+		if !r.members(func(k []byte) bool { return r.choiceMember(k, &ch) }) {
 			return false
 		}
-		if !first || !indexZero(ch) {
+		if first && ch.index0 {
+			first = false
+			c.Text = ch.text
+			if ch.content != nil {
+				c.Text = ch.content
+			}
+			c.Role, c.Finish, c.Logprobs, c.ToolCalls, c.Reasoning = ch.role, ch.finish, ch.logprobs, ch.toolCalls, ch.reasoning
+		} else {
 			c.OtherChoices = true
-			continue
 		}
-		first = false
-		if !c.choice(ch) {
+		if i = jsonscan.SkipSpace(b, r.i); i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = jsonscan.SkipSpace(b, i+1)
+		case ']':
+			r.i = i + 1
+			return true
+		default:
 			return false
 		}
 	}
-	return e.End() >= 0
 }
 
-// indexZero reports whether a choice's index is 0 (or absent, which
-// decodes as 0).
-func indexZero(ch []byte) bool {
-	m := jsonscan.NewMembers(ch, 0)
-	zero := true
-	for m.Next() {
-		if m.Key().Equal("index") {
-			v := m.Value()
-			zero = null(v) || string(v) == "0"
-		}
-	}
-	return zero
+// choice is what Read takes of one choice, its delta's members included.
+type choice struct {
+	text, content                                        []byte
+	index0, role, finish, logprobs, toolCalls, reasoning bool
 }
 
-// choice reads the first choice.
-func (c *Chunk) choice(ch []byte) bool {
-	var text, content []byte
-	hasContent := false
-	m := jsonscan.NewMembers(ch, 0)
-	for m.Next() {
-		k, v := m.Key(), m.Value()
-		switch {
-		case k.Equal("text"):
-			var ok bool
-			if text, ok = strValue(v); !ok {
-				return false
-			}
-		case k.Equal("finish_reason"):
-			c.Finish = !null(v)
-		case k.Equal("logprobs"):
-			c.Logprobs = !null(v)
-		case k.Equal("delta"):
-			if null(v) {
-				continue
-			}
-			if v[0] != '{' {
-				return false
-			}
-			d := jsonscan.NewMembers(v, 0)
-			for d.Next() {
-				dk, dv := d.Key(), d.Value()
-				switch {
-				case dk.Equal("content"):
-					var ok bool
-					if content, ok = strValue(dv); !ok {
-						return false
-					}
-					hasContent = content != nil
-				case dk.Equal("role"):
-					c.Role = !null(dv) && !bytes.Equal(dv, []byte(`""`))
-				case dk.Equal("tool_calls"):
-					c.ToolCalls = !null(dv)
-				case dk.Equal("reasoning_content"):
-					c.Reasoning = !null(dv) && !bytes.Equal(dv, []byte(`""`))
-				}
-			}
-			if d.End() < 0 {
-				return false
-			}
+// choiceMember reads one member of a choice into ch; the last of
+// duplicates wins, as a decoder has it.
+func (r *reader) choiceMember(k []byte, ch *choice) (ok bool) {
+	switch string(k) {
+	case "index":
+		var v []byte
+		v, ok = r.value()
+		ch.index0 = null(v) || string(v) == "0"
+	case "text":
+		ch.text, ok = r.text()
+	case "finish_reason":
+		ch.finish, ok = r.nonNull(false)
+	case "logprobs":
+		ch.logprobs, ok = r.nonNull(false)
+	case "delta":
+		ch.content, ch.role, ch.toolCalls, ch.reasoning = nil, false, false, false
+		if r.i < len(r.b) && r.b[r.i] == 'n' {
+			_, ok = r.value()
+			return ok
 		}
+		return r.members(func(k []byte) (ok bool) {
+			switch string(k) {
+			case "content":
+				ch.content, ok = r.text()
+			case "role":
+				ch.role, ok = r.nonNull(true)
+			case "tool_calls":
+				ch.toolCalls, ok = r.nonNull(false)
+			case "reasoning_content":
+				ch.reasoning, ok = r.nonNull(true)
+			default:
+				_, ok = r.value()
+			}
+			return ok
+		})
+	default:
+		_, ok = r.value()
 	}
-	c.Text = text
-	if hasContent {
-		c.Text = content
-	}
-	return m.End() >= 0
+	return ok
 }
 
 // ReadUsage reads a usage object's counts. ok is false when v is not an
