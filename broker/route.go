@@ -276,6 +276,11 @@ func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []
 	} else {
 		delete(h, subjects.HdrRouteLora)
 	}
+	if d.Prefill != "" {
+		s.setHeader(h, subjects.HdrRoutePrefill, d.Prefill)
+	} else {
+		delete(h, subjects.HdrRoutePrefill)
+	}
 	if s.revText == "" || s.rev != d.TableRevision {
 		s.rev, s.revText = d.TableRevision, strconv.FormatUint(d.TableRevision, 10)
 	}

@@ -105,8 +105,14 @@ func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 	s := newScratch()
 	var msg nats.Msg
 	h := gatewayHeaders()
+	// A sender cannot send a request's prefill leg anywhere: only the
+	// broker's decision names a prefill replica.
+	h.Set(subjects.HdrRoutePrefill, "forged")
 	body := []byte(`{"model":"chat-large"}`)
 	handleInto(b, s, "llm.gw.default", "_INBOX.gw.1", h, body, &msg)
+	if v := msg.Header.Get(subjects.HdrRoutePrefill); v != "" {
+		t.Errorf("a sender's %s %q was forwarded", subjects.HdrRoutePrefill, v)
+	}
 	rep := msg.Header.Get(subjects.HdrRouteReplica)
 	if msg.Subject != "llm.replica."+rep || msg.Reply != "_INBOX.gw.1" || string(msg.Data) != string(body) {
 		t.Fatalf("forwarded %q reply %q body %q", msg.Subject, msg.Reply, msg.Data)

@@ -104,6 +104,7 @@ func (b *Broker) storedAt(s *scratch, tenant, reply string, h nats.Header, id st
 	s.setHeader(h, subjects.HdrRoutePool, reg.Pool)
 	s.setHeader(h, subjects.HdrRouteReplica, rec.Replica)
 	s.setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
+	delete(h, subjects.HdrRoutePrefill)
 	s.setHeader(h, subjects.HdrTenant, tenant)
 	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
 	return b.forwardTo(s, rec.Replica, reply, h, nil)

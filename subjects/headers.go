@@ -56,18 +56,23 @@ const (
 	HdrRouteReason   = "Llm-Route-Reason"
 	HdrRouteLora     = "Llm-Route-Lora"
 	HdrRouteTableRev = "Llm-Route-Table-Rev"
+	// HdrRoutePrefill names the replica that runs the prefill leg of a
+	// split request (docs/protocol.md, "Disaggregated serving"): the decode
+	// replica's adapter sends it the leg. Absent when served whole.
+	HdrRoutePrefill = "Llm-Route-Prefill"
 )
 
 // RouteHeaders lists the route headers in the order they are copied to HTTP,
 // with the HTTP name of each.
-func RouteHeaders() [6][2]string {
-	return [6][2]string{
+func RouteHeaders() [7][2]string {
+	return [7][2]string{
 		{HdrRouteModel, "X-Switchyard-Model"},
 		{HdrRouteVersion, "X-Switchyard-Version"},
 		{HdrRoutePool, "X-Switchyard-Pool"},
 		{HdrRouteReplica, "X-Switchyard-Replica"},
 		{HdrRouteReason, "X-Switchyard-Reason"},
 		{HdrRouteLora, "X-Switchyard-Lora"},
+		{HdrRoutePrefill, "X-Switchyard-Prefill-Replica"},
 	}
 }
 

@@ -208,4 +208,10 @@ type Decision struct {
 	ResumeFrom     string `json:"resume_from,omitempty"`
 	ResumeTokens   int    `json:"resume_tokens,omitempty"`
 	DecidedUnixMil int64  `json:"decided_unix_ms"`
+	// For a model with disaggregation: the replica running the prefill
+	// leg (none when served whole), why the request was split or served
+	// whole, and its prompt tokens the decode replica was not known to hold.
+	PrefillReplica string `json:"prefill_replica,omitempty"`
+	Split          string `json:"split,omitempty"`
+	UncachedTokens int    `json:"uncached_tokens,omitempty"`
 }

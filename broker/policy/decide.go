@@ -106,9 +106,11 @@ func (st *decision) run() {
 
 	// Which replica?
 	p.adapter = res.adapter
+	p.holders = nil
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.prefixes[res.target.Model]
 	}
+	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy, p.holders)
 	if e := p.choose(); e != nil {
 		st.reject(e)
 		return
@@ -141,8 +143,17 @@ func (st *decision) commitTo(x *replica) {
 			x.nsent++
 		}
 	}
+	y := st.pick.pd.prefill
+	if y != nil {
+		y.inflight++
+	}
 	if len(st.req.Prefix) > 0 {
 		if m := st.r.prefixMapLocked(st.res.target.Model); m != nil {
+			// The prefill replica computed the blocks and keeps them in
+			// its cache; the decode replica holds them once pulled.
+			if y != nil {
+				m.remember(st.req.Prefix, y)
+			}
 			st.d.Placement = m.remember(st.req.Prefix, x)
 		}
 	}

@@ -53,6 +53,7 @@ const (
 	ReasonFallback     = "fallback:"          // followed by the alias fallen back to
 	ReasonDeadline     = "deadline"           // chosen replica could not meet the deadline; the fastest one could
 	ReasonBatchRoom    = "batch-room"         // batch work: the chosen replica had no room for it; another had
+	ReasonSplit        = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
 )
 
 // Why a candidate lost (Alternative.Why).
@@ -87,7 +88,13 @@ type Decision struct {
 	EjectPanic bool
 
 	PrefixBlocks, PrefixMatched int
-	TableRevision               uint64
+	// Prefill is the replica that runs the prefill leg of a split request
+	// ("" when served whole); Split says why it was split or served whole
+	// ("" for a model without disaggregation), and UncachedTokens is the
+	// prompt less what the decode replica was known to hold.
+	Prefill, Split string
+	UncachedTokens int
+	TableRevision  uint64
 	// Duration is the time the decision took, measured only when
 	// Config.Clock is set; otherwise the caller fills it in.
 	Duration time.Duration
@@ -135,6 +142,10 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		EjectPanic:    d.EjectPanic,
 		ResumeFrom:    req.ResumeFrom,
 		ResumeTokens:  req.ResumeTokens,
+
+		PrefillReplica: d.Prefill,
+		Split:          d.Split,
+		UncachedTokens: d.UncachedTokens,
 	}
 	if d.NEjected > 0 {
 		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])

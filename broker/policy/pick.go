@@ -38,6 +38,7 @@ type pick struct {
 	pair     pairDraw
 	dl       deadlineCheck
 	room     batchRoomCheck
+	pd       splitCheck
 }
 
 // start readies p for a decision of req.

@@ -96,6 +96,9 @@ type replica struct {
 	mark     uint64 // == Router.epoch while a candidate of the current decision
 	idHash   uint64 // xxhash of id, for rendezvous hashing
 	serves   uint8  // the endpoints its engine serves (subjects.EndpointBit)
+	// prefillOnly: registered with role prefill, so it runs prefill legs
+	// of split requests and never a whole request.
+	prefillOnly bool
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -112,6 +115,7 @@ type replica struct {
 func (x *replica) refresh() {
 	hb := &x.hb
 	x.ready = x.reg != nil && x.hasHB && subjects.Restrictive(x.reg.State, hb.State) == subjects.StateReady
+	x.prefillOnly = x.reg != nil && x.reg.Role == table.RolePrefill
 	var regBatch, regQueue int
 	if x.reg != nil {
 		regBatch, regQueue = x.reg.MaxBatch, x.reg.MaxQueue

@@ -61,12 +61,16 @@ type check struct {
 	// why says why candidate i lost because of this check, "" when it
 	// did not; it takes precedence over the step's why.
 	why func(p *pick, i int) string
+	// report writes what the check found into the Decision; nil reports
+	// nothing.
+	report func(p *pick, d *Decision)
 }
 
 // checks run after the step that chose, in order.
 var checks = [...]check{
 	{reason: ReasonDeadline, check: (*pick).deadline, why: (*pick).whyDeadline},
 	{reason: ReasonBatchRoom, check: (*pick).batchRoom, why: (*pick).whyBatchRoom},
+	{reason: ReasonSplit, check: (*pick).split, why: (*pick).whySplit, report: (*pick).reportSplit},
 }
 
 // filter declares one candidate filter. A group's candidates are its
@@ -90,6 +94,7 @@ var filters = [...]filter{
 	{name: "not-excluded", on: (*pick).excludeOn, keep: (*pick).notExcluded},
 	{name: "pinned", on: (*pick).pinOn, keep: (*pick).pinnedTo},
 	{name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint},
+	{name: "not-prefill", keep: (*pick).notPrefill},
 }
 
 // Route modifiers: what changed the route before the replica choice, bits
@@ -159,10 +164,15 @@ func (p *pick) choose() *subjects.APIError {
 }
 
 // report writes what the rows found into d: the deciding step's report
-// when no check switched away from its replica.
+// when no check switched away from its replica, and every check's.
 func (p *pick) report(d *Decision) {
 	if p.switched == 0 && p.step.report != nil {
 		p.step.report(p, d)
+	}
+	for k := range checks {
+		if checks[k].report != nil {
+			checks[k].report(p, d)
+		}
 	}
 }
 

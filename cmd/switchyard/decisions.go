@@ -137,6 +137,11 @@ func formatDecision(d *subjects.Decision, loc *time.Location) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "  → %s  %s", cmp.Or(d.Replica, "?"), cmp.Or(d.Reason, "?"))
+	if d.PrefillReplica != "" {
+		fmt.Fprintf(&b, "  prefill on %s (%d uncached tokens)", d.PrefillReplica, d.UncachedTokens)
+	} else if d.Split != "" {
+		fmt.Fprintf(&b, "  %s (%d uncached tokens)", d.Split, d.UncachedTokens)
+	}
 	if d.ResumeFrom != "" {
 		fmt.Fprintf(&b, "  resumed from %s, %d tokens carried", d.ResumeFrom, d.ResumeTokens)
 	}

@@ -34,6 +34,11 @@ func TestFormatDecision(t *testing.T) {
 	lora.Replica, lora.Reason, lora.Alternatives = "l8-gen-0", "lora-affinity", nil
 	resumed := lora
 	resumed.Replica, resumed.ResumeFrom, resumed.ResumeTokens = "l8-gen-1", "l8-gen-0", 100
+	split := decisionAt(at)
+	split.Requested, split.Model, split.Version, split.Replica, split.Alternatives = "pd-model", "pd-model", "v1", "pd-d0", nil
+	split.PrefillReplica, split.Split, split.UncachedTokens = "pd-p1", "split", 6000
+	whole := split
+	whole.PrefillReplica, whole.Split, whole.UncachedTokens = "", "whole: below min_uncached_tokens", 900
 	rejected := subjects.Decision{
 		Tenant: "trial", Requested: "chat-large", Status: 429, Code: "rate_limit_exceeded",
 		Message: "rpm quota of 5 reached", Reason: "", DecidedUnixMil: at,
@@ -49,6 +54,10 @@ func TestFormatDecision(t *testing.T) {
 			"14:03:07.412 team-x   chat-small → llama-3-8b-instruct v1.0.0 +lora team-x-v3  pool general  → l8-gen-0  lora-affinity  no runner-up"},
 		{"a continuation", resumed,
 			"14:03:07.412 team-x   chat-small → llama-3-8b-instruct v1.0.0 +lora team-x-v3  pool general  → l8-gen-1  lora-affinity  resumed from l8-gen-0, 100 tokens carried  no runner-up"},
+		{"split", split,
+			"14:03:07.412 default  pd-model → pd-model v1  pool general  → pd-d0  power-of-two  prefill on pd-p1 (6000 uncached tokens)  no runner-up"},
+		{"served whole", whole,
+			"14:03:07.412 default  pd-model → pd-model v1  pool general  → pd-d0  power-of-two  whole: below min_uncached_tokens (900 uncached tokens)  no runner-up"},
 		{"rejected before a model", rejected,
 			"14:03:07.412 trial    chat-large  rejected 429 rate_limit_exceeded: rpm quota of 5 reached"},
 	} {

@@ -111,6 +111,13 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 	}
 	fmt.Fprintf(w, "\npool      %s\nreplica   %s (score %.3f)\nreason    %s\ntable rev %d, decided in %s\n",
 		d.Pool, d.Replica, d.Score, d.Reason, d.TableRevision, time.Duration(d.DurationNanos))
+	if d.Split != "" {
+		if d.PrefillReplica != "" {
+			fmt.Fprintf(w, "prefill   %s, decode on %s (%s: %d uncached tokens)\n", d.PrefillReplica, d.Replica, d.Split, d.UncachedTokens)
+		} else {
+			fmt.Fprintf(w, "prefill   on %s, served whole (%s; %d uncached tokens)\n", d.Replica, d.Split, d.UncachedTokens)
+		}
+	}
 	for _, a := range d.Alternatives {
 		fmt.Fprintf(w, "  lost    %s (score %.3f): %s\n", a.Replica, a.Score, a.Why)
 	}

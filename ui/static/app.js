@@ -185,6 +185,11 @@
           h('span', 'mono', `(${alt.score.toFixed(3)} vs ${(d.score || 0).toFixed(3)})`))
         : h('span', 'd-lost', 'no runner-up'));
     }
+    if (d.split) {
+      line2.append(d.prefill_replica
+        ? h('span', 'd-split', 'prefill on ', h('span', 'id', d.prefill_replica), `, decode on ${d.replica || '?'} (${d.uncached_tokens || 0} uncached tokens)`)
+        : h('span', 'd-split dim', `served whole: ${d.split.replace(/^whole: /, '')} (${d.uncached_tokens || 0} uncached tokens)`));
+    }
     if (d.resume_from) {
       line2.append(h('span', 'd-resume', `resumed from ${d.resume_from} → ${d.replica || '?'}, ${d.resume_tokens || 0} tokens carried`));
     }
