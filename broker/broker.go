@@ -1,8 +1,10 @@
-// Package broker is the NATS side of routing: a micro service in the queue
-// group switchyard-broker that reads a request's headers, asks the pure
-// policy for a decision and forwards the untouched body to the chosen
-// replica with the original reply subject, so the answer goes straight back
-// to the gateway. Rejections are answered here.
+// Package broker is the deciding service: a micro service in the queue
+// group switchyard-broker that takes the requests of direct tenants
+// (llm.route), batchers (llm.batch) and gateways that leave deciding to it
+// (llm.gw), decides each with the shared deciding state (package decider)
+// and forwards the untouched body to the chosen replica with the original
+// reply subject, so the answer goes straight back to the sender.
+// Rejections are answered here.
 package broker
 
 import (
@@ -11,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
@@ -64,31 +66,18 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock (default time.Now); tests may replace it.
 	Now func() time.Time
+	// owners replaces the stored-response owners' reader (tests).
+	owners *owners.Store
 }
 
 // Broker routes requests. Create it with New and start it with Run.
 type Broker struct {
-	nc   *nats.Conn
-	cfg  Config
-	subj subjects.Subjects
-	// direct is the prefix of the direct clients' subjects, llm.route.
-	direct string
-	// batch is the prefix of the batchers' subjects, llm.batch.
-	batch   string
+	nc      *nats.Conn
+	cfg     Config
+	subj    subjects.Subjects
 	log     *slog.Logger
-	tracer  trace.Tracer // nil: no spans
-	router  *policy.Router
+	dec     *decider.Decider
 	watcher *kv.Watcher
-	owners  *owners.Store
-	metrics *metrics
-	out     chan outMsg
-	// rng draws the decisions' random choices, inside Router.Decide under
-	// the router's lock: the route and gateway endpoints run at once.
-	rng     *rand.Rand
-	scratch sync.Pool
-	peers   presence
-	health  health
-	heard   heard
 	handled atomic.Uint64 // route messages handled, watched by stop
 	// lookups holds a token per request finished on a goroutine of its own
 	// (route.go, lookUp); stop sets stopping and waits for lookupsRunning.
@@ -96,12 +85,6 @@ type Broker struct {
 	lookupsRunning sync.WaitGroup
 	lookMu         sync.Mutex // guards stopping, and lookupsRunning.Add against Wait
 	stopping       bool
-	logged         sync.Map // refused-message kinds already logged
-}
-
-type outMsg struct {
-	subject string
-	data    any
 }
 
 // Validate range-checks cfg without connecting to anything. Zero values
@@ -136,45 +119,38 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	if cfg.Bucket == "" {
 		cfg.Bucket = subjects.DefaultBucket
 	}
-	if cfg.PresenceEvery <= 0 {
-		cfg.PresenceEvery = time.Second
-	}
 	if cfg.WarmUp == 0 {
 		cfg.WarmUp = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	dec, err := decider.New(nc, decider.Config{
+		ID: cfg.ID, Prefix: cfg.Prefix, OwnersBucket: cfg.OwnersBucket, PresenceEvery: cfg.PresenceEvery,
+		Logger: cfg.Logger, Component: "broker", TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer,
+		Now: cfg.Now, Stages: cfg.Stages, Owners: cfg.owners,
+	})
+	if err != nil {
+		return nil, err
 	}
 	b := &Broker{
 		nc:      nc,
 		cfg:     cfg,
 		subj:    subjects.New(cfg.Prefix),
-		direct:  subjects.New(cfg.Prefix).Route(""),
-		batch:   subjects.New(cfg.Prefix).Batch(""),
 		log:     telemetry.Logger(cfg.Logger).With("component", "broker", "broker", cfg.ID),
-		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/broker"),
-		out:     make(chan outMsg, 4096),
+		dec:     dec,
 		lookups: make(chan struct{}, MaxOwnerLookups),
-		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 	}
-	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
-	b.metrics = newMetrics(cfg.Registerer, b)
-	b.scratch.New = func() any { return newScratch() }
-	b.peers.init(cfg.ID)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	b.owners = owners.NewReader(js, cfg.OwnersBucket)
 	b.watcher = kv.New(js, kv.Config{
 		Bucket:     cfg.Bucket,
 		StateDir:   cfg.StateDir,
 		Logger:     b.log,
-		OnSnapshot: b.setTable,
-		OnInvalid:  b.metrics.invalidValue,
+		OnSnapshot: dec.SetTable,
+		OnInvalid:  dec.InvalidValue,
 	})
 	return b, nil
 }
@@ -187,10 +163,13 @@ func (b *Broker) TableSource() string { return b.watcher.Source() }
 func (b *Broker) ID() string { return b.cfg.ID }
 
 // Router exposes the policy state (for the dashboard and tests).
-func (b *Broker) Router() *policy.Router { return b.router }
+func (b *Broker) Router() *policy.Router { return b.dec.Router() }
 
 // Table returns the routing table in force (nil before the first load).
-func (b *Broker) Table() *table.Snapshot { return b.router.Table() }
+func (b *Broker) Table() *table.Snapshot { return b.dec.Table() }
+
+// LiveBrokers is the number of deciders this one counts for quota shares.
+func (b *Broker) LiveBrokers() int { return b.dec.LiveBrokers() }
 
 // Run serves until ctx is cancelled, then stops taking requests and returns.
 func (b *Broker) Run(ctx context.Context) error {
@@ -210,19 +189,11 @@ func (b *Broker) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-
-	subs, err := b.subscribe()
-	defer func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe()
-		}
-	}()
-	if err != nil {
+	if err := b.dec.Start(ctx); err != nil {
 		return err
 	}
-	wg.Go(func() { b.publishLoop(ctx) })
-	wg.Go(func() { b.presenceLoop(ctx) })
-	if !b.warmUp(ctx) {
+	defer b.dec.Stop()
+	if !b.dec.WarmUp(ctx, b.cfg.WarmUp) {
 		return nil
 	}
 
@@ -285,7 +256,7 @@ const drainWait = 2 * time.Second
 // sending; pending requests are still handled), the flush's round trip
 // confirms the server saw it, and stop waits until the route handler has
 // been idle for a poll interval, at most drainWait, and for the requests
-// still reading their stored response's owner (at most ownerTimeout).
+// still reading their stored response's owner (at most OwnerTimeout).
 func (b *Broker) stop(svc micro.Service) {
 	defer func() {
 		b.endLookups()
@@ -306,64 +277,5 @@ func (b *Broker) stop(svc micro.Service) {
 			break
 		}
 		last = n
-	}
-}
-
-func (b *Broker) setTable(s *table.Snapshot) {
-	b.router.SetTable(s)
-	b.metrics.tableLoaded(s, b.cfg.Now())
-}
-
-// subscribe opens the plain subscriptions every broker needs: each broker
-// must see every heartbeat, placement and usage event, so none is a queue
-// subscription.
-func (b *Broker) subscribe() ([]*nats.Subscription, error) {
-	var subs []*nats.Subscription
-	for _, s := range []struct {
-		subject string
-		h       nats.MsgHandler
-	}{
-		{b.subj.HeartbeatAll(), b.onHeartbeat},
-		{b.subj.PlacementAll(), b.onPlacement},
-		{b.subj.UsageAll(), b.onUsage},
-		{b.subj.BrokerPresence(), b.onPresence},
-		{b.subj.ControlLoadStatus(), b.onLoadStatus},
-	} {
-		sub, err := b.nc.Subscribe(s.subject, s.h)
-		if err != nil {
-			return subs, err
-		}
-		_ = sub.SetPendingLimits(-1, -1)
-		subs = append(subs, sub)
-	}
-	return subs, nil
-}
-
-// publishLoop sends decisions and placements off the request path.
-func (b *Broker) publishLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m := <-b.out:
-			data, err := encode(m.data)
-			if err != nil {
-				b.log.Warn("encode", "subject", m.subject, "err", err)
-				continue
-			}
-			msg := nats.NewMsg(m.subject)
-			msg.Header.Set(subjects.HdrBroker, b.cfg.ID)
-			msg.Data = data
-			_ = b.nc.PublishMsg(msg)
-		}
-	}
-}
-
-// enqueue hands a message to publishLoop without blocking the request path.
-func (b *Broker) enqueue(subject string, v any) {
-	select {
-	case b.out <- outMsg{subject: subject, data: v}:
-	default:
-		b.metrics.publishDropped.Inc()
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
@@ -31,8 +31,14 @@ type faultEnv struct {
 	nc     *nats.Conn
 	bucket jetstream.KeyValue
 	b      *Broker
-	now    atomic.Int64 // unix ns of the broker's clock
+	reg    *prometheus.Registry // the broker's metrics
+	now    atomic.Int64         // unix ns of the broker's clock
 	seq    atomic.Uint64
+}
+
+// metric is the value of the broker's series name{label="value"}.
+func (e *faultEnv) metric(name, label, value string) float64 {
+	return testkit.Sum(e.reg, name, map[string]string{label: value})
 }
 
 func newFaultEnv(t *testing.T) *faultEnv {
@@ -73,7 +79,8 @@ func startFaultEnv(t *testing.T, warmUp time.Duration) *faultEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(bnc.Close)
-	e.b, err = New(bnc, Config{ID: "b-test", WarmUp: warmUp, Now: func() time.Time { return time.Unix(0, e.now.Load()) }})
+	e.reg = prometheus.NewRegistry()
+	e.b, err = New(bnc, Config{ID: "b-test", WarmUp: warmUp, Registerer: e.reg, Now: func() time.Time { return time.Unix(0, e.now.Load()) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +142,7 @@ func (e *faultEnv) heartbeat(hb subjects.Heartbeat) {
 		e.t.Fatal(err)
 	}
 	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
-		if got := testutil.ToFloat64(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
+		if got := e.metric("switchyard_broker_replica_kv_usage_ratio", "replica", hb.Replica); got != hb.KVUsage {
 			return fmt.Errorf("broker has kv %v for %s, want %v", got, hb.Replica, hb.KVUsage)
 		}
 		return nil
@@ -150,7 +157,7 @@ func (e *faultEnv) heartbeatRaw(hb subjects.Heartbeat) {
 	b, _ := json.Marshal(hb)
 	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
 		_ = e.nc.Publish(subjects.New("").Heartbeat(hb.Replica), b)
-		if got := testutil.ToFloat64(e.b.metrics.replicaKV.WithLabelValues(hb.Replica)); got != hb.KVUsage {
+		if got := e.metric("switchyard_broker_replica_kv_usage_ratio", "replica", hb.Replica); got != hb.KVUsage {
 			return fmt.Errorf("heartbeat of %s not taken", hb.Replica)
 		}
 		return nil
@@ -245,14 +252,14 @@ func TestReplicaStatesDecideCandidacy(t *testing.T) {
 	})
 
 	t.Run("failing health checks exclude, log and count", func(t *testing.T) {
-		before := testutil.ToFloat64(e.b.metrics.unhealthy.WithLabelValues("r-0"))
+		before := e.metric("switchyard_broker_unhealthy_heartbeats_total", "replica", "r-0")
 		hb := ready("r-0", 0.2)
 		hb.ScrapeOK = false
 		e.heartbeat(hb)
 		if got := e.spread(20); got["r-1"] != 20 {
 			t.Errorf("a replica failing its health checks got requests: %v", got)
 		}
-		if n := testutil.ToFloat64(e.b.metrics.unhealthy.WithLabelValues("r-0")) - before; n != 1 {
+		if n := e.metric("switchyard_broker_unhealthy_heartbeats_total", "replica", "r-0") - before; n != 1 {
 			t.Errorf("unhealthy heartbeats counted %v, want 1", n)
 		}
 		// Alone, it is not served: no replica is better than a broken one.
@@ -336,8 +343,8 @@ func TestBadHeartbeatsAreIgnoredAndCounted(t *testing.T) {
 	e := newFaultEnv(t)
 	e.heartbeat(ready("r-0", 0.2))
 	e.heartbeat(ready("r-1", 0.2))
-	bad := e.b.metrics.badMessages.WithLabelValues("heartbeat")
-	before := testutil.ToFloat64(bad)
+	bad := func() float64 { return e.metric("switchyard_broker_bad_messages_total", "kind", "heartbeat") }
+	before := bad()
 	hb := func(f func(*subjects.Heartbeat)) []byte {
 		h := ready("r-0", 0.2)
 		h.State = subjects.StateDraining // each would exclude r-0 if taken
@@ -362,7 +369,7 @@ func TestBadHeartbeatsAreIgnoredAndCounted(t *testing.T) {
 		}
 	}
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if n := testutil.ToFloat64(bad) - before; n != float64(len(cases)) {
+		if n := bad() - before; n != float64(len(cases)) {
 			return fmt.Errorf("%v bad heartbeats counted, want %d", n, len(cases))
 		}
 		return nil
@@ -391,7 +398,7 @@ func TestDirectClientWithABadTenantToken(t *testing.T) {
 	if _, err := e.nc.Request("llm.route.bad.token", body, 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("llm.route.bad.token: %v, want no responders", err)
 	}
-	if n := testutil.ToFloat64(e.b.metrics.rejections.WithLabelValues(subjects.CodeInvalidRequest)); n != 1 {
+	if n := e.metric("switchyard_broker_rejections_total", "code", subjects.CodeInvalidRequest); n != 1 {
 		t.Errorf("invalid_request_error rejections = %v, want 1", n)
 	}
 }

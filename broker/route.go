@@ -1,77 +1,17 @@
 package broker
 
 import (
-	"encoding/json"
-	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/nats-io/nuid"
 
-	"github.com/switchyard-llm/switchyard/broker/policy"
-	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/decider"
 	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
-	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
-
-// scratch is the per-request working memory of the route path, pooled so
-// the path allocates little.
-type scratch struct {
-	req      policy.Request
-	d        policy.Decision
-	prefix   []uint64
-	features []string
-	exclude  []string
-	prompt   []byte
-	body     []byte
-	routed   nats.Header   // the routed notice's header, reused
-	promptFn func() []byte // s.renderPrompt, bound once (a method value allocates)
-	values   []string      // backs the header values setHeader adds; new per request
-	rev      uint64        // the table revision revText spells
-	revText  string
-	start    time.Time // when handle took the message: the decision's time
-	stageID  string    // the sender's request id, the stage recorder's key
-}
-
-func newScratch() *scratch {
-	s := new(scratch)
-	s.promptFn = s.renderPrompt
-	return s
-}
-
-func (s *scratch) reset() {
-	s.req = policy.Request{}
-	s.prefix = s.prefix[:0]
-	s.features = s.features[:0]
-	s.exclude = s.exclude[:0]
-	s.prompt = s.prompt[:0]
-	s.body = nil
-	s.values = nil // the last request's header map may still hold them
-}
-
-// do is what handle decided to do with one message.
-type do uint8
-
-const (
-	doForward   do = iota + 1 // publish msg, the request for the chosen replica
-	doRefuse                  // answer the reply subject with err
-	doReadOwner               // read the owner of stored response owner, then decide (owned)
-)
-
-// action is handle's answer for one message; send acts on it.
-type action struct {
-	do    do
-	msg   nats.Msg           // doForward; send builds the refusal in it
-	err   *subjects.APIError // doRefuse
-	owner string             // doReadOwner: the stored response's id
-}
-
-func refuse(e *subjects.APIError) action { return action{do: doRefuse, err: e} }
 
 // route is the per-message hot path: headers in, one publish out.
 func (b *Broker) route(r micro.Request) {
@@ -88,52 +28,46 @@ func (b *Broker) dispatch(subject, reply string, h nats.Header, data []byte) {
 		// another part's subject) is an attack, not a client. Permissions
 		// are the second line: a response allowance passes where a deny
 		// matches.
-		b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+		b.dec.RefuseReply(reply)
 		return
 	}
 	if h == nil {
 		h = nats.Header{}
 	}
-	s := b.scratch.Get().(*scratch)
-	if b.cfg.Stages != nil {
-		s.stageID = h.Get(subjects.HdrRequestID)
-		b.cfg.Stages.Mark(s.stageID, stages.BrokerReceived)
-	}
-	b.send(s, subject, reply, h, data, b.handle(s, subject, reply, h, data))
+	s := b.dec.Get()
+	b.cfg.Stages.Mark(b.stageID(h), stages.BrokerReceived)
+	b.send(s, subject, reply, h, data, b.dec.Handle(s, subject, reply, h, data))
 }
 
 // send acts on what handle (or owned) decided, and is done with s: it
 // publishes the routed notice and the request for the replica, or the
 // refusal for the reply subject (to no one without one). An owner read is
 // handed to lookUp with s, which sends what the owner decides.
-func (b *Broker) send(s *scratch, subject, reply string, h nats.Header, data []byte, a action) {
-	switch a.do {
-	case doReadOwner:
-		b.lookUp(s, subject, reply, h, data, a.owner)
+func (b *Broker) send(s *decider.Scratch, subject, reply string, h nats.Header, data []byte, a decider.Action) {
+	switch a.Do {
+	case decider.DoReadOwner:
+		b.lookUp(s, subject, reply, h, data, a.Owner)
 		return
-	case doForward:
+	case decider.DoForward:
 		if reply != "" {
 			// The routed notice goes first, so a gateway that hears no
 			// accept knows which replica to exclude on its retry
 			// (docs/architecture.md, "Decisions").
-			if s.routed == nil {
-				s.routed = make(nats.Header, 1)
-			}
-			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.msg.Header.Get(subjects.HdrRouteReplica), Header: s.routed}
+			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.Replica(), Header: s.NoticeHeader()}
 			_ = b.nc.PublishMsg(notice.Msg(reply))
 		}
-		if err := b.nc.PublishMsg(&a.msg); err != nil && reply != "" {
-			b.reject(&a.msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
-			_ = b.nc.PublishMsg(&a.msg)
+		if err := b.nc.PublishMsg(&a.Msg); err != nil && reply != "" {
+			b.dec.Reject(&a.Msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+			_ = b.nc.PublishMsg(&a.Msg)
 		}
-		b.cfg.Stages.Mark(s.stageID, stages.Forwarded)
-	case doRefuse:
+		b.cfg.Stages.Mark(b.stageID(h), stages.Forwarded)
+	case decider.DoRefuse:
 		if reply != "" {
-			b.reject(&a.msg, reply, a.err)
-			_ = b.nc.PublishMsg(&a.msg)
+			b.dec.Reject(&a.Msg, reply, a.Err)
+			_ = b.nc.PublishMsg(&a.Msg)
 		}
 	}
-	b.release(s)
+	b.dec.Release(s)
 }
 
 // MaxOwnerLookups bounds the requests reading their stored response's
@@ -146,11 +80,11 @@ const MaxOwnerLookups = 64
 // up that request only, not every request behind it on the endpoint's
 // goroutine. Once the broker is stopping it reads here instead, so no
 // lookup goroutine outlives stop.
-func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data []byte, id string) {
+func (b *Broker) lookUp(s *decider.Scratch, subject, reply string, h nats.Header, data []byte, id string) {
 	b.lookMu.Lock()
 	if b.stopping {
 		b.lookMu.Unlock()
-		b.send(s, subject, reply, h, data, b.owned(s, subject, reply, h, data, id))
+		b.send(s, subject, reply, h, data, b.dec.Owned(s, subject, reply, h, data, id))
 		return
 	}
 	select {
@@ -160,8 +94,8 @@ func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data [
 		e := subjects.NewError(503, subjects.CodeRouterUnavailable,
 			"this broker is reading the owners of "+strconv.Itoa(MaxOwnerLookups)+" stored responses already; try again")
 		e.RetryAfter = time.Second
-		b.metrics.rejected(e.Code)
-		b.send(s, subject, reply, h, data, refuse(e))
+		b.dec.Rejected(e.Code)
+		b.send(s, subject, reply, h, data, decider.Action{Do: decider.DoRefuse, Err: e})
 		return
 	}
 	b.lookupsRunning.Add(1)
@@ -169,26 +103,8 @@ func (b *Broker) lookUp(s *scratch, subject, reply string, h nats.Header, data [
 	go func() {
 		defer b.lookupsRunning.Done()
 		defer func() { <-b.lookups }()
-		b.send(s, subject, reply, h, data, b.owned(s, subject, reply, h, data, id))
+		b.send(s, subject, reply, h, data, b.dec.Owned(s, subject, reply, h, data, id))
 	}()
-}
-
-// owned reads the owner of stored response id that handle asked for, and
-// decides with it where handle stopped: a GET or DELETE of the stored
-// response goes to its replica; a turn continuing it is pinned there and
-// decided.
-func (b *Broker) owned(s *scratch, subject, reply string, h nats.Header, data []byte, id string) action {
-	tenant := subjects.TenantFromRoute(subject)
-	rec, e := b.readOwner(tenant, id)
-	if e != nil {
-		b.metrics.rejected(e.Code)
-		return refuse(e)
-	}
-	if h.Get(subjects.HdrMethod) != "" {
-		return b.storedAt(s, tenant, reply, h, id, rec)
-	}
-	b.pin(s, h, rec)
-	return b.decide(s, tenant, reply, h, data, s.start)
 }
 
 // endLookups makes every later lookup finish where it arrives and waits
@@ -200,407 +116,21 @@ func (b *Broker) endLookups() {
 	b.lookupsRunning.Wait()
 }
 
-// release returns s to the pool without the request's body (up to 8 MiB)
-// or an unusually large rendered prompt.
-func (b *Broker) release(s *scratch) {
-	s.body = nil
-	if cap(s.prompt) > 64<<10 {
-		s.prompt = nil
+// stageID is the request id the stage recorder knows the request by (""
+// when it records nothing: no header lookup then).
+func (b *Broker) stageID(h nats.Header) string {
+	if b.cfg.Stages == nil {
+		return ""
 	}
-	b.scratch.Put(s)
+	return h.Get(subjects.HdrRequestID)
 }
 
-// handle decides what to do with one request: forward it to the chosen
-// replica (body untouched, the sender's reply subject kept), refuse it, or
-// read the owner of the stored response it names first (owned goes on from
-// there). It does no I/O, so its cost is the broker's own per-request CPU;
-// what it learns on the way (the decision's sample, placement, cold load)
-// is queued for the publisher.
-func (b *Broker) handle(s *scratch, subject, reply string, h nats.Header, data []byte) action {
-	start := b.cfg.Now()
-	if h == nil {
-		h = nats.Header{}
-	}
-	s.reset()
-	s.start = start
-	tenant := subjects.TenantFromRoute(subject)
-	if h.Get(subjects.HdrMethod) != "" {
-		return b.stored(tenant, h)
-	}
-	direct := strings.HasPrefix(subject, b.direct)
-	if strings.HasPrefix(subject, b.batch) {
-		// A batch item: the subject's tenant is the batch record's (only
-		// the batcher publishes here), and it runs at batch priority
-		// whatever it says. Its body is a tenant's line, read as a direct
-		// client's.
-		direct = true
-		s.setHeader(h, subjects.HdrPriority, subjects.PriorityBatch)
-	}
-	if e := b.fillRequest(s, tenant, direct, h, data); e != nil {
-		b.metrics.rejected(e.Code)
-		return refuse(e)
-	}
-	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
-		return b.readOwnerFirst(id)
-	}
-	return b.decide(s, tenant, reply, h, data, start)
-}
-
-// decide decides a request fillRequest read: forward or refuse.
-func (b *Broker) decide(s *scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) action {
-	b.router.Decide(&s.req, start, b.rng, &s.d)
-	b.cfg.Stages.Mark(s.stageID, stages.Decided)
-	d := &s.d
-	d.Duration = b.cfg.Now().Sub(start)
-	b.metrics.decided(d)
-	if d.ControlLoad {
-		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
-	}
-	b.sample(&s.req, d, h, start)
-	if b.tracer != nil {
-		b.traceDecision(tenant, h, d, start)
-	}
-	if d.Err != nil {
-		return refuse(d.Err)
-	}
-	if d.Placement && len(s.req.Prefix) > 0 {
-		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
-	}
-	s.setHeader(h, subjects.HdrRouteModel, d.Model)
-	s.setHeader(h, subjects.HdrRouteVersion, d.Version)
-	s.setHeader(h, subjects.HdrRoutePool, d.Pool)
-	s.setHeader(h, subjects.HdrRouteReplica, d.Replica)
-	s.setHeader(h, subjects.HdrRouteReason, d.Reason)
-	if d.Lora != "" {
-		s.setHeader(h, subjects.HdrRouteLora, d.Lora)
-	} else {
-		delete(h, subjects.HdrRouteLora)
-	}
-	if d.Prefill != "" {
-		s.setHeader(h, subjects.HdrRoutePrefill, d.Prefill)
-	} else {
-		delete(h, subjects.HdrRoutePrefill)
-	}
-	if s.revText == "" || s.rev != d.TableRevision {
-		s.rev, s.revText = d.TableRevision, strconv.FormatUint(d.TableRevision, 10)
-	}
-	s.setHeader(h, subjects.HdrRouteTableRev, s.revText)
-	s.setHeader(h, subjects.HdrTenant, tenant)
-	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	// The max_tokens the quota reserved (the client's, or the model's
-	// default) travels with the request, and the adapter writes it into the
-	// body it sends the engine: the engine cannot generate past it.
-	if d.ReservedTokens > s.req.PromptTokens {
-		s.setHeader(h, subjects.HdrMaxTokens, strconv.Itoa(d.ReservedTokens-s.req.PromptTokens))
-	} else {
-		delete(h, subjects.HdrMaxTokens)
-	}
-	return b.forwardTo(s, d.Replica, reply, h, data)
-}
-
-// forwardTo is the action that forwards the request to replica.
-func (b *Broker) forwardTo(s *scratch, replica, reply string, h nats.Header, data []byte) action {
-	// A direct tenant's reply is a service-import reply (_R_.…), which the
-	// server refuses as a published reply: it travels in Llm-Reply. A
-	// sender's own Llm-Reply is never passed on.
-	if subjects.IsServiceReply(reply) {
-		s.setHeader(h, subjects.HdrReply, reply)
-		reply = ""
-	} else {
-		delete(h, subjects.HdrReply)
-	}
-	return action{do: doForward, msg: nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}}
-}
-
-// setHeader sets one value, reusing the slice already there. A header NATS
-// just decoded holds none of the route headers, so each would be a new
-// one-element slice: they are cut from one array instead.
-func (s *scratch) setHeader(h nats.Header, k, v string) {
-	if old := h[k]; len(old) == 1 {
-		old[0] = v
-		return
-	}
-	if len(s.values) == cap(s.values) {
-		s.values = make([]string, 0, 16)
-	}
-	s.values = append(s.values, v)
-	n := len(s.values)
-	h[k] = s.values[n-1 : n : n]
-}
-
-// fillRequest turns headers into a policy request. A gateway's request
-// (llm.gw.<tenant>) carries its features in headers, computed from the body
-// the gateway parsed. A direct client's (llm.route.<tenant>) headers are
-// its own claims: the broker computes prompt tokens, max tokens, prefix
-// blocks and flags from the body itself, and ignores those headers and
-// Llm-Cold-Waited, which only a gateway holding the request may set. A
-// request that continues a stored response is pinned to its replica.
-func (b *Broker) fillRequest(s *scratch, tenant string, direct bool, h nats.Header, body []byte) *subjects.APIError {
-	if err := subjects.ValidToken(tenant); err != nil {
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
-	}
-	if e := checkBounds(h); e != nil {
-		return e
-	}
-	if direct {
-		// The reservation is keyed by the request id: a direct client's
-		// own could name another request's. Direct clients cannot cancel
-		// (only gateways publish cancels), so nothing needs theirs.
-		s.setHeader(h, subjects.HdrRequestID, nuid.Next())
-		// The stored response continued is the body's previous_response_id
-		// (scanBody), checked against the tenant's: a header naming
-		// another would pass the check for one and send the engine the
-		// other.
-		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
-			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
-			subjects.HdrPreviousResponse} {
-			delete(h, k)
-		}
-	}
-	q := &s.req
-	q.Tenant = tenant
-	q.Model = h.Get(subjects.HdrModel)
-	q.Endpoint = h.Get(subjects.HdrEndpoint)
-	q.Conversation = h.Get(subjects.HdrConversation)
-	q.Priority = h.Get(subjects.HdrPriority)
-	q.ID = h.Get(subjects.HdrRequestID)
-	switch q.Priority {
-	case "", subjects.PriorityInteractive, subjects.PriorityBatch:
-	default:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Priority must be interactive or batch")
-	}
-	var err error
-	if q.PromptTokens, err = intHeader(h, subjects.HdrPromptTokens); err != nil {
-		return err.(*subjects.APIError)
-	}
-	if q.MaxTokens, err = intHeader(h, subjects.HdrMaxTokens); err != nil {
-		return err.(*subjects.APIError)
-	}
-	if v := h.Get(subjects.HdrDeadline); v != "" {
-		ms, perr := strconv.ParseInt(v, 10, 64)
-		if perr != nil {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Deadline must be unix milliseconds")
-		}
-		q.Deadline = time.UnixMilli(ms)
-	}
-	if v := h.Get(subjects.HdrPrefix); v != "" {
-		p, perr := features.ParsePrefixHeader(s.prefix[:0], v)
-		if perr != nil {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Prefix: "+perr.Error())
-		}
-		s.prefix = p
-		q.Prefix = p
-	}
-	if v := h.Get(subjects.HdrFeatures); v != "" {
-		s.features = appendSplit(s.features, v)
-		q.Features = s.features
-	}
-	q.ColdWaited = h.Get(subjects.HdrColdWaited) != ""
-	if v := h.Get(subjects.HdrResume); v != "" {
-		q.ResumeFrom = v
-		q.ResumeTokens, _ = strconv.Atoi(h.Get(subjects.HdrResumeTokens))
-	}
-	if v := h.Get(subjects.HdrExclude); v != "" {
-		s.exclude = appendSplit(s.exclude, v)
-		q.Exclude = s.exclude
-	}
-	s.body = body
-	q.Prompt = s.promptFn
-	if direct || q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
-		if e := b.scanBody(s, h); e != nil {
-			return e
-		}
-	}
-	if len(q.Model) > subjects.MaxModelChars {
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
-	}
-	return nil
-}
-
-// checkBounds refuses a request whose routing headers are over their
-// bounds, in time independent of their size: only lengths and separators
-// are counted, nothing is split or parsed (docs/security.md, "Bounds").
-func checkBounds(h nats.Header) *subjects.APIError {
-	for _, k := range [...]string{subjects.HdrModel, subjects.HdrEndpoint, subjects.HdrConversation, subjects.HdrPriority,
-		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrPrefix, subjects.HdrFeatures,
-		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
-		subjects.HdrTraceparent, subjects.HdrTracestate} {
-		v := h[k]
-		if len(v) > 1 {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, k+" may appear once")
-		}
-		if len(v) == 1 && len(v[0]) > subjects.MaxHeaderChars {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, k+" must be at most "+strconv.Itoa(subjects.MaxHeaderChars)+" characters")
-		}
-	}
-	switch {
-	case len(h.Get(subjects.HdrModel)) > subjects.MaxModelChars:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
-	case len(h.Get(subjects.HdrRequestID)) > subjects.MaxRequestIDChars:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrRequestID+" must be at most "+strconv.Itoa(subjects.MaxRequestIDChars)+" characters")
-	case strings.Count(h.Get(subjects.HdrExclude), ",") >= subjects.MaxExclude:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrExclude+" may name at most "+strconv.Itoa(subjects.MaxExclude)+" replicas")
-	case strings.Count(h.Get(subjects.HdrFeatures), ",") >= subjects.MaxFeatures:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrFeatures+" may name at most "+strconv.Itoa(subjects.MaxFeatures)+" flags")
-	}
-	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
-
-func intHeader(h nats.Header, k string) (int, error) {
-	v := h.Get(k)
-	if v == "" {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, subjects.NewError(400, subjects.CodeInvalidRequest, k+" must be a non-negative integer")
-	}
-	return n, nil
-}
-
-func appendSplit(dst []string, v string) []string {
-	for v != "" {
-		i := strings.IndexByte(v, ',')
-		if i < 0 {
-			return append(dst, strings.TrimSpace(v))
-		}
-		if t := strings.TrimSpace(v[:i]); t != "" {
-			dst = append(dst, t)
-		}
-		v = v[i+1:]
-	}
-	return dst
-}
-
-// sample publishes the explained decision on llm.decision.<pool>, at the
-// table's decision_sample rate, drawn from the goroutine-safe global
-// source: the route and gateway endpoints call it at once.
-func (b *Broker) sample(q *policy.Request, d *policy.Decision, h nats.Header, decided time.Time) {
-	t := b.router.Table()
-	rate := 1.0
-	if t != nil {
-		rate = t.Policy.DecisionSample
-	}
-	if rate <= 0 || (rate < 1 && rand.Float64() >= rate) {
-		return
-	}
-	w := d.Wire(q)
-	w.RequestID = q.ID
-	w.TraceID = traceID(h.Get(subjects.HdrTraceparent))
-	w.DecidedUnixMil = decided.UnixMilli()
-	pool := d.Pool
-	if pool == "" {
-		pool = "none"
-	}
-	b.enqueue(b.subj.Decision(pool), &w)
-}
-
-// traceID extracts the trace id of a W3C traceparent (version-traceid-spanid-flags).
-func traceID(tp string) string {
-	if len(tp) >= 55 && tp[2] == '-' {
-		return tp[3:35]
-	}
-	return ""
-}
-
-// reject fills msg with a single rejection message for reply
-// (docs/protocol.md, "The reply protocol"); msg stays empty when there is no one to tell.
-func (b *Broker) reject(msg *nats.Msg, reply string, e *subjects.APIError) {
-	if reply == "" {
-		*msg = nats.Msg{}
-		return
-	}
-	f := replyproto.Rejection(e)
-	*msg = *f.Msg(reply)
-}
-
-// explain answers a dry run: the decision with its alternatives, nothing
-// forwarded and nothing committed. The request is given in headers, as for
-// llm.route, or as a JSON body {"model", "conversation", "prompt_tokens", ...}.
+// explain answers a dry run on llm.explain.<tenant> (decider.Explain).
 func (b *Broker) explain(r micro.Request) {
-	s := newScratch()
-	tenant := subjects.TenantFromRoute(r.Subject())
-	h := nats.Header(r.Headers())
-	if h == nil {
-		h = nats.Header{}
-	}
-	if len(r.Data()) > 0 && h.Get(subjects.HdrModel) == "" {
-		var x ExplainRequest
-		if err := json.Unmarshal(r.Data(), &x); err != nil {
-			_ = r.Respond(subjects.NewError(400, subjects.CodeInvalidRequest, "explain: "+err.Error()).Body())
-			return
-		}
-		x.toHeaders(h)
-	}
-	if apiErr := b.fillRequest(s, tenant, false, h, nil); apiErr != nil {
-		_ = r.Respond(apiErr.Body())
+	w, e := b.dec.Explain(r.Subject(), nats.Header(r.Headers()), r.Data())
+	if e != nil {
+		_ = r.Respond(e.Body())
 		return
 	}
-	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
-		e := checkResponseID(id)
-		var rec owners.Record
-		if e == nil {
-			rec, e = b.readOwner(tenant, id)
-		}
-		if e != nil {
-			_ = r.Respond(e.Body())
-			return
-		}
-		b.pin(s, h, rec)
-	}
-	start := b.cfg.Now()
-	b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)), &s.d)
-	s.d.Duration = b.cfg.Now().Sub(start)
-	w := s.d.Wire(&s.req)
-	w.DecidedUnixMil = start.UnixMilli()
 	_ = r.RespondJSON(w)
-}
-
-// ExplainRequest is the JSON form of a hypothetical request for llm.explain.
-type ExplainRequest struct {
-	Model        string   `json:"model"`
-	Conversation string   `json:"conversation,omitempty"`
-	PromptTokens int      `json:"prompt_tokens,omitempty"`
-	MaxTokens    int      `json:"max_tokens,omitempty"`
-	Priority     string   `json:"priority,omitempty"`
-	Features     []string `json:"features,omitempty"`
-	Prefix       string   `json:"prefix,omitempty"`
-	// Endpoint is the API path, e.g. /v1/responses (default chat): only
-	// replicas whose engine serves it are candidates.
-	Endpoint string `json:"endpoint,omitempty"`
-	// PreviousResponse is a stored response the request would continue.
-	PreviousResponse string `json:"previous_response,omitempty"`
-}
-
-func (x *ExplainRequest) toHeaders(h nats.Header) {
-	h.Set(subjects.HdrModel, x.Model)
-	if x.Conversation != "" {
-		h.Set(subjects.HdrConversation, x.Conversation)
-	}
-	h.Set(subjects.HdrPromptTokens, strconv.Itoa(x.PromptTokens))
-	if x.MaxTokens > 0 {
-		h.Set(subjects.HdrMaxTokens, strconv.Itoa(x.MaxTokens))
-	}
-	if x.Priority != "" {
-		h.Set(subjects.HdrPriority, x.Priority)
-	}
-	if len(x.Features) > 0 {
-		h.Set(subjects.HdrFeatures, strings.Join(x.Features, ","))
-	}
-	if x.Prefix != "" {
-		h.Set(subjects.HdrPrefix, x.Prefix)
-	}
-	if x.Endpoint != "" {
-		h.Set(subjects.HdrEndpoint, x.Endpoint)
-	}
-	if x.PreviousResponse != "" {
-		h.Set(subjects.HdrPreviousResponse, x.PreviousResponse)
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -19,16 +20,18 @@ import (
 // The one waiting is answered 503 when its read times out, and past
 // MaxOwnerLookups waiting, the next is answered 503 at once.
 func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
-	b := newTestBroker(t, 4, time.Unix(1_800_000_000, 0))
-	stalled, err := b.nc.SubscribeSync("stalled.API.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.NewWithAPIPrefix(b.nc, "stalled.API")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.owners = owners.NewReader(js, "")
+	var stalled *nats.Subscription
+	b := newTestBroker(t, 4, time.Unix(1_800_000_000, 0), func(nc *nats.Conn, cfg *Config) {
+		var err error
+		if stalled, err = nc.SubscribeSync("stalled.API.>"); err != nil {
+			t.Fatal(err)
+		}
+		js, err := jetstream.NewWithAPIPrefix(nc, "stalled.API")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.owners = owners.NewReader(js, "")
+	})
 	replies, err := b.nc.SubscribeSync("_INBOX.t.>")
 	if err != nil {
 		t.Fatal(err)
@@ -106,10 +109,10 @@ func TestOwnerLookupDoesNotHoldUpRouting(t *testing.T) {
 		t.Errorf("%d lookup tokens held after every lookup ended", len(b.lookups))
 	}
 	// Stopping, a request is finished where it arrives: answered by the
-	// time dispatch returns (its read took ownerTimeout; on a goroutine,
+	// time dispatch returns (its read took OwnerTimeout; on a goroutine,
 	// the answer would come that long after), with no goroutine left.
 	deliver("_INBOX.t.stopping", storedHeaders())
-	if m, err := replies.NextMsg(ownerTimeout / 2); err != nil || m.Subject != "_INBOX.t.stopping" {
+	if m, err := replies.NextMsg(decider.OwnerTimeout / 2); err != nil || m.Subject != "_INBOX.t.stopping" {
 		t.Fatalf("a request naming a stored response while stopping was not answered by dispatch: %v", err)
 	}
 }

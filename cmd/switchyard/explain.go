@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -23,7 +23,7 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	var x broker.ExplainRequest
+	var x decider.ExplainRequest
 	tenant := fs.String("tenant", "default", "tenant")
 	fs.StringVar(&x.Model, "model", "", "alias, model id or model:adapter")
 	fs.StringVar(&x.Conversation, "conversation", "", "conversation id")

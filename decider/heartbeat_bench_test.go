@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"encoding/json"

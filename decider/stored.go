@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// ownerTimeout bounds the owners-bucket read of one request.
-const ownerTimeout = 2 * time.Second
+// OwnerTimeout bounds the owners-bucket read of one request.
+const OwnerTimeout = 2 * time.Second
 
 // checkResponseID refuses a stored response id that cannot be one.
 func checkResponseID(id string) *subjects.APIError {
@@ -26,10 +26,10 @@ func checkResponseID(id string) *subjects.APIError {
 	return nil
 }
 
-// readOwnerFirst is the action for a request naming stored response id:
+// readOwnerFirst is the Action for a request naming stored response id:
 // read its owner (owned goes on), unless the id cannot be one or there is
 // no owners bucket to read.
-func (b *Broker) readOwnerFirst(id string) action {
+func (b *Decider) readOwnerFirst(id string) Action {
 	e := checkResponseID(id)
 	if e == nil && b.owners == nil {
 		e = errUnknownResponse(id)
@@ -38,16 +38,16 @@ func (b *Broker) readOwnerFirst(id string) action {
 		b.metrics.rejected(e.Code)
 		return refuse(e)
 	}
-	return action{do: doReadOwner, owner: id}
+	return Action{Do: DoReadOwner, Owner: id}
 }
 
 // readOwner reads which replica holds stored response id for tenant.
 // Another tenant's response is as unknown as a missing one.
-func (b *Broker) readOwner(tenant, id string) (owners.Record, *subjects.APIError) {
+func (b *Decider) readOwner(tenant, id string) (owners.Record, *subjects.APIError) {
 	if b.owners == nil {
 		return owners.Record{}, errUnknownResponse(id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), OwnerTimeout)
 	defer cancel()
 	rec, err := b.owners.Get(ctx, id)
 	switch {
@@ -64,17 +64,17 @@ func (b *Broker) readOwner(tenant, id string) (owners.Record, *subjects.APIError
 // pin makes a request that continues a stored response go to the replica
 // holding it, rec, and counts the stored conversation in its prompt: the
 // engine puts it before the new input.
-func (b *Broker) pin(s *scratch, h nats.Header, rec owners.Record) {
+func (b *Decider) pin(s *Scratch, h nats.Header, rec owners.Record) {
 	q := &s.req
 	q.Pin = rec.Replica
 	q.PromptTokens += max(rec.Tokens, 0)
 	s.setHeader(h, subjects.HdrPromptTokens, strconv.Itoa(q.PromptTokens))
 }
 
-// stored is the action for a GET or DELETE of a stored response: read its
+// stored is the Action for a GET or DELETE of a stored response: read its
 // owner first (storedAt goes on), or refuse it.
-func (b *Broker) stored(tenant string, h nats.Header) action {
-	fail := func(e *subjects.APIError) action {
+func (b *Decider) stored(tenant string, h nats.Header) Action {
+	fail := func(e *subjects.APIError) Action {
 		b.metrics.rejected(e.Code)
 		return refuse(e)
 	}
@@ -91,7 +91,7 @@ func (b *Broker) stored(tenant string, h nats.Header) action {
 
 // storedAt forwards a GET or DELETE of stored response id to the replica
 // holding it, rec, or answers 404 when that replica cannot serve.
-func (b *Broker) storedAt(s *scratch, tenant, reply string, h nats.Header, id string, rec owners.Record) action {
+func (b *Decider) storedAt(s *Scratch, tenant, reply string, h nats.Header, id string, rec owners.Record) Action {
 	reg, ok := b.router.Live(rec.Replica, b.cfg.Now())
 	if !ok {
 		e := errOwnerGone(id, rec.Replica)

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // context into h as the traceparent the replica's adapter continues
 // (docs/architecture.md, "Traces"). A refusal sets the span's status to its
 // code. It is called only when the broker has a tracer.
-func (b *Broker) traceDecision(tenant string, h nats.Header, d *policy.Decision, start time.Time) {
+func (b *Decider) traceDecision(tenant string, h nats.Header, d *policy.Decision, start time.Time) {
 	ctx := telemetry.Extract(context.Background(), h)
 	ctx, span := b.tracer.Start(ctx, "switchyard.decide", trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
 	if span.IsRecording() {

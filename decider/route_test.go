@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ import (
 
 // newTestBroker is a broker whose table holds the dev table plus n general
 // replicas of llama-3-70b-instruct v1.5.0, each with a fresh heartbeat.
-func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
+func newTestBroker(tb testing.TB, n int, now time.Time) *Decider {
 	tb.Helper()
 	_, url := natstest.Start(tb)
 	nc, err := nats.Connect(url)
@@ -32,7 +32,6 @@ func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(b.endLookups) // as stop does: no lookup goroutine outlives the test
 	flat := examples.Flat()
 	snap, errs := table.FromFlat(flat)
 	if len(errs) > 0 {
@@ -49,7 +48,7 @@ func newTestBroker(tb testing.TB, n int, now time.Time) *Broker {
 	canary, _ := table.Decode("replicas.c-0", []byte(`{"model":"llama-3-70b-instruct","version":"v1.6.0","pool":"canary","max_batch":32,"max_queue":128,"state":"ready"}`))
 	snap.Set(canary, nil)
 	snap.Revision = 4711 // a live bucket's revision, past strconv's cached small numbers
-	b.setTable(snap)
+	b.SetTable(snap)
 	for id, r := range snap.Replicas {
 		b.router.ObserveHeartbeat(&subjects.Heartbeat{
 			Replica: id, Model: r.Model, Version: r.Version, Pool: r.Pool, State: subjects.StateReady,
@@ -80,21 +79,39 @@ func gatewayHeaders() nats.Header {
 	}
 }
 
-// handleInto fills msg with what send publishes for handle's action on one
+// dispatch handles one message as a broker's endpoint does: what Handle
+// decides is published (the routed notice aside), an owner read done here.
+func dispatch(b *Decider, subject, reply string, h nats.Header, data []byte) {
+	if reply != "" && !b.InReplySpace(reply) {
+		b.RefuseReply(reply)
+		return
+	}
+	if h == nil {
+		h = nats.Header{}
+	}
+	s := b.Get()
+	defer b.Release(s)
+	var msg nats.Msg
+	if handleInto(b, s, subject, reply, h, data, &msg) || msg.Subject != "" {
+		_ = b.nc.PublishMsg(&msg)
+	}
+}
+
+// handleInto fills msg with what send publishes for handle's Action on one
 // message (the routed notice aside): the request for the replica, then
 // forward is true, or the refusal for reply. An owner read is done here,
 // as lookUp does it, and decided on (owned).
-func handleInto(b *Broker, s *scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
-	a := b.handle(s, subject, reply, h, data)
-	if a.do == doReadOwner {
-		a = b.owned(s, subject, reply, h, data, a.owner)
+func handleInto(b *Decider, s *Scratch, subject, reply string, h nats.Header, data []byte, msg *nats.Msg) (forward bool) {
+	a := b.Handle(s, subject, reply, h, data)
+	if a.Do == DoReadOwner {
+		a = b.Owned(s, subject, reply, h, data, a.Owner)
 	}
-	switch a.do {
-	case doForward:
-		*msg = a.msg
+	switch a.Do {
+	case DoForward:
+		*msg = a.Msg
 		return true
-	case doRefuse:
-		b.reject(msg, reply, a.err)
+	case DoRefuse:
+		b.Reject(msg, reply, a.Err)
 	}
 	return false
 }
@@ -102,7 +119,7 @@ func handleInto(b *Broker, s *scratch, subject, reply string, h nats.Header, dat
 func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	b := newTestBroker(t, 4, now)
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	h := gatewayHeaders()
 	// A sender cannot send a request's prefill leg anywhere: only the
@@ -129,7 +146,7 @@ func TestHandleForwardsWithRouteHeaders(t *testing.T) {
 
 func TestHandleRejectsUnknownModel(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	h := gatewayHeaders()
 	h.Set(subjects.HdrModel, "no-such-model")
@@ -141,7 +158,7 @@ func TestHandleRejectsUnknownModel(t *testing.T) {
 
 func TestHandleScansTheBodyOfADirectClient(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
 	handleInto(b, s, "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg)
@@ -160,12 +177,12 @@ func BenchmarkRoutePath(b *testing.B) {
 			sent := gatewayHeaders()
 			h := maps.Clone(sent)
 			body := []byte(`{"model":"chat-large"}`)
-			s := newScratch()
+			s := NewScratch()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
-				if a := br.handle(s, "llm.gw.default", "_INBOX.gw.1", h, body); a.do != doForward {
+				if a := br.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, body); a.Do != DoForward {
 					b.Fatal("not forwarded")
 				}
 				// NATS decodes each message's headers afresh: only the
@@ -192,7 +209,7 @@ func BenchmarkRoutePathDirect(b *testing.B) {
 	br := newTestBroker(b, 8, now)
 	body := []byte(`{"model":"chat-large","max_tokens":64,"messages":[{"role":"system","content":"` +
 		strings.Repeat("You are a careful assistant. ", 64) + `"},{"role":"user","content":"hi"}]}`)
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	h := nats.Header{}
 	b.ReportAllocs()
@@ -214,7 +231,7 @@ func BenchmarkRefuseOverBound(b *testing.B) {
 	br := newTestBroker(b, 8, time.Unix(1_800_000_000, 0))
 	h := nats.Header{subjects.HdrExclude: {strings.Repeat("r-0,", 6<<20/4)}}
 	body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`)
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	b.ReportAllocs()
 	for b.Loop() {
@@ -248,7 +265,7 @@ func TestHandleCarriesAServiceImportReplyInAHeader(t *testing.T) {
 		if tc.forged != "" {
 			h.Set(subjects.HdrReply, tc.forged)
 		}
-		if !handleInto(b, newScratch(), "llm.route.default", tc.reply, h, body, &msg) {
+		if !handleInto(b, NewScratch(), "llm.route.default", tc.reply, h, body, &msg) {
 			t.Fatalf("reply %q: not forwarded: %v %s", tc.reply, msg.Header, msg.Data)
 		}
 		if msg.Reply != tc.wantReply || msg.Header.Get(subjects.HdrReply) != tc.wantHeader {
@@ -270,7 +287,7 @@ func TestRouteEndpointsRunAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	next.Set(v, nil)
-	b.setTable(next)
+	b.SetTable(next)
 	sub, err := b.nc.SubscribeSync("llm.replica.>")
 	if err != nil {
 		t.Fatal(err)
@@ -279,12 +296,12 @@ func TestRouteEndpointsRunAtOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for range each {
-			b.dispatch("llm.gw.default", "_INBOX.gw.1", gatewayHeaders(), []byte(`{"model":"chat-large"}`))
+			dispatch(b, "llm.gw.default", "_INBOX.gw.1", gatewayHeaders(), []byte(`{"model":"chat-large"}`))
 		}
 	})
 	wg.Go(func() {
 		for range each {
-			b.dispatch("llm.route.default", "_INBOX.direct.1", nats.Header{},
+			dispatch(b, "llm.route.default", "_INBOX.direct.1", nats.Header{},
 				[]byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`))
 		}
 	})
@@ -301,7 +318,7 @@ func TestRouteEndpointsRunAtOnce(t *testing.T) {
 // features read from the body as a direct client's.
 func TestHandleRunsABatchLineAtBatchPriority(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
-	s := newScratch()
+	s := NewScratch()
 	var msg nats.Msg
 	h := nats.Header{
 		subjects.HdrEndpoint:     {subjects.EndpointChat},

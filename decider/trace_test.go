@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 
 const clientTrace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
-func tracedBroker(tb testing.TB, opts ...sdktrace.TracerProviderOption) *Broker {
+func tracedBroker(tb testing.TB, opts ...sdktrace.TracerProviderOption) *Decider {
 	b := newTestBroker(tb, 8, time.Unix(1_800_000_000, 0))
 	tp := sdktrace.NewTracerProvider(opts...)
 	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -40,12 +40,12 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 func TestDecisionSpan(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	b := tracedBroker(t, sdktrace.WithSpanProcessor(rec))
-	s := newScratch()
+	s := NewScratch()
 	h := gatewayHeaders()
 	h[subjects.HdrTraceparent] = []string{clientTrace}
-	a := b.handle(s, "llm.gw.default", "_INBOX.gw.1", h, nil)
-	msg := a.msg
-	if a.do != doForward {
+	a := b.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, nil)
+	msg := a.Msg
+	if a.Do != DoForward {
 		t.Fatalf("not forwarded: %+v", a)
 	}
 	spans := rec.Ended()
@@ -84,7 +84,7 @@ func TestDecisionSpan(t *testing.T) {
 	h = gatewayHeaders()
 	h[subjects.HdrTraceparent] = []string{clientTrace}
 	h.Set(subjects.HdrModel, "no-such-model")
-	if a := b.handle(s, "llm.gw.default", "_INBOX.gw.2", h, nil); a.do != doRefuse {
+	if a := b.Handle(s, "llm.gw.default", "_INBOX.gw.2", h, nil); a.Do != DoRefuse {
 		t.Fatalf("an unknown model was not refused: %+v", a)
 	}
 	spans = rec.Ended()
@@ -102,12 +102,12 @@ func BenchmarkRoutePathTraced(b *testing.B) {
 	sent := gatewayHeaders()
 	sent[subjects.HdrTraceparent] = []string{clientTrace}
 	h := maps.Clone(sent)
-	s := newScratch()
+	s := NewScratch()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
 		h[subjects.HdrTraceparent] = []string{clientTrace}
-		if a := br.handle(s, "llm.gw.default", "_INBOX.gw.1", h, nil); a.do != doForward {
+		if a := br.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, nil); a.Do != DoForward {
 			b.Fatal("not forwarded")
 		}
 		for k := range h {

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 
 func encode(v any) ([]byte, error) { return json.Marshal(v) }
 
-func (b *Broker) onHeartbeat(m *nats.Msg) {
+func (b *Decider) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
 	unhealthy, err := decodeHeartbeat(m.Subject, m.Data, &hb)
 	if err != nil {
@@ -45,7 +45,7 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	b.metrics.heartbeat(&hb, now)
 }
 
-func (b *Broker) onPlacement(m *nats.Msg) {
+func (b *Decider) onPlacement(m *nats.Msg) {
 	if m.Header.Get(subjects.HdrBroker) == b.cfg.ID {
 		return
 	}
@@ -57,7 +57,7 @@ func (b *Broker) onPlacement(m *nats.Msg) {
 	b.router.ObservePlacement(&p)
 }
 
-func (b *Broker) onUsage(m *nats.Msg) {
+func (b *Decider) onUsage(m *nats.Msg) {
 	// Usage reserved by another broker is skipped before it is decoded.
 	if id := m.Header.Get(subjects.HdrBroker); id != "" && id != b.cfg.ID {
 		return
@@ -131,11 +131,11 @@ func (p *presence) observeNew(id string, now time.Time, ttl time.Duration) (int,
 }
 
 // LiveBrokers is the number of brokers this one counts for quota shares.
-func (b *Broker) LiveBrokers() int {
+func (b *Decider) LiveBrokers() int {
 	return b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
 }
 
-func (b *Broker) onPresence(m *nats.Msg) {
+func (b *Decider) onPresence(m *nats.Msg) {
 	id := string(m.Data)
 	if subjects.ValidToken(id) != nil {
 		b.refuse(refusedPresence, "presence with an invalid broker id ignored")
@@ -149,7 +149,7 @@ func (b *Broker) onPresence(m *nats.Msg) {
 	b.metrics.liveBrokers.Set(float64(n))
 }
 
-func (b *Broker) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
+func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 	t := time.NewTicker(b.cfg.PresenceEvery)
 	defer t.Stop()
 	_ = b.nc.Publish(b.subj.BrokerPresence(), []byte(b.cfg.ID))
@@ -167,7 +167,7 @@ func (b *Broker) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 
 // onLoadStatus takes a loader's progress report on a cold model, so that
 // model_loading's Retry-After is the time the load has left.
-func (b *Broker) onLoadStatus(m *nats.Msg) {
+func (b *Decider) onLoadStatus(m *nats.Msg) {
 	var st subjects.LoadStatus
 	if len(m.Data) > maxLoadStatusBytes || json.Unmarshal(m.Data, &st) != nil || len(st.Model) > subjects.MaxModelChars {
 		b.metrics.badMessages.WithLabelValues("load_status").Inc()
@@ -181,9 +181,18 @@ const maxLoadStatusBytes = 16 << 10
 
 // refuse counts a message refused for what it claims, and logs the first
 // of each kind: a flood of forgeries must not become a flood of log lines.
-func (b *Broker) refuse(kind, msg string, args ...any) {
+func (b *Decider) refuse(kind, msg string, args ...any) {
 	b.metrics.refused.WithLabelValues(kind).Inc()
 	if _, logged := b.logged.LoadOrStore(kind, true); !logged {
 		b.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
 	}
 }
+
+// RefuseReply counts, and logs once, a request dropped for a reply subject
+// outside the reply space: an attack, not a client.
+func (b *Decider) RefuseReply(reply string) {
+	b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+}
+
+// InReplySpace reports whether reply is a subject a decider may answer on.
+func (b *Decider) InReplySpace(reply string) bool { return b.subj.InReplySpace(reply) }

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"encoding/json"
@@ -35,7 +35,7 @@ func TestTrust(t *testing.T) {
 		h.Set(subjects.HdrMaxTokens, "1")
 		h.Set(subjects.HdrFeatures, "code")
 		h.Set(subjects.HdrColdWaited, "1")
-		s := newScratch()
+		s := NewScratch()
 		long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2000) // 88 KB
 		if !handleInto(b, s, "llm.route.default", "_INBOX.x", h, chat(long), &msg) {
 			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
@@ -56,7 +56,7 @@ func TestTrust(t *testing.T) {
 	t.Run("a direct client's headers are not believed on Responses and Messages either", func(t *testing.T) {
 		// One replica whose engine serves every endpoint, for this case alone.
 		old := b.Table()
-		t.Cleanup(func() { b.setTable(old) })
+		t.Cleanup(func() { b.SetTable(old) })
 		next := old.Clone()
 		v, err := table.Decode("replicas.r-all", []byte(`{"model":"llama-3-70b-instruct","version":"v1.5.0","pool":"general",`+
 			`"max_batch":32,"max_queue":128,"state":"ready","endpoints":["`+strings.Join(subjects.AllEndpoints(), `","`)+`"]}`))
@@ -64,7 +64,7 @@ func TestTrust(t *testing.T) {
 			t.Fatal(err)
 		}
 		next.Set(v, nil)
-		b.setTable(next)
+		b.SetTable(next)
 		b.router.ObserveHeartbeat(&subjects.Heartbeat{Replica: "r-all", Model: "llama-3-70b-instruct", Version: "v1.5.0", Pool: "general",
 			State: subjects.StateReady, MaxBatch: 32, MaxQueue: 128, ScrapeOK: true, Endpoints: subjects.AllEndpoints()}, now)
 		long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2000) // 88 KB
@@ -85,7 +85,7 @@ func TestTrust(t *testing.T) {
 			h.Set(subjects.HdrEndpoint, tc.endpoint)
 			h.Set(subjects.HdrPromptTokens, "1")
 			h.Set(subjects.HdrMaxTokens, "1")
-			s := newScratch()
+			s := NewScratch()
 			if !handleInto(b, s, "llm.route.default", "_INBOX.x", h, body, &msg) {
 				t.Fatalf("%s: not forwarded: %v %s", tc.endpoint, msg.Header, msg.Data)
 			}
@@ -103,7 +103,7 @@ func TestTrust(t *testing.T) {
 		} {
 			var msg nats.Msg
 			h := nats.Header{subjects.HdrEndpoint: {tc.endpoint}}
-			handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			handleInto(b, NewScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
 			if msg.Header.Get(subjects.HdrStatus) != "400" {
 				t.Errorf("%s %s: %v %s, want 400", tc.endpoint, tc.body, msg.Header, msg.Data)
 			}
@@ -122,7 +122,7 @@ func TestTrust(t *testing.T) {
 			if tc.header != "" {
 				h.Set(subjects.HdrPreviousResponse, tc.header)
 			}
-			handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
+			handleInto(b, NewScratch(), "llm.route.default", "_INBOX.x", h, []byte(tc.body), &msg)
 			if msg.Header.Get(subjects.HdrStatus) != "404" || !strings.Contains(string(msg.Data), "resp_other") {
 				t.Errorf("header %q: %v %s, want 404 naming the body's resp_other", tc.header, msg.Header, msg.Data)
 			}
@@ -135,7 +135,7 @@ func TestTrust(t *testing.T) {
 		h.Set(subjects.HdrModel, "chat-large")
 		h.Set(subjects.HdrPromptTokens, "20000")
 		h.Set(subjects.HdrMaxTokens, "7")
-		if !handleInto(b, newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+		if !handleInto(b, NewScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
 			t.Fatalf("not forwarded: %v %s", msg.Header, msg.Data)
 		}
 		if !strings.Contains(msg.Header.Get(subjects.HdrRouteReason), "pool-fallback-general") || msg.Header.Get(subjects.HdrMaxTokens) != "7" {
@@ -151,7 +151,7 @@ func TestTrust(t *testing.T) {
 		}
 		h := nats.Header{subjects.HdrModel: {"chat-large"}, subjects.HdrPromptTokens: {"10"},
 			subjects.HdrPrefix: {features.FormatPrefixHeader(blocks)}}
-		if !handleInto(b, newScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
+		if !handleInto(b, NewScratch(), "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg) {
 			t.Fatalf("a %d-block prefix refused: %v %s", len(blocks), msg.Header, msg.Data)
 		}
 	})
@@ -159,7 +159,7 @@ func TestTrust(t *testing.T) {
 	t.Run("the default max_tokens reserved travels with the request", func(t *testing.T) {
 		var msg nats.Msg
 		body := []byte(`{"model":"chat-large","messages":[{"role":"user","content":"hi"}]}`)
-		if !handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg) {
+		if !handleInto(b, NewScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, body, &msg) {
 			t.Fatalf("not forwarded: %s", msg.Data)
 		}
 		if got := msg.Header.Get(subjects.HdrMaxTokens); got != "1024" {
@@ -180,7 +180,7 @@ func TestTrust(t *testing.T) {
 			best := time.Hour
 			for range 3 {
 				var msg nats.Msg
-				s := newScratch()
+				s := NewScratch()
 				h := nats.Header{tc.header: {tc.value}}
 				start := time.Now()
 				handleInto(b, s, "llm.gw.default", "llm.reply.gw.1", h, chat("hi"), &msg)
@@ -203,7 +203,7 @@ func TestTrust(t *testing.T) {
 		}
 		var msg nats.Msg
 		big := strings.Repeat("x", subjects.MaxModelChars+1)
-		handleInto(b, newScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, []byte(`{"model":"`+big+`","messages":[]}`), &msg)
+		handleInto(b, NewScratch(), "llm.route.default", "_INBOX.x", nats.Header{}, []byte(`{"model":"`+big+`","messages":[]}`), &msg)
 		if msg.Header.Get(subjects.HdrStatus) != "400" {
 			t.Errorf("a %d-character model in the body: %v", len(big), msg.Header)
 		}
@@ -256,7 +256,7 @@ func TestTrust(t *testing.T) {
 		}
 		next := b.Table().Clone()
 		next.Delete("replicas.r-3")
-		b.setTable(next)
+		b.SetTable(next)
 		if has() {
 			t.Error("r-3 deleted from the table, its kv series is still exported")
 		}
@@ -265,14 +265,14 @@ func TestTrust(t *testing.T) {
 	t.Run("usage without a reservation is dropped and counted", func(t *testing.T) {
 		// Only a tenant with a token quota has reservations to settle.
 		old := b.Table()
-		t.Cleanup(func() { b.setTable(old) })
+		t.Cleanup(func() { b.SetTable(old) })
 		next := old.Clone()
 		v, err := table.Decode("tenants.trial", []byte(`{"tier":"standard","quota":{"tpm":3000}}`))
 		if err != nil {
 			t.Fatal(err)
 		}
 		next.Set(v, nil)
-		b.setTable(next)
+		b.SetTable(next)
 		before := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedUsage))
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","reserved_tokens":1000000000}`)})
 		b.onUsage(&nats.Msg{Subject: "llm.usage.trial", Data: []byte(`{"tenant":"trial","request_id":"nobody","reserved_tokens":1000000000}`)})

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"github.com/switchyard-llm/switchyard/broker/policy"
@@ -7,7 +7,7 @@ import (
 
 // ejected is the router's OnEject: it runs under the router's lock, so it
 // only counts, logs and hands the announcement to the publish queue.
-func (b *Broker) ejected(x policy.EjectedReplica) {
+func (b *Decider) ejected(x policy.EjectedReplica) {
 	b.metrics.ejections.WithLabelValues(x.Replica).Inc()
 	b.log.Warn("replica ejected: its engine fails requests", "replica", x.Replica,
 		"failures", x.Failures, "ejections", x.Count, "until", x.Until)

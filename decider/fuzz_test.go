@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"encoding/json"
@@ -36,7 +36,7 @@ func FuzzRouteHeaders(f *testing.F) {
 				h.Set(k, v)
 			}
 		}
-		s := newScratch()
+		s := NewScratch()
 		var msg nats.Msg
 		handleInto(b, s, "llm.route."+tenant, "_INBOX.fuzz", h, body, &msg)
 		for len(b.out) > 0 {
@@ -148,7 +148,7 @@ func FuzzMessages(f *testing.F) {
 			start := time.Now()
 			switch kind % 4 {
 			case 0:
-				b.dispatch("llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
+				dispatch(b, "llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
 			case 1:
 				b.onHeartbeat(msg)
 			case 2:

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"strconv"
@@ -14,7 +14,7 @@ import (
 // body. Every direct client's request comes here (fillRequest removed the
 // headers it may not set); the gateway always sets them, so its requests
 // never do.
-func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
+func (b *Decider) scanBody(s *Scratch, h nats.Header) *subjects.APIError {
 	fr := features.Request{Prompt: s.prompt} // rendered into the pooled buffer
 	if err := features.ParseRequestInto(&fr, s.req.Endpoint, s.body); err != nil {
 		if pe, ok := err.(*features.ParseError); ok {
@@ -65,7 +65,7 @@ func (b *Broker) scanBody(s *scratch, h nats.Header) *subjects.APIError {
 
 // renderPrompt is policy.Request.Prompt: the canonical prompt, rendered from
 // the body only when a regex cascade rule asks for it.
-func (s *scratch) renderPrompt() []byte {
+func (s *Scratch) renderPrompt() []byte {
 	if len(s.prompt) > 0 || len(s.body) == 0 {
 		return s.prompt
 	}

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"context"
@@ -162,17 +162,17 @@ func (h *heard) done() {
 	h.mu.Unlock()
 }
 
-// warmUp waits until the broker has heard a heartbeat from every replica
-// its table has ready, at most cfg.WarmUp. A broker that joined the queue
-// group cold would answer no_replicas to its share of the requests until
-// the first heartbeats came in (a rolling restart would show them). It
-// reports false when ctx ended.
-func (b *Broker) warmUp(ctx context.Context) bool {
+// WarmUp waits until the decider has heard a heartbeat from every replica
+// its table has ready, at most wait (negative: no wait). A broker that
+// joined the queue group cold, or a gateway that decided cold, would answer
+// no_replicas to its requests until the first heartbeats came in (a rolling
+// restart would show them). It reports false when ctx ended.
+func (b *Decider) WarmUp(ctx context.Context, wait time.Duration) bool {
 	defer b.heard.done()
-	if b.cfg.WarmUp < 0 {
+	if wait < 0 {
 		return true
 	}
-	deadline := time.NewTimer(b.cfg.WarmUp)
+	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -184,7 +184,7 @@ func (b *Broker) warmUp(ctx context.Context) bool {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
-			b.log.Warn("joining the queue group without a heartbeat from every ready replica", "waited", b.cfg.WarmUp)
+			b.log.Warn("joining the queue group without a heartbeat from every ready replica", "waited", wait)
 			return true
 		case <-tick.C:
 		}

@@ -1,4 +1,4 @@
-package broker
+package decider
 
 import (
 	"sync"
@@ -91,7 +91,7 @@ func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
+func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_decisions_total", Help: "Routing decisions that chose a replica, by pool and reason.",

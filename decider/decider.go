@@ -1,0 +1,250 @@
+// Package decider is what a part needs to route a request in its own
+// process: the load view built from heartbeats, the placements, quota
+// reservations and in-flight counts shared with every other decider, the
+// presence that divides quotas between them, and the request path that
+// turns a message's headers into a decision (broker/policy) and the
+// message for the chosen replica. Brokers and gateways both decide with
+// it; neither imports the other.
+package decider
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/internal/stages"
+	"github.com/switchyard-llm/switchyard/internal/telemetry"
+	"github.com/switchyard-llm/switchyard/owners"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// Config configures a decider. Only the zero-value defaults noted are
+// applied; the owner (a broker or a gateway) validated the values.
+type Config struct {
+	// ID names this decider: a broker's id or a gateway's. It is the
+	// Llm-Broker of what it reserves and publishes (default: a NUID).
+	ID string
+	// Prefix is the subject prefix (default "llm").
+	Prefix string
+	// OwnersBucket remembers which replica holds each stored response
+	// (default owners.DefaultBucket).
+	OwnersBucket string
+	// PresenceEvery is how often the decider announces itself so deciders
+	// can count each other for quota shares (default 1s).
+	PresenceEvery time.Duration
+	Logger        *slog.Logger
+	// Component names the part in logs ("broker" or "gateway").
+	Component string
+	// TracerProvider receives the decision spans (nil: none are made).
+	TracerProvider trace.TracerProvider
+	// Registerer receives the decision metrics (nil: none), labelled
+	// broker=<ID> whichever part decides.
+	Registerer prometheus.Registerer
+	// Now is the clock (default time.Now); tests may replace it.
+	Now func() time.Time
+	// Stages, when set, records the stage timestamps of a sample of the
+	// requests (internal/stages); nil records nothing.
+	Stages *stages.Recorder
+	// Owners reads the stored-response owners (nil: a reader of
+	// OwnersBucket).
+	Owners *owners.Store
+}
+
+// Decider decides requests and keeps the shared deciding state. Create it
+// with New, feed it the table with SetTable and start it with Start.
+type Decider struct {
+	nc   *nats.Conn
+	cfg  Config
+	subj subjects.Subjects
+	// direct is the prefix of the direct clients' subjects, llm.route.
+	direct string
+	// batch is the prefix of the batchers' subjects, llm.batch.
+	batch   string
+	log     *slog.Logger
+	tracer  trace.Tracer // nil: no spans
+	router  *policy.Router
+	owners  *owners.Store
+	metrics *metrics
+	out     chan outMsg
+	// rng draws the decisions' random choices, inside Router.Decide under
+	// the router's lock: requests are decided on several goroutines.
+	rng     *rand.Rand
+	scratch sync.Pool
+	peers   presence
+	health  health
+	heard   heard
+	logged  sync.Map // refused-message kinds already logged
+
+	runMu  sync.Mutex // guards subs and cancel
+	subs   []*nats.Subscription
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type outMsg struct {
+	subject string
+	data    any
+}
+
+// New returns a decider bound to nc.
+func New(nc *nats.Conn, cfg Config) (*Decider, error) {
+	if nc == nil {
+		return nil, errors.New("decider: nil NATS connection")
+	}
+	if cfg.ID == "" {
+		cfg.ID = nuid.Next()
+	}
+	if cfg.PresenceEvery <= 0 {
+		cfg.PresenceEvery = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Component == "" {
+		cfg.Component = "broker"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	subj := subjects.New(cfg.Prefix)
+	b := &Decider{
+		nc:     nc,
+		cfg:    cfg,
+		subj:   subj,
+		direct: subj.Route(""),
+		batch:  subj.Batch(""),
+		log:    telemetry.Logger(cfg.Logger).With("component", cfg.Component, cfg.Component, cfg.ID),
+		tracer: telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/broker"),
+		out:    make(chan outMsg, 4096),
+		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+	}
+	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
+	b.metrics = newMetrics(cfg.Registerer, b)
+	b.scratch.New = func() any { return NewScratch() }
+	b.peers.init(cfg.ID)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	b.owners = cfg.Owners
+	if b.owners == nil {
+		b.owners = owners.NewReader(js, cfg.OwnersBucket)
+	}
+	return b, nil
+}
+
+// ID is this decider's id.
+func (b *Decider) ID() string { return b.cfg.ID }
+
+// Router exposes the policy state (for the dashboard and tests).
+func (b *Decider) Router() *policy.Router { return b.router }
+
+// Table returns the routing table in force (nil before the first load).
+func (b *Decider) Table() *table.Snapshot { return b.router.Table() }
+
+// SetTable puts s in force; it is the table watcher's OnSnapshot.
+func (b *Decider) SetTable(s *table.Snapshot) {
+	b.router.SetTable(s)
+	b.metrics.tableLoaded(s, b.cfg.Now())
+}
+
+// InvalidValue counts a table value refused as invalid; it is the table
+// watcher's OnInvalid.
+func (b *Decider) InvalidValue(key string, err error) { b.metrics.invalidValue(key, err) }
+
+// Start opens the subscriptions every decider needs and starts publishing
+// (decisions, placements, presence) until ctx ends or Stop.
+func (b *Decider) Start(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	subs, err := b.subscribe()
+	b.runMu.Lock()
+	b.subs, b.cancel = subs, cancel
+	b.runMu.Unlock()
+	if err != nil {
+		b.Stop()
+		return err
+	}
+	b.wg.Go(func() { b.publishLoop(ctx) })
+	b.wg.Go(func() { b.presenceLoop(ctx) })
+	return nil
+}
+
+// Stop closes the subscriptions and waits for the publishers.
+func (b *Decider) Stop() {
+	b.runMu.Lock()
+	subs, cancel := b.subs, b.cancel
+	b.subs = nil
+	b.runMu.Unlock()
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
+	if cancel != nil {
+		cancel()
+	}
+	b.wg.Wait()
+}
+
+// subscribe opens the plain subscriptions every decider needs: each must
+// see every heartbeat, placement and usage event, so none is a queue
+// subscription.
+func (b *Decider) subscribe() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for _, s := range []struct {
+		subject string
+		h       nats.MsgHandler
+	}{
+		{b.subj.HeartbeatAll(), b.onHeartbeat},
+		{b.subj.PlacementAll(), b.onPlacement},
+		{b.subj.UsageAll(), b.onUsage},
+		{b.subj.BrokerPresence(), b.onPresence},
+		{b.subj.ControlLoadStatus(), b.onLoadStatus},
+	} {
+		sub, err := b.nc.Subscribe(s.subject, s.h)
+		if err != nil {
+			return subs, err
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+// publishLoop sends decisions and placements off the request path.
+func (b *Decider) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-b.out:
+			data, err := encode(m.data)
+			if err != nil {
+				b.log.Warn("encode", "subject", m.subject, "err", err)
+				continue
+			}
+			msg := nats.NewMsg(m.subject)
+			msg.Header.Set(subjects.HdrBroker, b.cfg.ID)
+			msg.Data = data
+			_ = b.nc.PublishMsg(msg)
+		}
+	}
+}
+
+// enqueue hands a message to publishLoop without blocking the request path.
+func (b *Decider) enqueue(subject string, v any) {
+	select {
+	case b.out <- outMsg{subject: subject, data: v}:
+	default:
+		b.metrics.publishDropped.Inc()
+	}
+}
