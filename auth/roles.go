@@ -136,12 +136,16 @@ func permissions(r Role, prefix, bucket string) grants {
 			// a reply the user may publish anyway.
 			// It records which stored responses its engine holds,
 			// creating the owners bucket when it is the first.
+			// It sends the prefill legs of split requests to prefill
+			// replicas (llm.replica.<prefill>.prefill), the only request
+			// subject it may publish: never a whole request.
 			pub: append(append([]string{
 				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID,
+				p + "replica.*.prefill",
 				p + "reply.>", "_INBOX.>", "_R_.>",
 				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
-			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", inbox}, srv(subjects.AdapterService)...),
+			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", p + "replica." + r.ID + ".prefill", inbox}, srv(subjects.AdapterService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},
 		}
 	case RoleOperator:

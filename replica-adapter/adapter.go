@@ -147,6 +147,9 @@ type Adapter struct {
 	mu       sync.Mutex
 	draining bool
 	calls    map[string]*call // by Llm-Request-Id, for cancels
+	// prefills are the prefill legs in flight on this (prefill) replica,
+	// by Llm-Request-Id, for the decode replica's cancel.
+	prefills map[string]context.CancelFunc
 	// early holds cancels that arrived before their request (the request
 	// and cancel subscriptions are separate, so a backlogged adapter can
 	// see the cancel first), so the request is dropped when it comes.
@@ -183,18 +186,19 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		return nil, fmt.Errorf("adapter: jetstream: %w", err)
 	}
 	a := &Adapter{
-		nc:      nc,
-		cfg:     cfg,
-		log:     telemetry.Logger(cfg.Logger).With("replica", cfg.Replica),
-		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/replica-adapter"),
-		subj:    subjects.New(cfg.Prefix),
-		client:  cfg.HTTPClient,
-		metrics: m,
-		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
-		owners:  owners.New(js, cfg.OwnersBucket),
-		calls:   map[string]*call{},
-		early:   map[string]time.Time{},
-		limits:  configuredLimits(&cfg),
+		nc:       nc,
+		cfg:      cfg,
+		log:      telemetry.Logger(cfg.Logger).With("replica", cfg.Replica),
+		tracer:   telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/replica-adapter"),
+		subj:     subjects.New(cfg.Prefix),
+		client:   cfg.HTTPClient,
+		metrics:  m,
+		reg:      &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
+		owners:   owners.New(js, cfg.OwnersBucket),
+		calls:    map[string]*call{},
+		prefills: map[string]context.CancelFunc{},
+		early:    map[string]time.Time{},
+		limits:   configuredLimits(&cfg),
 	}
 	a.load.epoch = time.Now()
 	if a.client == nil {
@@ -411,6 +415,13 @@ func (a *Adapter) startService(flavor string) (micro.Service, error) {
 		micro.WithEndpointSubject(a.subj.ReplicaCancel(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
 		_ = svc.Stop()
 		return nil, fmt.Errorf("adapter: cancel endpoint: %w", err)
+	}
+	if a.cfg.Role == table.RolePrefill {
+		if err := svc.AddEndpoint("prefill", micro.HandlerFunc(a.onPrefill),
+			micro.WithEndpointSubject(a.subj.Prefill(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("adapter: prefill endpoint: %w", err)
+		}
 	}
 	return svc, nil
 }

@@ -24,14 +24,32 @@ import (
 // else, read by read). It returns the tokens to settle: the engine's usage,
 // an estimate when it reported none, zero when the engine did no work.
 func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, body []byte) tokens {
-	req, e := a.engineRequest(ctx, h, body)
+	// A split request's prefill leg runs first, elsewhere: the keepalives
+	// cover it.
+	st.startKeepalive(a.cfg.KeepaliveEvery)
+	kv := a.prefillLeg(ctx, h, body)
+	if ctx.Err() != nil {
+		st.fail(callError(ctx, context.Cause(ctx)))
+		return tokens{}
+	}
+	req, e := a.engineRequestKV(ctx, h, body, kv)
 	if e != nil {
 		st.fail(e)
 		return tokens{}
 	}
 	start := time.Now()
-	st.startKeepalive(a.cfg.KeepaliveEvery)
-	resp := a.engineHead(ctx, st, h, req)
+	resp, rejected := a.engineHeadKV(ctx, st, h, req, kv != nil)
+	if rejected {
+		// The engine could not pull what the prefill computed (blocks
+		// expired or unknown): it prefills the request itself.
+		a.servedWhole(h, wholeDecodeRejected)
+		if req, e = a.engineRequestKV(ctx, h, body, nil); e != nil {
+			st.fail(e)
+			return tokens{}
+		}
+		start = time.Now()
+		resp, _ = a.engineHeadKV(ctx, st, h, req, false)
+	}
 	if resp == nil {
 		return tokens{}
 	}
@@ -84,6 +102,12 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 // engineRequest builds the engine call: the endpoint checked, the model
 // rewritten to the served name or the LoRA adapter, the trace continued.
 func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte) (*http.Request, *subjects.APIError) {
+	return a.engineRequestKV(ctx, h, body, nil)
+}
+
+// engineRequestKV is engineRequest for a decode leg: kv, when set, is the
+// kv_transfer_params written into the body.
+func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv []byte) (*http.Request, *subjects.APIError) {
 	endpoint, method := h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrMethod)
 	if !forwardable(method, endpoint) {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "the adapter does not forward "+strings.TrimSpace(method+" "+strconv.Quote(endpoint)))
@@ -94,7 +118,11 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 	var rd io.Reader
 	if method == "" {
 		method = http.MethodPost
-		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens))
+		var extra []bodyField
+		if kv != nil {
+			extra = append(extra, bodyField{keys: []string{"kv_transfer_params"}, value: kv})
+		}
+		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens), extra...)
 		if e != nil {
 			return nil, e
 		}
@@ -115,6 +143,14 @@ func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte)
 // success to relay; a failure to call, or an engine error status, is
 // answered on st here and nil returned.
 func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req *http.Request) *http.Response {
+	resp, _ := a.engineHeadKV(ctx, st, h, req, false)
+	return resp
+}
+
+// engineHeadKV is engineHead for a request that may be a decode leg
+// (pulled): an error status of a decode leg is not answered but reported
+// as rejected, so the request can be prefilled here instead.
+func (a *Adapter) engineHeadKV(ctx context.Context, st *stream, h nats.Header, req *http.Request, pulled bool) (*http.Response, bool) {
 	sent := a.load.clock()
 	resp, err := a.client.Do(req)
 	traceEngineHead(ctx, resp, err)
@@ -123,7 +159,7 @@ func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req
 		a.metrics.engineErrors.Inc()
 		if errors.Is(context.Cause(ctx), errHandover) {
 			st.handover()
-			return nil
+			return nil, false
 		}
 		e := callError(ctx, err)
 		switch {
@@ -133,26 +169,31 @@ func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req
 			// The engine took the request and died working on it: the end
 			// says so (Llm-Error), so the gateway can run it elsewhere.
 			st.failBroken(e)
-			return nil
+			return nil, false
 		}
 		st.fail(e)
-		return nil
+		return nil, false
 	}
 	a.engineReached(sent)
 	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
 	if resp.StatusCode < 400 {
-		return resp
+		return resp, false
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if pulled && ctx.Err() == nil {
+		a.log.Warn("decode engine refused the prefill's KV parameters", "request", h.Get(subjects.HdrRequestID),
+			"status", resp.StatusCode, "body", string(b[:min(len(b), 512)]))
+		return nil, true
+	}
 	if err != nil && len(b) == 0 {
 		a.metrics.engineErrors.Inc()
 		st.fail(callError(ctx, err))
-		return nil
+		return nil, false
 	}
 	e := engineError(resp.StatusCode, b)
 	st.last(a.head(h, resp, "application/json"), e.Body()) // the whole answer is here
-	return nil
+	return nil, false
 }
 
 // phaseEnd is where a phase left the answer.

@@ -16,6 +16,8 @@ type metrics struct {
 	heartbeatSeq   prometheus.Gauge
 	engineFailures *prometheus.CounterVec
 	authFailures   prometheus.Counter
+	prefillLegs    *prometheus.CounterVec
+	prefillWhole   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
@@ -49,6 +51,14 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 			Name: "switchyard_adapter_engine_auth_failures_total", ConstLabels: cl,
 			Help: "Times the engine began refusing the adapter's API key (401/403); each marks the replica unhealthy until it takes the key again.",
 		}),
+		prefillLegs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_prefill_legs_total", ConstLabels: cl,
+			Help: "Prefill legs this replica served for decode replicas, by outcome (ok, refused, error, cancelled).",
+		}, []string{"outcome"}),
+		prefillWhole: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_prefill_fallbacks_total", ConstLabels: cl,
+			Help: "Split requests this decode replica prefilled itself, by cause (refused, failed, bad_answer, decode_rejected).",
+		}, []string{"cause"}),
 	}
 	for _, k := range []string{"5xx", "429", "auth", "connection", "model"} {
 		m.engineFailures.WithLabelValues(k)
@@ -56,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures} {
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("adapter: register metrics: %w", err)
 		}

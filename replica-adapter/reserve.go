@@ -41,9 +41,9 @@ func answerLimits(endpoint string) answerBounds {
 // engineBody is the body sent to the engine: the model set to the served
 // name, and the reserved max_tokens written in, whatever the body said. A
 // body asking for more than one answer is refused: the quota reserved one.
-func engineBody(ep answerBounds, body []byte, model, reservedMax string) ([]byte, *subjects.APIError) {
+func engineBody(ep answerBounds, body []byte, model, reservedMax string, extra ...bodyField) ([]byte, *subjects.APIError) {
 	quoted, _ := quote(model)
-	fields := []bodyField{{keys: []string{"model"}, value: quoted}}
+	fields := append([]bodyField{{keys: []string{"model"}, value: quoted}}, extra...)
 	if reservedMax != "" && len(ep.maxTokens) > 0 {
 		n, err := strconv.Atoi(reservedMax)
 		if err != nil || n < 1 || n > features.MaxTokensLimit {

@@ -45,6 +45,10 @@ const (
 	// published message's reply, so the broker forwards it here and the
 	// adapter answers on it. The broker always overwrites or removes it.
 	HdrReply = "Llm-Reply"
+	// HdrPrefillCancel on a message to a prefill replica's prefill subject
+	// cancels the prefill leg named by its Llm-Request-Id: the decode
+	// replica's client went away.
+	HdrPrefillCancel = "Llm-Prefill-Cancel"
 )
 
 // Route headers, added by the broker and echoed by the adapter on its head.

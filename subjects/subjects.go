@@ -104,6 +104,12 @@ func (s Subjects) Replica(id string) string { return s.p() + ".replica." + id }
 // ReplicaCancel carries a gateway's cancel for a request (header Llm-Request-Id).
 func (s Subjects) ReplicaCancel(id string) string { return s.p() + ".replica." + id + ".cancel" }
 
+// Prefill carries the prefill leg of a split request to a prefill
+// replica's adapter, sent by the decode replica's adapter as a request
+// (docs/protocol.md, "Disaggregated serving"). Adapters may publish it;
+// no other part may.
+func (s Subjects) Prefill(id string) string { return s.p() + ".replica." + id + ".prefill" }
+
 // Heartbeat is one adapter's load heartbeat.
 func (s Subjects) Heartbeat(id string) string { return s.p() + ".heartbeat." + id }
 
