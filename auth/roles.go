@@ -117,11 +117,11 @@ func permissions(r Role, prefix, bucket string) grants {
 		return grants{
 			pub: append(append([]string{
 				p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
-				p + "eject.*",
+				p + "eject.*", p + "kvsync",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
 				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
-				p + "usage.*", p + "broker.presence", p + "control.load.status", inbox,
+				p + "usage.*", p + "broker.presence", p + "control.load.status", p + "kv.*", inbox,
 			}, srv(subjects.BrokerService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: brokerRespMax, Expires: brokerRespExpires},
 		}
@@ -140,12 +140,13 @@ func permissions(r Role, prefix, bucket string) grants {
 			// replicas (llm.replica.<prefill>.prefill), the only request
 			// subject it may publish: never a whole request.
 			pub: append(append([]string{
-				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID,
+				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID, p + "kv." + r.ID,
 				p + "replica.*.prefill",
 				p + "reply.>", "_INBOX.>", "_R_.>",
 				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
-			sub:  append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", p + "replica." + r.ID + ".prefill", inbox}, srv(subjects.AdapterService)...),
+			sub: append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", p + "replica." + r.ID + ".prefill",
+				p + "kvsync", inbox}, srv(subjects.AdapterService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},
 		}
 	case RoleOperator:

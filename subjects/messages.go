@@ -75,7 +75,14 @@ type Heartbeat struct {
 	EngineFailures  int    `json:"engine_failures"`
 	EngineSuccesses uint64 `json:"engine_successes"`
 	// AuthFailed: the engine refused the adapter's API key (401/403).
-	AuthFailed     bool   `json:"auth_failed,omitempty"`
+	AuthFailed bool `json:"auth_failed,omitempty"`
+	// KVBlocks and BlockSize are the engine's KV capacity in blocks and
+	// tokens per block (0: unknown). KVEvents says the adapter's KV-event
+	// feed is live: its key updates on llm.kv.<replica> are exact; false
+	// after it lost events it could not replay, until it has resynced.
+	KVBlocks       int    `json:"kv_blocks,omitempty"`
+	BlockSize      int    `json:"block_size,omitempty"`
+	KVEvents       bool   `json:"kv_events,omitempty"`
 	Seq            uint64 `json:"seq"`
 	SentUnixMillis int64  `json:"sent_unix_ms"`
 }
@@ -108,6 +115,35 @@ type Placement struct {
 	Replica string   `json:"r"`
 	Blocks  []uint64 `json:"b"`
 }
+
+// KVUpdate is published by an adapter on llm.kv.<replica>: which request
+// keys (the Llm-Prefix block hashes brokers match on) its engine now holds
+// and which it evicted, learned from the engine's KV-cache events. Deciders
+// believe it only for the replica the subject names, and keep at most
+// KVBlocks keys of it.
+type KVUpdate struct {
+	Replica string `json:"replica"`
+	Model   string `json:"model"`
+	// Seq numbers the updates of one adapter run, from 1; a decider that
+	// sees one missing drops the replica's keys until the next Reset.
+	Seq uint64 `json:"seq"`
+	// Reset voids every key known of the replica before this update's
+	// Stored: the adapter (re)started, lost events it could not replay, the
+	// engine restarted or cleared its cache, or a decider asked (KVSync).
+	Reset bool `json:"reset,omitempty"`
+	// KVBlocks is the engine's KV capacity in blocks, the bound of the
+	// replica's keys in every decider.
+	KVBlocks int      `json:"kv_blocks"`
+	Stored   []uint64 `json:"stored,omitempty"`
+	Evicted  []uint64 `json:"evicted,omitempty"`
+}
+
+// Bounds of a KVUpdate: an adapter splits a larger change into several.
+const (
+	MaxKVUpdateKeys  = 4096
+	MaxKVUpdateBytes = 128 << 10
+	MaxKVBlocks      = 1 << 24
+)
 
 // Usage is published by an adapter when a request finishes, so brokers can
 // settle the token reservation made at admission.

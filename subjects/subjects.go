@@ -122,6 +122,17 @@ func (s Subjects) Placement(model string) string { return s.p() + ".placement." 
 // PlacementAll matches every placement.
 func (s Subjects) PlacementAll() string { return s.p() + ".placement.*" }
 
+// KV carries one replica's KV-cache key updates (KVUpdate), published only
+// by that replica's adapter.
+func (s Subjects) KV(id string) string { return s.p() + ".kv." + id }
+
+// KVAll matches every replica's key updates.
+func (s Subjects) KVAll() string { return s.p() + ".kv.*" }
+
+// KVSync asks every adapter with a KV-event feed to resend what its engine
+// holds: a decider that starts late fills its index from the answers.
+func (s Subjects) KVSync() string { return s.p() + ".kvsync" }
+
 // Decision carries an explained decision, published per pool.
 func (s Subjects) Decision(pool string) string { return s.p() + ".decision." + pool }
 
