@@ -234,11 +234,15 @@ type Decision struct {
 	PromptTokens  int      `json:"prompt_tokens"`
 	PrefixBlocks  int      `json:"prefix_blocks"`
 	PrefixMatched int      `json:"prefix_matched"`
-	Status        int      `json:"status"`
-	Code          string   `json:"code,omitempty"`
-	Message       string   `json:"message,omitempty"`
-	TableRevision uint64   `json:"table_revision"`
-	DurationNanos int64    `json:"duration_ns"`
+	// PrefixSource says where the prefix match came from: "kv-events"
+	// (the engines' own caches) or "placements" (where brokers sent earlier
+	// requests); empty without a match.
+	PrefixSource  string `json:"prefix_source,omitempty"`
+	Status        int    `json:"status"`
+	Code          string `json:"code,omitempty"`
+	Message       string `json:"message,omitempty"`
+	TableRevision uint64 `json:"table_revision"`
+	DurationNanos int64  `json:"duration_ns"`
 	// ResumeFrom is set on a continuation: the replica whose answer it
 	// continues, and the completion tokens it carried over.
 	ResumeFrom     string `json:"resume_from,omitempty"`

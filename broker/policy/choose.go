@@ -126,8 +126,15 @@ func adapterRoom(x *replica) bool {
 }
 
 // prefixStep is prefix-affinity's state: the blocks matched on the replica
-// it chose.
-type prefixStep struct{ matched int }
+// it chose, whether that match came from the exact index (kv-events), and
+// the walk's scratch.
+type prefixStep struct {
+	matched int
+	exact   bool
+	// The walk over one level: the deepest holder whatever its kv (hot, at
+	// hotLvl) and the lowest-kv holder below the release threshold (best).
+	hot, hotLvl, best int
+}
 
 // prefix picks the replica holding the longest chain of the request's prefix
 // blocks, among candidates below the release threshold; ties go to the
@@ -135,6 +142,11 @@ type prefixStep struct{ matched int }
 // block is stored with every block before it), so a binary search finds the
 // longest stored level in O(log n) lookups; the walk down from there only
 // continues while that level's replicas are not usable.
+//
+// Two sources say who holds a block: the exact index, for replicas whose
+// adapter's KV-event feed is live (what their engines hold, evictions
+// included), and the placement map, this broker's and its peers' guesses,
+// for the others. A mixed fleet reads each replica from its own source.
 //
 // When every holder is above the threshold, releasing only helps if it finds
 // a lighter replica: the request leaves its warm cache for the winner of the
@@ -146,59 +158,75 @@ type prefixStep struct{ matched int }
 // cascade the lab's prefix benchmark showed.
 func (p *pick) prefix() bool {
 	m := p.holders
-	if m == nil || len(p.req.Prefix) == 0 {
+	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
 		return false
 	}
 	blocks := p.req.Prefix
 	top := -1
 	for lo, hi := 0, len(blocks); lo < hi; {
 		mid := int(uint(lo+hi) >> 1)
-		if m.find(blocks[mid]) >= 0 {
+		if (m != nil && m.find(blocks[mid]) >= 0) || (p.kv != nil && p.kv.Lookup(p.kvModel, blocks[mid]).Len() > 0) {
 			top, lo = mid, mid+1
 		} else {
 			hi = mid
 		}
 	}
-	hot, hotLvl := -1, -1 // the deepest holder, whatever its kv
+	w := &p.warm
+	w.hot, w.hotLvl = -1, -1
 	for lvl := top; lvl >= 0; lvl-- {
-		e := m.get(blocks[lvl])
-		if e == nil {
-			continue
-		}
-		best := -1
-		for _, x := range e.reps {
-			if x == nil || x.mark != p.epoch {
-				continue
-			}
-			ci := int(x.ci)
-			c := &p.cands[ci]
-			if hot < 0 {
-				hot, hotLvl = ci, lvl
-			} else if hotLvl == lvl && c.kv < p.cands[hot].kv {
-				hot = ci
-			}
-			if c.kv < p.release && (best < 0 || c.kv < p.cands[best].kv) {
-				best = ci
+		w.best = -1
+		if m != nil {
+			if e := m.get(blocks[lvl]); e != nil {
+				for _, x := range e.reps {
+					if x != nil && x.mark == p.epoch && !x.kvLive {
+						p.considerHolder(int(x.ci), lvl)
+					}
+				}
 			}
 		}
-		if best >= 0 {
-			p.chosen, p.warm.matched = best, lvl+1
+		if p.kv != nil {
+			hs := p.kv.Lookup(p.kvModel, blocks[lvl])
+			for i := range hs.Len() {
+				if id := int(hs.At(i)); id < len(p.byKV) {
+					if x := p.byKV[id]; x != nil && x.mark == p.epoch && x.kvLive {
+						p.considerHolder(int(x.ci), lvl)
+					}
+				}
+			}
+		}
+		if w.best >= 0 {
+			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
 			return true
 		}
 	}
 	// Weighing needs fresh load data and a choice: otherwise the next
 	// steps decide, as they would have.
+	hot, hotLvl := w.hot, w.hotLvl
 	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
 	}
 	lighter := p.twoOf()[0]
 	h, a := &p.cands[hot], &p.cands[lighter]
 	if lighter == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
-		p.chosen, p.warm.matched = hot, hotLvl+1
+		p.chosen, w.matched, w.exact = hot, hotLvl+1, h.x.kvLive
 		return true
 	}
 	p.released = hot
 	return false
+}
+
+// considerHolder weighs candidate ci, a holder of the prefix's block lvl,
+// in the walk.
+func (p *pick) considerHolder(ci, lvl int) {
+	w, c := &p.warm, &p.cands[ci]
+	if w.hot < 0 {
+		w.hot, w.hotLvl = ci, lvl
+	} else if w.hotLvl == lvl && c.kv < p.cands[w.hot].kv {
+		w.hot = ci
+	}
+	if c.kv < p.release && (w.best < 0 || c.kv < p.cands[w.best].kv) {
+		w.best = ci
+	}
 }
 
 // prefixWorth is what a fully matched prefix is worth in load_score: as
@@ -214,7 +242,13 @@ func (p *pick) whyPrefix(i int) string {
 	return WhyShorterPrefix
 }
 
-func (p *pick) reportPrefix(d *Decision) { d.PrefixMatched = p.warm.matched }
+func (p *pick) reportPrefix(d *Decision) {
+	d.PrefixMatched = p.warm.matched
+	d.PrefixSource = PrefixPlacements
+	if p.warm.exact {
+		d.PrefixSource = PrefixKVEvents
+	}
+}
 
 // only takes the one candidate: nothing to choose.
 func (p *pick) only() bool {

@@ -109,6 +109,9 @@ func (st *decision) run() {
 	p.holders = nil
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.prefixes[res.target.Model]
+		if st.r.kv.Len() > 0 {
+			p.kv, p.kvModel, p.byKV = st.r.kv, res.target.Model, st.r.byKV
+		}
 	}
 	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy, p.holders)
 	if e := p.choose(); e != nil {

@@ -56,6 +56,12 @@ const (
 	ReasonSplit        = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
 )
 
+// Where prefix affinity's knowledge came from (Decision.PrefixSource).
+const (
+	PrefixKVEvents   = "kv-events"  // the engines' KV-cache events, exact
+	PrefixPlacements = "placements" // where brokers sent earlier requests
+)
+
 // Why a candidate lost (Alternative.Why).
 const (
 	WhyHigherLoad    = "higher load_score"
@@ -94,7 +100,10 @@ type Decision struct {
 	// prompt less what the decode replica was known to hold.
 	Prefill, Split string
 	UncachedTokens int
-	TableRevision  uint64
+	// PrefixSource says where a prefix match came from: PrefixKVEvents
+	// (the exact index) or PrefixPlacements; "" without one.
+	PrefixSource  string
+	TableRevision uint64
 	// Duration is the time the decision took, measured only when
 	// Config.Clock is set; otherwise the caller fills it in.
 	Duration time.Duration
@@ -136,6 +145,7 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		PromptTokens:  req.PromptTokens,
 		PrefixBlocks:  d.PrefixBlocks,
 		PrefixMatched: d.PrefixMatched,
+		PrefixSource:  d.PrefixSource,
 		Status:        200,
 		TableRevision: d.TableRevision,
 		DurationNanos: int64(d.Duration),

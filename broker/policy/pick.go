@@ -3,6 +3,8 @@ package policy
 import (
 	"math/rand/v2"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
 )
 
 // pick is the replica choice of one decision: the candidates of the group
@@ -16,6 +18,11 @@ type pick struct {
 	nowNano int64
 	adapter string     // the LoRA the request runs with
 	holders *prefixMap // the model's prefix map, nil when none (or no prefix)
+	// kv is the exact prefix index when it holds any key, with the model
+	// to look up and the replicas by their index id.
+	kv      *kvindex.Index
+	kvModel string
+	byKV    []*replica
 
 	// The group's candidates, set by the walk over the filters.
 	cands               []cand

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -52,6 +53,10 @@ type Router struct {
 	groups   map[groupKey][]*replica
 	byModel  map[string][]*replica
 	prefixes map[string]*prefixMap // per model id
+	// kv is the exact prefix index fed by the adapters' KV-event updates;
+	// byKV finds a replica by its id there.
+	kv       *kvindex.Index
+	byKV     []*replica
 	quotas   map[string]*tenantQuota
 	reserved map[string]reservation // tpm reservations by request id
 	brokers  int
@@ -99,6 +104,11 @@ type replica struct {
 	// prefillOnly: registered with role prefill, so it runs prefill legs
 	// of split requests and never a whole request.
 	prefillOnly bool
+	// kvLive: its adapter's KV-event feed is live (heartbeat) and the
+	// index holds its keys exactly; prefix affinity then reads the index
+	// for it, not the placements. kvID is its id in the index.
+	kvLive bool
+	kvID   kvindex.ID
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -148,6 +158,7 @@ func New(cfg Config) *Router {
 		groups:   map[groupKey][]*replica{},
 		byModel:  map[string][]*replica{},
 		prefixes: map[string]*prefixMap{},
+		kv:       kvindex.New(),
 		quotas:   map[string]*tenantQuota{},
 		brokers:  1,
 		rng:      rand.New(rand.NewPCG(1, 2)),
@@ -222,12 +233,52 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 		x.dataNano = sent
 	}
 	x.inflight, x.nsent = 0, 0
+	if !hb.KVEvents && r.kv.Keys(x.id) > 0 {
+		// The adapter says its feed is lost: its keys are not exact.
+		r.kv.Drop(x.id)
+	}
+	r.kvRefreshLocked(x)
 	x.refresh()
 	if d, ok := x.observeFailures(hb, x.hbNano); ok {
 		r.ejectHorizon = max(r.ejectHorizon, x.eject.until)
 		if r.cfg.OnEject != nil {
 			r.cfg.OnEject(EjectedReplica{Replica: x.id, Until: now.Add(d), Count: x.eject.count, Failures: hb.EngineFailures})
 		}
+	}
+}
+
+// ObserveKV applies an adapter's KV-cache key update (the caller checked
+// that the subject it came on names u.Replica). The error says why part or
+// all of it was refused (kvindex.ErrBounds, ErrSeq, ErrFull); what was
+// within bounds is applied.
+func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.kv.Apply(u)
+	if x := r.replicas[u.Replica]; x != nil {
+		r.kvRefreshLocked(x)
+	}
+	return err
+}
+
+// PrefixIndexEntries calls f with every model and the number of (key,
+// replica) entries the exact prefix index holds for it.
+func (r *Router) PrefixIndexEntries(f func(model string, entries int)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kv.EachModel(f)
+}
+
+// kvRefreshLocked updates x's place in the exact prefix index.
+// Lock must be held.
+func (r *Router) kvRefreshLocked(x *replica) {
+	x.kvID = r.kv.ID(x.id)
+	x.kvLive = x.kvID != 0 && x.hb.KVEvents && r.kv.Synced(x.id)
+	if x.kvID != 0 {
+		for int(x.kvID) >= len(r.byKV) {
+			r.byKV = append(r.byKV, nil)
+		}
+		r.byKV[x.kvID] = x
 	}
 }
 
@@ -246,6 +297,10 @@ func (r *Router) pruneLocked(now time.Time) {
 	for id, x := range r.replicas {
 		if x.reg == nil && now.UnixNano()-x.hbNano >= int64(dead) {
 			delete(r.replicas, id)
+			if x.kvID != 0 {
+				r.byKV[x.kvID] = nil
+				r.kv.Remove(id)
+			}
 		}
 	}
 	r.pruneAt = 2 * len(r.replicas) // amortized: the next sweep waits for as many new ones

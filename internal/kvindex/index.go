@@ -238,3 +238,75 @@ func (x *Index) drop(r *replica) {
 	}
 	r.keys = 0
 }
+
+// AppendHolders appends the ids of the replicas holding key of model to
+// dst.
+func (x *Index) AppendHolders(dst []ID, model string, key uint64) []ID {
+	salt, ok := x.models[model]
+	if !ok {
+		return dst
+	}
+	f := fp(key, salt)
+	i := x.t.find(f)
+	if i < 0 {
+		return dst
+	}
+	if h := ID(x.t.slots[i] & idMask); h != multi {
+		return append(dst, h)
+	}
+	return append(dst, x.t.sets[f]...)
+}
+
+// EachModel calls f with every model and its number of (key, replica)
+// entries.
+func (x *Index) EachModel(f func(model string, entries int)) {
+	per := map[string]int{}
+	for _, r := range x.reps {
+		per[r.model] += r.keys
+	}
+	for m, n := range per {
+		f(m, n)
+	}
+}
+
+// Holders is the replicas holding one key, valid until the index changes.
+type Holders struct {
+	one ID
+	set []ID
+}
+
+// Len is the number of holders.
+func (h Holders) Len() int {
+	if h.set != nil {
+		return len(h.set)
+	}
+	if h.one != 0 {
+		return 1
+	}
+	return 0
+}
+
+// At is the i-th holder's id.
+func (h Holders) At(i int) ID {
+	if h.set != nil {
+		return h.set[i]
+	}
+	return h.one
+}
+
+// Lookup returns the replicas holding key of model, without allocating.
+func (x *Index) Lookup(model string, key uint64) Holders {
+	salt, ok := x.models[model]
+	if !ok {
+		return Holders{}
+	}
+	f := fp(key, salt)
+	i := x.t.find(f)
+	if i < 0 {
+		return Holders{}
+	}
+	if h := ID(x.t.slots[i] & idMask); h != multi {
+		return Holders{one: h}
+	}
+	return Holders{set: x.t.sets[f]}
+}
