@@ -1,0 +1,102 @@
+package testkit
+
+import (
+	"net"
+	"sync"
+	"testing"
+)
+
+// Relay carries TCP connections to a server (a NATS server) and can go
+// silent: cut, it stops carrying bytes either way and closes nothing, as a
+// network link set down does; healed, it carries on with what it held.
+type Relay struct {
+	ln     net.Listener
+	to     string
+	mu     sync.Mutex
+	healed chan struct{} // nil while the link carries; closed by heal
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+// NewRelay listens on a loopback port and carries each connection to to,
+// until the test ends.
+func NewRelay(t testing.TB, to string) *Relay {
+	t.Helper()
+	r := &Relay{ln: Listen(t), to: to}
+	r.wg.Go(r.accept)
+	t.Cleanup(func() {
+		r.Heal()
+		_ = r.ln.Close()
+		r.mu.Lock()
+		for _, c := range r.conns {
+			_ = c.Close()
+		}
+		r.mu.Unlock()
+		r.wg.Wait()
+	})
+	return r
+}
+
+// URL is the relay's address as a NATS URL.
+func (r *Relay) URL() string { return "nats://" + r.ln.Addr().String() }
+
+func (r *Relay) accept() {
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", r.to)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		r.mu.Lock()
+		r.conns = append(r.conns, c, s)
+		r.mu.Unlock()
+		r.wg.Go(func() { r.pipe(s, c) })
+		r.wg.Go(func() { r.pipe(c, s) })
+	}
+}
+
+// pipe copies src to dst, holding each read while the link is cut.
+func (r *Relay) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		r.mu.Lock()
+		healed := r.healed
+		r.mu.Unlock()
+		if healed != nil {
+			<-healed
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Cut stops carrying bytes, either way, and closes nothing.
+func (r *Relay) Cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.healed == nil {
+		r.healed = make(chan struct{})
+	}
+}
+
+// Heal carries bytes again, what was held first.
+func (r *Relay) Heal() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.healed != nil {
+		close(r.healed)
+		r.healed = nil
+	}
+}
