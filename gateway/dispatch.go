@@ -9,19 +9,22 @@ import (
 )
 
 // dispatcher fans the one wildcard reply subscription out to the requests
-// waiting on it. Each attempt has its own reply subject, so late chunks of an
-// abandoned attempt find no call and are dropped.
+// waiting on it. Each copy of an attempt has its own reply subject, so late
+// chunks of an abandoned one find no call and are dropped; a message for no
+// call goes to orphan (nil: dropped), which cancels what a broker routed
+// too late.
 type dispatcher struct {
-	depth int
-	mu    sync.RWMutex
-	calls map[string]*call
+	depth  int
+	orphan func(id string, m *nats.Msg)
+	mu     sync.RWMutex
+	calls  map[string]*call
 }
 
 // call is one attempt's mailbox: a bounded channel with a non-blocking
 // hand-off, so a slow HTTP client fails its own stream and never stalls the
 // subscription that every other request shares.
 type call struct {
-	reply    string // the attempt's reply subject
+	ids      []string // the request ids (and reply subjects' last tokens) of its copies
 	ch       chan *nats.Msg
 	overflow chan struct{}
 	once     sync.Once
@@ -31,21 +34,31 @@ type call struct {
 	lostOnce sync.Once
 }
 
-func newDispatcher(depth int) *dispatcher {
-	return &dispatcher{depth: depth, calls: map[string]*call{}}
+func newDispatcher(depth int, orphan func(id string, m *nats.Msg)) *dispatcher {
+	return &dispatcher{depth: depth, orphan: orphan, calls: map[string]*call{}}
 }
 
 func (d *dispatcher) register(id string) *call {
 	c := &call{ch: make(chan *nats.Msg, d.depth), overflow: make(chan struct{}), lost: make(chan struct{})}
-	d.mu.Lock()
-	d.calls[id] = c
-	d.mu.Unlock()
+	d.add(c, id)
 	return c
 }
 
-func (d *dispatcher) unregister(id string) {
+// add makes the reply subject of id, another copy of c's attempt, c's too.
+// Only c's owner adds and unregisters.
+func (d *dispatcher) add(c *call, id string) {
+	c.ids = append(c.ids, id)
 	d.mu.Lock()
-	delete(d.calls, id)
+	d.calls[id] = c
+	d.mu.Unlock()
+}
+
+// unregister forgets every copy of c.
+func (d *dispatcher) unregister(c *call) {
+	d.mu.Lock()
+	for _, id := range c.ids {
+		delete(d.calls, id)
+	}
 	d.mu.Unlock()
 }
 
@@ -58,6 +71,9 @@ func (d *dispatcher) onMsg(m *nats.Msg) {
 	c := d.calls[id]
 	d.mu.RUnlock()
 	if c == nil {
+		if d.orphan != nil {
+			d.orphan(id, m)
+		}
 		return
 	}
 	select {
@@ -68,19 +84,13 @@ func (d *dispatcher) onMsg(m *nats.Msg) {
 }
 
 // disconnect tells every waiting call that the connection dropped, and
-// returns how many there were.
+// returns how many reply subjects were waited on.
 func (d *dispatcher) disconnect() int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for _, c := range d.calls {
 		c.lostOnce.Do(func() { close(c.lost) })
 	}
-	return len(d.calls)
-}
-
-func (d *dispatcher) active() int {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
 	return len(d.calls)
 }
 

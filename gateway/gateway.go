@@ -54,6 +54,15 @@ const MaxFileBytesCeiling = 8 << 30
 // MaxRetriesCeiling bounds MaxRetries: each retry is another replica tried.
 const MaxRetriesCeiling = 10
 
+// DefaultRoutedTimeout is the default RoutedTimeout: a broker sends its
+// routed notice within milliseconds of taking a request, so a quarter of
+// the default accept timeout without one means the copy is stuck.
+const DefaultRoutedTimeout = 250 * time.Millisecond
+
+// MaxCopies bounds the copies of one attempt sent to the broker queue group
+// (RoutedTimeout), the first included.
+const MaxCopies = 16
+
 // Config configures a gateway. Zero values take the documented defaults.
 type Config struct {
 	// ID names this gateway; it is a token of its reply subjects (default NUID).
@@ -92,6 +101,17 @@ type Config struct {
 	MaxBody int64
 	// AcceptTimeout is how long to wait for an adapter's accept (default 1s).
 	AcceptTimeout time.Duration
+	// RoutedTimeout is how long an attempt waits for a broker to say where
+	// it routed the request (its routed notice, or a rejection) before it
+	// sends another copy to the broker queue group (default
+	// DefaultRoutedTimeout; negative: never). NATS picks a queue member at
+	// random, so a copy finds a live broker where the first went to one
+	// cut off or stalled, which the server keeps in the group until its
+	// pings give the connection up. Each copy has a request id of its own;
+	// the first a broker speaks for is the attempt's, and a replica routed
+	// another copy is told to cancel it. Copies are sent only within the
+	// accept timeout (at most MaxCopies) and under the retry budget.
+	RoutedTimeout time.Duration
 	// IdleTimeout fails a reply silent for this long (default 60s; keepalives reset it).
 	IdleTimeout time.Duration
 	// ProbeAfter is the silence after which the gateway asks NATS whether
@@ -207,6 +227,7 @@ func (c *Config) Validate() error {
 		idErr, originErr,
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
+		check.Duration("routed-timeout", c.RoutedTimeout, math.MinInt64, time.Minute),
 		check.Duration("idle-timeout", c.IdleTimeout, 0, time.Hour),
 		check.Duration("probe-after", c.ProbeAfter, math.MinInt64, time.Hour),
 		check.Duration("default-timeout", c.DefaultTimeout, 0, 24*time.Hour),
@@ -257,7 +278,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.log = telemetry.Logger(cfg.Logger).With("component", "gateway")
 	g.tracer = telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/gateway")
 	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
-	g.disp = newDispatcher(cfg.HandoffDepth)
+	g.disp = newDispatcher(cfg.HandoffDepth, g.lateRoute)
 	g.metrics = newMetrics(cfg.Registerer)
 	g.cold = newColdWaits(cfg.MaxColdWaits, cfg.Registerer)
 	g.budget.ratio = cfg.RetryBudget
@@ -289,6 +310,9 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.AcceptTimeout <= 0 {
 		cfg.AcceptTimeout = time.Second
+	}
+	if cfg.RoutedTimeout == 0 {
+		cfg.RoutedTimeout = DefaultRoutedTimeout
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 60 * time.Second

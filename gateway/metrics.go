@@ -17,6 +17,8 @@ type metrics struct {
 	ttfb           *prometheus.HistogramVec
 	duration       *prometheus.HistogramVec
 	retries        prometheus.Counter
+	resends        prometheus.Counter
+	lateRoutes     prometheus.Counter
 	acceptTimeouts prometheus.Counter
 	streamErrors   *prometheus.CounterVec
 	clientGone     prometheus.Counter
@@ -42,6 +44,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"route"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_retries_total", Help: "Attempts retried on another replica before the first byte.",
+		}),
+		resends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_resends_total", Help: "Copies of a request sent again to the broker queue group because no broker said within --routed-timeout where it routed the copies before (a broker cut off or stalled).",
+		}),
+		lateRoutes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_late_routes_cancelled_total", Help: "Copies a broker routed after another copy of their request was taken or the attempt had ended: the routed replica was told to cancel them.",
 		}),
 		acceptTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeout; the retry excludes it.",
@@ -75,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
 	}
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,6 +110,12 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	id := nuid.Next()
 	defer func() {
 		res.wrote = out.wrote
+		if res.id != "" && res.id != id {
+			// Another copy than the first was the attempt's: the
+			// first copy's stage record ends too.
+			g.cfg.Stages.End(id)
+			id = res.id
+		}
 		g.settle(out.u, id, res)
 	}()
 	if ctx.Err() != nil {
@@ -144,11 +151,13 @@ func ctxResult(ctx context.Context, deadlineMsg string) result {
 // attempt publishes the request with a fresh reply subject, waits for the
 // accept within the accept timeout, then relays head, data and end in
 // Llm-Seq order. It writes to the client only what the replica answered;
-// every failure is returned for judge.
+// every failure is returned for judge. A copy that no broker speaks for
+// within the routed timeout is sent again (leg.resend); the result is the
+// copy's a broker spoke for first, and names its request id.
 func (g *Gateway) attempt(ctx context.Context, out *response, id string) result {
 	u := out.u
 	c := g.disp.register(id)
-	defer g.disp.unregister(id)
+	defer g.disp.unregister(c)
 
 	h := make(nats.Header, len(u.hdr)+4)
 	for k, v := range u.hdr {
@@ -163,9 +172,8 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		body = out.cont
 		out.continuationHeaders(h)
 	}
-	c.reply = g.replyPfx + id
 	g.cfg.Stages.Begin(id, u.bodyAt)
-	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: c.reply, Header: h, Data: body}
+	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: body}
 	if err := g.nc.PublishMsg(msg); err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
@@ -177,9 +185,20 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	// replica's head, data and end within the idle timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
-	l := leg{g: g, out: out, c: c, timer: timer}
-	defer l.stopProbe()
-	return l.run(ctx)
+	l := leg{g: g, out: out, c: c, timer: timer, msg: msg, copies: []sentCopy{{id: id, at: time.Now()}}}
+	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout {
+		l.resend = time.NewTimer(rt)
+	}
+	defer l.stop()
+	r := l.run(ctx)
+	r.id = l.copies[l.chosen].id
+	return r
+}
+
+// sentCopy is one copy of an attempt sent to the broker queue group.
+type sentCopy struct {
+	id string    // its request id, the last token of its reply subject
+	at time.Time // when it was published
 }
 
 // leg is one attempt's side of the reply protocol: it waits for the accept
@@ -191,6 +210,19 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 // replica, so the wait goes on (within the same accept timeout) for the
 // routed notice or the accept, and the result names that replica for
 // settle to cancel.
+//
+// A broker sends its routed notice within milliseconds of taking a copy;
+// none within the routed timeout (and no rejection) means the copy went to
+// a broker that is cut off or stalled, which the server keeps in the queue
+// group until its pings give the connection up. The leg then publishes
+// another copy with a request id (and reply subject) of its own, up to
+// MaxCopies within the accept timeout, holding a unit of the retry budget
+// while it does. The first copy a broker speaks for is the attempt's, its
+// accept timeout counted from its own publication; a copy routed after
+// that (a stalled broker catching up, a healed link delivering what it
+// held) is cancelled on the replica it was routed to, here or, once the
+// attempt is over, by the dispatcher (lateRoute). Every frame stays on its
+// copy's subject, so two replicas never answer on one.
 //
 // Once accepted, an adapter sends a keepalive every
 // subjects.KeepaliveEvery while its engine is silent, so a reply silent
@@ -208,6 +240,13 @@ type leg struct {
 	timer *time.Timer // the accept timer, then the idle timer: every message and keepalive resets it
 	probe *time.Timer // the silence probe (nil until the accept, and when off): reset with timer
 
+	msg    *nats.Msg   // the first copy, which the others repeat under their own ids
+	copies []sentCopy  // the copies sent, the first first
+	chosen int         // the copy a broker spoke for (the first until one did)
+	spoken bool        // a broker spoke for copies[chosen]
+	resend *time.Timer // the next copy's (nil when none will be sent)
+	budget bool        // a unit of the retry budget is held for the copies
+
 	routed   string // the replica the broker's notice named
 	left     bool   // the client left before the request was routed
 	accepted bool
@@ -221,14 +260,18 @@ type leg struct {
 func (l *leg) run(ctx context.Context) result {
 	ctxDone := ctx.Done()
 	for {
-		var probe <-chan time.Time
+		var probe, resend <-chan time.Time
 		if l.probe != nil {
 			probe = l.probe.C
+		}
+		if l.resend != nil {
+			resend = l.resend.C
 		}
 		select {
 		case <-ctxDone:
 			if !l.accepted && ctx.Err() == context.Canceled && l.routed == "" {
 				l.left, ctxDone = true, nil
+				l.stopResending() // nobody waits for another copy
 				continue
 			}
 			r := ctxResult(ctx, "the request deadline passed")
@@ -264,13 +307,103 @@ func (l *leg) run(ctx context.Context) result {
 				l.missed = 0 // the last probe found the adapter there
 			}
 			l.asked = true
-			l.g.probe(l.replica, l.c.reply)
+			l.g.probe(l.replica, l.reply())
 			l.probe.Reset(l.g.cfg.ProbeAfter)
+		case <-resend:
+			l.sendCopy()
 		case m := <-l.c.ch:
-			if r, over := l.on(reply.Decode(m)); over {
+			f := reply.Decode(m)
+			if !l.mine(m.Subject, f) {
+				continue
+			}
+			if r, over := l.on(f); over {
 				return r
 			}
 		}
+	}
+}
+
+// reply is the reply subject of the attempt's copy.
+func (l *leg) reply() string { return l.g.replyPfx + l.copies[l.chosen].id }
+
+// sendCopy publishes another copy of the request, with a request id of its
+// own, while no broker has spoken for one; and sets the timer of the next.
+func (l *leg) sendCopy() {
+	l.resend = nil
+	if l.spoken || l.left {
+		return
+	}
+	if !l.budget {
+		if !l.g.budget.acquire() {
+			return // too many requests are retrying: wait as before
+		}
+		l.budget = true
+	}
+	id := nuid.Next()
+	h := make(nats.Header, len(l.msg.Header))
+	for k, v := range l.msg.Header {
+		h[k] = v
+	}
+	h[subjects.HdrRequestID] = []string{id}
+	l.g.disp.add(l.c, id)
+	if err := l.g.nc.PublishMsg(&nats.Msg{Subject: l.msg.Subject, Reply: l.g.replyPfx + id, Header: h, Data: l.msg.Data}); err != nil {
+		return
+	}
+	l.copies = append(l.copies, sentCopy{id: id, at: time.Now()})
+	l.g.metrics.resends.Inc()
+	rt := l.g.cfg.RoutedTimeout
+	if len(l.copies) < MaxCopies && time.Since(l.copies[0].at)+rt < l.g.cfg.AcceptTimeout {
+		l.resend = time.NewTimer(rt)
+	}
+}
+
+// mine reports whether a frame that came on subject is the attempt's: the
+// first a broker sends for any copy chooses that copy; after that, frames of
+// the other copies are not, and a replica one was routed to is told to
+// cancel it.
+func (l *leg) mine(subject string, f reply.Frame) bool {
+	id := subject[strings.LastIndexByte(subject, '.')+1:]
+	i := slices.IndexFunc(l.copies, func(c sentCopy) bool { return c.id == id })
+	if i < 0 {
+		return false // a copy whose publication failed
+	}
+	if !l.spoken {
+		if f.Kind == reply.Unknown || f.Kind == reply.Keepalive {
+			return i == l.chosen
+		}
+		l.spoken, l.chosen = true, i
+		l.stopResending()
+		if i > 0 && !l.accepted {
+			// Its accept is due an accept timeout after its own
+			// publication.
+			l.timer.Reset(time.Until(l.copies[i].at.Add(l.g.cfg.AcceptTimeout)))
+		}
+		return true
+	}
+	if i == l.chosen {
+		return true
+	}
+	switch f.Kind {
+	case reply.Routed:
+		l.g.cancelLate(f.Replica, id)
+	case reply.Accept, reply.Head:
+		if f.Replica != "" && subjects.ValidToken(f.Replica) == nil {
+			// Its routed notice is still on the way (or was lost).
+			l.g.cancelUpstream(f.Replica, id)
+		}
+	}
+	return false
+}
+
+// stopResending sends no more copies and gives the retry budget back.
+func (l *leg) stopResending() {
+	if l.resend != nil {
+		l.resend.Stop()
+		l.resend = nil
+	}
+	if l.budget {
+		l.g.budget.release()
+		l.budget = false
 	}
 }
 
@@ -359,10 +492,12 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	return r, false
 }
 
-func (l *leg) stopProbe() {
+// stop stops the leg's timers and gives back what it holds.
+func (l *leg) stop() {
 	if l.probe != nil {
 		l.probe.Stop()
 	}
+	l.stopResending()
 }
 
 // rejection is the result of a broker's or an adapter's rejection: a cold
@@ -470,6 +605,28 @@ func (l *leg) fail(kind failure, e *subjects.APIError) result {
 // no-responders when the adapter is gone (relay).
 func (g *Gateway) probe(replica, reply string) {
 	_ = g.nc.PublishMsg(&nats.Msg{Subject: g.subj.ReplicaCancel(replica), Reply: reply})
+}
+
+// lateRoute takes a message on a reply subject no attempt waits for: a
+// routed notice there is a copy a broker routed after another copy of its
+// request was taken or after the attempt ended (a stalled broker catching
+// up, a healed link delivering what it held), and its replica is told to
+// cancel it. The rest is dropped.
+func (g *Gateway) lateRoute(id string, m *nats.Msg) {
+	if f := reply.Decode(m); f.Kind == reply.Routed {
+		g.cancelLate(f.Replica, id)
+	}
+}
+
+// cancelLate cancels a copy routed to replica after it was no longer
+// wanted. The replica id comes from a broker's notice: one that is not a
+// subject token is not published to.
+func (g *Gateway) cancelLate(replica, id string) {
+	if subjects.ValidToken(replica) != nil {
+		return
+	}
+	g.metrics.lateRoutes.Inc()
+	g.cancelUpstream(replica, id)
 }
 
 // cancelUpstream tells the adapter to stop the engine call.

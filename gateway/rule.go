@@ -83,6 +83,9 @@ type result struct {
 	// rejection is the rejection of a failCold or failRejected, as the
 	// broker or replica sent it.
 	rejection *reply.Frame
+	// id is the request id of the attempt's copy the result is of (""
+	// when no copy was sent): the one a cancel names.
+	id string
 }
 
 // verdict is what the relay does with a result.

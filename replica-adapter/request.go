@@ -47,9 +47,12 @@ func (a *Adapter) onRequest(r micro.Request) {
 		return
 	}
 	if _, gone := a.early[id]; gone && id != "" {
-		// Cancelled before it arrived: the gateway has given up on it.
+		// Cancelled before it arrived: the gateway has given up on it
+		// (or took another copy of it). Nothing was used: the broker
+		// that admitted it gets its token reservation back.
 		delete(a.early, id)
 		a.mu.Unlock()
+		a.publishUsage(h, tokens{})
 		return
 	}
 	ctx, cancel := context.WithCancel(a.reqBase)

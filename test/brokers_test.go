@@ -10,9 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/broker"
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -128,4 +134,98 @@ func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
 // decisions counts the decisions broker i made, from the shared registry.
 func decisions(t *testing.T, st *devstack.Stack, i int) float64 {
 	return metric(st, "switchyard_broker_decisions_total", map[string]string{"broker": st.Broker(i).ID()})
+}
+
+// A broker cut off (its connection open, carrying nothing, as behind a link
+// set down) stays in the queue group until the server's pings give it up,
+// and NATS keeps handing it requests. None waits for it: a request no
+// broker says it routed within the routed timeout is sent again, and the
+// other broker takes it, every request answered well inside the accept
+// timeout. When the link heals, the cut broker routes the copies it held;
+// the gateway, no longer waiting for them, tells their replica to cancel
+// them, and the engine finishes each request once.
+func TestACutBrokerIsNotWaitedOnAndItsLateCopiesAreNotServed(t *testing.T) {
+	const acceptTimeout = 3 * time.Second
+	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0"),
+		Gateway: gateway.Config{AcceptTimeout: acceptTimeout, RoutedTimeout: 100 * time.Millisecond}})
+	// A second broker, connected through a link the test can cut.
+	link := testkit.NewRelay(t, strings.TrimPrefix(st.NATSURL(), "nats://"))
+	nc, err := nats.Connect(link.URL(), nats.UserCredentials(st.Creds(auth.Role{Kind: auth.RoleBroker})), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reg := prometheus.NewRegistry()
+	cut, err := broker.New(nc, broker.Config{ID: "cut-broker", Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cut.Run(ctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	}()
+	routed := func(reg prometheus.Gatherer) float64 {
+		return testkit.Sum(reg, "switchyard_broker_decisions_total", nil)
+	}
+	gw := func(name string) float64 { return metric(st, name, nil) }
+	body := `{"model":"chat-small","stream":true,"max_tokens":48,"messages":[{"role":"user","content":"count to fifty"}]}`
+	answered := 0
+	ask := func(what string) time.Duration {
+		start := time.Now()
+		status, _, b := chatOnce(t, st.GatewayURL(), body, nil)
+		took := time.Since(start)
+		if status != 200 || !strings.Contains(b, "[DONE]") {
+			t.Fatalf("%s: %d after %v: %s", what, status, took.Round(time.Millisecond), b)
+		}
+		answered++
+		return took
+	}
+	// Both brokers route, the cut one included.
+	testkit.CheckFor(t, 20*time.Second, 0, func() error {
+		ask("before the cut")
+		if routed(reg) == 0 {
+			return errors.New("the second broker has routed nothing yet")
+		}
+		return nil
+	})
+
+	link.Cut()
+	live0, resends0 := metric(st, "switchyard_broker_decisions_total", nil), gw("switchyard_gateway_resends_total")
+	const n = 24
+	var slowest time.Duration
+	for i := range n {
+		slowest = max(slowest, ask(fmt.Sprintf("request %d with a broker cut", i)))
+	}
+	resent := gw("switchyard_gateway_resends_total") - resends0
+	if slowest >= acceptTimeout || resent == 0 {
+		t.Errorf("with a broker cut, the slowest of %d answers took %v and %v copies were sent again; want none waiting for the accept timeout (%v), and copies sent again",
+			n, slowest.Round(time.Millisecond), resent, acceptTimeout)
+	}
+	// What the cut broker holds: every copy the live broker did not route.
+	held := n + resent - (metric(st, "switchyard_broker_decisions_total", nil) - live0)
+	before := routed(reg)
+
+	link.Heal()
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if got := routed(reg) - before; got < held {
+			return fmt.Errorf("the healed broker routed %v of the %v copies it held", got, held)
+		}
+		if c := gw("switchyard_gateway_late_routes_cancelled_total"); c < held {
+			return fmt.Errorf("%v of %v late copies cancelled", c, held)
+		}
+		if n := st.Engine("l8-gen-0").InFlight(); n > 0 {
+			return fmt.Errorf("%d requests still in the engine", n)
+		}
+		return nil
+	})
+	if got := testkit.Sum(st.Engine("l8-gen-0").Registry(), "vllm:request_success_total", nil); got != float64(answered) {
+		t.Errorf("the engine finished %v requests; the clients were answered %d: a late copy was served", got, answered)
+	}
+	t.Logf("%d requests with a broker cut, the slowest %v; %v copies sent again, %v held by the cut broker and cancelled when it healed",
+		n, slowest.Round(time.Millisecond), resent, held)
 }
