@@ -148,11 +148,13 @@ type Config struct {
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 	// LinkCheck is how often the gateway pings its NATS server (default
-	// 1s). A pong not back within twice as long, or within LinkCheck when
-	// /readyz asks, marks the link silent: /readyz fails and new requests
-	// get 503 router_unavailable at once, until a pong comes back. A cut link that still looks open is
-	// otherwise noticed only by the connection's own pings (three missed,
-	// 15 s), and requests sent meanwhile wait for the accept timeout.
+	// 1s). Two pings in a row without a pong within LinkCheck (the checks'
+	// own or /readyz's) mark the link silent, about three LinkChecks after
+	// a cut: /readyz fails and new requests get 503 router_unavailable at
+	// once, until a pong comes back. One late pong changes nothing. A cut
+	// link that still looks open is otherwise noticed only by the
+	// connection's own pings (three missed, 15 s), and requests sent
+	// meanwhile wait for the accept timeout.
 	LinkCheck time.Duration
 	// Ready adds a readiness condition to /readyz (nil: none).
 	Ready func() error
@@ -198,9 +200,10 @@ type Gateway struct {
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
 	batch    batchStore
 
-	silent     atomic.Bool // the last link check got no pong in time
+	silent     atomic.Bool // PongsToMiss pings in a row got no pong in time, and none since
 	probeMu    sync.Mutex
-	probeDone  chan struct{}   // closed when the ping under way ends; nil: none
+	ping       *linkPing       // the link check's ping under way; nil: none
+	misses     int             // pings in a row without a pong in time (probeMu)
 	probeWG    *sync.WaitGroup // the owner of the pings: serve's
 	probeCtx   context.Context // ends the pings: serve's
 	readyMu    sync.Mutex
@@ -439,13 +442,15 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 }
 
 // checkLink pings the NATS server every LinkCheck until ctx ends and marks
-// the link silent while a pong takes longer than twice that. The
-// connection's own pings notice a cut link only after three are missed;
-// this one stops new requests from being sent into it within seconds.
-// Requests in flight are left to their own bounds: a link that heals before
-// the connection is given up delivers their replies late, not never.
+// the link silent once two pings in a row got no pong within LinkCheck
+// (PongsToMiss). The connection's own pings notice a cut link only after
+// three are missed; this one stops new requests from being sent into it
+// within seconds (about three LinkChecks), and one late pong, which a busy
+// machine or a stalled server can cause, stops nothing. Requests in flight
+// are left to their own bounds: a link that heals before the connection is
+// given up delivers their replies late, not never.
 func (g *Gateway) checkLink(ctx context.Context) {
-	t := time.NewTicker(g.cfg.LinkCheck)
+	t := time.NewTimer(g.cfg.LinkCheck)
 	defer t.Stop()
 	for {
 		select {
@@ -453,53 +458,90 @@ func (g *Gateway) checkLink(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		g.awaitPong(ctx, 2*g.cfg.LinkCheck)
+		// The next ping a LinkCheck after this one began: at once after
+		// a miss.
+		start := time.Now()
+		g.awaitPong(ctx, g.cfg.LinkCheck)
+		t.Reset(time.Until(start.Add(g.cfg.LinkCheck)))
 	}
 }
 
+// PongsToMiss is how many pings in a row must get no pong in time before
+// the link is marked silent.
+const PongsToMiss = 2
+
+// linkPing is one ping of the link check.
+type linkPing struct {
+	done   chan struct{} // closed when its pong came or it gave up
+	missed bool          // counted as missed (probeMu)
+}
+
 // awaitPong pings the server (or joins the ping under way) and waits up to
-// timeout for the pong; none by then marks the link silent. The ping runs
-// in a goroutine of its own: behind a write the cut link does not take,
-// the connection itself can block for its write timeout.
+// timeout for the pong; none by then is a miss, counted once however many
+// waited for it. A ping already missed is not joined: the next waiter sends
+// another. Each ping runs in a goroutine of its own: behind a write the cut
+// link does not take, the connection itself can block for its write
+// timeout (5 s), and the pings sent meanwhile with it; a pong however late
+// says the link answers.
 func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
 	g.probeMu.Lock()
-	if g.probeDone == nil && ctx.Err() == nil {
-		done := make(chan struct{})
-		g.probeDone = done
+	if (g.ping == nil || g.ping.missed) && ctx.Err() == nil {
+		p := &linkPing{done: make(chan struct{})}
+		g.ping = p
 		g.probeWG.Go(func() {
 			fctx, cancel := context.WithTimeout(ctx, timeout)
 			err := g.nc.FlushWithContext(fctx)
 			cancel()
-			if ctx.Err() == nil {
-				g.linkAnswered(err)
-			}
 			g.probeMu.Lock()
-			g.probeDone = nil
+			if g.ping == p {
+				g.ping = nil
+			}
+			switch {
+			case ctx.Err() != nil:
+			case err == nil:
+				g.pongLocked()
+			case !p.missed:
+				g.missLocked(p, err)
+			}
 			g.probeMu.Unlock()
-			close(done)
+			close(p.done)
 		})
 	}
-	done := g.probeDone
+	p := g.ping
 	g.probeMu.Unlock()
-	if done == nil {
+	if p == nil {
 		return
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case <-done:
+	case <-p.done:
 	case <-ctx.Done():
 	case <-t.C:
-		g.linkAnswered(fmt.Errorf("no pong within %v", timeout))
+		g.probeMu.Lock()
+		if !p.missed {
+			g.missLocked(p, fmt.Errorf("no pong within %v", timeout))
+		}
+		g.probeMu.Unlock()
 	}
 }
 
-// linkAnswered records a ping's outcome: an error marks the link silent.
-func (g *Gateway) linkAnswered(err error) {
-	switch was := g.silent.Swap(err != nil); {
-	case err != nil && !was:
-		g.log.Warn("NATS link silent: new requests fail until it answers", "err", err)
-	case err == nil && was:
+// missLocked counts a ping without a pong in time; the PongsToMiss-th in a
+// row marks the link silent. probeMu must be held.
+func (g *Gateway) missLocked(p *linkPing, err error) {
+	p.missed = true
+	g.misses++
+	g.metrics.missedPongs.Inc()
+	if g.misses >= PongsToMiss && !g.silent.Swap(true) {
+		g.metrics.silences.Inc()
+		g.log.Warn("NATS link silent: new requests fail until it answers", "err", err, "missed", g.misses)
+	}
+}
+
+// pongLocked records a pong: the link answers. probeMu must be held.
+func (g *Gateway) pongLocked() {
+	g.misses = 0
+	if g.silent.Swap(false) {
 		g.log.Info("NATS link answers again")
 	}
 }

@@ -90,3 +90,67 @@ func TestSilentNATSLinkIsUnreadyAndFailsFast(t *testing.T) {
 	}
 	t.Logf("unready %v after the cut; ready %v after the heal", took.Round(time.Millisecond), back.Round(time.Millisecond))
 }
+
+// One late pong (the link held for one link check, then carrying again, as
+// on a busy machine) leaves the gateway ready and serving; a cut (no pong
+// for two checks in a row) still turns /readyz unready well within 5 s.
+func TestOneLatePongDoesNotSilenceTheLinkACutDoes(t *testing.T) {
+	var rl *testkit.Relay
+	u := newUpstreamVia(t, gateway.Config{}, // LinkCheck: the default, 1s
+		func(r *reply, _ int) { r.stream("r-0", 2) },
+		func(url string) string {
+			rl = testkit.NewRelay(t, strings.TrimPrefix(url, "nats://"))
+			return rl.URL()
+		})
+	if _, err := u.nc.Subscribe("$SRV.PING."+subjects.BrokerService, func(m *nats.Msg) { _ = m.Respond([]byte(`{}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	ready := func() (int, string) {
+		c := http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get(u.gw + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	missed := func() float64 { return testkit.Sum(u.reg, "switchyard_gateway_nats_link_missed_pongs_total", nil) }
+	silences := func() float64 { return testkit.Sum(u.reg, "switchyard_gateway_nats_link_silences_total", nil) }
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if s, b := ready(); s != 200 {
+			return errors.New(b)
+		}
+		return nil
+	})
+
+	// Held until the link check has missed one pong, then carried on.
+	m0 := missed()
+	rl.Cut()
+	testkit.CheckFor(t, 5*time.Second, 2*time.Millisecond, testkit.Cond("a missed pong", func() bool { return missed() > m0 }))
+	rl.Heal()
+	if s, b := ready(); s != 200 {
+		t.Errorf("/readyz after one late pong: %d %s; want 200", s, b)
+	}
+	if r := u.post(true); r.status != 200 {
+		t.Errorf("a request after one late pong: %+v", r)
+	}
+	if n := silences(); n != 0 {
+		t.Errorf("the link was marked silent %v times after one late pong; want never", n)
+	}
+
+	cut := time.Now()
+	rl.Cut()
+	took := testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("the link marked silent", func() bool { return silences() > 0 }))
+	if s, b := ready(); s != 503 || !strings.Contains(b, "silent") {
+		t.Errorf("/readyz %v after the cut: %d %s; want 503 saying the link is silent", time.Since(cut).Round(time.Millisecond), s, b)
+	}
+	rl.Heal()
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if s, b := ready(); s != 200 {
+			return errors.New(b)
+		}
+		return nil
+	})
+	t.Logf("a cut marked silent %v after it, %v pongs missed in all", took.Round(time.Millisecond), missed()-m0)
+}

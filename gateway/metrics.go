@@ -19,6 +19,8 @@ type metrics struct {
 	retries        prometheus.Counter
 	resends        prometheus.Counter
 	lateRoutes     prometheus.Counter
+	missedPongs    prometheus.Counter
+	silences       prometheus.Counter
 	acceptTimeouts prometheus.Counter
 	streamErrors   *prometheus.CounterVec
 	clientGone     prometheus.Counter
@@ -50,6 +52,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		lateRoutes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_late_routes_cancelled_total", Help: "Copies a broker routed after another copy of their request was taken or the attempt had ended: the routed replica was told to cancel them.",
+		}),
+		missedPongs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_nats_link_missed_pongs_total", Help: "Pings of the gateway's NATS link check that got no pong within the link check's period.",
+		}),
+		silences: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_nats_link_silences_total", Help: "Times the NATS link was marked silent (two pings in a row without a pong in time): /readyz failed and new requests got 503 until a pong came.",
 		}),
 		acceptTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeout; the retry excludes it.",
@@ -83,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.missedPongs, m.silences, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
 	}
 	return m
 }

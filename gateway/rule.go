@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
@@ -214,7 +215,7 @@ func errOffline() *subjects.APIError {
 
 // errSilent is the error of a request sent while the NATS link is silent.
 func errSilent(check time.Duration) *subjects.APIError {
-	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway's NATS link is silent (no pong within "+(2*check).String()+")")
+	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway's NATS link is silent (no pong to "+strconv.Itoa(PongsToMiss)+" pings in a row, "+check.String()+" apart)")
 	e.RetryAfter = time.Second
 	return e
 }
