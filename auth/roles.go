@@ -101,14 +101,14 @@ func permissions(r Role, prefix, bucket string) grants {
 	case RoleGateway:
 		// It stores uploaded files and writes batch records (creating
 		// their buckets); the batchers do the rest.
-		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService}, tableRead...)
+		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService, p + "kvsync"}, tableRead...)
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
 		return grants{
 			// $SRV.PING of the brokers: /readyz asks whether one answers.
 			pub: pub,
 			sub: []string{
-				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", inbox,
+				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox,
 			},
 		}
 	case RoleBroker:

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -85,6 +86,9 @@ type Decider struct {
 	health  health
 	heard   heard
 	logged  sync.Map // refused-message kinds already logged
+	// kvSyncAt is when this decider last asked adapters to resend their
+	// engines' keys (llm.kvsync), unix ns.
+	kvSyncAt atomic.Int64
 
 	runMu  sync.Mutex // guards subs and cancel
 	subs   []*nats.Subscription
@@ -177,6 +181,9 @@ func (b *Decider) Start(ctx context.Context) error {
 	}
 	b.wg.Go(func() { b.publishLoop(ctx) })
 	b.wg.Go(func() { b.presenceLoop(ctx) })
+	// A decider that starts after the fleet asks the adapters with a
+	// KV-event feed for what their engines hold.
+	b.requestKVSync()
 	return nil
 }
 
@@ -209,6 +216,7 @@ func (b *Decider) subscribe() ([]*nats.Subscription, error) {
 		{b.subj.UsageAll(), b.onUsage},
 		{b.subj.BrokerPresence(), b.onPresence},
 		{b.subj.ControlLoadStatus(), b.onLoadStatus},
+		{b.subj.KVAll(), b.onKV},
 	} {
 		sub, err := b.nc.Subscribe(s.subject, s.h)
 		if err != nil {

@@ -31,6 +31,8 @@ type metrics struct {
 	ejections      *prometheus.CounterVec
 	publishDropped prometheus.Counter
 	liveBrokers    prometheus.Gauge
+	kvRefused      *prometheus.CounterVec
+	prefixIndex    *prometheus.GaugeVec
 
 	mu       sync.Mutex
 	loadedAt time.Time
@@ -141,6 +143,13 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		liveBrokers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_broker_live_brokers", Help: "Brokers seen alive; each enforces its share of tenant quotas.",
 		}),
+		kvRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_kv_updates_refused_total",
+			Help: "KV-cache key updates refused in whole or part: past the replica's declared capacity or the message bounds (bounds), or after a missed update (sequence).",
+		}, []string{"reason"}),
+		prefixIndex: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_prefix_index_entries", Help: "(key, replica) entries of the exact prefix index, fed by the engines' KV-cache events, per model.",
+		}, []string{"model"}),
 	}
 	// Known label values are exported from the start, so alerts and rate()
 	// work before the first event.
@@ -150,7 +159,10 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		subjects.CodeEndpointNotSupported, subjects.CodePreviousResponseNotFound} {
 		m.rejections.WithLabelValues(code)
 	}
-	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence} {
+	for _, k := range []string{"bounds", "sequence"} {
+		m.kvRefused.WithLabelValues(k)
+	}
+	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence, refusedKVReplica} {
 		m.refused.WithLabelValues(k)
 	}
 	for k := table.KindPolicy; k <= table.KindReplica; k++ {
@@ -173,7 +185,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
-			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers)
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex)
 	}
 	return m
 }
@@ -244,4 +256,7 @@ const (
 	refusedReplica  = "unknown_replica"
 	refusedUsage    = "usage_unreserved"
 	refusedPresence = "presence"
+	// refusedKVReplica: a KV-cache update naming another replica than its
+	// subject.
+	refusedKVReplica = "kv_replica"
 )

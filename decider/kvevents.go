@@ -1,0 +1,61 @@
+package decider
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// onKV applies an adapter's KV-cache key update to the exact prefix index.
+// It is believed only for the replica its subject names (NATS permissions
+// let adapter-<replica> publish on llm.kv.<replica> alone), only for a
+// replica registered in the table, and only up to the capacity it declares
+// (docs/security.md, "Bounds").
+func (b *Decider) onKV(m *nats.Msg) {
+	var u subjects.KVUpdate
+	if len(m.Data) > subjects.MaxKVUpdateBytes || json.Unmarshal(m.Data, &u) != nil {
+		b.metrics.badMessages.WithLabelValues("kv").Inc()
+		return
+	}
+	if i := strings.LastIndexByte(m.Subject, '.'); i < 0 || m.Subject[i+1:] != u.Replica {
+		b.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", truncate(u.Replica, 128))
+		return
+	}
+	if t := b.router.Table(); t == nil || t.Replicas[u.Replica] == nil {
+		b.refuse(refusedReplica, "KV-cache update of a replica not registered in the table ignored", "replica", u.Replica)
+		return
+	}
+	err := b.router.ObserveKV(&u)
+	switch {
+	case errors.Is(err, kvindex.ErrSeq):
+		// Updates were missed: ask the adapters to resend (at most once a
+		// second; each answers with a reset of its own replica).
+		b.metrics.kvRefused.WithLabelValues("sequence").Inc()
+		b.requestKVSync()
+	case err != nil:
+		b.metrics.kvRefused.WithLabelValues("bounds").Inc()
+	}
+	b.router.PrefixIndexEntries(func(model string, n int) {
+		if model == u.Model {
+			b.metrics.prefixIndex.WithLabelValues(model).Set(float64(n))
+		}
+	})
+}
+
+// requestKVSync asks every adapter with a feed to resend what its engine
+// holds, at most once a second: a decider that starts late, or missed
+// updates, has the full index from the answers.
+func (b *Decider) requestKVSync() {
+	now := time.Now().UnixNano()
+	last := b.kvSyncAt.Load()
+	if now-last < int64(time.Second) || !b.kvSyncAt.CompareAndSwap(last, now) {
+		return
+	}
+	_ = b.nc.Publish(b.subj.KVSync(), nil)
+}
