@@ -32,24 +32,32 @@ type answer struct {
 	err        error // no complete answer (silence, a gap, a failure midway)
 }
 
-// process runs one item: skip it when its batch stopped or its result
-// exists, else send it, store the result and only then acknowledge it.
-func (b *Batcher) process(ctx context.Context, tenant string, msg jetstream.Msg) {
+// runnable returns the record of the batch msg belongs to when the line
+// is to run. Otherwise it settles the item at once, without a slot of the
+// window: a cancelled batch's items are taken off the stream as fast as
+// they come, so that its finalizing waits only for the lines in flight.
+func (b *Batcher) runnable(ctx context.Context, tenant string, msg jetstream.Msg) *Record {
 	batchID := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
 	rec, err := b.records.get(ctx, b, tenant, batchID)
 	if errors.Is(err, ErrNotFound) {
 		_ = msg.Term() // no record: nothing to answer it for
-		return
+		return nil
 	}
 	if err != nil {
 		_ = msg.NakWithDelay(time.Second)
-		return
+		return nil
 	}
 	if rec.Status != StatusValidating && rec.Status != StatusInProgress {
 		b.metrics.item(tenant, "skipped")
 		_ = msg.Ack() // cancelled or over: the line does not run
-		return
+		return nil
 	}
+	return rec
+}
+
+// process runs one item of rec's batch: skip it when its result exists,
+// else send it, store the result and only then acknowledge it.
+func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg jetstream.Msg) {
 	var it Item
 	if err := json.Unmarshal(msg.Data(), &it); err != nil || it.Line < 1 || it.Line > rec.Lines {
 		_ = msg.Term()

@@ -106,10 +106,14 @@ func (p *pullers) run(pctx, ctx context.Context, tenant string) {
 			continue
 		}
 		for msg := range msgs.Messages() {
+			rec := b.runnable(ctx, tenant, msg)
+			if rec == nil {
+				continue
+			}
 			b.adm.take(tenant)
 			p.wg.Go(func() {
 				defer b.adm.release(tenant)
-				b.process(ctx, tenant, msg)
+				b.process(ctx, tenant, rec, msg)
 			})
 		}
 	}

@@ -41,7 +41,15 @@ func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) map[string]
 				b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusCompleted) })
 			}
 		case StatusCancelling:
-			b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusCancelled) })
+			// The lines in flight at the cancel run to their end and go
+			// into the files (OpenAI keeps a cancelled batch's partial
+			// results); the others are taken off the stream unanswered
+			// (process). The batch is finalized once no item is left,
+			// which is once each line in flight has its result stored.
+			active[rec.Tenant]++
+			if b.itemsLeft(ctx, rec) == 0 || b.drainedTooLong(rec, now) {
+				b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusCancelled) })
+			}
 		case StatusFinalizing:
 			b.work(wg, rec.ID, func() { b.finish(ctx, rec, rec.Ending) })
 		}
@@ -60,6 +68,13 @@ func (b *Batcher) itemsLeft(ctx context.Context, rec *Record) int {
 		return -1
 	}
 	return int(info.State.Subjects[subject])
+}
+
+// drainedTooLong reports whether a cancelling batch has waited for its
+// lines in flight longer than one of them can run: what is left then (an
+// item no batcher will take) is dropped by the finalizing.
+func (b *Batcher) drainedTooLong(rec *Record, now time.Time) bool {
+	return rec.CancellingAt != nil && now.Sub(time.Unix(*rec.CancellingAt, 0)) > b.cfg.RequestTimeout+b.cfg.AckWait
 }
 
 // expand turns a validating batch's lines into items. Each item's message

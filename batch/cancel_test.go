@@ -1,0 +1,202 @@
+package batch_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/batch"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// heldBroker answers llm.batch.* in the reply protocol, but only when the
+// test lets it: until then every line it was sent is in flight.
+type heldBroker struct {
+	mu       sync.Mutex
+	held     []*nats.Msg
+	sent     map[string]int // line content → times sent
+	answered map[string]bool
+}
+
+func (h *heldBroker) take(m *nats.Msg) {
+	var body struct {
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(m.Data, &body)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sent[body.Messages[0].Content]++
+	h.held = append(h.held, m)
+}
+
+func (h *heldBroker) inFlight() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+// answerHeld answers every line held so far with a 200 that echoes it.
+func (h *heldBroker) answerHeld(nc *nats.Conn) {
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.mu.Unlock()
+	for _, m := range held {
+		var body struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+		}
+		_ = json.Unmarshal(m.Data, &body)
+		key := body.Messages[0].Content
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(subjects.HdrSeq, "0")
+		r.Header.Set(subjects.HdrEOS, "1")
+		r.Header.Set(subjects.HdrStatus, "200")
+		r.Data = []byte(`{"object":"chat.completion","echo":` + fmt.Sprintf("%q", key) + `}`)
+		if err := nc.PublishMsg(r); err == nil {
+			h.mu.Lock()
+			h.answered[key] = true
+			h.mu.Unlock()
+		}
+	}
+}
+
+// A cancelled batch keeps what its lines in flight answer: each of them is
+// in the output file once, and no line that was never answered is.
+func TestCancelKeepsTheLinesInFlight(t *testing.T) {
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	broker := &heldBroker{sent: map[string]int{}, answered: map[string]bool{}}
+	if _, err := nc.Subscribe("llm.batch.*", broker.take); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	st, err := batch.OpenStore(ctx, js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lines = 200
+	var in strings.Builder
+	for i := 1; i <= lines; i++ {
+		in.WriteString(line(fmt.Sprint("c", i), "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"line %d"}]}`, i)))
+	}
+	rec := createBatch(ctx, t, st, in.String())
+
+	b, err := batch.New(nc, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Run(rctx) }()
+	defer func() { stop(); <-done }()
+
+	// The batcher starts with a window of 16 lines: all of them wait on
+	// the broker when the batch is cancelled.
+	testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, testkit.Cond("16 lines in flight", func() bool { return broker.inFlight() >= 16 }))
+	if _, apiErr := st.Cancel(ctx, "acme", rec.ID); apiErr != nil {
+		t.Fatal(apiErr)
+	}
+	// While they wait, the batch stays cancelling: it is not finalized
+	// without them.
+	if _, err := testkit.Poll(2*time.Second, 20*time.Millisecond, func() error {
+		got, err := st.Batch(ctx, "acme", rec.ID)
+		if err != nil || got.Status == batch.StatusCancelling {
+			return fmt.Errorf("%v: still cancelling", err)
+		}
+		return nil
+	}); err == nil {
+		t.Fatalf("the batch left cancelling with %d lines in flight", broker.inFlight())
+	}
+	// Lines taken in the moment the cancel needs to reach the batcher are
+	// in flight too: answer each as it comes.
+	var got *batch.Record
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		broker.answerHeld(nc)
+		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
+			return err
+		}
+		if got.Status != batch.StatusCancelled {
+			return fmt.Errorf("status %s %+v", got.Status, got.RequestCounts)
+		}
+		return nil
+	})
+
+	broker.mu.Lock()
+	defer broker.mu.Unlock()
+	if len(broker.answered) >= lines {
+		t.Fatalf("all %d lines ran: the cancel stopped none", len(broker.answered))
+	}
+	if got.OutputFileID == nil {
+		t.Fatalf("cancelled with %d lines answered and no output file: %+v", len(broker.answered), got)
+	}
+	seen := map[string]bool{}
+	for _, l := range readLines(t, st, *got.OutputFileID) {
+		var body struct {
+			Echo string `json:"echo"`
+		}
+		if l.Response == nil || json.Unmarshal(l.Response.Body, &body) != nil || !broker.answered[body.Echo] {
+			t.Errorf("an output line the broker never answered: %+v", l)
+			continue
+		}
+		if seen[body.Echo] {
+			t.Errorf("%s is in the output twice", body.Echo)
+		}
+		seen[body.Echo] = true
+	}
+	for key := range broker.answered {
+		if !seen[key] {
+			t.Errorf("%s was answered while in flight and is not in the output", key)
+		}
+	}
+	if got.RequestCounts.Completed != len(broker.answered) || got.RequestCounts.Failed != 0 || got.ErrorFileID != nil {
+		t.Errorf("request counts %+v with %d lines answered", got.RequestCounts, len(broker.answered))
+	}
+	for key, n := range broker.sent {
+		if n > 1 {
+			t.Errorf("%s was sent %d times", key, n)
+		}
+	}
+	t.Logf("cancelled with %d of %d lines in flight; all of them in the output", len(broker.answered), lines)
+}
+
+// createBatch stores in as acme's file and creates a batch over it, as the
+// gateway does.
+func createBatch(ctx context.Context, t *testing.T, st *batch.Store, in string) *batch.Record {
+	t.Helper()
+	f, err := st.PutFile(ctx, "acme", "in.jsonl", batch.PurposeBatch, batch.NewChecker(strings.NewReader(in), 1<<20, 100_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, requests, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions")
+	if apiErr != nil {
+		t.Fatalf("check input: %v", apiErr)
+	}
+	now := time.Now()
+	exp := now.Add(time.Hour).Unix()
+	rec := &batch.Record{Batch: batch.Batch{ID: batch.NewBatchID(now), Object: "batch", Endpoint: "/v1/chat/completions",
+		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &exp,
+		RequestCounts: batch.RequestCounts{Total: requests}}, Tenant: "acme", Lines: lines}
+	if err := st.CreateBatch(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
