@@ -33,6 +33,9 @@ const (
 	// other than 503): after them it goes to the error file. Refusals
 	// (429, 503) are never counted as failures.
 	maxAttempts = 5
+	// publishTimeout bounds the wait for an item's acknowledgement by the
+	// stream.
+	publishTimeout = 30 * time.Second
 )
 
 // Config configures a batcher. Zero values take the defaults.
@@ -137,7 +140,7 @@ func New(nc *nats.Conn, cfg Config) (*Batcher, error) {
 
 // open creates or opens what the batcher uses.
 func (b *Batcher) open(ctx context.Context) error {
-	js, err := jetstream.New(b.nc)
+	js, err := jetstream.New(b.nc, jetstream.WithPublishAsyncTimeout(publishTimeout))
 	if err != nil {
 		return err
 	}
@@ -188,8 +191,9 @@ func (b *Batcher) Run(ctx context.Context) error {
 	tick := time.NewTicker(b.cfg.SuperviseEvery)
 	defer tick.Stop()
 	for {
-		active := b.supervise(ctx, &wg)
-		pullers.set(ctx, active)
+		if active, ok := b.supervise(ctx, &wg); ok {
+			pullers.set(ctx, active)
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -125,8 +126,15 @@ func (b *Batcher) finish(ctx context.Context, rec *Record, ending string) {
 	}
 }
 
+// collectTimeout bounds the reading of a batch's results, a watch that
+// ends only when its last result arrives; a finalizing that runs out of
+// it is done again from the start.
+const collectTimeout = 2 * time.Minute
+
 // collect reads every result of batch: line → kind byte and line JSON.
 func (b *Batcher) collect(ctx context.Context, batch string) (map[int][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
+	defer cancel()
 	w, err := b.results.WatchFiltered(ctx, []string{batch + ".>"}, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err

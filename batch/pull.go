@@ -2,9 +2,11 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -59,62 +61,90 @@ func (p *pullers) stop() {
 	p.pwg.Wait()
 }
 
-// run takes tenant's items while pctx lasts; each line runs under ctx.
+// run takes tenant's items while pctx lasts; each line runs under ctx. It
+// opens the tenant's consumer again whenever a fetch says it is gone (its
+// stream or its leader moved, a NATS server restarted without it) rather
+// than fetching from nothing for ever.
 func (p *pullers) run(pctx, ctx context.Context, tenant string) {
 	b := p.b
-	cons, err := b.items.CreateOrUpdateConsumer(pctx, jetstream.ConsumerConfig{
-		Durable:           "batch-" + tenant,
-		FilterSubject:     b.subj.BatchItemsOf(tenant),
-		AckPolicy:         jetstream.AckExplicitPolicy,
-		AckWait:           b.cfg.AckWait,
-		MaxDeliver:        -1,
-		MaxAckPending:     1 << 16,
-		InactiveThreshold: 24 * time.Hour,
-	})
-	if err != nil {
-		if pctx.Err() == nil {
-			b.log.Warn("consumer", "tenant", tenant, "err", err)
-			p.mu.Lock()
-			delete(p.m, tenant) // the next supervision tries again
-			p.mu.Unlock()
+	for pctx.Err() == nil {
+		cons, err := b.items.CreateOrUpdateConsumer(pctx, jetstream.ConsumerConfig{
+			Durable:           "batch-" + tenant,
+			FilterSubject:     b.subj.BatchItemsOf(tenant),
+			AckPolicy:         jetstream.AckExplicitPolicy,
+			AckWait:           b.cfg.AckWait,
+			MaxDeliver:        -1,
+			MaxAckPending:     1 << 16,
+			InactiveThreshold: 24 * time.Hour,
+		})
+		if err != nil {
+			if pctx.Err() == nil {
+				b.log.Warn("consumer", "tenant", tenant, "err", err)
+				pause(pctx, nil, time.Second)
+			}
+			continue
 		}
-		return
+		err = p.pull(pctx, ctx, tenant, cons)
+		if pctx.Err() == nil {
+			b.log.Warn("consumer lost; opening it again", "tenant", tenant, "err", err)
+			pause(pctx, nil, time.Second)
+		}
 	}
+}
+
+// pull fetches from cons while pctx lasts and there is room; it returns
+// the error that says cons is gone.
+func (p *pullers) pull(pctx, ctx context.Context, tenant string, cons jetstream.Consumer) error {
+	b := p.b
 	for pctx.Err() == nil {
 		n := b.adm.room(tenant)
 		if n <= 0 {
-			t := time.NewTimer(100 * time.Millisecond)
-			select {
-			case <-pctx.Done():
-			case <-b.adm.wake:
-			case <-t.C:
-			}
-			t.Stop()
+			pause(pctx, b.adm.wake, 100*time.Millisecond)
 			continue
 		}
 		msgs, err := cons.Fetch(n, jetstream.FetchMaxWait(250*time.Millisecond))
-		if err != nil {
-			if pctx.Err() == nil {
-				b.log.Debug("fetch", "tenant", tenant, "err", err)
-				t := time.NewTimer(time.Second)
-				select {
-				case <-pctx.Done():
-				case <-t.C:
+		if err == nil {
+			for msg := range msgs.Messages() {
+				rec := b.runnable(ctx, tenant, msg)
+				if rec == nil {
+					continue
 				}
-				t.Stop()
+				b.adm.take(tenant)
+				p.wg.Go(func() {
+					defer b.adm.release(tenant)
+					b.process(ctx, tenant, rec, msg)
+				})
 			}
-			continue
+			err = msgs.Error()
 		}
-		for msg := range msgs.Messages() {
-			rec := b.runnable(ctx, tenant, msg)
-			if rec == nil {
-				continue
-			}
-			b.adm.take(tenant)
-			p.wg.Go(func() {
-				defer b.adm.release(tenant)
-				b.process(ctx, tenant, rec, msg)
-			})
+		switch {
+		case err == nil, pctx.Err() != nil:
+		case consumerGone(err):
+			return err
+		default:
+			// The server or the link is away: the connection reconnects
+			// and its pulls come back; do not spin meanwhile.
+			b.log.Debug("fetch", "tenant", tenant, "err", err)
+			pause(pctx, nil, time.Second)
 		}
+	}
+	return pctx.Err()
+}
+
+// consumerGone reports whether a fetch's error says the consumer it pulls
+// from is no more: fetching again from the same one would get nothing.
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
+// pause waits d, or until wake has something or ctx ends.
+func pause(ctx context.Context, wake <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-wake:
+	case <-t.C:
 	}
 }

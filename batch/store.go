@@ -276,6 +276,10 @@ func List(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*Record,
 }
 
 func listRecords(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*Record, error) {
+	// The listing is a watch that ends when its last key arrives, not a
+	// request with the client's timeout: bound it.
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
 	filter := ">"
 	if tenant != "" {
 		filter = tenant + ".*"
@@ -290,6 +294,9 @@ func listRecords(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*
 	var keys []string
 	for k := range lister.Keys() {
 		keys = append(keys, k)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // the keys stopped short
 	}
 	var out []*Record
 	for _, k := range keys {
@@ -309,6 +316,9 @@ func listRecords(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]*
 	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
 	return out, nil
 }
+
+// listTimeout bounds a listing of the batches.
+const listTimeout = 10 * time.Second
 
 // Update applies fn to tenant's batch id with compare-and-set, again on a
 // conflict. fn returning ErrUnchanged leaves the record as it is.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -11,19 +12,29 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// passTimeout bounds one supervision pass's reads and writes. A KV
+// listing is a watch that ends only when its last key arrives: behind a
+// NATS server that froze, or a stream whose leader moved, it can wait for
+// ever, and with it the progress, the finalizing and the pullers of every
+// batch.
+const passTimeout = 15 * time.Second
+
 // supervise looks over every batch once: it starts what a batch's status
 // asks for and returns the tenants with lines to run, with how many of
-// their batches are running.
-func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) map[string]int {
-	b.counts.flush(ctx, b)
-	recs, err := listRecords(ctx, b.store.batches, "")
+// their batches are running; ok is false when it could not read the
+// batches, and the pullers are then left as they are.
+func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) (active map[string]int, ok bool) {
+	pass, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	b.counts.flush(pass, b)
+	recs, err := listRecords(pass, b.store.batches, "")
 	if err != nil {
 		if ctx.Err() == nil {
 			b.log.Warn("list batches", "err", err)
 		}
-		return nil
+		return nil, false
 	}
-	active := map[string]int{}
+	active = map[string]int{}
 	byStatus := map[string]int{}
 	now := b.cfg.Now()
 	for _, rec := range recs {
@@ -37,7 +48,7 @@ func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) map[string]
 			switch {
 			case rec.ExpiresAt != nil && now.Unix() >= *rec.ExpiresAt:
 				b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusExpired) })
-			case b.itemsLeft(ctx, rec) == 0:
+			case b.itemsLeft(pass, rec) == 0:
 				b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusCompleted) })
 			}
 		case StatusCancelling:
@@ -47,7 +58,7 @@ func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) map[string]
 			// (process). The batch is finalized once no item is left,
 			// which is once each line in flight has its result stored.
 			active[rec.Tenant]++
-			if b.itemsLeft(ctx, rec) == 0 || b.drainedTooLong(rec, now) {
+			if b.itemsLeft(pass, rec) == 0 || b.drainedTooLong(rec, now) {
 				b.work(wg, rec.ID, func() { b.finish(ctx, rec, StatusCancelled) })
 			}
 		case StatusFinalizing:
@@ -55,7 +66,7 @@ func (b *Batcher) supervise(ctx context.Context, wg *sync.WaitGroup) map[string]
 		}
 	}
 	b.metrics.setBatches(byStatus)
-	return active
+	return active, true
 }
 
 // itemsLeft is the number of rec's items still in the stream (-1 when it
@@ -77,6 +88,9 @@ func (b *Batcher) drainedTooLong(rec *Record, now time.Time) bool {
 	return rec.CancellingAt != nil && now.Sub(time.Unix(*rec.CancellingAt, 0)) > b.cfg.RequestTimeout+b.cfg.AckWait
 }
 
+// expandTimeout bounds one expansion of a batch's input file into items.
+const expandTimeout = 2 * time.Minute
+
 // expand turns a validating batch's lines into items. Each item's message
 // id is <batch>.<line>, so a second expansion (this batcher died half way)
 // adds none twice within the stream's duplicate window, and a line whose
@@ -86,14 +100,25 @@ func (b *Batcher) expand(ctx context.Context, rec *Record) {
 	if rec == nil {
 		return
 	}
+	// The file is read through a consumer that a moving stream leader can
+	// leave silent: an expansion that runs out of time is done again.
+	ctx, cancel := context.WithTimeout(ctx, expandTimeout)
+	defer cancel()
 	r, err := b.store.files.Get(ctx, objectName(rec.Tenant, rec.InputFileID))
-	if err != nil {
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		b.fail(ctx, rec, "file_not_found", "the input file "+rec.InputFileID+" could not be read: "+err.Error())
 		return
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("expand: read the input", "batch", rec.ID, "err", err)
+		}
+		return // JetStream is away: the next supervision tries again
 	}
 	defer r.Close()
 	subject := b.subj.BatchItems(rec.Tenant, rec.ID)
 	var items int
+	var acks []jetstream.PubAckFuture
 	_, err = EachLine(r, func(n int, raw []byte) error {
 		l, msg := ParseLine(raw)
 		if msg != "" {
@@ -106,17 +131,32 @@ func (b *Batcher) expand(ctx context.Context, rec *Record) {
 		m := nats.NewMsg(subject)
 		m.Data = data
 		m.Header.Set(jetstream.MsgIDHeader, resultKey(rec.ID, n))
-		if _, err := b.js.PublishMsgAsync(m); err != nil {
+		ack, err := b.js.PublishMsgAsync(m)
+		if err != nil {
 			return err
 		}
+		acks = append(acks, ack)
 		items++
 		return nil
 	})
 	if err == nil {
+		// Each item must be stored: one that is not would be a line the
+		// batch never runs. The publishes time out (open), so a stream
+		// leader that died holding some does not hold the expansion.
 		select {
 		case <-b.js.PublishAsyncComplete():
 		case <-ctx.Done():
 			return
+		}
+		for i, a := range acks {
+			select {
+			case <-a.Ok():
+			case err = <-a.Err():
+			}
+			if err != nil {
+				err = fmt.Errorf("item %d of %d: %w", i+1, len(acks), err)
+				break
+			}
 		}
 	}
 	if err != nil {
