@@ -161,7 +161,11 @@ func (b *Batcher) collect(ctx context.Context, batch string) (map[int][]byte, er
 // one an error line: batch_expired past the window, batch_item_lost if a
 // completed batch lacks one (it never should).
 func (b *Batcher) withMissing(ctx context.Context, rec *Record, ending string, results map[int][]byte, write func([]byte)) error {
-	r, err := b.store.files.Get(ctx, objectName(rec.Tenant, rec.InputFileID))
+	var r jetstream.ObjectResult
+	err := b.store.unlessStale(ctx, objectName(rec.Tenant, rec.InputFileID), func() (err error) {
+		r, err = b.store.files.Get(ctx, objectName(rec.Tenant, rec.InputFileID))
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -106,7 +106,11 @@ func (s *Store) File(ctx context.Context, tenant, id string) (*File, error) {
 	if !ValidID("file-", id) {
 		return nil, ErrNotFound
 	}
-	info, err := s.files.GetInfo(ctx, objectName(tenant, id))
+	var info *jetstream.ObjectInfo
+	err := s.unlessStale(ctx, objectName(tenant, id), func() (err error) {
+		info, err = s.files.GetInfo(ctx, objectName(tenant, id))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, ErrNotFound
 	}
@@ -125,7 +129,11 @@ func (s *Store) OpenFile(ctx context.Context, tenant, id string) (io.ReadCloser,
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := s.files.Get(ctx, objectName(tenant, id))
+	var r jetstream.ObjectResult
+	err = s.unlessStale(ctx, objectName(tenant, id), func() (err error) {
+		r, err = s.files.Get(ctx, objectName(tenant, id))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, nil, ErrNotFound
 	}
@@ -171,16 +179,6 @@ func (s *Store) DeleteFile(ctx context.Context, tenant, id string) error {
 // batch creation gets.
 func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string) (lines, requests int, apiErr *subjects.APIError) {
 	r, f, err := s.OpenFile(ctx, tenant, fileID)
-	// A file uploaded a moment ago through a replicated store may not be
-	// on the replica a direct get reads yet: a few tries before 404.
-	for try := 0; errors.Is(err, ErrNotFound) && try < 10 && ValidID("file-", fileID); try++ {
-		select {
-		case <-ctx.Done():
-			return 0, 0, unavailable(ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-		r, f, err = s.OpenFile(ctx, tenant, fileID)
-	}
 	if errors.Is(err, ErrNotFound) {
 		return 0, 0, fileNotFound(fileID)
 	}

@@ -104,7 +104,11 @@ func (b *Batcher) expand(ctx context.Context, rec *Record) {
 	// leave silent: an expansion that runs out of time is done again.
 	ctx, cancel := context.WithTimeout(ctx, expandTimeout)
 	defer cancel()
-	r, err := b.store.files.Get(ctx, objectName(rec.Tenant, rec.InputFileID))
+	var r jetstream.ObjectResult
+	err := b.store.unlessStale(ctx, objectName(rec.Tenant, rec.InputFileID), func() (err error) {
+		r, err = b.store.files.Get(ctx, objectName(rec.Tenant, rec.InputFileID))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		b.fail(ctx, rec, "file_not_found", "the input file "+rec.InputFileID+" could not be read: "+err.Error())
 		return

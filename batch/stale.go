@@ -1,0 +1,69 @@
+package batch
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// An object store's reads are direct gets, which any replica of its stream
+// answers, and a replica may not yet hold a file written a moment ago (or
+// a server restarted a moment ago still catching up). A miss is therefore
+// asked of the stream's leader, which holds every write it acknowledged,
+// and while the leader has the file the read is tried again.
+const (
+	staleTries = 40
+	staleEvery = 50 * time.Millisecond
+)
+
+// unlessStale runs read and, while it finds no object that the leader
+// has, again.
+func (s *Store) unlessStale(ctx context.Context, name string, read func() error) error {
+	err := read()
+	for try := 0; errors.Is(err, jetstream.ErrObjectNotFound) && try < staleTries && s.leaderHas(ctx, name); try++ {
+		t := time.NewTimer(staleEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		err = read()
+	}
+	return err
+}
+
+// leaderHas asks the files stream's leader (a message get, which only the
+// leader answers) whether name's metadata is there and not deleted.
+func (s *Store) leaderHas(ctx context.Context, name string) bool {
+	prefix := s.js.Options().APIPrefix
+	if prefix == "" {
+		prefix = jetstream.DefaultAPIPrefix
+	}
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$O." + subjects.FilesBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := s.js.Conn().RequestWithContext(ctx, strings.TrimSuffix(prefix, ".")+".STREAM.MSG.GET.OBJ_"+subjects.FilesBucket, req)
+	if err != nil {
+		return false
+	}
+	var resp struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if json.Unmarshal(msg.Data, &resp) != nil || resp.Message == nil {
+		return false
+	}
+	var info struct {
+		Deleted bool `json:"deleted"`
+	}
+	return json.Unmarshal(resp.Message.Data, &info) == nil && !info.Deleted
+}
