@@ -89,7 +89,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	}
 	a, err := adapter.New(nc, adapter.Config{
 		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
-		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints,
+		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints, Role: r.Role,
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,
 		ScrapeEvery: s.cfg.ScrapeEvery, DrainGrace: s.cfg.DrainGrace,
 		Logger: s.log, Registerer: replacing{s.registry}, TracerProvider: s.tracing.adapter.Provider(),

@@ -25,14 +25,20 @@ type Replica struct {
 	MaxBatch, MaxQueue int
 	// Endpoints the adapter says its engine serves (default: vLLM's, all).
 	Endpoints []string
+	// Role is what the replica serves of a disaggregated model
+	// (table.RolePrefill, table.RoleDecode; default both).
+	Role string
 }
 
-// Dev is the deployment `switchyard dev` runs: nine simulated replicas
-// of three models across the five pools of the dev table. The coder
-// replica says it serves what llama.cpp's server does (no Responses API),
-// so a Responses request for its model shows endpoint_not_supported.
+// Dev is the deployment `switchyard dev` runs: thirteen simulated
+// replicas of four models across the five pools of the dev table. The
+// coder replica says it serves what llama.cpp's server does (no Responses
+// API), so a Responses request for its model shows endpoint_not_supported.
+// The disaggregated model has two prefill and two decode replicas in the
+// general pool: a long prompt's prefill runs on one of the first, its
+// decode on one of the others.
 func Dev() []Replica {
-	const l70, l8, coder = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b"
+	const l70, l8, coder, pd = "llama-3-70b-instruct", "llama-3-8b-instruct", "qwen-coder-32b", "llama-3-70b-pd"
 	return []Replica{
 		{ID: "l70-gen-0", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
 		{ID: "l70-gen-1", Model: l70, Version: "v1.5.0", Pool: table.PoolGeneral, KVBlocks: 8192},
@@ -44,6 +50,10 @@ func Dev() []Replica {
 		{ID: "l8-gen-1", Model: l8, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, MaxLoras: 4, Adapters: []string{"team-x-v3", "team-y-v1"}},
 		{ID: "coder-gen-0", Model: coder, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192,
 			Endpoints: []string{subjects.EndpointChat, subjects.EndpointCompletions, subjects.EndpointEmbeddings, subjects.EndpointMessages}},
+		{ID: "pd-prefill-0", Model: pd, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, Role: table.RolePrefill},
+		{ID: "pd-prefill-1", Model: pd, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, Role: table.RolePrefill},
+		{ID: "pd-decode-0", Model: pd, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, Role: table.RoleDecode},
+		{ID: "pd-decode-1", Model: pd, Version: "v1.0.0", Pool: table.PoolGeneral, KVBlocks: 8192, Role: table.RoleDecode},
 	}
 }
 
@@ -78,7 +88,7 @@ next:
 func (r Replica) Registration() table.Replica {
 	maxBatch, maxQueue := r.Capacity()
 	return table.Replica{Model: r.Model, Version: r.Version, Pool: r.Pool, MaxBatch: maxBatch, MaxQueue: maxQueue,
-		MaxLoras: r.MaxLoras, State: subjects.StateReady, Endpoints: r.Endpoints}
+		MaxLoras: r.MaxLoras, State: subjects.StateReady, Role: r.Role, Endpoints: r.Endpoints}
 }
 
 // Capacity is the batch and queue the replica's adapter declares: its own
