@@ -229,6 +229,46 @@ func TestAuthorization(t *testing.T) {
 		}
 	})
 
+	t.Run("an adapter sends prefill legs only", func(t *testing.T) {
+		witness := mustConnectAs(t, st, adapterRole("l70-gen-1"))
+		legs, err := witness.SubscribeSync("llm.replica.l70-gen-1.prefill")
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := witness.SubscribeSync("llm.replica.l70-gen-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := witness.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []auth.Role{adapterRole("l70-gen-0"), tenant("acme"), roleBroker, roleGateway, roleObserver} {
+			nc := mustConnectAs(t, st, r)
+			_ = nc.Publish("llm.replica.l70-gen-1.prefill", []byte("leg-"+r.Name()))
+			if r.Kind == auth.RoleAdapter {
+				_ = nc.Publish("llm.replica.l70-gen-1", []byte("whole-"+r.Name()))
+			}
+			_ = nc.Flush()
+		}
+		if err := witness.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			m, err := legs.NextMsg(0)
+			if err != nil {
+				break
+			}
+			got = append(got, string(m.Data))
+		}
+		if len(got) != 1 || got[0] != "leg-adapter-l70-gen-0" {
+			t.Errorf("prefill legs that went through: %q, want only the adapter's", got)
+		}
+		if m, err := whole.NextMsg(0); err == nil {
+			t.Errorf("an adapter sent another replica a whole request: %s", m.Data)
+		}
+	})
+
 	t.Run("only brokers announce presence", func(t *testing.T) {
 		witness := mustConnectAs(t, st, roleBroker)
 		pres, err := witness.SubscribeSync("llm.broker.presence")
