@@ -155,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	// work before the first event.
 	for _, code := range []string{subjects.CodeInvalidRequest, subjects.CodeContextLength, subjects.CodeModelNotAllowed,
 		subjects.CodeModelNotFound, subjects.CodeRateLimit, subjects.CodeAllReplicasBusy, subjects.CodeDeadlineUnmeetable,
-		subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable,
+		subjects.CodeTTFTObjectiveUnreachable, subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable,
 		subjects.CodeEndpointNotSupported, subjects.CodePreviousResponseNotFound} {
 		m.rejections.WithLabelValues(code)
 	}

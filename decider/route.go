@@ -298,6 +298,13 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 		}
 		q.Deadline = time.UnixMilli(ms)
 	}
+	if v := h.Get(subjects.HdrTTFTObjective); v != "" {
+		o, ok := subjects.ParseTTFTObjective(v)
+		if !ok {
+			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-TTFT-Objective must be a duration from 1ms to 10m")
+		}
+		q.TTFTObjective = o
+	}
 	if v := h.Get(subjects.HdrPrefix); v != "" {
 		p, perr := features.ParsePrefixHeader(s.prefix[:0], v)
 		if perr != nil {
@@ -337,7 +344,7 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 // are counted, nothing is split or parsed (docs/security.md, "Bounds").
 func checkBounds(h nats.Header) *subjects.APIError {
 	for _, k := range [...]string{subjects.HdrModel, subjects.HdrEndpoint, subjects.HdrConversation, subjects.HdrPriority,
-		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrPrefix, subjects.HdrFeatures,
+		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrTTFTObjective, subjects.HdrPrefix, subjects.HdrFeatures,
 		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
 		subjects.HdrTraceparent, subjects.HdrTracestate} {
 		v := h[k]

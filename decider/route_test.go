@@ -156,6 +156,30 @@ func TestHandleRejectsUnknownModel(t *testing.T) {
 	}
 }
 
+func TestHandleTTFTObjective(t *testing.T) {
+	// newTestBroker's replicas heartbeat no TTFT: the prediction is 0,
+	// which meets any objective.
+	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
+	s := NewScratch()
+	for _, v := range []string{"2s", "1ms", "10m"} {
+		var msg nats.Msg
+		h := gatewayHeaders()
+		h.Set(subjects.HdrTTFTObjective, v)
+		if !handleInto(b, s, "llm.gw.default", "_INBOX.gw.3", h, nil, &msg) {
+			t.Fatalf("objective %s: not forwarded: %v %s", v, msg.Header, msg.Data)
+		}
+	}
+	for _, v := range []string{"800", "0s", "999us", "10m0.001s", "-1s", strings.Repeat("1", 40) + "s"} {
+		var msg nats.Msg
+		h := gatewayHeaders()
+		h.Set(subjects.HdrTTFTObjective, v)
+		handleInto(b, s, "llm.gw.default", "_INBOX.gw.3", h, nil, &msg)
+		if msg.Header.Get(subjects.HdrStatus) != "400" || !strings.Contains(string(msg.Data), "Llm-TTFT-Objective") {
+			t.Fatalf("objective %q: want a 400 naming the header, got %v %s", v, msg.Header, msg.Data)
+		}
+	}
+}
+
 func TestHandleScansTheBodyOfADirectClient(t *testing.T) {
 	b := newTestBroker(t, 2, time.Unix(1_800_000_000, 0))
 	s := NewScratch()

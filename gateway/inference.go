@@ -89,6 +89,12 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		}
 		deadline = now.Add(time.Duration(secs * float64(time.Second)))
 	}
+	if v := r.Header.Get("X-Switchyard-TTFT-Objective"); v != "" {
+		if _, ok := subjects.ParseTTFTObjective(v); !ok {
+			return nil, badHeader("X-Switchyard-TTFT-Objective", "must be a duration from 1ms to 10m, such as 800ms or 2s")
+		}
+		h[subjects.HdrTTFTObjective] = []string{v}
+	}
 	if v := r.Header.Get("X-Conversation-Id"); v != "" {
 		if !printable(v, 128) {
 			return nil, badHeader("X-Conversation-Id", "must be 1 to 128 printable ASCII characters")

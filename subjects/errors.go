@@ -21,11 +21,14 @@ const (
 	CodeUpstreamTimeout    = "upstream_timeout"
 	CodeAllReplicasBusy    = "all_replicas_busy"
 	CodeDeadlineUnmeetable = "deadline_unmeetable"
-	CodeModelLoading       = "model_loading"
-	CodeNoReplicas         = "no_replicas"
-	CodeRouterUnavailable  = "router_unavailable"
-	CodeNotFound           = "not_found"
-	CodeMethodNotAllowed   = "method_not_allowed"
+	// CodeTTFTObjectiveUnreachable (503): no candidate's predicted time to
+	// first token meets the request's TTFT objective.
+	CodeTTFTObjectiveUnreachable = "ttft_objective_unreachable"
+	CodeModelLoading             = "model_loading"
+	CodeNoReplicas               = "no_replicas"
+	CodeRouterUnavailable        = "router_unavailable"
+	CodeNotFound                 = "not_found"
+	CodeMethodNotAllowed         = "method_not_allowed"
 	// CodeEndpointNotSupported (501): no replica of the model serves the endpoint.
 	CodeEndpointNotSupported = "endpoint_not_supported"
 	// CodePreviousResponseNotFound (404): the stored response is unknown,

@@ -14,8 +14,11 @@ const (
 	HdrPrefix          = "Llm-Prefix"
 	HdrFeatures        = "Llm-Features"
 	HdrDeadline        = "Llm-Deadline"
-	HdrExclude         = "Llm-Exclude"
-	HdrStream          = "Llm-Stream"
+	// HdrTTFTObjective is the request's time-to-first-token objective, a
+	// Go duration (ParseTTFTObjective), from X-Switchyard-TTFT-Objective.
+	HdrTTFTObjective = "Llm-TTFT-Objective"
+	HdrExclude       = "Llm-Exclude"
+	HdrStream        = "Llm-Stream"
 	// HdrColdWaited marks a request the gateway held while its cold model
 	// loaded: the broker charged its request quota when it was held, so the
 	// attempt after the wait is not charged again.

@@ -1,5 +1,7 @@
 package subjects
 
+import "time"
+
 // Bounds on what a sender controls (docs/security.md, "Bounds"). A message
 // over one is refused with a 400 before any work in proportion to it.
 const (
@@ -21,3 +23,23 @@ const (
 	MaxHeartbeatMillis = 24 * 60 * 60 * 1000
 	MaxLoraAdapters    = 1024
 )
+
+// The range of a time-to-first-token objective (X-Switchyard-TTFT-Objective,
+// Llm-TTFT-Objective, tenants.<t>.ttft_objective, models.<m>.ttft_objective).
+const (
+	MinTTFTObjective = time.Millisecond
+	MaxTTFTObjective = 10 * time.Minute
+)
+
+// ParseTTFTObjective reads a TTFT objective: a Go duration ("800ms", "2s")
+// from MinTTFTObjective to MaxTTFTObjective.
+func ParseTTFTObjective(s string) (time.Duration, bool) {
+	if len(s) > 32 {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < MinTTFTObjective || d > MaxTTFTObjective {
+		return 0, false
+	}
+	return d, true
+}

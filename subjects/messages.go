@@ -254,4 +254,7 @@ type Decision struct {
 	PrefillReplica string `json:"prefill_replica,omitempty"`
 	Split          string `json:"split,omitempty"`
 	UncachedTokens int    `json:"uncached_tokens,omitempty"`
+	// TTFTObjectiveMillis is the time-to-first-token objective the
+	// replicas were held to (0: none).
+	TTFTObjectiveMillis int64 `json:"ttft_objective_ms,omitempty"`
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -319,6 +320,9 @@ func validateModel(key string, m *Model) error {
 	if m.OnCold != "" && m.OnCold != OnColdReject && m.OnCold != OnColdWait {
 		return fieldErr(key, "on_cold", "want reject or wait, got %q", m.OnCold)
 	}
+	if !validObjective(m.TTFTObjective) {
+		return fieldErr(key, "ttft_objective", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(m.TTFTObjective))
+	}
 	if d := m.Disaggregation; d != nil && (d.MinUncachedTokens < 0 || d.MinUncachedTokens > MaxMinUncachedTokens) {
 		return fieldErr(key, "disaggregation.min_uncached_tokens", "must be in [0, %d], got %d", MaxMinUncachedTokens, d.MinUncachedTokens)
 	}
@@ -373,12 +377,21 @@ func validateTenant(key string, t *Tenant) error {
 	if t.Quota.RPM < 0 || t.Quota.TPM < 0 {
 		return fieldErr(key, "quota", "limits must not be negative")
 	}
+	if !validObjective(t.TTFTObjective) {
+		return fieldErr(key, "ttft_objective", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(t.TTFTObjective))
+	}
 	for alias, lora := range t.Adapters {
 		if !ValidName(alias) || !ValidName(lora) {
 			return fieldErr(key, "adapters", "invalid entry %q → %q", alias, lora)
 		}
 	}
 	return nil
+}
+
+// validObjective reports whether a table's TTFT objective is unset or in
+// the range a request's may take.
+func validObjective(d Duration) bool {
+	return d == 0 || time.Duration(d) >= subjects.MinTTFTObjective && time.Duration(d) <= subjects.MaxTTFTObjective
 }
 
 func validateReplica(key string, r *Replica) error {

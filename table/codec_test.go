@@ -150,6 +150,12 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "disaggregation huge", key: "models.m", value: `{"disaggregation": {"enabled": true, "min_uncached_tokens": 4194305}}`, field: "disaggregation.min_uncached_tokens", msg: "[0, 4194304]"},
 		{name: "disaggregation unknown field", key: "models.m", value: `{"disaggregation": {"enabled": true, "threshold": 10}}`, msg: `unknown field "threshold"`},
 		{name: "disaggregation enabled type", key: "models.m", value: `{"disaggregation": {"enabled": "yes"}}`, msg: "cannot unmarshal string"},
+		{name: "model objective short", key: "models.m", value: `{"ttft_objective": "500us"}`, field: "ttft_objective", msg: "from 1ms to 10m0s"},
+		{name: "model objective long", key: "models.m", value: `{"ttft_objective": "11m"}`, field: "ttft_objective", msg: "got 11m0s"},
+		{name: "model objective negative", key: "models.m", value: `{"ttft_objective": "-1s"}`, field: "ttft_objective", msg: "got -1s"},
+		{name: "model objective number", key: "models.m", value: `{"ttft_objective": 1000}`, msg: "duration"},
+		{name: "tenant objective long", key: "tenants.t", value: `{"ttft_objective": "1h"}`, field: "ttft_objective", msg: "got 1h0m0s"},
+		{name: "tenant objective garbage", key: "tenants.t", value: `{"ttft_objective": "soon"}`, msg: "soon"},
 		{name: "replica sizes", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "max_queue": -1}`, field: "max_batch", msg: "negative"},
 	}
 	for _, tc := range tests {
@@ -169,6 +175,22 @@ func TestDecodeAccepts(t *testing.T) {
 		if m.OnCold != table.OnColdWait || time.Duration(m.IdleUnloadAfter) != 10*time.Minute || m.ExpectedLoadSeconds != 90 ||
 			m.Load == nil || m.Load.Kubernetes == nil || m.Load.Kubernetes.Replicas != 2 || m.Unload == nil || len(m.Unload.Exec) != 3 {
 			t.Errorf("model = %+v", m)
+		}
+	})
+	t.Run("ttft objectives", func(t *testing.T) {
+		v, err := table.Decode("models.m", []byte(`{"ttft_objective": "800ms"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := v.V.(table.Model); time.Duration(m.TTFTObjective) != 800*time.Millisecond {
+			t.Errorf("model objective = %v, want 800ms", time.Duration(m.TTFTObjective))
+		}
+		v, err = table.Decode("tenants.t", []byte(`{"ttft_objective": "10m"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tn := v.V.(table.Tenant); time.Duration(tn.TTFTObjective) != 10*time.Minute {
+			t.Errorf("tenant objective = %v, want 10m", time.Duration(tn.TTFTObjective))
 		}
 	})
 	t.Run("policy defaults", func(t *testing.T) {

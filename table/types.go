@@ -183,6 +183,9 @@ type Model struct {
 	// Disaggregation splits a long prompt's prefill from its decode onto
 	// replicas of role prefill and decode (nil: off).
 	Disaggregation *Disaggregation `json:"disaggregation,omitempty"`
+	// TTFTObjective is the time-to-first-token objective of the model's
+	// requests that carry none and whose tenant sets none (0: none).
+	TTFTObjective Duration `json:"ttft_objective,omitempty"`
 }
 
 // Disaggregation is models.<model>.disaggregation: when a request's
@@ -269,6 +272,9 @@ type Tenant struct {
 	AllowedModels []string          `json:"allowed_models,omitempty"`
 	Quota         Quota             `json:"quota,omitempty"`
 	Adapters      map[string]string `json:"adapters,omitempty"`
+	// TTFTObjective is the time-to-first-token objective of the tenant's
+	// requests that carry none (0: the model's, if any).
+	TTFTObjective Duration `json:"ttft_objective,omitempty"`
 }
 
 // Key is the value of keys.<sha256 hex of an API key>.

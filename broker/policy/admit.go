@@ -72,25 +72,20 @@ func (st *decision) checkCapacity() *subjects.APIError {
 // away from, -1 when none.
 type deadlineCheck struct{ loser int }
 
-// deadline keeps the chosen replica when its estimated wait to the first
-// token fits before the request's deadline; else it switches to the
-// candidate with the shortest estimate if that one fits, or refuses.
+// deadline keeps the chosen replica when its predicted time to first token
+// fits before the request's deadline; else it switches to the candidate
+// with the lowest prediction if that one fits, or refuses.
 func (p *pick) deadline() (switched bool, e *subjects.APIError) {
 	p.dl.loser = -1
 	if p.req.Deadline.IsZero() {
 		return false, nil
 	}
 	left := p.req.Deadline.Sub(p.now)
-	if left > 0 && millis(p.cands[p.chosen].wait) <= left {
+	if left > 0 && millis(p.cands[p.chosen].ttft) <= left {
 		return false, nil
 	}
-	best := p.chosen
-	for i := range p.cands {
-		if p.cands[i].wait < p.cands[best].wait {
-			best = i
-		}
-	}
-	wait := millis(p.cands[best].wait)
+	best := p.fastest()
+	wait := millis(p.cands[best].ttft)
 	if left > 0 && wait <= left {
 		p.dl.loser, p.chosen = p.chosen, best
 		return true, nil

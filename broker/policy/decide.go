@@ -107,6 +107,8 @@ func (st *decision) run() {
 	// Which replica?
 	p.adapter = res.adapter
 	p.holders = nil
+	p.ttftObjective = st.objective()
+	d.TTFTObjective = p.ttftObjective
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.prefixes[res.target.Model]
 		if st.r.kv.Len() > 0 {

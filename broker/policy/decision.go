@@ -15,7 +15,10 @@ type Request struct {
 	Prefix                                          []uint64 // chained block hashes (Llm-Prefix)
 	Features                                        []string // Llm-Features, e.g. "code"
 	Deadline                                        time.Time
-	Exclude                                         []string
+	// TTFTObjective is the request's time-to-first-token objective
+	// (Llm-TTFT-Objective); 0 takes the tenant's, then the model's.
+	TTFTObjective time.Duration
+	Exclude       []string
 	// ColdWaited marks a request the gateway held while its cold model
 	// loaded: its request quota was charged when it was held.
 	ColdWaited bool
@@ -54,6 +57,7 @@ const (
 	ReasonDeadline     = "deadline"           // chosen replica could not meet the deadline; the fastest one could
 	ReasonBatchRoom    = "batch-room"         // batch work: the chosen replica had no room for it; another had
 	ReasonSplit        = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
+	ReasonObjective    = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
 )
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).
@@ -75,6 +79,7 @@ const (
 	WhyNotDrawn      = "not drawn (stale load data)"
 	WhyDeadline      = "estimated wait beyond the deadline"
 	WhyNoBatchRoom   = "no room for batch work"
+	WhyObjective     = "predicted TTFT beyond the objective"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes
@@ -102,7 +107,10 @@ type Decision struct {
 	UncachedTokens int
 	// PrefixSource says where a prefix match came from: PrefixKVEvents
 	// (the exact index) or PrefixPlacements; "" without one.
-	PrefixSource  string
+	PrefixSource string
+	// TTFTObjective is the objective the decision held the replicas to
+	// (the request's, the tenant's or the model's; 0: none).
+	TTFTObjective time.Duration
 	TableRevision uint64
 	// Duration is the time the decision took, measured only when
 	// Config.Clock is set; otherwise the caller fills it in.
@@ -153,9 +161,10 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		ResumeFrom:    req.ResumeFrom,
 		ResumeTokens:  req.ResumeTokens,
 
-		PrefillReplica: d.Prefill,
-		Split:          d.Split,
-		UncachedTokens: d.UncachedTokens,
+		PrefillReplica:      d.Prefill,
+		Split:               d.Split,
+		UncachedTokens:      d.UncachedTokens,
+		TTFTObjectiveMillis: d.TTFTObjective.Milliseconds(),
 	}
 	if d.NEjected > 0 {
 		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])

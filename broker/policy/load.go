@@ -17,7 +17,8 @@ type cand struct {
 	x         *replica
 	load      float64 // load_score, saturation penalty included
 	kv        float64
-	wait      float64 // estimated milliseconds to the first token
+	wait      float64 // estimated milliseconds of queue wait (the heartbeat's)
+	ttft      float64 // predicted milliseconds to the first token (predict)
 	fresh     bool    // load data younger than stale_after
 	saturated bool
 	full      bool // at capacity: see load
@@ -111,6 +112,7 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= p.saturation)
 	c.wait = x.wait
+	c.ttft = x.wait
 }
 
 func firstPositive(a, b, c int) int {

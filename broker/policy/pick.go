@@ -23,6 +23,9 @@ type pick struct {
 	kv      *kvindex.Index
 	kvModel string
 	byKV    []*replica
+	// ttftObjective is the objective in force (the request's, the
+	// tenant's or the model's), 0 when none.
+	ttftObjective time.Duration
 
 	// The group's candidates, set by the walk over the filters.
 	cands               []cand
@@ -44,6 +47,7 @@ type pick struct {
 	warm     prefixStep
 	pair     pairDraw
 	dl       deadlineCheck
+	obj      objectiveCheck
 	room     batchRoomCheck
 	pd       splitCheck
 }

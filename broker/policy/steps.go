@@ -69,6 +69,7 @@ type check struct {
 // checks run after the step that chose, in order.
 var checks = [...]check{
 	{reason: ReasonDeadline, check: (*pick).deadline, why: (*pick).whyDeadline},
+	{reason: ReasonObjective, check: (*pick).objective, why: (*pick).whyObjective},
 	{reason: ReasonBatchRoom, check: (*pick).batchRoom, why: (*pick).whyBatchRoom},
 	{reason: ReasonSplit, check: (*pick).split, why: (*pick).whySplit, report: (*pick).reportSplit},
 }

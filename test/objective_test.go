@@ -1,0 +1,60 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+)
+
+// A TTFT objective no replica can meet, through `switchyard dev`: once the
+// replica's heartbeat carries its measured time to first token, a request
+// holding it to 1 ms is refused at once with 503 ttft_objective_unreachable
+// and a Retry-After, while one with a generous objective is served.
+func TestUnreachableTTFTObjectiveIsRefused(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
+	url := st.GatewayURL()
+	body := chatBody("chat-small", 4, false)
+	if code, _, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "1m"}); code != 200 {
+		t.Fatalf("generous objective: %d %s", code, b)
+	}
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		// Streamed traffic (only a stream's first byte is a time to
+		// first token) keeps the replica's measured TTFT up until a
+		// heartbeat carries it.
+		if code, _, b := chatOnce(t, url, chatBody("chat-small", 4, true), nil); code != 200 {
+			return fmt.Errorf("warm-up request: %d %s", code, b)
+		}
+		code, h, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "1ms"})
+		if code == 200 {
+			return fmt.Errorf("a 1ms objective was served by %s: no TTFT measured yet", h.Get("X-Switchyard-Replica"))
+		}
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(b), &e); err != nil {
+			t.Fatalf("not the OpenAI error shape: %s", b)
+		}
+		if code != http.StatusServiceUnavailable || e.Error.Code != "ttft_objective_unreachable" {
+			t.Fatalf("1ms objective: %d %s, want 503 ttft_objective_unreachable", code, b)
+		}
+		if secs, err := strconv.Atoi(h.Get("Retry-After")); err != nil || secs < 1 {
+			t.Fatalf("Retry-After %q, want whole seconds ≥ 1", h.Get("Retry-After"))
+		}
+		if h.Get("Retry-After-Ms") == "" {
+			t.Fatalf("no retry-after-ms: %v", h)
+		}
+		return nil
+	})
+	if code, _, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "1m"}); code != 200 {
+		t.Fatalf("generous objective after the refusal: %d %s", code, b)
+	}
+	if code, _, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "fast"}); code != 400 {
+		t.Fatalf("objective \"fast\": %d %s, want 400", code, b)
+	}
+}
