@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -115,7 +116,12 @@ func (st *decision) run() {
 			p.kv, p.kvModel, p.byKV = st.r.kv, res.target.Model, st.r.byKV
 		}
 	}
-	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy, p.holders)
+	var exact *kvindex.Index
+	if st.r.kv.Len() > 0 {
+		exact = st.r.kv
+	}
+	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy,
+		prefixHoldings{m: p.holders, kv: exact, model: res.target.Model})
 	if e := p.choose(); e != nil {
 		st.reject(e)
 		return

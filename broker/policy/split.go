@@ -3,6 +3,7 @@ package policy
 import (
 	"slices"
 
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -29,7 +30,41 @@ type prefixSource interface {
 	heldBy(blocks []uint64, x *replica) int
 }
 
-var _ prefixSource = (*prefixMap)(nil)
+var (
+	_ prefixSource = (*prefixMap)(nil)
+	_ prefixSource = (*prefixHoldings)(nil)
+)
+
+// prefixHoldings is the prefix knowledge a decision has: the exact index
+// for replicas whose adapter feeds their engine's KV-cache events, the
+// placement map for the others, each replica read from its own source as
+// prefix affinity reads it.
+type prefixHoldings struct {
+	m     *prefixMap     // nil: no placements for the model
+	kv    *kvindex.Index // nil: no exact keys
+	model string
+}
+
+func (h *prefixHoldings) heldBy(blocks []uint64, x *replica) int {
+	if x.kvLive {
+		if h.kv == nil {
+			return 0
+		}
+		for lvl := len(blocks) - 1; lvl >= 0; lvl-- {
+			hs := h.kv.Lookup(h.model, blocks[lvl])
+			for i := range hs.Len() {
+				if hs.At(i) == x.kvID {
+					return lvl + 1
+				}
+			}
+		}
+		return 0
+	}
+	if h.m == nil {
+		return 0
+	}
+	return h.m.heldBy(blocks, x)
+}
 
 // heldBy is the depth of the longest chain of blocks whose last block x
 // received: chained hashes make a block stand for every block before it.
@@ -52,7 +87,8 @@ type splitCheck struct {
 	on          *table.Disaggregation // nil: the model is served whole
 	group       []*replica            // the model's registered replicas
 	w           *table.LoadWeights
-	held        prefixSource // nil: nothing known of prefixes
+	src         prefixHoldings
+	held        prefixSource // &src, or nil when nothing is known of prefixes
 	blockTokens int          // prompt tokens per prefix block
 
 	prefill  *replica // the prefill replica chosen, nil: whole
@@ -62,14 +98,15 @@ type splitCheck struct {
 
 // start readies the check for a decision of model m with the replicas of
 // that model.
-func (c *splitCheck) start(m *table.Model, group []*replica, pol *table.Policy, held *prefixMap) {
+func (c *splitCheck) start(m *table.Model, group []*replica, pol *table.Policy, src prefixHoldings) {
 	*c = splitCheck{}
 	if !m.Splits() {
 		return
 	}
 	c.on, c.group, c.w = m.Disaggregation, group, &pol.LoadWeights
-	if held != nil {
-		c.held = held
+	if src.m != nil || src.kv != nil {
+		c.src = src
+		c.held = &c.src
 	}
 	// The gateway's estimate: a token is about four bytes of prompt.
 	c.blockTokens = (pol.PrefixBlockChars + 3) / 4

@@ -146,3 +146,32 @@ func TestWithoutDisaggregationNothingIsSplit(t *testing.T) {
 		t.Errorf("plain model: split %q prefill %q", d.Split, d.Prefill)
 	}
 }
+
+// The uncached tokens read the exact index for a decode replica whose
+// engine feeds its KV-cache events: what the engine holds is cached, what
+// it evicted is not, whatever was placed there.
+func TestSplitReadsTheEnginesCachesWhereFed(t *testing.T) {
+	e := newEnv(t, pdTable)
+	prompt := strings.Repeat("A long system prompt shared by many requests. ", 400)
+	blocks := features.AppendPrefix(nil, []byte(prompt), 256, 64)
+	feed := func(hb *subjects.Heartbeat) { hb.KVEvents, hb.KVBlocks, hb.BlockSize = true, 100000, 16 }
+	for _, id := range []string{"pd-d0", "pd-d1"} {
+		e.beat(id, 0.1, 0, 0, feed)
+	}
+	update := func(seq uint64, reset bool, stored, evicted []uint64) {
+		t.Helper()
+		if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "pd-d1", Model: "pd-model", Seq: seq, Reset: reset, KVBlocks: 100000, Stored: stored, Evicted: evicted}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(1, true, blocks, nil)
+	d := e.explain(pdRequest(6000, blocks))
+	if d.Replica != "pd-d1" || d.Prefill != "" || d.Split != policy.SplitWholeShort || d.UncachedTokens != 6000-64*64 {
+		t.Fatalf("engine holds the prefix: decode %s prefill %q split %q uncached %d", d.Replica, d.Prefill, d.Split, d.UncachedTokens)
+	}
+	update(2, false, nil, blocks)
+	d = e.explain(pdRequest(6000, blocks))
+	if d.Prefill == "" || d.UncachedTokens != 6000 {
+		t.Fatalf("engine evicted the prefix: decode %s prefill %q split %q uncached %d", d.Replica, d.Prefill, d.Split, d.UncachedTokens)
+	}
+}
