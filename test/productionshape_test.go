@@ -51,6 +51,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	l := newClusterLoad(gateways)
 	ctx, stopLoad := context.WithCancel(context.Background())
 	var load sync.WaitGroup
+	load.Go(func() { l.balance(ctx) })
 	for w := range 6 {
 		load.Go(func() { l.run(ctx, w) })
 	}
@@ -230,7 +231,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %v | %s | %s |\n", r.fault, r.failed, r.retried, r.routing, w, r.note)
 	}
-	fmt.Fprintf(&b, "\n%d requests: %d ok, %d failed explicitly, %d lost, %d hung\n", total, ok, failed, lost, hung)
+	fmt.Fprintf(&b, "\n%d requests: %d ok, %d failed explicitly, %d lost, %d hung; %s\n", total, ok, failed, lost, hung, l.heldNote())
 	t.Log(b.String())
 	if lost > 0 || hung > 0 {
 		for _, r := range l.bad() {
@@ -357,9 +358,10 @@ func tableWritable(js jetstream.JetStream, since time.Time, key string) (time.Du
 }
 
 // clusterLoad sends mixed requests through the gateways: tenants,
-// conversations, long contexts, premium, streamed and not. A request a
-// gateway cannot take (connection refused) goes to the other, as a load
-// balancer would.
+// conversations, long contexts, premium, streamed and not, through a load
+// balancer (balance): a gateway whose /readyz fails is out of the rotation
+// until it passes again, and a request a gateway cannot take (connection
+// refused) goes to the other.
 type clusterLoad struct {
 	gateways                               []string
 	total, ok, failed, lost, hung, retried atomic.Int64
@@ -368,6 +370,9 @@ type clusterLoad struct {
 	stopping                               atomic.Int64    // 1 + the index of the gateway being stopped, or 0
 	code                                   bool            // every tenth request asks for `code`, served at the GPU site
 	lastOK                                 [2]atomic.Int64 // unix nanos of each gateway's last success
+	out                                    [2]atomic.Bool  // the balancer took the gateway out of the rotation
+	held                                   atomic.Int64    // requests held while no gateway was in the rotation
+	heldLongest                            atomic.Int64    // the longest such hold, nanoseconds
 
 	mu   sync.Mutex
 	reqs []sent
@@ -402,6 +407,10 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 			key, model, content, conv = "", "code", "write a function", ""
 		}
 		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":24,"messages":[{"role":"user","content":%q}]}`, model, i%2 == 0, content)
+		var ok bool
+		if g, ok = l.pick(ctx, g); !ok {
+			return
+		}
 		start := time.Now()
 		o, version := l.send(l.gateways[g], key, conv, body)
 		if l.refused(g, o) {
@@ -428,6 +437,85 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 		l.reqs = append(l.reqs, sent{gateway: g, model: model, start: start, end: time.Now(), o: o})
 		l.mu.Unlock()
 	}
+}
+
+// balanceEvery is how often the load balancer asks each gateway's /readyz.
+const balanceEvery = 250 * time.Millisecond
+
+// balance is the load balancer's health check until ctx ends: every
+// balanceEvery it asks each gateway's /readyz, and one that fails (or does
+// not answer within 2 s) is out of the rotation until it passes again.
+// Requests sent to a gateway before it is taken out count as any others.
+func (l *clusterLoad) balance(ctx context.Context) {
+	var wg sync.WaitGroup
+	for g, url := range l.gateways {
+		wg.Go(func() {
+			t := time.NewTicker(balanceEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				l.out[g].Store(!ready(ctx, url))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// ready reports whether gateway's /readyz answers 200 within 2 s.
+func ready(ctx context.Context, gateway string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateway+"/readyz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode == http.StatusOK
+}
+
+// pick is the gateway the balancer sends the next request to: g when it is
+// in the rotation, else the other; with neither in it the request waits
+// until one is back (ok false: ctx ended first).
+func (l *clusterLoad) pick(ctx context.Context, g int) (_ int, ok bool) {
+	var since time.Time
+	for {
+		for _, c := range []int{g, 1 - g} {
+			if !l.out[c].Load() {
+				if !since.IsZero() {
+					l.held.Add(1)
+					d := int64(time.Since(since))
+					for {
+						old := l.heldLongest.Load()
+						if d <= old || l.heldLongest.CompareAndSwap(old, d) {
+							break
+						}
+					}
+				}
+				return c, true
+			}
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return g, false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// heldNote says how many requests the balancer held with no gateway in
+// its rotation, and the longest hold.
+func (l *clusterLoad) heldNote() string {
+	return fmt.Sprintf("%d held by the load balancer while neither gateway passed /readyz (the longest %v)",
+		l.held.Load(), time.Duration(l.heldLongest.Load()).Round(100*time.Millisecond))
 }
 
 // refused reports whether gateway g turned the connection away before it
