@@ -27,12 +27,12 @@ func TestModelListIsWhatTheTenantMayAskFor(t *testing.T) {
 	}
 	tests := []struct{ tenant, want string }{
 		{"default", "auto/switchyard chat-large/switchyard chat-small/switchyard code/switchyard mixtral/switchyard " +
-			"llama-3-70b-instruct/switchyard llama-3-8b-instruct/switchyard mixtral-8x22b/switchyard qwen-coder-32b/switchyard"},
+			"llama-3-70b-instruct/switchyard llama-3-70b-pd/switchyard llama-3-8b-instruct/switchyard mixtral-8x22b/switchyard qwen-coder-32b/switchyard"},
 		// Only what its allowed_models names (auto reaches chat-small
 		// for some prompts only, and is refused for the rest).
 		{"intern", "chat-small/switchyard"},
 		{"team-x", "auto/switchyard chat-large/switchyard chat-small/switchyard code/switchyard mixtral/switchyard " +
-			"llama-3-70b-instruct/switchyard llama-3-8b-instruct/switchyard mixtral-8x22b/switchyard qwen-coder-32b/switchyard " +
+			"llama-3-70b-instruct/switchyard llama-3-70b-pd/switchyard llama-3-8b-instruct/switchyard mixtral-8x22b/switchyard qwen-coder-32b/switchyard " +
 			"chat-small:team-x-v3/team-x"},
 	}
 	for _, tt := range tests {

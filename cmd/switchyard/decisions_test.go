@@ -173,3 +173,20 @@ func TestDecisionsRejectsABadPool(t *testing.T) {
 		t.Errorf("exit code %d, want %d (stderr %q)", code, exitUsage, errOut.String())
 	}
 }
+
+func TestExplainShowsTheSplit(t *testing.T) {
+	d := decisionAt(0)
+	d.Requested, d.Model, d.Replica = "llama-3-70b-pd", "llama-3-70b-pd", "pd-decode-1"
+	d.PrefillReplica, d.Split, d.UncachedTokens = "pd-prefill-0", "split", 6000
+	var b strings.Builder
+	printDecision(&b, &d)
+	if !strings.Contains(b.String(), "prefill   pd-prefill-0, decode on pd-decode-1 (split: 6000 uncached tokens)") {
+		t.Errorf("split explained as:\n%s", b.String())
+	}
+	d.PrefillReplica, d.Split, d.UncachedTokens = "", "whole: no prefill replica", 6000
+	b.Reset()
+	printDecision(&b, &d)
+	if !strings.Contains(b.String(), "prefill   on pd-decode-1, served whole (whole: no prefill replica; 6000 uncached tokens)") {
+		t.Errorf("whole explained as:\n%s", b.String())
+	}
+}
