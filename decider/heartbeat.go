@@ -75,6 +75,10 @@ func inRange(hb *subjects.Heartbeat) error {
 		return fmt.Errorf("a count (running, waiting, max_batch, max_queue, inflight, engine_failures) not in [0, %d]", maxCount)
 	case !millis(hb.TTFTEWMAMillis) || !millis(hb.QueueWaitMillis):
 		return fmt.Errorf("ttft_ewma_ms or queue_wait_ewma_ms not in [0, %d]", subjects.MaxHeartbeatMillis)
+	case !(hb.PrefillTokensPerSec >= 0 && hb.PrefillTokensPerSec <= subjects.MaxPrefillTokensPerSec):
+		return fmt.Errorf("prefill_tps %v not in [0, %g]", hb.PrefillTokensPerSec, subjects.MaxPrefillTokensPerSec)
+	case hb.QueuedPrefillTokens < 0 || hb.QueuedPrefillTokens > subjects.MaxQueuedPrefillTokens:
+		return fmt.Errorf("queued_prefill_tokens %d not in [0, %d]", hb.QueuedPrefillTokens, subjects.MaxQueuedPrefillTokens)
 	case len(hb.Lora.Running)+len(hb.Lora.Waiting) > subjects.MaxLoraAdapters || hb.Lora.Max < 0 || hb.Lora.Max > subjects.MaxLoraAdapters:
 		return fmt.Errorf("lora lists or max beyond %d", subjects.MaxLoraAdapters)
 	case len(hb.Model) > subjects.MaxModelChars || len(hb.Version) > subjects.MaxModelChars || len(hb.Pool) > subjects.MaxModelChars:

@@ -218,6 +218,10 @@ func TestTrust(t *testing.T) {
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"waiting":999999999}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"engine_failures":1000000000}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"ttft_ewma_ms":-1}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"prefill_tps":-5}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"prefill_tps":1e300}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"queued_prefill_tokens":-1}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"queued_prefill_tokens":4000000000}`,
 		} {
 			if _, err := decodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
 				t.Errorf("taken: %s", hb)

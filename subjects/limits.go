@@ -22,6 +22,10 @@ const (
 	MaxHeartbeatCount  = 1 << 20
 	MaxHeartbeatMillis = 24 * 60 * 60 * 1000
 	MaxLoraAdapters    = 1024
+	// MaxPrefillTokensPerSec bounds a heartbeat's prefill rate, and
+	// MaxQueuedPrefillTokens its queued prompt tokens.
+	MaxPrefillTokensPerSec = 1e8
+	MaxQueuedPrefillTokens = 1 << 30
 )
 
 // The range of a time-to-first-token objective (X-Switchyard-TTFT-Objective,

@@ -66,7 +66,14 @@ type Heartbeat struct {
 	Endpoints       []string `json:"endpoints,omitempty"`
 	TTFTEWMAMillis  float64  `json:"ttft_ewma_ms"`
 	QueueWaitMillis float64  `json:"queue_wait_ewma_ms"`
-	ScrapeOK        bool     `json:"scrape_ok"`
+	// PrefillTokensPerSec is the replica's prefill rate, learned from the
+	// first tokens it observed against the prompts' tokens (0: unknown);
+	// QueuedPrefillTokens is the prompt tokens of the requests it holds
+	// that have no first token yet. Brokers predict a request's time to
+	// first token from them (broker/policy, "Predicted TTFT").
+	PrefillTokensPerSec float64 `json:"prefill_tps,omitempty"`
+	QueuedPrefillTokens int     `json:"queued_prefill_tokens,omitempty"`
+	ScrapeOK            bool    `json:"scrape_ok"`
 	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
 	// a 404 for the model or endpoint the replica registered, connection
 	// failures) since its last success; EngineSuccesses counts
@@ -210,22 +217,28 @@ type Alternative struct {
 	Replica string  `json:"replica"`
 	Score   float64 `json:"score"`
 	Why     string  `json:"why"`
+	// PredictedTTFTMillis is the candidate's predicted time to first
+	// token for this request.
+	PredictedTTFTMillis float64 `json:"predicted_ttft_ms"`
 }
 
 // Decision is one explained routing decision.
 type Decision struct {
-	RequestID    string        `json:"request_id,omitempty"`
-	TraceID      string        `json:"trace_id,omitempty"`
-	Tenant       string        `json:"tenant"`
-	Requested    string        `json:"requested_model"`
-	Model        string        `json:"model,omitempty"`
-	Version      string        `json:"version,omitempty"`
-	Lora         string        `json:"lora,omitempty"`
-	Pool         string        `json:"pool,omitempty"`
-	Replica      string        `json:"replica,omitempty"`
-	Reason       string        `json:"reason"`
-	Score        float64       `json:"score"`
-	Alternatives []Alternative `json:"alternatives,omitempty"`
+	RequestID string  `json:"request_id,omitempty"`
+	TraceID   string  `json:"trace_id,omitempty"`
+	Tenant    string  `json:"tenant"`
+	Requested string  `json:"requested_model"`
+	Model     string  `json:"model,omitempty"`
+	Version   string  `json:"version,omitempty"`
+	Lora      string  `json:"lora,omitempty"`
+	Pool      string  `json:"pool,omitempty"`
+	Replica   string  `json:"replica,omitempty"`
+	Reason    string  `json:"reason"`
+	Score     float64 `json:"score"`
+	// PredictedTTFTMillis is the chosen replica's predicted time to
+	// first token.
+	PredictedTTFTMillis float64       `json:"predicted_ttft_ms,omitempty"`
+	Alternatives        []Alternative `json:"alternatives,omitempty"`
 	// Ejected lists replicas of the pool left out for their engine
 	// failures; EjectPanic says they were kept in because too many of the
 	// pool were (see the policy's MaxEjectedShare).

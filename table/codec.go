@@ -239,6 +239,8 @@ func validatePolicy(key string, p *Policy) error {
 		return fieldErr(key, "dead_after", "must be positive")
 	case !unit(p.DecisionSample):
 		return fieldErr(key, "decision_sample", "must be in [0, 1], got %v", p.DecisionSample)
+	case p.ReplicaChoice != "" && p.ReplicaChoice != ChoicePowerOfTwo && p.ReplicaChoice != ChoicePredictedTTFT:
+		return fieldErr(key, "replica_choice", "want predicted-ttft or power-of-two, got %q", p.ReplicaChoice)
 	}
 	for i, r := range p.PoolRules {
 		switch r.When {

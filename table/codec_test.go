@@ -150,6 +150,7 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "disaggregation huge", key: "models.m", value: `{"disaggregation": {"enabled": true, "min_uncached_tokens": 4194305}}`, field: "disaggregation.min_uncached_tokens", msg: "[0, 4194304]"},
 		{name: "disaggregation unknown field", key: "models.m", value: `{"disaggregation": {"enabled": true, "threshold": 10}}`, msg: `unknown field "threshold"`},
 		{name: "disaggregation enabled type", key: "models.m", value: `{"disaggregation": {"enabled": "yes"}}`, msg: "cannot unmarshal string"},
+		{name: "replica choice", key: "policy", value: `{"replica_choice": "least-loaded"}`, field: "replica_choice", msg: `"least-loaded"`},
 		{name: "model objective short", key: "models.m", value: `{"ttft_objective": "500us"}`, field: "ttft_objective", msg: "from 1ms to 10m0s"},
 		{name: "model objective long", key: "models.m", value: `{"ttft_objective": "11m"}`, field: "ttft_objective", msg: "got 11m0s"},
 		{name: "model objective negative", key: "models.m", value: `{"ttft_objective": "-1s"}`, field: "ttft_objective", msg: "got -1s"},

@@ -87,7 +87,19 @@ type Policy struct {
 	PoolRules                []PoolRule  `json:"pool_rules"`
 	AllowAnonymous           bool        `json:"allow_anonymous"`
 	DecisionSample           float64     `json:"decision_sample"`
+	// ReplicaChoice is how a replica is chosen among the candidates no
+	// session or adapter affinity holds: ChoicePowerOfTwo (prefix affinity,
+	// then the lower load_score of two) or ChoicePredictedTTFT (the lowest
+	// predicted time to first token among the prefix holders and a small
+	// sample). "" is ChoicePowerOfTwo.
+	ReplicaChoice string `json:"replica_choice,omitempty"`
 }
+
+// Replica choices (policy.replica_choice).
+const (
+	ChoicePowerOfTwo    = "power-of-two"
+	ChoicePredictedTTFT = "predicted-ttft"
+)
 
 // DefaultPolicy is the policy in force when the key is absent; decoding a
 // policy value starts from it, so a value may name only what it changes.

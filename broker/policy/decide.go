@@ -127,7 +127,7 @@ func (st *decision) run() {
 		return
 	}
 	c := &p.cands[p.chosen]
-	d.Replica, d.Score = c.x.id, c.load
+	d.Replica, d.Score, d.PredictedTTFT = c.x.id, c.load, c.ttft
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
@@ -148,6 +148,7 @@ func (st *decision) commitTo(x *replica) {
 		st.chargeContinuation()
 	}
 	x.inflight++
+	x.sentPrefill = clamp32(int(x.sentPrefill) + int(st.pick.cands[st.pick.chosen].uncached))
 	if a := st.res.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {
 			x.sent[x.nsent] = a

@@ -48,6 +48,7 @@ const (
 	ReasonSession      = "session-affinity"  // rendezvous hash of the conversation
 	ReasonLora         = "lora-affinity"     // replica already running the adapter, or with a free slot
 	ReasonPrefix       = "prefix-affinity"   // longest warm prefix chain
+	ReasonPredicted    = "predicted-ttft"    // lowest predicted TTFT among the prefix holders and a sample
 	ReasonPowerOfTwo   = "power-of-two"      // lower load_score of two random candidates
 	ReasonOnly         = "only-candidate"    // one candidate: nothing to choose
 	ReasonStaleRandom  = "stale-random"      // every candidate's load data older than stale_after
@@ -80,6 +81,8 @@ const (
 	WhyDeadline      = "estimated wait beyond the deadline"
 	WhyNoBatchRoom   = "no room for batch work"
 	WhyObjective     = "predicted TTFT beyond the objective"
+	WhyHigherTTFT    = "higher predicted TTFT"
+	WhyNotWeighed    = "neither a prefix holder nor sampled"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes
@@ -88,8 +91,11 @@ type Decision struct {
 	Requested, Model, Version, Lora, Pool, Replica, Reason string
 
 	Score float64 // the chosen replica's load_score
-	Alts  [3]subjects.Alternative
-	NAlts int // top alternatives, lowest load_score first, why each lost
+	// PredictedTTFT is the chosen replica's predicted time to first token
+	// for the request, in ms.
+	PredictedTTFT float64
+	Alts          [3]subjects.Alternative
+	NAlts         int // top alternatives, lowest load_score first, why each lost
 
 	// Ejected names replicas of the pool out of rotation for their engine
 	// failures (the first NEjected); EjectPanic says they were kept in,
@@ -140,26 +146,27 @@ func (d *Decision) Alternatives() []subjects.Alternative { return d.Alts[:d.NAlt
 // The caller adds request id, trace id and the decision time.
 func (d *Decision) Wire(req *Request) subjects.Decision {
 	w := subjects.Decision{
-		Tenant:        req.Tenant,
-		Requested:     d.Requested,
-		Model:         d.Model,
-		Version:       d.Version,
-		Lora:          d.Lora,
-		Pool:          d.Pool,
-		Replica:       d.Replica,
-		Reason:        d.Reason,
-		Score:         d.Score,
-		Alternatives:  slices.Clone(d.Alternatives()),
-		PromptTokens:  req.PromptTokens,
-		PrefixBlocks:  d.PrefixBlocks,
-		PrefixMatched: d.PrefixMatched,
-		PrefixSource:  d.PrefixSource,
-		Status:        200,
-		TableRevision: d.TableRevision,
-		DurationNanos: int64(d.Duration),
-		EjectPanic:    d.EjectPanic,
-		ResumeFrom:    req.ResumeFrom,
-		ResumeTokens:  req.ResumeTokens,
+		Tenant:              req.Tenant,
+		Requested:           d.Requested,
+		Model:               d.Model,
+		Version:             d.Version,
+		Lora:                d.Lora,
+		Pool:                d.Pool,
+		Replica:             d.Replica,
+		Reason:              d.Reason,
+		Score:               d.Score,
+		PredictedTTFTMillis: d.PredictedTTFT,
+		Alternatives:        slices.Clone(d.Alternatives()),
+		PromptTokens:        req.PromptTokens,
+		PrefixBlocks:        d.PrefixBlocks,
+		PrefixMatched:       d.PrefixMatched,
+		PrefixSource:        d.PrefixSource,
+		Status:              200,
+		TableRevision:       d.TableRevision,
+		DurationNanos:       int64(d.Duration),
+		EjectPanic:          d.EjectPanic,
+		ResumeFrom:          req.ResumeFrom,
+		ResumeTokens:        req.ResumeTokens,
 
 		PrefillReplica:      d.Prefill,
 		Split:               d.Split,

@@ -19,6 +19,7 @@ type cand struct {
 	kv        float64
 	wait      float64 // estimated milliseconds of queue wait (the heartbeat's)
 	ttft      float64 // predicted milliseconds to the first token (predict)
+	uncached  int32   // the request's prompt tokens the replica is not known to hold
 	fresh     bool    // load data younger than stale_after
 	saturated bool
 	full      bool // at capacity: see load
@@ -35,6 +36,8 @@ func (st *decision) candidates(model, version, pool string) bool {
 	p.epoch = r.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
+	p.pt.on = pol.ReplicaChoice == table.ChoicePredictedTTFT
+	p.pt.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
 	p.nfresh, p.nfull = 0, 0
 	var inForce [len(filters)]*filter
 	n := 0
@@ -112,7 +115,21 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= p.saturation)
 	c.wait = x.wait
-	c.ttft = x.wait
+	c.uncached = clamp32(p.req.PromptTokens)
+	c.ttft = x.predict(c.uncached)
+}
+
+// predict is the time to first token, in ms, of a request with uncached
+// prompt tokens on x: the prefill work queued ahead of it (what the
+// heartbeat reported queued, plus what this broker sent since) and its
+// own uncached tokens, at x's prefill rate, after x's base TTFT. Without a
+// learned rate it is the heartbeat's wait estimate (the larger of its
+// TTFT and queue-wait EWMAs).
+func (x *replica) predict(uncached int32) float64 {
+	if x.prefillRate <= 0 {
+		return x.wait
+	}
+	return x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill)+int64(uncached))/x.prefillRate
 }
 
 func firstPositive(a, b, c int) int {

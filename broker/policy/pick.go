@@ -46,6 +46,7 @@ type pick struct {
 	adapters loraStep
 	warm     prefixStep
 	pair     pairDraw
+	pt       predictedStep
 	dl       deadlineCheck
 	obj      objectiveCheck
 	room     batchRoomCheck

@@ -97,10 +97,18 @@ type replica struct {
 	// inflight counts requests this broker sent since the last heartbeat:
 	// the heartbeat cannot know them yet, so they are added to its load.
 	inflight int32
-	ci       int32  // index in Router.cands while marked
-	mark     uint64 // == Router.epoch while a candidate of the current decision
-	idHash   uint64 // xxhash of id, for rendezvous hashing
-	serves   uint8  // the endpoints its engine serves (subjects.EndpointBit)
+	// The prefill view (Predicted TTFT): the heartbeat's prefill rate in
+	// tokens per ms (0: unknown), its queued prompt tokens, its base TTFT
+	// in ms (the TTFT EWMA less the queue wait), and the uncached prompt
+	// tokens this broker sent since it.
+	prefillRate   float64
+	baseTTFT      float64
+	queuedPrefill int32
+	sentPrefill   int32
+	ci            int32  // index in Router.cands while marked
+	mark          uint64 // == Router.epoch while a candidate of the current decision
+	idHash        uint64 // xxhash of id, for rendezvous hashing
+	serves        uint8  // the endpoints its engine serves (subjects.EndpointBit)
 	// prefillOnly: registered with role prefill, so it runs prefill legs
 	// of split requests and never a whole request.
 	prefillOnly bool
@@ -132,6 +140,9 @@ func (x *replica) refresh() {
 	}
 	x.kv, x.wait = hb.KVUsage, max(hb.TTFTEWMAMillis, hb.QueueWaitMillis)
 	x.running, x.waiting = clamp32(hb.Running), clamp32(hb.Waiting)
+	x.prefillRate = hb.PrefillTokensPerSec / 1000
+	x.baseTTFT = max(hb.TTFTEWMAMillis-hb.QueueWaitMillis, 0)
+	x.queuedPrefill = clamp32(hb.QueuedPrefillTokens)
 	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
 	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
 	switch {
@@ -232,7 +243,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	if sent := hb.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < x.dataNano {
 		x.dataNano = sent
 	}
-	x.inflight, x.nsent = 0, 0
+	x.inflight, x.nsent, x.sentPrefill = 0, 0, 0
 	if !hb.KVEvents && r.kv.Keys(x.id) > 0 {
 		// The adapter says its feed is lost: its keys are not exact.
 		r.kv.Drop(x.id)

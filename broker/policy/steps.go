@@ -45,6 +45,7 @@ var steps = [...]step{
 	newStep(ReasonResponse, (*pick).pinned, nil, nil),
 	newStep(ReasonSession, (*pick).session, (*pick).whySession, nil),
 	newStep(ReasonLora, (*pick).lora, (*pick).whyLora, nil),
+	newStep(ReasonPredicted, (*pick).predicted, (*pick).whyPredicted, (*pick).reportPredicted),
 	newStep(ReasonPrefix, (*pick).prefix, (*pick).whyPrefix, (*pick).reportPrefix),
 	newStep(ReasonOnly, (*pick).only, nil, nil),
 	newStep(ReasonStaleRandom, (*pick).staleRandom, (*pick).whyStaleRandom, nil),

@@ -1,0 +1,144 @@
+package policy
+
+// Predicted TTFT: with policy.replica_choice "predicted-ttft", the replica
+// is the one with the lowest predicted time to first token (replica.predict)
+// among the affinity candidates (the prefix holders, each predicted with
+// the blocks it holds costing nothing) and a small sample of the pool (the
+// power-of-two pair). Sampling, not the global minimum: every decider
+// sending to the one least loaded replica between two heartbeats is the
+// herd the seed warns about.
+
+// predictedHolders bounds the prefix holders weighed, and predictedLevels
+// the prefix levels walked down from the deepest held one to find them.
+const (
+	predictedHolders = 4
+	predictedLevels  = 4
+)
+
+// predictedStep is the predicted-ttft step's state.
+type predictedStep struct {
+	on          bool  // policy.replica_choice is predicted-ttft
+	blockTokens int32 // prompt tokens per prefix block
+	// The holders weighed (candidate index and blocks held) and the
+	// sampled pair.
+	holders  [predictedHolders]int32
+	held     [predictedHolders]int32
+	nholders int
+	pair     [2]int
+	matched  int // blocks the chosen replica holds, 0 when not a holder
+}
+
+// predicted chooses the lowest predicted TTFT among the prefix holders and
+// the sampled pair; ties go to the lower load_score. It passes when the
+// choice is power of two, with one candidate, or without fresh load data.
+func (p *pick) predicted() bool {
+	s := &p.pt
+	s.nholders, s.matched = 0, 0
+	if !s.on || len(p.cands) == 1 || p.nfresh == 0 {
+		return false
+	}
+	p.weighHolders()
+	s.pair = p.twoOf()
+	best := s.pair[0]
+	if p.betterTTFT(s.pair[1], best) {
+		best = s.pair[1]
+	}
+	for k := range s.nholders {
+		if i := int(s.holders[k]); p.betterTTFT(i, best) {
+			best = i
+		}
+	}
+	p.chosen = best
+	for k := range s.nholders {
+		if int(s.holders[k]) == best {
+			s.matched = int(s.held[k])
+		}
+	}
+	return true
+}
+
+func (p *pick) betterTTFT(i, j int) bool {
+	a, b := &p.cands[i], &p.cands[j]
+	return a.ttft < b.ttft || a.ttft == b.ttft && a.load < b.load
+}
+
+// weighHolders finds up to predictedHolders candidates holding the
+// request's prefix, each at the deepest level it holds, and predicts each
+// with its held blocks cached.
+func (p *pick) weighHolders() {
+	if len(p.req.Prefix) == 0 || (p.holders == nil && p.kv == nil) {
+		return
+	}
+	blocks := p.req.Prefix
+	top := -1
+	for lo, hi := 0, len(blocks); lo < hi; {
+		mid := int(uint(lo+hi) >> 1)
+		if p.heldAnywhere(blocks[mid]) {
+			top, lo = mid, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	for lvl := top; lvl >= 0 && lvl > top-predictedLevels && p.pt.nholders < predictedHolders; lvl-- {
+		if m := p.holders; m != nil {
+			if e := m.get(blocks[lvl]); e != nil {
+				for _, x := range e.reps {
+					if x != nil && x.mark == p.epoch && !x.kvLive {
+						p.weighHolder(int(x.ci), lvl+1)
+					}
+				}
+			}
+		}
+		if p.kv != nil {
+			hs := p.kv.Lookup(p.kvModel, blocks[lvl])
+			for i := range hs.Len() {
+				if id := int(hs.At(i)); id < len(p.byKV) {
+					if x := p.byKV[id]; x != nil && x.mark == p.epoch && x.kvLive {
+						p.weighHolder(int(x.ci), lvl+1)
+					}
+				}
+			}
+		}
+	}
+}
+
+func (p *pick) heldAnywhere(block uint64) bool {
+	return (p.holders != nil && p.holders.find(block) >= 0) || (p.kv != nil && p.kv.Lookup(p.kvModel, block).Len() > 0)
+}
+
+// weighHolder predicts candidate ci with its held blocks cached, once: the
+// first level it is found at is the deepest it holds.
+func (p *pick) weighHolder(ci, held int) {
+	s := &p.pt
+	if s.nholders == predictedHolders {
+		return
+	}
+	for k := range s.nholders {
+		if int(s.holders[k]) == ci {
+			return
+		}
+	}
+	s.holders[s.nholders], s.held[s.nholders] = int32(ci), int32(held)
+	s.nholders++
+	c := &p.cands[ci]
+	c.uncached = max(c.uncached-int32(held)*s.blockTokens, 0)
+	c.ttft = c.x.predict(c.uncached)
+}
+
+func (p *pick) whyPredicted(i int) string {
+	s := &p.pt
+	if i == s.pair[0] || i == s.pair[1] {
+		return WhyHigherTTFT
+	}
+	for k := range s.nholders {
+		if int(s.holders[k]) == i {
+			return WhyHigherTTFT
+		}
+	}
+	return WhyNotWeighed
+}
+
+// reportPredicted reports the prefix blocks the chosen replica holds.
+func (p *pick) reportPredicted(d *Decision) {
+	d.PrefixMatched = p.pt.matched
+}
