@@ -23,11 +23,21 @@ const (
 	staleEvery = 50 * time.Millisecond
 )
 
+// errUnconfirmed is a miss the stream's leader could not confirm: the
+// file may be there, so it is not a 404 (nor a failed batch).
+var errUnconfirmed = errors.New("the files stream's leader did not answer whether the file is there")
+
 // unlessStale runs read and, while it finds no object that the leader
-// has, again.
+// has (or the leader cannot say), again.
 func (s *Store) unlessStale(ctx context.Context, name string, read func() error) error {
 	err := read()
-	for try := 0; errors.Is(err, jetstream.ErrObjectNotFound) && try < staleTries && s.leaderHas(ctx, name); try++ {
+	for try := 0; errors.Is(err, jetstream.ErrObjectNotFound); try++ {
+		switch has, known := s.leaderHas(ctx, name); {
+		case known && !has:
+			return err
+		case try == staleTries:
+			return errUnconfirmed
+		}
 		t := time.NewTimer(staleEvery)
 		select {
 		case <-ctx.Done():
@@ -41,8 +51,9 @@ func (s *Store) unlessStale(ctx context.Context, name string, read func() error)
 }
 
 // leaderHas asks the files stream's leader (a message get, which only the
-// leader answers) whether name's metadata is there and not deleted.
-func (s *Store) leaderHas(ctx context.Context, name string) bool {
+// leader answers) whether name's metadata is there and not deleted; known
+// is false when it gave no answer (no leader, JetStream unavailable).
+func (s *Store) leaderHas(ctx context.Context, name string) (has, known bool) {
 	prefix := s.js.Options().APIPrefix
 	if prefix == "" {
 		prefix = jetstream.DefaultAPIPrefix
@@ -52,18 +63,25 @@ func (s *Store) leaderHas(ctx context.Context, name string) bool {
 	defer cancel()
 	msg, err := s.js.Conn().RequestWithContext(ctx, strings.TrimSuffix(prefix, ".")+".STREAM.MSG.GET.OBJ_"+subjects.FilesBucket, req)
 	if err != nil {
-		return false
+		return false, false
 	}
 	var resp struct {
 		Message *struct {
 			Data []byte `json:"data"`
 		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
 	}
-	if json.Unmarshal(msg.Data, &resp) != nil || resp.Message == nil {
-		return false
+	if json.Unmarshal(msg.Data, &resp) != nil {
+		return false, false
+	}
+	if resp.Error != nil {
+		return false, resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound
 	}
 	var info struct {
 		Deleted bool `json:"deleted"`
 	}
-	return json.Unmarshal(resp.Message.Data, &info) == nil && !info.Deleted
+	if resp.Message == nil || json.Unmarshal(resp.Message.Data, &info) != nil {
+		return false, false
+	}
+	return !info.Deleted, true
 }

@@ -33,16 +33,16 @@ func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.leaderHas(ctx, objectName("acme", f.ID)) {
+	if has, known := st.leaderHas(ctx, objectName("acme", f.ID)); !has || !known {
 		t.Errorf("the leader does not have the file just written")
 	}
-	if st.leaderHas(ctx, objectName("acme", "file-never")) {
+	if has, known := st.leaderHas(ctx, objectName("acme", "file-never")); has || !known {
 		t.Errorf("the leader has a file never written")
 	}
 	if err := st.DeleteFile(ctx, "acme", f.ID); err != nil {
 		t.Fatal(err)
 	}
-	if st.leaderHas(ctx, objectName("acme", f.ID)) {
+	if has, known := st.leaderHas(ctx, objectName("acme", f.ID)); has || !known {
 		t.Errorf("the leader still has the deleted file")
 	}
 }
