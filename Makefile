@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-cluster-batch test-partition partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -39,15 +39,11 @@ cluster: build $(NATS_SERVER)
 	./bin/cluster -dir $(CLUSTER_DIR) -switchyard $(BIN) -nats-server $(NATS_SERVER)
 
 # The production shape under load while each kind of process is killed or
-# stopped and restarted; prints the per-fault table of docs/reliability.md.
+# stopped and restarted, and last a 2,000-line batch while the NATS node
+# leading its items and broker-1 are SIGKILLed; prints the per-fault table
+# of docs/reliability.md.
 test-cluster: $(NATS_SERVER)
 	SWITCHYARD_CLUSTER_FAULTS=1 NATS_SERVER=$(NATS_SERVER) $(GO) test -count=1 -run '^TestProductionShapeSurvivesLosingAnyProcess$$' -v -timeout 15m ./test
-
-# test-cluster with a seventh fault: a 2,000-line batch while the NATS node
-# leading its items and broker-1 are SIGKILLed. Not in .ci/run: after the
-# frozen node of fault 6 a batch has been seen to stall (docs/reliability.md).
-test-cluster-batch: $(NATS_SERVER)
-	SWITCHYARD_CLUSTER_FAULTS=1 SWITCHYARD_CLUSTER_BATCH=1 NATS_SERVER=$(NATS_SERVER) $(GO) test -count=1 -run '^TestProductionShapeSurvivesLosingAnyProcess$$' -v -timeout 15m ./test
 
 # The production shape of `make cluster` with each NATS server, the GPU
 # site's leaf node, each broker and each gateway in a network namespace of its

@@ -228,6 +228,10 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 		if err != nil {
 			return err
 		}
+		switch got.Status {
+		case "completed", "failed", "expired", "cancelled":
+			t.Fatalf("the batch ended %s with %+v before 300 lines were answered", got.Status, got.RequestCounts)
+		}
 		if got.RequestCounts.Completed < 300 {
 			return fmt.Errorf("%s, %d of 2000 answered", got.Status, got.RequestCounts.Completed)
 		}
