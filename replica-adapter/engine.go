@@ -37,6 +37,12 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		st.fail(e)
 		return tokens{}
 	}
+	prompt := 0
+	if kv == nil { // a split request's prompt was computed by its prefill leg
+		prompt = promptTokens(h)
+	}
+	prefilled := a.load.queuePrefill(prompt)
+	defer prefilled()
 	start := time.Now()
 	resp, rejected := a.engineHeadKV(ctx, st, h, req, kv != nil)
 	if rejected {
@@ -70,7 +76,10 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		// Only a stream's first byte is a time to first token: a
 		// non-streamed body arrives when generation is over.
 		onFirst = func() {
-			a.load.observeTTFT(time.Since(start))
+			ttft := time.Since(start)
+			prefilled()
+			a.load.observePrefill(prompt, ttft)
+			a.load.observeTTFT(ttft)
 			traceFirstToken(ctx)
 		}
 	} else {

@@ -31,6 +31,11 @@ type loadState struct {
 	ttftEWMA float64
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
+	// prefillRate is the learned prefill rate, prompt tokens per second
+	// (0: none learned); queuedPrefill the prompt tokens of requests at the
+	// engine without a first token yet (prefillrate.go).
+	prefillRate   float64
+	queuedPrefill atomic.Int64
 
 	// unreachableAt is when a request last failed to connect to the
 	// engine (l.clock; 0: no such mark). A good scrape or an answer of the
@@ -298,6 +303,8 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	// Queue wait is approximated as the time to first token above the
 	// fastest one seen: what an unloaded engine needs is not waiting.
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
+	hb.PrefillTokensPerSec = l.prefillRate
+	hb.QueuedPrefillTokens = int(min(max(l.queuedPrefill.Load(), 0), subjects.MaxQueuedPrefillTokens))
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
 	l.mu.Unlock()
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()

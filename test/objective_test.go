@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // A TTFT objective no replica can meet, through `switchyard dev`: once the
@@ -57,4 +60,31 @@ func TestUnreachableTTFTObjectiveIsRefused(t *testing.T) {
 	if code, _, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "fast"}); code != 400 {
 		t.Fatalf("objective \"fast\": %d %s, want 400", code, b)
 	}
+
+	// The adapter learns the replica's prefill rate from streamed first
+	// tokens of long prompts, and its heartbeat carries it to the brokers.
+	nc := mustConnectAs(t, st, auth.Role{Kind: auth.RoleObserver})
+	hbs, err := nc.SubscribeSync("llm.heartbeat.l8-gen-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := `{"model":"chat-small","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat("a story of many words ", 400) + `"}]}`
+	testkit.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if code, _, b := chatOnce(t, url, long, nil); code != 200 {
+			return fmt.Errorf("long prompt: %d %s", code, b)
+		}
+		m, err := hbs.NextMsg(2 * time.Second)
+		if err != nil {
+			return err
+		}
+		var hb subjects.Heartbeat
+		if err := json.Unmarshal(m.Data, &hb); err != nil {
+			t.Fatal(err)
+		}
+		if hb.PrefillTokensPerSec <= 0 {
+			return fmt.Errorf("heartbeat without a prefill rate: %s", m.Data)
+		}
+		return nil
+	})
 }
