@@ -100,6 +100,7 @@ type retryBudget struct {
 	ratio    float64
 	active   atomic.Int64
 	retrying atomic.Int64
+	copying  atomic.Int64 // attempts sending copies
 }
 
 func (b *retryBudget) acquire() bool {
@@ -115,3 +116,21 @@ func (b *retryBudget) acquire() bool {
 }
 
 func (b *retryBudget) release() { b.retrying.Add(-1) }
+
+// copyFloor is the least number of attempts that may send copies at once.
+const copyFloor = 16
+
+// acquireCopy lets an attempt send copies (leg.sendCopy). Copies have a
+// budget of their own, wider than the retries': a copy reaches no replica
+// unless a broker routes it, and an attempt that may send none waits out
+// the accept timeout at a cut broker. Half the active requests may, and at
+// least copyFloor.
+func (b *retryBudget) acquireCopy() bool {
+	if b.copying.Add(1) > max(b.active.Load()/2, copyFloor) {
+		b.copying.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (b *retryBudget) releaseCopy() { b.copying.Add(-1) }

@@ -110,7 +110,8 @@ type Config struct {
 	// pings give the connection up. Each copy has a request id of its own;
 	// the first a broker speaks for is the attempt's, and a replica routed
 	// another copy is told to cancel it. Copies are sent only within the
-	// accept timeout (at most MaxCopies) and under the retry budget.
+	// accept timeout (at most MaxCopies), by half the active requests at
+	// most (at least 16).
 	RoutedTimeout time.Duration
 	// IdleTimeout fails a reply silent for this long (default 60s; keepalives reset it).
 	IdleTimeout time.Duration

@@ -216,8 +216,8 @@ type sentCopy struct {
 // a broker that is cut off or stalled, which the server keeps in the queue
 // group until its pings give the connection up. The leg then publishes
 // another copy with a request id (and reply subject) of its own, up to
-// MaxCopies within the accept timeout, holding a unit of the retry budget
-// while it does. The first copy a broker speaks for is the attempt's, its
+// MaxCopies within the accept timeout, holding a unit of the copies'
+// budget (acquireCopy) while it does. The first copy a broker speaks for is the attempt's, its
 // accept timeout counted from its own publication; a copy routed after
 // that (a stalled broker catching up, a healed link delivering what it
 // held) is cancelled on the replica it was routed to, here or, once the
@@ -245,7 +245,7 @@ type leg struct {
 	chosen int         // the copy a broker spoke for (the first until one did)
 	spoken bool        // a broker spoke for copies[chosen]
 	resend *time.Timer // the next copy's (nil when none will be sent)
-	budget bool        // a unit of the retry budget is held for the copies
+	budget bool        // a unit of the copies' budget is held
 
 	routed   string // the replica the broker's notice named
 	left     bool   // the client left before the request was routed
@@ -334,8 +334,8 @@ func (l *leg) sendCopy() {
 		return
 	}
 	if !l.budget {
-		if !l.g.budget.acquire() {
-			return // too many requests are retrying: wait as before
+		if !l.g.budget.acquireCopy() {
+			return // too many attempts send copies: wait as before
 		}
 		l.budget = true
 	}
@@ -351,9 +351,11 @@ func (l *leg) sendCopy() {
 	}
 	l.copies = append(l.copies, sentCopy{id: id, at: time.Now()})
 	l.g.metrics.resends.Inc()
-	rt := l.g.cfg.RoutedTimeout
-	if len(l.copies) < MaxCopies && time.Since(l.copies[0].at)+rt < l.g.cfg.AcceptTimeout {
-		l.resend = time.NewTimer(rt)
+	// The next a routed timeout after this one was due, counted from
+	// the first: a timer late on a busy machine sends no fewer copies.
+	next := time.Duration(len(l.copies)) * l.g.cfg.RoutedTimeout
+	if len(l.copies) < MaxCopies && next < l.g.cfg.AcceptTimeout {
+		l.resend = time.NewTimer(time.Until(l.copies[0].at.Add(next)))
 	}
 }
 
@@ -395,14 +397,14 @@ func (l *leg) mine(subject string, f reply.Frame) bool {
 	return false
 }
 
-// stopResending sends no more copies and gives the retry budget back.
+// stopResending sends no more copies and gives the copies' budget back.
 func (l *leg) stopResending() {
 	if l.resend != nil {
 		l.resend.Stop()
 		l.resend = nil
 	}
 	if l.budget {
-		l.g.budget.release()
+		l.g.budget.releaseCopy()
 		l.budget = false
 	}
 }

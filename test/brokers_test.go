@@ -206,9 +206,8 @@ func TestACutBrokerIsNotWaitedOnAndItsLateCopiesAreNotServed(t *testing.T) {
 
 	link.Cut()
 	live0, resends0 := metric(st, "switchyard_broker_decisions_total", nil), gw("switchyard_gateway_resends_total")
-	// Three at a time (the retry budget lets three requests send copies
-	// at once), so that the cut is short and the cut broker still counts
-	// its replicas alive when it routes what it held.
+	// Three at a time, so that the cut is short and the cut broker still
+	// counts its replicas alive when it routes what it held.
 	const n, clients = 15, 3
 	var slowest time.Duration
 	var mu sync.Mutex
