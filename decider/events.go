@@ -42,6 +42,11 @@ func (b *Decider) onHeartbeat(m *nats.Msg) {
 	b.heard.add(hb.Replica)
 	now := b.cfg.Now()
 	b.router.ObserveHeartbeat(&hb, now)
+	if hb.KVEvents && !b.router.KVSynced(hb.Replica) {
+		// A feed this decider does not hold exactly (it started late, or
+		// an update was refused): ask for it again, at most once a second.
+		b.requestKVSync()
+	}
 	b.metrics.heartbeat(&hb, now)
 }
 

@@ -87,7 +87,11 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	if err != nil {
 		return err
 	}
+	s.partsMu.Lock()
+	feed := s.kvFeeds[r.ID]
+	s.partsMu.Unlock()
 	a, err := adapter.New(nc, adapter.Config{
+		KVEvents: feed.Endpoint, KVEventsReplay: feed.Replay,
 		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
 		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints, Role: r.Role,
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,

@@ -35,6 +35,7 @@ import (
 	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/buildinfo"
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/listen"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
@@ -102,6 +103,10 @@ type Config struct {
 	// NoBatcher runs none.
 	Batcher   batch.Config
 	NoBatcher bool
+	// NoKVEvents runs the simulated engines without their KV-cache event
+	// feed (by default each publishes one on loopback and its adapter
+	// reads it, so brokers route on what the engines cache).
+	NoKVEvents bool
 	// Stages, when set, is shared by the gateway, the brokers and the
 	// adapters: one clock for the whole path (StageSummary reads it).
 	Stages *stages.Recorder
@@ -117,6 +122,7 @@ type Stack struct {
 	brokers  []*broker.Broker
 	gwLn     net.Listener
 	engines  map[string]*enginesim.Server
+	kvFeeds  map[string]kvevents.SubscriberConfig // by replica: its engine's event sockets
 	registry *prometheus.Registry
 	runCtx   context.Context
 	cancel   context.CancelFunc
@@ -196,7 +202,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Stack{cfg: cfg, log: cfg.Logger, engines: map[string]*enginesim.Server{}, seen: map[string]bool{}}
+	s := &Stack{cfg: cfg, log: cfg.Logger, engines: map[string]*enginesim.Server{}, kvFeeds: map[string]kvevents.SubscriberConfig{}, seen: map[string]bool{}}
 	s.registry = prometheus.NewRegistry()
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.Read().Collector())
@@ -469,12 +475,20 @@ func (s *Stack) startReplica(r Replica) error {
 func (s *Stack) startEngine(ctx context.Context, r Replica, f *Faults) (url string, stopped <-chan struct{}, err error) {
 	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras}
 	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, DeterministicText: s.cfg.DeterministicText, Logger: s.log})
+	var feed kvevents.SubscriberConfig
+	if !s.cfg.NoKVEvents {
+		pub, err := eng.PublishKVEvents(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Topic: "kv-events"})
+		if err != nil {
+			return "", nil, err
+		}
+		feed = kvevents.SubscriberConfig{Endpoint: pub.Addr(), Replay: pub.ReplayAddr()}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
 	s.partsMu.Lock()
-	s.engines[r.ID], s.faults[r.ID] = eng, f
+	s.engines[r.ID], s.faults[r.ID], s.kvFeeds[r.ID] = eng, f, feed
 	s.partsMu.Unlock()
 	host := newEngineHost(eng, f, s.log)
 	done := make(chan struct{})

@@ -14,7 +14,7 @@ import (
 )
 
 // TestMain fails the package when a goroutine outlives Close.
-func TestMain(m *testing.M) { testkit.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreZMQPub()) }
 
 // chat sends one small chat request and returns the status and, for an
 // error, the body, so a failure says which part answered.

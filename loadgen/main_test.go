@@ -7,4 +7,4 @@ import (
 )
 
 // TestMain fails the package when a goroutine outlives the tests.
-func TestMain(m *testing.M) { testkit.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreZMQPub()) }

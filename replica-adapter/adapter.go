@@ -118,6 +118,22 @@ type Config struct {
 	// streams to one host. It must not set Client.Timeout, which would cut
 	// long streams: each request carries its own deadline.
 	HTTPClient *http.Client
+	// KVEvents is the engine's KV-cache event PUB socket to connect to
+	// (vLLM binds it: --kv-events-config's endpoint); KVEventsBind binds
+	// one instead for an engine that dials out. Empty: no feed, and
+	// brokers keep guessing this replica's cache from placements.
+	KVEvents, KVEventsBind string
+	// KVEventsTopic subscribes to a topic prefix (default: every topic).
+	KVEventsTopic string
+	// KVEventsReplay is the engine's replay (ROUTER) socket, asked for
+	// missed batches; without it a gap drops the replica's keys until
+	// they are learned again.
+	KVEventsReplay string
+	// KVBlocks is the engine's KV capacity in blocks, declared to brokers
+	// (it bounds the replica's keys in their index). 0 reads vLLM's
+	// cache_config_info.
+	KVBlocks int
+
 	// Registerer receives the adapter's metrics (nil: not registered).
 	Registerer prometheus.Registerer
 }
@@ -163,6 +179,7 @@ type Adapter struct {
 	svc      service
 	tails    tails // where recent replies ended, marked after a reconnect
 	hbSeq    atomic.Uint64
+	kv       *kvFeed // nil without --kv-events
 	// streamed is when bytes of a streamed answer last came from the
 	// engine (Unix nanoseconds): an engine that streams is not down, however
 	// slowly it answers a scrape.
@@ -201,6 +218,11 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		limits:   configuredLimits(&cfg),
 	}
 	a.load.epoch = time.Now()
+	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {
+		if a.kv, err = newKVFeed(a); err != nil {
+			return nil, fmt.Errorf("adapter: kv-events: %w", err)
+		}
+	}
 	if a.client == nil {
 		a.ownHTTP = engineTransport()
 		a.client = &http.Client{Transport: a.ownHTTP}
@@ -255,12 +277,22 @@ func (c *Config) Validate() error {
 			endpointsErr = check.Wrap("endpoints", e, errors.New("want one of "+strings.Join(subjects.AllEndpoints(), ", ")))
 		}
 	}
+	var kvErr error
+	if c.KVEvents != "" && c.KVEventsBind != "" {
+		kvErr = check.Wrap("kv-events-bind", c.KVEventsBind, errors.New("set --kv-events or --kv-events-bind, not both"))
+	}
+	for flag, ep := range map[string]string{"kv-events": c.KVEvents, "kv-events-bind": c.KVEventsBind, "kv-events-replay": c.KVEventsReplay} {
+		if ep != "" && !strings.HasPrefix(ep, "tcp://") && !strings.HasPrefix(ep, "ipc://") {
+			kvErr = errors.Join(kvErr, check.Wrap(flag, ep, errors.New("want tcp://host:port or ipc://path")))
+		}
+	}
 	return check.All(
 		check.Wrap("replica", c.Replica, subjects.ValidToken(c.Replica)),
 		modelErr, poolErr, flavorErr, urlErr, endpointsErr, roleErr,
 		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
 		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
 		check.Range("max-loras", c.MaxLoras, 0, 1<<10),
+		check.Range("kv-blocks", c.KVBlocks, 0, subjects.MaxKVBlocks), kvErr,
 		check.Range("scrape-fail-limit", c.ScrapeFailLimit, 0, 1000),
 		check.Duration("heartbeat-every", c.HeartbeatEvery, 0, time.Hour),
 		check.Duration("scrape-every", c.ScrapeEvery, 0, time.Hour),
@@ -335,6 +367,17 @@ func engineTransport() *http.Transport {
 	}
 }
 
+// kvBlocks is the engine's KV capacity in blocks: configured, else read
+// from the engine.
+func (a *Adapter) kvBlocks() int {
+	if a.cfg.KVBlocks > 0 {
+		return a.cfg.KVBlocks
+	}
+	a.load.mu.Lock()
+	defer a.load.mu.Unlock()
+	return a.load.sample.KVBlocks
+}
+
 // InFlight is the number of requests taken and not yet finished.
 func (a *Adapter) InFlight() int { return int(a.inflight.Load()) }
 
@@ -367,6 +410,9 @@ func (a *Adapter) Run(ctx context.Context) error {
 	loops.Go(func() { a.scrapeLoop(ctrl) })
 	loops.Go(func() { a.heartbeatLoop(ctrl) })
 	loops.Go(func() { a.watchConnection(ctrl.Done()) })
+	if a.kv != nil {
+		loops.Go(func() { a.kv.run(ctrl) })
+	}
 	a.log.Info("adapter serving", "subject", a.subj.Replica(a.cfg.Replica), "engine", a.cfg.EngineURL)
 
 	<-ctx.Done()

@@ -5,6 +5,9 @@ import (
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // Where a replica's batch and queue limits came from (Heartbeat
@@ -63,4 +66,22 @@ func vllmMaxSeqs(fams map[string]*dto.MetricFamily) int {
 		}
 	}
 	return n
+}
+
+// vllmCacheConfig reads num_gpu_blocks and block_size from vLLM's
+// cache_config_info, range-checked; 0 when it does not say.
+func vllmCacheConfig(fams map[string]*dto.MetricFamily) (blocks, size int) {
+	f := fams["vllm:cache_config_info"]
+	if f == nil {
+		return 0, 0
+	}
+	for _, m := range f.Metric {
+		if v, err := strconv.Atoi(label(m, "num_gpu_blocks")); err == nil && v > 0 && v <= subjects.MaxKVBlocks {
+			blocks += v // one series per data-parallel engine
+		}
+		if v, err := strconv.Atoi(label(m, "block_size")); err == nil && v > 0 && v <= kvevents.MaxBlockSize {
+			size = v
+		}
+	}
+	return min(blocks, subjects.MaxKVBlocks), size
 }

@@ -63,6 +63,9 @@ type LoadSample struct {
 	// max_num_seqs in a config-info series, llama.cpp's slot count); 0
 	// when it does not say.
 	MaxBatch int
+	// KVBlocks and BlockSize are the engine's KV capacity in blocks and
+	// tokens per block (vLLM's cache_config_info); 0 when not exported.
+	KVBlocks, BlockSize int
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of the given
@@ -186,6 +189,7 @@ func vllmSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 	}
 	s.LoraRunning, s.LoraWaiting, s.MaxLora = vllmLora(fams[vllmLoraInfo], runCap, waitCap)
 	s.MaxBatch = vllmMaxSeqs(fams)
+	s.KVBlocks, s.BlockSize = vllmCacheConfig(fams)
 	return s, okKV || okRun || okWait
 }
 

@@ -23,17 +23,20 @@ func TestParseMetricsGolden(t *testing.T) {
 			// waits (num_requests_waiting 0), so the three that name waiting
 			// adapters are not the present state; the others' union is.
 			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{}, MaxLora: 2,
+			KVBlocks: 2048, BlockSize: 16, // cache_config_info
 		}},
 		{"vllm/metrics-idle-tied.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
 			// Three series tie on the newest timestamp, two naming running
 			// adapters; the engine runs nothing, so no adapter runs.
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
+			KVBlocks: 2048, BlockSize: 16,
 		}},
 		{"vllm/metrics-idle.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
 			// The newest series (1.79598558e+09) has empty adapter lists.
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
+			KVBlocks: 2048, BlockSize: 16,
 		}},
 		{"sglang/metrics-from-source.txt", FlavorSGLang, LoadSample{
 			KVUsage: 0.3699415312370517, KVKnown: true, Running: 12, Waiting: 3,
@@ -128,7 +131,7 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1
 vllm:scheduler_config_info{engine="0",max_num_seqs="128"} 1
 vllm:scheduler_config_info{engine="1",max_num_seqs="128"} 1
 `,
-			want: LoadSample{Running: 1, LoraRunning: []string{}, LoraWaiting: []string{}, MaxBatch: 256},
+			want: LoadSample{Running: 1, LoraRunning: []string{}, LoraWaiting: []string{}, MaxBatch: 256, KVBlocks: 2048, BlockSize: 16},
 		},
 		{
 			name: "lora: a tie is resolved by the engine's counts",

@@ -18,6 +18,8 @@ type metrics struct {
 	authFailures   prometheus.Counter
 	prefillLegs    *prometheus.CounterVec
 	prefillWhole   *prometheus.CounterVec
+	kvEvents       *prometheus.CounterVec
+	kvGaps         prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
@@ -59,6 +61,17 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 			Name: "switchyard_adapter_prefill_fallbacks_total", ConstLabels: cl,
 			Help: "Split requests this decode replica prefilled itself, by cause (refused, failed, bad_answer, decode_rejected).",
 		}, []string{"cause"}),
+		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_kv_events_total", ConstLabels: cl,
+			Help: "KV-cache events read from the engine's feed, by type (BlockStored, BlockRemoved, AllBlocksCleared; unknown: a type this adapter does not know; malformed: a message dropped undecoded).",
+		}, []string{"type"}),
+		kvGaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_adapter_kv_event_gaps_total", ConstLabels: cl,
+			Help: "Sequence gaps in the engine's KV-event feed, replayed or not.",
+		}),
+	}
+	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown", "malformed"} {
+		m.kvEvents.WithLabelValues(k)
 	}
 	for _, k := range []string{"5xx", "429", "auth", "connection", "model"} {
 		m.engineFailures.WithLabelValues(k)
@@ -66,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole} {
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole, m.kvEvents, m.kvGaps} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("adapter: register metrics: %w", err)
 		}

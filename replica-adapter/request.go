@@ -63,6 +63,9 @@ func (a *Adapter) onRequest(r micro.Request) {
 	a.wg.Add(1)
 	a.mu.Unlock()
 	a.metrics.inflight.Set(float64(a.inflight.Add(1)))
+	if a.kv != nil {
+		a.kv.learn(h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrPrefix), r.Data())
+	}
 	go a.serve(ctx, c, id, reply, h, r.Data())
 }
 

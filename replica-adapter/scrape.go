@@ -306,7 +306,12 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb.PrefillTokensPerSec = l.prefillRate
 	hb.QueuedPrefillTokens = int(min(max(l.queuedPrefill.Load(), 0), subjects.MaxQueuedPrefillTokens))
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
+	hb.KVBlocks, hb.BlockSize = s.KVBlocks, s.BlockSize
 	l.mu.Unlock()
+	if a.cfg.KVBlocks > 0 {
+		hb.KVBlocks = a.cfg.KVBlocks
+	}
+	hb.KVEvents = a.kv != nil && a.kv.isLive()
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the
 	// same, but every request: the replica is not healthy.

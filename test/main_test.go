@@ -8,4 +8,4 @@ import (
 
 // TestMain fails the package when a goroutine outlives the tests: every
 // part started here, in process, must stop with its stack.
-func TestMain(m *testing.M) { testkit.Main(m) }
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreZMQPub()) }

@@ -272,6 +272,15 @@ func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
 	return err
 }
 
+// KVSynced reports whether the exact index holds replica's keys exactly: a
+// replica whose heartbeat says its feed is live but is not synced needs
+// its adapter to resend (llm.kvsync).
+func (r *Router) KVSynced(replica string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kv.Synced(replica)
+}
+
 // PrefixIndexEntries calls f with every model and the number of (key,
 // replica) entries the exact prefix index holds for it.
 func (r *Router) PrefixIndexEntries(f func(model string, entries int)) {

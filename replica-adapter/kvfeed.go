@@ -1,0 +1,486 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// The KV-event feed (docs/architecture.md, "Prefix knowledge from the
+// engines"). Brokers match requests on the gateway's text-block keys
+// (Llm-Prefix) and see no tokens; the engine tells which token blocks it
+// caches. The adapter joins the two for the requests it serves: it asks
+// its engine for a request's token ids (/tokenize, off the request's
+// path), chains a hash of its own over each block of them, and names the
+// engine block that ends each text block. A BlockStored whose tokens chain
+// to that hash stores the text key; the BlockRemoved that takes the block's
+// reference count to zero evicts it. Brokers hear both on
+// llm.kv.<replica>.
+
+// kvFeed is what the adapter knows of its engine's cache. Lock: mu.
+type kvFeed struct {
+	a   *Adapter
+	sub *kvevents.Subscriber
+
+	learnCh chan learnReq
+
+	mu        sync.Mutex
+	blockSize int
+	blocks    map[kvevents.Hash]*engineBlock
+	byChain   map[uint64]kvevents.Hash // own chain hash → engine hash, for stored blocks
+	texts     map[uint64][]uint64      // own chain hash → the text keys its block ends
+	keyRef    map[uint64]int           // text key → stored engine blocks that end it
+	pending   map[uint64]bool          // text key → stored (true) or evicted, to publish
+	reset     bool                     // the next update voids what brokers hold
+	live      bool                     // no loss since the last reset
+	seq       uint64
+	blockC    int // the text block size last found
+}
+
+type engineBlock struct {
+	ref   int
+	chain uint64
+}
+
+type learnReq struct {
+	endpoint string
+	keys     []uint64
+	body     []byte
+}
+
+// Bounds of what the feed remembers: texts holds the text keys of blocks
+// learned from requests, stored or about to be.
+const (
+	maxTexts      = 1 << 20
+	maxTextsBlock = 64
+	learnQueue    = 256
+	flushEvery    = 20 * time.Millisecond
+)
+
+func newKVFeed(a *Adapter) (*kvFeed, error) {
+	cfg := kvevents.SubscriberConfig{Endpoint: a.cfg.KVEvents, Topic: a.cfg.KVEventsTopic, Replay: a.cfg.KVEventsReplay}
+	if a.cfg.KVEventsBind != "" {
+		cfg.Endpoint, cfg.Bind = a.cfg.KVEventsBind, true
+	}
+	sub, err := kvevents.NewSubscriber(cfg)
+	if err != nil {
+		return nil, err
+	}
+	f := &kvFeed{a: a, sub: sub, learnCh: make(chan learnReq, learnQueue)}
+	f.clearLocked()
+	return f, nil
+}
+
+// run reads the engine's events, learns requests and publishes updates
+// until ctx ends.
+func (f *kvFeed) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := f.sub.Run(ctx, f); err != nil {
+			f.a.log.Warn("KV-event feed stopped", "err", err)
+		}
+	})
+	wg.Go(func() { f.learnLoop(ctx) })
+	syncs := make(chan *nats.Msg, 4)
+	sub, err := f.a.nc.ChanSubscribe(f.a.subj.KVSync(), syncs)
+	if err != nil {
+		f.a.log.Warn("KV sync requests not heard", "err", err)
+	}
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if sub != nil {
+				_ = sub.Unsubscribe()
+			}
+			wg.Wait()
+			return
+		case <-syncs:
+			f.mu.Lock()
+			f.resyncLocked()
+			f.mu.Unlock()
+		case <-t.C:
+		}
+		f.flush()
+	}
+}
+
+// clearLocked forgets everything and makes the next update a reset.
+// mu should be held.
+func (f *kvFeed) clearLocked() {
+	f.blocks = map[kvevents.Hash]*engineBlock{}
+	f.byChain = map[uint64]kvevents.Hash{}
+	f.texts = map[uint64][]uint64{}
+	f.keyRef = map[uint64]int{}
+	f.pending = map[uint64]bool{}
+	f.reset = true
+}
+
+// resyncLocked makes the next update a reset carrying every held key.
+// mu should be held.
+func (f *kvFeed) resyncLocked() {
+	f.pending = make(map[uint64]bool, len(f.keyRef))
+	for k := range f.keyRef {
+		f.pending[k] = true
+	}
+	f.reset = true
+}
+
+// Batch applies one batch of the engine's events (kvevents.Sink).
+func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
+	m := f.a.metrics
+	if unknown > 0 {
+		m.kvEvents.WithLabelValues("unknown").Add(float64(unknown))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range b.Events {
+		ev := &b.Events[i]
+		m.kvEvents.WithLabelValues(ev.Kind.String()).Inc()
+		switch ev.Kind {
+		case kvevents.BlockStored:
+			f.storedLocked(ev)
+		case kvevents.BlockRemoved:
+			for _, h := range ev.Hashes {
+				f.removedLocked(h)
+			}
+		case kvevents.AllBlocksCleared:
+			f.clearLocked()
+		}
+	}
+	f.live = true
+}
+
+// Lost voids what brokers hold of the replica (kvevents.Sink).
+func (f *kvFeed) Lost(reason string) {
+	f.a.log.Warn("KV-cache events lost: the replica's keys are dropped from every broker", "reason", reason)
+	f.mu.Lock()
+	f.clearLocked()
+	f.mu.Unlock()
+}
+
+// Gap counts a sequence gap (kvevents.Sink).
+func (f *kvFeed) Gap() { f.a.metrics.kvGaps.Inc() }
+
+// Malformed counts a dropped message (kvevents.Sink).
+func (f *kvFeed) Malformed(err error) {
+	f.a.metrics.kvEvents.WithLabelValues("malformed").Inc()
+	f.a.log.Debug("malformed KV-event message dropped", "err", err)
+}
+
+// chainHash is the adapter's own hash of a token block after parent: the
+// engine hashes with a seed of its own, so the adapter keys blocks by this.
+func chainHash(parent uint64, tokens []uint32) uint64 {
+	var d xxhash.Digest
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], parent)
+	_, _ = d.Write(b[:])
+	for _, t := range tokens {
+		binary.LittleEndian.PutUint32(b[:4], t)
+		_, _ = d.Write(b[:4])
+	}
+	return d.Sum64()
+}
+
+// storedLocked records a BlockStored. Blocks whose parent the adapter has
+// not seen cannot be chained and are left out. mu should be held.
+func (f *kvFeed) storedLocked(ev *kvevents.Event) {
+	f.blockSize = ev.BlockSize
+	var chain uint64
+	if ev.HasParent {
+		p := f.blocks[ev.Parent]
+		if p == nil {
+			return
+		}
+		chain = p.chain
+	}
+	for i, h := range ev.Hashes {
+		chain = chainHash(chain, ev.TokenIDs[i*ev.BlockSize:(i+1)*ev.BlockSize])
+		if b := f.blocks[h]; b != nil {
+			b.ref++ // the same block stored again: a removal counts down
+			continue
+		}
+		f.blocks[h] = &engineBlock{ref: 1, chain: chain}
+		f.byChain[chain] = h
+		for _, k := range f.texts[chain] {
+			f.holdLocked(k)
+		}
+	}
+}
+
+// removedLocked records a BlockRemoved of h. mu should be held.
+func (f *kvFeed) removedLocked(h kvevents.Hash) {
+	b := f.blocks[h]
+	if b == nil {
+		return
+	}
+	if b.ref--; b.ref > 0 {
+		return
+	}
+	delete(f.blocks, h)
+	delete(f.byChain, b.chain)
+	for _, k := range f.texts[b.chain] {
+		f.releaseLocked(k)
+	}
+	delete(f.texts, b.chain)
+}
+
+func (f *kvFeed) holdLocked(k uint64) {
+	if f.keyRef[k]++; f.keyRef[k] == 1 {
+		f.pending[k] = true
+	}
+}
+
+func (f *kvFeed) releaseLocked(k uint64) {
+	if f.keyRef[k]--; f.keyRef[k] <= 0 {
+		delete(f.keyRef, k)
+		f.pending[k] = false
+	}
+}
+
+// learn queues a request served, to be matched with its engine blocks off
+// its path; a full queue drops it (the next request with the same prefix
+// teaches the same).
+func (f *kvFeed) learn(endpoint, prefix string, body []byte) {
+	if prefix == "" || (endpoint != subjects.EndpointChat && endpoint != subjects.EndpointCompletions) {
+		return
+	}
+	keys, err := features.ParsePrefixHeader(nil, prefix)
+	if err != nil || len(keys) == 0 {
+		return
+	}
+	select {
+	case f.learnCh <- learnReq{endpoint: endpoint, keys: keys, body: body}:
+	default:
+	}
+}
+
+func (f *kvFeed) learnLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-f.learnCh:
+			if err := f.learnOne(ctx, r); err != nil {
+				f.a.log.Debug("request not matched to its engine blocks", "err", err)
+			}
+		}
+	}
+}
+
+// learnOne matches one request's text keys to its engine blocks. Text key
+// i covers the first (i+1)·C characters of the canonical prompt; the
+// engine block that ends it is the one holding the same share of the
+// engine's tokens, rounded up (a key is reported held only once the block
+// covering all of its text is).
+func (f *kvFeed) learnOne(ctx context.Context, r learnReq) error {
+	req, err := features.ParseRequest(r.endpoint, r.body)
+	if err != nil {
+		return err
+	}
+	prompt := req.Prompt
+	c := f.blockChars(prompt, r.keys)
+	if c == 0 {
+		return fmt.Errorf("the Llm-Prefix does not match the prompt")
+	}
+	tokens, err := f.tokenize(ctx, r.endpoint, r.body)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	bs := f.blockSize
+	if bs == 0 || len(tokens) < bs {
+		return nil
+	}
+	full := len(tokens) / bs
+	chains := make([]uint64, full)
+	var chain uint64
+	for j := range full {
+		chain = chainHash(chain, tokens[j*bs:(j+1)*bs])
+		chains[j] = chain
+	}
+	L, T := len(prompt), len(tokens)
+	for i, k := range r.keys {
+		t := ((i+1)*c*T + L - 1) / L // tokens the text up to key i needs
+		j := (t+bs-1)/bs - 1
+		if j >= full {
+			break
+		}
+		ch := chains[j]
+		ts := f.texts[ch]
+		if len(ts) >= maxTextsBlock || containsKey(ts, k) {
+			continue
+		}
+		if len(f.texts) >= maxTexts {
+			f.pruneTextsLocked()
+		}
+		f.texts[ch] = append(ts, k)
+		if _, stored := f.byChain[ch]; stored {
+			f.holdLocked(k)
+		}
+	}
+	return nil
+}
+
+func containsKey(ks []uint64, k uint64) bool {
+	for _, x := range ks {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneTextsLocked forgets the text keys of blocks the engine does not
+// hold. mu should be held.
+func (f *kvFeed) pruneTextsLocked() {
+	for ch := range f.texts {
+		if _, ok := f.byChain[ch]; !ok {
+			delete(f.texts, ch)
+		}
+	}
+}
+
+// blockChars finds the prefix_block_chars the gateway cut the prompt
+// with: the C whose first block hashes to the first key, near len/keys
+// (the keys are min(len/C, max) blocks). 0 when none matches.
+func (f *kvFeed) blockChars(prompt []byte, keys []uint64) int {
+	f.mu.Lock()
+	c := f.blockC
+	f.mu.Unlock()
+	ok := func(c int) bool {
+		return c > 0 && c <= len(prompt) && len(prompt)/c >= len(keys) && xxhash.Sum64(prompt[:c]) == keys[0]
+	}
+	if ok(c) {
+		return c
+	}
+	hi := len(prompt) / len(keys)
+	lo := max(16, len(prompt)/(len(keys)+1))
+	for c := hi; c >= lo; c-- {
+		if ok(c) {
+			f.mu.Lock()
+			f.blockC = c
+			f.mu.Unlock()
+			return c
+		}
+	}
+	return 0
+}
+
+// tokenize asks the engine for the request's token ids (vLLM's /tokenize
+// takes the chat messages or the completions prompt).
+func (f *kvFeed) tokenize(ctx context.Context, endpoint string, body []byte) ([]uint32, error) {
+	var in struct {
+		Messages json.RawMessage `json:"messages"`
+		Prompt   json.RawMessage `json:"prompt"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return nil, err
+	}
+	out := map[string]any{"model": f.a.cfg.EngineModel}
+	if endpoint == subjects.EndpointChat {
+		out["messages"] = in.Messages
+	} else {
+		out["prompt"] = in.Prompt
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, f.a.cfg.EngineURL+"/tokenize", bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	if f.a.cfg.EngineAPIKey != "" {
+		hr.Header.Set("Authorization", "Bearer "+f.a.cfg.EngineAPIKey)
+	}
+	resp, err := f.a.client.Do(hr)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/tokenize: %s", resp.Status)
+	}
+	var tr struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 16<<20)).Decode(&tr); err != nil {
+		return nil, err
+	}
+	return tr.Tokens, nil
+}
+
+// flush publishes what changed since the last flush, in updates of at most
+// MaxKVUpdateKeys keys.
+func (f *kvFeed) flush() {
+	f.mu.Lock()
+	if len(f.pending) == 0 && !f.reset {
+		f.mu.Unlock()
+		return
+	}
+	kvBlocks := f.a.kvBlocks()
+	if kvBlocks == 0 {
+		f.mu.Unlock()
+		return // brokers bound a replica by its capacity: wait to know it
+	}
+	var updates []subjects.KVUpdate
+	u := subjects.KVUpdate{Replica: f.a.cfg.Replica, Model: f.a.cfg.Model, Reset: f.reset, KVBlocks: kvBlocks}
+	for k, stored := range f.pending {
+		if stored {
+			u.Stored = append(u.Stored, k)
+		} else if !f.reset {
+			u.Evicted = append(u.Evicted, k)
+		}
+		if len(u.Stored)+len(u.Evicted) == subjects.MaxKVUpdateKeys {
+			updates = append(updates, u)
+			u = subjects.KVUpdate{Replica: f.a.cfg.Replica, Model: f.a.cfg.Model, KVBlocks: kvBlocks}
+		}
+	}
+	updates = append(updates, u)
+	for i := range updates {
+		f.seq++
+		updates[i].Seq = f.seq
+	}
+	f.pending = map[uint64]bool{}
+	f.reset = false
+	f.mu.Unlock()
+	for i := range updates {
+		b, err := json.Marshal(&updates[i])
+		if err == nil {
+			err = f.a.nc.Publish(f.a.subj.KV(f.a.cfg.Replica), b)
+		}
+		if err != nil {
+			f.a.log.Warn("KV-cache update not sent", "err", err)
+			f.mu.Lock()
+			f.resyncLocked()
+			f.mu.Unlock()
+			return
+		}
+	}
+}
+
+// isLive reports whether the feed has heard its engine since its last
+// loss, for the heartbeat's kv_events.
+func (f *kvFeed) isLive() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.live && !f.reset
+}
