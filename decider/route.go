@@ -484,13 +484,16 @@ func (b *Decider) Explain(subject string, h nats.Header, data []byte) (any, *sub
 
 // ExplainRequest is the JSON form of a hypothetical request for llm.explain.
 type ExplainRequest struct {
-	Model        string   `json:"model"`
-	Conversation string   `json:"conversation,omitempty"`
-	PromptTokens int      `json:"prompt_tokens,omitempty"`
-	MaxTokens    int      `json:"max_tokens,omitempty"`
-	Priority     string   `json:"priority,omitempty"`
-	Features     []string `json:"features,omitempty"`
-	Prefix       string   `json:"prefix,omitempty"`
+	Model        string `json:"model"`
+	Conversation string `json:"conversation,omitempty"`
+	PromptTokens int    `json:"prompt_tokens,omitempty"`
+	MaxTokens    int    `json:"max_tokens,omitempty"`
+	Priority     string `json:"priority,omitempty"`
+	// TTFTObjective is a TTFT objective as X-Switchyard-TTFT-Objective
+	// takes it ("800ms").
+	TTFTObjective string   `json:"ttft_objective,omitempty"`
+	Features      []string `json:"features,omitempty"`
+	Prefix        string   `json:"prefix,omitempty"`
 	// Endpoint is the API path, e.g. /v1/responses (default chat): only
 	// replicas whose engine serves it are candidates.
 	Endpoint string `json:"endpoint,omitempty"`
@@ -506,6 +509,9 @@ func (x *ExplainRequest) toHeaders(h nats.Header) {
 	h.Set(subjects.HdrPromptTokens, strconv.Itoa(x.PromptTokens))
 	if x.MaxTokens > 0 {
 		h.Set(subjects.HdrMaxTokens, strconv.Itoa(x.MaxTokens))
+	}
+	if x.TTFTObjective != "" {
+		h.Set(subjects.HdrTTFTObjective, x.TTFTObjective)
 	}
 	if x.Priority != "" {
 		h.Set(subjects.HdrPriority, x.Priority)

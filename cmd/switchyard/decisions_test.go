@@ -190,3 +190,16 @@ func TestExplainShowsTheSplit(t *testing.T) {
 		t.Errorf("whole explained as:\n%s", b.String())
 	}
 }
+
+func TestExplainShowsPredictedTTFT(t *testing.T) {
+	d := decisionAt(0)
+	d.Replica, d.PredictedTTFTMillis, d.TTFTObjectiveMillis = "l8-gen-1", 450.2, 1000
+	d.Alternatives = []subjects.Alternative{{Replica: "l8-gen-0", Score: 0.1, Why: "higher predicted TTFT", PredictedTTFTMillis: 10450}}
+	var b strings.Builder
+	printDecision(&b, &d)
+	for _, want := range []string{"ttft      predicted 450ms, objective 1s", "lost    l8-gen-0 (score 0.100, predicted TTFT 10.45s): higher predicted TTFT"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in:\n%s", want, b.String())
+		}
+	}
+}

@@ -30,6 +30,7 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&x.PromptTokens, "prompt-tokens", 0, "prompt tokens (at most 16777216)")
 	fs.IntVar(&x.MaxTokens, "max-tokens", 0, "max_tokens (at most 16777216)")
 	fs.StringVar(&x.Priority, "priority", "", "interactive or batch")
+	fs.StringVar(&x.TTFTObjective, "ttft-objective", "", "a TTFT objective, 1ms to 10m (e.g. 800ms)")
 	feats := fs.String("features", "", "comma-separated feature flags, e.g. code")
 	endpoint := fs.String("endpoint", "chat", "the API: chat, completions, embeddings, responses or messages")
 	fs.StringVar(&x.PreviousResponse, "previous-response", "", "a stored response id the request continues (Responses API)")
@@ -118,7 +119,19 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 			fmt.Fprintf(w, "prefill   on %s, served whole (%s; %d uncached tokens)\n", d.Replica, d.Split, d.UncachedTokens)
 		}
 	}
-	for _, a := range d.Alternatives {
-		fmt.Fprintf(w, "  lost    %s (score %.3f): %s\n", a.Replica, a.Score, a.Why)
+	if d.Replica != "" || d.TTFTObjectiveMillis > 0 {
+		fmt.Fprintf(w, "ttft      predicted %s", millisString(d.PredictedTTFTMillis))
+		if d.TTFTObjectiveMillis > 0 {
+			fmt.Fprintf(w, ", objective %s", time.Duration(d.TTFTObjectiveMillis)*time.Millisecond)
+		}
+		fmt.Fprintln(w)
 	}
+	for _, a := range d.Alternatives {
+		fmt.Fprintf(w, "  lost    %s (score %.3f, predicted TTFT %s): %s\n", a.Replica, a.Score, millisString(a.PredictedTTFTMillis), a.Why)
+	}
+}
+
+// millisString renders a predicted time in ms as a duration, to the ms.
+func millisString(ms float64) string {
+	return time.Duration(ms * float64(time.Millisecond)).Round(time.Millisecond).String()
 }
