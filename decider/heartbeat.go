@@ -81,6 +81,8 @@ func inRange(hb *subjects.Heartbeat) error {
 		return fmt.Errorf("queued_prefill_tokens %d not in [0, %d]", hb.QueuedPrefillTokens, subjects.MaxQueuedPrefillTokens)
 	case len(hb.Lora.Running)+len(hb.Lora.Waiting) > subjects.MaxLoraAdapters || hb.Lora.Max < 0 || hb.Lora.Max > subjects.MaxLoraAdapters:
 		return fmt.Errorf("lora lists or max beyond %d", subjects.MaxLoraAdapters)
+	case hb.KVBlocks < 0 || hb.KVBlocks > subjects.MaxKVBlocks || hb.BlockSize < 0 || hb.BlockSize > 1024:
+		return fmt.Errorf("kv_blocks not in [0, %d] or block_size not in [0, 1024]", subjects.MaxKVBlocks)
 	case len(hb.Model) > subjects.MaxModelChars || len(hb.Version) > subjects.MaxModelChars || len(hb.Pool) > subjects.MaxModelChars:
 		return fmt.Errorf("model, version or pool longer than %d", subjects.MaxModelChars)
 	}
