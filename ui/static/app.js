@@ -190,6 +190,12 @@
         ? h('span', 'd-split', 'prefill on ', h('span', 'id', d.prefill_replica), `, decode on ${d.replica || '?'} (${d.uncached_tokens || 0} uncached tokens)`)
         : h('span', 'd-split dim', `served whole: ${d.split.replace(/^whole: /, '')} (${d.uncached_tokens || 0} uncached tokens)`));
     }
+    if (d.predicted_ttft_ms || d.ttft_objective_ms) {
+      const ms = (v) => v >= 1000 ? `${(v / 1000).toFixed(2)} s` : `${Math.round(v)} ms`;
+      const losers = (d.alternatives || []).map((a) => `${a.replica} ${ms(a.predicted_ttft_ms || 0)}`).join(', ');
+      line2.append(h('span', 'd-ttft mono', (rejected ? '' : `predicted TTFT ${ms(d.predicted_ttft_ms || 0)}`) +
+        (losers && !rejected ? ` (others: ${losers})` : '') + (d.ttft_objective_ms ? `; objective ${ms(d.ttft_objective_ms)}` : '')));
+    }
     if (d.resume_from) {
       line2.append(h('span', 'd-resume', `resumed from ${d.resume_from} → ${d.replica || '?'}, ${d.resume_tokens || 0} tokens carried`));
     }
