@@ -229,6 +229,36 @@ func TestAuthorization(t *testing.T) {
 		}
 	})
 
+	t.Run("an adapter speaks only for its own replica's cache", func(t *testing.T) {
+		watch := mustConnectAs(t, st, roleBroker)
+		updates, err := watch.SubscribeSync("llm.kv.l70-prem-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		const forgedKey = 0xf0f0f0f0
+		forged, _ := json.Marshal(subjects.KVUpdate{Replica: "l70-prem-0", Model: "llama-3-70b-instruct", Seq: 1, Reset: true,
+			KVBlocks: 8192, Stored: []uint64{forgedKey}})
+		nc := mustConnectAs(t, st, adapterRole("l70-gen-0"))
+		_ = nc.Publish("llm.kv.l70-prem-0", forged)
+		_ = nc.Flush()
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, err := updates.NextMsg(200 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			var u subjects.KVUpdate
+			if json.Unmarshal(m.Data, &u) == nil && len(u.Stored) == 1 && u.Stored[0] == forgedKey {
+				t.Fatal("adapter-l70-gen-0 published on llm.kv.l70-prem-0")
+			}
+		}
+	})
+
 	t.Run("an adapter sends prefill legs only", func(t *testing.T) {
 		witness := mustConnectAs(t, st, adapterRole("l70-gen-1"))
 		legs, err := witness.SubscribeSync("llm.replica.l70-gen-1.prefill")

@@ -281,6 +281,14 @@ func (r *Router) KVSynced(replica string) bool {
 	return r.kv.Synced(replica)
 }
 
+// KVKeys is the number of request keys the exact index holds for replica
+// (the dashboard's cached blocks per replica).
+func (r *Router) KVKeys(replica string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kv.Keys(replica)
+}
+
 // PrefixIndexEntries calls f with every model and the number of (key,
 // replica) entries the exact prefix index holds for it.
 func (r *Router) PrefixIndexEntries(f func(model string, entries int)) {
