@@ -100,8 +100,19 @@ func permissions(r Role, prefix, bucket string) grants {
 	switch r.Kind {
 	case RoleGateway:
 		// It stores uploaded files and writes batch records (creating
-		// their buckets); the batchers do the rest.
-		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService, p + "kvsync"}, tableRead...)
+		// their buckets); the batchers do the rest. It decides its HTTP
+		// requests as a broker would (gateway --decide local): the request
+		// straight to the replica, placements, sampled decisions,
+		// ejections, cold loads and its presence among the deciders; it
+		// hears placements, usage (it settles only its own reservations)
+		// and the other deciders' presence. Never llm.route.* or
+		// llm.explain.*: direct tenants and explain stay the brokers'. The
+		// KV-cache key updates (llm.kv.*) and their resend (llm.kvsync)
+		// feed its exact prefix index, as a broker's.
+		pub := append([]string{
+			p + "gw.*", p + "replica.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService,
+			p + "placement.*", p + "decision.>", p + "eject.*", p + "control.load", p + "broker.presence", p + "kvsync",
+		}, tableRead...)
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
 		return grants{
@@ -109,6 +120,7 @@ func permissions(r Role, prefix, bucket string) grants {
 			pub: pub,
 			sub: []string{
 				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox,
+				p + "placement.*", p + "usage.*", p + "broker.presence",
 			},
 		}
 	case RoleBroker:

@@ -152,6 +152,9 @@ func (h *heard) add(id string) {
 
 // all reports whether every replica ready in t was heard from.
 func (h *heard) all(t *table.Snapshot) bool {
+	if t == nil {
+		return false
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for id, r := range t.Replicas {

@@ -7,21 +7,46 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // TestStageBudgetCoversThePath sends requests through a stack whose parts
 // share a stage recorder, and checks the table has every stage the path
-// passes, in the path's order, and the bus floor beside it.
+// passes, in the order they happen, and the bus floor beside it: whichever
+// part decides.
 func TestStageBudgetCoversThePath(t *testing.T) {
+	all := func(skip ...stages.Stage) []string {
+		var want []string
+		for s := stages.Published; s < stages.NumStages; s++ {
+			if !slices.Contains(skip, s) {
+				want = append(want, s.String())
+			}
+		}
+		return want
+	}
+	local := all(stages.BrokerReceived, stages.Forwarded, stages.Published, stages.Decided)
+	local = append([]string{stages.Decided.String(), stages.Published.String()}, local...)
+	for _, c := range []struct {
+		decide string
+		want   []string
+	}{
+		{gateway.DecideBroker, all()},
+		{gateway.DecideLocal, local},
+	} {
+		t.Run(c.decide, func(t *testing.T) { stageBudget(t, c.decide, c.want) })
+	}
+}
+
+func stageBudget(t *testing.T, decide string, want []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rec := stages.New(1)
 	st, err := devstack.Start(ctx, devstack.Config{
 		Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:-1", DataDir: t.TempDir(), Speed: 20,
 		Replicas: devstack.ReplicasNamed("l8-gen-0"), HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
-		Stages: rec,
+		Stages: rec, Gateway: gateway.Config{Decide: decide},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -50,10 +75,6 @@ func TestStageBudgetCoversThePath(t *testing.T) {
 	var got []string
 	for _, s := range sum.Stages {
 		got = append(got, s.Stage)
-	}
-	var want []string
-	for s := stages.Published; s < stages.NumStages; s++ {
-		want = append(want, s.String())
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("stages\n%q\nwant\n%q", got, want)

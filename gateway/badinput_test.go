@@ -19,7 +19,8 @@ import (
 )
 
 // startGateway runs a gateway on a real nats-server with the dev table, and
-// counts every message that reaches a route subject (no broker runs).
+// counts every message that reaches a route subject (no broker runs; the
+// gateway leaves deciding to the brokers).
 func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.Int64) {
 	t.Helper()
 	_, natsURL := natstest.Start(t)
@@ -34,6 +35,7 @@ func startGateway(t *testing.T, cfg gateway.Config) (url string, routed *atomic.
 		t.Fatal(err)
 	}
 	cfg.AcceptTimeout = 100 * time.Millisecond
+	cfg.Decide = gateway.DecideBroker // what reaches the brokers is counted
 	g, err := gateway.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)

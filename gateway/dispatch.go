@@ -62,6 +62,15 @@ func (d *dispatcher) unregister(c *call) {
 	d.mu.Unlock()
 }
 
+// deliver hands m to the call as if it had come on the reply subject.
+func (c *call) deliver(m *nats.Msg) {
+	select {
+	case c.ch <- m:
+	default:
+		c.once.Do(func() { close(c.overflow) })
+	}
+}
+
 func (d *dispatcher) onMsg(m *nats.Msg) {
 	id := m.Subject
 	if i := strings.LastIndexByte(id, '.'); i >= 0 {

@@ -137,6 +137,9 @@ func newUpstreamVia(t *testing.T, cfg gateway.Config, script func(r *reply, atte
 		// The tests of copies ask for them.
 		cfg.RoutedTimeout = -1
 	}
+	if cfg.Decide == "" {
+		cfg.Decide = gateway.DecideBroker // the scripted broker answers
+	}
 	g, err := gateway.New(gnc, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/batch"
+	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/listen"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -142,6 +143,15 @@ type Config struct {
 	// TracerProvider receives the gateway's spans (nil: none are made;
 	// internal/telemetry builds one from the environment).
 	TracerProvider trace.TracerProvider
+	// Decide says which part decides the HTTP requests: DecideLocal (the
+	// default) runs the policy in this process and publishes each body
+	// once, straight to the chosen replica; DecideBroker publishes to
+	// llm.gw.<tenant> for the brokers, as direct tenants' requests go.
+	Decide string
+	// WarmUp bounds how long a gateway deciding locally waits, after it
+	// starts, for a heartbeat from every replica its table has ready
+	// before /readyz passes (default 2s, negative: no wait).
+	WarmUp time.Duration
 	// Stages, when set, records the stage timestamps of a sample of the
 	// requests (internal/stages); nil records nothing.
 	Stages *stages.Recorder
@@ -179,6 +189,12 @@ type Config struct {
 	CORSOrigins []string
 }
 
+// Where the gateway's HTTP requests are decided (Config.Decide).
+const (
+	DecideLocal  = "local"
+	DecideBroker = "broker"
+)
+
 // Gateway serves the OpenAI API over NATS.
 type Gateway struct {
 	nc       *nats.Conn
@@ -200,6 +216,10 @@ type Gateway struct {
 	exposed  string    // Access-Control-Expose-Headers
 	parsed   sync.Pool // *parsed, the feature extraction's buffers
 	batch    batchStore
+	// dec decides requests in this process (nil: the brokers decide);
+	// warm is set once it has heard the replicas its table has ready.
+	dec  *decider.Decider
+	warm atomic.Bool
 
 	silent     atomic.Bool // PongsToMiss pings in a row got no pong in time, and none since
 	probeMu    sync.Mutex
@@ -227,8 +247,15 @@ func (c *Config) Validate() error {
 			originErr = check.Wrap("cors-origin", o, errors.New("want * or scheme://host[:port]"))
 		}
 	}
+	var decideErr error
+	switch c.Decide {
+	case "", DecideLocal, DecideBroker:
+	default:
+		decideErr = check.Wrap("decide", c.Decide, errors.New("want local or broker"))
+	}
 	return check.All(
-		idErr, originErr,
+		idErr, originErr, decideErr,
+		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
 		check.Duration("routed-timeout", c.RoutedTimeout, math.MinInt64, time.Minute),
@@ -293,6 +320,18 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g.tls = tlsCfg
+	if cfg.Decide == DecideLocal {
+		// Decisions, their samples and spans, quota reservations and
+		// placements are the brokers' own: the same package, the same
+		// metrics (labelled with this gateway's id).
+		g.dec, err = decider.New(nc, decider.Config{
+			ID: cfg.ID, Prefix: cfg.Prefix, Logger: cfg.Logger, Component: "gateway",
+			TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer, Stages: cfg.Stages,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	public, admin := g.routes()
 	g.mux, g.adminMux = g.edge(public), admin
 	return g, nil
@@ -374,6 +413,12 @@ func setDefaults(cfg *Config) {
 	if cfg.LinkCheck <= 0 {
 		cfg.LinkCheck = time.Second
 	}
+	if cfg.Decide == "" {
+		cfg.Decide = DecideLocal
+	}
+	if cfg.WarmUp == 0 {
+		cfg.WarmUp = 2 * time.Second
+	}
 }
 
 // Handler is the gateway's HTTP handler (for tests and embedding).
@@ -427,12 +472,37 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 	})
 	g.probeWG, g.probeCtx = wg, ctx
 	wg.Go(func() { g.checkLink(ctx) })
-	g.watcher = kv.New(js, kv.Config{
+	kcfg := kv.Config{
 		Bucket:     g.cfg.Bucket,
 		StateDir:   g.cfg.StateDir,
 		Logger:     g.log,
 		OnSnapshot: func(s *table.Snapshot) { g.table.Store(s) },
-	})
+	}
+	if g.dec != nil {
+		kcfg.OnSnapshot = func(s *table.Snapshot) {
+			g.dec.SetTable(s)
+			g.table.Store(s)
+		}
+		kcfg.OnInvalid = g.dec.InvalidValue
+		if err := g.dec.Start(ctx); err != nil {
+			return err
+		}
+	}
+	g.watcher = kv.New(js, kcfg)
+	if g.dec != nil {
+		wg.Go(func() {
+			defer g.dec.Stop()
+			select {
+			case <-g.watcher.Ready():
+			case <-ctx.Done():
+				return
+			}
+			if g.dec.WarmUp(ctx, g.cfg.WarmUp) {
+				g.warm.Store(true)
+			}
+			<-ctx.Done()
+		})
+	}
 	wg.Go(func() {
 		defer func() { _ = sub.Unsubscribe() }()
 		if err := g.watcher.Run(ctx); err != nil && ctx.Err() == nil {

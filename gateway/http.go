@@ -217,7 +217,13 @@ func (g *Gateway) checkReady() error {
 	if g.table.Load() == nil {
 		return errors.New("routing table not loaded")
 	}
-	if _, err := g.nc.Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond); err != nil {
+	if g.dec != nil {
+		// It decides itself: ready once it has heard the replicas its
+		// table has ready (or waited WarmUp for them).
+		if !g.warm.Load() {
+			return errors.New("waiting for the replicas' heartbeats")
+		}
+	} else if _, err := g.nc.Request("$SRV.PING."+subjects.BrokerService, nil, 500*time.Millisecond); err != nil {
 		return errors.New("no broker answers: " + err.Error())
 	}
 	if g.cfg.Ready != nil {

@@ -53,7 +53,7 @@ func TestInheritedSocketWaitsForTheTable(t *testing.T) {
 	body := `{"model":"chat-small","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 
-	g, err := gateway.New(nc, gateway.Config{Listen: fmt.Sprintf("fd:%d", fd), AcceptTimeout: 100 * time.Millisecond})
+	g, err := gateway.New(nc, gateway.Config{Listen: fmt.Sprintf("fd:%d", fd), AcceptTimeout: 100 * time.Millisecond, Decide: gateway.DecideBroker})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,8 +173,8 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		out.continuationHeaders(h)
 	}
 	g.cfg.Stages.Begin(id, u.bodyAt)
-	msg := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: g.replyPfx + id, Header: h, Data: body}
-	if err := g.nc.PublishMsg(msg); err != nil {
+	msg, toBrokers, err := g.publish(c, g.replyPfx+id, u, h, body)
+	if err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
 	g.cfg.Stages.Mark(id, stages.Published)
@@ -186,7 +186,9 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
 	l := leg{g: g, out: out, c: c, timer: timer, msg: msg, copies: []sentCopy{{id: id, at: time.Now()}}}
-	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout {
+	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout && toBrokers {
+		// Copies stand in for a request a broker lost; one the gateway
+		// decided itself went to its replica, whose accept timeout rules.
 		l.resend = time.NewTimer(rt)
 	}
 	defer l.stop()

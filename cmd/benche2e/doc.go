@@ -135,7 +135,7 @@ func render(r *results) string {
 	p("Setup, each in its own process: the engine simulator in fixed mode (TTFT %s, then %d tokens %s apart, whatever the load; "+
 		"Go timers on an idle machine round sub-millisecond waits up to about 1 ms, so the gaps the direct path shows are the real ITL); "+
 		"`httputil.ReverseProxy` in front of it (FlushInterval −1, a tuned transport): the router that decides nothing; "+
-		"Switchyard in front of it as `switchyard dev` runs it (embedded NATS, one broker, the gateway, one adapter, the dev routing table); "+
+		"Switchyard in front of it as `switchyard dev` runs it (embedded NATS, one broker, the gateway deciding in its own process, one adapter, the dev routing table); "+
 		"and the load generator (`loadgen`, as in `switchyard bench`). Open loop: every request is sent at its scheduled time however slow the "+
 		"answers, and latency counts from the scheduled time. Requests: model `%s`, max_tokens %d, one short message.\n\n",
 		c.TTFT.D(), c.MaxTokens, c.ITL.D(), c.Model, c.MaxTokens)
@@ -188,8 +188,8 @@ func render(r *results) string {
 				profileTotal(r.ProfileTop), ns.CPU["stack"].total().Seconds())
 		}
 		p("\n\n")
-		p("For scale: a request through Switchyard crosses loopback TCP ten times (client → gateway → NATS server → broker → NATS server → adapter → engine, " +
-			"and engine → adapter → NATS server → gateway → client), besides the usage and sampled-decision messages; through the proxy, four times.\n\n")
+		p("For scale: a request through Switchyard crosses loopback TCP eight times (client → gateway → NATS server → adapter → engine, " +
+			"and engine → adapter → NATS server → gateway → client; two more through a broker with `--decide broker`), besides the usage and sampled-decision messages; through the proxy, four times.\n\n")
 		if len(r.ProfileParts) > 0 {
 			p("Share of the samples whose stack passes through each part (a sample can count in several rows):\n\n| part | share of CPU |\n|---|---:|\n")
 			for _, pp := range r.ProfileParts {

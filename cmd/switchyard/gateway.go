@@ -40,6 +40,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.RoutedTimeout, "routed-timeout", gateway.DefaultRoutedTimeout, "time without a broker's routed notice after which the request is sent to the broker queue group again as a copy (-1s: never; at most 1m)")
 	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never; at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
+	fs.StringVar(&cfg.Decide, "decide", gateway.DecideLocal, "where HTTP requests are decided: local (in this process, the body published once straight to the replica) or broker (through the brokers, llm.gw.<tenant>)")
+	fs.DurationVar(&cfg.WarmUp, "warm-up", 2*time.Second, "with --decide local: how long /readyz waits for a heartbeat from every ready replica after start (negative: no wait; at most 1m)")
 	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")
 	fs.Var(listFlag{&cfg.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, e.g. https://app.example, or * for any (repeatable; default: CORS off)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")

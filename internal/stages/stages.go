@@ -11,6 +11,7 @@
 package stages
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -169,8 +170,8 @@ func (r *Recorder) Reset() {
 	r.mu.Unlock()
 }
 
-// StageTime is one stage of the summary: the time from the stage before
-// it that the request passed to this one, over the requests that passed
+// StageTime is one stage of the summary: the time from the stage the
+// request passed just before it (in time) to this one, over the requests that passed
 // it, in milliseconds.
 type StageTime struct {
 	Stage    string  `json:"stage"`
@@ -201,20 +202,28 @@ func (r *Recorder) Summary() Summary {
 	r.mu.Unlock()
 	var per [NumStages][]int64
 	var total []int64
+	var order []Stage // the stages in the order the first record passed them
 	for i := range recs {
 		rec := &recs[i]
-		prev := BodyReceived
-		for s := BodyReceived + 1; s < NumStages; s++ {
-			if rec[s] == 0 {
-				continue
+		// In the order they happened: a gateway that decides itself
+		// decides before it publishes.
+		passed := make([]Stage, 0, NumStages)
+		for s := range NumStages {
+			if rec[s] != 0 {
+				passed = append(passed, s)
 			}
-			per[s] = append(per[s], rec[s]-rec[prev])
-			prev = s
+		}
+		slices.SortStableFunc(passed, func(a, b Stage) int { return cmp.Compare(rec[a], rec[b]) })
+		for j := 1; j < len(passed); j++ {
+			per[passed[j]] = append(per[passed[j]], rec[passed[j]]-rec[passed[j-1]])
+		}
+		if order == nil {
+			order = passed
 		}
 		total = append(total, rec[ClientFirstByte]-rec[BodyReceived])
 	}
 	sum := Summary{Requests: len(recs), Total: Quantiles("total", total)}
-	for s := BodyReceived + 1; s < NumStages; s++ {
+	for _, s := range order {
 		if len(per[s]) > 0 {
 			sum.Stages = append(sum.Stages, Quantiles(s.String(), per[s]))
 		}
