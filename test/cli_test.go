@@ -20,6 +20,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -171,89 +172,91 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 }
 
 func TestKeyAddAndExplain(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l70-long-0", "l70-prem-0", "coder-gen-0")})
-	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
-	out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
-	key := strings.TrimSpace(out)
-	if code != 0 || !strings.HasPrefix(key, "sk-") {
-		t.Fatalf("key add: exit %d: %q", code, out)
-	}
-	// The new key speaks for acme (premium) once the gateway has the table.
-	body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
-	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
-		status, h := post(t, st.GatewayURL(), key, body)
-		if status != 200 || h.Get("X-Switchyard-Pool") != "premium" {
-			return errors.New("pool " + h.Get("X-Switchyard-Pool"))
+	eachDecider(t, func(t *testing.T, decide string) {
+		st := startStack(t, devstack.Config{Gateway: gateway.Config{Decide: decide}, Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l70-long-0", "l70-prem-0", "coder-gen-0")})
+		env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
+		out, _, code := sy(t, env, "", "key", "add", "--tenant", "acme")
+		key := strings.TrimSpace(out)
+		if code != 0 || !strings.HasPrefix(key, "sk-") {
+			t.Fatalf("key add: exit %d: %q", code, out)
 		}
-		return nil
+		// The new key speaks for acme (premium) once the gateway has the table.
+		body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+		testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+			status, h := post(t, st.GatewayURL(), key, body)
+			if status != 200 || h.Get("X-Switchyard-Pool") != "premium" {
+				return errors.New("pool " + h.Get("X-Switchyard-Pool"))
+			}
+			return nil
+		})
+
+		// Anonymous access is on in dev, yet a key that is not in the table is
+		// refused; sk-default-dev is tenant default, for SDKs that need a key.
+		for key, want := range map[string]int{"sk-acme-dve": 401, "sk-default-dev": 200, "": 200} {
+			if status, _ := post(t, st.GatewayURL(), key, body); status != want {
+				t.Errorf("key %q: %d, want %d", key, status, want)
+			}
+		}
+
+		// key list shows a key by a prefix of its hash, its tenant and when it
+		// was added; revoke takes that id. Both run with the operator's creds.
+		sum := sha256.Sum256([]byte(key))
+		hash := hex.EncodeToString(sum[:])
+		id := hash[:12]
+		out, _, code = sy(t, env, "", "key", "list")
+		if code != 0 || !regexp.MustCompile(`(?m)^`+id+` +acme +20\d\d-`).MatchString(out) || strings.Contains(out, hash) || !strings.Contains(out, "default") {
+			t.Fatalf("key list: exit %d:\n%s", code, out)
+		}
+		if out, _, code = sy(t, env, "", "key", "list", "--tenant", "trial"); code != 0 || strings.Contains(out, id) || !strings.Contains(out, "trial") {
+			t.Errorf("key list --tenant trial: exit %d:\n%s", code, out)
+		}
+		if out, errOut, code := sy(t, env, "", "key", "revoke", id); code != 0 || !strings.Contains(out, "revoked "+id) {
+			t.Fatalf("key revoke: exit %d: %s %s", code, out, errOut)
+		}
+		testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+			status, _ := post(t, st.GatewayURL(), key, body)
+			if status != 401 {
+				return errors.New("a revoked key answers " + strconv.Itoa(status))
+			}
+			return nil
+		})
+		if out, _, _ := sy(t, env, "", "key", "list"); strings.Contains(out, id) {
+			t.Errorf("key list after revoke still shows %s:\n%s", id, out)
+		}
+		if _, _, code := sy(t, env, "", "key", "revoke", id); code != 1 {
+			t.Errorf("revoking it again: exit %d, want 1", code)
+		}
+		if _, _, code := sy(t, env, "", "key", "revoke", "not-hex"); code != 2 {
+			t.Errorf("key revoke not-hex: exit %d, want 2", code)
+		}
+
+		out, _, code = sy(t, env, "", "explain", "--model", "chat-large", "--prompt-tokens", "20000")
+		if code != 0 || !strings.Contains(out, "long-context") || !strings.Contains(out, "l70-long-0") {
+			t.Errorf("explain long prompt: exit %d: %s", code, out)
+		}
+		out, _, code = sy(t, env, "", "explain", "--tenant", "intern", "--model", "chat-large")
+		if code != 1 || !strings.Contains(out, "model_not_allowed") {
+			t.Errorf("explain restricted: exit %d: %s", code, out)
+		}
+		// A read-only identity is told it may not ask, not that no broker answered.
+		observer := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleObserver}), "HOME=" + t.TempDir()}
+		if _, errOut, code := sy(t, observer, "", "explain", "--model", "chat-large"); code != 1 || !strings.Contains(errOut, "may not publish llm.explain.default") {
+			t.Errorf("explain as observer: exit %d: %s", code, errOut)
+		}
+		if _, _, code := sy(t, env, "", "explain"); code != 2 {
+			t.Errorf("explain without --model: exit %d, want 2", code)
+		}
+		// The coder replica's engine serves the Messages API, not Responses.
+		out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "responses")
+		if code != 1 || !strings.Contains(out, "501 endpoint_not_supported") {
+			t.Errorf("explain --endpoint responses: exit %d: %s", code, out)
+		}
+		out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "messages")
+		if code != 0 || !strings.Contains(out, "coder-gen-0") {
+			t.Errorf("explain --endpoint messages: exit %d: %s", code, out)
+		}
+		if _, _, code := sy(t, env, "", "explain", "--model", "chat-large", "--endpoint", "assistants"); code != 2 {
+			t.Errorf("explain --endpoint assistants: exit %d, want 2", code)
+		}
 	})
-
-	// Anonymous access is on in dev, yet a key that is not in the table is
-	// refused; sk-default-dev is tenant default, for SDKs that need a key.
-	for key, want := range map[string]int{"sk-acme-dve": 401, "sk-default-dev": 200, "": 200} {
-		if status, _ := post(t, st.GatewayURL(), key, body); status != want {
-			t.Errorf("key %q: %d, want %d", key, status, want)
-		}
-	}
-
-	// key list shows a key by a prefix of its hash, its tenant and when it
-	// was added; revoke takes that id. Both run with the operator's creds.
-	sum := sha256.Sum256([]byte(key))
-	hash := hex.EncodeToString(sum[:])
-	id := hash[:12]
-	out, _, code = sy(t, env, "", "key", "list")
-	if code != 0 || !regexp.MustCompile(`(?m)^`+id+` +acme +20\d\d-`).MatchString(out) || strings.Contains(out, hash) || !strings.Contains(out, "default") {
-		t.Fatalf("key list: exit %d:\n%s", code, out)
-	}
-	if out, _, code = sy(t, env, "", "key", "list", "--tenant", "trial"); code != 0 || strings.Contains(out, id) || !strings.Contains(out, "trial") {
-		t.Errorf("key list --tenant trial: exit %d:\n%s", code, out)
-	}
-	if out, errOut, code := sy(t, env, "", "key", "revoke", id); code != 0 || !strings.Contains(out, "revoked "+id) {
-		t.Fatalf("key revoke: exit %d: %s %s", code, out, errOut)
-	}
-	testkit.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
-		status, _ := post(t, st.GatewayURL(), key, body)
-		if status != 401 {
-			return errors.New("a revoked key answers " + strconv.Itoa(status))
-		}
-		return nil
-	})
-	if out, _, _ := sy(t, env, "", "key", "list"); strings.Contains(out, id) {
-		t.Errorf("key list after revoke still shows %s:\n%s", id, out)
-	}
-	if _, _, code := sy(t, env, "", "key", "revoke", id); code != 1 {
-		t.Errorf("revoking it again: exit %d, want 1", code)
-	}
-	if _, _, code := sy(t, env, "", "key", "revoke", "not-hex"); code != 2 {
-		t.Errorf("key revoke not-hex: exit %d, want 2", code)
-	}
-
-	out, _, code = sy(t, env, "", "explain", "--model", "chat-large", "--prompt-tokens", "20000")
-	if code != 0 || !strings.Contains(out, "long-context") || !strings.Contains(out, "l70-long-0") {
-		t.Errorf("explain long prompt: exit %d: %s", code, out)
-	}
-	out, _, code = sy(t, env, "", "explain", "--tenant", "intern", "--model", "chat-large")
-	if code != 1 || !strings.Contains(out, "model_not_allowed") {
-		t.Errorf("explain restricted: exit %d: %s", code, out)
-	}
-	// A read-only identity is told it may not ask, not that no broker answered.
-	observer := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleObserver}), "HOME=" + t.TempDir()}
-	if _, errOut, code := sy(t, observer, "", "explain", "--model", "chat-large"); code != 1 || !strings.Contains(errOut, "may not publish llm.explain.default") {
-		t.Errorf("explain as observer: exit %d: %s", code, errOut)
-	}
-	if _, _, code := sy(t, env, "", "explain"); code != 2 {
-		t.Errorf("explain without --model: exit %d, want 2", code)
-	}
-	// The coder replica's engine serves the Messages API, not Responses.
-	out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "responses")
-	if code != 1 || !strings.Contains(out, "501 endpoint_not_supported") {
-		t.Errorf("explain --endpoint responses: exit %d: %s", code, out)
-	}
-	out, _, code = sy(t, env, "", "explain", "--model", "qwen-coder-32b", "--endpoint", "messages")
-	if code != 0 || !strings.Contains(out, "coder-gen-0") {
-		t.Errorf("explain --endpoint messages: exit %d: %s", code, out)
-	}
-	if _, _, code := sy(t, env, "", "explain", "--model", "chat-large", "--endpoint", "assistants"); code != 2 {
-		t.Errorf("explain --endpoint assistants: exit %d, want 2", code)
-	}
 }

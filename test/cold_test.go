@@ -54,81 +54,83 @@ func postOnce(t *testing.T, url, body string, hdr map[string]string) (int, http.
 // load; it then serves; idle, it is drained and unloaded; the next request
 // loads it again.
 func TestColdModelLoadsOnceServesUnloadsAndReloads(t *testing.T) {
-	const speed = 10 // a 2 s load
-	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
-	url := st.GatewayURL()
-	body := chatBody("mixtral", 4, false)
+	eachDecider(t, func(t *testing.T, decide string) {
+		const speed = 10 // a 2 s load
+		st := startStack(t, devstack.Config{Gateway: gateway.Config{Decide: decide}, Brokers: 2, Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
+		url := st.GatewayURL()
+		body := chatBody("mixtral", 4, false)
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	codes := map[string]int{}
-	for range 20 {
-		wg.Go(func() {
-			status, h, b := chatOnce(t, url, body, nil)
-			mu.Lock()
-			defer mu.Unlock()
-			if status == 503 && strings.Contains(b, `"model_loading"`) {
-				codes["model_loading"]++
-				if ra, _ := strconv.Atoi(h.Get("Retry-After")); ra < 1 || ra > 3 {
-					t.Errorf("Retry-After = %q, want about the 2 s load", h.Get("Retry-After"))
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		codes := map[string]int{}
+		for range 20 {
+			wg.Go(func() {
+				status, h, b := chatOnce(t, url, body, nil)
+				mu.Lock()
+				defer mu.Unlock()
+				if status == 503 && strings.Contains(b, `"model_loading"`) {
+					codes["model_loading"]++
+					if ra, _ := strconv.Atoi(h.Get("Retry-After")); ra < 1 || ra > 3 {
+						t.Errorf("Retry-After = %q, want about the 2 s load", h.Get("Retry-After"))
+					}
+					return
 				}
-				return
+				codes[strconv.Itoa(status)]++
+			})
+		}
+		wg.Wait()
+		if codes["model_loading"] == 0 {
+			t.Fatalf("answers while cold = %v, want 503 model_loading", codes)
+		}
+		took := testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
+			status, h, b := chatOnce(t, url, body, nil)
+			if status != 200 {
+				return &answerErr{status, b}
 			}
-			codes[strconv.Itoa(status)]++
+			if r := h.Get("X-Switchyard-Replica"); r != "mixtral-gen-0" {
+				t.Errorf("served by %q, want mixtral-gen-0", r)
+			}
+			return nil
 		})
-	}
-	wg.Wait()
-	if codes["model_loading"] == 0 {
-		t.Fatalf("answers while cold = %v, want 503 model_loading", codes)
-	}
-	took := testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
-		status, h, b := chatOnce(t, url, body, nil)
-		if status != 200 {
-			return &answerErr{status, b}
-		}
-		if r := h.Get("X-Switchyard-Replica"); r != "mixtral-gen-0" {
-			t.Errorf("served by %q, want mixtral-gen-0", r)
-		}
-		return nil
-	})
 
-	t.Logf("first 200 %s after the 503s", took.Round(10*time.Millisecond))
-	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 1 {
-		t.Errorf("loads ready = %v, want 1 for %d requests on two brokers", n, 20)
-	}
+		t.Logf("first 200 %s after the 503s", took.Round(10*time.Millisecond))
+		if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 1 {
+			t.Errorf("loads ready = %v, want 1 for %d requests on two brokers", n, 20)
+		}
 
-	// Idle: drained, unloaded, and loaded again by the next request.
-	kv := kvBucket(t, st)
-	ctx := context.Background()
-	if _, err := kv.Put(ctx, "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "idle_unload_after": "1s", "expected_load_seconds": 2}`)); err != nil {
-		t.Fatal(err)
-	}
-	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		if metric(st, "switchyard_loader_unloads_total", map[string]string{"model": mixtral, "outcome": "unloaded"}) != 1 {
-			return errors.New("not unloaded")
+		// Idle: drained, unloaded, and loaded again by the next request.
+		kv := kvBucket(t, st)
+		ctx := context.Background()
+		if _, err := kv.Put(ctx, "models."+mixtral, []byte(`{"versions": ["v1.0.0"], "tier": "cold", "idle_unload_after": "1s", "expected_load_seconds": 2}`)); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, err := kv.Get(ctx, "replicas.mixtral-gen-0")
-		if err == nil {
-			return errors.New("the unloaded replica is still registered")
+		testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+			if metric(st, "switchyard_loader_unloads_total", map[string]string{"model": mixtral, "outcome": "unloaded"}) != 1 {
+				return errors.New("not unloaded")
+			}
+			return nil
+		})
+		testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			_, err := kv.Get(ctx, "replicas.mixtral-gen-0")
+			if err == nil {
+				return errors.New("the unloaded replica is still registered")
+			}
+			return nil
+		})
+		if status, _, b := chatOnce(t, url, body, nil); status != 503 || !strings.Contains(b, "model_loading") {
+			t.Fatalf("after the unload: %d %s, want 503 model_loading", status, b)
 		}
-		return nil
-	})
-	if status, _, b := chatOnce(t, url, body, nil); status != 503 || !strings.Contains(b, "model_loading") {
-		t.Fatalf("after the unload: %d %s, want 503 model_loading", status, b)
-	}
-	testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
-		if status, _, b := chatOnce(t, url, body, nil); status != 200 {
-			return &answerErr{status, b}
-		}
-		return nil
-	})
+		testkit.CheckFor(t, time.Minute, 10*time.Millisecond, func() error {
+			if status, _, b := chatOnce(t, url, body, nil); status != 200 {
+				return &answerErr{status, b}
+			}
+			return nil
+		})
 
-	if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 2 {
-		t.Errorf("loads ready = %v, want 2", n)
-	}
+		if n := metric(st, "switchyard_loader_loads_total", map[string]string{"model": mixtral, "outcome": "ready"}); n != 2 {
+			t.Errorf("loads ready = %v, want 2", n)
+		}
+	})
 }
 
 type answerErr struct {
@@ -158,62 +160,64 @@ func holdWhileCold(t *testing.T, st *devstack.Stack, entry string) {
 // within the request's deadline; a deadline shorter than the load gets the
 // 503 it would have got. A held stream gets SSE comments while it waits.
 func TestOnColdWaitHoldsUntilReady(t *testing.T) {
-	const speed = 10 // a 2 s load
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
-	url := st.GatewayURL()
-	holdWhileCold(t, st, `{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)
+	eachDecider(t, func(t *testing.T, decide string) {
+		const speed = 10 // a 2 s load
+		st := startStack(t, devstack.Config{Gateway: gateway.Config{Decide: decide}, Replicas: devstack.ReplicasNamed("l8-gen-0"), Speed: speed})
+		url := st.GatewayURL()
+		holdWhileCold(t, st, `{"versions": ["v1.0.0"], "tier": "cold", "on_cold": "wait", "expected_load_seconds": 2}`)
 
-	// Half a second is not enough for a 2 s load: the 503, after the wait.
-	began := time.Now()
-	status, h, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "0.5"})
-	if status != 503 || !strings.Contains(b, `"model_loading"`) || h.Get("Retry-After") == "" {
-		t.Fatalf("short deadline: %d %s, want 503 model_loading with Retry-After", status, b)
-	}
-	if waited := time.Since(began); waited < 400*time.Millisecond {
-		t.Errorf("the short-deadline request was answered after %s: it was not held", waited)
-	}
-	// A held stream is already 200: its 503 is the stream's error line.
-	status, _, b = chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "0.5"})
-	if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
-		!strings.Contains(b, "\n\ndata: {\"error\":{") || strings.Contains(b, "event: error") ||
-		!strings.Contains(b, `"model_loading"`) || strings.Contains(b, "[DONE]") {
-		t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error line with model_loading", status, b)
-	}
+		// Half a second is not enough for a 2 s load: the 503, after the wait.
+		began := time.Now()
+		status, h, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "0.5"})
+		if status != 503 || !strings.Contains(b, `"model_loading"`) || h.Get("Retry-After") == "" {
+			t.Fatalf("short deadline: %d %s, want 503 model_loading with Retry-After", status, b)
+		}
+		if waited := time.Since(began); waited < 400*time.Millisecond {
+			t.Errorf("the short-deadline request was answered after %s: it was not held", waited)
+		}
+		// A held stream is already 200: its 503 is the stream's error line.
+		status, _, b = chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "0.5"})
+		if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
+			!strings.Contains(b, "\n\ndata: {\"error\":{") || strings.Contains(b, "event: error") ||
+			!strings.Contains(b, `"model_loading"`) || strings.Contains(b, "[DONE]") {
+			t.Errorf("held stream past its deadline: %d %q, want 200, the comment, then an error line with model_loading", status, b)
+		}
 
-	// A held Responses stream ends as every Responses stream that fails
-	// does: an error event in the Responses shape, not chat's error object.
-	status, _, b = postOnce(t, url+"/v1/responses", `{"model":"mixtral","input":"tell me a story","max_output_tokens":4,"stream":true}`,
-		map[string]string{"X-Request-Timeout": "0.5"})
-	if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
-		!strings.Contains(b, "\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"model_loading\"") ||
-		strings.Contains(b, `{"error":{`) {
-		t.Errorf("held Responses stream past its deadline: %d %q, want 200, the comment, then a Responses error event with model_loading", status, b)
-	}
+		// A held Responses stream ends as every Responses stream that fails
+		// does: an error event in the Responses shape, not chat's error object.
+		status, _, b = postOnce(t, url+"/v1/responses", `{"model":"mixtral","input":"tell me a story","max_output_tokens":4,"stream":true}`,
+			map[string]string{"X-Request-Timeout": "0.5"})
+		if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load\n\n") ||
+			!strings.Contains(b, "\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"model_loading\"") ||
+			strings.Contains(b, `{"error":{`) {
+			t.Errorf("held Responses stream past its deadline: %d %q, want 200, the comment, then a Responses error event with model_loading", status, b)
+		}
 
-	// Thirty seconds cover it: a plain request and a stream, both held.
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "30"})
-		if status != 200 || !strings.Contains(b, `"choices"`) {
-			t.Errorf("held request: %d %s, want 200", status, b)
+		// Thirty seconds cover it: a plain request and a stream, both held.
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			status, _, b := chatOnce(t, url, chatBody("mixtral", 4, false), map[string]string{"X-Request-Timeout": "30"})
+			if status != 200 || !strings.Contains(b, `"choices"`) {
+				t.Errorf("held request: %d %s, want 200", status, b)
+			}
+		})
+		wg.Go(func() {
+			status, h, b := chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "30"})
+			if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load") || !strings.Contains(b, "data: [DONE]") || strings.Contains(b, "event: error") {
+				t.Errorf("held stream: %d %q, want 200, a waiting comment, then the stream to [DONE]", status, b)
+			}
+			if ct := h.Get("Content-Type"); !sse.IsEventStream(ct) {
+				t.Errorf("held stream Content-Type = %q", ct)
+			}
+		})
+		wg.Wait()
+		if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "ready"}); n < 2 {
+			t.Errorf("cold waits ended ready = %v, want ≥ 2", n)
+		}
+		if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 3 {
+			t.Errorf("cold waits ended at the deadline = %v, want 3", n)
 		}
 	})
-	wg.Go(func() {
-		status, h, b := chatOnce(t, url, chatBody("mixtral", 4, true), map[string]string{"X-Request-Timeout": "30"})
-		if status != 200 || !strings.HasPrefix(b, ": waiting for "+mixtral+" to load") || !strings.Contains(b, "data: [DONE]") || strings.Contains(b, "event: error") {
-			t.Errorf("held stream: %d %q, want 200, a waiting comment, then the stream to [DONE]", status, b)
-		}
-		if ct := h.Get("Content-Type"); !sse.IsEventStream(ct) {
-			t.Errorf("held stream Content-Type = %q", ct)
-		}
-	})
-	wg.Wait()
-	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "ready"}); n < 2 {
-		t.Errorf("cold waits ended ready = %v, want ≥ 2", n)
-	}
-	if n := metric(st, "switchyard_gateway_cold_waits_total", map[string]string{"outcome": "deadline"}); n != 3 {
-		t.Errorf("cold waits ended at the deadline = %v, want 3", n)
-	}
 }
 
 // `switchyard dev` itself: mixtral answers 503 model_loading first, then

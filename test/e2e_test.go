@@ -20,6 +20,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
@@ -54,6 +55,18 @@ func launch(t *testing.T, cfg devstack.Config) *devstack.Stack {
 }
 
 // startStack runs the dev stack and waits until it is ready.
+// deciders are the parts that can decide an HTTP request (gateway
+// --decide): the end-to-end tests of what a decision does run with each,
+// and must see the same.
+var deciders = []string{gateway.DecideLocal, gateway.DecideBroker}
+
+// eachDecider runs f once per decider, as a subtest named after it.
+func eachDecider(t *testing.T, f func(t *testing.T, decide string)) {
+	for _, d := range deciders {
+		t.Run("decide="+d, func(t *testing.T) { f(t, d) })
+	}
+}
+
 func startStack(t *testing.T, cfg devstack.Config) *devstack.Stack {
 	t.Helper()
 	st := launch(t, cfg)
@@ -85,124 +98,126 @@ func devReplicaIDs() []string {
 }
 
 func TestOpenAIClientThroughTheStack(t *testing.T) {
-	st := startStack(t, devstack.Config{})
-	c := client(st, "")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	eachDecider(t, func(t *testing.T, decide string) {
+		st := startStack(t, devstack.Config{Gateway: gateway.Config{Decide: decide}})
+		c := client(st, "")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 
-	t.Run("chat", func(t *testing.T) {
-		var resp *http.Response
-		out, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-			Model:     "chat-large",
-			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
-			MaxTokens: openai.Int(8),
-		}, option.WithResponseInto(&resp))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(out.Choices) != 1 || out.Choices[0].Message.Content == "" {
-			t.Fatalf("no answer: %+v", out)
-		}
-		if out.Usage.CompletionTokens != 8 {
-			t.Errorf("completion tokens = %d, want 8", out.Usage.CompletionTokens)
-		}
-		if out.Model != "chat-large" {
-			t.Errorf("answer names model %q, want chat-large as asked", out.Model)
-		}
-		rep := resp.Header.Get("X-Switchyard-Replica")
-		if !slices.Contains(devReplicaIDs(), rep) || !strings.HasPrefix(rep, "l70-") {
-			t.Errorf("X-Switchyard-Replica = %q, want a llama-3-70b dev replica", rep)
-		}
-		if got := resp.Header.Get("X-Switchyard-Model"); got != "llama-3-70b-instruct" {
-			t.Errorf("X-Switchyard-Model = %q", got)
-		}
-		for _, h := range []string{"X-Switchyard-Version", "X-Switchyard-Pool", "X-Switchyard-Reason"} {
-			if resp.Header.Get(h) == "" {
-				t.Errorf("%s missing", h)
+		t.Run("chat", func(t *testing.T) {
+			var resp *http.Response
+			out, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+				Model:     "chat-large",
+				Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+				MaxTokens: openai.Int(8),
+			}, option.WithResponseInto(&resp))
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	})
-
-	t.Run("streamed chat", func(t *testing.T) {
-		stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
-			Model:     "chat-small",
-			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Count to five")},
-			MaxTokens: openai.Int(6),
+			if len(out.Choices) != 1 || out.Choices[0].Message.Content == "" {
+				t.Fatalf("no answer: %+v", out)
+			}
+			if out.Usage.CompletionTokens != 8 {
+				t.Errorf("completion tokens = %d, want 8", out.Usage.CompletionTokens)
+			}
+			if out.Model != "chat-large" {
+				t.Errorf("answer names model %q, want chat-large as asked", out.Model)
+			}
+			rep := resp.Header.Get("X-Switchyard-Replica")
+			if !slices.Contains(devReplicaIDs(), rep) || !strings.HasPrefix(rep, "l70-") {
+				t.Errorf("X-Switchyard-Replica = %q, want a llama-3-70b dev replica", rep)
+			}
+			if got := resp.Header.Get("X-Switchyard-Model"); got != "llama-3-70b-instruct" {
+				t.Errorf("X-Switchyard-Model = %q", got)
+			}
+			for _, h := range []string{"X-Switchyard-Version", "X-Switchyard-Pool", "X-Switchyard-Reason"} {
+				if resp.Header.Get(h) == "" {
+					t.Errorf("%s missing", h)
+				}
+			}
 		})
-		var chunks int
-		var text strings.Builder
-		for stream.Next() {
-			ch := stream.Current()
-			if len(ch.Choices) > 0 {
-				text.WriteString(ch.Choices[0].Delta.Content)
-			}
-			chunks++
-			if ch.Model != "chat-small" {
-				t.Errorf("chunk names model %q, want chat-small as asked", ch.Model)
-			}
-		}
-		if err := stream.Err(); err != nil {
-			t.Fatal(err)
-		}
-		if chunks < 6 || text.Len() == 0 {
-			t.Errorf("got %d chunks, text %q; want incremental chunks", chunks, text.String())
-		}
-	})
 
-	t.Run("completions", func(t *testing.T) {
-		out, err := c.Completions.New(ctx, openai.CompletionNewParams{
-			Model:     "chat-small",
-			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
-			MaxTokens: openai.Int(5),
+		t.Run("streamed chat", func(t *testing.T) {
+			stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+				Model:     "chat-small",
+				Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Count to five")},
+				MaxTokens: openai.Int(6),
+			})
+			var chunks int
+			var text strings.Builder
+			for stream.Next() {
+				ch := stream.Current()
+				if len(ch.Choices) > 0 {
+					text.WriteString(ch.Choices[0].Delta.Content)
+				}
+				chunks++
+				if ch.Model != "chat-small" {
+					t.Errorf("chunk names model %q, want chat-small as asked", ch.Model)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if chunks < 6 || text.Len() == 0 {
+				t.Errorf("got %d chunks, text %q; want incremental chunks", chunks, text.String())
+			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(out.Choices) != 1 || out.Choices[0].Text == "" {
-			t.Fatalf("no completion: %+v", out)
-		}
-	})
 
-	t.Run("models", func(t *testing.T) {
-		page, err := c.Models.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ids []string
-		for _, m := range page.Data {
-			ids = append(ids, m.ID)
-		}
-		for _, want := range []string{"auto", "chat-large", "chat-small", "code"} {
-			if !slices.Contains(ids, want) {
-				t.Errorf("models %v lack %s", ids, want)
+		t.Run("completions", func(t *testing.T) {
+			out, err := c.Completions.New(ctx, openai.CompletionNewParams{
+				Model:     "chat-small",
+				Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+				MaxTokens: openai.Int(5),
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	})
-
-	t.Run("a tenant sees its adapters", func(t *testing.T) {
-		page, err := client(st, "sk-teamx-dev").Models.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ids []string
-		for _, m := range page.Data {
-			ids = append(ids, m.ID+"/"+m.OwnedBy)
-		}
-		for _, want := range []string{"chat-small:team-x-v3/team-x", "chat-small/switchyard", "llama-3-8b-instruct/switchyard"} {
-			if !slices.Contains(ids, want) {
-				t.Errorf("team-x models %v lack %s", ids, want)
+			if len(out.Choices) != 1 || out.Choices[0].Text == "" {
+				t.Fatalf("no completion: %+v", out)
 			}
-		}
-	})
+		})
 
-	t.Run("restricted tenant sees only its models", func(t *testing.T) {
-		page, err := client(st, "sk-intern-dev").Models.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page.Data) != 1 || page.Data[0].ID != "chat-small" {
-			t.Errorf("intern models = %+v, want only chat-small", page.Data)
-		}
+		t.Run("models", func(t *testing.T) {
+			page, err := c.Models.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, m := range page.Data {
+				ids = append(ids, m.ID)
+			}
+			for _, want := range []string{"auto", "chat-large", "chat-small", "code"} {
+				if !slices.Contains(ids, want) {
+					t.Errorf("models %v lack %s", ids, want)
+				}
+			}
+		})
+
+		t.Run("a tenant sees its adapters", func(t *testing.T) {
+			page, err := client(st, "sk-teamx-dev").Models.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, m := range page.Data {
+				ids = append(ids, m.ID+"/"+m.OwnedBy)
+			}
+			for _, want := range []string{"chat-small:team-x-v3/team-x", "chat-small/switchyard", "llama-3-8b-instruct/switchyard"} {
+				if !slices.Contains(ids, want) {
+					t.Errorf("team-x models %v lack %s", ids, want)
+				}
+			}
+		})
+
+		t.Run("restricted tenant sees only its models", func(t *testing.T) {
+			page, err := client(st, "sk-intern-dev").Models.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Data) != 1 || page.Data[0].ID != "chat-small" {
+				t.Errorf("intern models = %+v, want only chat-small", page.Data)
+			}
+		})
 	})
 }
 
@@ -328,35 +343,37 @@ func mustRev(t *testing.T, kv jetstream.KeyValue, key string) uint64 {
 }
 
 func TestErrorsHaveTheOpenAIShape(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
-	for _, tc := range []struct {
-		name, path, body string
-		status           int
-		code             string
-	}{
-		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "model_not_found"},
-		{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, "invalid_request_error"},
-		{"unknown path", "/v1/nothing", `{}`, 404, "not_found"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			resp, err := http.Post(st.GatewayURL()+tc.path, "application/json", strings.NewReader(tc.body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			var e struct {
-				Error struct {
-					Message string `json:"message"`
-					Type    string `json:"type"`
-					Code    string `json:"code"`
-				} `json:"error"`
-			}
-			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
-				t.Fatal(err)
-			}
-			if resp.StatusCode != tc.status || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
-				t.Errorf("got %d %+v, want %d %s", resp.StatusCode, e.Error, tc.status, tc.code)
-			}
-		})
-	}
+	eachDecider(t, func(t *testing.T, decide string) {
+		st := startStack(t, devstack.Config{Gateway: gateway.Config{Decide: decide}, Replicas: devstack.ReplicasNamed("l8-gen-0")})
+		for _, tc := range []struct {
+			name, path, body string
+			status           int
+			code             string
+		}{
+			{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "model_not_found"},
+			{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, "invalid_request_error"},
+			{"unknown path", "/v1/nothing", `{}`, 404, "not_found"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				resp, err := http.Post(st.GatewayURL()+tc.path, "application/json", strings.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				var e struct {
+					Error struct {
+						Message string `json:"message"`
+						Type    string `json:"type"`
+						Code    string `json:"code"`
+					} `json:"error"`
+				}
+				if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != tc.status || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
+					t.Errorf("got %d %+v, want %d %s", resp.StatusCode, e.Error, tc.status, tc.code)
+				}
+			})
+		}
+	})
 }
