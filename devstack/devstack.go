@@ -537,6 +537,13 @@ func (s *Stack) heartbeatsReady() error {
 				ok = false
 			}
 		}
+		if d := s.gw.Decider(); d != nil {
+			// The gateway decides: its own load view must have heard the
+			// replica, or its first requests would find none.
+			if _, live := d.Router().Live(r.ID, time.Now()); !live {
+				ok = false
+			}
+		}
 		if !ok {
 			missing = append(missing, r.ID)
 		}

@@ -421,6 +421,10 @@ func setDefaults(cfg *Config) {
 	}
 }
 
+// Decider is the deciding state of a gateway that decides its requests
+// (nil with --decide broker).
+func (g *Gateway) Decider() *decider.Decider { return g.dec }
+
 // Handler is the gateway's HTTP handler (for tests and embedding).
 func (g *Gateway) Handler() http.Handler { return g.mux }
 
