@@ -164,11 +164,12 @@ func decisions(t *testing.T, st *devstack.Stack, i int) float64 {
 // other broker takes it, every request answered well inside the accept
 // timeout. When the link heals, the cut broker routes the copies it held;
 // the gateway, no longer waiting for them, tells their replica to cancel
-// them, and the engine finishes each request once.
+// them, and the engine finishes each request once. The gateway decides
+// through the brokers (--decide broker), as NATS tenants' requests are.
 func TestACutBrokerIsNotWaitedOnAndItsLateCopiesAreNotServed(t *testing.T) {
 	const acceptTimeout = 3 * time.Second
 	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0"),
-		Gateway: gateway.Config{AcceptTimeout: acceptTimeout, RoutedTimeout: 100 * time.Millisecond}})
+		Gateway: gateway.Config{Decide: gateway.DecideBroker, AcceptTimeout: acceptTimeout, RoutedTimeout: 100 * time.Millisecond}})
 	// A second broker, connected through a link the test can cut.
 	link := testkit.NewRelay(t, strings.TrimPrefix(st.NATSURL(), "nats://"))
 	nc, err := nats.Connect(link.URL(), nats.UserCredentials(st.Creds(auth.Role{Kind: auth.RoleBroker})), nats.MaxReconnects(-1))
