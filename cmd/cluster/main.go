@@ -30,6 +30,7 @@ type config struct {
 	switchyard string // the switchyard binary
 	natsServer string // the nats-server binary
 	gateways   int
+	decide     string // the gateways' --decide: local, broker, or mixed (the first local, the others broker)
 	brokers    int
 	faults     bool     // parts are killed and restarted on commands read from stdin
 	netns      string   // namespaces and links are named with it; "": everything on loopback
@@ -44,10 +45,17 @@ func main() {
 	flag.StringVar(&cfg.natsServer, "nats-server", ".cache/tools/nats-server", "the nats-server binary")
 	flag.IntVar(&cfg.gateways, "gateways", 2, "gateways to run")
 	flag.IntVar(&cfg.brokers, "brokers", 2, "brokers to run")
+	flag.StringVar(&cfg.decide, "gateway-decide", "local", "where the gateways decide: local, broker, or mixed (gateway-1 local, the others through the brokers)")
 	flag.BoolVar(&cfg.faults, "faults", false, "read `kill|term|stop|cont|start|cut|heal PART` lines from stdin (PART as in the pids file), answer `ok` or `error: …`; a part that exits does not end the run")
 	flag.StringVar(&cfg.netns, "netns", "", "run each NATS server, the GPU site, each broker and each gateway in a network namespace of its own, named with this prefix, joined by bridges (root; `cut PART` sets its link down)")
 	clean := flag.Bool("netns-clean", false, "only delete the namespaces and links a run with -netns left, and exit")
 	flag.Parse()
+	switch cfg.decide {
+	case "local", "broker", "mixed":
+	default:
+		fmt.Fprintf(os.Stderr, "cluster: -gateway-decide %q: want local, broker or mixed\n", cfg.decide)
+		os.Exit(2)
+	}
 	if cfg.netns != "" && !validPrefix(cfg.netns) {
 		fmt.Fprintf(os.Stderr, "cluster: -netns %q: a prefix is 2 to 8 lowercase letters and digits, starting with a letter\n", cfg.netns)
 		os.Exit(2)

@@ -147,7 +147,14 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 			files = []*os.File{public, admin}
 			urls[i] = gatewayURLs{public: "http://" + listen, admin: "http://" + adminListen}
 		}
-		args = append(append(args, "--state-dir", filepath.Join(cfg.dir, name), "--batch-replicas", "3"), conn("gateway")...)
+		decide := cfg.decide
+		if decide == "mixed" {
+			decide = "broker"
+			if i == 0 {
+				decide = "local"
+			}
+		}
+		args = append(append(args, "--state-dir", filepath.Join(cfg.dir, name), "--batch-replicas", "3", "--decide", decide), conn("gateway")...)
 		exe, args := cfg.net.command(name, cfg.switchyard, args)
 		if err := procs.start(name, cfg.dir, nil, files, exe, args...); err != nil {
 			return nil, err
