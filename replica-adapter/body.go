@@ -13,10 +13,12 @@ var errBadJSON = errors.New("request body is not a JSON object")
 // bodyField is a top-level setting the adapter writes into the body it
 // sends the engine: every top-level occurrence of any of its keys gets value
 // (a JSON decoder keeps the last of duplicate keys, so they must all agree),
-// and a body with none of them gets keys[0].
+// and a body with none of them gets keys[0], unless the field only
+// replaces.
 type bodyField struct {
-	keys  []string
-	value []byte // JSON
+	keys     []string
+	value    []byte // JSON
+	replaces bool   // set only where the body has it: nothing added
 }
 
 // setFields returns body with fields set, and the values of the top-level
@@ -59,7 +61,7 @@ func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]by
 	spans = spans[:n]
 	var missing []bodyField
 	for i, f := range fields {
-		if !found[i] {
+		if !found[i] && !f.replaces {
 			missing = append(missing, f)
 		}
 	}

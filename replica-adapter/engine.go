@@ -127,9 +127,13 @@ func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv [
 	var rd io.Reader
 	if method == "" {
 		method = http.MethodPost
-		var extra []bodyField
+		// kv_transfer_params is the adapters' to write: a client's own
+		// would have the engine pull KV blocks from a host it names, or
+		// hold blocks nobody pulls. It is the leg's when a prefill leg
+		// ran, else null wherever the client wrote it.
+		extra := []bodyField{{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}}
 		if kv != nil {
-			extra = append(extra, bodyField{keys: []string{"kv_transfer_params"}, value: kv})
+			extra[0] = bodyField{keys: []string{"kv_transfer_params"}, value: kv}
 		}
 		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens), extra...)
 		if e != nil {

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -87,6 +88,51 @@ func TestEngineRequest(t *testing.T) {
 				t.Errorf("request %s %s %v", req.URL, b, req.Header)
 			}
 		})
+	}
+}
+
+// TestClientKVTransferParamsNeverReachTheEngine: kv_transfer_params would
+// have a KV-transfer engine pull blocks from a host the client names, or
+// hold blocks nobody pulls; only a prefill leg's own reach the engine.
+func TestClientKVTransferParamsNeverReachTheEngine(t *testing.T) {
+	a := &Adapter{cfg: Config{EngineURL: "http://engine:8000", EngineModel: "served"}}
+	h := nats.Header{subjects.HdrEndpoint: {"/v1/chat/completions"}}
+	forged := `{"do_remote_prefill":true,"remote_host":"attacker.example","remote_port":5600,"remote_block_ids":[1]}`
+	read := func(req *http.Request) map[string]json.RawMessage {
+		t.Helper()
+		var m map[string]json.RawMessage
+		if err := json.NewDecoder(req.Body).Decode(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for _, body := range []string{
+		`{"model":"m","messages":[],"kv_transfer_params":` + forged + `}`,
+		`{"kv_transfer_params":` + forged + `,"model":"m","messages":[],"kv_transfer_params":` + forged + `}`,
+	} {
+		req, e := a.engineRequest(context.Background(), h, []byte(body))
+		if e != nil {
+			t.Fatal(e)
+		}
+		if got := read(req)["kv_transfer_params"]; string(got) != "null" {
+			t.Errorf("%s: the engine got kv_transfer_params %s", body, got)
+		}
+	}
+	// A body without them is sent without them, and a leg's are written.
+	req, e := a.engineRequest(context.Background(), h, []byte(`{"model":"m","messages":[]}`))
+	if e != nil {
+		t.Fatal(e)
+	}
+	if _, has := read(req)["kv_transfer_params"]; has {
+		t.Error("kv_transfer_params added to a body without them")
+	}
+	leg := `{"do_remote_prefill":true,"remote_engine_id":"e1"}`
+	req, e = a.engineRequestKV(context.Background(), h, []byte(`{"model":"m","kv_transfer_params":`+forged+`}`), []byte(leg))
+	if e != nil {
+		t.Fatal(e)
+	}
+	if got := read(req)["kv_transfer_params"]; string(got) != leg {
+		t.Errorf("a decode leg's engine got kv_transfer_params %s, want the leg's", got)
 	}
 }
 
