@@ -27,8 +27,16 @@ func (b *Decider) onKV(m *nats.Msg) {
 		b.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", truncate(u.Replica, 128))
 		return
 	}
-	if t := b.router.Table(); t == nil || t.Replicas[u.Replica] == nil {
+	t := b.router.Table()
+	if t == nil || t.Replicas[u.Replica] == nil {
 		b.refuse(refusedReplica, "KV-cache update of a replica not registered in the table ignored", "replica", u.Replica)
+		return
+	}
+	if r := t.Replicas[u.Replica]; u.Model != r.Model {
+		// The model is the index's key and a metric's label: a replica
+		// speaks only for the model it registered, or names would grow
+		// without bound.
+		b.refuse(refusedReplica, "KV-cache update for a model its replica does not serve ignored", "replica", u.Replica, "model", truncate(u.Model, 128))
 		return
 	}
 	err := b.router.ObserveKV(&u)

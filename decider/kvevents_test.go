@@ -2,6 +2,7 @@ package decider
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,21 @@ func TestKVUpdatesTrust(t *testing.T) {
 		send("llm.kv.ghost", subjects.KVUpdate{Replica: "ghost", Model: model, Seq: 1, Reset: true, KVBlocks: 100, Stored: keys(5)})
 		if n := b.router.KVKeys("ghost"); n != 0 {
 			t.Fatalf("an unregistered replica got %d keys", n)
+		}
+	})
+	t.Run("a model the replica does not serve is refused", func(t *testing.T) {
+		before := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedReplica))
+		for i := range 3 {
+			send("llm.kv.r-1", subjects.KVUpdate{Replica: "r-1", Model: fmt.Sprintf("invented-%d", i), Seq: 1, Reset: true, KVBlocks: 100, Stored: keys(5)})
+		}
+		if n := b.router.KVKeys("r-1"); n != 0 {
+			t.Fatalf("r-1 got %d keys for models it does not serve", n)
+		}
+		if got := testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedReplica)) - before; got != 3 {
+			t.Errorf("refused %v, want 3", got)
+		}
+		if n := testutil.CollectAndCount(b.metrics.prefixIndex); n > 1 {
+			t.Errorf("%d prefix-index series: invented model names became labels", n)
 		}
 	})
 	t.Run("a flood stops at the declared capacity", func(t *testing.T) {
