@@ -44,6 +44,7 @@ type kvFeed struct {
 	keyRef    map[uint64]int           // text key → stored engine blocks that end it
 	pending   map[uint64]bool          // text key → stored (true) or evicted, to publish
 	reset     bool                     // the next update voids what brokers hold
+	resend    bool                     // the reset only answers a decider's ask: nothing was lost
 	live      bool                     // no loss since the last reset
 	seq       uint64
 	blockC    int // the text block size last found
@@ -126,17 +127,26 @@ func (f *kvFeed) clearLocked() {
 	f.texts = map[uint64][]uint64{}
 	f.keyRef = map[uint64]int{}
 	f.pending = map[uint64]bool{}
-	f.reset = true
+	f.reset, f.resend = true, false
 }
 
-// resyncLocked makes the next update a reset carrying every held key.
+// resyncLocked makes the next update a reset carrying every held key, and
+// the evictions not yet sent: a resend, unless a true reset is pending.
 // mu should be held.
 func (f *kvFeed) resyncLocked() {
-	f.pending = make(map[uint64]bool, len(f.keyRef))
-	for k := range f.keyRef {
-		f.pending[k] = true
+	pending := make(map[uint64]bool, len(f.keyRef))
+	if !f.reset {
+		for k, stored := range f.pending {
+			if !stored {
+				pending[k] = false
+			}
+		}
+		f.resend = true
 	}
-	f.reset = true
+	for k := range f.keyRef {
+		pending[k] = true
+	}
+	f.pending, f.reset = pending, true
 }
 
 // Batch applies one batch of the engine's events (kvevents.Sink).
@@ -442,11 +452,11 @@ func (f *kvFeed) flush() {
 		return // brokers bound a replica by its capacity: wait to know it
 	}
 	var updates []subjects.KVUpdate
-	u := subjects.KVUpdate{Replica: f.a.cfg.Replica, Model: f.a.cfg.Model, Reset: f.reset, KVBlocks: kvBlocks}
+	u := subjects.KVUpdate{Replica: f.a.cfg.Replica, Model: f.a.cfg.Model, Reset: f.reset, Resend: f.resend, KVBlocks: kvBlocks}
 	for k, stored := range f.pending {
 		if stored {
 			u.Stored = append(u.Stored, k)
-		} else if !f.reset {
+		} else if !f.reset || f.resend {
 			u.Evicted = append(u.Evicted, k)
 		}
 		if len(u.Stored)+len(u.Evicted) == subjects.MaxKVUpdateKeys {
@@ -460,7 +470,7 @@ func (f *kvFeed) flush() {
 		updates[i].Seq = f.seq
 	}
 	f.pending = map[uint64]bool{}
-	f.reset = false
+	f.reset, f.resend = false, false
 	f.mu.Unlock()
 	for i := range updates {
 		b, err := json.Marshal(&updates[i])

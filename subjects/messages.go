@@ -138,6 +138,11 @@ type KVUpdate struct {
 	// Stored: the adapter (re)started, lost events it could not replay, the
 	// engine restarted or cleared its cache, or a decider asked (KVSync).
 	Reset bool `json:"reset,omitempty"`
+	// Resend marks a Reset sent only because a decider asked: nothing was
+	// lost, and Evicted names what left since the last update. A decider
+	// that saw every update before it keeps what it holds and applies this
+	// one as any other; only the others start over.
+	Resend bool `json:"resend,omitempty"`
 	// KVBlocks is the engine's KV capacity in blocks, the bound of the
 	// replica's keys in every decider.
 	KVBlocks int      `json:"kv_blocks"`

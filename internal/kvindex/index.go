@@ -132,6 +132,9 @@ func (x *Index) Apply(u *subjects.KVUpdate) error {
 	}
 	r.capacity = u.KVBlocks
 	switch prev := r.seq; {
+	case u.Reset && u.Resend && r.synced && u.Seq == prev+1:
+		// Asked for by a decider, and this one missed nothing: what it
+		// holds is what the replica holds, so nothing is rebuilt.
 	case u.Reset:
 		x.drop(r)
 		r.synced = true

@@ -145,3 +145,38 @@ func mustApply(t *testing.T, x *kvindex.Index, u *subjects.KVUpdate) {
 		t.Fatal(err)
 	}
 }
+
+// A resend a decider asked for changes nothing for an index that saw every
+// update before it, but its evictions; one that missed updates starts the
+// replica over from it.
+func TestResendKeepsWhatASyncedIndexHolds(t *testing.T) {
+	resend := func(seq uint64, stored, evicted []uint64) *subjects.KVUpdate {
+		u := upd("a", seq, true, stored, evicted)
+		u.Resend = true
+		return u
+	}
+	x := kvindex.New()
+	mustApply(t, x, upd("a", 1, true, []uint64{1, 2, 3}, nil))
+	mustApply(t, x, upd("a", 2, false, []uint64{4}, nil))
+	mustApply(t, x, resend(3, []uint64{1, 3, 4}, []uint64{2}))
+	a := x.ID("a")
+	for k, want := range map[uint64]bool{1: true, 2: false, 3: true, 4: true} {
+		if x.Holds("m", k, a) != want {
+			t.Errorf("synced: holds %d = %v, want %v", k, !want, want)
+		}
+	}
+	if x.Keys("a") != 3 {
+		t.Errorf("synced: a holds %d keys, want 3", x.Keys("a"))
+	}
+
+	// Another index missed update 2: the resend is all it holds of a.
+	y := kvindex.New()
+	mustApply(t, y, upd("a", 1, true, []uint64{1, 2, 3, 9}, nil))
+	mustApply(t, y, resend(3, []uint64{1, 3, 4}, []uint64{2}))
+	a = y.ID("a")
+	for k, want := range map[uint64]bool{1: true, 2: false, 3: true, 4: true, 9: false} {
+		if y.Holds("m", k, a) != want {
+			t.Errorf("behind: holds %d = %v, want %v", k, !want, want)
+		}
+	}
+}
