@@ -378,6 +378,14 @@ func (a *Adapter) kvBlocks() int {
 	return a.load.sample.KVBlocks
 }
 
+// engineBlockSize is the engine's KV block size in tokens as its metrics
+// declare it; 0 while unknown.
+func (a *Adapter) engineBlockSize() int {
+	a.load.mu.Lock()
+	defer a.load.mu.Unlock()
+	return a.load.sample.BlockSize
+}
+
 // InFlight is the number of requests taken and not yet finished.
 func (a *Adapter) InFlight() int { return int(a.inflight.Load()) }
 

@@ -313,6 +313,12 @@ func (f *kvFeed) learnOne(ctx context.Context, r learnReq) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	bs := f.blockSize
+	if bs == 0 {
+		// No event has named it yet (the replica's first request): the
+		// block size the engine's metrics declare, so this request's keys
+		// are learned before its blocks are reported stored.
+		bs = f.a.engineBlockSize()
+	}
 	if bs == 0 || len(tokens) < bs {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -84,8 +85,10 @@ func TestNATSServerRestart(t *testing.T) {
 // TestJetStreamUnavailableKeepsRouting disables JetStream under a running
 // stack: brokers and the gateway keep the last good table and keep
 // routing; a broker restarted meanwhile starts from its persisted snapshot.
+// The gateway sends its requests through the brokers, so the requests
+// after the restart are the restarted broker's to route.
 func TestJetStreamUnavailableKeepsRouting(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: l8()})
+	st := startStack(t, devstack.Config{Replicas: l8(), Gateway: gateway.Config{Decide: gateway.DecideBroker}})
 	url := st.GatewayURL()
 	rev := st.Broker(0).Table().Revision
 	if err := st.NATSServer().DisableJetStream(); err != nil {
