@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -225,7 +226,9 @@ func checkTimes(t *testing.T, spans ...span) {
 func TestTracesFollowAStreamedChat(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
 	col := newCollector(t)
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), OTLPEndpoint: col.srv.URL})
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), OTLPEndpoint: col.srv.URL,
+		// The broker's decision and attempt spans are what this reads.
+		Gateway: gateway.Config{Decide: gateway.DecideBroker}})
 
 	const traceID, clientSpan = "5bf92f3577b34da6a3ce929d0e0e4737", "00f067aa0ba902b8"
 	body := `{"model":"chat-small","max_tokens":20,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
@@ -327,7 +330,9 @@ func TestTracesFollowAStreamedChat(t *testing.T) {
 func TestResumedStreamIsOneTrace(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
 	col := newCollector(t)
-	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DeterministicText: true, OTLPEndpoint: col.srv.URL})
+	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DeterministicText: true, OTLPEndpoint: col.srv.URL,
+		// The broker's decision and attempt spans are what this reads.
+		Gateway: gateway.Config{Decide: gateway.DecideBroker}})
 
 	const traceID = "6bf92f3577b34da6a3ce929d0e0e4738"
 	killed := ""

@@ -26,7 +26,9 @@ import (
 func TestEngineRejectionIsRetriedOnAnotherReplica(t *testing.T) {
 	for _, status := range []int{429, 503} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
-			st := startStack(t, devstack.Config{Replicas: l8()})
+			// Through the one broker: the ejection gauges read below are
+			// each decider's own, and a gateway that decides is one more.
+			st := startStack(t, devstack.Config{Replicas: l8(), Gateway: gateway.Config{Decide: gateway.DecideBroker}})
 			url := st.GatewayURL()
 			f0, f1 := st.Faults("l8-gen-0"), st.Faults("l8-gen-1")
 			f0.SetReject(status)
