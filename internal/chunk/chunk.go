@@ -131,20 +131,28 @@ func (r *reader) members(f func(name []byte) bool) bool {
 		if !f(name) {
 			return false
 		}
-		i = jsonscan.SkipSpace(b, r.i)
-		if i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = jsonscan.SkipSpace(b, i+1)
-		case '}':
-			r.i = i + 1
-			return true
-		default:
-			return false
+		var more, ok bool
+		if i, more, ok = r.next('}'); !more {
+			return ok
 		}
 	}
+}
+
+// next reads what follows a member or an element at i: a comma (more,
+// with i at the next one) or the closing byte (r.i past it).
+func (r *reader) next(closing byte) (i int, more, ok bool) {
+	b := r.b
+	if i = jsonscan.SkipSpace(b, r.i); i >= len(b) {
+		return i, false, false
+	}
+	switch b[i] {
+	case ',':
+		return jsonscan.SkipSpace(b, i+1), true, true
+	case closing:
+		r.i = i + 1
+		return i, false, true
+	}
+	return i, false, false
 }
 
 // value reads past the value at i and returns it.
@@ -220,17 +228,9 @@ func (r *reader) choices(c *Chunk) bool {
 		} else {
 			c.OtherChoices = true
 		}
-		if i = jsonscan.SkipSpace(b, r.i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = jsonscan.SkipSpace(b, i+1)
-		case ']':
-			r.i = i + 1
-			return true
-		default:
-			return false
+		var more, ok bool
+		if i, more, ok = r.next(']'); !more {
+			return ok
 		}
 	}
 }
