@@ -136,7 +136,7 @@ func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
 		body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, false)
 		fmt.Fprintf(os.Stderr, "== body %d KB (%d bytes), one request at a time, %d rounds\n", kb, len(body), b.cfg.bodyRounds)
 		var samples []sample
-		load := loadNow()
+		load := b.settle(ctx)
 		const warm = 3
 		for r := -warm; r < b.cfg.bodyRounds; r++ {
 			for k := range pathNames {
@@ -167,7 +167,7 @@ func (b *bench) concurrent(ctx context.Context) (*concPhase, error) {
 	n, kb := b.cfg.concurrency, b.cfg.concKB
 	body := promptBody(b.cfg.model, kb<<10, b.cfg.maxTokens, true)
 	fmt.Fprintf(os.Stderr, "== concurrency %d, %d KB bodies, stream, %s\n", n, kb, b.cfg.concDuration)
-	load := loadNow()
+	load := b.settle(ctx)
 	start := time.Now()
 	measureFrom := start.Add(b.cfg.concWarmup)
 	stop := measureFrom.Add(b.cfg.concDuration)

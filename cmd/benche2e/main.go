@@ -48,6 +48,7 @@ type config struct {
 	concWarmup   time.Duration
 	many         manyConfig
 	onlyMany     bool
+	settleMax    time.Duration
 }
 
 func main() {
@@ -99,6 +100,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.many.duration, "many-duration", 15*time.Second, "length of each rate of the many-streams phase")
 	fs.DurationVar(&cfg.many.warmup, "many-warmup", 3*time.Second, "warmup before each rate of the many-streams phase")
 	fs.IntVar(&cfg.many.capacity, "many-capacity", 8192, "max_batch and max_queue of the replica in the many-streams phase")
+	fs.DurationVar(&cfg.settleMax, "settle", 3*time.Minute, "before each phase, wait up to this long for the 1-minute load average to fall to 1.0, so the bench's own previous phase does not make the next one indicative (0: do not wait)")
 	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone: rewrite its own section of --out (and its part of --json)")
 	if err := fs.Parse(args); err != nil {
 		return err

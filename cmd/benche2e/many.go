@@ -103,7 +103,7 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 	}
 	for _, rate := range mc.rates {
 		fmt.Fprintf(os.Stderr, "== many streams: %g new streams/s per path (~%d open each), %d tokens, %s\n", rate, open(rate), mc.tokens, mc.duration)
-		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}, Load: loadNow()}
+		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}, Load: b.settle(ctx)}
 		b.resetStages(ctx, ctl)
 		before := cpuOf(procs)
 		stopRSS := sampleRSS(procs, &s.RSS)

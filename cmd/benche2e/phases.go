@@ -265,7 +265,7 @@ func (b *bench) fixed(ctx context.Context, stream bool, profile string) (*fixedP
 		secs := int((b.cfg.warmup + b.cfg.duration).Seconds())
 		wg.Go(func() { profErr = fetchProfile(ctx, b.ctlURL, secs, profile) })
 	}
-	load := loadNow()
+	load := b.settle(ctx)
 	b.resetStages(ctx, b.ctlURL)
 	before := b.cpu()
 	rep, err := b.load(ctx, b.urls, pathNames, b.cfg.rate, b.cfg.duration, b.cfg.warmup, stream, os.Stderr)
@@ -305,7 +305,7 @@ func (b *bench) cpu() map[string]cpuUse {
 func (b *bench) stepUp(ctx context.Context) error {
 	r := &b.results
 	r.MaxHeld, r.StepsEnded = map[string]float64{}, map[string]string{}
-	r.StepsLoad = loadNow()
+	r.StepsLoad = b.settle(ctx)
 	alive := map[string]bool{}
 	for _, p := range pathNames {
 		alive[p] = true

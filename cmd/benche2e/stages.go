@@ -33,6 +33,30 @@ func loadNow() float64 {
 	return v
 }
 
+// settle waits, up to --settle, for the 1-minute load average to fall to
+// indicativeLoad (the bench's own previous phase keeps both cores busy and
+// the average decays with a one-minute time constant), and returns the load
+// the phase starts at.
+func (b *bench) settle(ctx context.Context) float64 {
+	l := loadNow()
+	if l <= indicativeLoad || b.cfg.settleMax <= 0 {
+		return l
+	}
+	fmt.Fprintf(os.Stderr, "   waiting up to %s for the load average (%.2f) to fall to %.1f\n", b.cfg.settleMax, l, indicativeLoad)
+	deadline := time.Now().Add(b.cfg.settleMax)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for l > indicativeLoad && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return l
+		case <-t.C:
+		}
+		l = loadNow()
+	}
+	return l
+}
+
 // loadNote is what the document says of a phase that started at load l.
 func loadNote(l float64) string {
 	switch {
