@@ -118,6 +118,9 @@ type generation struct {
 	// remoteDecode: a prefill leg (do_remote_decode), whose answer holds
 	// its blocks and carries the kv_transfer_params of its decode leg.
 	remoteDecode bool
+	// returnTokenIDs: the answer carries the prompt's token ids and its
+	// own (return_token_ids).
+	returnTokenIDs bool
 }
 
 // open starts the request in the engine (or the fixed clock).
@@ -182,13 +185,18 @@ func (s *Server) response(g *generation, p progress, kv *KVTransferParams) any {
 	u := g.usage(p)
 	reason := g.reason
 	text := s.words.answer(g.seed, g.from, g.from+p.tokens)
+	var promptIDs, ids []uint32
+	if g.returnTokenIDs {
+		promptIDs = g.prompt.tokenIDs()
+		ids = s.words.ids(make([]uint32, 0, p.tokens), g.seed, g.from, g.from+p.tokens)
+	}
 	if g.chat {
 		return chatCompletion{ID: g.id, Model: g.model, Object: "chat.completion", Created: g.created, Usage: u,
-			Choices:          []chatChoice{{FinishReason: &reason, Message: &chatMessageOut{Role: "assistant", Content: text}}},
-			KVTransferParams: kv}
+			Choices:          []chatChoice{{FinishReason: &reason, Message: &chatMessageOut{Role: "assistant", Content: text}, TokenIDs: ids}},
+			KVTransferParams: kv, PromptTokenIDs: promptIDs}
 	}
 	return textCompletion{ID: g.id, Model: g.model, Object: "text_completion", Created: g.created, Usage: u,
-		Choices: []textChoice{{Text: text, FinishReason: &reason}}, KVTransferParams: kv}
+		Choices: []textChoice{{Text: text, FinishReason: &reason, PromptTokenIDs: promptIDs, TokenIDs: ids}}, KVTransferParams: kv}
 }
 
 func (g *generation) usage(p progress) *usage {
@@ -206,6 +214,9 @@ type chunk struct {
 	Created int64           `json:"created"`
 	Usage   json.RawMessage `json:"usage,omitempty"`
 	Choices any             `json:"choices"`
+	// PromptTokenIDs: a chat stream's first chunk answers
+	// return_token_ids with the prompt's token ids.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
 }
 
 // streamSSE writes the answer as server-sent events, one per token, flushed
@@ -248,13 +259,30 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, g *generation
 			}
 			return
 		}
+		var promptIDs []uint32 // a completions stream's first token carries them
+		if seen == 0 && p.tokens > 0 && g.returnTokenIDs {
+			promptIDs = g.prompt.tokenIDs()
+		}
 		if seen == 0 && p.tokens > 0 && g.chat {
-			if !send([]chatChoice{{Delta: &chatDelta{Role: "assistant"}}}) {
+			c.PromptTokenIDs, promptIDs = promptIDs, nil
+			ok := send([]chatChoice{{Delta: &chatDelta{Role: "assistant"}}})
+			c.PromptTokenIDs = nil
+			if !ok {
 				return
 			}
 		}
 		for i := seen; i < p.tokens; i++ {
-			if !send(g.tokenChoice(s.words.word(g.seed, g.from+i), nil)) {
+			tc := g.tokenChoice(s.words.word(g.seed, g.from+i), nil)
+			if g.returnTokenIDs {
+				id := []uint32{s.words.id(g.seed, g.from+i)}
+				switch tc := tc.(type) {
+				case []chatChoice:
+					tc[0].TokenIDs = id
+				case []textChoice:
+					tc[0].TokenIDs, tc[0].PromptTokenIDs, promptIDs = id, promptIDs, nil
+				}
+			}
+			if !send(tc) {
 				return
 			}
 		}

@@ -156,6 +156,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return in, nil
 	})
 	if err == nil {
+		g.returnTokenIDs = req.ReturnTokenIDs
 		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
 	}
 	if err != nil {
@@ -179,6 +180,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return s.completionInput(p), nil
 	})
 	if err == nil {
+		g.returnTokenIDs = req.ReturnTokenIDs
 		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
 	}
 	if err != nil {

@@ -27,6 +27,9 @@ type chatRequest struct {
 	ContinueFinalMessage bool              `json:"continue_final_message"`
 	AddGenerationPrompt  *bool             `json:"add_generation_prompt"`
 	KVTransferParams     *KVTransferParams `json:"kv_transfer_params"`
+	// ReturnTokenIDs asks for the prompt's token ids and the answer's,
+	// as vLLM's return_token_ids does.
+	ReturnTokenIDs bool `json:"return_token_ids"`
 }
 
 type chatMessage struct {
@@ -46,6 +49,7 @@ type completionRequest struct {
 	StreamOptions *streamOptions  `json:"stream_options"`
 
 	KVTransferParams *KVTransferParams `json:"kv_transfer_params"`
+	ReturnTokenIDs   bool              `json:"return_token_ids"`
 }
 
 type embeddingRequest struct {
@@ -73,6 +77,9 @@ type chatCompletion struct {
 	Choices []chatChoice `json:"choices"`
 
 	KVTransferParams *KVTransferParams `json:"kv_transfer_params,omitempty"`
+	// PromptTokenIDs answers return_token_ids: the prompt's token ids
+	// (a chat response carries them beside its choices, as vLLM's does).
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
 }
 
 type chatChoice struct {
@@ -80,6 +87,9 @@ type chatChoice struct {
 	FinishReason *string         `json:"finish_reason"`
 	Message      *chatMessageOut `json:"message,omitempty"`
 	Delta        *chatDelta      `json:"delta,omitempty"`
+	// TokenIDs answers return_token_ids: the ids of the tokens this
+	// choice (or chunk) carries.
+	TokenIDs []uint32 `json:"token_ids,omitempty"`
 }
 
 type chatMessageOut struct {
@@ -108,6 +118,11 @@ type textChoice struct {
 	Text         string  `json:"text"`
 	Logprobs     any     `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
+	// return_token_ids: a completions choice carries its prompt's token
+	// ids (in a stream, on its first chunk) and its tokens' ids, as
+	// vLLM's does.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []uint32 `json:"token_ids,omitempty"`
 }
 
 type embeddingList struct {

@@ -109,6 +109,19 @@ func (v vocabulary) word(seed uint64, i int) string {
 	return v[(seed+uint64(i)*7)%uint64(len(v))] + " "
 }
 
+// id is the token id of word(seed, i): its place in the vocabulary.
+func (v vocabulary) id(seed uint64, i int) uint32 {
+	return uint32((seed + uint64(i)*7) % uint64(len(v)))
+}
+
+// ids appends the token ids of the answer's tokens from..to-1 to dst.
+func (v vocabulary) ids(dst []uint32, seed uint64, from, to int) []uint32 {
+	for i := from; i < to; i++ {
+		dst = append(dst, v.id(seed, i))
+	}
+	return dst
+}
+
 // answer is the tokens from..to-1 of the answer.
 func (v vocabulary) answer(seed uint64, from, to int) string {
 	var b strings.Builder
