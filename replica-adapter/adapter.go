@@ -219,9 +219,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 	}
 	a.load.epoch = time.Now()
 	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {
-		if a.kv, err = newKVFeed(a); err != nil {
-			return nil, fmt.Errorf("adapter: kv-events: %w", err)
-		}
+		a.kv = newKVFeed(a)
 	}
 	if a.client == nil {
 		a.ownHTTP = engineTransport()
@@ -411,7 +409,15 @@ func (a *Adapter) Run(ctx context.Context) error {
 	// Read the engine's metrics once first, so the service's metadata
 	// names its flavor when it is already up.
 	a.probeFlavor(ctrl)
+	if a.kv != nil {
+		if err := a.kv.open(); err != nil {
+			return fmt.Errorf("adapter: kv-events: %w", err)
+		}
+	}
 	if err := a.svc.start(a); err != nil {
+		if a.kv != nil {
+			a.kv.close()
+		}
 		return err
 	}
 	var loops sync.WaitGroup

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/features"
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -32,9 +34,15 @@ import (
 // kvFeed is what the adapter knows of its engine's cache. Lock: mu.
 type kvFeed struct {
 	a   *Adapter
+	cfg kvevents.SubscriberConfig
+	// sub is the engine's feed, opened by open (Adapter.Run): a feed that
+	// is built but never run holds no socket.
 	sub *kvevents.Subscriber
 
 	learnCh chan learnReq
+	// learnBytes is what the requests in learnCh hold (learnReq.size),
+	// bounded by learnQueueBytes.
+	learnBytes atomic.Int64
 
 	mu        sync.Mutex
 	blockSize int
@@ -55,37 +63,62 @@ type engineBlock struct {
 	chain uint64
 }
 
+// learnReq is a request served, queued to be learned: only what learning
+// reads of it, never the whole body.
 type learnReq struct {
 	endpoint string
 	keys     []uint64
-	body     []byte
+	// source is the request's token source: the raw JSON value of its
+	// messages (chat) or prompt (completions), from which both the
+	// gateway's canonical prompt and the engine's token ids derive.
+	source []byte
 }
 
+// size is what r holds, counted against learnQueueBytes.
+func (r *learnReq) size() int64 { return int64(len(r.source) + 8*len(r.keys) + learnReqOverhead) }
+
 // Bounds of what the feed remembers: texts holds the text keys of blocks
-// learned from requests, stored or about to be.
+// learned from requests, stored or about to be; the learn queue holds at
+// most learnQueue requests and learnQueueBytes of them.
 const (
-	maxTexts      = 1 << 20
-	maxTextsBlock = 64
-	learnQueue    = 256
-	flushEvery    = 20 * time.Millisecond
+	maxTexts         = 1 << 20
+	maxTextsBlock    = 64
+	learnQueue       = 256
+	learnQueueBytes  = 16 << 20
+	learnReqOverhead = 64
+	flushEvery       = 20 * time.Millisecond
 )
 
-func newKVFeed(a *Adapter) (*kvFeed, error) {
+func newKVFeed(a *Adapter) *kvFeed {
 	cfg := kvevents.SubscriberConfig{Endpoint: a.cfg.KVEvents, Topic: a.cfg.KVEventsTopic, Replay: a.cfg.KVEventsReplay}
 	if a.cfg.KVEventsBind != "" {
 		cfg.Endpoint, cfg.Bind = a.cfg.KVEventsBind, true
 	}
-	sub, err := kvevents.NewSubscriber(cfg)
-	if err != nil {
-		return nil, err
-	}
-	f := &kvFeed{a: a, sub: sub, learnCh: make(chan learnReq, learnQueue)}
+	f := &kvFeed{a: a, cfg: cfg, learnCh: make(chan learnReq, learnQueue)}
 	f.clearLocked()
-	return f, nil
+	return f
+}
+
+// open opens the feed's socket (with --kv-events-bind, it listens at
+// once, so a taken address fails the adapter's start); run then reads it.
+func (f *kvFeed) open() error {
+	sub, err := kvevents.NewSubscriber(f.cfg)
+	if err != nil {
+		return err
+	}
+	f.sub = sub
+	return nil
+}
+
+// close closes a feed that was opened and will not be run.
+func (f *kvFeed) close() {
+	if f.sub != nil {
+		f.sub.Close()
+	}
 }
 
 // run reads the engine's events, learns requests and publishes updates
-// until ctx ends.
+// until ctx ends. open must have succeeded.
 func (f *kvFeed) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -245,7 +278,9 @@ func (f *kvFeed) removedLocked(h kvevents.Hash) {
 	for _, k := range f.texts[b.chain] {
 		f.releaseLocked(k)
 	}
-	delete(f.texts, b.chain)
+	// The text keys the block ended stay known: a request learned while
+	// the block was stored may be waiting in the engine's queue, and
+	// stores it again when it runs. pruneTextsLocked bounds them.
 }
 
 func (f *kvFeed) holdLocked(k uint64) {
@@ -262,20 +297,56 @@ func (f *kvFeed) releaseLocked(k uint64) {
 }
 
 // learn queues a request served, to be matched with its engine blocks off
-// its path; a full queue drops it (the next request with the same prefix
-// teaches the same).
+// its path. It keeps only the request's token source; a queue full in
+// count or bytes drops the request (counted: the next request with the
+// same prefix teaches the same).
 func (f *kvFeed) learn(endpoint, prefix string, body []byte) {
 	if prefix == "" || (endpoint != subjects.EndpointChat && endpoint != subjects.EndpointCompletions) {
+		return
+	}
+	src := tokenSource(endpoint, body)
+	if src == nil {
 		return
 	}
 	keys, err := features.ParsePrefixHeader(nil, prefix)
 	if err != nil || len(keys) == 0 {
 		return
 	}
-	select {
-	case f.learnCh <- learnReq{endpoint: endpoint, keys: keys, body: body}:
-	default:
+	r := learnReq{endpoint: endpoint, keys: keys, source: src}
+	n := r.size()
+	if f.learnBytes.Add(n) > learnQueueBytes {
+		f.learnBytes.Add(-n)
+		f.a.metrics.kvLearnDropped.Inc()
+		return
 	}
+	r.source = bytes.Clone(src) // the body's buffer is not kept
+	select {
+	case f.learnCh <- r:
+	default:
+		f.learnBytes.Add(-n)
+		f.a.metrics.kvLearnDropped.Inc()
+	}
+}
+
+// tokenSource is the raw value of body's top-level messages (chat) or
+// prompt (completions) member, the last of duplicates as encoding/json
+// keeps, or nil. It only skips over the other members.
+func tokenSource(endpoint string, body []byte) []byte {
+	name := "messages"
+	if endpoint == subjects.EndpointCompletions {
+		name = "prompt"
+	}
+	var src []byte
+	m := jsonscan.NewMembers(body, jsonscan.SkipSpace(body, 0))
+	for m.Next() {
+		if m.Key().EqualFold(name) {
+			src = m.Value()
+		}
+	}
+	if m.End() < 0 || len(src) == 0 || string(src) == "null" {
+		return nil
+	}
+	return src
 }
 
 func (f *kvFeed) learnLoop(ctx context.Context) {
@@ -284,6 +355,7 @@ func (f *kvFeed) learnLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case r := <-f.learnCh:
+			f.learnBytes.Add(-r.size())
 			if err := f.learnOne(ctx, r); err != nil {
 				f.a.log.Debug("request not matched to its engine blocks", "err", err)
 			}
@@ -297,7 +369,8 @@ func (f *kvFeed) learnLoop(ctx context.Context) {
 // engine's tokens, rounded up (a key is reported held only once the block
 // covering all of its text is).
 func (f *kvFeed) learnOne(ctx context.Context, r learnReq) error {
-	req, err := features.ParseRequest(r.endpoint, r.body)
+	body := r.body(f.a.cfg.EngineModel)
+	req, err := features.ParseRequest(r.endpoint, body)
 	if err != nil {
 		return err
 	}
@@ -306,7 +379,7 @@ func (f *kvFeed) learnOne(ctx context.Context, r learnReq) error {
 	if c == 0 {
 		return fmt.Errorf("the Llm-Prefix does not match the prompt")
 	}
-	tokens, err := f.tokenize(ctx, r.endpoint, r.body)
+	tokens, err := f.tokenize(ctx, body)
 	if err != nil {
 		return err
 	}
@@ -397,26 +470,22 @@ func (f *kvFeed) blockChars(prompt []byte, keys []uint64) int {
 	return 0
 }
 
-// tokenize asks the engine for the request's token ids (vLLM's /tokenize
-// takes the chat messages or the completions prompt).
-func (f *kvFeed) tokenize(ctx context.Context, endpoint string, body []byte) ([]uint32, error) {
-	var in struct {
-		Messages json.RawMessage `json:"messages"`
-		Prompt   json.RawMessage `json:"prompt"`
+// body is a request body for model holding only r's token source: what
+// the gateway's canonical prompt and the engine's /tokenize read (vLLM's
+// /tokenize takes the chat messages or the completions prompt).
+func (r *learnReq) body(model string) []byte {
+	m, _ := json.Marshal(model) // a string always marshals
+	name := `,"messages":`
+	if r.endpoint == subjects.EndpointCompletions {
+		name = `,"prompt":`
 	}
-	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, err
-	}
-	out := map[string]any{"model": f.a.cfg.EngineModel}
-	if endpoint == subjects.EndpointChat {
-		out["messages"] = in.Messages
-	} else {
-		out["prompt"] = in.Prompt
-	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
+	b := make([]byte, 0, len(m)+len(name)+len(r.source)+12)
+	b = append(append(append(b, `{"model":`...), m...), name...)
+	return append(append(b, r.source...), '}')
+}
+
+// tokenize asks the engine for the token ids of body, a learnReq.body.
+func (f *kvFeed) tokenize(ctx context.Context, b []byte) ([]uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, f.a.cfg.EngineURL+"/tokenize", bytes.NewReader(b))

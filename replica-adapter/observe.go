@@ -20,6 +20,7 @@ type metrics struct {
 	prefillWhole   *prometheus.CounterVec
 	kvEvents       *prometheus.CounterVec
 	kvGaps         prometheus.Counter
+	kvLearnDropped prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
@@ -69,6 +70,10 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 			Name: "switchyard_adapter_kv_event_gaps_total", ConstLabels: cl,
 			Help: "Sequence gaps in the engine's KV-event feed, replayed or not.",
 		}),
+		kvLearnDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_adapter_kv_learn_dropped_total", ConstLabels: cl,
+			Help: "Requests the KV-event feed did not learn the engine blocks of because its learn queue was full (in count or bytes).",
+		}),
 	}
 	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown", "malformed"} {
 		m.kvEvents.WithLabelValues(k)
@@ -79,7 +84,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole, m.kvEvents, m.kvGaps} {
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole, m.kvEvents, m.kvGaps, m.kvLearnDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("adapter: register metrics: %w", err)
 		}

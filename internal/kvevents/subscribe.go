@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -48,6 +49,7 @@ type Subscriber struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	sub  zmq4.Socket
+	once sync.Once // closes sub
 
 	expected uint64 // the next sequence number
 	started  bool   // a batch was seen
@@ -90,10 +92,18 @@ func (s *Subscriber) Addr() string {
 	return s.cfg.Endpoint
 }
 
+// Close closes the socket: what Run does when it ends, for a Subscriber
+// that is not run. It may be called more than once.
+func (s *Subscriber) Close() {
+	s.once.Do(func() {
+		s.stop()
+		_ = s.sub.Close()
+	})
+}
+
 // Run reads batches into sink until ctx ends, then closes the socket.
 func (s *Subscriber) Run(ctx context.Context, sink Sink) error {
-	defer s.sub.Close()
-	defer s.stop()
+	defer s.Close()
 	go func() {
 		select {
 		case <-ctx.Done():
