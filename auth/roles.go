@@ -108,7 +108,8 @@ func permissions(r Role, prefix, bucket string) grants {
 		// and the other deciders' presence. Never llm.route.* or
 		// llm.explain.*: direct tenants and explain stay the brokers'. The
 		// KV-cache key updates (llm.kv.*) and their resend (llm.kvsync)
-		// feed its exact prefix index, as a broker's.
+		// feed its exact prefix index, as a broker's, and the dashboard's
+		// cached blocks per replica.
 		pub := append([]string{
 			p + "gw.*", p + "replica.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService,
 			p + "placement.*", p + "decision.>", p + "eject.*", p + "control.load", p + "broker.presence", p + "kvsync",

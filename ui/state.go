@@ -71,6 +71,12 @@ type replicaView struct {
 	EngineFailures int   `json:"engine_failures"`
 	EjectedUntilMs int64 `json:"ejected_until_unix_ms,omitempty"`
 	Ejections      int   `json:"ejections,omitempty"`
+	// KVEvents: the replica's KV-event feed is live (its heartbeat says
+	// so) and the dashboard's index holds its keys exactly; CachedBlocks
+	// is then the prefix blocks its engine caches, as the index holds
+	// them (the request keys deciders match on).
+	KVEvents     bool `json:"kv_events"`
+	CachedBlocks int  `json:"cached_blocks"`
 }
 
 // loadView is a cold model's latest load status (llm.control.load.status).
@@ -161,6 +167,7 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 	for id, h := range u.replicas {
 		if reg[id] == nil && now.Sub(h.at) > forgetAfter {
 			delete(u.replicas, id)
+			u.kv.Remove(id)
 			continue
 		}
 		ids[id] = true
@@ -192,8 +199,10 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 			k.r.TTFTMs, k.r.ScrapeOK = hb.TTFTEWMAMillis, hb.ScrapeOK
 			k.r.WaitMs = max(hb.TTFTEWMAMillis, hb.QueueWaitMillis)
 			k.r.EngineFailures = hb.EngineFailures
+			k.r.KVEvents = hb.KVEvents && u.kv.Synced(id)
 			state = subjects.Restrictive(state, hb.State)
 		}
+		k.r.CachedBlocks = u.kv.Keys(id)
 		k.r.State = state
 		if e, ok := u.ejections[id]; ok {
 			if e.UntilUnixMs > now.UnixMilli() {

@@ -1,5 +1,6 @@
-// Package ui is Switchyard's live dashboard: the replicas with their KV usage
-// and queues, cold models' loads, the routing table and the latest explained
+// Package ui is Switchyard's live dashboard: the replicas with their KV usage,
+// cached prefix blocks (from an exact index of the engines' KV-cache
+// events, as deciders keep it) and queues, cold models' loads, the routing table and the latest explained
 // decisions, pushed to
 // the browser as Server-Sent Events. The page is plain HTML, CSS and
 // JavaScript embedded in the binary: no build step, nothing fetched from
@@ -12,11 +13,13 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -78,6 +81,11 @@ type UI struct {
 	loads     map[string]loadSeen // model → its latest load status
 	stopped   bool
 	table     func() *table.Snapshot
+	// kv is the exact prefix index the adapters' KV-cache key updates
+	// build: the cached blocks per replica.
+	kv *kvindex.Index
+
+	kvSyncAt atomic.Int64 // unix ns of the last llm.kvsync sent
 }
 
 type loadSeen struct {
@@ -118,6 +126,7 @@ func New(nc *nats.Conn, cfg Config) *UI {
 		clients:   map[*client]struct{}{},
 		loads:     map[string]loadSeen{},
 		table:     cfg.Table,
+		kv:        kvindex.New(),
 	}
 	if u.table == nil {
 		u.table = func() *table.Snapshot { return nil }
@@ -173,6 +182,13 @@ func (u *UI) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = loadSub.Unsubscribe() }()
+	kvSub, err := u.nc.Subscribe(u.subj.KVAll(), u.onKV)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = kvSub.Unsubscribe() }()
+	// What the engines already hold: the adapters resend it.
+	u.requestKVSync()
 
 	t := time.NewTicker(u.cfg.Interval)
 	defer t.Stop()
@@ -184,6 +200,15 @@ func (u *UI) Run(ctx context.Context) error {
 			u.push(now)
 		}
 	}
+}
+
+// tableSnapshot is the routing table in force, read under mu (Run swaps
+// the function when it watches the bucket itself).
+func (u *UI) tableSnapshot() *table.Snapshot {
+	u.mu.Lock()
+	f := u.table
+	u.mu.Unlock()
+	return f()
 }
 
 // Bounds on what the dashboard keeps: a decision larger than
@@ -221,6 +246,11 @@ func (u *UI) onHeartbeat(m *nats.Msg) {
 		}
 	}
 	u.replicas[hb.Replica] = heartbeatSeen{hb: hb, at: now}
+	if !hb.KVEvents && u.kv.Keys(hb.Replica) > 0 {
+		// Its feed is lost: the keys held are not exact any more, as
+		// every decider concludes.
+		u.kv.Drop(hb.Replica)
+	}
 	u.dirty = true
 }
 

@@ -101,9 +101,9 @@ func newRig(t *testing.T, cfg ui.Config) (*rig, string) {
 	go func() { r.done <- r.ui.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
 	// Messages published before Run subscribed would be lost: wait for its
-	// heartbeat, decision, ejection and load status subscriptions to reach
-	// the server.
-	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+4 }))
+	// heartbeat, decision, ejection, load status and KV-cache update
+	// subscriptions to reach the server.
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the dashboard's subscriptions", func() bool { return ns.NumSubscriptions() >= before+5 }))
 	return r, url
 }
 

@@ -99,8 +99,21 @@
     return max ? `${n}/${max}` : String(n);
   }
 
-  const columns = ['pool', 'replica', 'version', 'state', 'KV cache', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
-  const numeric = new Set(['running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat']);
+  const columns = ['pool', 'replica', 'version', 'state', 'KV cache', 'cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
+  const numeric = new Set(['cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat']);
+
+  // cachedCell is the prefix blocks the replica's engine caches, from the
+  // KV-event index; a dash for a replica without a live feed.
+  function cachedCell(r) {
+    if (!r.kv_events) {
+      const td = h('td', 'num dim', '—');
+      td.title = 'no live KV-event feed: brokers place this replica by their placements';
+      return td;
+    }
+    const td = h('td', 'num', String(r.cached_blocks));
+    td.title = 'prefix blocks its engine caches, from its KV-cache events';
+    return td;
+  }
 
 
   function replicaRow(r, pool) {
@@ -114,6 +127,7 @@
       h('td', 'mono dim', r.version || ''),
       h('td', '', stateBadge(r)),
       h('td', '', kvBar(r)),
+      cachedCell(r),
       h('td', 'num', of(r.running, r.max_batch)),
       h('td', 'num', of(r.waiting, r.max_queue)),
       h('td', 'num', r.inflight),
