@@ -134,8 +134,8 @@ func TestLabHerding(t *testing.T) {
 func TestLabPrefixBench(t *testing.T) {
 	heavy(t)
 	r := lab.PrefixBench(tiny)
-	if len(r.Arms) != 5 || len(r.Steps) != 5 || len(r.Steps[0]) != len(r.Rates) {
-		t.Fatalf("arms %v, %d step lists of %d, want five arms over %d steps", r.Arms, len(r.Steps), len(r.Steps[0]), len(r.Rates))
+	if len(r.Arms) != 8 || len(r.Steps) != 8 || len(r.Steps[0]) != len(r.Rates) {
+		t.Fatalf("arms %v, %d step lists of %d, want eight arms over %d steps", r.Arms, len(r.Steps), len(r.Steps[0]), len(r.Rates))
 	}
 	top := r.Top()
 	for _, a := range r.Arms {

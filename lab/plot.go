@@ -55,7 +55,7 @@ type Chart struct {
 
 // seriesColor is the i-th color of a colorblind-friendly-ish palette.
 func seriesColor(i int) color.RGBA {
-	switch i % 6 {
+	switch i % 8 {
 	case 0:
 		return color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff} // blue
 	case 1:
@@ -66,8 +66,12 @@ func seriesColor(i int) color.RGBA {
 		return color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff} // orange
 	case 4:
 		return color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff} // purple
+	case 5:
+		return color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff} // brown
+	case 6:
+		return color.RGBA{R: 0xe3, G: 0x77, B: 0xc2, A: 0xff} // pink
 	}
-	return color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff} // brown
+	return color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff} // teal
 }
 
 // Save renders the chart into dir.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // Prefix-bench arms, in report order: llm-d's random, load-only,
@@ -19,7 +20,29 @@ const (
 	// large enough for every prompt: it separates what the map's capacity
 	// costs from the rest of the gap.
 	BenchBigMap = "Switchyard, 65 536-block map"
+	// BenchKVEvents is the policy with its prefix knowledge from the
+	// engines' KV-cache events (Scenario.KVEvents): llm-d's precise
+	// prefix router, as Switchyard plays it.
+	BenchKVEvents = "Switchyard with KV events"
+	// BenchPredicted and BenchPredictedFeed choose the replica by
+	// predicted time to first token (policy.replica_choice
+	// predicted-ttft), without and with the KV-event feed.
+	BenchPredicted     = "Switchyard predicted-TTFT"
+	BenchPredictedFeed = "Switchyard predicted-TTFT + feed"
 )
+
+// benchArm is how a prefix-bench arm runs: its picker and whether the
+// engines' KV-event feed is on.
+type benchArm struct {
+	feed      bool
+	predicted bool
+}
+
+var benchArms = map[string]benchArm{
+	BenchKVEvents:      {feed: true},
+	BenchPredicted:     {predicted: true},
+	BenchPredictedFeed: {predicted: true, feed: true},
+}
 
 // bigMapEntries is BenchBigMap's prefix map capacity.
 const bigMapEntries = 8 * policy.DefaultPrefixEntries
@@ -32,9 +55,11 @@ type Published struct {
 	OutputTPS float64 // output tokens per second; 0 when not published
 }
 
-// LLMD is llm-d's published results, by the lab arm that plays each router.
+// llmdPublished is llm-d's published results, by the lab arm that plays
+// each router: its precise router reads the engines' KV-cache events, as
+// BenchKVEvents does.
 var llmdPublished = map[string]Published{
-	BenchOracle:     {"precise prefix (KV events)", 0.54, 8730},
+	BenchKVEvents:   {"precise prefix (KV events)", 0.54, 8730},
 	BenchSwitchyard: {"approximate prefix", 31.1, 6944},
 	BenchLoadOnly:   {"load-only", 94.9, 4429},
 	BenchRandom:     {"random", 92.6, 0},
@@ -82,8 +107,21 @@ func (r *PrefixBenchResult) Knee() int {
 }
 
 // Gap is Switchyard's p90 TTFT over the oracle's at step i.
-func (r *PrefixBenchResult) Gap(i int) float64 {
-	return r.Of(BenchSwitchyard, i).P90 / r.Of(BenchOracle, i).P90
+func (r *PrefixBenchResult) Gap(i int) float64 { return r.GapOf(BenchSwitchyard, i) }
+
+// GapOf is arm's p90 TTFT over the oracle's at step i.
+func (r *PrefixBenchResult) GapOf(arm string, i int) float64 {
+	return r.Of(arm, i).P90 / r.Of(BenchOracle, i).P90
+}
+
+// BestPredicted is the predicted-TTFT arm with the lower p90 TTFT at step
+// i, and its gap to the oracle there.
+func (r *PrefixBenchResult) BestPredicted(i int) (string, float64) {
+	a, b := r.GapOf(BenchPredicted, i), r.GapOf(BenchPredictedFeed, i)
+	if b < a {
+		return BenchPredictedFeed, b
+	}
+	return BenchPredicted, a
 }
 
 // benchProfile is the replica of the prefix benchmark: the lab's profile
@@ -107,6 +145,7 @@ func PrefixBench(o Options) *PrefixBenchResult {
 	rates := pick(o, []float64{3, 6, 9, 12, 15, 18, 21, 24}, []float64{4, 8, 12, 16, 20, 24}, []float64{8, 24})
 	cluster := replicas("r", "general", 8, benchProfile())
 	snap := mustTable(cluster, nil)
+	predicted := mustTable(cluster, map[string]any{table.KeyPolicy: map[string]any{"replica_choice": table.ChoicePredictedTTFT}})
 	// A first stage at the lowest rate warms the caches and is not reported.
 	ramp := append([]float64{rates[0]}, rates...)
 	horizon := stage * time.Duration(len(ramp))
@@ -116,12 +155,17 @@ func PrefixBench(o Options) *PrefixBenchResult {
 		UserTokens: 1200, OutputTokens: 150, SizeSigma: 0.2,
 	}
 	work := o.workloads("prefix-bench", 1, func(int) Workload { return w })[0]
-	arms := []string{BenchRandom, BenchLoadOnly, BenchSwitchyard, BenchOracle, BenchBigMap}
+	arms := []string{BenchRandom, BenchLoadOnly, BenchSwitchyard, BenchOracle, BenchBigMap, BenchKVEvents, BenchPredicted, BenchPredictedFeed}
 	res := o.runGrid(len(arms), 1, func(i, _ int) *Scenario {
+		arm := benchArms[arms[i]]
 		return &Scenario{
 			Replicas: cluster, Requests: work, Warmup: stage, Horizon: horizon, SLO: 2 * time.Second,
 			Drain: 120 * time.Second, Trace: true, Seed: o.seed(hashName("prefix-bench")),
+			KVEvents: arm.feed,
 			NewPicker: func(r int) Picker {
+				if arm.predicted {
+					return NewSwitchyard(predicted, fmt.Sprintf("broker-%d", r))
+				}
 				switch arms[i] {
 				case BenchRandom:
 					return NewRandom(ids(cluster), snap.Policy)
@@ -218,6 +262,7 @@ func (r *PrefixBenchResult) Section() *Section {
 	}
 	top := r.Top()
 	or := r.Of(BenchOracle, top)
+	kv := r.Of(BenchKVEvents, top)
 	var cmp [][]string
 	for _, a := range r.Arms {
 		pub, ok := llmdPublished[a]
@@ -225,67 +270,97 @@ func (r *PrefixBenchResult) Section() *Section {
 			continue
 		}
 		s := r.Of(a, top)
+		precise := llmdPublished[BenchKVEvents]
 		pubTPS, pubTPSRatio := "–", "–"
 		if pub.OutputTPS > 0 {
 			pubTPS = fmtf("%.0f", pub.OutputTPS)
-			pubTPSRatio = f2(pub.OutputTPS / llmdPublished[BenchOracle].OutputTPS)
+			pubTPSRatio = f2(pub.OutputTPS / precise.OutputTPS)
 		}
 		cmp = append(cmp, []string{a, pub.Router,
-			fmtf("%.2f s", pub.P90), fmtf("%.1f×", pub.P90/llmdPublished[BenchOracle].P90), secs(s.P90), fmtf("%.1f×", s.P90/or.P90),
-			pubTPS, pubTPSRatio, fmtf("%.0f", s.OutputTPS), f2(s.OutputTPS / or.OutputTPS)})
+			fmtf("%.2f s", pub.P90), fmtf("%.1f×", pub.P90/precise.P90), secs(s.P90), fmtf("%.1f×", s.P90/kv.P90), fmtf("%.1f×", s.P90/or.P90),
+			pubTPS, pubTPSRatio, fmtf("%.0f", s.OutputTPS), f2(s.OutputTPS / kv.OutputTPS)})
+	}
+	var steps [][]string
+	for i, rate := range r.Rates {
+		o, k := r.Of(BenchOracle, i), r.Of(BenchKVEvents, i)
+		p, pf := r.Of(BenchPredicted, i), r.Of(BenchPredictedFeed, i)
+		steps = append(steps, []string{f1(rate), pct(o.HitRate), ms(o.P90),
+			pct(k.HitRate), fmtf("%+.1f", 100*(k.HitRate-o.HitRate)), ms(k.P90), fmtf("%.2f×", k.P90/o.P90),
+			pct(p.HitRate), ms(p.P90), fmtf("%.2f×", p.P90/o.P90),
+			pct(pf.HitRate), ms(pf.P90), fmtf("%.2f×", pf.P90/o.P90)})
 	}
 	sy, big := r.Of(BenchSwitchyard, top), r.Of(BenchBigMap, top)
+	bestArm, bestGap := r.BestPredicted(top)
 	kneeNote := ""
 	if k := r.Knee(); k < top {
 		kneeNote = fmt.Sprintf("- The oracle saturates too at the top step. At %.0f req/s, the highest step where its p90 stays under\n"+
-			"  a second, Switchyard's is %s against %s (%.1f×).\n", r.Rates[k], secs(r.Of(BenchSwitchyard, k).P90), secs(r.Of(BenchOracle, k).P90), r.Gap(k))
+			"  a second, Switchyard's is %s against %s (%.1f×), with KV events %s (%.1f×).\n", r.Rates[k], secs(r.Of(BenchSwitchyard, k).P90), secs(r.Of(BenchOracle, k).P90), r.Gap(k),
+			secs(r.Of(BenchKVEvents, k).P90), r.GapOf(BenchKVEvents, k))
 	}
 	text := fmt.Sprintf(`**Question.** llm-d published a prefix-caching benchmark ("KV-cache wins you can see", 2025):
 8 vLLM pods, 150 tenants each with a 6000-token system prompt, 1200-token questions, load rising
 step by step; at the top of the ramp the p90 TTFT was 0.54 s with precise prefix routing (the
 engines' KV-cache events), 31.1 s with approximate prefix routing, 94.9 s load-only and 92.6 s at
-random. Switchyard's prefix affinity is approximate: its placement map never hears of evictions.
-How far is it from precise on that shape?
+random. Switchyard places by its own placements unless the engines publish their KV-cache
+events. How far is each from an oracle that reads the engines' caches, on that shape?
 
 **Setup.** The same shape in virtual time: 8 replicas of %d KV blocks (each holds about %d of the
 %d prompts, so eviction matters; the prompts fit the cluster only if partitioned), %d tenants
 with a 6000-token system prompt each (uniform popularity), 1200-token questions, 150-token answers,
-one run whose rate rises every %s (a first, unreported step warms the caches). Four routers:
+one run whose rate rises every %s (a first, unreported step warms the caches). The routers:
 *random*; *load-only*, power of two on load_score with in-flight counts (no affinity); *Switchyard*,
-the policy; *oracle*, which at decision time reads every replica's real prefix cache and queue
-from the engine model and sends the request where its estimated time to first token is lowest
-(counting an uncached prefill twice, since it holds up the batch and the queue behind it as long
-as the request itself): the ceiling that routing on engine KV-cache events approaches. A fifth
-arm, *Switchyard with a 65 536-block map*, is the policy with a prefix map eight times the
-default, large enough for every prompt. Imbalance is the busiest replica's
-outstanding requests over the mean, averaged over the step.
+the policy, placing by placements; *oracle*, which at decision time reads every replica's real
+prefix cache and queue from the engine model and sends the request where its estimated time to
+first token is lowest (counting an uncached prefill twice, since it holds up the batch and the
+queue behind it as long as the request itself): the ceiling of cache-aware routing. *Switchyard,
+65 536-block map* is the policy with a prefix map eight times the default, large enough for every
+prompt. *Switchyard with KV events* is the policy with the engines' KV-cache event feed on: each
+engine tells every block it stores and evicts (vLLM's BlockStored and BlockRemoved), an adapter
+model per replica joins them to the request keys of the requests it served as the replica
+adapter does and flushes what changed every 20 ms, and the updates reach the policy's exact index
+(the deciders' `+"`kvindex`"+`, through `+"`Router.ObserveKV`"+`) 50 ms after the flush, on top of the heartbeat
+delivery delay (none in this run): never read at decision time. *Switchyard predicted-TTFT* sets
+`+"`policy.replica_choice`"+` to `+"`predicted-ttft`"+`, without and (*+ feed*) with the KV-event feed; its
+heartbeats carry the prefill view the adapter builds (queued prompt tokens, the prefill rate
+learned from first tokens). Imbalance is the busiest replica's outstanding requests over the
+mean, averaged over the step.
 
 %s%s%s%s%s
 %s
+**Against the oracle, step by step** (hit rate: share of prompt tokens served from cache; Δ in
+points; × is p90 TTFT over the oracle's):
+
+%s
 **Against llm-d's published ratios** (top step; their figures at 60 QPS on H100s, ours at %.0f req/s
-on the simulator; the ratios are the comparable part):
+on the simulator; the ratios are the comparable part, each router over the precise one: llm-d's
+precise router against Switchyard with KV events):
 
 %s
 **Findings.**
 
-- At the top step (%.0f req/s) Switchyard's p90 TTFT is %s against the oracle's %s (%.1f×); it
-  serves %s of prompt tokens from cache, the oracle %s, random %s, load-only %s.
-- With a prefix map large enough for every prompt, the policy serves %s from cache at the top step,
-  with a p90 of %s.
-- Output throughput at the top step: Switchyard %.0f tokens/s, oracle %.0f, load-only %.0f, random %.0f.
+- At the top step (%.0f req/s) the oracle's p90 TTFT is %s and it serves %s of prompt tokens from
+  cache. Switchyard with KV events: %s, %s (%.1f×); Switchyard with placements: %s, %s (%.1f×);
+  the large map: %s, %s; random %s, load-only %s of prompt tokens from cache.
+- The better predicted-TTFT arm at the top step is *%s*: %s, %.2f× the oracle.
+- Output throughput at the top step: with KV events %.0f tokens/s, oracle %.0f, Switchyard %.0f,
+  load-only %.0f, random %.0f.
 %s`, r.KV, r.KV*BlockTokens/7200, r.Tenants, r.Tenants, r.Stage, img(p90), img(p99), img(hit), img(tps), img(imb),
 		mdTable([]string{"router", "req/s", "p50 TTFT (ms)", "p90 TTFT (ms)", "p99 TTFT (ms)", "output tok/s", "prefix hit rate", "imbalance", "failed"}, md),
+		mdTable([]string{"req/s", "oracle hit", "oracle p90", "KV events hit", "Δ", "KV events p90", "×", "predicted hit", "predicted p90", "×", "+ feed hit", "+ feed p90", "×"}, steps),
 		r.Rates[top],
-		mdTable([]string{"lab arm", "llm-d router", "llm-d p90", "÷ precise", "lab p90", "÷ oracle", "llm-d tok/s", "÷ precise", "lab tok/s", "÷ oracle"}, cmp),
-		r.Rates[top], secs(sy.P90), secs(or.P90), r.Gap(top), pct(sy.HitRate), pct(or.HitRate), pct(r.Of(BenchRandom, top).HitRate), pct(r.Of(BenchLoadOnly, top).HitRate),
-		pct(big.HitRate), secs(big.P90),
-		sy.OutputTPS, or.OutputTPS, r.Of(BenchLoadOnly, top).OutputTPS, r.Of(BenchRandom, top).OutputTPS, kneeNote)
+		mdTable([]string{"lab arm", "llm-d router", "llm-d p90", "÷ precise", "lab p90", "÷ KV events", "÷ oracle", "llm-d tok/s", "÷ precise", "lab tok/s", "÷ KV events"}, cmp),
+		r.Rates[top], secs(or.P90), pct(or.HitRate),
+		secs(kv.P90), pct(kv.HitRate), kv.P90/or.P90, secs(sy.P90), pct(sy.HitRate), r.Gap(top),
+		secs(big.P90), pct(big.HitRate), pct(r.Of(BenchRandom, top).HitRate), pct(r.Of(BenchLoadOnly, top).HitRate),
+		bestArm, secs(r.Of(bestArm, top).P90), bestGap,
+		kv.OutputTPS, or.OutputTPS, sy.OutputTPS, r.Of(BenchLoadOnly, top).OutputTPS, r.Of(BenchRandom, top).OutputTPS, kneeNote)
 	text += prefixBenchNotes
 	return &Section{
 		Name: "prefix-bench", Title: "8. llm-d's prefix benchmark against an oracle", Text: text,
 		Charts: []*Chart{p90, p99, hit, tps, imb},
-		Headline: fmt.Sprintf("at %.0f req/s Switchyard's p90 TTFT is %.1f× the oracle's (%s vs %s; llm-d's approximate router: %.0f× precise), prefix hit rate %s vs %s.",
-			r.Rates[top], r.Gap(top), secs(sy.P90), secs(or.P90), llmdPublished[BenchSwitchyard].P90/llmdPublished[BenchOracle].P90, pct(sy.HitRate), pct(or.HitRate)),
+		Headline: fmt.Sprintf("at %.0f req/s the p90 TTFT over the oracle's is %.1f× with KV events (llm-d's precise router is the reference, 1.0×), %.1f× with placements (llm-d's approximate router: %.0f× precise), %.2f× with predicted TTFT; prefix hit rate %s with KV events, %s with placements, %s for the oracle.",
+			r.Rates[top], r.GapOf(BenchKVEvents, top), r.Gap(top), llmdPublished[BenchSwitchyard].P90/llmdPublished[BenchKVEvents].P90, bestGap,
+			pct(kv.HitRate), pct(sy.HitRate), pct(or.HitRate)),
 		Tables: []*Table{{File: "prefix-bench.csv", Header: []string{"router", "rate_rps", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "output_tps", "hit_rate", "imbalance", "goodput_rps", "offered_rps", "failed_share"}, Rows: rows}},
 	}
 }

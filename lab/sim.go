@@ -46,6 +46,12 @@ type Scenario struct {
 	// Trace keeps every 200 ms sample of imbalance and output tokens in
 	// Result.Trace, for runs whose load changes over time.
 	Trace bool
+	// KVEvents turns on every engine's KV-cache event feed (see kvFeed):
+	// routers that host an exact prefix index hear what the engines
+	// store and evict, KVEventsDelay (default the package's KVEventsDelay)
+	// plus Staleness after the replica's adapter flushes it.
+	KVEvents      bool
+	KVEventsDelay time.Duration
 }
 
 // Outcome is what happened to one request.
@@ -78,6 +84,11 @@ type delivery struct {
 	hb           *subjects.Heartbeat
 }
 
+type kvDelivery struct {
+	at time.Time
+	u  *subjects.KVUpdate
+}
+
 // sim is the state of one run.
 type sim struct {
 	sc      *Scenario
@@ -95,6 +106,17 @@ type sim struct {
 	pending []delivery // in delivery order: the delay is the same for all
 	ewma    []float64  // TTFT EWMA per replica, ms
 	ewmaMin []float64
+	// The prefill view each adapter keeps for its heartbeat: the prompt
+	// tokens of the requests waiting for their first token, and the
+	// prefill rate learned from first tokens (tokens per second).
+	queuedPrefill []int
+	prefillRate   []float64
+
+	// The KV-event feeds (Scenario.KVEvents): one per replica, the next
+	// flush, and the updates on their way to the routers.
+	feeds     []*kvFeed
+	kvNext    time.Time
+	kvPending []kvDelivery
 
 	outstanding []int
 	sampleAt    time.Time
@@ -122,12 +144,21 @@ func Run(sc *Scenario) *Result {
 		sc: sc, start: Epoch(), now: Epoch(),
 		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n),
 		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
+		queuedPrefill: make([]int, n), prefillRate: make([]float64, n),
 		outstanding: make([]int, n),
 		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
 		res:         &Result{Requests: sc.Requests, Outcomes: make([]Outcome, len(sc.Requests)), Window: sc.Horizon - sc.Warmup, SLO: sc.SLO, Warmup: sc.Warmup, Horizon: sc.Horizon},
 	}
+	if sc.KVEvents && sc.KVEventsDelay <= 0 {
+		sc.KVEventsDelay = KVEventsDelay
+	}
 	for i, r := range sc.Replicas {
-		s.engines[i] = enginesim.New(r.Engine)
+		cfg := r.Engine
+		if sc.KVEvents {
+			cfg.KVEvents = true
+			s.feeds = append(s.feeds, newKVFeed(r.ID, cfg.WithDefaults().KVBlocks))
+		}
+		s.engines[i] = enginesim.New(cfg)
 		s.live[i] = map[enginesim.ID]int{}
 		// Out of phase, as independent adapters beat.
 		s.hbNext[i] = s.start.Add(sc.Heartbeat * time.Duration(i+1) / time.Duration(n))
@@ -152,6 +183,7 @@ func Run(sc *Scenario) *Result {
 		s.capture(i, s.start.Add(-sc.Staleness))
 	}
 	s.deliver(s.start)
+	s.kvNext = s.start
 	s.loop()
 	s.finish()
 	return s.res
@@ -177,6 +209,12 @@ func (s *sim) loop() {
 		if len(s.pending) > 0 {
 			t = minTime(t, s.pending[0].at)
 		}
+		if s.feeds != nil {
+			t = minTime(t, s.kvNext)
+		}
+		if len(s.kvPending) > 0 {
+			t = minTime(t, s.kvPending[0].at)
+		}
 		t = minTime(t, s.sampleAt)
 		if !t.Before(end) {
 			return
@@ -194,6 +232,10 @@ func (s *sim) loop() {
 					s.sampleBatch(e)
 				}
 			}
+		}
+		if s.feeds != nil && !s.kvNext.After(t) {
+			s.flushKV(t)
+			s.kvNext = s.kvNext.Add(kvFlushEvery)
 		}
 		for i := range s.engines {
 			if !s.hbNext[i].After(t) {
@@ -221,6 +263,9 @@ func (s *sim) route(i int) {
 	}
 	rep := s.replicaIndex(pk.Replica)
 	o.Replica = rep
+	if s.feeds != nil {
+		s.feeds[rep].learn(req)
+	}
 	id, err := s.engines[rep].Submit(enginesim.Request{
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: req.Blocks, Lora: req.Lora,
 	}, s.now)
@@ -232,6 +277,7 @@ func (s *sim) route(i int) {
 	default:
 		s.live[rep][id] = i
 		s.outstanding[rep]++
+		s.queuedPrefill[rep] += req.PromptTokens
 	}
 }
 
@@ -260,6 +306,8 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			o.Cached = ev.CachedTokens
 			s.resolved++
 			ms := float64(o.TTFT) / float64(time.Millisecond)
+			s.queuedPrefill[i] -= s.sc.Requests[ri].PromptTokens
+			s.observePrefill(i, s.sc.Requests[ri].PromptTokens, ms)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
 			}
@@ -285,7 +333,12 @@ func (s *sim) capture(i int, t time.Time) {
 		MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, Inflight: s.outstanding[i],
 		Lora:           subjects.LoraState{Running: orEmpty(st.RunningLoras), Waiting: orEmpty(st.WaitingLoras), Max: st.MaxLoras},
 		TTFTEWMAMillis: s.ewma[i], QueueWaitMillis: max(0, s.ewma[i]-s.ewmaMin[i]),
+		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: s.queuedPrefill[i],
+		KVBlocks: c.KVBlocks, BlockSize: c.BlockTokens,
 		ScrapeOK: true, Seq: s.hbSeq, SentUnixMillis: t.UnixMilli(),
+	}
+	if s.feeds != nil {
+		hb.KVEvents = s.feeds[i].isLive()
 	}
 	s.pending = append(s.pending, delivery{at: t.Add(s.sc.Staleness), captured: t, hb: hb})
 }
@@ -297,9 +350,50 @@ func orEmpty(s []string) []string {
 	return s
 }
 
-// deliver hands every heartbeat due by t to every router.
+// observePrefill learns replica i's prefill rate from one first token, as
+// its adapter does: the prompt's tokens over the time the first token took
+// beyond the fastest one seen, in a moving average.
+func (s *sim) observePrefill(i, tokens int, ms float64) {
+	beyond := ms - s.ewmaMin[i]
+	if tokens < minRateSample || s.ewmaMin[i] == 0 || beyond <= 0 {
+		return
+	}
+	rate := min(float64(tokens)/beyond*1000, subjects.MaxPrefillTokensPerSec)
+	if s.prefillRate[i] == 0 {
+		s.prefillRate[i] = rate
+		return
+	}
+	s.prefillRate[i] += 0.2 * (rate - s.prefillRate[i])
+}
+
+// minRateSample is the shortest prompt whose first token teaches the
+// prefill rate, as in the adapter.
+const minRateSample = 32
+
+// flushKV takes every engine's KV-cache events into its feed and sends
+// what changed on its way to the routers.
+func (s *sim) flushKV(t time.Time) {
+	at := t.Add(s.sc.Staleness + s.sc.KVEventsDelay)
+	for i, f := range s.feeds {
+		f.take(s.engines[i])
+		for _, u := range f.flush() {
+			s.kvPending = append(s.kvPending, kvDelivery{at: at, u: u})
+		}
+	}
+}
+
+// deliver hands every heartbeat and KV update due by t to every router.
 func (s *sim) deliver(t time.Time) {
 	k := 0
+	for ; k < len(s.kvPending) && !s.kvPending[k].at.After(t); k++ {
+		for _, r := range s.routers {
+			if o, ok := r.(kvObserver); ok {
+				o.ObserveKV(s.kvPending[k].u, s.kvPending[k].at)
+			}
+		}
+	}
+	s.kvPending = s.kvPending[k:]
+	k = 0
 	for ; k < len(s.pending) && !s.pending[k].at.After(t); k++ {
 		d := s.pending[k]
 		// Delivered as the broker takes it: at receipt, with the capture

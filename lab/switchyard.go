@@ -18,8 +18,9 @@ const (
 )
 
 var (
-	_ Picker = (*Switchyard)(nil)
-	_ Picker = (*ExcludeSaturated)(nil)
+	_ Picker     = (*Switchyard)(nil)
+	_ Picker     = (*ExcludeSaturated)(nil)
+	_ kvObserver = (*Switchyard)(nil)
 )
 
 // Switchyard is the real routing policy (broker/policy) as a Picker: one
@@ -29,6 +30,9 @@ type Switchyard struct {
 	r *policy.Router
 	d policy.Decision
 	q policy.Request
+	// KVRefused counts the KV updates the policy's index refused in part
+	// or whole (out of bounds or out of sequence).
+	KVRefused int
 }
 
 // NewSwitchyard returns a policy Router on the table snap.
@@ -50,6 +54,14 @@ func (p *Switchyard) Router() *policy.Router { return p.r }
 // ObserveHeartbeat implements Picker.
 func (p *Switchyard) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	p.r.ObserveHeartbeat(hb, now)
+}
+
+// ObserveKV applies a replica adapter's KV-cache update to the policy's
+// exact prefix index, as the broker does when one arrives on llm.kv.
+func (p *Switchyard) ObserveKV(u *subjects.KVUpdate, _ time.Time) {
+	if p.r.ObserveKV(u) != nil {
+		p.KVRefused++
+	}
 }
 
 // Pick implements Picker: the request's headers as the gateway would set
