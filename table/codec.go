@@ -175,6 +175,9 @@ func Decode(key string, b []byte) (Value, error) {
 		if p.SaturationKV != nil && !unit(*p.SaturationKV) {
 			return v, fieldErr(key, "saturation_kv", "must be in [0, 1], got %v", *p.SaturationKV)
 		}
+		if !validObjective(p.ShedAfter) {
+			return v, fieldErr(key, "shed_after", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(p.ShedAfter))
+		}
 		return v, nil
 	case KindTenant:
 		if err := subjects.ValidToken(name); err != nil {
@@ -382,6 +385,9 @@ func validateTenant(key string, t *Tenant) error {
 	if !validObjective(t.TTFTObjective) {
 		return fieldErr(key, "ttft_objective", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(t.TTFTObjective))
 	}
+	if w := t.ShareWeight; w != nil && !(*w >= MinShareWeight && *w <= MaxShareWeight) {
+		return fieldErr(key, "share_weight", "must be in [%v, %v], got %v", MinShareWeight, MaxShareWeight, *w)
+	}
 	for alias, lora := range t.Adapters {
 		if !ValidName(alias) || !ValidName(lora) {
 			return fieldErr(key, "adapters", "invalid entry %q → %q", alias, lora)
@@ -390,8 +396,8 @@ func validateTenant(key string, t *Tenant) error {
 	return nil
 }
 
-// validObjective reports whether a table's TTFT objective is unset or in
-// the range a request's may take.
+// validObjective reports whether a table's TTFT objective (or a pool's
+// shed_after) is unset or in the range a request's objective may take.
 func validObjective(d Duration) bool {
 	return d == 0 || time.Duration(d) >= subjects.MinTTFTObjective && time.Duration(d) <= subjects.MaxTTFTObjective
 }

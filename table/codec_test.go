@@ -157,6 +157,13 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "model objective number", key: "models.m", value: `{"ttft_objective": 1000}`, msg: "duration"},
 		{name: "tenant objective long", key: "tenants.t", value: `{"ttft_objective": "1h"}`, field: "ttft_objective", msg: "got 1h0m0s"},
 		{name: "tenant objective garbage", key: "tenants.t", value: `{"ttft_objective": "soon"}`, msg: "soon"},
+		{name: "pool shed_after short", key: "pools.general", value: `{"shed_after": "100us"}`, field: "shed_after", msg: "from 1ms to 10m0s"},
+		{name: "pool shed_after long", key: "pools.general", value: `{"shed_after": "1h"}`, field: "shed_after", msg: "got 1h0m0s"},
+		{name: "pool shed_after number", key: "pools.general", value: `{"shed_after": 500}`, msg: "duration"},
+		{name: "share weight zero", key: "tenants.t", value: `{"share_weight": 0}`, field: "share_weight", msg: "[0.01, 1000], got 0"},
+		{name: "share weight negative", key: "tenants.t", value: `{"share_weight": -2}`, field: "share_weight", msg: "got -2"},
+		{name: "share weight huge", key: "tenants.t", value: `{"share_weight": 1e6}`, field: "share_weight", msg: "got 1e+06"},
+		{name: "share weight text", key: "tenants.t", value: `{"share_weight": "3"}`, msg: "share_weight"},
 		{name: "replica sizes", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "max_queue": -1}`, field: "max_batch", msg: "negative"},
 	}
 	for _, tc := range tests {
@@ -192,6 +199,29 @@ func TestDecodeAccepts(t *testing.T) {
 		}
 		if tn := v.V.(table.Tenant); time.Duration(tn.TTFTObjective) != 10*time.Minute {
 			t.Errorf("tenant objective = %v, want 10m", time.Duration(tn.TTFTObjective))
+		}
+	})
+	t.Run("fair shedding", func(t *testing.T) {
+		v, err := table.Decode("pools.general", []byte(`{"shed_after": "750ms"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := v.V.(table.Pool); time.Duration(p.ShedAfter) != 750*time.Millisecond {
+			t.Errorf("shed_after = %v, want 750ms", time.Duration(p.ShedAfter))
+		}
+		v, err = table.Decode("tenants.t", []byte(`{"share_weight": 2.5}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tn := v.V.(table.Tenant); tn.Weight() != 2.5 {
+			t.Errorf("share weight = %v, want 2.5", tn.Weight())
+		}
+		v, err = table.Decode("tenants.t", []byte(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tn := v.V.(table.Tenant); tn.Weight() != table.DefaultShareWeight {
+			t.Errorf("share weight unset = %v, want %v", tn.Weight(), table.DefaultShareWeight)
 		}
 	})
 	t.Run("policy defaults", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"time"
 )
 
 // Snapshot is one consistent view of the routing table. A published snapshot
@@ -150,6 +151,15 @@ func (s *Snapshot) PoolOverrides(pool string) (release, saturation float64) {
 		}
 	}
 	return release, saturation
+}
+
+// ShedAfter is the predicted time to first token above which pool sheds
+// (pools.<pool>.shed_after), 0 when only saturation makes it shed.
+func (s *Snapshot) ShedAfter(pool string) time.Duration {
+	if p := s.Pools[pool]; p != nil {
+		return time.Duration(p.ShedAfter)
+	}
+	return 0
 }
 
 // AliasNames returns the aliases in name order.

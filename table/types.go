@@ -270,6 +270,11 @@ type KubernetesAction struct {
 type Pool struct {
 	AffinityReleaseThreshold *float64 `json:"affinity_release_threshold,omitempty"`
 	SaturationKV             *float64 `json:"saturation_kv,omitempty"`
+	// ShedAfter, when set, makes the pool shed (refuse the requests of
+	// tenants above their fair share) as soon as every candidate's
+	// predicted time to first token is above it, not only once every
+	// candidate is saturated (0: saturation only).
+	ShedAfter Duration `json:"shed_after,omitempty"`
 }
 
 // Quota is a tenant's per-minute limits (0 = unlimited).
@@ -287,6 +292,26 @@ type Tenant struct {
 	// TTFTObjective is the time-to-first-token objective of the tenant's
 	// requests that carry none (0: the model's, if any).
 	TTFTObjective Duration `json:"ttft_objective,omitempty"`
+	// ShareWeight weighs the tenant's fair share of a shedding pool's
+	// in-flight tokens against the other tenants' (nil: 1).
+	ShareWeight *float64 `json:"share_weight,omitempty"`
+}
+
+// Share weights a tenant may be given, and the weight of one that sets
+// none.
+const (
+	MinShareWeight     = 0.01
+	MaxShareWeight     = 1000
+	DefaultShareWeight = 1
+)
+
+// Weight is the tenant's share weight: ShareWeight, else
+// DefaultShareWeight.
+func (t *Tenant) Weight() float64 {
+	if t == nil || t.ShareWeight == nil {
+		return DefaultShareWeight
+	}
+	return *t.ShareWeight
 }
 
 // Key is the value of keys.<sha256 hex of an API key>.
