@@ -154,7 +154,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	// Known label values are exported from the start, so alerts and rate()
 	// work before the first event.
 	for _, code := range []string{subjects.CodeInvalidRequest, subjects.CodeContextLength, subjects.CodeModelNotAllowed,
-		subjects.CodeModelNotFound, subjects.CodeRateLimit, subjects.CodeAllReplicasBusy, subjects.CodeDeadlineUnmeetable,
+		subjects.CodeModelNotFound, subjects.CodeRateLimit, subjects.CodeFairShareExceeded, subjects.CodeAllReplicasBusy, subjects.CodeDeadlineUnmeetable,
 		subjects.CodeTTFTObjectiveUnreachable, subjects.CodeModelLoading, subjects.CodeNoReplicas, subjects.CodeRouterUnavailable,
 		subjects.CodeEndpointNotSupported, subjects.CodePreviousResponseNotFound} {
 		m.rejections.WithLabelValues(code)

@@ -34,6 +34,9 @@ const (
 	// CodePreviousResponseNotFound (404): the stored response is unknown,
 	// expired, another tenant's, or its replica is gone or draining.
 	CodePreviousResponseNotFound = "previous_response_not_found"
+	// CodeFairShareExceeded (429): the pool sheds and the tenant holds more
+	// than its fair share of the pool's tokens in flight.
+	CodeFairShareExceeded = "fair_share_exceeded"
 )
 
 // APIError is a request failure in the OpenAI error shape. It is produced in

@@ -275,4 +275,19 @@ type Decision struct {
 	// TTFTObjectiveMillis is the time-to-first-token objective the
 	// replicas were held to (0: none).
 	TTFTObjectiveMillis int64 `json:"ttft_objective_ms,omitempty"`
+	// Shares are set when the pool shed: the request's tenant's part of
+	// the pool's tokens in flight first, then the largest others'.
+	Shares []TenantShare `json:"shares,omitempty"`
+}
+
+// TenantShare is one tenant's part of a shedding pool's tokens in flight,
+// as the deciding broker or gateway counts them.
+type TenantShare struct {
+	Tenant string `json:"tenant"`
+	Tokens int64  `json:"tokens"`
+	// Share is Tokens over the pool's tokens in flight; FairShare is
+	// Weight over the weights of the tenants in flight.
+	Share     float64 `json:"share"`
+	Weight    float64 `json:"weight"`
+	FairShare float64 `json:"fair_share"`
 }

@@ -15,7 +15,9 @@ import (
 // BenchmarkDecide measures full decisions: an alias with a canary, the pool
 // rules, the candidate filter, session affinity (half the requests) and
 // prefix affinity over 32 blocks (the other half), power of two, quota,
-// capacity and deadline admission, alternatives, and the commit.
+// capacity, deadline and fair-share admission, alternatives, and the
+// commit (its in-flight tokens counted under the request id, which comes
+// round again every 256 decisions, as a request id seen twice).
 func BenchmarkDecide(b *testing.B) {
 	for _, n := range []int{8, 64, 1024} {
 		b.Run("candidates="+strconv.Itoa(n), func(b *testing.B) { benchDecide(b, n) })
@@ -60,7 +62,7 @@ func benchDecide(b *testing.B, n int) {
 		prompt := strings.Repeat("system prompt "+strconv.Itoa(i%16)+" ", 1200) + strconv.Itoa(i)
 		reqs[i] = policy.Request{
 			Tenant: "bench", Model: "chat", Endpoint: subjects.EndpointChat,
-			PromptTokens: 2000, MaxTokens: 256, Deadline: now.Add(30 * time.Second),
+			PromptTokens: 2000, MaxTokens: 256, Deadline: now.Add(30 * time.Second), ID: "req-" + strconv.Itoa(i),
 			Prefix: features.AppendPrefix(nil, []byte(prompt), 256, 32),
 		}
 		if i%2 == 0 {

@@ -110,6 +110,8 @@ func (st *decision) run() {
 	p.holders = nil
 	p.ttftObjective = st.objective()
 	d.TTFTObjective = p.ttftObjective
+	p.fair = fairCheck{pool: res.pool, flight: st.r.shares[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
+		weight: res.tenant.Weight(), shedAfter: float64(st.snap.ShedAfter(res.pool)) / float64(time.Millisecond)}
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.prefixes[res.target.Model]
 		if st.r.kv.Len() > 0 {
@@ -123,6 +125,7 @@ func (st *decision) run() {
 	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy,
 		prefixHoldings{m: p.holders, kv: exact, model: res.target.Model})
 	if e := p.choose(); e != nil {
+		p.reportFair(d) // a refusal for its share shows the shares
 		st.reject(e)
 		return
 	}
@@ -148,6 +151,8 @@ func (st *decision) commitTo(x *replica) {
 		st.chargeContinuation()
 	}
 	x.inflight++
+	st.r.flyLocked(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.res.tenantKey, st.pick.fair.weight,
+		int64(st.req.PromptTokens)+int64(st.maxTokens()), st.now)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + int(st.pick.cands[st.pick.chosen].uncached))
 	if a := st.res.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {

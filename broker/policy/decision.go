@@ -59,6 +59,7 @@ const (
 	ReasonBatchRoom    = "batch-room"         // batch work: the chosen replica had no room for it; another had
 	ReasonSplit        = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
 	ReasonObjective    = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
+	ReasonFairShare    = "fair-share"         // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
 )
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).
@@ -82,6 +83,7 @@ const (
 	WhyNoBatchRoom   = "no room for batch work"
 	WhyObjective     = "predicted TTFT beyond the objective"
 	WhyHigherTTFT    = "higher predicted TTFT"
+	WhyShedAfter     = "predicted TTFT above the pool's shed_after"
 	WhyNotWeighed    = "neither a prefix holder nor sampled"
 )
 
@@ -117,6 +119,11 @@ type Decision struct {
 	// TTFTObjective is the objective the decision held the replicas to
 	// (the request's, the tenant's or the model's; 0: none).
 	TTFTObjective time.Duration
+	// Shares, when the pool shed (every candidate saturated, or predicted
+	// above its shed_after), are the request's tenant's part of the pool's
+	// in-flight tokens, then the largest other tenants': the first NShares.
+	Shares        [4]subjects.TenantShare
+	NShares       int
 	TableRevision uint64
 	// Duration is the time the decision took, measured only when
 	// Config.Clock is set; otherwise the caller fills it in.
@@ -175,6 +182,9 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 	}
 	if d.NEjected > 0 {
 		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])
+	}
+	if d.NShares > 0 {
+		w.Shares = slices.Clone(d.Shares[:d.NShares])
 	}
 	if d.Err != nil {
 		w.Status, w.Code, w.Message = d.Err.Status, d.Err.Code, d.Err.Message

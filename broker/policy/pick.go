@@ -49,6 +49,7 @@ type pick struct {
 	pt       predictedStep
 	dl       deadlineCheck
 	obj      objectiveCheck
+	fair     fairCheck
 	room     batchRoomCheck
 	pd       splitCheck
 }

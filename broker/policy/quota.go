@@ -248,10 +248,12 @@ func (r *Router) Reservations() int {
 // token quota had nothing reserved and is not a refusal: it reports true
 // and changes nothing. Of u only the request id and the token counts are
 // believed, and the tenant only to tell that nothing was owed; no more
-// than was reserved ever comes back.
+// than was reserved ever comes back. Whatever the quota, the request's
+// tokens stop counting in its pool's in-flight ledger (fair shedding).
 func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.landLocked(u.RequestID)
 	res, ok := r.reserved[u.RequestID]
 	if !ok || u.RequestID == "" {
 		return !r.meteredLocked(u.Tenant)

@@ -65,6 +65,12 @@ type Router struct {
 	rng      *rand.Rand          // used when a caller passes none
 	cands    []cand              // scratch, reused by every decision
 	cold     map[string]coldLoad // per model, from the loader's status
+	// shares are the pools' in-flight ledgers (fair shedding), flights
+	// each admitted request's entry by request id; flightSweep is when
+	// the flights were last swept for FlightTTL.
+	shares      map[shareKey]*poolFlight
+	flights     map[string]flight
+	flightSweep time.Time
 	// st is the working state of the decision in progress. It lives here,
 	// not on decide's stack, because the steps are called through the
 	// steps table and an indirect call makes its argument escape: kept
@@ -171,6 +177,8 @@ func New(cfg Config) *Router {
 		prefixes: map[string]*prefixMap{},
 		kv:       kvindex.New(),
 		quotas:   map[string]*tenantQuota{},
+		shares:   map[shareKey]*poolFlight{},
+		flights:  map[string]flight{},
 		brokers:  1,
 		rng:      rand.New(rand.NewPCG(1, 2)),
 	}

@@ -71,6 +71,7 @@ type check struct {
 var checks = [...]check{
 	{reason: ReasonDeadline, check: (*pick).deadline, why: (*pick).whyDeadline},
 	{reason: ReasonObjective, check: (*pick).objective, why: (*pick).whyObjective},
+	{reason: ReasonFairShare, check: (*pick).fairShare, why: (*pick).whyFair, report: (*pick).reportFair},
 	{reason: ReasonBatchRoom, check: (*pick).batchRoom, why: (*pick).whyBatchRoom},
 	{reason: ReasonSplit, check: (*pick).split, why: (*pick).whySplit, report: (*pick).reportSplit},
 }
