@@ -203,3 +203,20 @@ func TestExplainShowsPredictedTTFT(t *testing.T) {
 		}
 	}
 }
+
+func TestExplainShowsTheShares(t *testing.T) {
+	d := decisionAt(0)
+	d.Status, d.Code, d.Message = 429, subjects.CodeFairShareExceeded, "Pool general is shedding load"
+	d.Shares = []subjects.TenantShare{
+		{Tenant: "intern", Tokens: 6000, Share: 0.75, Weight: 1, FairShare: 0.5},
+		{Tenant: "acme", Tokens: 2000, Share: 0.25, Weight: 1, FairShare: 0.5},
+	}
+	var b strings.Builder
+	printDecision(&b, &d)
+	for _, want := range []string{"rejected 429 fair_share_exceeded", "shares    the pool sheds; of its tokens in flight:",
+		"tenant  intern 6000 tokens, 75% (weight 1, fair share 50%)", "tenant  acme 2000 tokens, 25% (weight 1, fair share 50%)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in:\n%s", want, b.String())
+		}
+	}
+}

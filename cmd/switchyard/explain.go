@@ -126,6 +126,12 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 		}
 		fmt.Fprintln(w)
 	}
+	if len(d.Shares) > 0 {
+		fmt.Fprintf(w, "shares    the pool sheds; of its tokens in flight:\n")
+		for _, s := range d.Shares {
+			fmt.Fprintf(w, "  tenant  %s %d tokens, %.0f%% (weight %g, fair share %.0f%%)\n", s.Tenant, s.Tokens, 100*s.Share, s.Weight, 100*s.FairShare)
+		}
+	}
 	for _, a := range d.Alternatives {
 		fmt.Fprintf(w, "  lost    %s (score %.3f, predicted TTFT %s): %s\n", a.Replica, a.Score, millisString(a.PredictedTTFTMillis), a.Why)
 	}

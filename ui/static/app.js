@@ -210,6 +210,11 @@
       line2.append(h('span', 'd-ttft mono', (rejected ? '' : `predicted TTFT ${ms(d.predicted_ttft_ms || 0)}`) +
         (losers && !rejected ? ` (others: ${losers})` : '') + (d.ttft_objective_ms ? `; objective ${ms(d.ttft_objective_ms)}` : '')));
     }
+    if ((d.shares || []).length) {
+      const pc = (v) => `${Math.round(100 * v)}%`;
+      line2.append(h('span', 'd-shares mono', 'pool sheds; tokens in flight: ' +
+        d.shares.map((s) => `${s.tenant} ${pc(s.share)} (weight ${s.weight}, fair ${pc(s.fair_share)})`).join(', ')));
+    }
     if (d.resume_from) {
       line2.append(h('span', 'd-resume', `resumed from ${d.resume_from} → ${d.replica || '?'}, ${d.resume_tokens || 0} tokens carried`));
     }
