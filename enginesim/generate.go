@@ -143,7 +143,7 @@ func apiError(err error) error {
 		e := errorf(http.StatusServiceUnavailable, "The engine is at capacity: %v", err)
 		e.retryAfter = 1
 		return e
-	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid), errors.Is(err, ErrLoraDisabled):
+	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid), errors.Is(err, ErrLoraDisabled), errors.Is(err, ErrPriorityDisabled):
 		return errorf(http.StatusBadRequest, "%v", err)
 	case errors.Is(err, errStopped):
 		return errorf(http.StatusServiceUnavailable, "The engine is shutting down")

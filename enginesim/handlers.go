@@ -157,6 +157,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	})
 	if err == nil {
 		g.returnTokenIDs = req.ReturnTokenIDs
+		err = s.prioritize(g, req.Priority)
+	}
+	if err == nil {
 		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
 	}
 	if err != nil {
@@ -181,6 +184,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	})
 	if err == nil {
 		g.returnTokenIDs = req.ReturnTokenIDs
+		err = s.prioritize(g, req.Priority)
+	}
+	if err == nil {
 		err = s.kvTransfer(r.Context(), g, req.KVTransferParams)
 	}
 	if err != nil {
@@ -231,6 +237,31 @@ func (s *Server) newGeneration(w http.ResponseWriter, chat bool, name string, ma
 		stream:       stream,
 		includeUsage: stream && opts != nil && opts.IncludeUsage,
 	}, nil
+}
+
+// prioritize gives g the request's priority field, refused unless the
+// engine schedules by priority, with vLLM's words.
+func (s *Server) prioritize(g *generation, priority int64) error {
+	if priority != 0 && s.cfg.Engine.Scheduling != SchedulingPriority {
+		return errorf(http.StatusBadRequest, "Got priority %d but Priority scheduling is not enabled.", priority)
+	}
+	g.req.Priority = priority
+	s.tracesMu.Lock()
+	if len(s.priorities) == maxTraces {
+		s.priorities = append(s.priorities[:0], s.priorities[1:]...)
+	}
+	s.priorities = append(s.priorities, priority)
+	s.tracesMu.Unlock()
+	return nil
+}
+
+// Priorities returns the priority fields of the last completions the
+// server accepted, oldest first, for a test to read what the engine was
+// given.
+func (s *Server) Priorities() []int64 {
+	s.tracesMu.Lock()
+	defer s.tracesMu.Unlock()
+	return append([]int64(nil), s.priorities...)
 }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {

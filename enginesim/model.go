@@ -7,9 +7,10 @@
 // calls with the same times, it produces the same events.
 //
 // It follows the shape of a vLLM scheduler: continuous batching up to
-// MaxBatch running requests, a FIFO queue up to MaxQueue, KV capacity counted
-// in blocks of BlockTokens tokens, an LRU prefix cache over chained block
-// hashes, and a bounded set of resident LoRA adapters.
+// MaxBatch running requests, a queue up to MaxQueue served first come first
+// served or by priority (Config.Scheduling), KV capacity counted in blocks
+// of BlockTokens tokens, an LRU prefix cache over chained block hashes, and
+// a bounded set of resident LoRA adapters.
 package enginesim
 
 import (
@@ -63,7 +64,27 @@ type Config struct {
 	// KVEvents makes the prefix cache tell every block it stores and
 	// evicts, as vLLM's KV-cache events (TakeKVEvents).
 	KVEvents bool
+	// Scheduling is the scheduler's policy, as vLLM's --scheduling-policy:
+	// SchedulingFCFS (the default) or SchedulingPriority.
+	Scheduling Scheduling
 }
+
+// Scheduling is a scheduler policy (vLLM's --scheduling-policy).
+type Scheduling string
+
+// Scheduler policies.
+const (
+	// SchedulingFCFS serves the queue in arrival order; a request with a
+	// priority other than 0 is refused, as vLLM refuses it.
+	SchedulingFCFS Scheduling = "fcfs"
+	// SchedulingPriority serves the queue by (Request.Priority, arrival):
+	// the lowest value first. When the KV cache runs short, the running
+	// request of the worst (priority, arrival) is preempted, where FCFS
+	// preempts the one admitted last. As in vLLM's v1 scheduler, a full
+	// batch preempts nothing: a better request waits for the next free
+	// slot, ahead of every worse one.
+	SchedulingPriority Scheduling = "priority"
+)
 
 // Validate range-checks c. Zero values stand for their defaults; errors
 // name the flag that sets the value.
@@ -82,7 +103,16 @@ func (c Config) Validate() error {
 		check.Duration("kv-transfer-per-token", c.KVTransferPerToken, math.MinInt64, time.Second),
 		check.Duration("lora-load", c.LoraLoad, math.MinInt64, time.Minute),
 		check.Duration("lora-per-adapter-step", c.LoraPerAdapterStep, math.MinInt64, time.Second),
+		c.checkScheduling(),
 	)
+}
+
+func (c Config) checkScheduling() error {
+	switch c.Scheduling {
+	case "", SchedulingFCFS, SchedulingPriority:
+		return nil
+	}
+	return check.Wrap("scheduling-policy", string(c.Scheduling), errors.New("want fcfs or priority"))
 }
 
 // WithDefaults returns c with every zero field set to its default and every
@@ -108,6 +138,9 @@ func (c Config) WithDefaults() Config {
 	durDefault(&c.KVTransferPerToken, 10*time.Microsecond)
 	durDefault(&c.LoraLoad, 50*time.Millisecond)
 	durDefault(&c.LoraPerAdapterStep, 500*time.Microsecond)
+	if c.Scheduling == "" {
+		c.Scheduling = SchedulingFCFS
+	}
 	return c
 }
 
@@ -145,6 +178,10 @@ type Request struct {
 	// KVTransferPerToken each, instead of prefilling them; those its own
 	// prefix cache holds are neither pulled nor computed.
 	Transferred int
+	// Priority orders the queue under SchedulingPriority: lower is served
+	// first (vLLM's priority field, default 0). Under SchedulingFCFS only
+	// 0 is accepted.
+	Priority int64
 }
 
 // ID identifies a submitted request. IDs start at 1 and increase.
@@ -152,11 +189,14 @@ type ID uint64
 
 // Errors returned by Submit.
 var (
-	ErrQueueFull     = errors.New("enginesim: queue full")
-	ErrTooLarge      = errors.New("enginesim: request exceeds KV capacity")
-	ErrInvalid       = errors.New("enginesim: invalid request")
-	ErrLoraDisabled  = errors.New("enginesim: LoRA is not enabled")
-	ErrTimeBackwards = errors.New("enginesim: time went backwards")
+	ErrQueueFull    = errors.New("enginesim: queue full")
+	ErrTooLarge     = errors.New("enginesim: request exceeds KV capacity")
+	ErrInvalid      = errors.New("enginesim: invalid request")
+	ErrLoraDisabled = errors.New("enginesim: LoRA is not enabled")
+	// ErrPriorityDisabled: a priority other than 0 on an engine that
+	// schedules first come first served.
+	ErrPriorityDisabled = errors.New("enginesim: priority scheduling is not enabled")
+	ErrTimeBackwards    = errors.New("enginesim: time went backwards")
 )
 
 // EventKind says what happened to a request.
@@ -255,6 +295,8 @@ func (e *Engine) Submit(req Request, now time.Time) (ID, error) {
 	switch {
 	case req.PromptTokens < 1 || req.MaxTokens < 1:
 		return 0, fmt.Errorf("%w: prompt_tokens %d, max_tokens %d", ErrInvalid, req.PromptTokens, req.MaxTokens)
+	case req.Priority != 0 && e.cfg.Scheduling != SchedulingPriority:
+		return 0, fmt.Errorf("%w: %d", ErrPriorityDisabled, req.Priority)
 	case req.Lora != "" && e.cfg.MaxLoras == 0:
 		return 0, fmt.Errorf("%w: adapter %q", ErrLoraDisabled, req.Lora)
 	case e.kv.blocksFor(req.PromptTokens+req.MaxTokens) > e.cfg.KVBlocks:
@@ -267,7 +309,7 @@ func (e *Engine) Submit(req Request, now time.Time) (ID, error) {
 	}
 	e.nextID++
 	r := &request{id: e.nextID, req: req}
-	e.waiting = append(e.waiting, r)
+	e.enqueue(r)
 	e.byID[r.id] = r
 	if !e.stepping && len(e.waiting) == 1 && len(e.running) == 0 {
 		e.wake = now

@@ -29,7 +29,8 @@ type chatRequest struct {
 	KVTransferParams     *KVTransferParams `json:"kv_transfer_params"`
 	// ReturnTokenIDs asks for the prompt's token ids and the answer's,
 	// as vLLM's return_token_ids does.
-	ReturnTokenIDs bool `json:"return_token_ids"`
+	ReturnTokenIDs bool  `json:"return_token_ids"`
+	Priority       int64 `json:"priority"`
 }
 
 type chatMessage struct {
@@ -50,6 +51,7 @@ type completionRequest struct {
 
 	KVTransferParams *KVTransferParams `json:"kv_transfer_params"`
 	ReturnTokenIDs   bool              `json:"return_token_ids"`
+	Priority         int64             `json:"priority"`
 }
 
 type embeddingRequest struct {

@@ -67,6 +67,7 @@ type responsesRequest struct {
 	Stream             bool            `json:"stream"`
 	Store              *bool           `json:"store"`
 	PreviousResponseID string          `json:"previous_response_id"`
+	Priority           int64           `json:"priority"`
 }
 
 // responsesInput renders input: a string, or items whose content is a
@@ -169,6 +170,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		}
 		return textPrompt(text + in), nil
 	}))
+	if err == nil {
+		err = s.prioritize(g, req.Priority)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

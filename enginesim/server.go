@@ -85,8 +85,9 @@ type Server struct {
 
 	stored responseStore // /v1/responses kept for previous_response_id, per replica as vLLM's store
 
-	tracesMu sync.Mutex
-	traces   []string // the traceparents received, the last maxTraces
+	tracesMu   sync.Mutex
+	traces     []string // the traceparents received, the last maxTraces
+	priorities []int64  // the priorities of the generations accepted, the last maxTraces
 
 	kv       kvHold       // prefills' blocks held for their decode legs
 	engineID string       // remote_engine_id of this engine's prefills

@@ -1,6 +1,9 @@
 package enginesim
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // A step is one scheduler iteration, as in vLLM: its batch is fixed when it
 // starts, every request in it produces one token when it ends, and its
@@ -40,9 +43,11 @@ func (e *Engine) startStep(at time.Time) {
 }
 
 // reserveDecode gives every running request the blocks its next token needs,
-// preempting the most recently admitted requests while the cache is short,
-// as vLLM's recompute preemption does: a preempted request goes back to the
-// head of the queue and later prefills its prompt and its output again.
+// preempting while the cache is short, as vLLM's recompute preemption does:
+// a preempted request goes back to the queue and later prefills its prompt
+// and its output again. FCFS preempts the most recently admitted request and
+// puts it at the head of the queue; priority scheduling preempts the one of
+// the worst (priority, arrival) and queues it in that order.
 func (e *Engine) reserveDecode() {
 	need := 0
 	for _, r := range e.running {
@@ -51,7 +56,7 @@ func (e *Engine) reserveDecode() {
 	for need > e.cfg.KVBlocks && len(e.running) > 1 {
 		victim := 0
 		for i, r := range e.running {
-			if r.seq > e.running[victim].seq {
+			if e.preemptsBefore(r, e.running[victim]) {
 				victim = i
 			}
 		}
@@ -59,7 +64,7 @@ func (e *Engine) reserveDecode() {
 		need -= e.kv.blocksFor(r.req.PromptTokens + r.generated + 1)
 		e.running = append(e.running[:victim], e.running[victim+1:]...)
 		r.blocks = 0
-		e.waiting = append([]*request{r}, e.waiting...)
+		e.requeue(r)
 		e.counts.preemptions++
 	}
 	for _, r := range e.running {
@@ -67,9 +72,57 @@ func (e *Engine) reserveDecode() {
 	}
 }
 
-// admit moves waiting requests into the batch, first come first served:
-// the queue stops at the first request the KV cache cannot hold, but a
-// request whose adapter cannot get a slot is passed over, as vLLM does.
+// preemptsBefore reports whether running request a is preempted before b.
+func (e *Engine) preemptsBefore(a, b *request) bool {
+	if e.cfg.Scheduling == SchedulingPriority {
+		return servedBefore(b, a)
+	}
+	return a.seq > b.seq
+}
+
+// servedBefore orders a priority queue: lower priority value first, then
+// earlier arrival (IDs increase with arrival), as vLLM orders its requests.
+func servedBefore(a, b *request) bool {
+	if a.req.Priority != b.req.Priority {
+		return a.req.Priority < b.req.Priority
+	}
+	return a.id < b.id
+}
+
+// enqueue queues a newly submitted request.
+func (e *Engine) enqueue(r *request) {
+	if e.cfg.Scheduling == SchedulingPriority {
+		e.insertByPriority(r)
+		return
+	}
+	e.waiting = append(e.waiting, r)
+}
+
+// requeue queues a preempted request: at the head under FCFS, in its
+// place under priority scheduling.
+func (e *Engine) requeue(r *request) {
+	if e.cfg.Scheduling == SchedulingPriority {
+		e.insertByPriority(r)
+		return
+	}
+	e.waiting = append([]*request{r}, e.waiting...)
+}
+
+func (e *Engine) insertByPriority(r *request) {
+	i, _ := slices.BinarySearchFunc(e.waiting, r, func(x, r *request) int {
+		if servedBefore(x, r) {
+			return -1
+		}
+		return 1
+	})
+	e.waiting = slices.Insert(e.waiting, i, r)
+}
+
+// admit moves waiting requests into the batch in queue order (arrival, or
+// priority): the queue stops at the first request the KV cache cannot hold,
+// but a request whose adapter cannot get a slot is passed over, as vLLM
+// does. A full batch stops it too: nothing running is preempted for a
+// better request waiting.
 func (e *Engine) admit(at time.Time) (loads, prefillTokens, pulled, prefills int) {
 	free := e.cfg.KVBlocks - e.usedBlocks()
 	active := e.activeLoras()

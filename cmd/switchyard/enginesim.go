@@ -27,6 +27,7 @@ func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&cfg.Engine.KVTransferPerToken, "kv-transfer-per-token", 0, "cost of a prompt token a decode leg pulls from a remote prefill (0: 10µs; at most 1s)")
 	fs.DurationVar(&cfg.KVHold, "kv-hold", enginesim.DefaultKVHold, "how long a prefill leg's KV blocks wait for their decode leg (at most 1h)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale (2 = twice as fast; at most 1e6)")
+	scheduling := fs.String("scheduling-policy", "fcfs", "fcfs, or priority: serve the queue by each request's priority field (lower first), as vLLM's --scheduling-policy")
 	fs.BoolVar(&cfg.DeterministicText, "deterministic-text", false, "answer every prompt with the same word sequence, continuing one a prompt ends with")
 	var kv kvevents.PublisherConfig
 	fs.StringVar(&kv.Endpoint, "kv-events", "", "publish KV-cache events as vLLM does on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (empty: off)")
@@ -38,6 +39,7 @@ func runEngineSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
+	cfg.Engine.Scheduling = enginesim.Scheduling(*scheduling)
 	format, formatErr := kvevents.ParseFormat(*kvFormat)
 	var dialErr error
 	if *kvDial != "" && kv.Endpoint != "" {
