@@ -77,6 +77,13 @@ func (s *Stack) startBroker(i int) error {
 
 func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	maxBatch, maxQueue := r.Capacity()
+	scheduling := r.EngineScheduling
+	if r.EngineURL == "" {
+		scheduling = adapter.SchedulingPriority
+		if s.cfg.FCFSEngines {
+			scheduling = adapter.SchedulingFCFS
+		}
+	}
 	role := auth.Role{Kind: auth.RoleAdapter, ID: r.ID}
 	if _, err := os.Stat(s.Creds(role)); err != nil {
 		if _, err := s.auth.WriteCreds(s.credsDir, role); err != nil {
@@ -92,7 +99,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	s.partsMu.Unlock()
 	a, err := adapter.New(nc, adapter.Config{
 		KVEvents: feed.Endpoint, KVEventsReplay: feed.Replay,
-		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm",
+		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm", EngineScheduling: scheduling,
 		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints, Role: r.Role,
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,
 		ScrapeEvery: s.cfg.ScrapeEvery, DrainGrace: s.cfg.DrainGrace,

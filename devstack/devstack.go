@@ -107,6 +107,11 @@ type Config struct {
 	// feed (by default each publishes one on loopback and its adapter
 	// reads it, so brokers route on what the engines cache).
 	NoKVEvents bool
+	// FCFSEngines runs the simulated engines first come first served. By
+	// default they schedule by priority (vLLM's --scheduling-policy
+	// priority) and their adapters send each request's: a batch line
+	// waits behind every interactive request (docs/benchmarks.md).
+	FCFSEngines bool
 	// Stages, when set, is shared by the gateway, the brokers and the
 	// adapters: one clock for the whole path (StageSummary reads it).
 	Stages *stages.Recorder
@@ -473,7 +478,11 @@ func (s *Stack) startReplica(r Replica) error {
 // startEngine runs r's simulated engine, behind the fault injector f, until
 // ctx ends, and returns its URL and a channel closed once it has stopped.
 func (s *Stack) startEngine(ctx context.Context, r Replica, f *Faults) (url string, stopped <-chan struct{}, err error) {
-	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras}
+	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras,
+		Scheduling: enginesim.SchedulingPriority}
+	if s.cfg.FCFSEngines {
+		ecfg.Scheduling = enginesim.SchedulingFCFS
+	}
 	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: ecfg, Speed: s.cfg.Speed, Adapters: r.Adapters, DeterministicText: s.cfg.DeterministicText, Logger: s.log})
 	var feed kvevents.SubscriberConfig
 	if !s.cfg.NoKVEvents {

@@ -74,6 +74,12 @@ type Config struct {
 	// EngineAPIKey is sent to the engine as "Authorization: Bearer" (vLLM's
 	// --api-key). It is never logged.
 	EngineAPIKey string
+	// EngineScheduling is the engine's scheduling policy:
+	// SchedulingFCFS (default) or SchedulingPriority, for an engine
+	// started with vLLM's --scheduling-policy priority. Only then does the
+	// adapter send each request's priority field (EnginePriority), and
+	// brokers let batch work fill the replica's batch.
+	EngineScheduling string
 
 	// MaxBatch and MaxQueue are the engine's batch and queue sizes. 0 reads
 	// the batch size from the engine where it exports one, else
@@ -275,6 +281,12 @@ func (c *Config) Validate() error {
 			endpointsErr = check.Wrap("endpoints", e, errors.New("want one of "+strings.Join(subjects.AllEndpoints(), ", ")))
 		}
 	}
+	var schedErr error
+	switch c.EngineScheduling {
+	case "", SchedulingFCFS, SchedulingPriority:
+	default:
+		schedErr = check.Wrap("engine-scheduling", c.EngineScheduling, errors.New("want fcfs or priority"))
+	}
 	var kvErr error
 	if c.KVEvents != "" && c.KVEventsBind != "" {
 		kvErr = check.Wrap("kv-events-bind", c.KVEventsBind, errors.New("set --kv-events or --kv-events-bind, not both"))
@@ -286,7 +298,7 @@ func (c *Config) Validate() error {
 	}
 	return check.All(
 		check.Wrap("replica", c.Replica, subjects.ValidToken(c.Replica)),
-		modelErr, poolErr, flavorErr, urlErr, endpointsErr, roleErr,
+		modelErr, poolErr, flavorErr, urlErr, endpointsErr, roleErr, schedErr,
 		check.Range("max-batch", c.MaxBatch, 0, 1<<16),
 		check.Range("max-queue", c.MaxQueue, 0, 1<<20),
 		check.Range("max-loras", c.MaxLoras, 0, 1<<10),
@@ -312,6 +324,9 @@ func (c *Config) fill() error {
 	}
 	if c.Flavor == "" {
 		c.Flavor = FlavorAuto
+	}
+	if c.EngineScheduling == "" {
+		c.EngineScheduling = SchedulingFCFS
 	}
 	c.EngineURL = strings.TrimRight(c.EngineURL, "/")
 	c.ScrapeFailLimit = orDefault(c.ScrapeFailLimit, DefaultScrapeFailLimit)

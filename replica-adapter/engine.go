@@ -131,7 +131,7 @@ func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv [
 		// would have the engine pull KV blocks from a host it names, or
 		// hold blocks nobody pulls. It is the leg's when a prefill leg
 		// ran, else null wherever the client wrote it.
-		extra := []bodyField{{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}}
+		extra := []bodyField{{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}, a.priorityField(h)}
 		if kv != nil {
 			extra[0] = bodyField{keys: []string{"kv_transfer_params"}, value: kv}
 		}

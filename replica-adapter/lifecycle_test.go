@@ -411,6 +411,7 @@ func TestNewValidates(t *testing.T) {
 		"engine URL scheme":  func(c *adapter.Config) { c.EngineURL = "ftp://x" },
 		"pool with a space":  func(c *adapter.Config) { c.Pool = "a b" },
 		"unknown pd role":    func(c *adapter.Config) { c.Role = "encode" },
+		"unknown scheduling": func(c *adapter.Config) { c.EngineScheduling = "lottery" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := good
@@ -422,6 +423,28 @@ func TestNewValidates(t *testing.T) {
 	}
 	if _, err := adapter.New(e.nc, good); err != nil {
 		t.Errorf("good config: %v", err)
+	}
+}
+
+// TestHeartbeatSaysPriorityScheduling: an adapter declared in front of an
+// engine that schedules by priority says so to brokers; one in front of a
+// first-come-first-served engine says nothing.
+func TestHeartbeatSaysPriorityScheduling(t *testing.T) {
+	for _, c := range []struct{ scheduling, want string }{
+		{adapter.SchedulingPriority, subjects.SchedulingPriority},
+		{"", ""},
+	} {
+		e := newEnv(t)
+		nextHB := heartbeats(t, e.nc, "r-1")
+		cfg := e.config()
+		cfg.EngineScheduling = c.scheduling
+		e.start(cfg)
+		waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+			if hb.Scheduling != c.want {
+				return fmt.Errorf("scheduling %q, want %q", hb.Scheduling, c.want)
+			}
+			return nil
+		})
 	}
 }
 

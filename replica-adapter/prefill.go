@@ -99,7 +99,7 @@ func (a *Adapter) servePrefill(ctx context.Context, reply string, h nats.Header,
 	}
 	ctx, cancel := legDeadline(ctx, h)
 	defer cancel()
-	b, e := prefillBody(body, a.servedModel(h), endpoint == subjects.EndpointChat)
+	b, e := prefillBody(body, a.servedModel(h), endpoint == subjects.EndpointChat, a.priorityField(h))
 	if e != nil {
 		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
 		a.answerPrefill(reply, e.Status, e.Body())
@@ -158,8 +158,8 @@ func legDeadline(ctx context.Context, h nats.Header) (context.Context, context.C
 // prefillBody is the body of a prefill leg, as vLLM's NIXL proxies write
 // it: the request with one token to generate, not streamed, and
 // kv_transfer_params asking the engine to hold the blocks for a remote
-// decode.
-func prefillBody(body []byte, model string, chat bool) ([]byte, *subjects.APIError) {
+// decode; priority is the engine's priority field (priorityField).
+func prefillBody(body []byte, model string, chat bool, priority bodyField) ([]byte, *subjects.APIError) {
 	quoted, _ := quote(model)
 	maxKeys := []string{"max_tokens"}
 	if chat {
@@ -172,6 +172,7 @@ func prefillBody(body []byte, model string, chat bool) ([]byte, *subjects.APIErr
 		{keys: []string{"stream_options"}, value: []byte("null")},
 		{keys: []string{"kv_transfer_params"}, value: []byte(`{"do_remote_decode":true,"do_remote_prefill":false,` +
 			`"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)},
+		priority,
 	})
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
@@ -198,7 +199,7 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 	legCtx, cancel := legDeadline(ctx, h)
 	defer cancel()
 	m := &nats.Msg{Subject: a.subj.Prefill(target), Data: body, Header: nats.Header{}}
-	for _, k := range []string{subjects.HdrRequestID, subjects.HdrEndpoint, subjects.HdrRouteLora, subjects.HdrDeadline, subjects.HdrTraceparent, subjects.HdrTracestate} {
+	for _, k := range []string{subjects.HdrRequestID, subjects.HdrEndpoint, subjects.HdrRouteLora, subjects.HdrDeadline, subjects.HdrPriority, subjects.HdrTraceparent, subjects.HdrTracestate} {
 		if v := h.Get(k); v != "" {
 			m.Header.Set(k, v)
 		}

@@ -312,6 +312,9 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 		hb.KVBlocks = a.cfg.KVBlocks
 	}
 	hb.KVEvents = a.kv != nil && a.kv.isLive()
+	if a.cfg.EngineScheduling == SchedulingPriority {
+		hb.Scheduling = subjects.SchedulingPriority
+	}
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the
 	// same, but every request: the replica is not healthy.

@@ -87,12 +87,22 @@ type Heartbeat struct {
 	// tokens per block (0: unknown). KVEvents says the adapter's KV-event
 	// feed is live: its key updates on llm.kv.<replica> are exact; false
 	// after it lost events it could not replay, until it has resynced.
-	KVBlocks       int    `json:"kv_blocks,omitempty"`
-	BlockSize      int    `json:"block_size,omitempty"`
-	KVEvents       bool   `json:"kv_events,omitempty"`
+	KVBlocks  int  `json:"kv_blocks,omitempty"`
+	BlockSize int  `json:"block_size,omitempty"`
+	KVEvents  bool `json:"kv_events,omitempty"`
+	// Scheduling is SchedulingPriority when the engine serves its queue by
+	// each request's priority (vLLM's --scheduling-policy priority) and
+	// the adapter sends it the router's: batch work may then fill the
+	// replica's batch (broker/policy, batch-room). Empty: first come first
+	// served.
+	Scheduling     string `json:"scheduling,omitempty"`
 	Seq            uint64 `json:"seq"`
 	SentUnixMillis int64  `json:"sent_unix_ms"`
 }
+
+// SchedulingPriority is Heartbeat.Scheduling of a replica whose engine
+// schedules by priority.
+const SchedulingPriority = "priority"
 
 // EjectAfterFailures is the streak of engine failures after which brokers
 // eject a replica (Envoy's consecutive_5xx default); an adapter sends a

@@ -27,6 +27,7 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.Version, "version", "", "model version")
 	fs.StringVar(&cfg.Pool, "pool", "general", "pool")
 	fs.StringVar(&cfg.Flavor, "flavor", "auto", "engine metrics flavor: auto, vllm, sglang, llamacpp or tgi")
+	fs.StringVar(&cfg.EngineScheduling, "engine-scheduling", "fcfs", "the engine's scheduling policy: fcfs, or priority for a vLLM started with --scheduling-policy priority (the adapter then sends each request's priority: batch work 1, interactive 0)")
 	fs.IntVar(&cfg.MaxBatch, "max-batch", 0, "requests the engine runs at once (vLLM's max_num_seqs; 0: read from the engine where it exports it, else 256; at most 65536)")
 	fs.IntVar(&cfg.MaxQueue, "max-queue", 0, "waiting requests weighed as a full queue (0: 1024; at most 1048576)")
 	fs.IntVar(&cfg.MaxLoras, "max-loras", 0, "LoRA slots (0: as the engine reports; at most 1024)")

@@ -20,6 +20,10 @@ type Replica struct {
 	// Engine returns nil for its id. Benchmarks use it to put the stack and
 	// a plain proxy in front of the same engine.
 	EngineURL string
+	// EngineScheduling is the scheduling policy of the engine at EngineURL
+	// (adapter.Config.EngineScheduling; default fcfs). The simulated
+	// engines schedule by priority unless the stack says otherwise.
+	EngineScheduling string
 	// MaxBatch and MaxQueue are the capacity the adapter declares
 	// (default 32 and 128, the simulated engine's).
 	MaxBatch, MaxQueue int

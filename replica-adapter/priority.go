@@ -1,0 +1,47 @@
+package adapter
+
+import (
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// Engine scheduling policies (Config.EngineScheduling), as vLLM's
+// --scheduling-policy names them.
+const (
+	SchedulingFCFS     = "fcfs"
+	SchedulingPriority = "priority"
+)
+
+// The engine priorities of the router's priorities: vLLM serves the lower
+// value first, admitting a waiting interactive request before every
+// waiting batch line, and when its KV cache runs short it preempts the
+// running request of the worst value.
+const (
+	EnginePriorityInteractive = 0
+	EnginePriorityBatch       = 1
+)
+
+// EnginePriority is the engine priority of a request the router sent with
+// the Llm-Priority header h holds: what the broker decided, never what the
+// body says.
+func EnginePriority(h nats.Header) int {
+	if h.Get(subjects.HdrPriority) == subjects.PriorityBatch {
+		return EnginePriorityBatch
+	}
+	return EnginePriorityInteractive
+}
+
+// priorityField is the priority the engine gets. On an engine that
+// schedules by priority it is the router's, written over any the client
+// sent; on any other a client's priority is written to 0, which every
+// engine accepts (vLLM refuses any other value without priority
+// scheduling), and a body without one is sent without one.
+func (a *Adapter) priorityField(h nats.Header) bodyField {
+	if a.cfg.EngineScheduling == SchedulingPriority {
+		return bodyField{keys: []string{"priority"}, value: strconv.AppendInt(nil, int64(EnginePriority(h)), 10)}
+	}
+	return bodyField{keys: []string{"priority"}, value: []byte("0"), replaces: true}
+}
