@@ -6,17 +6,24 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// BatchRoom is the share of a replica's batch that batch work may fill:
-// a batch request goes only to a replica with fresh load data whose engine
-// holds (running and waiting, or the adapter's own in-flight count when
-// that is more) below BatchRoom of its max_batch, and KV below the release
-// threshold. The rest of the batch is room interactive requests find at
-// once, so batch work fills spare capacity without taking theirs. This
-// broker's sends since the heartbeat are not counted: that count only
-// resets with the next heartbeat, so at any real rate it would call an
-// idle replica full (the batcher's window bounds what arrives between two
-// heartbeats).
+// BatchRoom is the share of a replica's batch that batch work may fill
+// when its engine serves requests first come first served: a batch request
+// goes only to a replica with fresh load data whose engine holds (running
+// and waiting, or the adapter's own in-flight count when that is more)
+// below BatchRoom of its max_batch, and KV below the release threshold.
+// The rest of the batch is room interactive requests find at once, so
+// batch work fills spare capacity without taking theirs. This broker's
+// sends since the heartbeat are not counted: that count only resets with
+// the next heartbeat, so at any real rate it would call an idle replica
+// full (the batcher's window bounds what arrives between two heartbeats).
 const BatchRoom = 0.75
+
+// BatchRoomByPriority is the share for a replica whose engine schedules by
+// priority (heartbeat scheduling "priority"): there an interactive request
+// is admitted before every waiting batch line, so batch work may fill the
+// whole batch. It stays out of the queue, whose places interactive
+// requests would otherwise find taken (the at-capacity check).
+const BatchRoomByPriority = 1.0
 
 // RetryBatchRoom is the Retry-After of a batch request refused for room:
 // the pool's load changes with every heartbeat.
@@ -56,7 +63,11 @@ func (p *pick) batchRoom() (switched bool, e *subjects.APIError) {
 func (p *pick) hasRoom(c *cand) bool {
 	x := c.x
 	held := max(x.running+x.waiting, clamp32(x.hb.Inflight))
-	return c.fresh && float64(held) < BatchRoom*float64(x.maxBatch) && c.kv < p.release
+	room := BatchRoom
+	if x.byPriority {
+		room = BatchRoomByPriority
+	}
+	return c.fresh && float64(held) < room*float64(x.maxBatch) && c.kv < p.release
 }
 
 func (p *pick) whyBatchRoom(i int) string {

@@ -57,3 +57,39 @@ func TestBatchWorkTakesOnlyRoom(t *testing.T) {
 		t.Errorf("an interactive request: %v", d.Err)
 	}
 }
+
+// TestBatchWorkFillsAPriorityEnginesBatch: on a replica whose engine
+// schedules by priority, batch work may take every slot of its batch (an
+// interactive request is admitted there before every waiting batch line),
+// but not its queue, nor KV past the release threshold; a replica
+// scheduling first come first served keeps its quarter free.
+func TestBatchWorkFillsAPriorityEnginesBatch(t *testing.T) {
+	e := newEnv(t)
+	batch := func() *policy.Request { q := chat("chat-large"); q.Priority = subjects.PriorityBatch; return q }
+	const prio = subjects.SchedulingPriority
+	for _, c := range []struct {
+		name             string
+		scheduling       string
+		kv               float64
+		running, waiting int
+		room             bool
+	}{
+		{"31 of 32 running, by priority", prio, 0.1, 31, 0, true},
+		{"24 of 32 running, by priority", prio, 0.1, 24, 0, true},
+		{"24 of 32 running, first come first served", "", 0.1, 24, 0, false},
+		{"24 of 32 running, a policy brokers do not know", "lottery", 0.1, 24, 0, false},
+		{"the batch full, by priority", prio, 0.1, 32, 0, false},
+		{"a queue, by priority", prio, 0.1, 30, 2, false},
+		{"KV past the release threshold, by priority", prio, 0.96, 2, 0, false},
+	} {
+		e.now = e.now.Add(time.Second)
+		e.beat("l70-batch-0", c.kv, c.running, c.waiting, func(hb *subjects.Heartbeat) { hb.Scheduling = c.scheduling })
+		d := e.decide(batch())
+		switch {
+		case c.room && (d.Err != nil || d.Replica != "l70-batch-0"):
+			t.Errorf("%s: %s %s %v, want it admitted", c.name, d.Replica, d.Reason, d.Err)
+		case !c.room && (d.Err == nil || d.Err.Status != 503 || d.Err.RetryAfter != policy.RetryBatchRoom):
+			t.Errorf("%s: %s %s %v, want a 503 with Retry-After %v", c.name, d.Replica, d.Reason, d.Err, policy.RetryBatchRoom)
+		}
+	}
+}

@@ -123,6 +123,10 @@ type replica struct {
 	// for it, not the placements. kvID is its id in the index.
 	kvLive bool
 	kvID   kvindex.ID
+	// byPriority: its engine serves waiting requests by priority and its
+	// adapter sends the router's (heartbeat), so batch work may fill its
+	// batch (batch-room).
+	byPriority bool
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -151,6 +155,7 @@ func (x *replica) refresh() {
 	x.queuedPrefill = clamp32(hb.QueuedPrefillTokens)
 	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
 	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
+	x.byPriority = hb.Scheduling == subjects.SchedulingPriority
 	switch {
 	case x.hasHB && len(hb.Endpoints) > 0:
 		x.serves = subjects.EndpointSet(hb.Endpoints)
