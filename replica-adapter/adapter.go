@@ -170,8 +170,9 @@ type Adapter struct {
 	draining bool
 	calls    map[string]*call // by Llm-Request-Id, for cancels
 	// prefills are the prefill legs in flight on this (prefill) replica,
-	// by Llm-Request-Id, for the decode replica's cancel.
-	prefills map[string]context.CancelFunc
+	// by the decode replica that sent them and Llm-Request-Id, for that
+	// decode replica's cancel.
+	prefills map[prefillKey]context.CancelFunc
 	// early holds cancels that arrived before their request (the request
 	// and cancel subscriptions are separate, so a backlogged adapter can
 	// see the cancel first), so the request is dropped when it comes.
@@ -219,7 +220,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		reg:      &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
 		owners:   owners.New(js, cfg.OwnersBucket),
 		calls:    map[string]*call{},
-		prefills: map[string]context.CancelFunc{},
+		prefills: map[prefillKey]context.CancelFunc{},
 		early:    map[string]time.Time{},
 		limits:   configuredLimits(&cfg),
 	}
@@ -496,6 +497,11 @@ func (a *Adapter) startService(flavor string) (micro.Service, error) {
 			micro.WithEndpointSubject(a.subj.Prefill(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("adapter: prefill endpoint: %w", err)
+		}
+		if err := svc.AddEndpoint("prefill-cancel", micro.HandlerFunc(a.onPrefillCancel),
+			micro.WithEndpointSubject(a.subj.PrefillCancelAll(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("adapter: prefill cancel endpoint: %w", err)
 		}
 	}
 	return svc, nil

@@ -44,27 +44,39 @@ const (
 	wholeDecodeRejected = "decode_rejected" // this engine refused the parameters (blocks unknown or expired)
 )
 
+// prefillKey names a prefill leg in flight: the decode replica that sent it
+// and its request id. A cancel reaches only the leg of the decode replica
+// its subject proves it comes from, and two decode replicas' legs never
+// collide, whatever ids they carry.
+type prefillKey struct{ decode, id string }
+
 // onPrefill is the prefill endpoint of a prefill replica: it serves
-// prefill legs, and cancels one on Llm-Prefill-Cancel.
+// prefill legs. The leg names the decode replica that sends it
+// (Llm-Route-Replica); only that replica's adapter can cancel it
+// (onPrefillCancel).
 func (a *Adapter) onPrefill(r micro.Request) {
 	h := nats.Header(r.Headers())
-	id := h.Get(subjects.HdrRequestID)
+	id, decode := h.Get(subjects.HdrRequestID), h.Get(subjects.HdrRouteReplica)
 	if h.Get(subjects.HdrPrefillCancel) != "" {
-		a.mu.Lock()
-		cancel := a.prefills[id]
-		a.mu.Unlock()
-		if cancel != nil {
-			cancel()
-		}
+		// Any adapter may publish here: a cancel on this subject proves
+		// nothing of its sender, so it stops nothing.
+		a.log.Warn("a prefill cancel on the leg subject is not believed", "request", id)
 		return
 	}
 	reply := r.Reply()
-	if !strings.HasPrefix(reply, "_INBOX.") || subjects.ValidToken(id) != nil {
-		a.log.Warn("prefill leg without an inbox reply or a request id dropped", "reply", reply, "request", id)
+	if !strings.HasPrefix(reply, "_INBOX.") {
+		a.log.Warn("prefill leg without an inbox reply dropped", "reply", reply, "request", id)
 		return
 	}
+	if subjects.ValidToken(id) != nil || subjects.ValidToken(decode) != nil {
+		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
+		a.answerPrefill(reply, http.StatusBadRequest, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest,
+			"a prefill leg names its request ("+subjects.HdrRequestID+") and its decode replica ("+subjects.HdrRouteReplica+")").Body())
+		return
+	}
+	key := prefillKey{decode: decode, id: id}
 	a.mu.Lock()
-	if a.draining || a.prefills[id] != nil {
+	if a.draining || a.prefills[key] != nil {
 		a.mu.Unlock()
 		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
 		a.answerPrefill(reply, http.StatusServiceUnavailable, subjects.NewError(http.StatusServiceUnavailable, subjects.CodeNoReplicas,
@@ -72,19 +84,35 @@ func (a *Adapter) onPrefill(r micro.Request) {
 		return
 	}
 	ctx, cancel := context.WithCancel(a.reqBase)
-	a.prefills[id] = cancel
+	a.prefills[key] = cancel
 	a.wg.Add(1)
 	a.mu.Unlock()
 	go func() {
 		defer func() {
 			cancel()
 			a.mu.Lock()
-			delete(a.prefills, id)
+			delete(a.prefills, key)
 			a.mu.Unlock()
 			a.wg.Done()
 		}()
 		a.servePrefill(ctx, reply, h, r.Data())
 	}()
+}
+
+// onPrefillCancel cancels a prefill leg: the one named by Llm-Request-Id
+// that the decode replica of the subject's last token sent. Only that
+// replica's adapter may publish the subject (docs/security.md), so a cancel
+// is believed exactly as far as the permission proves who sent it.
+func (a *Adapter) onPrefillCancel(r micro.Request) {
+	subj := r.Subject()
+	decode := subj[strings.LastIndexByte(subj, '.')+1:]
+	key := prefillKey{decode: decode, id: r.Headers().Get(subjects.HdrRequestID)}
+	a.mu.Lock()
+	cancel := a.prefills[key]
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // servePrefill runs one prefill leg on the engine and answers with the
@@ -198,7 +226,7 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 	}
 	legCtx, cancel := legDeadline(ctx, h)
 	defer cancel()
-	m := &nats.Msg{Subject: a.subj.Prefill(target), Data: body, Header: nats.Header{}}
+	m := &nats.Msg{Subject: a.subj.Prefill(target), Data: body, Header: nats.Header{subjects.HdrRouteReplica: {a.cfg.Replica}}}
 	for _, k := range []string{subjects.HdrRequestID, subjects.HdrEndpoint, subjects.HdrRouteLora, subjects.HdrDeadline, subjects.HdrPriority, subjects.HdrTraceparent, subjects.HdrTracestate} {
 		if v := h.Get(k); v != "" {
 			m.Header.Set(k, v)
@@ -207,8 +235,9 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 	resp, err := a.nc.RequestMsgWithContext(legCtx, m)
 	if err != nil {
 		if !errors.Is(err, nats.ErrNoResponders) {
-			// The leg may still run there: stop it.
-			cm := &nats.Msg{Subject: m.Subject, Header: nats.Header{subjects.HdrRequestID: {h.Get(subjects.HdrRequestID)}, subjects.HdrPrefillCancel: {"1"}}}
+			// The leg may still run there: stop it, on the subject only
+			// this adapter may publish.
+			cm := &nats.Msg{Subject: a.subj.PrefillCancel(target, a.cfg.Replica), Header: nats.Header{subjects.HdrRequestID: {h.Get(subjects.HdrRequestID)}, subjects.HdrPrefillCancel: {"1"}}}
 			_ = a.nc.PublishMsg(cm)
 		}
 		switch {

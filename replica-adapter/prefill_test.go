@@ -250,7 +250,8 @@ func TestForgedPrefillLegNeverAnswersWhole(t *testing.T) {
 	pd := newPDPair(t, enginesim.ServerConfig{Speed: 100})
 	usage := usageEvents(t, pd.e.nc)
 	body := longPrompt + `"}], "max_tokens": 500, "max_completion_tokens": 500, "stream": true, "stream_options": {"include_usage": true}}`
-	h := nats.Header{subjects.HdrRequestID: {"forged"}, subjects.HdrEndpoint: {subjects.EndpointChat}, subjects.HdrTenant: {"victim"}}
+	h := nats.Header{subjects.HdrRequestID: {"forged"}, subjects.HdrEndpoint: {subjects.EndpointChat}, subjects.HdrTenant: {"victim"},
+		subjects.HdrRouteReplica: {"d-1"}}
 	m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1"), Header: h, Data: []byte(body)}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -281,3 +282,66 @@ func TestForgedPrefillLegNeverAnswersWhole(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// A prefill leg stops only for a cancel on the subject that names the
+// decode replica that sent it; a cancel by request id on the leg subject,
+// or in another replica's name, stops nothing.
+func TestPrefillLegCancelledOnlyInItsSendersName(t *testing.T) {
+	// A prefill slow enough to try every cancel during it.
+	pd := newPDPair(t, enginesim.ServerConfig{Speed: 1, Engine: enginesim.Config{PrefillPerToken: time.Millisecond}})
+	subj := subjects.New("")
+	h := splitHeaders("leg-1", "")
+	h.Set(subjects.HdrRouteReplica, "d-1")
+	inbox := nats.NewInbox()
+	answer, err := pd.e.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if pd.prefill.InFlight() != 1 {
+			return errString("the prefill leg has not reached its engine")
+		}
+		return nil
+	})
+	cancel := func(subject string) {
+		t.Helper()
+		m := &nats.Msg{Subject: subject, Header: nats.Header{subjects.HdrRequestID: {"leg-1"}, subjects.HdrPrefillCancel: {"1"}}}
+		if err := pd.e.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel(subj.Prefill("p-1"))
+	cancel(subj.PrefillCancel("p-1", "d-2"))
+	m, err := answer.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a chatAnswer
+	if m.Header.Get(subjects.HdrStatus) != "200" || json.Unmarshal(m.Data, &a) != nil || a.KV == nil {
+		t.Fatalf("a cancel not in the sender's name stopped the leg: %s %.300s", m.Header.Get(subjects.HdrStatus), m.Data)
+	}
+
+	h.Set(subjects.HdrRequestID, "leg-2")
+	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if pd.prefill.InFlight() != 1 {
+			return errString("the second leg has not reached its engine")
+		}
+		return nil
+	})
+	m2 := &nats.Msg{Subject: subj.PrefillCancel("p-1", "d-1"), Header: nats.Header{subjects.HdrRequestID: {"leg-2"}, subjects.HdrPrefillCancel: {"1"}}}
+	if err := pd.e.nc.PublishMsg(m2); err != nil {
+		t.Fatal(err)
+	}
+	if m, err = answer.NextMsg(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(subjects.HdrStatus) == "200" {
+		t.Errorf("the sender's cancel did not stop its leg: %.300s", m.Data)
+	}
+}

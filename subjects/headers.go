@@ -48,9 +48,11 @@ const (
 	// published message's reply, so the broker forwards it here and the
 	// adapter answers on it. The broker always overwrites or removes it.
 	HdrReply = "Llm-Reply"
-	// HdrPrefillCancel on a message to a prefill replica's prefill subject
-	// cancels the prefill leg named by its Llm-Request-Id: the decode
-	// replica's client went away.
+	// HdrPrefillCancel marks the cancel of the prefill leg named by its
+	// Llm-Request-Id: the decode replica's client went away. It is believed
+	// only on llm.replica.<prefill>.prefill.cancel.<decode>, which only the
+	// decode replica's adapter may publish, and only for a leg that decode
+	// replica sent (Subjects.PrefillCancel).
 	HdrPrefillCancel = "Llm-Prefill-Cancel"
 )
 

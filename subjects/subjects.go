@@ -110,6 +110,20 @@ func (s Subjects) ReplicaCancel(id string) string { return s.p() + ".replica." +
 // no other part may.
 func (s Subjects) Prefill(id string) string { return s.p() + ".replica." + id + ".prefill" }
 
+// PrefillCancel carries the cancel of a prefill leg that decode replica
+// decode sent to prefill replica prefill. Only decode's adapter may
+// publish it (its last token is the sender's identity, proven by the
+// subject's permission), so only the adapter that started a leg can stop
+// it.
+func (s Subjects) PrefillCancel(prefill, decode string) string {
+	return s.p() + ".replica." + prefill + ".prefill.cancel." + decode
+}
+
+// PrefillCancelAll matches every cancel of prefill replica prefill's legs.
+func (s Subjects) PrefillCancelAll(prefill string) string {
+	return s.p() + ".replica." + prefill + ".prefill.cancel.*"
+}
+
 // Heartbeat is one adapter's load heartbeat.
 func (s Subjects) Heartbeat(id string) string { return s.p() + ".heartbeat." + id }
 
