@@ -134,6 +134,7 @@ func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv [
 		extra := []bodyField{{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}, a.priorityField(h)}
 		if kv != nil {
 			extra[0] = bodyField{keys: []string{"kv_transfer_params"}, value: kv}
+			ctx = context.WithValue(ctx, pulledKey{}, true)
 		}
 		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens), extra...)
 		if e != nil {

@@ -33,6 +33,13 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 	resp, err := t.base.RoundTrip(req)
 	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
 		kind, ok := failureKind(req.Context(), resp, err)
+		if err == nil && resp.StatusCode >= 400 && req.Context().Value(pulledKey{}) != nil {
+			// A decode leg refused: the prefill's blocks are gone (expired,
+			// pulled, the prefill engine restarted), which is no failure of
+			// this replica. The adapter prefills the request here at once,
+			// and that call's answer is what counts.
+			kind, ok = "", false
+		}
 		status := 0
 		if err == nil {
 			status = resp.StatusCode
@@ -194,6 +201,13 @@ func refusedKey(req *http.Request, resp *http.Response) *http.Response {
 // so it is relayed as it came and never counts toward ejection: one
 // tenant's missing adapter must not eject every replica of the model.
 type loraKey struct{}
+
+// pulledKey marks a decode leg: a call with the kv_transfer_params of a
+// prefill leg run elsewhere. Its error answer (vLLM's 500 when the KV
+// blocks cannot be loaded) says the prefill's blocks are gone, not that
+// this engine fails: it never counts toward ejection, and the request is
+// prefilled here instead (callEngine), whose answer counts.
+type pulledKey struct{}
 
 // notServed replaces an engine's 404 that says the engine does not serve
 // what the replica registered with a 503, and reports it (gone): the

@@ -3,15 +3,18 @@ package adapter_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
+	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -43,6 +46,12 @@ type pdPair struct {
 }
 
 func newPDPair(t *testing.T, prefillCfg enginesim.ServerConfig) *pdPair {
+	return newPDPairWith(t, prefillCfg, nil)
+}
+
+// newPDPairWith is newPDPair with the decode adapter's config changed by
+// decode (when set).
+func newPDPairWith(t *testing.T, prefillCfg enginesim.ServerConfig, decode func(*adapter.Config)) *pdPair {
 	e := newEnv(t)
 	pe, ps := simEngine(t, prefillCfg)
 	de, ds := simEngine(t, enginesim.ServerConfig{Speed: 100})
@@ -51,6 +60,9 @@ func newPDPair(t *testing.T, prefillCfg enginesim.ServerConfig) *pdPair {
 	e.start(cfg)
 	cfg = e.config()
 	cfg.Replica, cfg.Role, cfg.EngineURL = "d-1", table.RoleDecode, ds.URL
+	if decode != nil {
+		decode(&cfg)
+	}
 	e.start(cfg)
 	return &pdPair{e: e, prefill: pe, decode: de, prefillEngineURL: ps}
 }
@@ -202,6 +214,46 @@ func TestDecodeRejectingTheParametersServesWhole(t *testing.T) {
 	wholeAfter(t, head, a, "decode_rejected")
 	if ds := pd.decode.KVTransfers(); len(ds) != 1 || !ds[0].DoRemotePrefill {
 		t.Errorf("decode engine saw %+v, want the one rejected decode leg", ds)
+	}
+}
+
+// A decode engine's 500 for KV blocks it cannot pull (the prefill's
+// blocks expired) is not the decode replica's failure: each such request
+// is prefilled there instead, and neither the failure counter nor the
+// heartbeat's streak, which brokers eject on, hears of it, however many
+// come at once.
+func TestExpiredKVBlocksNeverEjectTheDecodeReplica(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	pd := newPDPairWith(t, enginesim.ServerConfig{Speed: 100, KVHold: time.Nanosecond}, func(c *adapter.Config) { c.Registerer = reg })
+	nextHB := heartbeats(t, pd.e.nc, "d-1")
+	n := subjects.EjectAfterFailures + 3
+	answers := make([]<-chan *nats.Msg, n)
+	for i := range answers {
+		answers[i] = pd.e.request("d-1", splitHeaders(fmt.Sprint("req-expired-", i), "p-1"), longBody("5"))
+	}
+	for _, ch := range answers {
+		head, a := answerOf(t, ch)
+		wholeAfter(t, head, a, "decode_rejected")
+	}
+	if ds := pd.decode.KVTransfers(); len(ds) != n {
+		t.Fatalf("decode engine saw %d decode legs, want %d (each refused, then prefilled here)", len(ds), n)
+	}
+	if got := counter(t, reg, "switchyard_adapter_engine_failures_total", "", ""); got != 0 {
+		t.Errorf("engine failures counted: %v, want none", got)
+	}
+	if got := counter(t, reg, "switchyard_adapter_prefill_fallbacks_total", "cause", "decode_rejected"); got != float64(n) {
+		t.Errorf("decode_rejected fallbacks counted: %v, want %d", got, n)
+	}
+	worst := 0
+	waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		worst = max(worst, hb.EngineFailures)
+		if hb.EngineSuccesses < uint64(n) {
+			return fmt.Errorf("engine successes %d, want %d", hb.EngineSuccesses, n)
+		}
+		return nil
+	})
+	if worst != 0 {
+		t.Errorf("a heartbeat reported a streak of %d engine failures", worst)
 	}
 }
 
