@@ -179,7 +179,7 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 		return refuse(d.Err)
 	}
 	if d.Placement && len(s.req.Prefix) > 0 {
-		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Blocks: append([]uint64(nil), s.req.Prefix...)})
+		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Prefill: d.Prefill, Blocks: append([]uint64(nil), s.req.Prefix...)})
 	}
 	s.setHeader(h, subjects.HdrRouteModel, d.Model)
 	s.setHeader(h, subjects.HdrRouteVersion, d.Version)

@@ -126,10 +126,13 @@ type LoraState struct {
 	Max     int      `json:"max"`
 }
 
-// Placement tells every broker where a request's prefix blocks went.
+// Placement tells every broker where a request's prefix blocks went:
+// to Replica, and for a split request first to Prefill, the prefill
+// replica that computed them (the decode replica holds them once pulled).
 type Placement struct {
 	Model   string   `json:"m"`
 	Replica string   `json:"r"`
+	Prefill string   `json:"p,omitempty"`
 	Blocks  []uint64 `json:"b"`
 }
 

@@ -347,8 +347,11 @@ func (r *Router) pruneLocked(now time.Time) {
 	r.pruneAt = 2 * len(r.replicas) // amortized: the next sweep waits for as many new ones
 }
 
-// ObservePlacement merges another broker's placement into the prefix map.
-// Placements for replicas this broker does not know are dropped.
+// ObservePlacement merges another broker's placement into the prefix map,
+// as the broker that decided remembered it: a split request's blocks on
+// its prefill replica, then on its decode replica. Placements for replicas
+// this broker does not know are dropped, and so is a prefill replica that
+// is not a prefill replica of the model here.
 func (r *Router) ObservePlacement(p *subjects.Placement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -360,9 +363,10 @@ func (r *Router) ObservePlacement(p *subjects.Placement) {
 	if m == nil {
 		return
 	}
-	for _, h := range p.Blocks {
-		m.put(h, x)
+	if y := r.replicas[p.Prefill]; p.Prefill != "" && y != nil && y.prefillOnly && y.reg != nil && y.reg.Model == p.Model {
+		m.remember(p.Blocks, y)
 	}
+	m.remember(p.Blocks, x)
 }
 
 // prefixMapLocked returns model's prefix map, creating it for models the
