@@ -47,6 +47,7 @@ type poolGroup struct {
 type replicaView struct {
 	ID         string   `json:"id"`
 	Version    string   `json:"version"`
+	Role       string   `json:"role,omitempty"` // as registered: prefill, decode or both; "" unregistered
 	State      string   `json:"state"`
 	Registered bool     `json:"registered"`
 	Heartbeat  bool     `json:"heartbeat"`
@@ -183,6 +184,7 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 		if r := reg[id]; r != nil {
 			k.model, k.pool, k.r.Version = r.Model, r.Pool, r.Version
 			k.r.Registered = true
+			k.r.Role = cmp.Or(r.Role, table.RoleBoth)
 			k.r.MaxBatch, k.r.MaxQueue, k.r.MaxLoras = r.MaxBatch, r.MaxQueue, r.MaxLoras
 			state = r.State
 		}

@@ -34,6 +34,7 @@ type state struct {
 			Pool     string `json:"pool"`
 			Replicas []struct {
 				ID         string  `json:"id"`
+				Role       string  `json:"role"`
 				State      string  `json:"state"`
 				Registered bool    `json:"registered"`
 				Heartbeat  bool    `json:"heartbeat"`
@@ -304,6 +305,61 @@ func TestEventsPushHeartbeatsDecisionsAndTheTable(t *testing.T) {
 	next.Revision = 8
 	snap.Store(next)
 	ev.next(t, "the new revision", func(s state) bool { return s.Table != nil && s.Table.Revision == 8 })
+}
+
+// TestReplicaRoles: the dashboard shows what each replica serves of a
+// disaggregated model, as registered (both when the registration says
+// nothing), and nothing for a replica known only from its heartbeat; the
+// page has a column for it.
+func TestReplicaRoles(t *testing.T) {
+	snap := devSnapshot(t)
+	for id, v := range map[string]string{
+		"replicas.pd-p0": `{"model":"m-pd","version":"v1","pool":"general","state":"ready","role":"prefill"}`,
+		"replicas.pd-d0": `{"model":"m-pd","version":"v1","pool":"general","state":"ready","role":"decode"}`,
+		"replicas.pd-b0": `{"model":"m-pd","version":"v1","pool":"general","state":"ready","role":"both"}`,
+	} {
+		e, err := table.Decode(id, []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap.Set(e, []byte(v))
+	}
+	r, _ := newRig(t, ui.Config{Table: func() *table.Snapshot { return snap }})
+	ev := openEvents(t, r.srv.URL)
+	ev.next(t, "the full state", func(s state) bool { return s.Full })
+	r.publish(t, subjects.New("").Heartbeat("pd-x0"), subjects.Heartbeat{Replica: "pd-x0", Model: "m-pd", Pool: "general", State: subjects.StateReady})
+	s := ev.next(t, "pd-x0's heartbeat", func(s state) bool {
+		for _, m := range s.Models {
+			if m.Model == "m-pd" && len(m.Pools) > 0 && len(m.Pools[0].Replicas) == 4 {
+				return true
+			}
+		}
+		return false
+	})
+	got := map[string]string{}
+	for _, m := range s.Models {
+		for _, p := range m.Pools {
+			for _, rep := range p.Replicas {
+				got[rep.ID] = rep.Role
+			}
+		}
+	}
+	for id, want := range map[string]string{"pd-p0": "prefill", "pd-d0": "decode", "pd-b0": "both", "r-gen-0": "both", "pd-x0": ""} {
+		if got[id] != want {
+			t.Errorf("%s role %q, want %q", id, got[id], want)
+		}
+	}
+	resp, err := http.Get(r.srv.URL + "/ui/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"'version', 'role', 'state'", "roleCell(r)", "r.role"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the page does not show roles: app.js lacks %q", want)
+		}
+	}
 }
 
 // TestEjectedReplicaAndWaitEstimate: the dashboard shows the wait a broker

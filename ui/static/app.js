@@ -95,11 +95,22 @@
     return td;
   }
 
+  // roleCell is what the replica serves of a disaggregated model: a
+  // prefill replica takes only prefill legs, a decode replica the rest.
+  function roleCell(r) {
+    const role = r.role || '';
+    const td = h('td', 'role' + (role === 'both' ? ' dim' : ' role-' + role), role || '—');
+    td.title = role === 'prefill' ? 'runs the prefill legs of split requests, never a whole request'
+      : role === 'decode' ? 'decodes split requests after their prefill leg; serves short prompts whole'
+        : role === 'both' ? 'serves whole requests' : 'not in the table';
+    return td;
+  }
+
   function of(n, max) {
     return max ? `${n}/${max}` : String(n);
   }
 
-  const columns = ['pool', 'replica', 'version', 'state', 'KV cache', 'cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
+  const columns = ['pool', 'replica', 'version', 'role', 'state', 'KV cache', 'cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
   const numeric = new Set(['cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat']);
 
   // cachedCell is the prefix blocks the replica's engine caches, from the
@@ -125,6 +136,7 @@
       h('td', 'pool', pool),
       h('td', 'id', r.id),
       h('td', 'mono dim', r.version || ''),
+      roleCell(r),
       h('td', '', stateBadge(r)),
       h('td', '', kvBar(r)),
       cachedCell(r),
