@@ -167,3 +167,30 @@ func TestLabPrefixBench(t *testing.T) {
 		}
 	}
 }
+
+func TestLabPDSplit(t *testing.T) {
+	heavy(t)
+	r := lab.PD(tiny)
+	agg, split := r.Ramp[0][0], r.Ramp[1][0]
+	t.Logf("at %.0f req/s: chat p99 TTFT %.0f → %.0f ms, p99.9 ITL %.0f → %.0f ms, document p50 TTFT %.0f → %.0f ms; split share %.2f",
+		agg.Rate, agg.Short.P99, split.Short.P99, agg.ITL999, split.ITL999, agg.Long.P50, split.Long.P50, split.Split)
+	if agg.All.N == 0 || split.All.N == 0 || split.Long.N == 0 {
+		t.Fatal("no requests measured")
+	}
+	// The documents (8000 tokens) are split, the chat turns served whole.
+	if agg.Split != 0 || split.Split == 0 || split.Split > 0.2 {
+		t.Fatalf("split shares: aggregated %.2f, split %.2f (want only the documents)", agg.Split, split.Split)
+	}
+	if split.Short.P99 >= agg.Short.P99 || split.ITL999 >= agg.ITL999 {
+		t.Errorf("splitting the documents does not shorten the chat requests' wait behind their prefill: chat p99 TTFT %.0f vs %.0f, p99.9 ITL %.0f vs %.0f",
+			split.Short.P99, agg.Short.P99, split.ITL999, agg.ITL999)
+	}
+	if split.Long.P50 <= agg.Long.P50 {
+		t.Errorf("a split document's first token comes no later (%.0f vs %.0f ms): the transfer costs nothing", split.Long.P50, agg.Long.P50)
+	}
+	// min_uncached_tokens 0 splits every request; off splits none.
+	first, last := r.Sweep[0], r.Sweep[len(r.Sweep)-1]
+	if first.Split < 0.9 || last.Split != 0 {
+		t.Errorf("sweep split shares: %.2f at 0, %.2f off", first.Split, last.Split)
+	}
+}

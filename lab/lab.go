@@ -18,6 +18,7 @@ func Experiments() []Experiment {
 		{"herding", "global least-loaded vs power of two across routers", func(o Options) *Section { return Herding(o).Section() }},
 		{"baselines", "every baseline and Switchyard on one workload", func(o Options) *Section { return Baselines(o).Section() }},
 		{"prefix-bench", "llm-d's prefix benchmark against an oracle", func(o Options) *Section { return PrefixBench(o).Section() }},
+		{"pd", "aggregated against disaggregated prefill and decode", func(o Options) *Section { return PD(o).Section() }},
 	}
 }
 

@@ -21,6 +21,9 @@ type Picker interface {
 // Pick is a Picker's answer.
 type Pick struct {
 	Replica string
+	// Prefill, when set, is the replica that runs the request's prefill
+	// leg; Replica then decodes it with the KV pulled from there.
+	Prefill string
 	// Reason is the step that chose (the policy's reason codes), or the
 	// rejection's code.
 	Reason string

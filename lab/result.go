@@ -25,6 +25,28 @@ type Result struct {
 	LoraLoads, Preemptions int64
 	// End is the virtual time the run stopped.
 	End time.Duration
+	// Gaps are the inter-token latencies of every request (Scenario.ITL),
+	// milliseconds, and GapOf the index of the request of each.
+	Gaps  []float32
+	GapOf []int32
+}
+
+// ITL is the inter-token latency of the measured requests that keep
+// selects (nil: all), pooled over runs: every gap between two tokens of a
+// request, p50, p99 and p99.9 in milliseconds.
+func ITL(rs []*Result, keep func(*Request) bool) (p50, p99, p999 float64) {
+	var gaps []float64
+	for _, r := range rs {
+		for k, g := range r.Gaps {
+			q := r.Requests[r.GapOf[k]]
+			if q.At < r.Warmup || q.At >= r.Horizon || keep != nil && !keep(q) {
+				continue
+			}
+			gaps = append(gaps, float64(g))
+		}
+	}
+	slices.Sort(gaps)
+	return percentile(gaps, 0.50), percentile(gaps, 0.99), percentile(gaps, 0.999)
 }
 
 // Sample is the cluster at a virtual time (from the start of the run):

@@ -52,6 +52,9 @@ type Scenario struct {
 	// plus Staleness after the replica's adapter flushes it.
 	KVEvents      bool
 	KVEventsDelay time.Duration
+	// ITL records every gap between two tokens of a request in
+	// Result.Gaps.
+	ITL bool
 }
 
 // Outcome is what happened to one request.
@@ -64,6 +67,9 @@ type Outcome struct {
 	TTFT   time.Duration
 	Cached int    // prompt tokens served by the prefix cache
 	Failed string // why it failed: a router code, or an engine rejection
+	// Prefill is the index of the replica that ran the request's prefill
+	// leg, Replica then decoding it; -1 when it was served whole.
+	Prefill int
 }
 
 // Engine rejections, as Outcome.Failed.
@@ -96,6 +102,8 @@ type sim struct {
 	now     time.Time
 	engines []*enginesim.Engine
 	live    []map[enginesim.ID]int // engine request → request index
+	legs    []map[enginesim.ID]int // prefill legs: engine request → request index
+	lastTok []time.Time            // by request: its last token (Scenario.ITL)
 	routers []Picker
 	rngs    []*rand.Rand
 	spread  *rand.Rand // which router a request reaches
@@ -142,7 +150,7 @@ func Run(sc *Scenario) *Result {
 	n := len(sc.Replicas)
 	s := &sim{
 		sc: sc, start: Epoch(), now: Epoch(),
-		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n),
+		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n), legs: make([]map[enginesim.ID]int, n),
 		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
 		queuedPrefill: make([]int, n), prefillRate: make([]float64, n),
 		outstanding: make([]int, n),
@@ -160,6 +168,7 @@ func Run(sc *Scenario) *Result {
 		}
 		s.engines[i] = enginesim.New(cfg)
 		s.live[i] = map[enginesim.ID]int{}
+		s.legs[i] = map[enginesim.ID]int{}
 		// Out of phase, as independent adapters beat.
 		s.hbNext[i] = s.start.Add(sc.Heartbeat * time.Duration(i+1) / time.Duration(n))
 	}
@@ -172,7 +181,10 @@ func Run(sc *Scenario) *Result {
 		s.rngs = append(s.rngs, rand.New(rand.NewPCG(sc.Seed, uint64(i)+1)))
 	}
 	for i := range s.res.Outcomes {
-		s.res.Outcomes[i] = Outcome{Replica: -1, TTFT: -1}
+		s.res.Outcomes[i] = Outcome{Replica: -1, Prefill: -1, TTFT: -1}
+	}
+	if sc.ITL {
+		s.lastTok = make([]time.Time, len(sc.Requests))
 	}
 	s.sampleAt = s.start.Add(sc.Warmup)
 	// Every replica has heartbeated once before the first request, as a
@@ -266,19 +278,73 @@ func (s *sim) route(i int) {
 	if s.feeds != nil {
 		s.feeds[rep].learn(req)
 	}
-	id, err := s.engines[rep].Submit(enginesim.Request{
+	if pk.Prefill != "" {
+		// The prefill leg first, max_tokens 1, on the prefill replica;
+		// the decode leg follows when it ends (leg). A prefill engine that
+		// refuses the leg leaves the decode replica to prefill the request
+		// itself, as its adapter does (+prefill-whole:refused).
+		p := s.replicaIndex(pk.Prefill)
+		id, err := s.engines[p].Submit(enginesim.Request{PromptTokens: req.PromptTokens, MaxTokens: 1, Prefix: req.Blocks, Lora: req.Lora}, s.now)
+		if err == nil {
+			if s.feeds != nil {
+				// It computes the prompt's blocks; the decode replica
+				// stores them once pulled.
+				s.feeds[p].learn(req)
+			}
+			o.Prefill = p
+			s.legs[p][id] = i
+			s.outstanding[p]++
+			return
+		}
+	}
+	s.submit(i, rep, s.live[rep], enginesim.Request{
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: req.Blocks, Lora: req.Lora,
-	}, s.now)
+	})
+}
+
+// submit hands request i's call q to replica rep's engine and records it
+// in into; an engine that refuses it fails the request.
+func (s *sim) submit(i, rep int, into map[enginesim.ID]int, q enginesim.Request) {
+	id, err := s.engines[rep].Submit(q, s.now)
 	switch {
 	case errors.Is(err, enginesim.ErrQueueFull):
 		s.fail(i, FailQueueFull)
 	case err != nil:
 		s.fail(i, FailTooLarge)
 	default:
-		s.live[rep][id] = i
+		into[id] = i
 		s.outstanding[rep]++
-		s.queuedPrefill[rep] += req.PromptTokens
+		s.queuedPrefill[rep] += s.prompt(i)
 	}
+}
+
+// prompt is the prompt tokens request i's serving replica computes, as
+// its adapter counts them: none for a decode leg, whose prompt its prefill
+// leg computed.
+func (s *sim) prompt(i int) int {
+	if s.res.Outcomes[i].Prefill >= 0 {
+		return 0
+	}
+	return s.sc.Requests[i].PromptTokens
+}
+
+// leg records an event of a prefill leg on replica p: when the leg ends,
+// request i's decode leg goes to its decode replica with the prompt's KV
+// to pull (vLLM's do_remote_prefill), as the decode replica's adapter
+// calls its engine with the leg's kv_transfer_params.
+func (s *sim) leg(p int, ev enginesim.Event) {
+	if ev.Kind != enginesim.EventFinish {
+		return
+	}
+	i := s.legs[p][ev.ID]
+	delete(s.legs[p], ev.ID)
+	s.outstanding[p]--
+	req := s.sc.Requests[i]
+	rep := s.res.Outcomes[i].Replica
+	s.submit(i, rep, s.live[rep], enginesim.Request{
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: req.Blocks, Lora: req.Lora,
+		Transferred: req.PromptTokens,
+	})
 }
 
 func (s *sim) fail(i int, code string) {
@@ -298,21 +364,35 @@ func (s *sim) replicaIndex(id string) int {
 // events records first tokens and completions of replica i.
 func (s *sim) events(i int, evs []enginesim.Event) {
 	for _, ev := range evs {
+		if _, ok := s.legs[i][ev.ID]; ok {
+			s.leg(i, ev)
+			continue
+		}
 		switch ev.Kind {
 		case enginesim.EventFirstToken:
 			ri := s.live[i][ev.ID]
+			if s.lastTok != nil {
+				s.lastTok[ri] = ev.At
+			}
 			o := &s.res.Outcomes[ri]
 			o.TTFT = ev.At.Sub(s.start.Add(s.sc.Requests[ri].At))
 			o.Cached = ev.CachedTokens
 			s.resolved++
 			ms := float64(o.TTFT) / float64(time.Millisecond)
-			s.queuedPrefill[i] -= s.sc.Requests[ri].PromptTokens
-			s.observePrefill(i, s.sc.Requests[ri].PromptTokens, ms)
+			s.queuedPrefill[i] -= s.prompt(ri)
+			s.observePrefill(i, s.prompt(ri), ms)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
 			}
 			s.ewma[i] += 0.2 * (ms - s.ewma[i])
 			s.ewmaMin[i] = min(s.ewmaMin[i], ms)
+		case enginesim.EventToken:
+			if s.lastTok != nil {
+				ri := s.live[i][ev.ID]
+				s.res.Gaps = append(s.res.Gaps, float32(ev.At.Sub(s.lastTok[ri]))/float32(time.Millisecond))
+				s.res.GapOf = append(s.res.GapOf, int32(ri))
+				s.lastTok[ri] = ev.At
+			}
 		case enginesim.EventFinish:
 			delete(s.live[i], ev.ID)
 			s.outstanding[i]--

@@ -73,7 +73,7 @@ func (p *Switchyard) Pick(req *Request, now time.Time, rng *rand.Rand) Pick {
 		Prefix: req.Prefix,
 	}
 	p.r.Decide(&p.q, now, rng, &p.d)
-	return Pick{Replica: p.d.Replica, Reason: p.d.Reason, Err: p.d.Err}
+	return Pick{Replica: p.d.Replica, Prefill: p.d.Prefill, Reason: p.d.Reason, Err: p.d.Err}
 }
 
 // ExcludeSaturated turns the policy's "deprioritize saturated replicas" into

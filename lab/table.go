@@ -16,6 +16,9 @@ type Replica struct {
 	ID     string
 	Pool   string
 	Engine enginesim.Config
+	// Role is what the replica serves of a disaggregated model
+	// (table.RolePrefill, table.RoleDecode; "" for both).
+	Role string
 }
 
 // replicas returns n replicas named prefix-0… in pool, each with cfg.
@@ -41,10 +44,14 @@ func BuildTable(reps []Replica, extra map[string]any) (*table.Snapshot, error) {
 	}
 	for _, r := range reps {
 		c := r.Engine.WithDefaults()
-		flat["replicas."+r.ID] = map[string]any{
+		reg := map[string]any{
 			"model": ModelID, "version": Version, "pool": r.Pool, "flavor": "enginesim",
 			"max_batch": c.MaxBatch, "max_queue": c.MaxQueue, "max_loras": c.MaxLoras, "state": "ready",
 		}
+		if r.Role != "" {
+			reg["role"] = r.Role
+		}
+		flat["replicas."+r.ID] = reg
 	}
 	maps.Copy(flat, extra)
 	s := table.NewSnapshot()
