@@ -133,6 +133,12 @@ const policyNotes = `## What this says about the policy
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it
   cascades. Past capacity deprioritizing queues in the engines, which the policy answers only
   with ` + "`all_replicas_busy`" + ` once queues are full, or earlier when requests carry a deadline.
+- **The split check counts tokens, not the prefill replicas' queue** (section 9). It splits every
+  prompt that reaches ` + "`min_uncached_tokens`" + ` while a prefill replica has room by its heartbeat,
+  however many prefills that replica already holds: the documents queue on the one prefill replica
+  (their p99 TTFT twice the aggregated one). A threshold that leaves the prefill replica idle loses
+  its GPU. Weighing the prefill replica's queued prefill tokens against the decode replica's would
+  split only where it pays.
 
 `
 
