@@ -344,12 +344,34 @@ func TestReplicaRoles(t *testing.T) {
 			}
 		}
 	}
-	for id, want := range map[string]string{"pd-p0": "prefill", "pd-d0": "decode", "pd-b0": "both", "r-gen-0": "both", "pd-x0": ""} {
-		if got[id] != want {
-			t.Errorf("%s role %q, want %q", id, got[id], want)
+	// The same from the state a script reads once.
+	resp, err := http.Get(r.srv.URL + "/ui/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once state
+	err = json.NewDecoder(resp.Body).Decode(&once)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromState := map[string]string{}
+	for _, m := range once.Models {
+		for _, p := range m.Pools {
+			for _, rep := range p.Replicas {
+				fromState[rep.ID] = rep.Role
+			}
 		}
 	}
-	resp, err := http.Get(r.srv.URL + "/ui/app.js")
+	for id, want := range map[string]string{"pd-p0": "prefill", "pd-d0": "decode", "pd-b0": "both", "r-gen-0": "both", "pd-x0": ""} {
+		if got[id] != want {
+			t.Errorf("%s role %q pushed, want %q", id, got[id], want)
+		}
+		if fromState[id] != want {
+			t.Errorf("%s role %q in /ui/state, want %q", id, fromState[id], want)
+		}
+	}
+	resp, err = http.Get(r.srv.URL + "/ui/app.js")
 	if err != nil {
 		t.Fatal(err)
 	}
