@@ -175,3 +175,31 @@ func TestSplitReadsTheEnginesCachesWhereFed(t *testing.T) {
 		t.Fatalf("engine evicted the prefix: decode %s prefill %q split %q uncached %d", d.Replica, d.Prefill, d.Split, d.UncachedTokens)
 	}
 }
+
+// A peer's placement of a split request teaches its prefill replica too:
+// the next prompt with that prefix goes to the same prefill replica,
+// though it is the busier one. A placement that names as its prefill a
+// replica that is no prefill replica of the model teaches nothing of it.
+func TestPeerPlacementOfASplitTeachesThePrefillReplica(t *testing.T) {
+	prompt := strings.Repeat("A long system prompt shared by many requests. ", 400)
+	blocks := features.AppendPrefix(nil, []byte(prompt), 256, 64) // 64 blocks of 64 tokens
+
+	e := newEnv(t, pdTable)
+	e.r.ObservePlacement(&subjects.Placement{Model: "pd-model", Replica: "pd-d1", Prefill: "pd-p1", Blocks: blocks})
+	e.beat("pd-p1", 0.5, 4, 0)
+	e.beat("pd-p0", 0.05, 0, 0)
+	d := e.explain(pdRequest(20000, blocks))
+	mustRoute(t, d)
+	if d.Replica != "pd-d1" || d.Prefill != "pd-p1" || d.UncachedTokens != 20000-64*64 {
+		t.Fatalf("decode %s prefill %q uncached %d, want pd-d1 and pd-p1 (they hold the prefix) and %d", d.Replica, d.Prefill, d.UncachedTokens, 20000-64*64)
+	}
+
+	e = newEnv(t, pdTable)
+	e.r.ObservePlacement(&subjects.Placement{Model: "pd-model", Replica: "pd-d0", Prefill: "pd-d1", Blocks: blocks})
+	e.beat("pd-d0", 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.State = subjects.StateDraining })
+	d = e.explain(pdRequest(20000, blocks))
+	mustRoute(t, d)
+	if d.Replica != "pd-d1" || d.UncachedTokens != 20000 {
+		t.Fatalf("decode %s uncached %d, want pd-d1 holding nothing: a decode replica named as the prefill was believed", d.Replica, d.UncachedTokens)
+	}
+}
