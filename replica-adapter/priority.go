@@ -45,3 +45,23 @@ func (a *Adapter) priorityField(h nats.Header) bodyField {
 	}
 	return bodyField{keys: []string{"priority"}, value: []byte("0"), replaces: true}
 }
+
+// noSlotForBatch reports whether h is batch work that would wait in the
+// queue of an engine scheduling by priority: its engine's batch is full
+// with the requests this adapter has in flight. Brokers let batch work
+// fill such a replica's batch from heartbeats a second old, so a window
+// of batch lines can arrive between two; queued behind the batch they
+// would hold the queue's places, which interactive requests would find
+// taken. Refused here, with the exact count, they are tried again after
+// the Retry-After (a batch line is never failed for a 503). A
+// continuation is not refused: it was admitted once.
+func (a *Adapter) noSlotForBatch(h nats.Header) bool {
+	if a.cfg.EngineScheduling != SchedulingPriority || EnginePriority(h) != EnginePriorityBatch || h.Get(subjects.HdrResume) != "" {
+		return false
+	}
+	l := &a.load
+	l.mu.Lock()
+	batch := a.limits.withEngine(l.sample).batch
+	l.mu.Unlock()
+	return a.InFlight() >= batch
+}

@@ -39,6 +39,11 @@ func (a *Adapter) onRequest(r micro.Request) {
 	}
 	id := h.Get(subjects.HdrRequestID)
 	a.cfg.Stages.Mark(id, stages.AdapterReceived)
+	if a.noSlotForBatch(h) {
+		a.reject(reply, h, &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeAllReplicasBusy,
+			Message: "replica " + a.cfg.Replica + " has no free slot for batch work; retry later.", RetryAfter: time.Second})
+		return
+	}
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()
