@@ -2,9 +2,13 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/loadgen"
@@ -13,16 +17,22 @@ import (
 // TestBatchBenchmark measures what a batch takes from and gives to the
 // pool (`make bench-batch`, docs/benchmarks.md "Batches beside interactive
 // traffic"): the pool's saturation rate, interactive traffic at 40 % of it
-// alone, then the same traffic beside a 10,000-line batch. It reports the
-// batch's lines per second against the spare capacity (saturation less the
-// interactive rate) and the interactive p99 time to first token with and
-// without the batch. It asserts only that the batch completes whole: the
-// figures are for the document.
+// alone, then the same traffic beside a 10,000-line batch of the same
+// request shape. It reports the batch's lines per second against the spare
+// capacity (saturation less the interactive rate) and the interactive p99
+// time to first token with and without the batch, each against its target
+// (half the spare capacity; within 1.2×). The batch phase stops at
+// batchBenchCap so the run ends within six minutes: the lines completed by
+// then give its rate. It fails only when lines fail or the run breaks:
+// the figures are for the document, and meaningful on a quiet machine
+// only (it prints the load average).
 func TestBatchBenchmark(t *testing.T) {
 	if os.Getenv("SWITCHYARD_BENCH_BATCH") == "" {
-		t.Skip("make bench-batch runs this (minutes; meaningful on a quiet machine)")
+		t.Skip("make bench-batch runs this (about five minutes; meaningful on a quiet machine)")
 	}
 	const lines, maxTokens, share = 10_000, 16, 0.4
+	const batchBenchCap = 4 * time.Minute
+	loadAtStart := loadAverage()
 	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
 	url := st.GatewayURL() + "/v1/chat/completions"
 	base := loadgen.Config{Targets: []string{url}, Model: "chat-small", MaxTokens: maxTokens, APIKey: "sk-default-dev", Seed: 1}
@@ -63,21 +73,96 @@ func TestBatchBenchmark(t *testing.T) {
 		r, err := run(ctx, inter)
 		beside <- report{r, err}
 	}()
-	b := runBatch(t, c, batchLines(lines, "chat-small"))
+	b := runBatch(t, c, benchLines(lines, "chat-small", maxTokens))
 	start := time.Now()
-	b = awaitBatch(t, c, b.ID, 30*time.Minute)
+	b, done := batchUntil(t, c, b.ID, start.Add(batchBenchCap))
 	took := time.Since(start)
 	stop()
 	w := <-beside
 	with := must(w.r, w.err)
-	if b.Status != "completed" || b.RequestCounts.Completed != lines {
-		t.Fatalf("the batch: %s %+v", b.Status, b.RequestCounts)
+	if done {
+		if b.Status != "completed" || b.RequestCounts.Completed != lines {
+			t.Fatalf("the batch: %s %+v", b.Status, b.RequestCounts)
+		}
+	} else if _, err := c.Batches.Cancel(context.Background(), b.ID); err != nil {
+		t.Errorf("cancel the batch cut at %v: %v", batchBenchCap, err)
 	}
-	rate := float64(lines) / took.Seconds()
+	if b.RequestCounts.Failed > 0 {
+		t.Errorf("the batch: %d lines failed (%+v)", b.RequestCounts.Failed, b.RequestCounts)
+	}
+	completed := b.RequestCounts.Completed
+	rate := float64(completed) / took.Seconds()
 	spare := saturation - inter.Rate
+	ratio := with.TTFT.P99.Ms() / alone.TTFT.P99.Ms()
+	batchCell := fmt.Sprintf("%d lines in %v", completed, took.Round(time.Second))
+	if !done {
+		batchCell += fmt.Sprintf(" (cut at %v)", batchBenchCap)
+	}
 	t.Logf("\n| pool saturation | interactive rate | spare | batch of %d lines | batch lines/s | of spare | interactive p99 TTFT alone | with the batch | ratio | interactive errors alone / with |\n"+
-		"|---|---|---|---|---|---|---|---|---|---|\n| %.0f/s | %.0f/s | %.0f/s | %v | %.0f | %.0f %% | %.1f ms | %.1f ms | %.2f× | %d / %d |",
-		lines, saturation, inter.Rate, spare, took.Round(time.Second), rate, 100*rate/spare,
-		alone.TTFT.P99.Ms(), with.TTFT.P99.Ms(), with.TTFT.P99.Ms()/alone.TTFT.P99.Ms(), alone.Errors, with.Errors)
+		"|---|---|---|---|---|---|---|---|---|---|\n| %.0f/s | %.0f/s | %.0f/s | %s | %.0f | %.0f %% | %.1f ms | %.1f ms | %.2f× | %d / %d |",
+		lines, saturation, inter.Rate, spare, batchCell, rate, 100*rate/spare,
+		alone.TTFT.P99.Ms(), with.TTFT.P99.Ms(), ratio, alone.Errors, with.Errors)
 	t.Logf("interactive errors alone %v, with the batch %v", alone.ErrorsBy, with.ErrorsBy)
+	t.Logf("batch throughput: %.1f lines/s, %.0f %% of the spare %.1f/s (target: at least 50 %%): %s",
+		rate, 100*rate/spare, spare, metOrNot(rate >= spare/2))
+	t.Logf("interactive p99 TTFT: %.1f ms with the batch, %.1f ms without, %.2f× (target: at most 1.2×): %s",
+		with.TTFT.P99.Ms(), alone.TTFT.P99.Ms(), ratio, metOrNot(ratio <= 1.2))
+	t.Logf("load average at the start %s, at the end %s: figures are a measurement only below 1.0", loadAtStart, loadAverage())
+}
+
+// benchLines is a chat batch of n lines of the interactive traffic's shape.
+func benchLines(n int, model string, maxTokens int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, `{"custom_id":"req-%d","method":"POST","url":"/v1/chat/completions","body":{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":"line %d of a batch"}]}}`+"\n",
+			i, model, maxTokens, i)
+	}
+	return b.String()
+}
+
+// batchUntil polls batch id until it ends or the deadline passes, and
+// returns it as last read and whether it ended.
+func batchUntil(t *testing.T, c *openai.Client, id string, deadline time.Time) (*openai.Batch, bool) {
+	t.Helper()
+	var last *openai.Batch
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := c.Batches.Get(context.Background(), id)
+		switch {
+		case err != nil:
+			t.Logf("batches.retrieve: %v", err)
+		case b.Status == "completed" || b.Status == "failed" || b.Status == "expired" || b.Status == "cancelled":
+			return b, true
+		default:
+			last = b
+		}
+		if !time.Now().Before(deadline) {
+			if last == nil {
+				t.Fatalf("batch %s: never read", id)
+			}
+			return last, false
+		}
+		<-tick.C
+	}
+}
+
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// loadAverage is the machine's 1, 5 and 15-minute load averages.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
