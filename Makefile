@@ -137,7 +137,7 @@ bench-e2e:
 # A 10,000-line batch beside steady interactive traffic through the
 # in-process stack: the batch's lines per second against the pool's spare
 # capacity, and the interactive p99 TTFT with and without it, each marked
-# met or not (about five minutes: the batch phase stops at four).
+# met or not (about five minutes: the batch phase stops at three and a half).
 bench-batch:
 	SWITCHYARD_BENCH_BATCH=1 $(GO) test -count=1 -run '^TestBatchBenchmark$$' -v -timeout 10m ./test
 
