@@ -19,6 +19,7 @@ func Experiments() []Experiment {
 		{"baselines", "every baseline and Switchyard on one workload", func(o Options) *Section { return Baselines(o).Section() }},
 		{"prefix-bench", "llm-d's prefix benchmark against an oracle", func(o Options) *Section { return PrefixBench(o).Section() }},
 		{"pd", "aggregated against disaggregated prefill and decode", func(o Options) *Section { return PD(o).Section() }},
+		{"noisy-neighbour", "fair shedding when one tenant floods a pool", func(o Options) *Section { return Noisy(o).Section() }},
 	}
 }
 

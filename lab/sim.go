@@ -79,6 +79,12 @@ const (
 	FailTimeout   = "no_first_token"
 )
 
+// usageObserver is a Picker that hears when a request it admitted ends, as
+// a broker hears the adapter's usage event.
+type usageObserver interface {
+	ObserveEnd(req *Request, now time.Time)
+}
+
 // engineReader is a Picker that reads the engines themselves, which no
 // router can: the oracle.
 type engineReader interface {
@@ -309,8 +315,10 @@ func (s *sim) submit(i, rep int, into map[enginesim.ID]int, q enginesim.Request)
 	switch {
 	case errors.Is(err, enginesim.ErrQueueFull):
 		s.fail(i, FailQueueFull)
+		s.ended(i)
 	case err != nil:
 		s.fail(i, FailTooLarge)
+		s.ended(i)
 	default:
 		into[id] = i
 		s.outstanding[rep]++
@@ -345,6 +353,14 @@ func (s *sim) leg(p int, ev enginesim.Event) {
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: req.Blocks, Lora: req.Lora,
 		Transferred: req.PromptTokens,
 	})
+}
+
+// ended tells the router that admitted request i that it ended (its
+// usage event), when the router listens.
+func (s *sim) ended(i int) {
+	if u, ok := s.routers[s.res.Outcomes[i].Router].(usageObserver); ok {
+		u.ObserveEnd(s.sc.Requests[i], s.now)
+	}
 }
 
 func (s *sim) fail(i int, code string) {
@@ -394,6 +410,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 				s.lastTok[ri] = ev.At
 			}
 		case enginesim.EventFinish:
+			s.ended(s.live[i][ev.ID])
 			delete(s.live[i], ev.ID)
 			s.outstanding[i]--
 		}

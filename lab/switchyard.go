@@ -18,9 +18,10 @@ const (
 )
 
 var (
-	_ Picker     = (*Switchyard)(nil)
-	_ Picker     = (*ExcludeSaturated)(nil)
-	_ kvObserver = (*Switchyard)(nil)
+	_ Picker        = (*Switchyard)(nil)
+	_ Picker        = (*ExcludeSaturated)(nil)
+	_ kvObserver    = (*Switchyard)(nil)
+	_ usageObserver = (*Switchyard)(nil)
 )
 
 // Switchyard is the real routing policy (broker/policy) as a Picker: one
@@ -70,10 +71,18 @@ func (p *Switchyard) Pick(req *Request, now time.Time, rng *rand.Rand) Pick {
 	p.q = policy.Request{
 		Tenant: req.Tenant, Model: Model, Endpoint: subjects.EndpointChat,
 		Conversation: req.Conversation, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Prefix: req.Prefix,
+		Prefix: req.Prefix, ID: req.ID,
 	}
 	p.r.Decide(&p.q, now, rng, &p.d)
 	return Pick{Replica: p.d.Replica, Prefill: p.d.Prefill, Reason: p.d.Reason, Err: p.d.Err}
+}
+
+// ObserveEnd implements usageObserver: the adapter's usage event for a
+// request this router admitted, which settles what it held for it.
+func (p *Switchyard) ObserveEnd(req *Request, now time.Time) {
+	if req.ID != "" {
+		p.r.ObserveUsage(&subjects.Usage{Tenant: req.Tenant, RequestID: req.ID, PromptTokens: req.PromptTokens}, now)
+	}
 }
 
 // ExcludeSaturated turns the policy's "deprioritize saturated replicas" into

@@ -25,6 +25,9 @@ type Request struct {
 	Lora string
 	// Long marks a long-context request.
 	Long bool
+	// ID is the request id (Llm-Request-Id) a router counts it under
+	// until its usage event; "" (the workloads' default) for none.
+	ID string
 }
 
 // Workload describes the traffic of a run. Sessions (a conversation, or a
