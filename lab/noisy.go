@@ -12,8 +12,8 @@ import (
 // without the noisy one, under today's policy: nothing of theirs is shed.
 const (
 	ArmNoisyAlone = "well-behaved alone"
-	// ArmNoisyAloneFair is the reference under the fair-shedding table: it
-	// sheds some of the well-behaved tenants' own requests.
+	// ArmNoisyAloneFair is the reference run under the fair-shedding
+	// table, which sheds some of the well-behaved tenants' own requests.
 	ArmNoisyAloneFair = "well-behaved alone, fair shedding"
 	ArmNoisyEqual     = "all three at their share"
 	ArmNoisyToday     = "today's policy"
