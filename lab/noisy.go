@@ -279,7 +279,7 @@ request that did not get a first token: the router's refusals, the engines' and 
 		r.P99Ratio(ArmNoisyToday), r.P99Ratio(ArmNoisySat), 100*r.Arm(ArmNoisyAloneFair).Good.FailShare(),
 		fair.Good.P99/r.Arm(ArmNoisyAloneFair).Good.P99, r.P99Ratio(ArmNoisyEqual))
 	return &Section{
-		Name: "noisy-neighbour", Title: "9. Noisy neighbour: fair shedding", Text: text, Charts: []*Chart{p99, refused},
+		Name: "noisy-neighbour", Title: "10. Noisy neighbour: fair shedding", Text: text, Charts: []*Chart{p99, refused},
 		Headline: r.headline(),
 		Tables: []*Table{{File: "noisy-neighbour.csv", Header: []string{"arm", "tenant", "requests", "served", "refused",
 			"fair_share_exceeded", "p50_ttft_ms", "p99_ttft_ms", "goodput_rps", "offered_rps"}, Rows: rows}},
