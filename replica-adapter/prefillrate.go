@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -47,6 +48,10 @@ func (l *loadState) queuePrefill(tokens int) (done func()) {
 // (the engine's base), in a moving average bounded to what a heartbeat may
 // carry. A time at or below the base teaches nothing.
 func (l *loadState) observePrefill(tokens int, ttft time.Duration) {
+	l.observePrefillAt(tokens, ttft, time.Now())
+}
+
+func (l *loadState) observePrefillAt(tokens int, ttft time.Duration, now time.Time) {
 	if tokens < minRateSample {
 		return
 	}
@@ -58,8 +63,36 @@ func (l *loadState) observePrefill(tokens int, ttft time.Duration) {
 	}
 	rate := min(float64(tokens)/beyond*1000, subjects.MaxPrefillTokensPerSec)
 	if l.prefillRate == 0 {
-		l.prefillRate = rate
+		l.prefillRate, l.prefillPeak, l.prefillAt = rate, rate, now
 		return
 	}
+	l.decayPrefillLocked(now)
 	l.prefillRate += ttftAlpha * (rate - l.prefillRate)
+	l.prefillPeak = max(l.prefillPeak, l.prefillRate)
+	l.prefillAt = now
+}
+
+// decayPrefillLocked relaxes the rate toward the highest its moving
+// average reached, by the time since its last sample, at the wait
+// estimate's half-life (wait.go): a burst's long first tokens teach a slow
+// rate, the slow rate predicts long first tokens, and deciders that avoid
+// the replica for it (or refuse requests for their TTFT objective) send it
+// nothing that could teach it otherwise. l.mu must be held.
+func (l *loadState) decayPrefillLocked(now time.Time) {
+	if l.prefillRate == 0 || l.prefillAt.IsZero() {
+		return
+	}
+	age := now.Sub(l.prefillAt)
+	if age <= 0 {
+		return
+	}
+	l.prefillRate = l.prefillPeak - (l.prefillPeak-l.prefillRate)*math.Exp2(-float64(age)/float64(waitHalfLife))
+	l.prefillAt = now
+}
+
+// prefillRateLocked is the rate a heartbeat carries: decayed to now.
+// l.mu must be held.
+func (l *loadState) prefillRateLocked(now time.Time) float64 {
+	l.decayPrefillLocked(now)
+	return l.prefillRate
 }

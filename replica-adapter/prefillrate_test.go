@@ -54,3 +54,29 @@ func TestQueuedPrefillCountsUntilTheFirstToken(t *testing.T) {
 		t.Errorf("a huge Llm-Prompt-Tokens counted %d, want the bound %d", n, maxPromptTokens)
 	}
 }
+
+func TestPrefillRateWithNoFreshSamplesDecaysTowardItsPeak(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	var l loadState
+	l.observeTTFTAt(50*time.Millisecond, t0)
+	l.observePrefillAt(1000, 150*time.Millisecond, t0) // 10,000 tokens/s unloaded
+	for range 30 {
+		// A burst: the same prompts take seconds, and teach a slow rate.
+		l.observePrefillAt(1000, 2050*time.Millisecond, t0)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slow := l.prefillRateLocked(t0)
+	if slow > 700 {
+		t.Fatalf("rate %v after the burst, want near 500 tokens/s", slow)
+	}
+	// Nothing is sent to a replica that looks this slow: without decay
+	// it would stay slow. One half-life halves the gap to the peak.
+	half := l.prefillRateLocked(t0.Add(waitHalfLife))
+	if want := 10000 - (10000-slow)/2; half < want-1 || half > want+1 {
+		t.Fatalf("rate %v after one half-life, want %v", half, want)
+	}
+	if rest := l.prefillRateLocked(t0.Add(20 * waitHalfLife)); rest < 9990 || rest > 10000 {
+		t.Fatalf("rate %v long after, want back at the peak 10000 and never past it", rest)
+	}
+}

@@ -32,9 +32,12 @@ type loadState struct {
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
 	// prefillRate is the learned prefill rate, prompt tokens per second
-	// (0: none learned); queuedPrefill the prompt tokens of requests at the
-	// engine without a first token yet (prefillrate.go).
+	// (0: none learned), prefillPeak the highest it reached and prefillAt
+	// when it was last updated or decayed; queuedPrefill the prompt tokens
+	// of requests at the engine without a first token yet (prefillrate.go).
 	prefillRate   float64
+	prefillPeak   float64
+	prefillAt     time.Time
 	queuedPrefill atomic.Int64
 
 	// unreachableAt is when a request last failed to connect to the
@@ -302,8 +305,9 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb.Lora = subjects.LoraState{Running: orEmpty(s.LoraRunning), Waiting: orEmpty(s.LoraWaiting), Max: s.MaxLora}
 	// Queue wait is approximated as the time to first token above the
 	// fastest one seen: what an unloaded engine needs is not waiting.
-	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(time.Now(), hb.Inflight)
-	hb.PrefillTokensPerSec = l.prefillRate
+	now := time.Now()
+	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(now, hb.Inflight)
+	hb.PrefillTokensPerSec = l.prefillRateLocked(now)
 	hb.QueuedPrefillTokens = int(min(max(l.queuedPrefill.Load(), 0), subjects.MaxQueuedPrefillTokens))
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
 	hb.KVBlocks, hb.BlockSize = s.KVBlocks, s.BlockSize
