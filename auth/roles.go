@@ -109,7 +109,8 @@ func permissions(r Role, prefix, bucket string) grants {
 		// llm.explain.*: direct tenants and explain stay the brokers'. The
 		// KV-cache key updates (llm.kv.*) and their resend (llm.kvsync)
 		// feed its exact prefix index, as a broker's, and the dashboard's
-		// cached blocks per replica.
+		// cached blocks per replica; the load deltas (llm.load.*) its load
+		// view, as a broker's.
 		pub := append([]string{
 			p + "gw.*", p + "replica.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService,
 			p + "placement.*", p + "decision.>", p + "eject.*", p + "control.load", p + "broker.presence", p + "kvsync",
@@ -121,7 +122,7 @@ func permissions(r Role, prefix, bucket string) grants {
 			pub: pub,
 			sub: []string{
 				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox,
-				p + "placement.*", p + "usage.*", p + "broker.presence",
+				p + "placement.*", p + "usage.*", p + "broker.presence", p + "load.*",
 			},
 		}
 	case RoleBroker:
@@ -133,7 +134,7 @@ func permissions(r Role, prefix, bucket string) grants {
 				p + "eject.*", p + "kvsync",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
-				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "placement.*",
+				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "load.*", p + "placement.*",
 				p + "usage.*", p + "broker.presence", p + "control.load.status", p + "kv.*", inbox,
 			}, srv(subjects.BrokerService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: brokerRespMax, Expires: brokerRespExpires},
@@ -155,7 +156,7 @@ func permissions(r Role, prefix, bucket string) grants {
 			// them on a subject that names it last, so a prefill replica
 			// stops only the legs the canceller sent.
 			pub: append(append([]string{
-				p + "heartbeat." + r.ID, p + "usage.*", kv + "replicas." + r.ID, p + "kv." + r.ID,
+				p + "heartbeat." + r.ID, p + "load." + r.ID, p + "usage.*", kv + "replicas." + r.ID, p + "kv." + r.ID,
 				p + "replica.*.prefill", p + "replica.*.prefill.cancel." + r.ID,
 				p + "reply.>", "_INBOX.>", "_R_.>",
 				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",

@@ -186,6 +186,7 @@ type Adapter struct {
 	svc      service
 	tails    tails // where recent replies ended, marked after a reconnect
 	hbSeq    atomic.Uint64
+	deltas   deltas
 	kv       *kvFeed // nil without --kv-events
 	// streamed is when bytes of a streamed answer last came from the
 	// engine (Unix nanoseconds): an engine that streams is not down, however
@@ -223,6 +224,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		prefills: map[prefillKey]context.CancelFunc{},
 		early:    map[string]time.Time{},
 		limits:   configuredLimits(&cfg),
+		deltas:   newDeltas(),
 	}
 	a.load.epoch = time.Now()
 	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {
@@ -439,6 +441,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	loops.Go(func() { a.scrapeLoop(ctrl) })
 	loops.Go(func() { a.heartbeatLoop(ctrl) })
+	loops.Go(func() { a.deltaLoop(ctrl) })
 	loops.Go(func() { a.watchConnection(ctrl.Done()) })
 	if a.kv != nil {
 		loops.Go(func() { a.kv.run(ctrl) })

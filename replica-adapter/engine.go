@@ -42,6 +42,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		prompt = promptTokens(h)
 	}
 	prefilled := a.load.queuePrefill(prompt)
+	a.loadChanged()
 	defer prefilled()
 	start := time.Now()
 	resp, rejected := a.engineHeadKV(ctx, st, h, req, kv != nil)
@@ -80,6 +81,8 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 			prefilled()
 			a.load.observePrefill(prompt, ttft)
 			a.load.observeTTFT(ttft)
+			a.observedTTFT(h, ttft)
+			a.loadChanged()
 			traceFirstToken(ctx)
 		}
 	} else {

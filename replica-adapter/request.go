@@ -68,6 +68,7 @@ func (a *Adapter) onRequest(r micro.Request) {
 	a.wg.Add(1)
 	a.mu.Unlock()
 	a.metrics.inflight.Set(float64(a.inflight.Add(1)))
+	a.loadChanged()
 	if a.kv != nil {
 		a.kv.learn(h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrPrefix), r.Data())
 	}
@@ -116,6 +117,7 @@ func (a *Adapter) done(c *call, id string) {
 	}
 	a.mu.Unlock()
 	a.metrics.inflight.Set(float64(a.inflight.Add(-1)))
+	a.loadChanged()
 	a.wg.Done()
 }
 

@@ -43,6 +43,10 @@ const (
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"
 	HdrBroker = "Llm-Broker"
+	// HdrPredictedTTFT is the time to first token, in whole ms, the
+	// decider predicted for the request on the replica it chose: the
+	// adapter sends it back with what it observed (LoadDelta.TTFT).
+	HdrPredictedTTFT = "Llm-Predicted-TTFT"
 	// HdrReply carries a direct client's reply subject when it is a
 	// service-import reply (_R_.…): the server refuses such a subject as a
 	// published message's reply, so the broker forwards it here and the

@@ -1,5 +1,7 @@
 package subjects
 
+import "time"
+
 // Replica states, from the KV value and the heartbeat. The effective state is
 // the more restrictive of the two (see Restrictive).
 const (
@@ -104,6 +106,50 @@ type Heartbeat struct {
 // schedules by priority.
 const SchedulingPriority = "priority"
 
+// LoadDelta is published by an adapter on llm.load.<replica> when a
+// request starts, gets its first token or ends, at most one every
+// LoadDeltaEvery: the replica's load as the adapter counts it now, on top
+// of the heartbeat it follows. Deciders see load within tens of
+// milliseconds of a change instead of up to a second. A delta speaks only
+// for the heartbeat whose Seq it names: a decider applies it on top of
+// that heartbeat and drops it when it holds another, so a delta never
+// outlives the next heartbeat's truth. Deciders believe it only for the
+// replica the subject names.
+type LoadDelta struct {
+	Replica string `json:"replica"`
+	// Heartbeat is the Seq of the adapter's last heartbeat; Seq numbers
+	// the deltas of one adapter run, from 1.
+	Heartbeat uint64 `json:"hb_seq"`
+	Seq       uint64 `json:"seq"`
+	// Inflight is the requests the adapter holds now (the heartbeat's
+	// inflight, later); QueuedPrefillTokens the prompt tokens of those
+	// without a first token yet.
+	Inflight            int `json:"inflight"`
+	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
+	// TTFT holds the first tokens seen since the last delta of requests
+	// whose decider predicted their time to first token (Llm-Predicted-TTFT),
+	// at most MaxLoadDeltaTTFT: each decider compares its own predictions
+	// with what the replica observed.
+	TTFT           []TTFTSample `json:"ttft,omitempty"`
+	SentUnixMillis int64        `json:"sent_unix_ms"`
+}
+
+// TTFTSample is one request's predicted and observed time to first token,
+// in ms, and the decider that predicted it.
+type TTFTSample struct {
+	Broker    string  `json:"broker"`
+	Predicted float64 `json:"predicted_ms"`
+	Observed  float64 `json:"observed_ms"`
+}
+
+// Load deltas: at most one every LoadDeltaEvery per replica, of at most
+// MaxLoadDeltaBytes, with at most MaxLoadDeltaTTFT samples.
+const (
+	LoadDeltaEvery    = 50 * time.Millisecond
+	MaxLoadDeltaBytes = 4 << 10
+	MaxLoadDeltaTTFT  = 16
+)
+
 // EjectAfterFailures is the streak of engine failures after which brokers
 // eject a replica (Envoy's consecutive_5xx default); an adapter sends a
 // heartbeat at once when its streak reaches it.
@@ -126,14 +172,18 @@ type LoraState struct {
 	Max     int      `json:"max"`
 }
 
-// Placement tells every broker where a request's prefix blocks went:
-// to Replica, and for a split request first to Prefill, the prefill
-// replica that computed them (the decode replica holds them once pulled).
+// Placement tells every broker that a request was sent to Replica, with
+// its uncached prompt tokens there, and where its prefix blocks went: to
+// Replica, and for a split request first to Prefill, the prefill replica
+// that computed them (the decode replica holds them once pulled); none
+// when the prefix map had them already. Other deciders count the request
+// as in flight on the replica until its next load delta or heartbeat.
 type Placement struct {
-	Model   string   `json:"m"`
-	Replica string   `json:"r"`
-	Prefill string   `json:"p,omitempty"`
-	Blocks  []uint64 `json:"b"`
+	Model    string   `json:"m"`
+	Replica  string   `json:"r"`
+	Prefill  string   `json:"p,omitempty"`
+	Blocks   []uint64 `json:"b"`
+	Uncached int      `json:"u,omitempty"`
 }
 
 // KVUpdate is published by an adapter on llm.kv.<replica>: which request

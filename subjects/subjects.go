@@ -130,6 +130,13 @@ func (s Subjects) Heartbeat(id string) string { return s.p() + ".heartbeat." + i
 // HeartbeatAll matches every heartbeat; consumed with a plain subscription.
 func (s Subjects) HeartbeatAll() string { return s.p() + ".heartbeat.*" }
 
+// Load carries one replica's load deltas (LoadDelta), published only by
+// that replica's adapter, between its heartbeats.
+func (s Subjects) Load(id string) string { return s.p() + ".load." + id }
+
+// LoadAll matches every replica's load deltas.
+func (s Subjects) LoadAll() string { return s.p() + ".load.*" }
+
 // Placement shares where a model's prefix blocks were sent.
 func (s Subjects) Placement(model string) string { return s.p() + ".placement." + ModelToken(model) }
 

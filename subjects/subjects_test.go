@@ -30,6 +30,7 @@ func TestSubjects(t *testing.T) {
 		s.Replica("r-1"):                       "llm.replica.r-1",
 		s.ReplicaCancel("r-1"):                 "llm.replica.r-1.cancel",
 		s.Heartbeat("r-1"):                     "llm.heartbeat.r-1",
+		s.Load("r-1"):                          "llm.load.r-1",
 		s.Placement("llama-3.1-8b"):            "llm.placement.llama-3_1-8b",
 		s.Decision("general"):                  "llm.decision.general",
 		s.Usage("acme"):                        "llm.usage.acme",

@@ -260,6 +260,46 @@ func TestAuthorization(t *testing.T) {
 		}
 	})
 
+	t.Run("an adapter speaks only for its own replica's load", func(t *testing.T) {
+		watch := mustConnectAs(t, st, roleBroker)
+		deltas, err := watch.SubscribeSync("llm.load.*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		// Marked by a count no honest delta of the dev stack reaches.
+		const mark = 4242
+		forged, _ := json.Marshal(subjects.LoadDelta{Replica: "l70-prem-0", Seq: 1 << 40, Inflight: mark})
+		own, _ := json.Marshal(subjects.LoadDelta{Replica: "l70-gen-0", Seq: 1 << 40, Inflight: mark})
+		for _, r := range []auth.Role{adapterRole("l70-gen-0"), tenant("acme"), roleGateway, roleObserver} {
+			nc := mustConnectAs(t, st, r)
+			_ = nc.Publish("llm.load.l70-prem-0", forged)
+			if r.Kind == auth.RoleAdapter {
+				_ = nc.Publish("llm.load.l70-gen-0", own)
+			}
+			_ = nc.Flush()
+		}
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var marked []string
+		for {
+			m, err := deltas.NextMsg(200 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			var d subjects.LoadDelta
+			if json.Unmarshal(m.Data, &d) == nil && d.Inflight == mark {
+				marked = append(marked, m.Subject)
+			}
+		}
+		if len(marked) != 1 || marked[0] != "llm.load.l70-gen-0" {
+			t.Fatalf("marked deltas on %v, want only adapter-l70-gen-0's own on llm.load.l70-gen-0", marked)
+		}
+	})
+
 	t.Run("an adapter sends prefill legs only", func(t *testing.T) {
 		witness := mustConnectAs(t, st, adapterRole("l70-gen-1"))
 		legs, err := witness.SubscribeSync("llm.replica.l70-gen-1.prefill")
