@@ -203,7 +203,7 @@ func (b *Decider) Stop() {
 }
 
 // subscribe opens the plain subscriptions every decider needs: each must
-// see every heartbeat, placement and usage event, so none is a queue
+// see every heartbeat, load delta, placement and usage event, so none is a queue
 // subscription.
 func (b *Decider) subscribe() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
@@ -212,6 +212,7 @@ func (b *Decider) subscribe() ([]*nats.Subscription, error) {
 		h       nats.MsgHandler
 	}{
 		{b.subj.HeartbeatAll(), b.onHeartbeat},
+		{b.subj.LoadAll(), b.onLoad},
 		{b.subj.PlacementAll(), b.onPlacement},
 		{b.subj.UsageAll(), b.onUsage},
 		{b.subj.BrokerPresence(), b.onPresence},

@@ -96,9 +96,9 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 }
 
 // FuzzMessages sends the broker what an outsider with a NATS connection
-// could: requests with any reply subject and header size, heartbeats with
-// any numbers for registered and made-up replicas, usage and presence
-// events. It fails when the broker publishes outside the reply space and
+// could: requests with any reply subject and header size, heartbeats and
+// load deltas with any numbers for registered and made-up replicas, usage
+// and presence events. It fails when the broker publishes outside the reply space and
 // its own subjects, when one message takes more than a bounded time, or
 // when a message grows the broker's state: the load view, the metric
 // series, the reservations, the brokers counted.
@@ -126,10 +126,12 @@ func FuzzMessages(f *testing.F) {
 	f.Add(uint8(1), "ghost", "", uint16(3), 0.5, []byte(nil))
 	f.Add(uint8(2), "trial", "", uint16(0), 1e9, []byte(`{"tenant":"trial","request_id":"x","reserved_tokens":1000000000}`))
 	f.Add(uint8(3), "", "", uint16(0), 0.0, []byte("b-2"))
+	f.Add(uint8(4), "r-1", "", uint16(3), -1e9, []byte(nil))
+	f.Add(uint8(4), "ghost", "", uint16(20), 5.0, []byte(nil))
 	f.Fuzz(func(t *testing.T, kind uint8, token, reply string, size uint16, num float64, data []byte) {
 		var msg *nats.Msg
 		h := nats.Header{}
-		switch kind % 4 {
+		switch kind % 5 {
 		case 0:
 			if size > 0 {
 				h.Set(subjects.HdrExclude, strings.Repeat("r-0,", int(size)*25))
@@ -143,10 +145,18 @@ func FuzzMessages(f *testing.F) {
 			msg = &nats.Msg{Subject: "llm.usage." + token, Data: data}
 		case 3:
 			msg = &nats.Msg{Subject: "llm.broker.presence", Data: data}
+		case 4:
+			samples := make([]map[string]any, int(size)%32)
+			for i := range samples {
+				samples[i] = map[string]any{"broker": "bench", "predicted_ms": num, "observed_ms": float64(size)}
+			}
+			d, _ := json.Marshal(map[string]any{"replica": token, "seq": size, "inflight": int(num),
+				"queued_prefill_tokens": int(num) * int(size), "ttft": samples})
+			msg = &nats.Msg{Subject: "llm.load." + token, Data: d}
 		}
 		deliver := func() time.Duration {
 			start := time.Now()
-			switch kind % 4 {
+			switch kind % 5 {
 			case 0:
 				dispatch(b, "llm."+token, reply, nats.Header(http.Header(h).Clone()), data)
 			case 1:
@@ -155,6 +165,8 @@ func FuzzMessages(f *testing.F) {
 				b.onUsage(msg)
 			case 3:
 				b.onPresence(msg)
+			case 4:
+				b.onLoad(msg)
 			}
 			return time.Since(start)
 		}

@@ -33,6 +33,8 @@ type metrics struct {
 	liveBrokers    prometheus.Gauge
 	kvRefused      *prometheus.CounterVec
 	prefixIndex    *prometheus.GaugeVec
+	loadViewAge    prometheus.Histogram
+	ttftError      prometheus.Histogram
 
 	mu       sync.Mutex
 	loadedAt time.Time
@@ -150,6 +152,16 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		prefixIndex: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_broker_prefix_index_entries", Help: "(key, replica) entries of the exact prefix index, fed by the engines' KV-cache events, per model.",
 		}, []string{"model"}),
+		loadViewAge: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "switchyard_broker_load_view_age_seconds",
+			Help:    "Age of the load view a decision used: the time since the chosen replica's heartbeat, or the load delta on top of it, was measured.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5},
+		}),
+		ttftError: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "switchyard_broker_predicted_ttft_error_seconds",
+			Help:    "Observed less predicted time to first token of the requests this decider routed, as their replicas observed it (negative: the prediction was too high).",
+			Buckets: []float64{-10, -5, -2, -1, -0.5, -0.25, -0.1, -0.05, -0.025, 0, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10},
+		}),
 	}
 	// Known label values are exported from the start, so alerts and rate()
 	// work before the first event.
@@ -162,7 +174,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	for _, k := range []string{"bounds", "sequence"} {
 		m.kvRefused.WithLabelValues(k)
 	}
-	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence, refusedKVReplica} {
+	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence, refusedKVReplica, refusedLoadReplica} {
 		m.refused.WithLabelValues(k)
 	}
 	for k := table.KindPolicy; k <= table.KindReplica; k++ {
@@ -185,7 +197,8 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected)
 		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
-			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex)
+			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,
+			m.loadViewAge, m.ttftError)
 	}
 	return m
 }
@@ -197,6 +210,7 @@ func (m *metrics) decided(d *policy.Decision) {
 		return
 	}
 	m.decisions.WithLabelValues(d.Pool, d.Reason).Inc()
+	m.loadViewAge.Observe(d.LoadViewAge.Seconds())
 }
 
 func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc() }
@@ -259,4 +273,7 @@ const (
 	// refusedKVReplica: a KV-cache update naming another replica than its
 	// subject.
 	refusedKVReplica = "kv_replica"
+	// refusedLoadReplica: a load delta naming another replica than its
+	// subject.
+	refusedLoadReplica = "load_replica"
 )

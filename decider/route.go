@@ -178,9 +178,13 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	if d.Err != nil {
 		return refuse(d.Err)
 	}
+	// Every request sent is placed, blocks or none: the other deciders
+	// count it in flight until the replica's next load delta.
+	pl := &subjects.Placement{Model: d.Model, Replica: d.Replica, Prefill: d.Prefill, Uncached: d.SentPrefill}
 	if d.Placement && len(s.req.Prefix) > 0 {
-		b.enqueue(b.subj.Placement(d.Model), &subjects.Placement{Model: d.Model, Replica: d.Replica, Prefill: d.Prefill, Blocks: append([]uint64(nil), s.req.Prefix...)})
+		pl.Blocks = append([]uint64(nil), s.req.Prefix...)
 	}
+	b.enqueue(b.subj.Placement(d.Model), pl)
 	s.setHeader(h, subjects.HdrRouteModel, d.Model)
 	s.setHeader(h, subjects.HdrRouteVersion, d.Version)
 	s.setHeader(h, subjects.HdrRoutePool, d.Pool)
@@ -202,6 +206,14 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	s.setHeader(h, subjects.HdrRouteTableRev, s.revText)
 	s.setHeader(h, subjects.HdrTenant, tenant)
 	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	// The prediction travels with the request; the replica's adapter
+	// sends it back beside the first token it observed, and only to the
+	// decider it names (switchyard_broker_predicted_ttft_error_seconds).
+	if ms := int64(d.PredictedTTFT + 0.5); ms > 0 && ms <= subjects.MaxHeartbeatMillis {
+		s.setHeader(h, subjects.HdrPredictedTTFT, strconv.FormatInt(ms, 10))
+	} else {
+		delete(h, subjects.HdrPredictedTTFT)
+	}
 	// The max_tokens the quota reserved (the client's, or the model's
 	// default) travels with the request, and the adapter writes it into the
 	// body it sends the engine: the engine cannot generate past it.

@@ -220,6 +220,46 @@ func TestTrust(t *testing.T) {
 			}
 		})
 
+		t.Run("an absurd load delta is ignored and traffic stays balanced", func(t *testing.T) {
+			forger := mustConnectAs(t, st, adapterRole("l70-gen-1"))
+			before := metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "load_delta"})
+			// Were it believed, minus a billion requests in flight would
+			// make l70-gen-1 look empty whatever its heartbeat says.
+			delta, _ := json.Marshal(map[string]any{"replica": "l70-gen-1", "seq": 1 << 40, "inflight": -1000000000,
+				"queued_prefill_tokens": -1000000000})
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(5 * time.Millisecond):
+						_ = forger.Publish("llm.load.l70-gen-1", delta)
+					}
+				}
+			})
+			defer wg.Wait()
+			defer close(stop)
+			testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				if metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "load_delta"}) <= before {
+					return errors.New("the absurd delta was not refused")
+				}
+				return nil
+			})
+			served := map[string]int{}
+			for i := range 8 {
+				status, h := post(t, st.GatewayURL(), "", chat("balanced delta "+strconv.Itoa(i), 1))
+				if status != 200 {
+					t.Fatalf("status %d", status)
+				}
+				served[h.Get("X-Switchyard-Replica")]++
+			}
+			if served["l70-gen-1"] == 8 {
+				t.Errorf("every request went to the replica claiming minus a billion in flight: %v", served)
+			}
+		})
+
 		t.Run("an unregistered replica's heartbeats make no series", func(t *testing.T) {
 			f := t.TempDir() + "/ghost.creds"
 			if _, errOut, code := sy(t, nil, "", "auth", "creds", st.Auth().Dir(), "--role", "adapter", "--replica", "ghost-0", "--out", f); code != 0 {

@@ -20,11 +20,16 @@ import (
 // round again every 256 decisions, as a request id seen twice).
 func BenchmarkDecide(b *testing.B) {
 	for _, n := range []int{8, 64, 1024} {
-		b.Run("candidates="+strconv.Itoa(n), func(b *testing.B) { benchDecide(b, n) })
+		b.Run("candidates="+strconv.Itoa(n), func(b *testing.B) { benchDecide(b, n, `{"policy": {}}`) })
 	}
+	// The same with predicted TTFT choosing, on prefill views that load
+	// deltas move between heartbeats.
+	b.Run("predicted-ttft/candidates=64", func(b *testing.B) {
+		benchDecide(b, 64, `{"policy": {"replica_choice": "predicted-ttft"}}`)
+	})
 }
 
-func benchDecide(b *testing.B, n int) {
+func benchDecide(b *testing.B, n int, policyJSON string) {
 	var sb strings.Builder
 	sb.WriteString(`{
 	"aliases.chat": {"targets": [{"model": "m", "version": "v1", "weight": 95}, {"model": "m", "version": "v2", "weight": 5}]},
@@ -37,7 +42,7 @@ func benchDecide(b *testing.B, n int) {
 		sb.WriteString(`,"replicas.gen-` + strconv.Itoa(i) + `": {"model": "m", "version": "v1", "pool": "general", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
 	}
 	sb.WriteString("}")
-	s := build(b, []byte(`{"policy": {}}`), []byte(sb.String()))
+	s := build(b, []byte(policyJSON), []byte(sb.String()))
 	r := policy.New(policy.Config{Self: "bench"})
 	r.SetTable(s)
 	now := t0
@@ -46,7 +51,12 @@ func benchDecide(b *testing.B, n int) {
 	for id := range s.Replicas {
 		heartbeats = append(heartbeats, &subjects.Heartbeat{Replica: id, State: subjects.StateReady,
 			KVUsage: rng.Float64() * 0.9, Running: rng.IntN(64), Waiting: rng.IntN(16), MaxBatch: 64, MaxQueue: 256,
-			TTFTEWMAMillis: 80, QueueWaitMillis: 20, ScrapeOK: true})
+			TTFTEWMAMillis: 80, QueueWaitMillis: 20, ScrapeOK: true,
+			PrefillTokensPerSec: 5000 + rng.Float64()*5000, QueuedPrefillTokens: rng.IntN(20000)})
+	}
+	deltas := make([]subjects.LoadDelta, len(heartbeats))
+	for i, hb := range heartbeats {
+		deltas[i] = subjects.LoadDelta{Replica: hb.Replica, Inflight: rng.IntN(80), QueuedPrefillTokens: rng.IntN(20000)}
 	}
 	beat := func() {
 		for _, hb := range heartbeats {
@@ -81,6 +91,13 @@ func benchDecide(b *testing.B, n int) {
 		now = now.Add(time.Microsecond)
 		if i++; i%every == 0 {
 			beat()
+		}
+		// Each replica's adapter sends a delta every 8 decisions of the
+		// fleet's, on top of the heartbeat held.
+		if i%8 == 0 {
+			dl := &deltas[(i/8)%len(deltas)]
+			dl.Seq++
+			r.ObserveLoadDelta(dl, now)
 		}
 	}
 }

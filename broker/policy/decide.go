@@ -131,6 +131,7 @@ func (st *decision) run() {
 	}
 	c := &p.cands[p.chosen]
 	d.Replica, d.Score, d.PredictedTTFT = c.x.id, c.load, c.ttft
+	d.LoadViewAge = time.Duration(max(p.nowNano-c.x.viewNano, 0))
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
@@ -153,7 +154,8 @@ func (st *decision) commitTo(x *replica) {
 	x.inflight++
 	st.r.flyLocked(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.res.tenantKey, st.pick.fair.weight,
 		int64(st.req.PromptTokens)+int64(st.maxTokens()), st.now)
-	x.sentPrefill = clamp32(int(x.sentPrefill) + int(st.pick.cands[st.pick.chosen].uncached))
+	st.d.SentPrefill = int(st.pick.cands[st.pick.chosen].uncached)
+	x.sentPrefill = clamp32(int(x.sentPrefill) + st.d.SentPrefill)
 	if a := st.res.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {
 			x.sent[x.nsent] = a

@@ -125,6 +125,9 @@ type Decision struct {
 	Shares        [4]subjects.TenantShare
 	NShares       int
 	TableRevision uint64
+	// LoadViewAge is the age of the chosen replica's load view: the time
+	// since its heartbeat, or the load delta on top of it, was measured.
+	LoadViewAge time.Duration
 	// Duration is the time the decision took, measured only when
 	// Config.Clock is set; otherwise the caller fills it in.
 	Duration time.Duration
@@ -141,6 +144,10 @@ type Decision struct {
 	// llm.placement.<Model>, because this decision placed blocks where the
 	// prefix map did not already have them.
 	Placement bool
+	// SentPrefill is the request's uncached prompt tokens on the chosen
+	// replica, which the commit added to its queued prefill: the
+	// placement tells the other deciders.
+	SentPrefill int
 	// ReservedTokens is what the tenant's tpm bucket was charged (prompt +
 	// max_tokens, or the model's default_max_tokens); usage events settle it.
 	ReservedTokens int

@@ -23,6 +23,7 @@ type cand struct {
 	fresh     bool    // load data younger than stale_after
 	saturated bool
 	full      bool // at capacity: see load
+	slots     bool // its batch is full: a request waits for a slot
 }
 
 // candidates makes the candidates of (model, version, pool): the
@@ -80,22 +81,30 @@ next:
 //
 //	w.kv·kv_usage + w.queue·waiting/max_queue + w.batch·running/max_batch
 //
-// This broker's in-flight requests since the heartbeat count as if the
-// engine had admitted them: into the batch while it has room, then into
-// the queue. So one in-flight request weighs w.batch/max_batch (or
-// w.queue/max_queue once the batch is full), which is what it will weigh in
-// the next heartbeat. A replica is saturated when its reported kv ≥
-// saturation_kv or its reported queue is full, and at capacity ("full") when
-// its reported queue is full and it cannot drain it (batch full or kv
-// saturated); stale load data is never full, since it cannot tell. An unknown max_queue counts as
-// DefaultMaxQueue in the score and never fills.
+// The adapter's load delta since the heartbeat (requests started less
+// requests ended) and this broker's in-flight requests since the delta
+// count as if the engine had admitted or finished them: a request in, into
+// the batch while it has room, then into the queue; a request out, from
+// the queue first. So one in-flight request weighs w.batch/max_batch (or
+// w.queue/max_queue once the batch is full), which is what it will weigh
+// in the next heartbeat. A replica is saturated when its reported kv ≥
+// saturation_kv or its reported queue is full, and at capacity ("full")
+// when its reported queue is full and it cannot drain it (batch full or kv
+// saturated); stale load data is never full, since it cannot tell. An
+// unknown max_queue counts as DefaultMaxQueue in the score and never fills.
 func (p *pick) load(c *cand, w *table.LoadWeights) {
 	x := c.x
 	running, waiting, maxBatch := x.running, x.waiting, x.maxBatch
-	if n := x.inflight; n > 0 {
+	switch n := x.inflight + x.delta; {
+	case n > 0:
 		add := min(max(maxBatch-running, 0), n)
 		running += add
 		waiting += n - add
+	case n < 0:
+		// Requests ended since the heartbeat: the queue drains first.
+		take := min(waiting, -n)
+		waiting -= take
+		running = max(running+n+take, 0)
 	}
 	queueDen := x.maxQueue
 	if queueDen <= 0 {
@@ -115,21 +124,29 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= p.saturation)
 	c.wait = x.wait
+	c.slots = running >= maxBatch
 	c.uncached = clamp32(p.req.PromptTokens)
-	c.ttft = x.predict(c.uncached)
+	c.ttft = x.predict(c.uncached, c.slots)
 }
 
 // predict is the time to first token, in ms, of a request with uncached
 // prompt tokens on x: the prefill work queued ahead of it (what the
-// heartbeat reported queued, plus what this broker sent since) and its
-// own uncached tokens, at x's prefill rate, after x's base TTFT. Without a
-// learned rate it is the heartbeat's wait estimate (the larger of its
-// TTFT and queue-wait EWMAs).
-func (x *replica) predict(uncached int32) float64 {
+// heartbeat or the load delta on top of it reported queued, plus what was
+// sent since) and its own uncached tokens, at x's prefill rate, after x's
+// base TTFT. On a replica whose batch is full (slots) the request first
+// waits for a running one to finish, which no prefill rate tells: the
+// prediction is then at least the replica's recent wait estimate (the
+// larger of its TTFT and queue-wait EWMAs), what its latest requests
+// waited. Without a learned rate it is that estimate.
+func (x *replica) predict(uncached int32, slots bool) float64 {
 	if x.prefillRate <= 0 {
 		return x.wait
 	}
-	return x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill)+int64(uncached))/x.prefillRate
+	ttft := x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill)+int64(uncached))/x.prefillRate
+	if slots {
+		ttft = max(ttft, x.wait)
+	}
+	return ttft
 }
 
 func firstPositive(a, b, c int) int {

@@ -122,7 +122,7 @@ func (p *pick) weighHolder(ci, held int) {
 	s.nholders++
 	c := &p.cands[ci]
 	c.uncached = max(c.uncached-int32(held)*s.blockTokens, 0)
-	c.ttft = c.x.predict(c.uncached)
+	c.ttft = c.x.predict(c.uncached, c.slots)
 }
 
 func (p *pick) whyPredicted(i int) string {

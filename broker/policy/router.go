@@ -100,9 +100,17 @@ type replica struct {
 	wait               float64 // estimated ms to the first token
 	running, waiting   int32
 	maxBatch, maxQueue int32 // heartbeat, else table; maxQueue 0 = unknown
-	// inflight counts requests this broker sent since the last heartbeat:
-	// the heartbeat cannot know them yet, so they are added to its load.
+	// inflight counts requests this broker sent since the last heartbeat
+	// or load delta: neither can know them yet, so they are added to its
+	// load. delta is the adapter's in-flight count in its last load delta
+	// less the heartbeat's (negative when requests ended since), and
+	// deltaSeq that delta's Seq; both 0 until a delta follows the heartbeat.
 	inflight int32
+	delta    int32
+	deltaSeq uint64
+	// viewNano dates the load view: the data time of the heartbeat or of
+	// the load delta on top of it, whichever is newer.
+	viewNano int64
 	// The prefill view (Predicted TTFT): the heartbeat's prefill rate in
 	// tokens per ms (0: unknown), its queued prompt tokens, its base TTFT
 	// in ms (the TTFT EWMA less the queue wait), and the uncached prompt
@@ -257,6 +265,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 		x.dataNano = sent
 	}
 	x.inflight, x.nsent, x.sentPrefill = 0, 0, 0
+	x.delta, x.deltaSeq, x.viewNano = 0, 0, x.dataNano
 	if !hb.KVEvents && r.kv.Keys(x.id) > 0 {
 		// The adapter says its feed is lost: its keys are not exact.
 		r.kv.Drop(x.id)
@@ -269,6 +278,33 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 			r.cfg.OnEject(EjectedReplica{Replica: x.id, Until: now.Add(d), Count: x.eject.count, Failures: hb.EngineFailures})
 		}
 	}
+}
+
+// ObserveLoadDelta applies an adapter's load delta (the caller checked that
+// the subject names d.Replica and that its numbers are in range) on top of
+// the heartbeat it follows: the adapter's in-flight count and queued
+// prefill replace the heartbeat's, and this broker's in-flight count since
+// starts over, as at a heartbeat (the adapter counted what reached it). A
+// delta that follows another heartbeat than the one held, or an older
+// delta, is dropped: the heartbeat in hand is the truth it was measured
+// against. It reports whether d was applied.
+func (r *Router) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := r.replicas[d.Replica]
+	if x == nil || !x.hasHB || x.hb.Seq != d.Heartbeat || d.Seq <= x.deltaSeq {
+		return false
+	}
+	x.deltaSeq = d.Seq
+	x.delta = clamp32(d.Inflight) - clamp32(x.hb.Inflight)
+	x.queuedPrefill = clamp32(d.QueuedPrefillTokens)
+	x.inflight, x.sentPrefill = 0, 0
+	at := now.UnixNano()
+	if sent := d.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < at {
+		at = sent
+	}
+	x.viewNano = max(x.viewNano, at)
+	return true
 }
 
 // ObserveKV applies an adapter's KV-cache key update (the caller checked
@@ -347,23 +383,38 @@ func (r *Router) pruneLocked(now time.Time) {
 	r.pruneAt = 2 * len(r.replicas) // amortized: the next sweep waits for as many new ones
 }
 
-// ObservePlacement merges another broker's placement into the prefix map,
-// as the broker that decided remembered it: a split request's blocks on
-// its prefill replica, then on its decode replica. Placements for replicas
-// this broker does not know are dropped, and so is a prefill replica that
-// is not a prefill replica of the model here.
+// ObservePlacement counts another broker's request as in flight on its
+// replica (and on its prefill replica, for a split request), with its
+// uncached prompt tokens as sent prefill, until the replica's next load
+// delta or heartbeat (which will count it), and merges its blocks into the
+// prefix map as the broker that decided remembered them: a split request's
+// blocks on its prefill replica, then on its decode replica. Placements for
+// replicas this broker does not know are dropped, and so is a prefill
+// replica that is not a prefill replica of the model here.
 func (r *Router) ObservePlacement(p *subjects.Placement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x := r.replicas[p.Replica]
-	if x == nil || len(p.Blocks) == 0 {
+	if x == nil {
+		return
+	}
+	x.inflight = clamp32(int(x.inflight) + 1)
+	x.sentPrefill = clamp32(int(x.sentPrefill) + min(max(p.Uncached, 0), subjects.MaxQueuedPrefillTokens))
+	y := r.replicas[p.Prefill]
+	if p.Prefill == "" || y == nil || !y.prefillOnly || y.reg == nil || y.reg.Model != p.Model {
+		y = nil
+	}
+	if y != nil {
+		y.inflight = clamp32(int(y.inflight) + 1)
+	}
+	if len(p.Blocks) == 0 {
 		return
 	}
 	m := r.prefixMapLocked(p.Model)
 	if m == nil {
 		return
 	}
-	if y := r.replicas[p.Prefill]; p.Prefill != "" && y != nil && y.prefillOnly && y.reg != nil && y.reg.Model == p.Model {
+	if y != nil {
 		m.remember(p.Blocks, y)
 	}
 	m.remember(p.Blocks, x)
