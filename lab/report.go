@@ -132,7 +132,8 @@ const policyNotes = `## What this says about the policy
 - **Deprioritizing beats excluding, most clearly with a slow load view** (section 2). With 1 s
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it
   cascades. Past capacity deprioritizing queues in the engines, which the policy answers only
-  with ` + "`all_replicas_busy`" + ` once queues are full, or earlier when requests carry a deadline.
+  with ` + "`all_replicas_busy`" + ` once queues are full, or earlier when requests carry a deadline;
+  a pool's ` + "`shed_after`" + ` sheds before that, the tenants above their share first (section 10).
 - **The split check counts tokens, not the prefill replicas' queue** (section 9). It splits every
   prompt that reaches ` + "`min_uncached_tokens`" + ` while a prefill replica has room by its heartbeat,
   however many prefills that replica already holds: the documents queue on the one prefill replica
