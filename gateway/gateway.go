@@ -150,7 +150,10 @@ type Config struct {
 	Decide string
 	// WarmUp bounds how long a gateway deciding locally waits, after it
 	// starts, for a heartbeat from every replica its table has ready
-	// before /readyz passes (default 2s, negative: no wait).
+	// before /readyz passes (default 2s, negative: no wait; at most a
+	// minute), as broker.Config.WarmUp bounds a broker's wait before it
+	// joins the queue group. The command's --warm-up 0 is "no wait" for
+	// both.
 	WarmUp time.Duration
 	// Stages, when set, records the stage timestamps of a sample of the
 	// requests (internal/stages); nil records nothing.

@@ -28,14 +28,12 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	metricsListen := fs.String("metrics-listen", ":9101", "address (or fd:N, an inherited listening socket) of the /metrics listener")
 	fs.StringVar(&cfg.ID, "id", "", "broker id (default: random)")
-	fs.DurationVar(&cfg.WarmUp, "warm-up", 2*time.Second, "longest wait, before taking requests, for a heartbeat from every ready replica (0: none; at most 1m)")
+	warmUpVar(fs, &cfg.WarmUp, "before joining the queue group")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if cfg.WarmUp == 0 {
-		cfg.WarmUp = -1 // none, asked for explicitly
-	}
+	cfg.WarmUp = warmUp(cfg.WarmUp)
 	cfg.Prefix, cfg.Bucket = nf.prefix, nf.bucket
 	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel)); err != nil {
 		return err

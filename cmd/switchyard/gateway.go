@@ -41,7 +41,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never; at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	fs.StringVar(&cfg.Decide, "decide", gateway.DecideLocal, "where HTTP requests are decided: local (in this process, the body published once straight to the replica) or broker (through the brokers, llm.gw.<tenant>)")
-	fs.DurationVar(&cfg.WarmUp, "warm-up", 2*time.Second, "with --decide local: how long /readyz waits for a heartbeat from every ready replica after start (negative: no wait; at most 1m)")
+	warmUpVar(fs, &cfg.WarmUp, "with --decide local, before /readyz passes")
 	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")
 	fs.Var(listFlag{&cfg.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, e.g. https://app.example, or * for any (repeatable; default: CORS off)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -51,6 +51,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = -1 // none, asked for explicitly
 	}
+	cfg.WarmUp = warmUp(cfg.WarmUp)
 	adminErr := check.Required("admin-listen", cfg.AdminListen) // the dashboard never shares the public listener
 	if err := checked(nf.validate(), cfg.Validate(), checkLogLevel(*logLevel), adminErr); err != nil {
 		return err
