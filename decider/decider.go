@@ -136,7 +136,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)
 	b.scratch.New = func() any { return NewScratch() }
-	b.peers.init(cfg.ID)
+	b.peers.init(cfg.ID, cfg.Component == "broker")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err

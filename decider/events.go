@@ -2,6 +2,7 @@ package decider
 
 import (
 	"encoding/json"
+	"slices"
 	"sync"
 	"time"
 
@@ -85,87 +86,168 @@ func (b *Decider) onUsage(m *nats.Msg) {
 // maxUsageBytes bounds a usage event (a few hundred bytes when honest).
 const maxUsageBytes = 4 << 10
 
-// presence counts live brokers from their announcements, so each enforces
-// its share (limit ÷ live brokers) of a tenant quota.
+// presence counts the live deciders from their announcements, so each
+// enforces its share of a tenant quota (policy.Router.SetDeciders).
 type presence struct {
-	mu   sync.Mutex
-	self string
-	seen map[string]time.Time
+	mu     sync.Mutex
+	self   string
+	broker bool // this decider is a broker, in the queue group
+	seen   map[string]peer
 }
 
-func (p *presence) init(self string) {
-	p.self = self
-	p.seen = map[string]time.Time{}
+// peer is what another decider said in its last announcement.
+type peer struct {
+	at time.Time
+	// every: it shares every tenant's quota with this decider (a broker
+	// beside a broker, or an announcement naming no kind).
+	every   bool
+	tenants []string
 }
 
-// observe records id and returns the number of brokers seen within ttl.
-func (p *presence) observe(id string, now time.Time, ttl time.Duration) int {
+func (p *presence) init(self string, broker bool) {
+	p.self, p.broker = self, broker
+	p.seen = map[string]peer{}
+}
+
+// shares are the counts a decider divides quotas by.
+type shares struct {
+	live int            // deciders seen within the ttl, this one included
+	all  int            // deciders sharing every tenant's quota, this one included
+	per  map[string]int // more deciders sharing one tenant's quota
+}
+
+// observe records a (nil: none) and counts the deciders seen within ttl.
+func (p *presence) observe(a *subjects.Presence, now time.Time, ttl time.Duration) shares {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if id != "" {
-		p.seen[id] = now
+	if a != nil && a.ID != p.self {
+		// A broker shares every tenant with another broker (the queue
+		// group spreads each tenant evenly); any other pair shares the
+		// tenants the other admitted lately.
+		every := a.Kind == "" || (p.broker && a.Kind == subjects.PresenceBroker)
+		p.seen[a.ID] = peer{at: now, every: every, tenants: a.Tenants}
 	}
-	n := 1 // self
-	for k, t := range p.seen {
-		switch {
-		case k == p.self:
-		case now.Sub(t) > ttl:
+	sh := shares{live: 1, all: 1}
+	for k, x := range p.seen {
+		if now.Sub(x.at) > ttl {
 			delete(p.seen, k)
-		default:
-			n++
+			continue
+		}
+		sh.live++
+		if x.every {
+			sh.all++
+			continue
+		}
+		for _, t := range x.tenants {
+			if sh.per == nil {
+				sh.per = map[string]int{}
+			}
+			sh.per[t]++
 		}
 	}
-	return n
+	return sh
 }
 
-// maxBrokers bounds the brokers counted: quota shares are limit ÷ live
-// brokers, so made-up presences must not shrink them without bound.
-const maxBrokers = 256
+// maxBrokers bounds the deciders counted, and maxPresenceTenants the
+// tenants one announcement names: quota shares are limit ÷ deciders, so
+// made-up presences must not shrink them without bound, nor grow the
+// memory kept of them.
+const (
+	maxBrokers         = 256
+	maxPresenceTenants = 4096
+	maxPresenceBytes   = 512 << 10
+)
 
-// observeNew is observe for an announcement: a broker not yet seen is
+// observeNew is observe for an announcement: a decider not yet seen is
 // counted only while fewer than maxBrokers are.
-func (p *presence) observeNew(id string, now time.Time, ttl time.Duration) (int, bool) {
+func (p *presence) observeNew(a *subjects.Presence, now time.Time, ttl time.Duration) (shares, bool) {
 	p.mu.Lock()
-	_, known := p.seen[id]
+	_, known := p.seen[a.ID]
 	full := !known && len(p.seen) >= maxBrokers
 	p.mu.Unlock()
 	if full {
-		return p.observe("", now, ttl), false
+		return p.observe(nil, now, ttl), false
 	}
-	return p.observe(id, now, ttl), true
+	return p.observe(a, now, ttl), true
 }
 
-// LiveBrokers is the number of brokers this one counts for quota shares.
+// LiveBrokers is the number of live deciders (brokers and deciding
+// gateways) this one counts, itself included.
 func (b *Decider) LiveBrokers() int {
-	return b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	return b.peers.observe(nil, b.cfg.Now(), 3*b.cfg.PresenceEvery).live
+}
+
+// decodePresence reads an announcement: a Presence, or a bare id (a
+// broker sharing every tenant's quota).
+func decodePresence(data []byte) (*subjects.Presence, bool) {
+	a := new(subjects.Presence)
+	if len(data) > maxPresenceBytes {
+		return nil, false
+	}
+	if len(data) == 0 || data[0] != '{' {
+		a.ID = string(data)
+	} else if json.Unmarshal(data, a) != nil {
+		return nil, false
+	}
+	if subjects.ValidToken(a.ID) != nil || len(a.Tenants) > maxPresenceTenants {
+		return nil, false
+	}
+	switch a.Kind {
+	case "", subjects.PresenceBroker, subjects.PresenceGateway:
+	default:
+		return nil, false
+	}
+	// A tenant named twice is one decider sharing it, not two.
+	slices.Sort(a.Tenants)
+	a.Tenants = slices.Compact(a.Tenants)
+	return a, true
 }
 
 func (b *Decider) onPresence(m *nats.Msg) {
-	id := string(m.Data)
-	if subjects.ValidToken(id) != nil {
-		b.refuse(refusedPresence, "presence with an invalid broker id ignored")
+	a, ok := decodePresence(m.Data)
+	if !ok {
+		b.refuse(refusedPresence, "presence with an invalid decider id, kind or size ignored")
 		return
 	}
-	n, ok := b.peers.observeNew(id, b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	sh, ok := b.peers.observeNew(a, b.cfg.Now(), 3*b.cfg.PresenceEvery)
 	if !ok {
-		b.refuse(refusedPresence, "presence beyond the broker limit ignored", "broker", id)
+		b.refuse(refusedPresence, "presence beyond the decider limit ignored", "decider", a.ID)
 	}
-	b.router.SetLiveBrokers(n)
-	b.metrics.liveBrokers.Set(float64(n))
+	b.setShares(sh)
+}
+
+// setShares puts the counted shares in force.
+func (b *Decider) setShares(sh shares) {
+	b.router.SetDeciders(sh.all, sh.per)
+	b.metrics.liveBrokers.Set(float64(sh.live))
+}
+
+// announcement is this decider's presence now: its kind and the tenants it
+// admitted within the last minute (a bucket holds a minute's share).
+func (b *Decider) announcement() []byte {
+	a := subjects.Presence{ID: b.cfg.ID, Kind: subjects.PresenceGateway}
+	if b.peers.broker {
+		a.Kind = subjects.PresenceBroker
+	}
+	a.Tenants = b.router.ChargedSince(b.cfg.Now().Add(-time.Minute), nil)
+	if len(a.Tenants) > maxPresenceTenants {
+		a.Tenants = a.Tenants[:maxPresenceTenants]
+	}
+	data, _ := json.Marshal(&a)
+	return data
 }
 
 func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 	t := time.NewTicker(b.cfg.PresenceEvery)
 	defer t.Stop()
-	_ = b.nc.Publish(b.subj.BrokerPresence(), []byte(b.cfg.ID))
+	_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = b.nc.Publish(b.subj.BrokerPresence(), []byte(b.cfg.ID))
-			n := b.peers.observe("", b.cfg.Now(), 3*b.cfg.PresenceEvery)
-			b.router.SetLiveBrokers(n)
+			_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
+			b.setShares(b.peers.observe(nil, b.cfg.Now(), 3*b.cfg.PresenceEvery))
 		}
 	}
 }

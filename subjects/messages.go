@@ -172,6 +172,25 @@ type LoraState struct {
 	Max     int      `json:"max"`
 }
 
+// Presence is a decider's announcement on llm.broker.presence, every
+// second: deciders count each other with it to divide tenant quotas. A
+// broker says Kind "broker"; a gateway that decides its HTTP requests
+// "gateway". Tenants are the quota keys of the tenants whose requests the
+// decider admitted within the last minute. An announcement that is not a
+// JSON object is a bare decider id: a broker that shares every tenant's
+// quota.
+type Presence struct {
+	ID      string   `json:"id"`
+	Kind    string   `json:"kind"`
+	Tenants []string `json:"tenants,omitempty"`
+}
+
+// Presence kinds.
+const (
+	PresenceBroker  = "broker"
+	PresenceGateway = "gateway"
+)
+
 // Placement tells every broker that a request was sent to Replica, with
 // its uncached prompt tokens there, and where its prefix blocks went: to
 // Replica, and for a split request first to Prefill, the prefill replica

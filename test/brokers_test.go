@@ -78,16 +78,58 @@ func TestTwoBrokersShareTheQuota(t *testing.T) {
 				t.Fatalf("unexpected status %d", status)
 			}
 		}
-		// Each decider enforces limit ÷ live deciders. Through the brokers
-		// the queue group spreads the requests over both: 3 to 5 admitted.
-		// A gateway that decides holds all of its HTTP traffic and counts
-		// as a third decider: its share, 5 ÷ 3, admits one.
+		// Through the brokers the queue group spreads the requests over
+		// both, and each enforces half the limit: 3 to 5 admitted. A
+		// gateway that decides holds all of its HTTP traffic, and the
+		// brokers admitted none of the tenant's: it enforces all of it.
 		least, most := 3, 5
 		if decide == gateway.DecideLocal {
-			least, most = 1, 2
+			least = 5
 		}
 		if ok > most || ok < least || limited == 0 {
 			t.Errorf("admitted %d and limited %d of 12; want %d to %d admitted", ok, limited, least, most)
+		}
+	})
+}
+
+// TestQuotaThroughAMixedFleet: a tenant's quota admits its whole limit
+// whichever part decides: one broker beside a gateway that decides (each a
+// decider, but only the gateway sees the tenant's requests), or the broker
+// alone behind a gateway that relays.
+func TestQuotaThroughAMixedFleet(t *testing.T) {
+	eachDecider(t, func(t *testing.T, decide string) {
+		st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0"), Gateway: gateway.Config{Decide: decide}})
+		// The deciders count each other before the tenant sends: two with
+		// the gateway deciding, the broker alone with it relaying.
+		testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+			want := 1
+			if decide == gateway.DecideLocal {
+				want = 2
+				if n := st.Gateway().Decider().LiveBrokers(); n != want {
+					return fmt.Errorf("the gateway counts %d deciders, want %d", n, want)
+				}
+			}
+			if n := st.Broker(0).LiveBrokers(); n != want {
+				return fmt.Errorf("the broker counts %d deciders, want %d", n, want)
+			}
+			return nil
+		})
+		// Tenant trial may send 5 requests a minute.
+		body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+		ok, start := 0, time.Now()
+		for range 8 {
+			switch status, _ := post(t, st.GatewayURL(), "sk-trial-dev", body); status {
+			case 200:
+				ok++
+			case 429:
+			default:
+				t.Fatalf("unexpected status %d", status)
+			}
+		}
+		// The bucket refills a request every 12 s: a slow machine may
+		// earn one more.
+		if most := 5 + int(time.Since(start)/(12*time.Second)); ok < 5 || ok > most {
+			t.Errorf("admitted %d of 8; the tenant's limit is 5 a minute", ok)
 		}
 	})
 }

@@ -10,8 +10,10 @@ import (
 )
 
 // Tenant quotas are token buckets per tenant, one for requests (rpm) and
-// one for tokens (tpm). Each of n live brokers enforces limit ÷ n, since the
-// queue group spreads a tenant's requests evenly over them. A bucket holds
+// one for tokens (tpm). Each of the n deciders sharing a tenant's requests
+// enforces limit ÷ n (SetDeciders): the brokers of the queue group, which
+// spreads a tenant's requests evenly over them, and the other deciders
+// that admitted the tenant's requests lately. A bucket holds
 // at most a minute's share and refills continuously. The tpm bucket is
 // charged prompt + max_tokens at admission and credited back what the
 // request did not use when its usage event arrives.
@@ -59,13 +61,13 @@ func (st *decision) checkQuota() *subjects.APIError {
 	if tq == nil {
 		tq = &tenantQuota{} // not stored: only commit creates state
 	}
-	n := float64(st.r.brokers)
+	n := st.r.decidersLocked(st.res.tenantKey)
 	st.quota.cost = st.d.ReservedTokens
 	var wait float64 // seconds until both buckets admit this request
 	if q.RPM > 0 && !st.req.ColdWaited {
 		capacity := float64(q.RPM) / n
 		st.quota.rpmLevel = tq.rpm.level(q.RPM, capacity, st.now)
-		// A share below one request (rpm 1 over 2 brokers) admits one
+		// A share below one request (rpm 1 over 2 deciders) admits one
 		// request whenever its bucket is full.
 		need := min(1, capacity)
 		if lvl := st.quota.rpmLevel; lvl < need {
@@ -165,7 +167,7 @@ func (st *decision) chargeContinuation() {
 	}
 	q := st.res.tenant.Quota
 	tq := st.buckets()
-	capacity := float64(q.TPM) / float64(st.r.brokers)
+	capacity := float64(q.TPM) / st.r.decidersLocked(st.res.tenantKey)
 	cost := st.maxTokens()
 	lvl := tq.tpm.level(q.TPM, capacity, st.now)
 	tq.tpm.set(q.TPM, max(lvl-float64(cost), -capacity), st.now)
@@ -273,8 +275,7 @@ func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 		used += min(max(u.PromptTokens, 0), 2*res.tokens)
 	}
 	refund := float64(res.tokens - min(used, 2*res.tokens))
-	n := float64(r.brokers)
-	capacity := float64(t.Quota.TPM) / n
+	capacity := float64(t.Quota.TPM) / r.decidersLocked(res.tenant)
 	lvl := tq.tpm.level(t.Quota.TPM, capacity, now)
 	tq.tpm.set(t.Quota.TPM, max(min(lvl+refund, capacity), -capacity), now)
 	return true

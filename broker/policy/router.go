@@ -59,12 +59,16 @@ type Router struct {
 	byKV     []*replica
 	quotas   map[string]*tenantQuota
 	reserved map[string]reservation // tpm reservations by request id
-	brokers  int
-	pruneAt  int                 // replicas map size that triggers the next sweep
-	epoch    uint64              // stamps the candidates of the current decision
-	rng      *rand.Rand          // used when a caller passes none
-	cands    []cand              // scratch, reused by every decision
-	cold     map[string]coldLoad // per model, from the loader's status
+	// brokers is how many deciders share every tenant's quota, this one
+	// included; sharing, per quota key, how many more share that tenant's
+	// (SetDeciders).
+	brokers int
+	sharing map[string]int
+	pruneAt int                 // replicas map size that triggers the next sweep
+	epoch   uint64              // stamps the candidates of the current decision
+	rng     *rand.Rand          // used when a caller passes none
+	cands   []cand              // scratch, reused by every decision
+	cold    map[string]coldLoad // per model, from the loader's status
 	// shares are the pools' in-flight ledgers (fair shedding), flights
 	// each admitted request's entry by request id; flightSweep is when
 	// the flights were last swept for FlightTTL.
@@ -448,12 +452,42 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	return *x.reg, true
 }
 
-// SetLiveBrokers sets how many brokers share each tenant quota: each
+// SetLiveBrokers sets how many brokers share every tenant quota: each
 // enforces limit ÷ n.
-func (r *Router) SetLiveBrokers(n int) {
+func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, nil) }
+
+// SetDeciders sets how many deciders share each tenant quota: all share
+// every tenant's (this decider and, beside a broker, the other brokers: the
+// queue group spreads any tenant's requests evenly over them), and per[key]
+// more share the quota of tenant key (the other deciders that admitted its
+// requests lately). Each enforces limit ÷ (all + per[key]) of a tenant's
+// quota, so a gateway holding all of a tenant's HTTP traffic enforces all
+// of it, and two deciders that both see its requests half each. per is
+// the router's from then on.
+func (r *Router) SetDeciders(all int, per map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.brokers = max(n, 1)
+	r.brokers, r.sharing = max(all, 1), per
+}
+
+// decidersLocked is how many deciders share tenant key's quota. Lock must be
+// held.
+func (r *Router) decidersLocked(key string) float64 {
+	return float64(max(r.brokers+r.sharing[key], 1))
+}
+
+// ChargedSince appends to dst the quota keys of the tenants whose quota
+// this router charged at or after since: the tenants it shares quotas with
+// the other deciders for.
+func (r *Router) ChargedSince(since time.Time, dst []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, q := range r.quotas {
+		if !q.rpm.at.Before(since) || !q.tpm.at.Before(since) {
+			dst = append(dst, k)
+		}
+	}
+	return dst
 }
 
 // Decide makes the full decision for req, admission included, and commits
