@@ -452,7 +452,7 @@ func (s *Store) WriteCreds(dir string, r Role) (string, error) {
 // every tenant with an account into dir, and the system user's next to the
 // keys (it can change accounts on a running server).
 func (s *Store) WriteAllCreds(dir string, replicas []string) error {
-	roles := []Role{{Kind: RoleOperator}, {Kind: RoleGateway}, {Kind: RoleBroker}, {Kind: RoleObserver}, {Kind: RoleLoader}, {Kind: RoleBatcher}}
+	roles := []Role{{Kind: RoleOperator}, {Kind: RoleGateway}, {Kind: RoleGatewayRelay}, {Kind: RoleBroker}, {Kind: RoleObserver}, {Kind: RoleLoader}, {Kind: RoleBatcher}}
 	for _, id := range replicas {
 		roles = append(roles, Role{Kind: RoleAdapter, ID: id})
 	}

@@ -11,14 +11,18 @@ import (
 
 // Role kinds. Adapter and Tenant need an id (the replica, the tenant).
 const (
-	RoleGateway  = "gateway"
-	RoleBroker   = "broker"
-	RoleOperator = "operator"
-	RoleObserver = "observer"
-	RoleAdapter  = "adapter"
-	RoleTenant   = "tenant"
-	RoleLoader   = "loader"
-	RoleBatcher  = "batcher"
+	RoleGateway = "gateway"
+	// RoleGatewayRelay is a gateway started with --decide broker: it
+	// relays its HTTP requests to the brokers and decides nothing, so it
+	// holds none of a decider's subjects.
+	RoleGatewayRelay = "gateway-relay"
+	RoleBroker       = "broker"
+	RoleOperator     = "operator"
+	RoleObserver     = "observer"
+	RoleAdapter      = "adapter"
+	RoleTenant       = "tenant"
+	RoleLoader       = "loader"
+	RoleBatcher      = "batcher"
 )
 
 // LongestRequest is the longest request a gateway accepts (X-Request-Timeout
@@ -46,7 +50,7 @@ type Role struct {
 // ParseRole validates a kind and its id.
 func ParseRole(kind, id string) (Role, error) {
 	switch kind {
-	case RoleGateway, RoleBroker, RoleOperator, RoleObserver, RoleLoader, RoleBatcher:
+	case RoleGateway, RoleGatewayRelay, RoleBroker, RoleOperator, RoleObserver, RoleLoader, RoleBatcher:
 		if id != "" {
 			return Role{}, fmt.Errorf("%w: role %s takes no --replica or --tenant", ErrRole, kind)
 		}
@@ -59,7 +63,7 @@ func ParseRole(kind, id string) (Role, error) {
 			return Role{}, fmt.Errorf("%w: role %s needs %s: %w", ErrRole, kind, what, err)
 		}
 	default:
-		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, broker, operator, observer, loader, batcher, adapter or tenant)", ErrRole, kind)
+		return Role{}, fmt.Errorf("%w: unknown role %q (want gateway, gateway-relay, broker, operator, observer, loader, batcher, adapter or tenant)", ErrRole, kind)
 	}
 	return Role{Kind: kind, ID: id}, nil
 }
@@ -98,41 +102,38 @@ func permissions(r Role, prefix, bucket string) grants {
 		return []string{"$SRV.*", "$SRV.*." + service, "$SRV.*." + service + ".>"}
 	}
 	switch r.Kind {
-	case RoleGateway:
+	case RoleGateway, RoleGatewayRelay:
 		// It stores uploaded files and writes batch records (creating
-		// their buckets); the batchers do the rest. It decides its HTTP
-		// requests as a broker would (gateway --decide local): the request
-		// straight to the replica, placements, sampled decisions,
-		// ejections, cold loads and its presence among the deciders; it
-		// hears placements, usage (it settles only its own reservations)
-		// and the other deciders' presence. Never llm.route.* or
-		// llm.explain.*: direct tenants and explain stay the brokers'. The
-		// KV-cache key updates (llm.kv.*) and their resend (llm.kvsync)
-		// feed its exact prefix index, as a broker's, and the dashboard's
-		// cached blocks per replica; the load deltas (llm.load.*) its load
-		// view, as a broker's.
-		pub := append([]string{
-			p + "gw.*", p + "replica.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService,
-			p + "placement.*", p + "decision.>", p + "eject.*", p + "control.load", p + "broker.presence", p + "kvsync",
-		}, tableRead...)
+		// their buckets); the batchers do the rest. $SRV.PING of the
+		// brokers: /readyz asks whether one answers. It hears heartbeats,
+		// decisions and ejections for the dashboard, load statuses for the
+		// requests it holds while their model loads, and the KV-cache key
+		// updates (llm.kv.*, and their resend, llm.kvsync) for the
+		// dashboard's cached blocks per replica.
+		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService, p + "kvsync"}, tableRead...)
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
-		return grants{
-			// $SRV.PING of the brokers: /readyz asks whether one answers.
-			pub: pub,
-			sub: []string{
-				p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox,
-				p + "placement.*", p + "usage.*", p + "broker.presence", p + "load.*",
-			},
+		sub := []string{p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox}
+		if r.Kind == RoleGateway {
+			// It decides its HTTP requests as a broker would (gateway
+			// --decide local): the request straight to the replica,
+			// placements, sampled decisions, ejections, cold loads and
+			// its presence among the deciders; it hears placements,
+			// usage (it settles only its own reservations) and the
+			// other deciders' presence. Never llm.route.* or
+			// llm.explain.*: direct tenants and explain stay the
+			// brokers'. The KV-cache key updates feed its exact prefix
+			// index too, and the load deltas (llm.load.*) its load view,
+			// as a broker's. A relay (--decide broker) gets none of it.
+			pub = append(pub, deciderPub(p)...)
+			sub = append(sub, p+"placement.*", p+"usage.*", p+"broker.presence", p+"load.*")
 		}
+		return grants{pub: pub, sub: sub}
 	case RoleBroker:
 		// It reads the stored-response owners to route a turn that
 		// continues one.
 		return grants{
-			pub: append(append([]string{
-				p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
-				p + "eject.*", p + "kvsync",
-			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
+			pub: append(append(deciderPub(p), tableRead...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
 				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "load.*", p + "placement.*",
 				p + "usage.*", p + "broker.presence", p + "control.load.status", p + "kv.*", inbox,
@@ -212,6 +213,16 @@ func permissions(r Role, prefix, bucket string) grants {
 		return grants{pub: []string{p + "route." + r.ID}, sub: []string{inbox}}
 	}
 	return grants{}
+}
+
+// deciderPub is what every decider publishes: the request for the chosen
+// replica, placements, sampled decisions, cold-load requests, its
+// presence, ejections and the KV-cache resend.
+func deciderPub(p string) []string {
+	return []string{
+		p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
+		p + "eject.*", p + "kvsync",
+	}
 }
 
 // bucketRead are the JetStream API subjects that read a KV bucket: bind it,

@@ -288,7 +288,13 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 
-	gnc, err := connect("switchyard-gateway", auth.Role{Kind: auth.RoleGateway})
+	// A gateway that decides through the brokers connects with a relay's
+	// creds: none of a decider's subjects (docs/security.md).
+	gwRole := auth.Role{Kind: auth.RoleGateway}
+	if cfg.Gateway.Decide == gateway.DecideBroker {
+		gwRole.Kind = auth.RoleGatewayRelay
+	}
+	gnc, err := connect("switchyard-gateway", gwRole)
 	if err != nil {
 		return nil, err
 	}

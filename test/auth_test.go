@@ -53,6 +53,7 @@ func natsAs(t *testing.T, cli string, st *devstack.Stack, role auth.Role, args .
 var (
 	roleOperator = auth.Role{Kind: auth.RoleOperator}
 	roleGateway  = auth.Role{Kind: auth.RoleGateway}
+	roleRelay    = auth.Role{Kind: auth.RoleGatewayRelay}
 	roleBroker   = auth.Role{Kind: auth.RoleBroker}
 	roleObserver = auth.Role{Kind: auth.RoleObserver}
 )
@@ -386,6 +387,94 @@ func TestAuthorization(t *testing.T) {
 		})
 	})
 
+	t.Run("a gateway that decides through the brokers holds no decider's subject", func(t *testing.T) {
+		// What a deciding gateway may publish, each heard by a part
+		// allowed to hear it.
+		heard := map[string]auth.Role{
+			"llm.replica.l70-gen-1": adapterRole("l70-gen-1"),
+			"llm.placement.x":       roleBroker,
+			"llm.broker.presence":   roleBroker,
+			"llm.decision.x":        roleOperator,
+			"llm.eject.l70-gen-1":   roleOperator,
+			"llm.control.load":      roleOperator,
+			"llm.route.acme":        roleBroker,
+			"llm.explain.acme":      roleBroker,
+		}
+		got := make(chan string, 64)
+		for subject, r := range heard {
+			w := mustConnectAs(t, st, r)
+			if _, err := w.Subscribe(subject, func(m *nats.Msg) {
+				if strings.HasPrefix(string(m.Data), "probe-") {
+					got <- m.Subject + " " + string(m.Data)
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, r := range []auth.Role{roleRelay, roleGateway} {
+			nc := mustConnectAs(t, st, r)
+			for subject := range heard {
+				_ = nc.Publish(subject, []byte("probe-"+r.Name()))
+			}
+			_ = nc.Flush()
+		}
+		// A deciding gateway's messages arrive (the route and explain
+		// subjects excepted); the relay's never do.
+		want := map[string]bool{}
+		for subject := range heard {
+			if !strings.HasPrefix(subject, "llm.route.") && !strings.HasPrefix(subject, "llm.explain.") {
+				want[subject+" probe-gateway"] = true
+			}
+		}
+		testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			for {
+				select {
+				case m := <-got:
+					if !want[m] {
+						t.Errorf("went through: %s", m)
+					}
+					delete(want, m)
+					continue
+				default:
+				}
+				if len(want) > 0 {
+					return fmt.Errorf("the deciding gateway's messages not heard yet: %v", want)
+				}
+				return nil
+			}
+		})
+		// Nor may the relay hear what only deciders hear.
+		for _, subject := range []string{"llm.usage.*", "llm.placement.*", "llm.broker.presence", "llm.load.*", "llm.route.*"} {
+			denied := make(chan error, 1)
+			nc, err := nats.Connect(st.NATSURL(), nats.UserCredentials(st.Creds(roleRelay)),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+					select {
+					case denied <- err:
+					default:
+					}
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := nc.SubscribeSync(subject); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			select {
+			case err := <-denied:
+				if !errors.Is(err, nats.ErrPermissionViolation) {
+					t.Errorf("subscribing %s as the relay: %v, want a permissions violation", subject, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("the relay subscribed %s", subject)
+			}
+			nc.Close()
+		}
+	})
+
 	t.Run("anonymous connections are refused", func(t *testing.T) {
 		nc, err := nats.Connect(st.NATSURL())
 		if err == nil {
@@ -470,7 +559,7 @@ func TestAuthCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "server.conf") {
 		t.Fatalf("auth init: exit %d: %s %s", code, out, errOut)
 	}
-	for _, f := range []string{"server.conf", "creds/operator.creds", "creds/gateway.creds", "creds/broker.creds",
+	for _, f := range []string{"server.conf", "creds/operator.creds", "creds/gateway.creds", "creds/gateway-relay.creds", "creds/broker.creds",
 		"creds/observer.creds", "creds/adapter-r-0.creds", "creds/tenant-acme.creds", "creds/tenant-beta.creds"} {
 		if _, err := os.Stat(dir + "/" + f); err != nil {
 			t.Errorf("auth init: %v", err)

@@ -15,7 +15,7 @@ import (
 )
 
 const authUsage = `usage: switchyard auth init DIR [--tenants a,b] [--replicas x,y]
-       switchyard auth creds DIR --role gateway|broker|operator|observer|loader|batcher [--out FILE]
+       switchyard auth creds DIR --role gateway|gateway-relay|broker|operator|observer|loader|batcher [--out FILE]
        switchyard auth creds DIR --role adapter --replica ID [--out FILE]
        switchyard auth creds DIR --role tenant --tenant T [--out FILE]
        switchyard auth revoke DIR --role ROLE [--replica ID | --tenant T] [--nats URL]`
@@ -91,7 +91,7 @@ func authInit(dir string, cfg auth.Config, stdout io.Writer) error {
 type roleFlags struct{ kind, replica, tenant string }
 
 func (r *roleFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&r.kind, "role", "", "gateway, broker, operator, observer, loader, batcher, adapter or tenant")
+	fs.StringVar(&r.kind, "role", "", "gateway (deciding, gateway --decide local), gateway-relay (gateway --decide broker), broker, operator, observer, loader, batcher, adapter or tenant")
 	fs.StringVar(&r.replica, "replica", "", "replica id (role adapter)")
 	fs.StringVar(&r.tenant, "tenant", "", "tenant (role tenant)")
 }
