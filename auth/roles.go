@@ -113,7 +113,7 @@ func permissions(r Role, prefix, bucket string) grants {
 		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService, p + "kvsync"}, tableRead...)
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
-		sub := []string{p + "reply.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox}
+		sub := []string{p + "reply.>", p + "routed.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox}
 		if r.Kind == RoleGateway {
 			// It decides its HTTP requests as a broker would (gateway
 			// --decide local): the request straight to the replica,
@@ -131,9 +131,11 @@ func permissions(r Role, prefix, bucket string) grants {
 		return grants{pub: pub, sub: sub}
 	case RoleBroker:
 		// It reads the stored-response owners to route a turn that
-		// continues one.
+		// continues one. It tells a gateway where it routed a request on
+		// the gateway's routed subject (llm.routed.>), which no adapter
+		// may publish: a gateway believes a routed notice only there.
 		return grants{
-			pub: append(append(deciderPub(p), tableRead...), bucketRead(subjects.ResponsesBucket)...),
+			pub: append(append(deciderPub(p), append(tableRead, p+"routed.>")...), bucketRead(subjects.ResponsesBucket)...),
 			sub: append([]string{
 				p + "route.*", p + "gw.*", p + "batch.*", p + "explain.*", p + "heartbeat.*", p + "load.*", p + "placement.*",
 				p + "usage.*", p + "broker.presence", p + "control.load.status", p + "kv.*", inbox,

@@ -53,8 +53,10 @@ func (b *Broker) send(s *decider.Scratch, subject, reply string, h nats.Header, 
 			// The routed notice goes first, so a gateway that hears no
 			// accept knows which replica to exclude on its retry
 			// (docs/architecture.md, "Decisions").
+			// A gateway hears it on its routed subject, where only
+			// brokers publish (subjects.RoutedFor).
 			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.Replica(), Header: s.NoticeHeader()}
-			_ = b.nc.PublishMsg(notice.Msg(reply))
+			_ = b.nc.PublishMsg(notice.Msg(b.subj.RoutedFor(reply)))
 		}
 		if err := b.nc.PublishMsg(&a.Msg); err != nil && reply != "" {
 			b.dec.Reject(&a.Msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"strings"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/decider"
@@ -36,7 +38,7 @@ func (g *Gateway) publish(c *call, replyTo string, u *upstream, h nats.Header, b
 	switch a.Do {
 	case decider.DoForward:
 		notice := reply.Frame{Kind: reply.Routed, Replica: a.Replica(), Header: make(nats.Header, 1)}
-		c.deliver(notice.Msg(replyTo))
+		c.deliver(notice.Msg(g.routedPfx + strings.TrimPrefix(replyTo, g.replyPfx)))
 		m := a.Msg
 		return &m, false, g.nc.PublishMsg(&m)
 	case decider.DoRefuse:

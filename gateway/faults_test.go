@@ -65,7 +65,7 @@ func (r *reply) send(h nats.Header, data string) {
 }
 
 func (r *reply) routed(replica string) {
-	_ = r.nc.PublishMsg(&nats.Msg{Subject: r.m.Reply, Header: nats.Header{subjects.HdrRouted: {replica}}})
+	_ = r.nc.PublishMsg(&nats.Msg{Subject: subjects.New("").RoutedFor(r.m.Reply), Header: nats.Header{subjects.HdrRouted: {replica}}})
 }
 
 func (r *reply) accept(replica string) {

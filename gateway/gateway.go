@@ -212,13 +212,16 @@ type Gateway struct {
 	budget   retryBudget
 	cold     *coldWaits
 	replyPfx string
-	mux      http.Handler
-	adminMux *http.ServeMux // nil: the admin handlers are on mux
-	tls      *tls.Config
-	maxBody  int64
-	exposed  string    // Access-Control-Expose-Headers
-	parsed   sync.Pool // *parsed, the feature extraction's buffers
-	batch    batchStore
+	// routedPfx is the subject space of the brokers' routed notices to
+	// this gateway (subjects.RoutedPrefix), with its trailing dot.
+	routedPfx string
+	mux       http.Handler
+	adminMux  *http.ServeMux // nil: the admin handlers are on mux
+	tls       *tls.Config
+	maxBody   int64
+	exposed   string    // Access-Control-Expose-Headers
+	parsed    sync.Pool // *parsed, the feature extraction's buffers
+	batch     batchStore
 	// dec decides requests in this process (nil: the brokers decide);
 	// warm is set once it has heard the replicas its table has ready.
 	dec  *decider.Decider
@@ -312,6 +315,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.log = telemetry.Logger(cfg.Logger).With("component", "gateway")
 	g.tracer = telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/gateway")
 	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
+	g.routedPfx = g.subj.RoutedPrefix(cfg.ID) + "."
 	g.disp = newDispatcher(cfg.HandoffDepth, g.lateRoute)
 	g.metrics = newMetrics(cfg.Registerer)
 	g.cold = newColdWaits(cfg.MaxColdWaits, cfg.Registerer)
@@ -428,6 +432,9 @@ func setDefaults(cfg *Config) {
 // (nil with --decide broker).
 func (g *Gateway) Decider() *decider.Decider { return g.dec }
 
+// ID is the gateway's id: its reply and routed subjects carry it.
+func (g *Gateway) ID() string { return g.cfg.ID }
+
 // Handler is the gateway's HTTP handler (for tests and embedding).
 func (g *Gateway) Handler() http.Handler { return g.mux }
 
@@ -458,6 +465,14 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		return err
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	// The brokers' routed notices come on a subject of their own, the
+	// attempt's mailbox the same.
+	routed, err := g.nc.Subscribe(g.routedPfx+"*", g.disp.onMsg)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
+	_ = routed.SetPendingLimits(-1, -1)
 	if err := g.subscribeCold(ctx, wg); err != nil {
 		return err
 	}
@@ -511,7 +526,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		})
 	}
 	wg.Go(func() {
-		defer func() { _ = sub.Unsubscribe() }()
+		defer func() { _, _ = sub.Unsubscribe(), routed.Unsubscribe() }()
 		if err := g.watcher.Run(ctx); err != nil && ctx.Err() == nil {
 			g.log.Error("table watcher stopped", "err", err)
 		}

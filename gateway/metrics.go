@@ -19,6 +19,7 @@ type metrics struct {
 	retries        prometheus.Counter
 	resends        prometheus.Counter
 	lateRoutes     prometheus.Counter
+	refusedNotices prometheus.Counter
 	missedPongs    prometheus.Counter
 	silences       prometheus.Counter
 	acceptTimeouts prometheus.Counter
@@ -52,6 +53,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		lateRoutes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_late_routes_cancelled_total", Help: "Copies a broker routed after another copy of their request was taken or the attempt had ended: the routed replica was told to cancel them.",
+		}),
+		refusedNotices: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_refused_routed_notices_total", Help: "Routed notices dropped because they came on a reply subject, where adapters publish too, not on the gateway's routed subject, where only brokers may: a forgery, or a broker older than the routed subject.",
 		}),
 		missedPongs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_nats_link_missed_pongs_total", Help: "Pings of the gateway's NATS link check that got no pong within the link check's period.",
@@ -91,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.missedPongs, m.silences, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
 	}
 	return m
 }

@@ -314,8 +314,8 @@ func (l *leg) run(ctx context.Context) result {
 		case <-resend:
 			l.sendCopy()
 		case m := <-l.c.ch:
-			f := reply.Decode(m)
-			if !l.mine(m.Subject, f) {
+			f, ok := l.g.decode(m)
+			if !ok || !l.mine(m.Subject, f) {
 				continue
 			}
 			if r, over := l.on(f); over {
@@ -617,9 +617,27 @@ func (g *Gateway) probe(replica, reply string) {
 // up, a healed link delivering what it held), and its replica is told to
 // cancel it. The rest is dropped.
 func (g *Gateway) lateRoute(id string, m *nats.Msg) {
-	if f := reply.Decode(m); f.Kind == reply.Routed {
+	if f, ok := g.decode(m); ok && f.Kind == reply.Routed {
 		g.cancelLate(f.Replica, id)
 	}
+}
+
+// decode reads a message of an attempt's mailbox. A routed notice is
+// believed only from the gateway's routed subject, which only brokers may
+// publish: on the reply subject, where adapters publish too, it could be an
+// adapter's, naming a replica to cancel or to blame for a request whose id
+// it learned (docs/security.md). Such a notice is dropped (ok false) and
+// counted.
+func (g *Gateway) decode(m *nats.Msg) (f reply.Frame, ok bool) {
+	f = reply.Decode(m)
+	if f.Kind == reply.Routed && !strings.HasPrefix(m.Subject, g.routedPfx) {
+		g.metrics.refusedNotices.Inc()
+		return f, false
+	}
+	if f.Kind != reply.Routed && strings.HasPrefix(m.Subject, g.routedPfx) {
+		return f, false // only notices come there
+	}
+	return f, true
 }
 
 // cancelLate cancels a copy routed to replica after it was no longer

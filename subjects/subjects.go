@@ -185,12 +185,31 @@ func (s Subjects) Explain(tenant string) string { return s.p() + ".explain." + t
 // ExplainAll is the brokers' explain endpoint subject.
 func (s Subjects) ExplainAll() string { return s.p() + ".explain.*" }
 
-// BrokerPresence is where brokers announce themselves so each can count the
-// live brokers and enforce its share of a tenant quota.
+// BrokerPresence is where deciders (brokers, and gateways that decide)
+// announce themselves (Presence) so each can count the others and enforce
+// its share of a tenant quota.
 func (s Subjects) BrokerPresence() string { return s.p() + ".broker.presence" }
 
 // ReplyPrefix is the gateway's wildcard reply space: <prefix>.reply.<gateway>.>.
 func (s Subjects) ReplyPrefix(gateway string) string { return s.p() + ".reply." + gateway }
+
+// RoutedPrefix is where a gateway hears the brokers' routed notices:
+// <prefix>.routed.<gateway>.<request-id>. Only brokers may publish there;
+// adapters, which publish in the reply space, may not.
+func (s Subjects) RoutedPrefix(gateway string) string { return s.p() + ".routed." + gateway }
+
+// RoutedFor is where the routed notice of a request with reply subject
+// reply goes: for a gateway's reply subject (<prefix>.reply.<gateway>.<id>)
+// the gateway's routed subject <prefix>.routed.<gateway>.<id>, whose sender
+// the gateway can believe; any other reply (a direct client's inbox) gets
+// the notice itself.
+func (s Subjects) RoutedFor(reply string) string {
+	space := s.p() + ".reply."
+	if len(reply) > len(space) && strings.HasPrefix(reply, space) {
+		return s.p() + ".routed." + reply[len(space):]
+	}
+	return reply
+}
 
 // InReplySpace reports whether subject can be a reply to a request: a
 // gateway's reply space (<prefix>.reply.>), a client inbox (_INBOX.>) or a

@@ -37,6 +37,13 @@ func TestSubjects(t *testing.T) {
 		s.Explain("acme"):                      "llm.explain.acme",
 		subjects.New("sy").RouteAll():          "sy.route.*",
 		subjects.TenantFromRoute(s.Route("t")): "t",
+		s.RoutedPrefix("gw1"):                  "llm.routed.gw1",
+		// A gateway hears a routed notice where only brokers publish; a
+		// direct client on its own inbox.
+		s.RoutedFor("llm.reply.gw1.req-1"): "llm.routed.gw1.req-1",
+		s.RoutedFor("_INBOX.abc"):          "_INBOX.abc",
+		s.RoutedFor("_R_.abc.def"):         "_R_.abc.def",
+		s.RoutedFor("llm.reply."):          "llm.reply.",
 	} {
 		if got != want {
 			t.Errorf("got %q, want %q", got, want)

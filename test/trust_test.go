@@ -360,6 +360,59 @@ func TestTrust(t *testing.T) {
 				t.Errorf("after forged usage events trial got status %s, want 429: the quota was refunded", head.Get(subjects.HdrStatus))
 			}
 		})
+
+		t.Run("a routed notice is believed only from a broker", func(t *testing.T) {
+			// An adapter that learned a request id forges the brokers'
+			// notice on the gateway's reply subject, naming another
+			// replica: the gateway would tell that replica to cancel the
+			// request. A broker's notice comes on the routed subject.
+			victim := r[1].ID
+			witness := mustConnectAs(t, st, adapterRole(victim))
+			cancels, err := witness.SubscribeSync("llm.replica." + victim + ".cancel")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := witness.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			notice := func(nc *nats.Conn, subject string) {
+				if err := nc.PublishMsg(&nats.Msg{Subject: subject, Header: nats.Header{subjects.HdrRouted: {victim}}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := nc.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gw := st.Gateway().ID()
+			before := metric(st, "switchyard_gateway_refused_routed_notices_total", nil)
+			notice(mustConnectAs(t, st, adapterRole(r[0].ID)), "llm.reply."+gw+".forged-by-an-adapter")
+			testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				if metric(st, "switchyard_gateway_refused_routed_notices_total", nil) < before+1 {
+					return errors.New("the forged notice was not refused")
+				}
+				return nil
+			})
+			// An adapter may not publish where brokers do; a broker's
+			// notice there is believed.
+			notice(mustConnectAs(t, st, adapterRole(r[0].ID)), "llm.routed."+gw+".forged-on-the-routed-subject")
+			notice(mustConnectAs(t, st, roleBroker), "llm.routed."+gw+".late-copy")
+			for {
+				m, err := cancels.NextMsg(5 * time.Second)
+				if err != nil {
+					t.Fatal("the broker's notice of a late copy cancelled nothing")
+				}
+				id := m.Header.Get(subjects.HdrRequestID)
+				if id == "late-copy" {
+					break
+				}
+				if strings.HasPrefix(id, "forged") {
+					t.Fatalf("an adapter's forged notice had the gateway cancel %s on %s", id, victim)
+				}
+			}
+			if m, err := cancels.NextMsg(100 * time.Millisecond); err == nil {
+				t.Errorf("cancel of %s after the broker's", m.Header.Get(subjects.HdrRequestID))
+			}
+		})
 	})
 }
 
