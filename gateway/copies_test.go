@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -74,5 +75,49 @@ func TestACopyNoBrokerRoutedIsSentAgainAndALateOneCancelled(t *testing.T) {
 	}
 	if n := u.counter("switchyard_gateway_late_routes_cancelled_total", nil); n < 1 {
 		t.Errorf("late routes cancelled = %v, want at least 1", n)
+	}
+}
+
+// When a later copy wins, the stage record is that copy's: the marks the
+// cut broker made on the first copy are dropped with it, and the ones
+// made on the copy that reached the client are recorded.
+func TestTheWinningCopysStagesAreRecorded(t *testing.T) {
+	rec := stages.New(1)
+	late := make(chan struct{})
+	defer close(late)
+	u := newUpstream(t, gateway.Config{Stages: rec, AcceptTimeout: 10 * time.Second, RoutedTimeout: 100 * time.Millisecond}, func(r *reply, attempt int) {
+		id := r.m.Header.Get(subjects.HdrRequestID)
+		switch attempt {
+		case 1: // the cut broker decided, and its link went
+			rec.Mark(id, stages.BrokerReceived)
+			rec.Mark(id, stages.Decided)
+			<-late
+		case 2: // the next broker takes the copy and forwards it
+			rec.Mark(id, stages.BrokerReceived)
+			rec.Mark(id, stages.Forwarded)
+			r.stream("r-0", 3)
+		}
+	})
+	if res := u.post(true); res.status != 200 {
+		t.Fatalf("status %d", res.status)
+	}
+	var sum stages.Summary
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if sum = rec.Summary(); sum.Requests != 1 {
+			return fmt.Errorf("%d requests recorded", sum.Requests)
+		}
+		return nil
+	})
+	got := map[string]bool{}
+	for _, s := range sum.Stages {
+		got[s.Stage] = true
+	}
+	for _, s := range []stages.Stage{stages.Published, stages.BrokerReceived, stages.Forwarded, stages.GatewayFirstChunk, stages.ClientFirstByte} {
+		if !got[s.String()] {
+			t.Errorf("the record lacks %q: %+v", s, sum.Stages)
+		}
+	}
+	if got[stages.Decided.String()] {
+		t.Errorf("the record holds the first copy's %q: %+v", stages.Decided, sum.Stages)
 	}
 }

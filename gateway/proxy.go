@@ -110,10 +110,9 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	id := nuid.Next()
 	defer func() {
 		res.wrote = out.wrote
-		if res.id != "" && res.id != id {
-			// Another copy than the first was the attempt's: the
-			// first copy's stage record ends too.
-			g.cfg.Stages.End(id)
+		if res.id != "" {
+			// Another copy than the first may have been the
+			// attempt's (attempt ended the others' stage records).
 			id = res.id
 		}
 		g.settle(out.u, id, res)
@@ -194,6 +193,13 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	defer l.stop()
 	r := l.run(ctx)
 	r.id = l.copies[l.chosen].id
+	for i, c := range l.copies {
+		if i != l.chosen {
+			// The copies that lost end their stage records unrecorded:
+			// the chosen copy's marks are the request's.
+			g.cfg.Stages.End(c.id)
+		}
+	}
 	return r
 }
 
@@ -348,9 +354,12 @@ func (l *leg) sendCopy() {
 	}
 	h[subjects.HdrRequestID] = []string{id}
 	l.g.disp.add(l.c, id)
+	l.g.cfg.Stages.Copy(l.copies[0].id, id)
 	if err := l.g.nc.PublishMsg(&nats.Msg{Subject: l.msg.Subject, Reply: l.g.replyPfx + id, Header: h, Data: l.msg.Data}); err != nil {
+		l.g.cfg.Stages.End(id)
 		return
 	}
+	l.g.cfg.Stages.Mark(id, stages.Published)
 	l.copies = append(l.copies, sentCopy{id: id, at: time.Now()})
 	l.g.metrics.resends.Inc()
 	// The next a routed timeout after this one was due, counted from
@@ -376,6 +385,9 @@ func (l *leg) mine(subject string, f reply.Frame) bool {
 			return i == l.chosen
 		}
 		l.spoken, l.chosen = true, i
+		// The stages the gateway stamps from now on are the chosen
+		// copy's.
+		l.out.attempt = id
 		l.stopResending()
 		if i > 0 && !l.accepted {
 			// Its accept is due an accept timeout after its own

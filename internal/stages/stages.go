@@ -109,6 +109,26 @@ func (r *Recorder) Begin(id string, bodyAt int64) {
 	r.open[id] = rec
 }
 
+// Copy starts the record of to, another copy of request from sent
+// later (a gateway's resend after --routed-timeout, under a request id of
+// its own), when from is sampled: the copy's body arrived with from's. Each
+// copy then collects its own marks, and the one that reaches the client
+// is the one recorded.
+func (r *Recorder) Copy(from, to string) {
+	if r == nil || to == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := r.open[from]
+	if rec == nil || len(r.open) >= maxOpen || r.open[to] != nil {
+		return
+	}
+	c := new(record)
+	c[BodyReceived] = rec[BodyReceived]
+	r.open[to] = c
+}
+
 // Mark stamps stage s of request id now, once: a later mark of the same
 // stage (a retry) is ignored. Requests not sampled are skipped.
 func (r *Recorder) Mark(id string, s Stage) {
