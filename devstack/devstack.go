@@ -315,6 +315,12 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	})
 	extra := map[string]http.Handler{}
 	maps.Copy(extra, dash.Mounts())
+	if cfg.Stages != nil {
+		// The stage table beside the dashboard (`switchyard bench
+		// --stages` reads it), with the bus floor measured through
+		// this stack's server.
+		maps.Copy(extra, stages.Handlers(s.StageSummary, cfg.Stages.Reset))
+	}
 	maps.Copy(extra, gcfg.Extra)
 	gcfg.Extra = extra
 	s.gw, err = gateway.New(gnc, gcfg)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -69,22 +68,12 @@ func loadNote(l float64) string {
 }
 
 // The stack role records the stages of every request and serves the
-// table on its control listener: GET /stages (with the bus floor measured
-// then, through the stack's own NATS server), POST /stages/reset.
+// table on its control listener (stages.Handlers), with the bus floor
+// measured then through the stack's own NATS server.
 func stageHandlers(mux *http.ServeMux, st *devstack.Stack, rec *stages.Recorder) {
-	mux.HandleFunc("GET /stages", func(w http.ResponseWriter, r *http.Request) {
-		sum, err := st.StageSummary()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(sum)
-	})
-	mux.HandleFunc("POST /stages/reset", func(w http.ResponseWriter, r *http.Request) {
-		rec.Reset()
-		w.WriteHeader(http.StatusNoContent)
-	})
+	for p, h := range stages.Handlers(st.StageSummary, rec.Reset) {
+		mux.Handle(p, h)
+	}
 }
 
 // resetStages starts a phase's stage table; stageTable fetches it at the
@@ -93,13 +82,7 @@ func (b *bench) resetStages(ctx context.Context, ctl string) {
 	if ctl == "" {
 		return
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ctl+"/stages/reset", nil)
-	if err != nil {
-		return
-	}
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-	}
+	_ = stages.Reset(ctx, ctl)
 }
 
 func (b *bench) stageTable(ctx context.Context, ctl string) *stages.Summary {
@@ -108,21 +91,15 @@ func (b *bench) stageTable(ctx context.Context, ctl string) *stages.Summary {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ctl+"/stages", nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := http.DefaultClient.Do(req)
+	sum, err := stages.Fetch(ctx, ctl)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "stages:", err)
 		return nil
 	}
-	defer resp.Body.Close()
-	var sum stages.Summary
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&sum) != nil || sum.Requests == 0 {
+	if sum.Requests == 0 {
 		return nil
 	}
-	return &sum
+	return sum
 }
 
 // renderStages is a phase's stage table.
@@ -130,16 +107,9 @@ func renderStages(p func(string, ...any), title string, sum *stages.Summary) {
 	if sum == nil {
 		return
 	}
-	p("Stage budget of Switchyard's requests in this phase (%s; %d requests recorded, each stage the time since the stage before it that the request passed, milliseconds):\n\n", title, sum.Requests)
-	p("| stage | requests | p50 | p99 |\n|---|---:|---:|---:|\n")
-	for _, st := range sum.Stages {
-		p("| %s | %d | %.3f | %.3f |\n", st.Stage, st.Requests, st.P50, st.P99)
-	}
-	p("| **body received → first byte to the client** | %d | %.3f | %.3f |\n", sum.Total.Requests, sum.Total.P50, sum.Total.P99)
-	if f := sum.BusFloor; f.Requests > 0 {
-		p("| bus floor: a bare NATS request and reply through the same server | %d | %.3f | %.3f |\n", f.Requests, f.P50, f.P99)
-	}
-	p("\n")
+	var b strings.Builder
+	sum.WriteTable(&b, title)
+	p("%s", b.String())
 }
 
 // indicativeNote marks a verdict reached on a busy machine.

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -51,6 +53,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&cfg.Seed, "seed", 1, "seed of the generated prompts and choices")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file (- for stdout)")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	stageTable := fs.Bool("stages", false, "print the stage budget of the run: p50/p99 per stage beside the bus floor, read from the recorder at --stages-url (switchyard dev --stages)")
+	stagesURL := fs.String("stages-url", "", "base `URL` serving /stages (default: the --target's scheme and host)")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
@@ -71,6 +75,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		cfg.Progress = stderr
 	}
+	stagesAt := ""
+	if *stageTable {
+		var err error
+		if stagesAt, err = stagesBase(*stagesURL, cfg.Targets); err != nil {
+			return usageError{err}
+		}
+		// The table covers this run only.
+		if err := stages.Reset(ctx, stagesAt); err != nil {
+			return fmt.Errorf("--stages: %w (is the stack recording? switchyard dev --stages)", err)
+		}
+	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if rep == nil {
 		if errors.Is(err, loadgen.ErrNotLoopback) {
@@ -81,6 +96,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if werr := rep.WriteText(stdout); werr != nil {
 		return werr
 	}
+	if stagesAt != "" {
+		sum, serr := stages.Fetch(ctx, stagesAt)
+		if serr != nil {
+			return fmt.Errorf("--stages: %w", serr)
+		}
+		fmt.Fprintln(stdout)
+		sum.WriteTable(stdout, "switchyard bench, "+time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	}
 	if *jsonOut != "" {
 		if jerr := writeReportJSON(rep, *jsonOut, stdout); jerr != nil {
 			return jerr
@@ -90,6 +113,23 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("interrupted: %w", err)
 	}
 	return nil
+}
+
+// stagesBase is where the stage table is served: --stages-url, or the
+// scheme and host of the first target.
+func stagesBase(flagURL string, targets []string) (string, error) {
+	raw := flagURL
+	if raw == "" {
+		if len(targets) == 0 {
+			return "", errors.New("--stages needs --target or --stages-url")
+		}
+		raw = targets[0]
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return "", fmt.Errorf("--stages-url %q: want scheme://host[:port]", raw)
+	}
+	return u.Scheme + "://" + u.Host, nil
 }
 
 // loadWorkload reads the workload file into cfg. Unless --rate is given,

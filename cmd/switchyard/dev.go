@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -19,6 +20,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Float64Var(&cfg.Speed, "speed", 1, "time scale of the simulated engines (2 = twice as fast; at most 1e6)")
 	fs.Var(listFlag{&cfg.Gateway.CORSOrigins}, "cors-origin", "browser `origin` allowed to call the gateway, or * for any (repeatable; default: CORS off)")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "OTLP collector `URL` every part exports its spans to (as OTEL_EXPORTER_OTLP_ENDPOINT; default: that variable, else no tracing)")
+	stageTable := fs.Bool("stages", false, "record the stages of every request and serve the table at /stages (switchyard bench --stages reads it; docs/benchmarks.md, \"Stage budget\")")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
@@ -27,6 +29,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	cfg.Logger = newLogger(stderr, *logLevel)
+	if *stageTable {
+		cfg.Stages = stages.New(1)
+	}
 	st, err := devstack.Start(ctx, cfg)
 	if err != nil {
 		return err
@@ -42,7 +47,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	creds := st.CredsDir()
 	fmt.Fprintf(stdout, `Switchyard dev is running.
 
-  gateway  %s   (OpenAI API; dashboard at /ui; /metrics, /readyz)
+  gateway  %s   (OpenAI API; dashboard at /ui; /metrics, /readyz; /stages with --stages)
   NATS     %s   (operator mode: every identity has a creds file in %s)
 
 Try:
