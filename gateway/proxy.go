@@ -158,10 +158,7 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	c := g.disp.register(id)
 	defer g.disp.unregister(c)
 
-	h := make(nats.Header, len(u.hdr)+4)
-	for k, v := range u.hdr {
-		h[k] = v
-	}
+	h := attemptHeader(u.hdr)
 	h[subjects.HdrRequestID] = []string{id}
 	if len(u.exclude) > 0 {
 		h[subjects.HdrExclude] = []string{strings.Join(u.exclude, ",")}
@@ -201,6 +198,27 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		}
 	}
 	return r
+}
+
+// attemptHeader is a copy of the request's headers for one attempt, with
+// values of its own (cut from one array): a gateway that decides writes the
+// route headers and the decision span's traceparent into them in place
+// (decider's setHeader, telemetry.Inject), and the request's own must stay
+// as the client sent them for the next attempt, whose trace links to the
+// gateway's span, not to the last decision.
+func attemptHeader(hdr nats.Header) nats.Header {
+	n := 0
+	for _, v := range hdr {
+		n += len(v)
+	}
+	h := make(nats.Header, len(hdr)+4)
+	vals := make([]string, 0, n)
+	for k, v := range hdr {
+		i := len(vals)
+		vals = append(vals, v...)
+		h[k] = vals[i:len(vals):len(vals)]
+	}
+	return h
 }
 
 // sentCopy is one copy of an attempt sent to the broker queue group.

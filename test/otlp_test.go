@@ -173,10 +173,19 @@ func childrenOf(spans []span, parent span, service, name string) []span {
 type chain struct{ decision, adapter, engine span }
 
 // chainUnder finds the decision span under parent, and the adapter's and
-// the engine call's spans under it, in parent order.
-func chainUnder(spans []span, parent span) ([]chain, error) {
+// the engine call's spans under it, in parent order. The decision is the
+// broker's, or the gateway's when it decides (decide, gateway.Decide*):
+// never both, never the other's.
+func chainUnder(spans []span, parent span, decide string) ([]chain, error) {
+	decider, other := "switchyard-gateway", "switchyard-broker"
+	if decide == gateway.DecideBroker {
+		decider, other = other, decider
+	}
+	if n := len(childrenOf(spans, parent, other, "switchyard.decide")); n > 0 {
+		return nil, fmt.Errorf("%d decision spans of %s under %x, which did not decide", n, other, parent.SpanId)
+	}
 	var out []chain
-	for _, d := range childrenOf(spans, parent, "switchyard-broker", "switchyard.decide") {
+	for _, d := range childrenOf(spans, parent, decider, "switchyard.decide") {
 		as := childrenOf(spans, d, "switchyard-adapter", "switchyard.adapter")
 		if len(as) != 1 {
 			return nil, fmt.Errorf("decision %x has %d adapter spans under it", d.SpanId, len(as))
@@ -225,10 +234,13 @@ func checkTimes(t *testing.T, spans ...span) {
 // the engine call's traceparent, in the client's trace.
 func TestTracesFollowAStreamedChat(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	eachDecider(t, func(t *testing.T, decide string) { tracesFollowAStreamedChat(t, decide) })
+}
+
+func tracesFollowAStreamedChat(t *testing.T, decide string) {
 	col := newCollector(t)
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0"), OTLPEndpoint: col.srv.URL,
-		// The broker's decision and attempt spans are what this reads.
-		Gateway: gateway.Config{Decide: gateway.DecideBroker}})
+		Gateway: gateway.Config{Decide: decide}})
 
 	const traceID, clientSpan = "5bf92f3577b34da6a3ce929d0e0e4737", "00f067aa0ba902b8"
 	body := `{"model":"chat-small","max_tokens":20,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
@@ -250,7 +262,7 @@ func TestTracesFollowAStreamedChat(t *testing.T) {
 			return fmt.Errorf("%d gateway spans in the trace (of %d spans)", len(gws), len(spans))
 		}
 		gw = gws[0]
-		chains, err := chainUnder(spans, gw)
+		chains, err := chainUnder(spans, gw, decide)
 		if err != nil {
 			return err
 		}
@@ -329,10 +341,13 @@ func TestTracesFollowAStreamedChat(t *testing.T) {
 // linked to the attempt before it.
 func TestResumedStreamIsOneTrace(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	eachDecider(t, func(t *testing.T, decide string) { resumedStreamIsOneTrace(t, decide) })
+}
+
+func resumedStreamIsOneTrace(t *testing.T, decide string) {
 	col := newCollector(t)
 	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1, DeterministicText: true, OTLPEndpoint: col.srv.URL,
-		// The broker's decision and attempt spans are what this reads.
-		Gateway: gateway.Config{Decide: gateway.DecideBroker}})
+		Gateway: gateway.Config{Decide: decide}})
 
 	const traceID = "6bf92f3577b34da6a3ce929d0e0e4738"
 	killed := ""
@@ -371,10 +386,10 @@ func TestResumedStreamIsOneTrace(t *testing.T) {
 			return fmt.Errorf("%d resume spans under the gateway's", len(rs))
 		}
 		resume = rs[0]
-		if first, err = chainUnder(spans, gw); err != nil {
+		if first, err = chainUnder(spans, gw, decide); err != nil {
 			return err
 		}
-		if second, err = chainUnder(spans, resume); err != nil {
+		if second, err = chainUnder(spans, resume, decide); err != nil {
 			return err
 		}
 		if len(first) != 1 || len(second) != 1 {
