@@ -1,13 +1,14 @@
 package decider
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -27,11 +28,8 @@ func decodeLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
 	if len(data) > subjects.MaxLoadDeltaBytes {
 		return fmt.Errorf("%w: %d bytes", errLoadDelta, len(data))
 	}
-	if err := json.Unmarshal(data, d); err != nil {
-		return fmt.Errorf("%w: %w", errLoadDelta, err)
-	}
-	if i := strings.LastIndexByte(subject, '.'); i < 0 || subject[i+1:] != d.Replica || subjects.ValidToken(d.Replica) != nil {
-		return fmt.Errorf("%w: replica %q published on %q", errDeltaReplica, d.Replica, subject)
+	if err := readLoadDelta(subject, data, d); err != nil {
+		return err
 	}
 	switch {
 	case !count(d.Inflight):
@@ -47,6 +45,124 @@ func decodeLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
 		}
 	}
 	return nil
+}
+
+// readLoadDelta reads a delta as an adapter writes it: one object whose
+// members are named exactly, integers in plain digits, the replica the
+// subject names. A decider reads 20,000 of them a second from 1,000
+// replicas, so it is read in place, without encoding/json's reflection.
+// Anything else is refused.
+func readLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
+	token := subject[strings.LastIndexByte(subject, '.')+1:]
+	if subjects.ValidToken(token) != nil {
+		return fmt.Errorf("%w: subject %q", errDeltaReplica, subject)
+	}
+	m := jsonscan.NewMembers(data, jsonscan.SkipSpace(data, 0))
+	var ok, named bool
+	for m.Next() {
+		k, v := m.Key(), m.Value()
+		switch {
+		case k.Equal("replica"):
+			if len(v) < 2 || v[0] != '"' || string(v[1:len(v)-1]) != token {
+				return fmt.Errorf("%w: replica %s published on %q", errDeltaReplica, truncate(string(v), 80), subject)
+			}
+			d.Replica, named, ok = token, true, true
+		case k.Equal("hb_seq"):
+			d.Heartbeat, ok = unsigned(v)
+		case k.Equal("seq"):
+			d.Seq, ok = unsigned(v)
+		case k.Equal("sent_unix_ms"):
+			var n uint64
+			n, ok = unsigned(v)
+			d.SentUnixMillis = int64(min(n, 1<<62))
+		case k.Equal("inflight"):
+			d.Inflight, ok = signed(v)
+		case k.Equal("queued_prefill_tokens"):
+			d.QueuedPrefillTokens, ok = signed(v)
+		case k.Equal("ttft"):
+			ok = readTTFT(v, d)
+		default:
+			ok = true
+		}
+		if !ok {
+			return fmt.Errorf("%w: member %s", errLoadDelta, truncate(string(k.Quoted), 64))
+		}
+	}
+	if end := m.End(); end < 0 || jsonscan.SkipSpace(data, end) != len(data) {
+		return fmt.Errorf("%w: not one JSON object", errLoadDelta)
+	}
+	if !named {
+		return fmt.Errorf("%w: no replica", errDeltaReplica)
+	}
+	return nil
+}
+
+// readTTFT reads the TTFT samples, at most one more than a delta may hold
+// (so that too many are refused, not cut).
+func readTTFT(v []byte, d *subjects.LoadDelta) bool {
+	if string(v) == "null" {
+		return true
+	}
+	e := jsonscan.NewElems(v, 0)
+	for e.Next() {
+		if len(d.TTFT) > subjects.MaxLoadDeltaTTFT {
+			return true
+		}
+		obj := e.Value()
+		var s subjects.TTFTSample
+		m := jsonscan.NewMembers(obj, 0)
+		for m.Next() {
+			k, x := m.Key(), m.Value()
+			var err error
+			switch {
+			case k.Equal("broker"):
+				if len(x) < 2 || x[0] != '"' || subjects.ValidToken(string(x[1:len(x)-1])) != nil {
+					return false
+				}
+				s.Broker = string(x[1 : len(x)-1])
+			case k.Equal("predicted_ms"):
+				s.Predicted, err = strconv.ParseFloat(string(x), 64)
+			case k.Equal("observed_ms"):
+				s.Observed, err = strconv.ParseFloat(string(x), 64)
+			}
+			if err != nil {
+				return false
+			}
+		}
+		if m.End() != len(obj) {
+			return false
+		}
+		d.TTFT = append(d.TTFT, s)
+	}
+	return e.End() == len(v)
+}
+
+// unsigned reads plain decimal digits, at most 18 of them.
+func unsigned(v []byte) (uint64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
+}
+
+// signed reads an optionally negative integer of at most 18 digits.
+func signed(v []byte) (int, bool) {
+	neg := len(v) > 0 && v[0] == '-'
+	if neg {
+		v = v[1:]
+	}
+	n, ok := unsigned(v)
+	if neg {
+		return -int(n), ok
+	}
+	return int(n), ok
 }
 
 // onLoad applies an adapter's load delta to the load view, and compares

@@ -102,12 +102,23 @@ func TestLoadDeltaTrust(t *testing.T) {
 }
 
 // BenchmarkLoadDelta is a decider's cost of one load delta from a fleet of
-// 1,000 replicas (decode, validate, load view). An adapter sends at most
-// one every subjects.LoadDeltaEvery, 20 a second: 1,000 replicas at that
-// rate cost 20,000 × this per second of one core.
+// 1,000 replicas (decode, validate, load view), without and with first
+// tokens to compare with the predictions. An adapter sends at most one
+// every subjects.LoadDeltaEvery, 20 a second: 1,000 replicas at that rate
+// cost 20,000 × this per second of one core.
 func BenchmarkLoadDelta(b *testing.B) {
+	for _, samples := range []int{0, 2} {
+		b.Run(fmt.Sprintf("ttft=%d", samples), func(b *testing.B) { benchLoadDelta(b, samples) })
+	}
+}
+
+func benchLoadDelta(b *testing.B, samples int) {
 	now := time.Unix(1_800_000_000, 0)
 	br := newTestBroker(b, 1000, now)
+	ttft := make([]subjects.TTFTSample, samples)
+	for i := range ttft {
+		ttft[i] = subjects.TTFTSample{Broker: "bench", Predicted: 412, Observed: 388.125}
+	}
 	// 32 rounds of the fleet, each delta newer than the last of its
 	// replica: every one is applied (later rounds repeat, and are dropped
 	// as old after the same decoding and checks).
@@ -117,7 +128,7 @@ func BenchmarkLoadDelta(b *testing.B) {
 		for i := range 1000 {
 			id := fmt.Sprintf("r-%d", i)
 			msgs = append(msgs, deltaMsg(b, "llm.load."+id, subjects.LoadDelta{Replica: id, Seq: uint64(r + 1), Inflight: 14,
-				QueuedPrefillTokens: 12345, SentUnixMillis: now.UnixMilli()}))
+				QueuedPrefillTokens: 12345, TTFT: ttft, SentUnixMillis: now.UnixMilli()}))
 		}
 	}
 	perSecond := int(time.Second / subjects.LoadDeltaEvery)
