@@ -87,7 +87,7 @@ func (a *Adapter) delta() subjects.LoadDelta {
 		Heartbeat:           a.hbSeq.Load(),
 		Seq:                 d.seq,
 		Inflight:            min(max(a.InFlight(), 0), subjects.MaxHeartbeatCount),
-		QueuedPrefillTokens: int(min(max(a.load.queuedPrefill.Load(), 0), subjects.MaxQueuedPrefillTokens)),
+		QueuedPrefillTokens: a.load.queuedUncached(),
 	}
 	d.mu.Lock()
 	out.TTFT, d.ttft = d.ttft, nil

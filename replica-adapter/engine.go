@@ -41,7 +41,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	if kv == nil { // a split request's prompt was computed by its prefill leg
 		prompt = promptTokens(h)
 	}
-	prefilled := a.load.queuePrefill(prompt)
+	prefilled, ahead := a.load.queuePrefill(prompt)
 	a.loadChanged()
 	defer prefilled()
 	start := time.Now()
@@ -79,7 +79,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		onFirst = func() {
 			ttft := time.Since(start)
 			prefilled()
-			a.load.observePrefill(prompt, ttft)
+			a.load.observePrefill(ahead, prompt, ttft)
 			a.load.observeTTFT(ttft)
 			a.observedTTFT(h, ttft)
 			a.loadChanged()

@@ -35,6 +35,8 @@ const (
 	vllmRunning    = "vllm:num_requests_running"
 	vllmWaiting    = "vllm:num_requests_waiting"
 	vllmLoraInfo   = "vllm:lora_requests_info"
+	vllmPrefixQ    = "vllm:prefix_cache_queries_total"
+	vllmPrefixH    = "vllm:prefix_cache_hits_total"
 	sglangUsage    = "sglang:token_usage"
 	sglangRunning  = "sglang:num_running_reqs"
 	sglangQueue    = "sglang:num_queue_reqs"
@@ -66,6 +68,11 @@ type LoadSample struct {
 	// KVBlocks and BlockSize are the engine's KV capacity in blocks and
 	// tokens per block (vLLM's cache_config_info); 0 when not exported.
 	KVBlocks, BlockSize int
+	// PrefixQueries and PrefixHits are the engine's prefix-cache counters
+	// (vLLM's prefix_cache_queries and prefix_cache_hits, in prompt
+	// tokens); PrefixKnown says it exports them.
+	PrefixQueries, PrefixHits float64
+	PrefixKnown               bool
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of the given
@@ -190,6 +197,9 @@ func vllmSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 	s.LoraRunning, s.LoraWaiting, s.MaxLora = vllmLora(fams[vllmLoraInfo], runCap, waitCap)
 	s.MaxBatch = vllmMaxSeqs(fams)
 	s.KVBlocks, s.BlockSize = vllmCacheConfig(fams)
+	q, okQ := sum(fams, vllmPrefixQ)
+	h, okH := sum(fams, vllmPrefixH)
+	s.PrefixQueries, s.PrefixHits, s.PrefixKnown = q, h, okQ && okH
 	return s, okKV || okRun || okWait
 }
 

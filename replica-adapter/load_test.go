@@ -24,6 +24,7 @@ func TestParseMetricsGolden(t *testing.T) {
 			// adapters are not the present state; the others' union is.
 			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16, // cache_config_info
+			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
 		}},
 		{"vllm/metrics-idle-tied.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
@@ -31,12 +32,14 @@ func TestParseMetricsGolden(t *testing.T) {
 			// adapters; the engine runs nothing, so no adapter runs.
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16,
+			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
 		}},
 		{"vllm/metrics-idle.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
 			// The newest series (1.79598558e+09) has empty adapter lists.
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16,
+			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
 		}},
 		{"sglang/metrics-from-source.txt", FlavorSGLang, LoadSample{
 			KVUsage: 0.3699415312370517, KVKnown: true, Running: 12, Waiting: 3,

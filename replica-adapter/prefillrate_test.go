@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -11,28 +12,80 @@ import (
 
 func TestPrefillRateIsLearnedBeyondTheBaseTTFT(t *testing.T) {
 	var l loadState
-	l.observePrefill(1000, 150*time.Millisecond) // no base seen yet: nothing learned
+	l.observePrefill(0, 1000, 150*time.Millisecond) // no base seen yet: nothing learned
 	if l.prefillRate != 0 {
 		t.Fatalf("rate %v learned without a base TTFT", l.prefillRate)
 	}
 	l.observeTTFT(50 * time.Millisecond)
-	l.observePrefill(1000, 150*time.Millisecond) // 1000 tokens in 100 ms beyond the base
+	l.observePrefill(0, 1000, 150*time.Millisecond) // 1000 tokens in 100 ms beyond the base
 	if l.prefillRate != 10000 {
 		t.Fatalf("rate %v tokens/s, want 10000", l.prefillRate)
 	}
-	l.observePrefill(1000, 50*time.Millisecond)            // at the base: teaches nothing
-	l.observePrefill(8, 1000*time.Millisecond)             // too short a prompt
-	l.observePrefill(maxPromptTokens, 51*time.Millisecond) // absurdly fast: bounded
-	want := 10000 + ttftAlpha*(subjects.MaxPrefillTokensPerSec-10000)
-	if l.prefillRate > subjects.MaxPrefillTokensPerSec || l.prefillRate != want {
+	l.observePrefill(0, 1000, 50*time.Millisecond) // at the base: teaches nothing
+	l.observePrefill(0, 8, 1000*time.Millisecond)  // too short a prompt
+	if l.prefillRate != 10000 {
+		t.Fatalf("rate %v tokens/s after samples that teach nothing", l.prefillRate)
+	}
+	// A slow first token weighs by its time: the rate is the ratio of the
+	// averages, not the average of the ratios.
+	l.observePrefill(0, 1000, 1050*time.Millisecond)
+	work, ms := 1000.0, 100+ttftAlpha*(1000-100)
+	if want := work / ms * 1000; math.Abs(l.prefillRate-want) > 1e-6 {
 		t.Fatalf("rate %v, want %v", l.prefillRate, want)
+	}
+	for range 200 {
+		l.observePrefill(0, maxPromptTokens, 51*time.Millisecond) // absurdly fast: bounded
+	}
+	if l.prefillRate != subjects.MaxPrefillTokensPerSec {
+		t.Fatalf("rate %v, want the bound %v", l.prefillRate, subjects.MaxPrefillTokensPerSec)
+	}
+}
+
+// The prompt tokens queued ahead of a request are prefill its first token
+// waited for: a queue wait is not a slow prefill.
+func TestPrefillRateCountsTheQueueAhead(t *testing.T) {
+	var l loadState
+	l.observeTTFT(50 * time.Millisecond)
+	l.observePrefill(3000, 1000, 450*time.Millisecond) // 4000 tokens in 400 ms
+	if l.prefillRate != 10000 {
+		t.Fatalf("rate %v tokens/s, want 10000", l.prefillRate)
+	}
+}
+
+// The engine's prefix-cache counters say which share of prompt tokens is
+// served from cache: the rate and the queued prefill count the rest.
+func TestPrefillIsCountedUncached(t *testing.T) {
+	var l loadState
+	known := func(q, h float64) LoadSample { return LoadSample{PrefixQueries: q, PrefixHits: h, PrefixKnown: true} }
+	l.observeHits(LoadSample{}, known(1000, 750), false) // no earlier scrape
+	if l.hitRatio != 0 {
+		t.Fatalf("hit ratio %v from a single scrape", l.hitRatio)
+	}
+	l.observeHits(known(0, 0), known(1000, 750), true)
+	if want := hitAlpha * 0.75; math.Abs(l.hitRatio-want) > 1e-12 {
+		t.Fatalf("hit ratio %v, want %v", l.hitRatio, want)
+	}
+	h := l.hitRatio
+	l.observeHits(known(1000, 750), known(500, 100), true)  // counters went back: an engine restart
+	l.observeHits(known(1000, 750), known(1000, 750), true) // no queries since
+	l.observeHits(known(1000, 750), LoadSample{}, true)     // counters gone
+	if l.hitRatio != h {
+		t.Fatalf("hit ratio %v after scrapes that teach nothing, want %v", l.hitRatio, h)
+	}
+	l.observeTTFT(50 * time.Millisecond)
+	l.observePrefill(0, 1000, 150*time.Millisecond)
+	if want := 1000 * (1 - h) / 100 * 1000; math.Abs(l.prefillRate-want) > 1e-6 {
+		t.Fatalf("rate %v, want %v uncached tokens/s", l.prefillRate, want)
 	}
 }
 
 func TestQueuedPrefillCountsUntilTheFirstToken(t *testing.T) {
 	var l loadState
-	a := l.queuePrefill(promptTokens(nats.Header{subjects.HdrPromptTokens: {"700"}}))
-	b := l.queuePrefill(promptTokens(nats.Header{subjects.HdrPromptTokens: {"300"}}))
+	a, aheadA := l.queuePrefill(promptTokens(nats.Header{subjects.HdrPromptTokens: {"700"}}))
+	b, aheadB := l.queuePrefill(promptTokens(nats.Header{subjects.HdrPromptTokens: {"300"}}))
+	if aheadA != 0 || aheadB != 700 {
+		t.Fatalf("queued ahead %d and %d, want 0 and 700", aheadA, aheadB)
+	}
 	if n := l.queuedPrefill.Load(); n != 1000 {
 		t.Fatalf("queued %d, want 1000", n)
 	}
@@ -59,10 +112,10 @@ func TestPrefillRateWithNoFreshSamplesDecaysTowardItsPeak(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	var l loadState
 	l.observeTTFTAt(50*time.Millisecond, t0)
-	l.observePrefillAt(1000, 150*time.Millisecond, t0) // 10,000 tokens/s unloaded
+	l.observePrefillAt(0, 1000, 150*time.Millisecond, t0) // 10,000 tokens/s unloaded
 	for range 30 {
 		// A burst: the same prompts take seconds, and teach a slow rate.
-		l.observePrefillAt(1000, 2050*time.Millisecond, t0)
+		l.observePrefillAt(0, 1000, 2050*time.Millisecond, t0)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -31,14 +31,19 @@ type loadState struct {
 	ttftEWMA float64
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
-	// prefillRate is the learned prefill rate, prompt tokens per second
-	// (0: none learned), prefillPeak the highest it reached and prefillAt
-	// when it was last updated or decayed; queuedPrefill the prompt tokens
-	// of requests at the engine without a first token yet (prefillrate.go).
-	prefillRate   float64
-	prefillPeak   float64
-	prefillAt     time.Time
-	queuedPrefill atomic.Int64
+	// prefillRate is the learned prefill rate, uncached prompt tokens per
+	// second (0: none learned), from the averages of what first tokens
+	// cost (rateWork tokens in rateTime ms); prefillPeak the highest it
+	// reached and prefillAt when it was last updated or decayed;
+	// queuedPrefill the prompt tokens of requests at the engine without a
+	// first token yet; hitRatio the share of prompt tokens the engine's
+	// prefix cache served recently (prefillrate.go).
+	prefillRate        float64
+	rateWork, rateTime float64
+	prefillPeak        float64
+	prefillAt          time.Time
+	hitRatio           float64
+	queuedPrefill      atomic.Int64
 
 	// unreachableAt is when a request last failed to connect to the
 	// engine (l.clock; 0: no such mark). A good scrape or an answer of the
@@ -147,6 +152,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 		l.ready = true
 	}
 	if metricsErr == nil {
+		l.observeHits(l.sample, sample, l.have)
 		l.sample, l.have, l.flavor = sample, true, flavor
 	}
 	if healthErr != nil || metricsErr != nil {
@@ -308,7 +314,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	now := time.Now()
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(now, hb.Inflight)
 	hb.PrefillTokensPerSec = l.prefillRateLocked(now)
-	hb.QueuedPrefillTokens = int(min(max(l.queuedPrefill.Load(), 0), subjects.MaxQueuedPrefillTokens))
+	hb.QueuedPrefillTokens = l.queuedUncachedLocked()
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
 	hb.KVBlocks, hb.BlockSize = s.KVBlocks, s.BlockSize
 	l.mu.Unlock()

@@ -68,11 +68,12 @@ type Heartbeat struct {
 	Endpoints       []string `json:"endpoints,omitempty"`
 	TTFTEWMAMillis  float64  `json:"ttft_ewma_ms"`
 	QueueWaitMillis float64  `json:"queue_wait_ewma_ms"`
-	// PrefillTokensPerSec is the replica's prefill rate, learned from the
-	// first tokens it observed against the prompts' tokens (0: unknown);
-	// QueuedPrefillTokens is the prompt tokens of the requests it holds
-	// that have no first token yet. Brokers predict a request's time to
-	// first token from them (broker/policy, "Predicted TTFT").
+	// PrefillTokensPerSec is the replica's prefill rate in uncached
+	// prompt tokens per second, learned from the first tokens it observed
+	// (0: unknown); QueuedPrefillTokens is the uncached share of the prompt
+	// tokens of the requests it holds that have no first token yet (by the
+	// engine's recent prefix-cache hit ratio). Brokers predict a request's
+	// time to first token from them (broker/policy, "Predicted TTFT").
 	PrefillTokensPerSec float64 `json:"prefill_tps,omitempty"`
 	QueuedPrefillTokens int     `json:"queued_prefill_tokens,omitempty"`
 	ScrapeOK            bool    `json:"scrape_ok"`
