@@ -196,6 +196,7 @@ func (p *pick) prefix() bool {
 		}
 		if w.best >= 0 {
 			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
+			p.credit(w.best, lvl+1)
 			return true
 		}
 	}
@@ -209,6 +210,7 @@ func (p *pick) prefix() bool {
 	h, a := &p.cands[hot], &p.cands[lighter]
 	if lighter == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
 		p.chosen, w.matched, w.exact = hot, hotLvl+1, h.x.kvLive
+		p.credit(hot, hotLvl+1)
 		return true
 	}
 	p.released = hot

@@ -149,6 +149,16 @@ func (x *replica) predict(uncached int32, slots bool) float64 {
 	return ttft
 }
 
+// prefillCost is the time, in ms, that a prefill of uncached tokens on x
+// holds up the requests queued and running there: the whole batch waits
+// for it (0 without a learned rate).
+func (x *replica) prefillCost(uncached int32) float64 {
+	if x.prefillRate <= 0 {
+		return 0
+	}
+	return float64(uncached) / x.prefillRate
+}
+
 func firstPositive(a, b, c int) int {
 	switch {
 	case a > 0:

@@ -1,10 +1,12 @@
 package policy
 
-// Predicted TTFT: with policy.replica_choice "predicted-ttft", the replica
-// is the one with the lowest predicted time to first token (replica.predict)
-// among the affinity candidates (the prefix holders, each predicted with
-// the blocks it holds costing nothing) and a small sample of the pool (the
-// power-of-two pair). Sampling, not the global minimum: every decider
+// Predicted TTFT: with policy.replica_choice "predicted-ttft", a request
+// that no affinity step placed (no warm replica below the release
+// threshold, or prefix affinity released its warm one) goes to the replica
+// with the lowest predicted time to first token (replica.predict), counting
+// the time its own prefill holds up the batch there, among the prefix
+// holders (each predicted with the blocks it holds costing nothing) and a
+// small sample of the pool (the power-of-two pair). Sampling, not the global minimum: every decider
 // sending to the one least loaded replica between two heartbeats is the
 // herd the seed warns about.
 
@@ -57,9 +59,15 @@ func (p *pick) predicted() bool {
 	return true
 }
 
+// betterTTFT compares two candidates by predicted TTFT plus the time their
+// own prefill holds up the requests queued and running there (the whole
+// batch waits for a prefill): a request sent away from its cached prefix
+// costs the others there as much as it costs itself, which a greedy choice
+// on its own TTFT would not count.
 func (p *pick) betterTTFT(i, j int) bool {
 	a, b := &p.cands[i], &p.cands[j]
-	return a.ttft < b.ttft || a.ttft == b.ttft && a.load < b.load
+	ca, cb := a.ttft+a.x.prefillCost(a.uncached), b.ttft+b.x.prefillCost(b.uncached)
+	return ca < cb || ca == cb && a.load < b.load
 }
 
 // weighHolders finds up to predictedHolders candidates holding the
@@ -120,8 +128,14 @@ func (p *pick) weighHolder(ci, held int) {
 	}
 	s.holders[s.nholders], s.held[s.nholders] = int32(ci), int32(held)
 	s.nholders++
+	p.credit(ci, held)
+}
+
+// credit predicts candidate ci with the held blocks of the request's
+// prefix cached: they cost no prefill.
+func (p *pick) credit(ci, held int) {
 	c := &p.cands[ci]
-	c.uncached = max(c.uncached-int32(held)*s.blockTokens, 0)
+	c.uncached = max(clamp32(p.req.PromptTokens)-int32(held)*p.pt.blockTokens, 0)
 	c.ttft = c.x.predict(c.uncached, c.slots)
 }
 

@@ -64,14 +64,16 @@ func TestPredictedTTFTCachedBlocksCostNothing(t *testing.T) {
 	e := newEnv(t, predictedTTFT)
 	e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-0", Blocks: blocks})
 	// The holder has 200 tokens queued; the other none. Without the
-	// prefix the holder's 2048 + 200 tokens lose to 2048.
+	// prefix the holder's 2048 + 200 tokens lose to 2048. Below the
+	// release threshold prefix affinity keeps the holder, and predicts it
+	// with its blocks cached.
 	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 200))
 	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 0))
 	q := chat("chat-small")
 	q.PromptTokens, q.Prefix = 2048, blocks
 	d := e.explain(q)
 	mustRoute(t, d)
-	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPredicted || d.PrefixMatched != 32 || !near(d.PredictedTTFT, 250) {
+	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPrefix || d.PrefixMatched != 32 || !near(d.PredictedTTFT, 250) {
 		t.Fatalf("%s (%s), matched %d, predicted %v ms; want the holder, 32 blocks, 250 ms", d.Replica, d.Reason, d.PrefixMatched, d.PredictedTTFT)
 	}
 	q.Prefix = nil
