@@ -156,6 +156,11 @@ func TestLabPrefixBench(t *testing.T) {
 	if sy.HitRate < 0.9*or.HitRate {
 		t.Errorf("at the top step Switchyard serves %.3f of prompt tokens from cache, the oracle %.3f", sy.HitRate, or.HitRate)
 	}
+	// With the engines' KV-cache events the policy finds what the oracle
+	// finds in the caches.
+	if kv := r.Of(lab.BenchKVEvents, top); kv.HitRate < or.HitRate-0.02 {
+		t.Errorf("at the top step with KV events %.3f of prompt tokens come from cache, the oracle %.3f", kv.HitRate, or.HitRate)
+	}
 	// Deterministic per seed.
 	again := lab.PrefixBench(tiny)
 	for i, a := range r.Arms {

@@ -365,49 +365,51 @@ precise router against Switchyard with KV events):
 	}
 }
 
-// prefixBenchNotes explains the gap and what closed it. The numbers of the
-// earlier rule were measured with it in place (seed 1), before the change.
+// prefixBenchNotes explains the gaps and what closed them. Its figures
+// were measured with seed 1, each before and after the change it names.
 const prefixBenchNotes = `
-**What the gap was, and what closed part of it.** Until this benchmark, every affinity step
-dropped its replica as soon as that replica's kv_usage reached ` + "`affinity_release_threshold`" + `
-(0.85), and the request went to power of two. Near saturation every replica is above the
-threshold, so prefix affinity switched itself off exactly when cache hits matter most: each
-released request missed its 6000-token prefix, its longer prefill added load, more replicas crossed
-the threshold, and the hit rate collapsed (quick run: 80% at 16 req/s, 32% at 24 req/s, p90 TTFT
-26.3 s against the oracle's 0.53 s, 50×; full run: 79% at 18 req/s, 32% at 21 req/s with p90 49.1 s
-against 0.43 s, 116×). That is the same order as llm-d's approximate router against precise
-routing (58×). Placements pointing at evicted prefixes were not the cause: requests that prefix
-affinity placed found their prefix cached 99% of the time; the misses came from the releases.
+**What the gap was, and what closed it.**
 
-The policy now weighs a warm prefix instead of dropping it: when every replica holding the
-prefix is above the threshold, the power-of-two draw is made and the request leaves its warm
-replica only if the drawn one's load_score is lower by more than the matched share of the prefix
-(a full match is worth the saturation penalty, 1.0). Below the threshold nothing changed, and
-session and adapter affinity keep the plain valve. With it the top step keeps 77% of its prefix
-hits (quick run: p90 2.2 s at 24 req/s, 4.2× the oracle; full run: 1.1 s at 21 req/s, 2.5×, and
-3.6 s at 24 req/s, where the oracle saturates too, 1.4×). Within 1.5× of the oracle only where the
-oracle itself saturates: that is the gap left. The other experiments' findings hold (their tests pass);
-herding with 16 routers is unchanged (it has no shared prefixes), and the baselines improve at
-9.5 req/s.
+1. *The release valve.* Until this benchmark, prefix affinity dropped its replica as soon as that
+   replica's kv_usage reached ` + "`affinity_release_threshold`" + ` (0.85). Near saturation every replica is
+   above it, so affinity switched itself off exactly when cache hits matter most and the hit rate
+   collapsed (quick run: 32% at 24 req/s, p90 26.3 s, 50× the oracle). The policy now weighs a warm
+   prefix instead: the request leaves its warm replica only for a power-of-two draw lighter by more
+   than the matched share of the prefix. That kept 77% of the hits (quick run: 2.2 s, 4.2×).
+2. *The prefix map's capacity.* A broker remembers 8192 block hashes per model; 150 prompts of 64
+   router blocks need 9600, so CLOCK eviction forgets some tenants and their next request is
+   placed by power of two, a miss. The engines' KV-cache events remove the guess: *Switchyard with
+   KV events* matches the oracle's hit rate at every step of both runs (within 1 point up to the
+   knee) and its p90 within 1.04× below the top of the quick run and 1.20× below the top of the
+   full run, without sizing any map. The lab's model of the feed also found a fault in the
+   adapter: when an engine evicted a block, the adapter forgot which text keys it ended, so a
+   request learned while the block was cached and queued in the engine while it was evicted
+   stored it again unseen, and its keys stayed missing from every broker. The adapter keeps them
+   now (bounded as before).
+3. *Balance near saturation.* At the top of the quick run the policy with KV events is at 1.7 s
+   against the oracle's 0.5 s (3.1×), as the large map is: with every prompt found, tenants stay
+   where they were first placed, and the busiest replicas queue. At the top of the full run the
+   oracle saturates too (2.6 s) and gives up cache hits to balance (78% against 83% with KV events,
+   whose p90 is 0.95× the oracle's there).
 
-**What keeps it from the oracle.** Two things, which the fifth arm separates:
-
-1. *The prefix map's capacity.* A broker remembers 8192 block hashes per model; 150 prompts of
-   64 router blocks need 9600, so CLOCK eviction forgets some tenants and their next request is
-   placed by power of two, a miss (77% hits against the oracle's 83%). With a map large enough
-   for every prompt the policy matches the oracle's hit rate and, below the top steps, its p90
-   (quick run: 504 against 406 ms at 20 req/s; full run: 367 against 395 ms at 18 req/s).
-2. *Balance near saturation.* With every prompt remembered, tenants stay where they were first
-   placed, and at the top step the replicas with more tenants queue while others do not
-   (imbalance 1.6–1.7 against the oracle's 1.2–1.3), and the large map's p90 at the top is no
-   better than the default's: the policy sees queues through 1 s heartbeats
-   and its own in-flight count, where a queued request weighs 0.3/max_queue of load_score, and a
-   warm replica keeps its prefix until it is saturated. The oracle reads each queue at the moment
-   it decides and splits a busy tenant over two warm replicas before a queue forms.
-
-**What an engine KV-event feed would still add.** Events would replace guesses about the caches:
-the map would hold what each replica actually caches, dropping a prefix when the engine evicts it
-rather than when the map's own CLOCK needs the slot, so item 1 disappears without sizing the map. It does not
-address item 2, which is about load, not caches: llm-d's precise router also pairs its KV-cache
-scorer with queue and KV-utilization scorers fed by the engines' metrics.
+**Predicted TTFT.** As first built, the ` + "`predicted-ttft`" + ` choice ran before prefix affinity and its
+estimate was wrong twice over. The adapter learned the prefill rate as a request's prompt tokens
+over the time its first token took beyond the fastest one: a wait behind other requests read as a
+slow prefill (the rate fell from about 20,000 to 300 tokens/s as the ramp rose, so every
+prediction exploded), and a cached prompt as a fast one (rates up to 500,000 tokens/s at low
+load); and heartbeats counted queued prompt tokens where brokers count the uncached ones they
+send. Both arms kept 37–55% of the hits, with p90 1.1 s at 4 req/s and 35 s at the top of the quick
+run. Now the adapter counts the tokens queued ahead of a request as part of the work its first
+token waited for, works in uncached tokens by its engine's prefix-cache hit ratio (vLLM's
+prefix_cache_hits and prefix_cache_queries counters) and learns the rate as the ratio of the
+averages of work and time; the policy's ` + "`predicted-ttft`" + ` takes power of two's place (after
+affinity, which it used to override) and counts the time a request's own prefill holds up the
+batch where it lands, so sending a request away from its cached prefix costs what it costs the
+others there. With the feed, it is within 1.25× of the oracle at every step below 21 req/s of both
+runs (0.93–1.01× on the quick run), but not at the top: 7.0× at 24 req/s on the quick run, 4.9× at
+21 and 1.4× at 24 on the full run; without the feed its placements miss more (1.0–1.9× below the
+top of the quick run, 1.1–3.0× on the full run). What it lacks there is the wait for a batch
+slot: at the top every replica runs its full batch of 32 and new requests wait for running ones
+to finish, which the heartbeat's prefill view does not carry and the oracle models. That is the
+next step for the predicted-TTFT work.
 `

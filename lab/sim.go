@@ -125,6 +125,13 @@ type sim struct {
 	// prefill rate learned from first tokens (tokens per second).
 	queuedPrefill []int
 	prefillRate   []float64
+	ahead         []int // by request: the replica's queued prefill when it arrived
+	// hitRatio is the share of prompt tokens the replica's prefix cache
+	// served over recent scrapes (the engine's prefix-cache counters), and
+	// lastQueries, lastHits the counters at the last scrape.
+	hitRatio              []float64
+	rateWork, rateTime    []float64 // averages of a first token's prefill work (tokens) and time (ms)
+	lastQueries, lastHits []int64
 
 	// The KV-event feeds (Scenario.KVEvents): one per replica, the next
 	// flush, and the updates on their way to the routers.
@@ -158,7 +165,8 @@ func Run(sc *Scenario) *Result {
 		sc: sc, start: Epoch(), now: Epoch(),
 		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n), legs: make([]map[enginesim.ID]int, n),
 		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
-		queuedPrefill: make([]int, n), prefillRate: make([]float64, n),
+		queuedPrefill: make([]int, n), prefillRate: make([]float64, n), ahead: make([]int, len(sc.Requests)),
+		hitRatio: make([]float64, n), rateWork: make([]float64, n), rateTime: make([]float64, n), lastQueries: make([]int64, n), lastHits: make([]int64, n),
 		outstanding: make([]int, n),
 		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
 		res:         &Result{Requests: sc.Requests, Outcomes: make([]Outcome, len(sc.Requests)), Window: sc.Horizon - sc.Warmup, SLO: sc.SLO, Warmup: sc.Warmup, Horizon: sc.Horizon},
@@ -322,6 +330,7 @@ func (s *sim) submit(i, rep int, into map[enginesim.ID]int, q enginesim.Request)
 	default:
 		into[id] = i
 		s.outstanding[rep]++
+		s.ahead[i] = s.queuedPrefill[rep]
 		s.queuedPrefill[rep] += s.prompt(i)
 	}
 }
@@ -396,7 +405,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			s.resolved++
 			ms := float64(o.TTFT) / float64(time.Millisecond)
 			s.queuedPrefill[i] -= s.prompt(ri)
-			s.observePrefill(i, s.prompt(ri), ms)
+			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
 			}
@@ -421,6 +430,11 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 // from the engine's metrics, and queues its delivery to every router.
 func (s *sim) capture(i int, t time.Time) {
 	st := s.engines[i].Stats()
+	if dq := st.PrefixQueryTokens - s.lastQueries[i]; dq > 0 {
+		r := float64(st.PrefixHitTokens-s.lastHits[i]) / float64(dq)
+		s.hitRatio[i] += hitRatioAlpha * (r - s.hitRatio[i])
+	}
+	s.lastQueries[i], s.lastHits[i] = st.PrefixQueryTokens, st.PrefixHitTokens
 	r := &s.sc.Replicas[i]
 	c := s.engines[i].Config()
 	s.hbSeq++
@@ -430,7 +444,7 @@ func (s *sim) capture(i int, t time.Time) {
 		MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, Inflight: s.outstanding[i],
 		Lora:           subjects.LoraState{Running: orEmpty(st.RunningLoras), Waiting: orEmpty(st.WaitingLoras), Max: st.MaxLoras},
 		TTFTEWMAMillis: s.ewma[i], QueueWaitMillis: max(0, s.ewma[i]-s.ewmaMin[i]),
-		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: s.queuedPrefill[i],
+		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: int(float64(s.queuedPrefill[i]) * (1 - s.hitRatio[i])),
 		KVBlocks: c.KVBlocks, BlockSize: c.BlockTokens,
 		ScrapeOK: true, Seq: s.hbSeq, SentUnixMillis: t.UnixMilli(),
 	}
@@ -448,20 +462,26 @@ func orEmpty(s []string) []string {
 }
 
 // observePrefill learns replica i's prefill rate from one first token, as
-// its adapter does: the prompt's tokens over the time the first token took
-// beyond the fastest one seen, in a moving average.
-func (s *sim) observePrefill(i, tokens int, ms float64) {
+// its adapter does: the prompt tokens queued ahead of the request when it
+// arrived and its own, over the time its first token took beyond the
+// fastest one seen, in a moving average.
+func (s *sim) observePrefill(i, ahead, tokens int, ms float64) {
 	beyond := ms - s.ewmaMin[i]
 	if tokens < minRateSample || s.ewmaMin[i] == 0 || beyond <= 0 {
 		return
 	}
-	rate := min(float64(tokens)/beyond*1000, subjects.MaxPrefillTokensPerSec)
-	if s.prefillRate[i] == 0 {
-		s.prefillRate[i] = rate
-		return
+	work := float64(ahead+tokens) * (1 - s.hitRatio[i])
+	if s.rateTime[i] == 0 {
+		s.rateWork[i], s.rateTime[i] = work, beyond
+	} else {
+		s.rateWork[i] += 0.2 * (work - s.rateWork[i])
+		s.rateTime[i] += 0.2 * (beyond - s.rateTime[i])
 	}
-	s.prefillRate[i] += 0.2 * (rate - s.prefillRate[i])
+	s.prefillRate[i] = min(s.rateWork[i]/s.rateTime[i]*1000, subjects.MaxPrefillTokensPerSec)
 }
+
+// hitRatioAlpha is the weight of one scrape in the hit ratio's average.
+const hitRatioAlpha = 0.2
 
 // minRateSample is the shortest prompt whose first token teaches the
 // prefill rate, as in the adapter.
