@@ -66,6 +66,11 @@ func (p *pick) predicted() bool {
 // on its own TTFT would not count.
 func (p *pick) betterTTFT(i, j int) bool {
 	a, b := &p.cands[i], &p.cands[j]
+	if a.slots != b.slots {
+		// A full batch makes a request wait for a running one to end, an
+		// unknown time: a replica with room is the better bet.
+		return b.slots
+	}
 	ca, cb := a.ttft+a.x.prefillCost(a.uncached), b.ttft+b.x.prefillCost(b.uncached)
 	return ca < cb || ca == cb && a.load < b.load
 }
