@@ -220,3 +220,27 @@ func TestLabNoisyNeighbour(t *testing.T) {
 		t.Errorf("today's policy: the well-behaved p99 TTFT is %.0f ms, fair shedding's %.0f ms: want today's ≥ 5× (everyone degrades)", today.Good.P99, f.Good.P99)
 	}
 }
+
+func TestLabObjectives(t *testing.T) {
+	heavy(t)
+	r := lab.Objectives(tiny)
+	today, pred := r.Of(lab.ObjToday), r.Of(lab.ObjPredicted)
+	if len(today) != len(r.Rates) || len(pred) != len(r.Rates) {
+		t.Fatalf("%d and %d steps over %d rates", len(today), len(pred), len(r.Rates))
+	}
+	for k, rate := range r.Rates {
+		x, p := today[k], pred[k]
+		t.Logf("%4.0f req/s: met %.3f today, %.3f predicted (%.3f refused)", rate, x.Met, p.Met, p.Refused)
+		if x.N == 0 {
+			t.Fatalf("no requests at %.0f req/s", rate)
+		}
+		// Never worse, and 5 points better above the knee; a refused
+		// request is a miss.
+		if p.Met < x.Met {
+			t.Errorf("at %.0f req/s predicted TTFT meets the objective for %.3f, today's policy %.3f", rate, p.Met, x.Met)
+		}
+		if k > r.Knee && p.Met < x.Met+0.05 {
+			t.Errorf("above the knee, at %.0f req/s, predicted TTFT meets the objective for %.3f, today's %.3f: want 5 points more", rate, p.Met, x.Met)
+		}
+	}
+}

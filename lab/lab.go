@@ -20,6 +20,7 @@ func Experiments() []Experiment {
 		{"prefix-bench", "llm-d's prefix benchmark against an oracle", func(o Options) *Section { return PrefixBench(o).Section() }},
 		{"pd", "aggregated against disaggregated prefill and decode", func(o Options) *Section { return PD(o).Section() }},
 		{"noisy-neighbour", "fair shedding when one tenant floods a pool", func(o Options) *Section { return Noisy(o).Section() }},
+		{"objectives", "TTFT objectives over a load ramp", func(o Options) *Section { return Objectives(o).Section() }},
 	}
 }
 

@@ -52,6 +52,11 @@ type Scenario struct {
 	// plus Staleness after the replica's adapter flushes it.
 	KVEvents      bool
 	KVEventsDelay time.Duration
+	// Deltas sends load deltas between heartbeats, as adapters do: at a
+	// replica's first change (a request in, a first token, a request out),
+	// then at most one every subjects.LoadDeltaEvery, delayed as the
+	// heartbeats are, to the routers that take them (deltaReader).
+	Deltas bool
 	// ITL records every gap between two tokens of a request in
 	// Result.Gaps.
 	ITL bool
@@ -91,9 +96,15 @@ type engineReader interface {
 	readEngines(engines []*enginesim.Engine)
 }
 
+// deltaReader is a Picker that takes load deltas between heartbeats.
+type deltaReader interface {
+	ObserveLoadDelta(d *subjects.LoadDelta, now time.Time)
+}
+
 type delivery struct {
 	at, captured time.Time
-	hb           *subjects.Heartbeat
+	hb           *subjects.Heartbeat // or
+	delta        *subjects.LoadDelta
 }
 
 type kvDelivery struct {
@@ -132,6 +143,13 @@ type sim struct {
 	hitRatio              []float64
 	rateWork, rateTime    []float64 // averages of a first token's prefill work (tokens) and time (ms)
 	lastQueries, lastHits []int64
+	// Load deltas (Scenario.Deltas): each replica's last heartbeat seq and
+	// delta seq, when its last delta went, and whether a change waits for
+	// the next.
+	lastHB    []uint64
+	deltaSeq  []uint64
+	deltaAt   []time.Time
+	deltaWait []bool
 
 	// The KV-event feeds (Scenario.KVEvents): one per replica, the next
 	// flush, and the updates on their way to the routers.
@@ -167,6 +185,7 @@ func Run(sc *Scenario) *Result {
 		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
 		queuedPrefill: make([]int, n), prefillRate: make([]float64, n), ahead: make([]int, len(sc.Requests)),
 		hitRatio: make([]float64, n), rateWork: make([]float64, n), rateTime: make([]float64, n), lastQueries: make([]int64, n), lastHits: make([]int64, n),
+		lastHB: make([]uint64, n), deltaSeq: make([]uint64, n), deltaAt: make([]time.Time, n), deltaWait: make([]bool, n),
 		outstanding: make([]int, n),
 		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
 		res:         &Result{Requests: sc.Requests, Outcomes: make([]Outcome, len(sc.Requests)), Window: sc.Horizon - sc.Warmup, SLO: sc.SLO, Warmup: sc.Warmup, Horizon: sc.Horizon},
@@ -231,6 +250,9 @@ func (s *sim) loop() {
 				t = minTime(t, at)
 			}
 			t = minTime(t, s.hbNext[i])
+			if s.deltaWait[i] {
+				t = minTime(t, s.deltaAt[i].Add(subjects.LoadDeltaEvery))
+			}
 		}
 		if len(s.pending) > 0 {
 			t = minTime(t, s.pending[0].at)
@@ -264,6 +286,9 @@ func (s *sim) loop() {
 			s.kvNext = s.kvNext.Add(kvFlushEvery)
 		}
 		for i := range s.engines {
+			if s.deltaWait[i] && !s.deltaAt[i].Add(subjects.LoadDeltaEvery).After(t) {
+				s.captureDelta(i, t)
+			}
 			if !s.hbNext[i].After(t) {
 				s.capture(i, t)
 				s.hbNext[i] = s.hbNext[i].Add(s.sc.Heartbeat)
@@ -332,6 +357,7 @@ func (s *sim) submit(i, rep int, into map[enginesim.ID]int, q enginesim.Request)
 		s.outstanding[rep]++
 		s.ahead[i] = s.queuedPrefill[rep]
 		s.queuedPrefill[rep] += s.prompt(i)
+		s.changed(rep)
 	}
 }
 
@@ -406,6 +432,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			ms := float64(o.TTFT) / float64(time.Millisecond)
 			s.queuedPrefill[i] -= s.prompt(ri)
 			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms)
+			s.changed(i)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
 			}
@@ -422,6 +449,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			s.ended(s.live[i][ev.ID])
 			delete(s.live[i], ev.ID)
 			s.outstanding[i]--
+			s.changed(i)
 		}
 	}
 }
@@ -451,7 +479,30 @@ func (s *sim) capture(i int, t time.Time) {
 	if s.feeds != nil {
 		hb.KVEvents = s.feeds[i].isLive()
 	}
+	s.lastHB[i] = s.hbSeq
 	s.pending = append(s.pending, delivery{at: t.Add(s.sc.Staleness), captured: t, hb: hb})
+}
+
+// changed notes a change of replica i's load: with deltas on, its adapter
+// sends one now, or at the end of the period of its last.
+func (s *sim) changed(i int) {
+	if !s.sc.Deltas || s.deltaWait[i] {
+		return
+	}
+	if !s.deltaAt[i].IsZero() && s.now.Before(s.deltaAt[i].Add(subjects.LoadDeltaEvery)) {
+		s.deltaWait[i] = true
+		return
+	}
+	s.captureDelta(i, s.now)
+}
+
+// captureDelta takes replica i's load delta at t and queues its delivery.
+func (s *sim) captureDelta(i int, t time.Time) {
+	s.deltaWait[i], s.deltaAt[i] = false, t
+	s.deltaSeq[i]++
+	d := &subjects.LoadDelta{Replica: s.sc.Replicas[i].ID, Heartbeat: s.lastHB[i], Seq: s.deltaSeq[i],
+		Inflight: s.outstanding[i], QueuedPrefillTokens: max(s.queuedPrefill[i], 0), SentUnixMillis: t.UnixMilli()}
+	s.pending = append(s.pending, delivery{at: t.Add(s.sc.Staleness), captured: t, delta: d})
 }
 
 func orEmpty(s []string) []string {
@@ -516,6 +567,12 @@ func (s *sim) deliver(t time.Time) {
 		// Delivered as the broker takes it: at receipt, with the capture
 		// time in sent_unix_ms (the policy dates load data by the older).
 		for _, r := range s.routers {
+			if d.delta != nil {
+				if dr, ok := r.(deltaReader); ok {
+					dr.ObserveLoadDelta(d.delta, d.at)
+				}
+				continue
+			}
 			r.ObserveHeartbeat(d.hb, d.at)
 		}
 	}

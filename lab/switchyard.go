@@ -19,6 +19,7 @@ const (
 
 var (
 	_ Picker        = (*Switchyard)(nil)
+	_ deltaReader   = (*Switchyard)(nil)
 	_ Picker        = (*ExcludeSaturated)(nil)
 	_ kvObserver    = (*Switchyard)(nil)
 	_ usageObserver = (*Switchyard)(nil)
@@ -63,6 +64,11 @@ func (p *Switchyard) ObserveKV(u *subjects.KVUpdate, _ time.Time) {
 	if p.r.ObserveKV(u) != nil {
 		p.KVRefused++
 	}
+}
+
+// ObserveLoadDelta takes an adapter's load delta, as the decider does.
+func (p *Switchyard) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) {
+	p.r.ObserveLoadDelta(d, now)
 }
 
 // Pick implements Picker: the request's headers as the gateway would set
