@@ -22,7 +22,7 @@ const (
 )
 
 // Noisy-neighbour tenants: two well-behaved ones and the noisy one.
-var noisyTenants = []string{"t00", "t01", "t02"}
+func noisyTenants() []string { return []string{"t00", "t01", "t02"} }
 
 const noisyTenant = "t02"
 
@@ -30,7 +30,7 @@ const noisyTenant = "t02"
 // ones together.
 type NoisyArm struct {
 	Arm     string
-	Tenants []Summary // by noisyTenants
+	Tenants []Summary // by noisyTenants()
 	Good    Summary   // t00 and t01 together
 	// Refused is the requests that failed, per tenant (router refusals,
 	// engine rejections and requests that never got a first token).
@@ -100,7 +100,7 @@ func noisy(o Options, rate float64, shedAfter time.Duration) *NoisyResult {
 		}
 	}
 	tenants := map[string]any{}
-	for _, t := range noisyTenants {
+	for _, t := range noisyTenants() {
 		tenants["tenants."+t] = map[string]any{"tier": "standard", "share_weight": 1}
 	}
 	fair := mustTable(cluster, withKeys(tenants, map[string]any{"pools.general": map[string]any{"shed_after": shedAfter.String()}}))
@@ -131,7 +131,7 @@ func noisy(o Options, rate float64, shedAfter time.Duration) *NoisyResult {
 	out := &NoisyResult{Rate: rate, ShedAfter: shedAfter}
 	for i, a := range arms {
 		arm := NoisyArm{Arm: a, Good: Pool(res[i], func(q *Request) bool { return q.Tenant != noisyTenant })}
-		for _, t := range noisyTenants {
+		for _, t := range noisyTenants() {
 			s := Pool(res[i], func(q *Request) bool { return q.Tenant == t })
 			arm.Tenants = append(arm.Tenants, s)
 			arm.Refused = append(arm.Refused, s.Failed)
@@ -221,7 +221,7 @@ func (r *NoisyResult) Section() *Section {
 		refused.Series = append(refused.Series, Series{Name: name, Y: yr})
 	}
 	for _, a := range r.Arms {
-		for i, t := range noisyTenants {
+		for i, t := range noisyTenants() {
 			s := a.Tenants[i]
 			rows = append(rows, []string{a.Arm, t, fmt.Sprint(s.N), fmt.Sprint(s.Served), fmt.Sprint(s.Failed),
 				fmt.Sprint(s.Failures["fair_share_exceeded"]), ms(s.P50), ms(s.P99), f2(s.Goodput), f2(s.Offered)})

@@ -196,8 +196,10 @@ func pdRow(arm string, t int, p PDPoint) []string {
 		ms(p.Short.P50), ms(p.Short.P99), ms(p.Long.P50), ms(p.Long.P99), ms(p.ITL50), ms(p.ITL99), ms(p.ITL999), f3(p.All.FailShare())}
 }
 
-var pdHeader = []string{"arm", "rate_rps", "min_uncached_tokens", "requests", "split_share",
-	"short_p50_ttft_ms", "short_p99_ttft_ms", "long_p50_ttft_ms", "long_p99_ttft_ms", "p50_itl_ms", "p99_itl_ms", "p999_itl_ms", "failed_share"}
+func pdHeader() []string {
+	return []string{"arm", "rate_rps", "min_uncached_tokens", "requests", "split_share",
+		"short_p50_ttft_ms", "short_p99_ttft_ms", "long_p50_ttft_ms", "long_p99_ttft_ms", "p50_itl_ms", "p99_itl_ms", "p999_itl_ms", "failed_share"}
+}
 
 // Section renders the ramp and the sweep.
 func (r *PDResult) Section() *Section {
@@ -287,8 +289,8 @@ Sweep of `+"`min_uncached_tokens`"+` on %s at %.0f req/s:
 		Headline: r.headline(),
 		Charts:   []*Chart{itl, short, long, sweep},
 		Tables: []*Table{
-			{File: "pd.csv", Header: pdHeader, Rows: rows},
-			{File: "pd-threshold.csv", Header: pdHeader, Rows: swRows},
+			{File: "pd.csv", Header: pdHeader(), Rows: rows},
+			{File: "pd-threshold.csv", Header: pdHeader(), Rows: swRows},
 		},
 	}
 }

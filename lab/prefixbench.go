@@ -38,10 +38,16 @@ type benchArm struct {
 	predicted bool
 }
 
-var benchArms = map[string]benchArm{
-	BenchKVEvents:      {feed: true},
-	BenchPredicted:     {predicted: true},
-	BenchPredictedFeed: {predicted: true, feed: true},
+func benchArmOf(name string) benchArm {
+	switch name {
+	case BenchKVEvents:
+		return benchArm{feed: true}
+	case BenchPredicted:
+		return benchArm{predicted: true}
+	case BenchPredictedFeed:
+		return benchArm{predicted: true, feed: true}
+	}
+	return benchArm{}
 }
 
 // bigMapEntries is BenchBigMap's prefix map capacity.
@@ -157,7 +163,7 @@ func PrefixBench(o Options) *PrefixBenchResult {
 	work := o.workloads("prefix-bench", 1, func(int) Workload { return w })[0]
 	arms := []string{BenchRandom, BenchLoadOnly, BenchSwitchyard, BenchOracle, BenchBigMap, BenchKVEvents, BenchPredicted, BenchPredictedFeed}
 	res := o.runGrid(len(arms), 1, func(i, _ int) *Scenario {
-		arm := benchArms[arms[i]]
+		arm := benchArmOf(arms[i])
 		return &Scenario{
 			Replicas: cluster, Requests: work, Warmup: stage, Horizon: horizon, SLO: 2 * time.Second,
 			Drain: 120 * time.Second, Trace: true, Seed: o.seed(hashName("prefix-bench")),

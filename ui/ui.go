@@ -239,6 +239,7 @@ func (u *UI) onHeartbeat(m *nats.Msg) {
 		for id, h := range u.replicas {
 			if now.Sub(h.at) > time.Minute {
 				delete(u.replicas, id)
+				u.kv.Remove(id)
 			}
 		}
 		if len(u.replicas) >= maxReplicas {
