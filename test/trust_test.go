@@ -190,20 +190,7 @@ func TestTrust(t *testing.T) {
 			forger := mustConnectAs(t, st, adapterRole("l70-gen-1"))
 			hb, _ := json.Marshal(map[string]any{"replica": "l70-gen-1", "model": "llama-3-70b-instruct", "version": "v1.5.0",
 				"pool": "general", "state": "ready", "scrape_ok": true, "kv_usage": -1e300, "engine_failures": 1000000000})
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(5 * time.Millisecond):
-						_ = forger.Publish("llm.heartbeat.l70-gen-1", hb)
-					}
-				}
-			})
-			defer wg.Wait()
-			defer close(stop)
+			defer keepPublishing(forger, "llm.heartbeat.l70-gen-1", hb)()
 			served := map[string]int{}
 			for i := range 8 {
 				status, h := post(t, st.GatewayURL(), "", chat("balanced "+strconv.Itoa(i), 1))
@@ -227,20 +214,7 @@ func TestTrust(t *testing.T) {
 			// make l70-gen-1 look empty whatever its heartbeat says.
 			delta, _ := json.Marshal(map[string]any{"replica": "l70-gen-1", "seq": 1 << 40, "inflight": -1000000000,
 				"queued_prefill_tokens": -1000000000})
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(5 * time.Millisecond):
-						_ = forger.Publish("llm.load.l70-gen-1", delta)
-					}
-				}
-			})
-			defer wg.Wait()
-			defer close(stop)
+			defer keepPublishing(forger, "llm.load.l70-gen-1", delta)()
 			testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 				if metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "load_delta"}) <= before {
 					return errors.New("the absurd delta was not refused")
@@ -417,3 +391,25 @@ func TestTrust(t *testing.T) {
 }
 
 var _ = auth.RoleTenant
+
+// keepPublishing publishes body on subject every 5 ms, as a forger would,
+// until the function it returns is called; that call waits for the last
+// publish.
+func keepPublishing(nc *nats.Conn, subject string, body []byte) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+				_ = nc.Publish(subject, body)
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
