@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -98,7 +97,7 @@ func (l *loadState) decayPrefillLocked(now time.Time) {
 	if age <= 0 {
 		return
 	}
-	l.prefillRate = l.prefillPeak - (l.prefillPeak-l.prefillRate)*math.Exp2(-float64(age)/float64(waitHalfLife))
+	l.prefillRate = relax(l.prefillRate, l.prefillPeak, age)
 	l.prefillAt = now
 	if l.prefillRate > 0 {
 		l.rateTime = l.rateWork / l.prefillRate * 1000

@@ -23,9 +23,14 @@ func (l *loadState) decayLocked(now time.Time) {
 	if age <= 0 {
 		return
 	}
-	excess := l.ttftEWMA - l.ttftMin
-	l.ttftEWMA = l.ttftMin + excess*math.Exp2(-float64(age)/float64(waitHalfLife))
+	l.ttftEWMA = relax(l.ttftEWMA, l.ttftMin, age)
 	l.ttftAt = now
+}
+
+// relax moves v toward target by what waitHalfLife takes off the distance
+// in age.
+func relax(v, target float64, age time.Duration) float64 {
+	return target + (v-target)*math.Exp2(-float64(age)/float64(waitHalfLife))
 }
 
 // waitEstimateLocked is what the heartbeat says about the time to a first
