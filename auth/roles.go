@@ -154,17 +154,18 @@ func permissions(r Role, prefix, bucket string) grants {
 			// It records which stored responses its engine holds,
 			// creating the owners bucket when it is the first.
 			// It sends the prefill legs of split requests to prefill
-			// replicas (llm.replica.<prefill>.prefill), the only request
-			// subject it may publish: never a whole request. It cancels
-			// them on a subject that names it last, so a prefill replica
-			// stops only the legs the canceller sent.
+			// replicas (llm.replica.<prefill>.prefill.<replica>), the only
+			// request subject it may publish: never a whole request. Leg
+			// and cancel name it last, so a prefill replica knows which
+			// decode replica sent a leg and stops only the legs the
+			// canceller sent.
 			pub: append(append([]string{
 				p + "heartbeat." + r.ID, p + "load." + r.ID, p + "usage.*", kv + "replicas." + r.ID, p + "kv." + r.ID,
-				p + "replica.*.prefill", p + "replica.*.prefill.cancel." + r.ID,
+				p + "replica.*.prefill." + r.ID, p + "replica.*.prefill.cancel." + r.ID,
 				p + "reply.>", "_INBOX.>", "_R_.>",
 				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",
 			}, tableRead...), bucketRead(subjects.ResponsesBucket)...),
-			sub: append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", p + "replica." + r.ID + ".prefill",
+			sub: append([]string{p + "replica." + r.ID, p + "replica." + r.ID + ".cancel", p + "replica." + r.ID + ".prefill.*",
 				p + "replica." + r.ID + ".prefill.cancel.*",
 				p + "kvsync", inbox}, srv(subjects.AdapterService)...),
 			resp: &jwt.ResponsePermission{MaxMsgs: -1, Expires: adapterRespExpires},

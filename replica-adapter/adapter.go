@@ -497,7 +497,7 @@ func (a *Adapter) startService(flavor string) (micro.Service, error) {
 	}
 	if a.cfg.Role == table.RolePrefill {
 		if err := svc.AddEndpoint("prefill", micro.HandlerFunc(a.onPrefill),
-			micro.WithEndpointSubject(a.subj.Prefill(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+			micro.WithEndpointSubject(a.subj.PrefillAll(a.cfg.Replica)), micro.WithEndpointQueueGroupDisabled()); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("adapter: prefill endpoint: %w", err)
 		}

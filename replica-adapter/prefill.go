@@ -21,7 +21,7 @@ import (
 // broker names the prefill replica of a split request in
 // Llm-Route-Prefill; the decode replica's adapter, like llm-d's sidecar,
 // sends the prefill leg to that replica's adapter on
-// llm.replica.<prefill>.prefill, takes the kv_transfer_params of its
+// llm.replica.<prefill>.prefill.<decode>, takes the kv_transfer_params of its
 // answer and calls its own engine with them. A leg that is refused or
 // fails before answering leaves the decode replica to prefill itself, and
 // the head says so. The prefill adapter calls its engine with max_tokens 1,
@@ -45,21 +45,25 @@ const (
 )
 
 // prefillKey names a prefill leg in flight: the decode replica that sent it
-// and its request id. A cancel reaches only the leg of the decode replica
-// its subject proves it comes from, and two decode replicas' legs never
-// collide, whatever ids they carry.
+// and its request id, both as the subjects prove them. A cancel reaches
+// only the leg of the decode replica its subject proves it comes from, and
+// two decode replicas' legs never collide, whatever ids they carry: no
+// adapter can take another's request id first and have that replica's
+// leg refused.
 type prefillKey struct{ decode, id string }
 
 // onPrefill is the prefill endpoint of a prefill replica: it serves
-// prefill legs. The leg names the decode replica that sends it
-// (Llm-Route-Replica); only that replica's adapter can cancel it
-// (onPrefillCancel).
+// prefill legs. The subject's last token is the decode replica that sent
+// the leg, which only that replica's adapter may publish
+// (docs/security.md); a header naming a replica proves nothing and is not
+// read. Only that replica's adapter can cancel the leg (onPrefillCancel).
 func (a *Adapter) onPrefill(r micro.Request) {
 	h := nats.Header(r.Headers())
-	id, decode := h.Get(subjects.HdrRequestID), h.Get(subjects.HdrRouteReplica)
+	subj := r.Subject()
+	id, decode := h.Get(subjects.HdrRequestID), subj[strings.LastIndexByte(subj, '.')+1:]
 	if h.Get(subjects.HdrPrefillCancel) != "" {
-		// Any adapter may publish here: a cancel on this subject proves
-		// nothing of its sender, so it stops nothing.
+		// A cancel has its own subject (onPrefillCancel); one here is
+		// neither a leg nor believed.
 		a.log.Warn("a prefill cancel on the leg subject is not believed", "request", id)
 		return
 	}
@@ -71,7 +75,7 @@ func (a *Adapter) onPrefill(r micro.Request) {
 	if subjects.ValidToken(id) != nil || subjects.ValidToken(decode) != nil {
 		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
 		a.answerPrefill(reply, http.StatusBadRequest, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest,
-			"a prefill leg names its request ("+subjects.HdrRequestID+") and its decode replica ("+subjects.HdrRouteReplica+")").Body())
+			"a prefill leg names its request ("+subjects.HdrRequestID+") and, last in its subject, its decode replica").Body())
 		return
 	}
 	key := prefillKey{decode: decode, id: id}
@@ -226,7 +230,7 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 	}
 	legCtx, cancel := legDeadline(ctx, h)
 	defer cancel()
-	m := &nats.Msg{Subject: a.subj.Prefill(target), Data: body, Header: nats.Header{subjects.HdrRouteReplica: {a.cfg.Replica}}}
+	m := &nats.Msg{Subject: a.subj.Prefill(target, a.cfg.Replica), Data: body, Header: nats.Header{}}
 	for _, k := range []string{subjects.HdrRequestID, subjects.HdrEndpoint, subjects.HdrRouteLora, subjects.HdrDeadline, subjects.HdrPriority, subjects.HdrTraceparent, subjects.HdrTracestate} {
 		if v := h.Get(k); v != "" {
 			m.Header.Set(k, v)

@@ -302,9 +302,8 @@ func TestForgedPrefillLegNeverAnswersWhole(t *testing.T) {
 	pd := newPDPair(t, enginesim.ServerConfig{Speed: 100})
 	usage := usageEvents(t, pd.e.nc)
 	body := longPrompt + `"}], "max_tokens": 500, "max_completion_tokens": 500, "stream": true, "stream_options": {"include_usage": true}}`
-	h := nats.Header{subjects.HdrRequestID: {"forged"}, subjects.HdrEndpoint: {subjects.EndpointChat}, subjects.HdrTenant: {"victim"},
-		subjects.HdrRouteReplica: {"d-1"}}
-	m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1"), Header: h, Data: []byte(body)}, 5*time.Second)
+	h := nats.Header{subjects.HdrRequestID: {"forged"}, subjects.HdrEndpoint: {subjects.EndpointChat}, subjects.HdrTenant: {"victim"}}
+	m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1", "d-1"), Header: h, Data: []byte(body)}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +319,7 @@ func TestForgedPrefillLegNeverAnswersWhole(t *testing.T) {
 	}
 	// Not a prefill leg at all: refused.
 	h.Set(subjects.HdrEndpoint, subjects.EndpointEmbeddings)
-	if m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1"), Header: h, Data: []byte(`{"input": "x"}`)}, 5*time.Second); err != nil || m.Header.Get(subjects.HdrStatus) != "400" {
+	if m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1", "d-1"), Header: h, Data: []byte(`{"input": "x"}`)}, 5*time.Second); err != nil || m.Header.Get(subjects.HdrStatus) != "400" {
 		t.Errorf("embeddings leg: %v %v", err, m)
 	}
 	if err := pd.e.nc.Flush(); err != nil {
@@ -343,13 +342,12 @@ func TestPrefillLegCancelledOnlyInItsSendersName(t *testing.T) {
 	pd := newPDPair(t, enginesim.ServerConfig{Speed: 1, Engine: enginesim.Config{PrefillPerToken: time.Millisecond}})
 	subj := subjects.New("")
 	h := splitHeaders("leg-1", "")
-	h.Set(subjects.HdrRouteReplica, "d-1")
 	inbox := nats.NewInbox()
 	answer, err := pd.e.nc.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
+	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1", "d-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
 		t.Fatal(err)
 	}
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
@@ -365,7 +363,7 @@ func TestPrefillLegCancelledOnlyInItsSendersName(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cancel(subj.Prefill("p-1"))
+	cancel(subj.Prefill("p-1", "d-1"))
 	cancel(subj.PrefillCancel("p-1", "d-2"))
 	m, err := answer.NextMsg(30 * time.Second)
 	if err != nil {
@@ -377,7 +375,7 @@ func TestPrefillLegCancelledOnlyInItsSendersName(t *testing.T) {
 	}
 
 	h.Set(subjects.HdrRequestID, "leg-2")
-	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
+	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1", "d-1"), Reply: inbox, Header: h, Data: []byte(longBody("5"))}); err != nil {
 		t.Fatal(err)
 	}
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
@@ -395,5 +393,43 @@ func TestPrefillLegCancelledOnlyInItsSendersName(t *testing.T) {
 	}
 	if m.Header.Get(subjects.HdrStatus) == "200" {
 		t.Errorf("the sender's cancel did not stop its leg: %.300s", m.Data)
+	}
+}
+
+// A prefill leg's decode replica is its subject's last token, never a
+// header: a leg sent in d-2's name that claims d-1 in Llm-Route-Replica
+// does not take d-1's request id, and d-1's own leg of the same id is
+// served beside it.
+func TestPrefillLegSenderIsTheSubjectsNotTheHeaders(t *testing.T) {
+	pd := newPDPair(t, enginesim.ServerConfig{Speed: 1, Engine: enginesim.Config{PrefillPerToken: time.Millisecond}})
+	subj := subjects.New("")
+	lying := splitHeaders("same-id", "")
+	lying.Set(subjects.HdrRouteReplica, "d-1")
+	squat, err := pd.e.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.e.nc.PublishMsg(&nats.Msg{Subject: subj.Prefill("p-1", "d-2"), Reply: squat.Subject, Header: lying, Data: []byte(longBody("5"))}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if pd.prefill.InFlight() != 1 {
+			return errString("the squatting leg has not reached its engine")
+		}
+		return nil
+	})
+	m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subj.Prefill("p-1", "d-1"), Header: splitHeaders("same-id", ""), Data: []byte(longBody("5"))}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a chatAnswer
+	if m.Header.Get(subjects.HdrStatus) != "200" || json.Unmarshal(m.Data, &a) != nil || a.KV == nil {
+		t.Fatalf("d-1's leg was refused for an id another replica's leg claimed in its name: %s %.300s", m.Header.Get(subjects.HdrStatus), m.Data)
+	}
+	if m, err = squat.NextMsg(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(subjects.HdrStatus) != "200" {
+		t.Errorf("d-2's leg: %s %.300s", m.Header.Get(subjects.HdrStatus), m.Data)
 	}
 }

@@ -104,11 +104,24 @@ func (s Subjects) Replica(id string) string { return s.p() + ".replica." + id }
 // ReplicaCancel carries a gateway's cancel for a request (header Llm-Request-Id).
 func (s Subjects) ReplicaCancel(id string) string { return s.p() + ".replica." + id + ".cancel" }
 
-// Prefill carries the prefill leg of a split request to a prefill
-// replica's adapter, sent by the decode replica's adapter as a request
-// (docs/protocol.md, "Disaggregated serving"). Adapters may publish it;
-// no other part may.
-func (s Subjects) Prefill(id string) string { return s.p() + ".replica." + id + ".prefill" }
+// Prefill carries the prefill leg of a split request that decode replica
+// decode sends to prefill replica prefill, as a request (docs/protocol.md,
+// "Disaggregated serving"). Only decode's adapter may publish it: its last
+// token is the sender's identity, proven by the subject's permission, so
+// no adapter can send a leg, or take a request id, in another's name.
+//
+// A decode replica may be named "cancel": its leg subject
+// (llm.replica.<prefill>.prefill.cancel) has one token fewer than any
+// cancel (PrefillCancel), so neither subject matches the other's wildcard
+// (PrefillAll, PrefillCancelAll) or the other's permission.
+func (s Subjects) Prefill(prefill, decode string) string {
+	return s.p() + ".replica." + prefill + ".prefill." + decode
+}
+
+// PrefillAll matches every prefill leg sent to prefill replica prefill.
+func (s Subjects) PrefillAll(prefill string) string {
+	return s.p() + ".replica." + prefill + ".prefill.*"
+}
 
 // PrefillCancel carries the cancel of a prefill leg that decode replica
 // decode sent to prefill replica prefill. Only decode's adapter may

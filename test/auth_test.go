@@ -301,9 +301,9 @@ func TestAuthorization(t *testing.T) {
 		}
 	})
 
-	t.Run("an adapter sends prefill legs only", func(t *testing.T) {
+	t.Run("an adapter sends prefill legs only, in its own name", func(t *testing.T) {
 		witness := mustConnectAs(t, st, adapterRole("l70-gen-1"))
-		legs, err := witness.SubscribeSync("llm.replica.l70-gen-1.prefill")
+		legs, err := witness.SubscribeSync("llm.replica.l70-gen-1.prefill.*")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +316,9 @@ func TestAuthorization(t *testing.T) {
 		}
 		for _, r := range []auth.Role{adapterRole("l70-gen-0"), tenant("acme"), roleBroker, roleGateway, roleObserver} {
 			nc := mustConnectAs(t, st, r)
-			_ = nc.Publish("llm.replica.l70-gen-1.prefill", []byte("leg-"+r.Name()))
+			// In the adapter's name, and in another replica's.
+			_ = nc.Publish("llm.replica.l70-gen-1.prefill.l70-gen-0", []byte("leg-"+r.Name()))
+			_ = nc.Publish("llm.replica.l70-gen-1.prefill.l70-prem-0", []byte("forged-leg-"+r.Name()))
 			if r.Kind == auth.RoleAdapter {
 				_ = nc.Publish("llm.replica.l70-gen-1", []byte("whole-"+r.Name()))
 			}
@@ -331,10 +333,10 @@ func TestAuthorization(t *testing.T) {
 			if err != nil {
 				break
 			}
-			got = append(got, string(m.Data))
+			got = append(got, m.Subject+" "+string(m.Data))
 		}
-		if len(got) != 1 || got[0] != "leg-adapter-l70-gen-0" {
-			t.Errorf("prefill legs that went through: %q, want only the adapter's", got)
+		if len(got) != 1 || got[0] != "llm.replica.l70-gen-1.prefill.l70-gen-0 leg-adapter-l70-gen-0" {
+			t.Errorf("prefill legs that went through: %q, want only the adapter's, in its own name", got)
 		}
 		if m, err := whole.NextMsg(0); err == nil {
 			t.Errorf("an adapter sent another replica a whole request: %s", m.Data)
