@@ -61,7 +61,7 @@ func (st *decision) checkCapacity() *subjects.APIError {
 	}
 	wait := math.Inf(1)
 	for i := range st.pick.cands {
-		wait = min(wait, st.pick.cands[i].wait)
+		wait = min(wait, st.pick.cands[i].x.wait)
 	}
 	e := subjects.NewError(503, subjects.CodeAllReplicasBusy, "Every replica of "+st.res.target.Model+" is at capacity; retry later.")
 	e.RetryAfter = min(max(millis(wait), RetryBusyMin), RetryBusyMax)

@@ -67,7 +67,7 @@ func (p *pick) hasRoom(c *cand) bool {
 	if x.byPriority {
 		room = BatchRoomByPriority
 	}
-	return c.fresh && float64(held) < room*float64(x.maxBatch) && c.kv < p.release
+	return c.fresh && float64(held) < room*float64(x.maxBatch) && c.x.kv < p.release
 }
 
 func (p *pick) whyBatchRoom(i int) string {

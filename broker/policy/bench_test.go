@@ -35,9 +35,13 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 	"aliases.chat": {"targets": [{"model": "m", "version": "v1", "weight": 95}, {"model": "m", "version": "v2", "weight": 5}]},
 	"models.m": {"versions": ["v1", "v2"], "max_context_tokens": 131072, "default_max_tokens": 512},
 	"tenants.bench": {"quota": {"rpm": 1000000000000000, "tpm": 1000000000000000}},
-	"replicas.canary-0": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"},
-	"replicas.canary-1": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"},
 	"replicas.long-0": {"model": "m", "version": "v1", "pool": "long-context", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
+	// The canary takes 5% of the traffic: one canary replica per 32 of
+	// the general pool (at least two), or the canary's prefill queue, which
+	// only heartbeats empty, outgrows the requests' deadline.
+	for i := range max(2, n/32) {
+		sb.WriteString(`,"replicas.canary-` + strconv.Itoa(i) + `": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
+	}
 	for i := range n {
 		sb.WriteString(`,"replicas.gen-` + strconv.Itoa(i) + `": {"model": "m", "version": "v1", "pool": "general", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
 	}
@@ -47,7 +51,7 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 	r.SetTable(s)
 	now := t0
 	rng := rand.New(rand.NewPCG(7, 7))
-	heartbeats := make([]*subjects.Heartbeat, 0, n+3)
+	heartbeats := make([]*subjects.Heartbeat, 0, len(s.Replicas))
 	for id := range s.Replicas {
 		heartbeats = append(heartbeats, &subjects.Heartbeat{Replica: id, State: subjects.StateReady,
 			KVUsage: rng.Float64() * 0.9, Running: rng.IntN(64), Waiting: rng.IntN(16), MaxBatch: 64, MaxQueue: 256,

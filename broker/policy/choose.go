@@ -36,7 +36,7 @@ func (p *pick) session() bool {
 			best, bestScore = i, s
 		}
 	}
-	if p.cands[best].kv < p.release {
+	if p.cands[best].x.kv < p.release {
 		p.chosen = best
 		return true
 	}
@@ -70,7 +70,7 @@ func (p *pick) lora() bool {
 	best := -1
 	for i := range p.cands {
 		c := &p.cands[i]
-		if c.kv < p.release && hasAdapter(c.x, a) && (best < 0 || c.load < p.cands[best].load) {
+		if c.x.kv < p.release && hasAdapter(c.x, a) && (best < 0 || c.load < p.cands[best].load) {
 			best = i
 		}
 	}
@@ -78,7 +78,7 @@ func (p *pick) lora() bool {
 	if best < 0 {
 		for i := range p.cands {
 			c := &p.cands[i]
-			if c.kv < p.release && adapterRoom(c.x) && (best < 0 || c.load < p.cands[best].load) {
+			if c.x.kv < p.release && adapterRoom(c.x) && (best < 0 || c.load < p.cands[best].load) {
 				best = i
 			}
 		}
@@ -95,7 +95,7 @@ func (p *pick) lora() bool {
 func (p *pick) whyLora(i int) string {
 	c := &p.cands[i]
 	switch {
-	case c.kv >= p.release:
+	case c.x.kv >= p.release:
 		return WhyReleased
 	case p.adapters.loaded && !hasAdapter(c.x, p.adapter):
 		return WhyNoAdapter
@@ -223,10 +223,10 @@ func (p *pick) considerHolder(ci, lvl int) {
 	w, c := &p.warm, &p.cands[ci]
 	if w.hot < 0 {
 		w.hot, w.hotLvl = ci, lvl
-	} else if w.hotLvl == lvl && c.kv < p.cands[w.hot].kv {
+	} else if w.hotLvl == lvl && c.x.kv < p.cands[w.hot].x.kv {
 		w.hot = ci
 	}
-	if c.kv < p.release && (w.best < 0 || c.kv < p.cands[w.best].kv) {
+	if c.x.kv < p.release && (w.best < 0 || c.x.kv < p.cands[w.best].x.kv) {
 		w.best = ci
 	}
 }
@@ -238,7 +238,7 @@ func (p *pick) considerHolder(ci, lvl int) {
 const prefixWorth = 1.0
 
 func (p *pick) whyPrefix(i int) string {
-	if p.cands[i].kv >= p.release {
+	if p.cands[i].x.kv >= p.release {
 		return WhyReleased
 	}
 	return WhyShorterPrefix

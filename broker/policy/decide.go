@@ -156,6 +156,7 @@ func (st *decision) commitTo(x *replica) {
 		int64(st.req.PromptTokens)+int64(st.maxTokens()), st.now)
 	st.d.SentPrefill = int(st.pick.cands[st.pick.chosen].uncached)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + st.d.SentPrefill)
+	x.touch()
 	if a := st.res.adapter; a != "" && !hasAdapter(x, a) {
 		if x.nsent < len(x.sent) {
 			x.sent[x.nsent] = a
@@ -165,6 +166,7 @@ func (st *decision) commitTo(x *replica) {
 	y := st.pick.pd.prefill
 	if y != nil {
 		y.inflight++
+		y.touch()
 	}
 	if len(st.req.Prefix) > 0 {
 		if m := st.r.prefixMapLocked(st.res.target.Model); m != nil {

@@ -16,8 +16,6 @@ const (
 type cand struct {
 	x         *replica
 	load      float64 // load_score, saturation penalty included
-	kv        float64
-	wait      float64 // estimated milliseconds of queue wait (the heartbeat's)
 	ttft      float64 // predicted milliseconds to the first token (predict)
 	uncached  int32   // the request's prompt tokens the replica is not known to hold
 	fresh     bool    // load data younger than stale_after
@@ -62,7 +60,7 @@ next:
 			}
 		}
 		c := cand{x: x, fresh: max(p.nowNano-x.dataNano, 0) < p.stale}
-		p.load(&c, w)
+		p.view(&c, w, st.snap)
 		if c.fresh {
 			p.nfresh++
 		}
@@ -74,6 +72,41 @@ next:
 	}
 	r.cands, p.cands = cands, cands
 	return len(cands) > 0
+}
+
+// loadView is what load computes from a replica's own state alone, kept
+// on the replica until that state (ver), the table or the pool's
+// saturation threshold changes: between two of those, every decision that
+// lists the replica as a candidate would compute the same, and most
+// decisions change only the one replica they choose.
+type loadView struct {
+	snap      *table.Snapshot
+	ver       uint64
+	sat       float64
+	load      float64
+	ahead     float64 // x.ahead()
+	saturated bool
+	capacity  bool // full, if its load data is fresh
+	slots     bool
+}
+
+// view fills c from x's load view, computing it again when stale; the
+// result is load's.
+func (p *pick) view(c *cand, w *table.LoadWeights, snap *table.Snapshot) {
+	x := c.x
+	v := &x.view
+	if v.ver != x.ver || v.snap != snap || v.sat != p.saturation {
+		fresh := c.fresh
+		c.fresh = true
+		p.load(c, w)
+		c.fresh = fresh
+		*v = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load, ahead: x.ahead(),
+			saturated: c.saturated, capacity: c.full, slots: c.slots}
+	}
+	c.load, c.saturated, c.slots = v.load, v.saturated, v.slots
+	c.full = c.fresh && v.capacity
+	c.uncached = clamp32(p.req.PromptTokens)
+	c.ttft = x.predictAfter(v.ahead, c.uncached, c.slots)
 }
 
 // load computes a candidate's load_score (policy.load_weights in
@@ -106,24 +139,18 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 		waiting -= take
 		running = max(running+n+take, 0)
 	}
-	queueDen := x.maxQueue
-	if queueDen <= 0 {
-		queueDen = DefaultMaxQueue
-	}
-	c.kv = x.kv
-	c.load = w.KV*c.kv + w.Queue*float64(waiting)/float64(queueDen) + w.Batch*float64(running)/float64(maxBatch)
+	c.load = w.KV*x.kv + w.Queue*float64(waiting)*x.perQueue + w.Batch*float64(running)*x.perBatch
 	// Saturation and capacity come from what the replica reported, not
 	// from this broker's in-flight count: that count only resets at the next
 	// heartbeat (the broker never sees a request end), so at a high request
 	// rate it would call an idle replica full. It steers the score only; the
 	// engine keeps the final say on admission.
 	queueFull := x.maxQueue > 0 && x.waiting >= x.maxQueue
-	c.saturated = c.kv >= p.saturation || queueFull
+	c.saturated = x.kv >= p.saturation || queueFull
 	if c.saturated {
 		c.load += SaturationPenalty
 	}
-	c.full = c.fresh && queueFull && (x.running >= maxBatch || c.kv >= p.saturation)
-	c.wait = x.wait
+	c.full = c.fresh && queueFull && (x.running >= maxBatch || x.kv >= p.saturation)
 	c.slots = running >= maxBatch
 	c.uncached = clamp32(p.req.PromptTokens)
 	c.ttft = x.predict(c.uncached, c.slots)
@@ -139,10 +166,21 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 // larger of its TTFT and queue-wait EWMAs), what its latest requests
 // waited. Without a learned rate it is that estimate.
 func (x *replica) predict(uncached int32, slots bool) float64 {
-	if x.prefillRate <= 0 {
+	return x.predictAfter(x.ahead(), uncached, slots)
+}
+
+// ahead is x's base TTFT plus the prefill work queued there, in ms: the
+// part of predict that does not depend on the request.
+func (x *replica) ahead() float64 {
+	return x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill))*x.msPerToken
+}
+
+// predictAfter is predict with x.ahead() given.
+func (x *replica) predictAfter(ahead float64, uncached int32, slots bool) float64 {
+	if x.msPerToken <= 0 {
 		return x.wait
 	}
-	ttft := x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill)+int64(uncached))/x.prefillRate
+	ttft := ahead + float64(uncached)*x.msPerToken
 	if slots {
 		ttft = max(ttft, x.wait)
 	}
@@ -153,10 +191,7 @@ func (x *replica) predict(uncached int32, slots bool) float64 {
 // holds up the requests queued and running there: the whole batch waits
 // for it (0 without a learned rate).
 func (x *replica) prefillCost(uncached int32) float64 {
-	if x.prefillRate <= 0 {
-		return 0
-	}
-	return float64(uncached) / x.prefillRate
+	return float64(uncached) * x.msPerToken
 }
 
 func firstPositive(a, b, c int) int {

@@ -89,21 +89,44 @@ type groupKey struct{ model, version, pool string }
 
 // replica is the load view of one replica. Lock: Router.mu.
 type replica struct {
-	// Hot: read for every candidate of every decision, derived from the
-	// table entry and the heartbeat by refresh, and kept together so a
-	// candidate costs about one cache line.
+	// Hot: read, and mark and ci written, for every candidate of every
+	// decision, and kept together at the start so that a candidate costs
+	// about two cache lines.
 	ready  bool  // registered, heartbeat seen, effective state ready
-	hbNano int64 // heartbeat receive time, unix ns on the broker's clock: liveness (dead_after)
+	serves uint8 // the endpoints its engine serves (subjects.EndpointBit)
+	// prefillOnly: registered with role prefill, so it runs prefill legs
+	// of split requests and never a whole request.
+	prefillOnly bool
+	// kvLive: its adapter's KV-event feed is live (heartbeat) and the
+	// index holds its keys exactly; prefix affinity then reads the index
+	// for it, not the placements. kvID is its id in the index.
+	kvLive bool
+	ci     int32  // index in Router.cands while marked
+	mark   uint64 // == Router.epoch while a candidate of the current decision
+	hbNano int64  // heartbeat receive time, unix ns on the broker's clock: liveness (dead_after)
 	// dataNano dates the load data for stale_after: the older of receipt and
 	// the adapter's sent_unix_ms, so a heartbeat delivered late (or one the
 	// adapter kept resending) is not taken as fresh. Liveness stays on the
 	// broker's own clock, so a skewed adapter clock can make load data look
 	// stale (routing turns random) but can never make a replica look dead.
-	dataNano           int64
-	kv                 float64
-	wait               float64 // estimated ms to the first token
+	dataNano int64
+	// ver counts the changes to the state load reads (heartbeat, load
+	// delta, in-flight requests, prefill sent): view is valid while it
+	// matches. Everything that changes that state calls touch.
+	ver  uint64
+	view loadView
+	// msPerToken is 1/prefillRate (0: unknown): a multiplication per
+	// candidate instead of a division, since it changes only with the
+	// heartbeat.
+	msPerToken float64
+	wait       float64 // estimated ms to the first token
+	kv         float64
+	idHash     uint64 // xxhash of id, for rendezvous hashing
+
+	// Warm: read when the view is computed again.
 	running, waiting   int32
-	maxBatch, maxQueue int32 // heartbeat, else table; maxQueue 0 = unknown
+	maxBatch, maxQueue int32   // heartbeat, else table; maxQueue 0 = unknown
+	perBatch, perQueue float64 // 1/maxBatch, 1/(maxQueue or DefaultMaxQueue)
 	// inflight counts requests this broker sent since the last heartbeat
 	// or load delta: neither can know them yet, so they are added to its
 	// load. delta is the adapter's in-flight count in its last load delta
@@ -123,18 +146,7 @@ type replica struct {
 	baseTTFT      float64
 	queuedPrefill int32
 	sentPrefill   int32
-	ci            int32  // index in Router.cands while marked
-	mark          uint64 // == Router.epoch while a candidate of the current decision
-	idHash        uint64 // xxhash of id, for rendezvous hashing
-	serves        uint8  // the endpoints its engine serves (subjects.EndpointBit)
-	// prefillOnly: registered with role prefill, so it runs prefill legs
-	// of split requests and never a whole request.
-	prefillOnly bool
-	// kvLive: its adapter's KV-event feed is live (heartbeat) and the
-	// index holds its keys exactly; prefix affinity then reads the index
-	// for it, not the placements. kvID is its id in the index.
-	kvLive bool
-	kvID   kvindex.ID
+	kvID          kvindex.ID
 	// byPriority: its engine serves waiting requests by priority and its
 	// adapter sends the router's (heartbeat), so batch work may fill its
 	// batch (batch-room).
@@ -151,8 +163,12 @@ type replica struct {
 	eject ejection
 }
 
+// touch marks the state load reads as changed.
+func (x *replica) touch() { x.ver++ }
+
 // refresh derives the hot fields from the table entry and the heartbeat.
 func (x *replica) refresh() {
+	x.touch()
 	hb := &x.hb
 	x.ready = x.reg != nil && x.hasHB && subjects.Restrictive(x.reg.State, hb.State) == subjects.StateReady
 	x.prefillOnly = x.reg != nil && x.reg.Role == table.RolePrefill
@@ -167,6 +183,12 @@ func (x *replica) refresh() {
 	x.queuedPrefill = clamp32(hb.QueuedPrefillTokens)
 	x.maxBatch = clamp32(firstPositive(hb.MaxBatch, regBatch, DefaultMaxBatch))
 	x.maxQueue = clamp32(firstPositive(hb.MaxQueue, regQueue, 0))
+	x.msPerToken = 0
+	if x.prefillRate > 0 {
+		x.msPerToken = 1 / x.prefillRate
+	}
+	x.perBatch = 1 / float64(max(x.maxBatch, 1))
+	x.perQueue = 1 / float64(firstPositive(int(x.maxQueue), DefaultMaxQueue, DefaultMaxQueue))
 	x.byPriority = hb.Scheduling == subjects.SchedulingPriority
 	switch {
 	case x.hasHB && len(hb.Endpoints) > 0:
@@ -303,6 +325,7 @@ func (r *Router) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) bool {
 	x.delta = clamp32(d.Inflight) - clamp32(x.hb.Inflight)
 	x.queuedPrefill = clamp32(d.QueuedPrefillTokens)
 	x.inflight, x.sentPrefill = 0, 0
+	x.touch()
 	at := now.UnixNano()
 	if sent := d.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < at {
 		at = sent
@@ -404,12 +427,14 @@ func (r *Router) ObservePlacement(p *subjects.Placement) {
 	}
 	x.inflight = clamp32(int(x.inflight) + 1)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + min(max(p.Uncached, 0), subjects.MaxQueuedPrefillTokens))
+	x.touch()
 	y := r.replicas[p.Prefill]
 	if p.Prefill == "" || y == nil || !y.prefillOnly || y.reg == nil || y.reg.Model != p.Model {
 		y = nil
 	}
 	if y != nil {
 		y.inflight = clamp32(int(y.inflight) + 1)
+		y.touch()
 	}
 	if len(p.Blocks) == 0 {
 		return

@@ -168,7 +168,7 @@ func (p *pick) prefillFor(x *replica) *replica {
 			continue
 		}
 		held := 0
-		if c.held != nil && len(p.req.Prefix) > 0 && cand.kv < p.release {
+		if c.held != nil && len(p.req.Prefix) > 0 && y.kv < p.release {
 			held = c.held.heldBy(p.req.Prefix, y)
 		}
 		if held > bestHeld || held == bestHeld && cand.load < bestLoad {
