@@ -152,7 +152,7 @@ func (st *decision) commitTo(x *replica) {
 		st.chargeContinuation()
 	}
 	x.inflight++
-	st.r.flyLocked(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.res.tenantKey, st.pick.fair.weight,
+	st.r.flyLocked(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.pick.fair.flight, st.res.tenantKey, st.pick.fair.weight,
 		int64(st.req.PromptTokens)+int64(st.maxTokens()), st.now)
 	st.d.SentPrefill = int(st.pick.cands[st.pick.chosen].uncached)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + st.d.SentPrefill)

@@ -96,8 +96,9 @@ func (f *poolFlight) settle(tenant string, tokens int64) {
 
 // flyLocked counts an admitted request in its pool's ledger under its
 // request id; a request without an id cannot be settled and is not
-// counted. Lock must be held.
-func (r *Router) flyLocked(id string, k shareKey, tenant string, weight float64, tokens int64, now time.Time) {
+// counted. f is the ledger of k when the caller has it (nil: looked up).
+// Lock must be held.
+func (r *Router) flyLocked(id string, k shareKey, f *poolFlight, tenant string, weight float64, tokens int64, now time.Time) {
 	if id == "" || tokens <= 0 {
 		return
 	}
@@ -111,7 +112,9 @@ func (r *Router) flyLocked(id string, k shareKey, tenant string, weight float64,
 	} else if len(r.flights) >= MaxFlights {
 		return
 	}
-	f := r.shares[k]
+	if f == nil {
+		f = r.shares[k]
+	}
 	if f == nil {
 		f = &poolFlight{tenants: map[string]tenantFlight{}}
 		r.shares[k] = f

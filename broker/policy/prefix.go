@@ -71,7 +71,9 @@ func (m *prefixMap) put(h uint64, x *replica) bool {
 				break
 			}
 		}
-		copy(e.reps[1:j+1], e.reps[:j])
+		for ; j > 0; j-- { // not copy: a call to typedslicecopy for four pointers
+			e.reps[j] = e.reps[j-1]
+		}
 		e.reps[0] = x
 		return true
 	}
