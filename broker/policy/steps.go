@@ -92,13 +92,25 @@ type filter struct {
 // filters is the candidate filter, in order. A filter that counts what it
 // left out (serves-endpoint) sees only replicas the ones before it kept.
 var filters = [...]filter{
-	{name: "live", keep: (*pick).live},
+	filterLive: {name: "live", keep: (*pick).live},
 	{name: "not-ejected", on: (*pick).ejectedOn, keep: (*pick).notEjected, report: (*pick).reportEjected},
 	{name: "not-excluded", on: (*pick).excludeOn, keep: (*pick).notExcluded},
 	{name: "pinned", on: (*pick).pinOn, keep: (*pick).pinnedTo},
-	{name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint},
-	{name: "not-prefill", keep: (*pick).notPrefill},
+	filterEndpoint:   {name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint},
+	filterNotPrefill: {name: "not-prefill", keep: (*pick).notPrefill},
 }
+
+// The rows of the filters that are in force in almost every decision:
+// candidates calls their keep directly when no other filter is (see
+// commonFilters).
+const (
+	filterLive       = 0
+	filterEndpoint   = 4
+	filterNotPrefill = 5
+	// commonFilters is the set of filters in force when nothing but the
+	// request's endpoint narrows the group, as a mask of rows.
+	commonFilters = 1<<filterLive | 1<<filterEndpoint | 1<<filterNotPrefill
+)
 
 // Route modifiers: what changed the route before the replica choice, bits
 // of the mask that indexes step.reasons, in the order the reason spells
