@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
@@ -294,12 +295,10 @@ func (p *pick) whyPowerOfTwo(i int) string {
 func (p *pick) alternatives(d *Decision) {
 	var top [3]int
 	n := 0
+	worst := math.Inf(1) // the load of top[n-1] once top is full
 	for i := range p.cands {
-		if i == p.chosen {
-			continue
-		}
 		l := p.cands[i].load
-		if n == len(top) && l >= p.cands[top[n-1]].load {
+		if l >= worst || i == p.chosen {
 			continue
 		}
 		k := min(n, len(top)-1)
@@ -309,6 +308,9 @@ func (p *pick) alternatives(d *Decision) {
 		}
 		top[k] = i
 		n = min(n+1, len(top))
+		if n == len(top) {
+			worst = p.cands[top[n-1]].load
+		}
 	}
 	for k := 0; k < n; k++ {
 		c := &p.cands[top[k]]
