@@ -46,22 +46,24 @@ func (a *Adapter) priorityField(h nats.Header) bodyField {
 	return bodyField{keys: []string{"priority"}, value: []byte("0"), replaces: true}
 }
 
-// noSlotForBatch reports whether h is batch work that would wait in the
-// queue of an engine scheduling by priority: its engine's batch is full
-// with the requests this adapter has in flight. Brokers let batch work
-// fill such a replica's batch from heartbeats a second old, so a window
-// of batch lines can arrive between two; queued behind the batch they
-// would hold the queue's places, which interactive requests would find
-// taken. Refused here, with the exact count, they are tried again after
-// the Retry-After (a batch line is never failed for a 503). A
-// continuation is not refused: it was admitted once.
-func (a *Adapter) noSlotForBatch(h nats.Header) bool {
+// noRoomForBatch reports whether h is batch work beyond what an engine
+// scheduling by priority may hold for it: the requests this adapter has in
+// flight fill the engine's batch and the short queue behind it
+// (subjects.BatchHold). Batch lines waiting there are served after every
+// interactive request and take each slot that frees when none waits.
+// Brokers judge that room from heartbeats and load deltas, so a window of
+// batch lines can arrive between two; past the hold they would take the
+// queue's places, which interactive requests would find taken. Refused
+// here, with the exact count, they are tried again after the Retry-After
+// (a batch line is never failed for a 503). A continuation is not
+// refused: it was admitted once.
+func (a *Adapter) noRoomForBatch(h nats.Header) bool {
 	if a.cfg.EngineScheduling != SchedulingPriority || EnginePriority(h) != EnginePriorityBatch || h.Get(subjects.HdrResume) != "" {
 		return false
 	}
 	l := &a.load
 	l.mu.Lock()
-	batch := a.limits.withEngine(l.sample).batch
+	lim := a.limits.withEngine(l.sample)
 	l.mu.Unlock()
-	return a.InFlight() >= batch
+	return a.InFlight() >= subjects.BatchHold(lim.batch, lim.queue)
 }

@@ -39,9 +39,9 @@ func (a *Adapter) onRequest(r micro.Request) {
 	}
 	id := h.Get(subjects.HdrRequestID)
 	a.cfg.Stages.Mark(id, stages.AdapterReceived)
-	if a.noSlotForBatch(h) {
+	if a.noRoomForBatch(h) {
 		a.reject(reply, h, &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeAllReplicasBusy,
-			Message: "replica " + a.cfg.Replica + " has no free slot for batch work; retry later.", RetryAfter: time.Second})
+			Message: "replica " + a.cfg.Replica + " has no room for batch work; retry later.", RetryAfter: time.Second})
 		return
 	}
 	a.mu.Lock()

@@ -107,6 +107,20 @@ type Heartbeat struct {
 // schedules by priority.
 const SchedulingPriority = "priority"
 
+// BatchHold is how many requests, running and waiting, a replica whose
+// engine schedules by priority may hold and still take batch work: its
+// whole batch and, behind it, a queue of a quarter of a batch (at most a
+// quarter of its queue, none when the queue is unknown). Batch lines
+// waiting there are served after every interactive request, so they delay
+// none; they refill each slot that frees when no interactive request
+// waits, which the batch cannot do from outside the engine: an answer,
+// the batcher's next line and its routing take longer than the step that
+// freed the slot. Brokers (broker/policy, batch-room) and the adapter of
+// such an engine both apply it, the adapter with its exact count.
+func BatchHold(maxBatch, maxQueue int) int {
+	return maxBatch + max(0, min(maxBatch/4, maxQueue/4))
+}
+
 // LoadDelta is published by an adapter on llm.load.<replica> when a
 // request starts, gets its first token or ends, at most one every
 // LoadDeltaEvery: the replica's load as the adapter counts it now, on top

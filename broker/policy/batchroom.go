@@ -18,13 +18,6 @@ import (
 // full (the batcher's window bounds what arrives between two heartbeats).
 const BatchRoom = 0.75
 
-// BatchRoomByPriority is the share for a replica whose engine schedules by
-// priority (heartbeat scheduling "priority"): there an interactive request
-// is admitted before every waiting batch line, so batch work may fill the
-// whole batch. It stays out of the queue, whose places interactive
-// requests would otherwise find taken (the at-capacity check).
-const BatchRoomByPriority = 1.0
-
 // RetryBatchRoom is the Retry-After of a batch request refused for room:
 // the pool's load changes with every heartbeat.
 const RetryBatchRoom = time.Second
@@ -60,14 +53,21 @@ func (p *pick) batchRoom() (switched bool, e *subjects.APIError) {
 	return false, e
 }
 
+// hasRoom applies BatchRoom, or subjects.BatchHold to a replica whose
+// engine schedules by priority (heartbeat scheduling "priority"): there an
+// interactive request is admitted before every waiting batch line, so
+// batch work may fill the whole batch and a short queue behind it, whose
+// lines take each slot that frees when no interactive request waits. The
+// rest of the queue stays free: interactive requests would otherwise find
+// its places taken (the at-capacity check). The adapter's last load delta
+// brings its in-flight count up to date.
 func (p *pick) hasRoom(c *cand) bool {
 	x := c.x
-	held := max(x.running+x.waiting, clamp32(x.hb.Inflight))
-	room := BatchRoom
+	held := max(x.running+x.waiting, clamp32(x.hb.Inflight)) + x.delta
 	if x.byPriority {
-		room = BatchRoomByPriority
+		return c.fresh && int(held) < subjects.BatchHold(int(x.maxBatch), int(x.maxQueue)) && c.x.kv < p.release
 	}
-	return c.fresh && float64(held) < room*float64(x.maxBatch) && c.x.kv < p.release
+	return c.fresh && float64(held) < BatchRoom*float64(x.maxBatch) && c.x.kv < p.release
 }
 
 func (p *pick) whyBatchRoom(i int) string {

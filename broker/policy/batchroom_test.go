@@ -59,10 +59,11 @@ func TestBatchWorkTakesOnlyRoom(t *testing.T) {
 }
 
 // TestBatchWorkFillsAPriorityEnginesBatch: on a replica whose engine
-// schedules by priority, batch work may take every slot of its batch (an
-// interactive request is admitted there before every waiting batch line),
-// but not its queue, nor KV past the release threshold; a replica
-// scheduling first come first served keeps its quarter free.
+// schedules by priority, batch work may take every slot of its batch and a
+// queue of a quarter of a batch behind it (an interactive request is
+// admitted there before every waiting batch line), but not the rest of the
+// queue, nor KV past the release threshold; a replica scheduling first
+// come first served keeps a quarter of its batch free.
 func TestBatchWorkFillsAPriorityEnginesBatch(t *testing.T) {
 	e := newEnv(t)
 	batch := func() *policy.Request { q := chat("chat-large"); q.Priority = subjects.PriorityBatch; return q }
@@ -78,8 +79,10 @@ func TestBatchWorkFillsAPriorityEnginesBatch(t *testing.T) {
 		{"24 of 32 running, by priority", prio, 0.1, 24, 0, true},
 		{"24 of 32 running, first come first served", "", 0.1, 24, 0, false},
 		{"24 of 32 running, a policy brokers do not know", "lottery", 0.1, 24, 0, false},
-		{"the batch full, by priority", prio, 0.1, 32, 0, false},
-		{"a queue, by priority", prio, 0.1, 30, 2, false},
+		{"the batch full, by priority", prio, 0.1, 32, 0, true},
+		{"the batch full and 7 waiting, by priority", prio, 0.1, 32, 7, true},
+		{"the batch full and 8 waiting, by priority", prio, 0.1, 32, 8, false},
+		{"the batch full, first come first served", "", 0.1, 32, 0, false},
 		{"KV past the release threshold, by priority", prio, 0.96, 2, 0, false},
 	} {
 		e.now = e.now.Add(time.Second)
@@ -91,5 +94,37 @@ func TestBatchWorkFillsAPriorityEnginesBatch(t *testing.T) {
 		case !c.room && (d.Err == nil || d.Err.Status != 503 || d.Err.RetryAfter != policy.RetryBatchRoom):
 			t.Errorf("%s: %s %s %v, want a 503 with Retry-After %v", c.name, d.Replica, d.Reason, d.Err, policy.RetryBatchRoom)
 		}
+	}
+}
+
+// TestBatchRoomCountsTheLoadDelta: the adapter's load delta brings the
+// in-flight count the batch room is judged by up to date, both ways: a
+// replica whose heartbeat said full has room once its delta says requests
+// ended, and one with room fills when its delta says they arrived.
+func TestBatchRoomCountsTheLoadDelta(t *testing.T) {
+	e := newEnv(t)
+	q := chat("chat-large")
+	q.Priority = subjects.PriorityBatch
+	byPriority := func(h *subjects.Heartbeat) { h.Scheduling = subjects.SchedulingPriority }
+	delta := func(hb, n uint64, inflight int) {
+		t.Helper()
+		if !e.r.ObserveLoadDelta(&subjects.LoadDelta{Replica: "l70-batch-0", Heartbeat: hb, Seq: n, Inflight: inflight,
+			SentUnixMillis: e.now.UnixMilli()}, e.now) {
+			t.Fatal("delta not applied")
+		}
+	}
+	e.beat("l70-batch-0", 0.1, 32, 8, byPriority, seq(1, 40))
+	if d := e.decide(q); d.Err == nil {
+		t.Fatalf("a full hold (32 running, 8 waiting): admitted to %s", d.Replica)
+	}
+	delta(1, 1, 30)
+	if d := e.decide(q); d.Err != nil || d.Replica != "l70-batch-0" {
+		t.Errorf("ten ended since the full heartbeat: %s %v, want l70-batch-0", d.Replica, d.Err)
+	}
+	e.now = e.now.Add(time.Second)
+	e.beat("l70-batch-0", 0.1, 20, 0, byPriority, seq(2, 20))
+	delta(2, 1, 40)
+	if d := e.decide(q); d.Err == nil {
+		t.Errorf("twenty arrived since a heartbeat of 20: admitted to %s", d.Replica)
 	}
 }

@@ -1,0 +1,149 @@
+package enginesim_test
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// holdRun is one run of holdWorkload: interactive requests per second and
+// p99 time to first token, batch lines per second.
+type holdRun struct {
+	interactive, batch float64
+	p99                time.Duration
+}
+
+// holdWorkload drives a priority engine (max_batch 32, max_queue 128) in
+// virtual time for dur: Poisson interactive arrivals at rate a second and,
+// when hold > 0, batch lines (priority 1) topped up to hold requests in the
+// engine refill after each request ends, the round trip of an answer, the
+// batcher's next line and its routing. Chat-sized requests: 20 prompt
+// tokens, 16 generated, as make bench-batch sends. Closed (rate 0) it
+// keeps hold interactive requests in the engine: its saturation.
+func holdWorkload(t *testing.T, rate float64, hold int, refill, dur time.Duration) holdRun {
+	t.Helper()
+	e := enginesim.New(enginesim.Config{MaxBatch: 32, MaxQueue: 128, Scheduling: enginesim.SchedulingPriority})
+	rng := rand.New(rand.NewPCG(1, 2))
+	gap := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
+	end, warm := t0.Add(dur), t0.Add(3*time.Second)
+	nextArrival := end
+	if rate > 0 {
+		nextArrival = t0.Add(gap())
+	}
+	submitted := map[enginesim.ID]time.Time{} // interactive
+	inEngine := 0
+	topUps := []time.Time{t0}
+	var ttfts []time.Duration
+	var interactive, batch int
+	submitOne := func(priority int64, at time.Time) {
+		id, err := e.Submit(enginesim.Request{PromptTokens: 20, MaxTokens: 16, Priority: priority}, at)
+		if err != nil {
+			t.Fatalf("rate %v hold %d at %v with %d in the engine: %v", rate, hold, at.Sub(t0), inEngine, err)
+		}
+		inEngine++
+		if priority == 0 {
+			submitted[id] = at
+		}
+	}
+	for now := t0; now.Before(end); {
+		next := nextArrival
+		if at, ok := e.NextEvent(); ok && at.Before(next) {
+			next = at
+		}
+		if len(topUps) > 0 && topUps[0].Before(next) {
+			next = topUps[0]
+		}
+		if next.After(now) {
+			now = next
+		}
+		for _, ev := range e.Advance(now) {
+			at, isInteractive := submitted[ev.ID]
+			switch {
+			case ev.Kind == enginesim.EventFirstToken && isInteractive && !at.Before(warm):
+				ttfts = append(ttfts, ev.At.Sub(at))
+			case ev.Kind != enginesim.EventFinish:
+			case isInteractive:
+				inEngine--
+				interactive++
+				delete(submitted, ev.ID)
+				topUps = append(topUps, ev.At.Add(refill))
+			default:
+				inEngine--
+				batch++
+				topUps = append(topUps, ev.At.Add(refill))
+			}
+		}
+		if !now.Before(nextArrival) {
+			submitOne(0, now)
+			nextArrival = now.Add(gap())
+		}
+		for len(topUps) > 0 && !topUps[0].After(now) {
+			topUps = topUps[1:]
+			for inEngine < hold {
+				if rate > 0 {
+					submitOne(1, now)
+				} else {
+					submitOne(0, now)
+				}
+			}
+		}
+	}
+	r := holdRun{interactive: float64(interactive) / dur.Seconds(), batch: float64(batch) / dur.Seconds()}
+	if len(ttfts) > 0 {
+		slices.Sort(ttfts)
+		r.p99 = ttfts[len(ttfts)*99/100]
+	}
+	return r
+}
+
+// TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine: beside the
+// interactive traffic make bench-batch runs (45 requests a second a
+// replica, as its quiet run measured), batch lines topped up to
+// subjects.BatchHold (the batch and a queue of a quarter of it) take at
+// least half of the engine's spare capacity (its saturation rate less the
+// interactive rate), with interactive p99 time to first token within 1.2×
+// of the same traffic alone: queued batch lines refill each slot that
+// frees at the next step, behind every interactive request. Topped up only
+// to the batch (the old hold: no batch line waits), the batch refills a
+// slot a round trip after it freed and takes a fraction of the spare.
+// Virtual time: the engine's model alone, without the router's costs.
+func TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine(t *testing.T) {
+	const dur, refill, rate = 60 * time.Second, 20 * time.Millisecond, 45.0
+	saturation := holdWorkload(t, 0, 32+64, refill, 30*time.Second).interactive
+	spare := saturation - rate
+	alone := holdWorkload(t, rate, 0, refill, dur)
+	hold := subjects.BatchHold(32, 128)
+	with := holdWorkload(t, rate, hold, refill, dur)
+	batchOnly := holdWorkload(t, rate, 32, refill, dur)
+	for _, c := range []struct {
+		name string
+		r    holdRun
+	}{{"alone", alone}, {"hold of the batch only", batchOnly}, {"hold of subjects.BatchHold", with}} {
+		t.Logf("saturation %.0f/s, interactive %.0f/s: %s: batch %.1f lines/s (%.0f %% of the spare), interactive p99 TTFT %v (%.2f× alone)",
+			saturation, rate, c.name, c.r.batch, 100*c.r.batch/spare, c.r.p99, float64(c.r.p99)/float64(alone.p99))
+	}
+	if with.batch < spare/2 {
+		t.Errorf("batch lines held to %d: %.1f lines/s, below half the spare %.1f/s", hold, with.batch, spare)
+	}
+	if float64(with.p99) > 1.2*float64(alone.p99) {
+		t.Errorf("batch lines held to %d: interactive p99 TTFT %v, over 1.2× the %v alone", hold, with.p99, alone.p99)
+	}
+	if with.interactive < 0.98*alone.interactive {
+		t.Errorf("batch lines held to %d: interactive %.1f/s served, alone %.1f/s", hold, with.interactive, alone.interactive)
+	}
+	// Lighter interactive traffic, for docs/benchmarks.md: it runs with
+	// slots free, so beside a batch that fills them (by either hold) its
+	// requests wait for a slot to free; figures only.
+	for _, light := range []float64{15, 30} {
+		alone := holdWorkload(t, light, 0, refill, dur)
+		for _, h := range []int{32, hold} {
+			r := holdWorkload(t, light, h, refill, dur)
+			t.Logf("interactive %.0f/s: hold %d: batch %.1f lines/s, interactive p99 TTFT %v (%.2f× the %v alone)",
+				light, h, r.batch, r.p99, float64(r.p99)/float64(alone.p99), alone.p99)
+		}
+	}
+}
