@@ -6,13 +6,17 @@ import (
 )
 
 // admission decides how many lines may be in flight: a window that grows
-// by one line per answer and shrinks by a quarter on a broker's refusal (at
-// most once per cutEvery), so the batch finds the pool's spare room (the
-// brokers refuse batch work past it) and gives it back as soon as
-// interactive traffic takes it. Each tenant with running batches gets an
-// equal share of the window, so one tenant's batch cannot starve
-// another's. A 429 pauses its tenant for its Retry-After; a refused line
-// waits for its own Retry-After.
+// by one line per answer and, on a refusal, shrinks by a quarter (at most
+// once per cutEvery) but never below the lines the pool held then (those
+// in flight less those waiting out a refusal): a refusal says the pool is
+// full with what it holds, no less. So the batch finds the pool's spare
+// room (brokers and adapters refuse batch work past it) and gives it back
+// as soon as interactive traffic takes it: lines that end are not
+// replaced while the pool refuses, and the window follows. Each tenant
+// with running batches gets an equal share of the window, so one tenant's
+// batch cannot starve another's. A 429 pauses its tenant for its
+// Retry-After; a refused line waits for its own Retry-After, in the
+// window.
 type admission struct {
 	mu          sync.Mutex
 	limit       float64
@@ -21,6 +25,7 @@ type admission struct {
 	tenantPause map[string]time.Time
 	inflight    map[string]int
 	total       int
+	pacing      int // lines in flight waiting out a refusal
 	active      int
 	wake        chan struct{}
 	m           *metrics
@@ -82,18 +87,29 @@ func (a *admission) release(tenant string) {
 	}
 }
 
+// refused counts a refusal of one of tenant's lines, which waits out its
+// Retry-After in the window and then calls retry.
 func (a *admission) refused(tenant string, status int, retryAfter time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
+	a.pacing++
 	if now.Sub(a.lastCut) >= cutEvery {
-		a.window = max(1, a.window*cutTo)
+		held := float64(a.total - a.pacing)
+		a.window = max(1, min(a.window, max(a.window*cutTo, held)))
 		a.lastCut = now
 		a.m.window.Set(a.window)
 	}
 	if status == 429 {
 		a.tenantPause[tenant] = now.Add(retryAfter)
 	}
+}
+
+// retry ends a refused line's wait: it leaves the window with release.
+func (a *admission) retry() {
+	a.mu.Lock()
+	a.pacing--
+	a.mu.Unlock()
 }
 
 func (a *admission) answered() {

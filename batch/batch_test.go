@@ -69,8 +69,9 @@ func TestCheckerRefusesTheFirstBadLine(t *testing.T) {
 }
 
 // brokerStandIn answers llm.batch.* in the reply protocol: each line's
-// first two tries get a 503 with a short Retry-After, then an answer; the
-// model "forbidden" gets the 403 a broker gives.
+// first two tries get a 503 with a short Retry-After, the first a broker's
+// refusal and the second an adapter's (naming its replica), then an
+// answer; the model "forbidden" gets the 403 a broker gives.
 type brokerStandIn struct {
 	mu    sync.Mutex
 	tries map[string]int
@@ -100,6 +101,9 @@ func (b *brokerStandIn) serve(nc *nats.Conn) func(*nats.Msg) {
 			r.Header.Set(subjects.HdrStatus, "403")
 			r.Data = subjects.NewError(403, subjects.CodeModelNotAllowed, "no").Body()
 		case n <= 2:
+			if n == 2 {
+				r.Header.Set(subjects.HdrRouteReplica, "r-1")
+			}
 			r.Header.Set(subjects.HdrStatus, "503")
 			r.Header.Set(subjects.HdrRetryAfterMS, "20")
 			r.Data = subjects.NewError(503, subjects.CodeAllReplicasBusy, "busy").Body()
@@ -190,6 +194,12 @@ func TestBatcherPacesOnRefusalsAndAnswersEachLineOnce(t *testing.T) {
 	}
 	if paced := testkit.Sum(reg, "switchyard_batch_items_total", map[string]string{"outcome": "paced"}); paced < 60 {
 		t.Errorf("%v lines paced, want the 60 refusals", paced)
+	}
+	for _, from := range []string{"broker", "adapter"} {
+		labels := map[string]string{"status": "503", "code": subjects.CodeAllReplicasBusy, "from": from}
+		if n := testkit.Sum(reg, "switchyard_batch_refusals_total", labels); n != 30 {
+			t.Errorf("%v refusals counted %v, want 30", n, labels)
+		}
 	}
 	stand.mu.Lock()
 	defer stand.mu.Unlock()

@@ -29,8 +29,18 @@ type answer struct {
 	status     int
 	body       []byte
 	retryAfter time.Duration
-	err        error // no complete answer (silence, a gap, a failure midway)
+	err        error  // no complete answer (silence, a gap, a failure midway)
+	from       string // where a refusal came from: one of refusedBy…
 }
+
+// Where a refusal (a 429 or a 503) came from, for
+// switchyard_batch_refusals_total.
+const (
+	refusedByBroker  = "broker"  // an error from a broker: no room, a quota, no replica
+	refusedByAdapter = "adapter" // an error naming the replica: its hold is full, it drains
+	refusedByEngine  = "engine"  // the engine's own answer, passed on (its queue full)
+	refusedByBus     = "bus"     // no broker listens, or the line could not be sent
+)
 
 // runnable returns the record of the batch msg belongs to when the line
 // is to run. Otherwise it settles the item at once, without a slot of the
@@ -88,12 +98,14 @@ func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg j
 		// make room for more refusals.
 		b.adm.refused(tenant, a.status, a.retryAfter)
 		b.metrics.item(tenant, "paced")
+		b.metrics.refusal(a, errorCode(a.body))
 		wait := time.NewTimer(min(max(a.retryAfter, 100*time.Millisecond), maxHold))
 		select {
 		case <-ctx.Done():
 		case <-wait.C:
 		}
 		wait.Stop()
+		b.adm.retry()
 		_ = msg.Nak()
 		return
 	case (a.err != nil || a.status == 500 || a.status == 502 || a.status == 504) && attempts < maxAttempts:
@@ -181,7 +193,7 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 	m.Header.Set(subjects.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
 	m.Header.Set(subjects.HdrClientRequestID, requestID(rec.ID, it.Line))
 	if err := b.nc.PublishMsg(m); err != nil {
-		return answer{status: 503, retryAfter: time.Second}
+		return answer{status: 503, retryAfter: time.Second, from: refusedByBus}
 	}
 	var a answer
 	seq := -1
@@ -199,11 +211,17 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 		f := replyproto.Decode(r)
 		switch f.Kind {
 		case replyproto.NoResponders:
-			return answer{status: 503, retryAfter: time.Second} // no broker listens
+			return answer{status: 503, retryAfter: time.Second, from: refusedByBus} // no broker listens
 		case replyproto.Routed, replyproto.Keepalive, replyproto.Accept:
 			continue
 		case replyproto.Error:
-			return answer{status: f.Status, body: f.Body, retryAfter: retryAfter(r.Header)}
+			// An adapter's rejection names its replica (it tells the
+			// gateway to try another); a broker's names none.
+			from := refusedByBroker
+			if r.Header.Get(subjects.HdrRouteReplica) != "" {
+				from = refusedByAdapter
+			}
+			return answer{status: f.Status, body: f.Body, retryAfter: retryAfter(r.Header), from: from}
 		case replyproto.Unknown, replyproto.Handover:
 			return answer{err: errors.New("the answer broke off (" + f.Kind.String() + ")")}
 		}
@@ -212,7 +230,7 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 		}
 		seq = f.Seq
 		if f.Kind == replyproto.Head {
-			a.status = f.Status
+			a.status, a.from = f.Status, refusedByEngine
 		}
 		a.body = append(a.body, f.Body...)
 		if len(a.body) > maxBody {

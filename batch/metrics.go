@@ -1,12 +1,20 @@
 package batch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
 
 // metrics are a batcher's Prometheus series.
 type metrics struct {
 	items    *prometheus.CounterVec
 	inflight prometheus.Gauge
 	window   prometheus.Gauge
+	refusals *prometheus.CounterVec
 	batches  *prometheus.GaugeVec
 }
 
@@ -22,23 +30,52 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		window: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_batch_window",
-			Help: "Lines this batcher may have in flight now: grows with answers, halves on a broker's refusal.",
+			Help: "Lines this batcher may have in flight now: grows by one with each answer; a refusal cuts it by a quarter at most once a second, never below the lines the pool held.",
 		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_batch_refusals_total",
+			Help: "Batch lines refused (429 or 503; each is tried again, never failed), by status, error code and where the refusal came from: broker, adapter (the replica's hold for batch work is full, or it drains), engine (its own answer) or bus (no broker listened).",
+		}, []string{"status", "code", "from"}),
 		batches: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_batches",
 			Help: "Batches by status, as this batcher last saw them.",
 		}, []string{"status"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.items, m.inflight, m.window, m.batches)
+		reg.MustRegister(m.items, m.inflight, m.window, m.refusals, m.batches)
 	}
 	return m
 }
 
 func (m *metrics) item(tenant, outcome string) { m.items.WithLabelValues(tenant, outcome).Inc() }
 
+func (m *metrics) refusal(a answer, code string) {
+	m.refusals.WithLabelValues(strconv.Itoa(a.status), code, a.from).Inc()
+}
+
 func (m *metrics) setBatches(by map[string]int) {
 	for _, s := range Statuses() {
 		m.batches.WithLabelValues(s).Set(float64(by[s]))
 	}
+}
+
+// errorCode is the code of an OpenAI-shape error body, as refusals are
+// counted by: one a refusal carries, or "other", so that what an answer
+// says cannot grow the series without bound.
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return "other"
+	}
+	switch c := e.Error.Code; c {
+	case subjects.CodeAllReplicasBusy, subjects.CodeRateLimit, subjects.CodeNoReplicas, subjects.CodeModelLoading,
+		subjects.CodeFairShareExceeded, subjects.CodeRouterUnavailable, subjects.CodeTTFTObjectiveUnreachable,
+		subjects.CodeDeadlineUnmeetable:
+		return c
+	}
+	return "other"
 }
