@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -75,8 +78,10 @@ func TestBatchBenchmark(t *testing.T) {
 	}()
 	b := runBatch(t, c, benchLines(lines, "chat-small", maxTokens))
 	start := time.Now()
+	pacing := samplePacing(st.Registry(), 250*time.Millisecond)
 	b, done := batchUntil(t, c, b.ID, start.Add(batchBenchCap))
 	took := time.Since(start)
+	window, inflight := pacing()
 	stop()
 	w := <-beside
 	with := must(w.r, w.err)
@@ -107,7 +112,63 @@ func TestBatchBenchmark(t *testing.T) {
 		rate, 100*rate/spare, spare, metOrNot(rate >= spare/2))
 	t.Logf("interactive p99 TTFT: %.1f ms with the batch, %.1f ms without, %.2f× (target: at most 1.2×): %s",
 		with.TTFT.P99.Ms(), alone.TTFT.P99.Ms(), ratio, metOrNot(ratio <= 1.2))
+	t.Logf("the batcher's pacing: window %.1f lines on average, %.1f in flight; %s", window, inflight, refusals(st.Registry()))
 	t.Logf("load average at the start %s, at the end %s: figures are a measurement only below 1.0", loadAtStart, loadAverage())
+}
+
+// samplePacing samples the batcher's window and lines in flight every
+// `every` until the returned function is called, which returns their means.
+func samplePacing(g prometheus.Gatherer, every time.Duration) (means func() (window, inflight float64)) {
+	quit, out := make(chan struct{}), make(chan [2]float64, 1)
+	go func() {
+		var sum [2]float64
+		n := 0
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				out <- [2]float64{sum[0] / float64(max(n, 1)), sum[1] / float64(max(n, 1))}
+				return
+			case <-tick.C:
+				sum[0] += testkit.Sum(g, "switchyard_batch_window", nil)
+				sum[1] += testkit.Sum(g, "switchyard_batch_inflight", nil)
+				n++
+			}
+		}
+	}()
+	return func() (float64, float64) {
+		close(quit)
+		m := <-out
+		return m[0], m[1]
+	}
+}
+
+// refusals lists the batch's refusals by where they came from, status and
+// code (switchyard_batch_refusals_total).
+func refusals(g prometheus.Gatherer) string {
+	mfs, err := g.Gather()
+	if err != nil {
+		return "refusals: " + err.Error()
+	}
+	var rows []string
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "switchyard_batch_refusals_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			v := m.GetCounter().GetValue()
+			total += v
+			rows = append(rows, fmt.Sprintf("%.0f from the %s (%s %s)", v, l["from"], l["status"], l["code"]))
+		}
+	}
+	sort.Strings(rows)
+	return fmt.Sprintf("refusals: %.0f in all; %s", total, strings.Join(rows, ", "))
 }
 
 // benchLines is a chat batch of n lines of the interactive traffic's shape.
