@@ -56,6 +56,10 @@ type kvFeed struct {
 	live      bool                     // no loss since the last reset
 	seq       uint64
 	blockC    int // the text block size last found
+	// The last resend a decider asked for (llm.kvsync), and whether an ask
+	// since waits for the next one (askedToResend).
+	resentAt  time.Time
+	resendDue bool
 }
 
 type engineBlock struct {
@@ -87,6 +91,22 @@ const (
 	learnQueueBytes  = 16 << 20
 	learnReqOverhead = 64
 	flushEvery       = 20 * time.Millisecond
+)
+
+// kvResendEvery is the least time between two resends asked for on
+// llm.kvsync. A resend is every key the engine holds; each decider and
+// dashboard asks at most once a second, but there may be many, and any
+// identity that may publish the subject could ask in a loop. Asks within
+// one interval share one resend: made at once when none was made in the
+// interval before, else at its end. A decider that starts late still has
+// the full index within kvResendEvery and a flush (flushEvery), inside
+// the 2 s docs/protocol.md ("KV-cache events") promises.
+const kvResendEvery = time.Second
+
+// Outcomes of an ask to resend (switchyard_adapter_kv_sync_requests_total).
+const (
+	kvSyncResent    = "resent"    // it made a resend, at once or at the interval's end
+	kvSyncCoalesced = "coalesced" // a resend already due answers it
 )
 
 func newKVFeed(a *Adapter) *kvFeed {
@@ -127,8 +147,7 @@ func (f *kvFeed) run(ctx context.Context) {
 		}
 	})
 	wg.Go(func() { f.learnLoop(ctx) })
-	syncs := make(chan *nats.Msg, 4)
-	sub, err := f.a.nc.ChanSubscribe(f.a.subj.KVSync(), syncs)
+	sub, err := f.a.nc.Subscribe(f.a.subj.KVSync(), func(*nats.Msg) { f.askedToResend(time.Now()) })
 	if err != nil {
 		f.a.log.Warn("KV sync requests not heard", "err", err)
 	}
@@ -142,13 +161,39 @@ func (f *kvFeed) run(ctx context.Context) {
 			}
 			wg.Wait()
 			return
-		case <-syncs:
-			f.mu.Lock()
-			f.resyncLocked()
-			f.mu.Unlock()
-		case <-t.C:
+		case now := <-t.C:
+			f.resendIfDue(now)
 		}
 		f.flush()
+	}
+}
+
+// askedToResend answers a decider's ask to resend (llm.kvsync): at once
+// when no resend was made within kvResendEvery, else with the resend due
+// at the interval's end, which every ask until then shares.
+func (f *kvFeed) askedToResend(now time.Time) {
+	f.mu.Lock()
+	outcome := kvSyncResent
+	switch {
+	case f.resendDue:
+		outcome = kvSyncCoalesced
+	case now.Sub(f.resentAt) >= kvResendEvery:
+		f.resyncLocked()
+		f.resentAt = now
+	default:
+		f.resendDue = true
+	}
+	f.mu.Unlock()
+	f.a.metrics.kvSyncs.WithLabelValues(outcome).Inc()
+}
+
+// resendIfDue makes the resend asks wait for once its interval is over.
+func (f *kvFeed) resendIfDue(now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resendDue && now.Sub(f.resentAt) >= kvResendEvery {
+		f.resyncLocked()
+		f.resentAt, f.resendDue = now, false
 	}
 }
 

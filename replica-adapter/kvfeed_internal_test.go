@@ -4,17 +4,21 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-llm/switchyard/features"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -230,5 +234,136 @@ func TestKVFeedKeysSurviveAnEvictionOfTheirBlock(t *testing.T) {
 	stored([]kvevents.Hash{204}, 103, ids[48:])
 	if got := held(); len(got) != len(keys) {
 		t.Errorf("%d of %d keys held after the block was stored again", len(got), len(keys))
+	}
+}
+
+// Any identity that may publish llm.kvsync could ask every adapter to
+// resend every key in a loop: a flood of asks costs an adapter at most one
+// resend a second, each ask is counted, and a decider that starts right
+// after a resend still has every key within 2 s.
+func TestKVSyncFloodResendsOnceASecond(t *testing.T) {
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	a, err := New(nc, Config{Replica: "r-0", Model: "m", Version: "v1", EngineURL: "http://127.0.0.1:1", KVEventsBind: "tcp://127.0.0.1:0", KVBlocks: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := a.kv
+	const held = 100
+	f.mu.Lock()
+	for k := range uint64(held) {
+		f.holdLocked(k + 1)
+	}
+	f.mu.Unlock()
+	updates, err := nc.SubscribeSync(a.subj.KV("r-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.open(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// next reads updates until one that starts over (Reset), and every key
+	// stored from it on, within wait.
+	next := func(sub *nats.Subscription, wait time.Duration) (subjects.KVUpdate, int) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		var first subjects.KVUpdate
+		keys := 0
+		for keys < held {
+			m, err := sub.NextMsg(time.Until(deadline))
+			if err != nil {
+				t.Fatalf("%d of %d keys within %v: %v", keys, held, wait, err)
+			}
+			var u subjects.KVUpdate
+			if err := json.Unmarshal(m.Data, &u); err != nil {
+				t.Fatal(err)
+			}
+			if u.Reset {
+				first, keys = u, 0
+			}
+			keys += len(u.Stored)
+		}
+		return first, keys
+	}
+	if u, _ := next(updates, 5*time.Second); u.Resend {
+		t.Fatalf("the first update is a resend: %+v", u)
+	}
+	count := func(outcome string) int { return int(testutil.ToFloat64(a.metrics.kvSyncs.WithLabelValues(outcome))) }
+
+	// Two seconds of asks, as fast as one connection sends them.
+	flood, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(flood.Close)
+	start := time.Now()
+	asks := 0
+	for time.Since(start) < 2*time.Second {
+		if err := flood.Publish(a.subj.KVSync(), nil); err != nil {
+			t.Fatal(err)
+		}
+		if asks++; asks%64 == 0 {
+			if err := flood.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if got := count(kvSyncResent) + count(kvSyncCoalesced); got != asks {
+			return fmt.Errorf("%d of %d asks counted", got, asks)
+		}
+		return nil
+	})
+	// The asks of the last second share the resend at its end.
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.resendDue || f.reset {
+			return errors.New("a resend is still due")
+		}
+		return nil
+	})
+	elapsed := time.Since(start)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	resends := 0
+	for {
+		m, err := updates.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		var u subjects.KVUpdate
+		if json.Unmarshal(m.Data, &u) == nil && u.Resend {
+			resends++
+		}
+	}
+	// One at the first ask, then one at the end of every second that had
+	// asks: in elapsed, at most elapsed/kvResendEvery + 2.
+	bound := int(elapsed/kvResendEvery) + 2
+	if asks < 100 || resends == 0 || resends > bound || resends != count(kvSyncResent) {
+		t.Fatalf("%d asks in %v made %d resends (counted %d, coalesced %d), want 1 to %d",
+			asks, elapsed, resends, count(kvSyncResent), count(kvSyncCoalesced), bound)
+	}
+	t.Logf("%d asks in %v: %d resends", asks, elapsed, resends)
+
+	// A decider that starts right after a resend has every key within 2 s.
+	fresh, err := nc.SubscribeSync(a.subj.KV("r-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(a.subj.KVSync(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if u, keys := next(fresh, 2*time.Second); !u.Resend || keys != held {
+		t.Errorf("a late decider got %d keys from %+v", keys, u)
 	}
 }

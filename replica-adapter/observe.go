@@ -21,6 +21,7 @@ type metrics struct {
 	kvEvents       *prometheus.CounterVec
 	kvGaps         prometheus.Counter
 	kvLearnDropped prometheus.Counter
+	kvSyncs        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
@@ -74,6 +75,13 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 			Name: "switchyard_adapter_kv_learn_dropped_total", ConstLabels: cl,
 			Help: "Requests the KV-event feed did not learn the engine blocks of because its learn queue was full (in count or bytes).",
 		}),
+		kvSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_adapter_kv_sync_requests_total", ConstLabels: cl,
+			Help: "Asks to resend the engine's cached keys (llm.kvsync), by outcome (resent: the ask made a full resend, at once or at the end of the interval; coalesced: a resend already due answers it). At most one resend a second.",
+		}, []string{"outcome"}),
+	}
+	for _, k := range []string{kvSyncResent, kvSyncCoalesced} {
+		m.kvSyncs.WithLabelValues(k)
 	}
 	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown", "malformed"} {
 		m.kvEvents.WithLabelValues(k)
@@ -84,7 +92,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole, m.kvEvents, m.kvGaps, m.kvLearnDropped} {
+	for _, c := range []prometheus.Collector{m.requests, m.engineErrors, m.scrapeFailures, m.inflight, m.heartbeatSeq, m.engineFailures, m.authFailures, m.prefillLegs, m.prefillWhole, m.kvEvents, m.kvGaps, m.kvLearnDropped, m.kvSyncs} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("adapter: register metrics: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -346,6 +347,44 @@ func TestAuthorization(t *testing.T) {
 		}
 		if m, err := whole.NextMsg(0); err == nil {
 			t.Errorf("an adapter sent another replica a whole request: %s", m.Data)
+		}
+	})
+
+	t.Run("only deciders and gateways ask the adapters to resend their keys", func(t *testing.T) {
+		// A resend is every key an engine holds: llm.kvsync is for the
+		// parts that keep an index of them (brokers, gateways that decide,
+		// every gateway's dashboard), and each adapter answers it at most
+		// once a second whoever asks.
+		witness := mustConnectAs(t, st, adapterRole("l70-gen-1"))
+		asks, err := witness.SubscribeSync("llm.kvsync")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := witness.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []auth.Role{roleBroker, roleGateway, roleRelay, roleObserver, roleOperator, {Kind: auth.RoleLoader}, {Kind: auth.RoleBatcher},
+			adapterRole("l70-gen-0"), tenant("acme")} {
+			nc := mustConnectAs(t, st, r)
+			_ = nc.Publish("llm.kvsync", []byte(r.Name()))
+			_ = nc.Flush()
+		}
+		if err := witness.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			m, err := asks.NextMsg(0)
+			if err != nil {
+				break
+			}
+			if len(m.Data) > 0 { // the stack's own asks are empty
+				got = append(got, string(m.Data))
+			}
+		}
+		slices.Sort(got)
+		if want := []string{"broker", "gateway", "gateway-relay"}; !slices.Equal(got, want) {
+			t.Errorf("asks to resend that went through: %q, want %q", got, want)
 		}
 	})
 

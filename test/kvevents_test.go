@@ -1,17 +1,22 @@
 package test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/features"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // The brokers route on what the engines cache: request P lands on replica
@@ -112,4 +117,142 @@ func evictedPrefixAvoided(t *testing.T, noFeed bool) error {
 		return fmt.Errorf("P went back to %s for prefix affinity (%s) after its engine evicted P's blocks", a, reason)
 	}
 	return nil
+}
+
+// Every identity that may ask the adapters to resend their keys
+// (llm.kvsync) could ask in a loop, and a resend is every key an engine
+// holds. A gateway's creds flooding the subject cost each adapter at most
+// one resend a second, every ask counted, and a broker that starts during
+// the flood has the full index within 2 s all the same.
+func TestAKVSyncFloodCostsOneResendASecond(t *testing.T) {
+	replicas := devstack.ReplicasNamed("l70-gen-0", "l70-gen-1")
+	for i := range replicas {
+		replicas[i].KVBlocks = 256
+	}
+	st := startStack(t, devstack.Config{Replicas: replicas})
+	ids := []string{"l70-gen-0", "l70-gen-1"}
+	// Both engines hold keys, and the broker knows them.
+	n := 0
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		for _, id := range ids {
+			if r := st.Broker(0).Router(); !r.KVSynced(id) || r.KVKeys(id) == 0 {
+				n++
+				body := `{"model":"chat-large","max_tokens":1,"messages":[{"role":"user","content":"` +
+					strings.Repeat(fmt.Sprintf("warm-up prompt %d ", n), 60) + `"}]}`
+				if status, _ := post(t, st.GatewayURL(), "", body); status != 200 {
+					t.Fatalf("status %d", status)
+				}
+				return fmt.Errorf("the broker holds no key of %s yet", id)
+			}
+		}
+		return nil
+	})
+	held := map[string]int{}
+	for _, id := range ids {
+		held[id] = st.Broker(0).Router().KVKeys(id)
+	}
+	st.StopBroker(0)
+
+	// What every decider hears: the resends, per replica.
+	witness := mustConnectAs(t, st, roleBroker)
+	var mu sync.Mutex
+	resends := map[string]int{}
+	if _, err := witness.Subscribe("llm.kv.*", func(m *nats.Msg) {
+		var u subjects.KVUpdate
+		if json.Unmarshal(m.Data, &u) == nil && u.Resend {
+			mu.Lock()
+			resends[u.Replica]++
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := witness.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	asked := func(id, outcome string) int {
+		return int(metric(st, "switchyard_adapter_kv_sync_requests_total", map[string]string{"replica": id, "outcome": outcome}))
+	}
+	before := map[string]int{}
+	for _, id := range ids {
+		before[id] = asked(id, "resent")
+	}
+
+	// Three seconds of asks, one a millisecond, with a gateway's creds.
+	flood := mustConnectAs(t, st, roleRelay)
+	start := time.Now()
+	stop := make(chan struct{})
+	flooded := make(chan int)
+	go func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		asks := 0
+		for {
+			select {
+			case <-stop:
+				_ = flood.Flush()
+				flooded <- asks
+				return
+			case <-tick.C:
+				if flood.Publish("llm.kvsync", nil) == nil {
+					asks++
+				}
+			}
+		}
+	}()
+	// Halfway, the broker starts again: it has every key within 2 s.
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if time.Since(start) < 1500*time.Millisecond {
+			return errors.New("flooding")
+		}
+		return nil
+	})
+	if err := st.StartBroker(0); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+		for _, id := range ids {
+			if r := st.Broker(0).Router(); !r.KVSynced(id) || r.KVKeys(id) != held[id] {
+				return fmt.Errorf("the restarted broker holds %d of %s's %d keys (synced %v)", r.KVKeys(id), id, held[id], r.KVSynced(id))
+			}
+		}
+		return nil
+	})
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if time.Since(start) < 3*time.Second {
+			return errors.New("flooding")
+		}
+		return nil
+	})
+	close(stop)
+	asks := <-flooded
+
+	// Every ask is counted, and the last second's share its resend.
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if got := asked(id, "resent") + asked(id, "coalesced"); got < asks {
+				return fmt.Errorf("%s counted %d of at least %d asks", id, got, asks)
+			}
+			// (One more may be heard: a resend the stack's own parts
+			// asked for just before the flood.)
+			if resends[id] < asked(id, "resent")-before[id] {
+				return fmt.Errorf("%s: %d resends heard, %d counted", id, resends[id], asked(id, "resent")-before[id])
+			}
+		}
+		return nil
+	})
+	// One at the first ask, one at the end of every second that had asks,
+	// and the one asked for before the flood.
+	elapsed := time.Since(start)
+	bound := int(elapsed/time.Second) + 3
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if resends[id] == 0 || resends[id] > bound {
+			t.Errorf("%s: %d asks in %v made %d resends, want 1 to %d", id, asks, elapsed, resends[id], bound)
+		}
+	}
+	t.Logf("%d asks in %v: resends %v", asks, elapsed, resends)
 }
