@@ -73,8 +73,8 @@ func inRange(hb *subjects.Heartbeat) error {
 		return fmt.Errorf("kv_usage %v not in [0, 1]", hb.KVUsage)
 	case !count(hb.Running) || !count(hb.Waiting) || !count(hb.MaxBatch) || !count(hb.MaxQueue) || !count(hb.Inflight) || !count(hb.EngineFailures):
 		return fmt.Errorf("a count (running, waiting, max_batch, max_queue, inflight, engine_failures) not in [0, %d]", maxCount)
-	case !millis(hb.TTFTEWMAMillis) || !millis(hb.QueueWaitMillis):
-		return fmt.Errorf("ttft_ewma_ms or queue_wait_ewma_ms not in [0, %d]", subjects.MaxHeartbeatMillis)
+	case !millis(hb.TTFTEWMAMillis) || !millis(hb.QueueWaitMillis) || !millis(hb.DecodeMillis):
+		return fmt.Errorf("ttft_ewma_ms, queue_wait_ewma_ms or decode_ms not in [0, %d]", subjects.MaxHeartbeatMillis)
 	case !(hb.PrefillTokensPerSec >= 0 && hb.PrefillTokensPerSec <= subjects.MaxPrefillTokensPerSec):
 		return fmt.Errorf("prefill_tps %v not in [0, %g]", hb.PrefillTokensPerSec, subjects.MaxPrefillTokensPerSec)
 	case hb.QueuedPrefillTokens < 0 || hb.QueuedPrefillTokens > subjects.MaxQueuedPrefillTokens:

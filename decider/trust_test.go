@@ -222,6 +222,8 @@ func TestTrust(t *testing.T) {
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"prefill_tps":1e300}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"queued_prefill_tokens":-1}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"queued_prefill_tokens":4000000000}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"decode_ms":-1}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"decode_ms":1e300}`,
 		} {
 			if _, err := decodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
 				t.Errorf("taken: %s", hb)

@@ -42,6 +42,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		prompt = promptTokens(h)
 	}
 	prefilled, ahead := a.load.queuePrefill(prompt)
+	slotWait := a.slotWait()
 	a.loadChanged()
 	defer prefilled()
 	start := time.Now()
@@ -70,6 +71,7 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	}
 	a.forgetDeleted(ctx, h, resp.StatusCode)
 	var onFirst func()
+	var first time.Time
 	if scan.sse {
 		if st.send(hd) != nil {
 			return tokens{}
@@ -77,9 +79,10 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		// Only a stream's first byte is a time to first token: a
 		// non-streamed body arrives when generation is over.
 		onFirst = func() {
-			ttft := time.Since(start)
+			first = time.Now()
+			ttft := first.Sub(start)
 			prefilled()
-			a.load.observePrefill(ahead, prompt, ttft)
+			a.load.observePrefill(ahead, prompt, ttft-slotWait)
 			a.load.observeTTFT(ttft)
 			a.observedTTFT(h, ttft)
 			a.loadChanged()
@@ -104,9 +107,13 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	}
 	bp := pool.Get().(*[]byte)
 	defer pool.Put(bp)
-	if err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed); err != nil {
+	ended, err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed)
+	switch {
+	case err != nil:
 		a.metrics.engineErrors.Inc()
 		traceEngineBroke(ctx, err)
+	case ended && !first.IsZero():
+		a.load.observeDecode(time.Since(first))
 	}
 	return a.settle(&scan, h)
 }
@@ -253,9 +260,10 @@ func answerInline(ctx context.Context, st *stream, hd reply.Frame, body io.Reade
 // relayStream sends body to the gateway one read per message, then the end
 // (with Llm-Error when the engine's body broke). onFirst, if set, runs at
 // the first byte; streamed, if set, gets the time of every read. It returns
-// the engine's read error; a send that fails ends the relay quietly, since
+// whether the engine's body ended whole, and the engine's read error; a
+// send that fails ends the relay quietly, since
 // nobody is left to tell.
-func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func(), streamed *atomic.Int64) error {
+func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func(), streamed *atomic.Int64) (ended bool, err error) {
 	first := true
 	for {
 		n, err := body.Read(buf)
@@ -272,16 +280,16 @@ func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, sc
 			}
 			scan.Write(buf[:n])
 			if st.sendData(buf[:n]) != nil {
-				return nil
+				return false, nil
 			}
 		}
 		if err == io.EOF {
 			st.end("")
-			return nil
+			return true, nil
 		}
 		if err != nil {
 			endBroken(ctx, st, err)
-			return err
+			return false, err
 		}
 	}
 }

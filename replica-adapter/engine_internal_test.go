@@ -233,9 +233,9 @@ func TestRelayStream(t *testing.T) {
 			st.startKeepalive(time.Hour)
 			firsts := 0
 			scan := usageScanner{sse: true}
-			err := relayStream(context.Background(), st, iotest.OneByteReader(tt.body), make([]byte, 64), &scan, func() { firsts++ }, nil)
-			if (err == nil) != (tt.wantErr == "") {
-				t.Fatalf("err %v, want %q", err, tt.wantErr)
+			ended, err := relayStream(context.Background(), st, iotest.OneByteReader(tt.body), make([]byte, 64), &scan, func() { firsts++ }, nil)
+			if (err == nil) != (tt.wantErr == "") || ended != (tt.wantErr == "") {
+				t.Fatalf("err %v, ended %v, want %q", err, ended, tt.wantErr)
 			}
 			n := len(sse)
 			if tt.wantErr != "" {

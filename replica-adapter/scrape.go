@@ -44,6 +44,9 @@ type loadState struct {
 	prefillAt          time.Time
 	hitRatio           float64
 	queuedPrefill      atomic.Int64
+	// decode is the decode time learned from streams that ended, in ms (0:
+	// none yet; decode.go).
+	decode float64
 
 	// unreachableAt is when a request last failed to connect to the
 	// engine (l.clock; 0: no such mark). A good scrape or an answer of the
@@ -315,6 +318,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb.TTFTEWMAMillis, hb.QueueWaitMillis = l.waitEstimateLocked(now, hb.Inflight)
 	hb.PrefillTokensPerSec = l.prefillRateLocked(now)
 	hb.QueuedPrefillTokens = l.queuedUncachedLocked()
+	hb.DecodeMillis = l.decode
 	hb.ScrapeOK = l.have && l.fails < a.cfg.ScrapeFailLimit && l.unreachableAt.Load() == 0
 	hb.KVBlocks, hb.BlockSize = s.KVBlocks, s.BlockSize
 	l.mu.Unlock()

@@ -76,7 +76,14 @@ type Heartbeat struct {
 	// time to first token from them (broker/policy, "Predicted TTFT").
 	PrefillTokensPerSec float64 `json:"prefill_tps,omitempty"`
 	QueuedPrefillTokens int     `json:"queued_prefill_tokens,omitempty"`
-	ScrapeOK            bool    `json:"scrape_ok"`
+	// DecodeMillis is how long a request holds its batch slot after its
+	// first token (first token to the stream's end), a moving average over
+	// the streams that ended (0: unknown). With a full batch a new request
+	// waits for a running one to end: a slot frees about every
+	// DecodeMillis/max_batch, and brokers count that wait in the predicted
+	// time to first token.
+	DecodeMillis float64 `json:"decode_ms,omitempty"`
+	ScrapeOK     bool    `json:"scrape_ok"`
 	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
 	// a 404 for the model or endpoint the replica registered, connection
 	// failures) since its last success; EngineSuccesses counts

@@ -207,6 +207,23 @@ func TestTrust(t *testing.T) {
 			}
 		})
 
+		t.Run("a heartbeat with an absurd decode time is refused", func(t *testing.T) {
+			forger := mustConnectAs(t, st, adapterRole("l70-gen-1"))
+			before := metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "heartbeat"})
+			// Were it believed, a negative decode time would predict a
+			// full batch's slot wait below zero and draw every request to
+			// l70-gen-1; everything else in it is plausible.
+			hb, _ := json.Marshal(map[string]any{"replica": "l70-gen-1", "model": "llama-3-70b-instruct", "version": "v1.5.0",
+				"pool": "general", "state": "ready", "scrape_ok": true, "running": 32, "max_batch": 32, "decode_ms": -1e300})
+			defer keepPublishing(forger, "llm.heartbeat.l70-gen-1", hb)()
+			testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				if metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "heartbeat"}) <= before {
+					return errors.New("the heartbeat with decode_ms -1e300 was not refused")
+				}
+				return nil
+			})
+		})
+
 		t.Run("an absurd load delta is ignored and traffic stays balanced", func(t *testing.T) {
 			forger := mustConnectAs(t, st, adapterRole("l70-gen-1"))
 			before := metric(st, "switchyard_broker_bad_messages_total", map[string]string{"kind": "load_delta"})
