@@ -222,12 +222,34 @@ func (p *pick) prefix() bool {
 // in the walk.
 func (p *pick) considerHolder(ci, lvl int) {
 	w, c := &p.warm, &p.cands[ci]
+	if p.pt.on {
+		p.holderByTTFT(ci, lvl)
+		return
+	}
 	if w.hot < 0 {
 		w.hot, w.hotLvl = ci, lvl
 	} else if w.hotLvl == lvl && c.x.kv < p.cands[w.hot].x.kv {
 		w.hot = ci
 	}
 	if c.x.kv < p.release && (w.best < 0 || c.x.kv < p.cands[w.best].x.kv) {
+		w.best = ci
+	}
+}
+
+// holderByTTFT is considerHolder with policy.replica_choice predicted-ttft:
+// among the holders of one level, the one with the lowest predicted TTFT
+// (its held blocks cached) wins instead of the lowest kv_usage. A prefix
+// held by two replicas then splits its requests by their queues, where
+// kv_usage, full of cached blocks on both, says little.
+func (p *pick) holderByTTFT(ci, lvl int) {
+	w := &p.warm
+	p.credit(ci, lvl+1)
+	if w.hot < 0 {
+		w.hot, w.hotLvl = ci, lvl
+	} else if w.hotLvl == lvl && p.betterTTFT(ci, w.hot) {
+		w.hot = ci
+	}
+	if p.cands[ci].x.kv < p.release && (w.best < 0 || p.betterTTFT(ci, w.best)) {
 		w.best = ci
 	}
 }

@@ -22,6 +22,9 @@ type cand struct {
 	saturated bool
 	full      bool // at capacity: see load
 	slots     bool // its batch is full: a request waits for a slot
+	// slotsAhead is the requests that wait for a batch slot there, this
+	// one included (0: its batch has room).
+	slotsAhead int32
 }
 
 // candidates makes the candidates of (model, version, pool): the
@@ -83,9 +86,9 @@ next:
 		}
 		c := &cands[k]
 		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
-			saturated: v.saturated, slots: v.slots}
+			saturated: v.saturated, slots: v.slots, slotsAhead: v.slotsAhead}
 		c.full = c.fresh && v.capacity
-		c.ttft = x.predictAfter(v.ahead, uncached, v.slots)
+		c.ttft = x.predictAfter(v.ahead, uncached, v.slotsAhead)
 		if c.fresh {
 			p.nfresh++
 		}
@@ -106,14 +109,15 @@ next:
 // lists the replica as a candidate would compute the same, and most
 // decisions change only the one replica they choose.
 type loadView struct {
-	snap      *table.Snapshot
-	ver       uint64
-	sat       float64
-	load      float64
-	ahead     float64 // x.ahead()
-	saturated bool
-	capacity  bool // full, if its load data is fresh
-	slots     bool
+	snap       *table.Snapshot
+	ver        uint64
+	sat        float64
+	load       float64
+	ahead      float64 // x.ahead()
+	saturated  bool
+	capacity   bool // full, if its load data is fresh
+	slots      bool
+	slotsAhead int32
 }
 
 // renew computes x's load view again: what load computes for x alone.
@@ -121,7 +125,7 @@ func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
 	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load, ahead: x.ahead(),
-		saturated: c.saturated, capacity: c.full, slots: c.slots}
+		saturated: c.saturated, capacity: c.full, slots: c.slots, slotsAhead: c.slotsAhead}
 }
 
 // load computes a candidate's load_score (policy.load_weights in
@@ -166,22 +170,26 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 		c.load += SaturationPenalty
 	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || x.kv >= p.saturation)
-	c.slots = running >= maxBatch
+	c.slotsAhead = max(running+waiting+1-maxBatch, 0)
+	c.slots = c.slotsAhead > 0
 	c.uncached = clamp32(p.req.PromptTokens)
-	c.ttft = x.predict(c.uncached, c.slots)
+	c.ttft = x.predict(c.uncached, c.slotsAhead)
 }
 
 // predict is the time to first token, in ms, of a request with uncached
 // prompt tokens on x: the prefill work queued ahead of it (what the
 // heartbeat or the load delta on top of it reported queued, plus what was
 // sent since) and its own uncached tokens, at x's prefill rate, after x's
-// base TTFT. On a replica whose batch is full (slots) the request first
-// waits for a running one to finish, which no prefill rate tells: the
+// base TTFT. When x's batch has no room for it, slotsAhead requests
+// (itself included) wait for a running one to end first: with a full
+// batch a slot frees every decode time / max_batch (slotMs, from the
+// heartbeat's decode_ms), as a running request holds its slot for its
+// whole decode. Without a decode time that wait is unknown: the
 // prediction is then at least the replica's recent wait estimate (the
 // larger of its TTFT and queue-wait EWMAs), what its latest requests
-// waited. Without a learned rate it is that estimate.
-func (x *replica) predict(uncached int32, slots bool) float64 {
-	return x.predictAfter(x.ahead(), uncached, slots)
+// waited. Without a learned prefill rate it is that estimate.
+func (x *replica) predict(uncached, slotsAhead int32) float64 {
+	return x.predictAfter(x.ahead(), uncached, slotsAhead)
 }
 
 // ahead is x's base TTFT plus the prefill work queued there, in ms: the
@@ -191,12 +199,16 @@ func (x *replica) ahead() float64 {
 }
 
 // predictAfter is predict with x.ahead() given.
-func (x *replica) predictAfter(ahead float64, uncached int32, slots bool) float64 {
+func (x *replica) predictAfter(ahead float64, uncached, slotsAhead int32) float64 {
 	if x.msPerToken <= 0 {
 		return x.wait
 	}
 	ttft := ahead + float64(uncached)*x.msPerToken
-	if slots {
+	switch {
+	case slotsAhead <= 0:
+	case x.slotMs > 0:
+		ttft += float64(slotsAhead) * x.slotMs
+	default:
 		ttft = max(ttft, x.wait)
 	}
 	return ttft

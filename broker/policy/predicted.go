@@ -1,5 +1,7 @@
 package policy
 
+import "math"
+
 // Predicted TTFT: with policy.replica_choice "predicted-ttft", a request
 // that no affinity step placed (no warm replica below the release
 // threshold, or prefix affinity released its warm one) goes to the replica
@@ -16,6 +18,14 @@ const (
 	predictedHolders = 4
 	predictedLevels  = 4
 )
+
+// predictedTie is how close two predictions are to be a tie, as a share
+// of the larger: load_score decides a tie. The learned prefill rates and
+// base TTFTs differ between replicas by about that much in noise; without
+// it the replica that happens to look fastest wins every pair it is drawn
+// in, which the lab's herding experiment shows as imbalance power of two
+// does not have.
+const predictedTie = 0.25
 
 // predictedStep is the predicted-ttft step's state.
 type predictedStep struct {
@@ -63,15 +73,20 @@ func (p *pick) predicted() bool {
 // own prefill holds up the requests queued and running there (the whole
 // batch waits for a prefill): a request sent away from its cached prefix
 // costs the others there as much as it costs itself, which a greedy choice
-// on its own TTFT would not count.
+// on its own TTFT would not count. Costs within predictedTie of each other
+// go by load_score.
 func (p *pick) betterTTFT(i, j int) bool {
 	a, b := &p.cands[i], &p.cands[j]
-	if a.slots != b.slots {
+	if a.slots != b.slots && (a.x.slotMs == 0 || b.x.slotMs == 0) {
 		// A full batch makes a request wait for a running one to end, an
-		// unknown time: a replica with room is the better bet.
+		// unknown time without the replica's decode time: a replica with
+		// room is the better bet.
 		return b.slots
 	}
 	ca, cb := a.ttft+a.x.prefillCost(a.uncached), b.ttft+b.x.prefillCost(b.uncached)
+	if math.Abs(ca-cb) <= predictedTie*max(ca, cb) {
+		return a.load < b.load
+	}
 	return ca < cb || ca == cb && a.load < b.load
 }
 
@@ -141,7 +156,7 @@ func (p *pick) weighHolder(ci, held int) {
 func (p *pick) credit(ci, held int) {
 	c := &p.cands[ci]
 	c.uncached = max(clamp32(p.req.PromptTokens)-int32(held)*p.pt.blockTokens, 0)
-	c.ttft = c.x.predict(c.uncached, c.slots)
+	c.ttft = c.x.predict(c.uncached, c.slotsAhead)
 }
 
 func (p *pick) whyPredicted(i int) string {

@@ -49,6 +49,25 @@ func TestPredictedTTFTChoosesTheLowestPrediction(t *testing.T) {
 	}
 }
 
+// Predictions within a quarter of each other are a tie: load_score
+// decides, as power of two would.
+func TestPredictedTTFTCloseCallsGoByLoad(t *testing.T) {
+	e := newEnv(t, predictedTTFT)
+	// 450 ms against 550 ms: within a quarter; l8-gen-1's load is lower.
+	e.beat("l8-gen-0", 0.1, 8, 0, prefill(1000, 0))
+	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 100))
+	q := chat("chat-small")
+	q.PromptTokens = 400
+	if d := e.explain(q); d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPredicted {
+		t.Fatalf("%s (%s), want the less loaded l8-gen-1", d.Replica, d.Reason)
+	}
+	// 450 ms against 1450 ms: the prediction decides.
+	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 1000))
+	if d := e.explain(q); d.Replica != "l8-gen-0" {
+		t.Fatalf("%s (%s), want l8-gen-0, the faster by far", d.Replica, d.Reason)
+	}
+}
+
 func TestPredictedTTFTDefaultIsPowerOfTwo(t *testing.T) {
 	e := newEnv(t)
 	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 10000))
@@ -63,18 +82,18 @@ func TestPredictedTTFTCachedBlocksCostNothing(t *testing.T) {
 	blocks := features.AppendPrefix(nil, prompt, 256, 32) // 32 blocks of 64 tokens
 	e := newEnv(t, predictedTTFT)
 	e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-0", Blocks: blocks})
-	// The holder has 200 tokens queued; the other none. Without the
-	// prefix the holder's 2048 + 200 tokens lose to 2048. Below the
+	// The holder has 2000 tokens queued; the other none. Without the
+	// prefix the holder's 2048 + 2000 tokens lose to 2048. Below the
 	// release threshold prefix affinity keeps the holder, and predicts it
 	// with its blocks cached.
-	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 200))
+	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 2000))
 	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 0))
 	q := chat("chat-small")
 	q.PromptTokens, q.Prefix = 2048, blocks
 	d := e.explain(q)
 	mustRoute(t, d)
-	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPrefix || d.PrefixMatched != 32 || !near(d.PredictedTTFT, 250) {
-		t.Fatalf("%s (%s), matched %d, predicted %v ms; want the holder, 32 blocks, 250 ms", d.Replica, d.Reason, d.PrefixMatched, d.PredictedTTFT)
+	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPrefix || d.PrefixMatched != 32 || !near(d.PredictedTTFT, 2050) {
+		t.Fatalf("%s (%s), matched %d, predicted %v ms; want the holder, 32 blocks, 2050 ms", d.Replica, d.Reason, d.PrefixMatched, d.PredictedTTFT)
 	}
 	q.Prefix = nil
 	if d = e.explain(q); d.Replica != "l8-gen-1" {
@@ -122,5 +141,72 @@ func TestPredictionAnswersTheDeadline(t *testing.T) {
 	mustRoute(t, d)
 	if d.Replica != "l8-gen-1" {
 		t.Fatalf("%s (%s), want l8-gen-1, the one that meets 9.2s", d.Replica, d.Reason)
+	}
+}
+
+// decode sets a heartbeat's decode time in ms.
+func decode(ms float64) func(*subjects.Heartbeat) {
+	return func(h *subjects.Heartbeat) { h.DecodeMillis = ms }
+}
+
+// With a full batch a request waits for a running one to end: a slot
+// frees every decode_ms / max_batch, and the prediction counts the slots
+// it waits for, itself included.
+func TestPredictedTTFTCountsTheWaitForABatchSlot(t *testing.T) {
+	e := newEnv(t, predictedTTFT)
+	// l8-gen-0: 2 waiting behind a full batch of 32, a slot every 1000 ms:
+	// 3 slots, 3000 ms. l8-gen-1: 10 waiting (the higher load_score), a
+	// slot every 10 ms: 11 slots, 110 ms.
+	e.beat("l8-gen-0", 0.1, 32, 2, prefill(1000, 0), decode(32000))
+	e.beat("l8-gen-1", 0.1, 32, 10, prefill(1000, 0), decode(320))
+	q := chat("chat-small")
+	q.PromptTokens = 400
+	d := e.explain(q)
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPredicted || !near(d.PredictedTTFT, 50+400+110) {
+		t.Fatalf("%s (%s) at %v ms, want l8-gen-1 at 560 ms", d.Replica, d.Reason, d.PredictedTTFT)
+	}
+	if a := d.Alternatives(); len(a) != 1 || !near(a[0].PredictedTTFTMillis, 50+400+3000) {
+		t.Fatalf("alternatives %+v, want l8-gen-0 at 3450 ms", a)
+	}
+	// A batch with room waits for no slot, whatever its decode time.
+	e.beat("l8-gen-0", 0.1, 31, 0, prefill(1000, 0), decode(32000))
+	if d = e.explain(q); d.Replica != "l8-gen-0" || !near(d.PredictedTTFT, 450) {
+		t.Fatalf("%s at %v ms, want l8-gen-0 with room at 450 ms", d.Replica, d.PredictedTTFT)
+	}
+	// The deadline check reads the same prediction.
+	e.beat("l8-gen-0", 0.1, 32, 2, prefill(1000, 0), decode(32000))
+	e.beat("l8-gen-1", 0.1, 32, 10, prefill(1000, 0), decode(32000))
+	q.Deadline = t0.Add(time.Second)
+	mustReject(t, e.decide(q), 503, subjects.CodeDeadlineUnmeetable)
+}
+
+// Among the holders of a prefix, predicted-ttft sends the request to the
+// one with the shorter predicted TTFT, not the lower kv_usage: a prefix
+// held by two replicas splits its requests by their queues.
+func TestPredictedTTFTWeighsThePrefixHolders(t *testing.T) {
+	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
+	blocks := features.AppendPrefix(nil, prompt, 256, 32)
+	for _, tt := range []struct {
+		name, table, want string
+	}{
+		{"power of two: the lower kv_usage", `{}`, "l8-gen-0"},
+		{"predicted-ttft: the shorter queue", predictedTTFT, "l8-gen-1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, tt.table)
+			for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
+				e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: id, Blocks: blocks})
+			}
+			e.beat("l8-gen-0", 0.2, 0, 0, prefill(1000, 5000))
+			e.beat("l8-gen-1", 0.4, 0, 0, prefill(1000, 0))
+			q := chat("chat-small")
+			q.PromptTokens, q.Prefix = 2048, blocks
+			d := e.explain(q)
+			mustRoute(t, d)
+			if d.Replica != tt.want || d.Reason != policy.ReasonPrefix || d.PrefixMatched != 32 {
+				t.Fatalf("%s (%s), matched %d; want %s by prefix affinity", d.Replica, d.Reason, d.PrefixMatched, tt.want)
+			}
+		})
 	}
 }

@@ -142,8 +142,11 @@ type replica struct {
 	// tokens per ms (0: unknown), its queued prompt tokens, its base TTFT
 	// in ms (the TTFT EWMA less the queue wait), and the uncached prompt
 	// tokens this broker sent since it.
-	prefillRate   float64
-	baseTTFT      float64
+	prefillRate float64
+	baseTTFT    float64
+	// slotMs is how often, in ms, a slot of its full batch frees: its
+	// heartbeat's decode time over max_batch (0: unknown).
+	slotMs        float64
 	queuedPrefill int32
 	sentPrefill   int32
 	kvID          kvindex.ID
@@ -188,6 +191,7 @@ func (x *replica) refresh() {
 		x.msPerToken = 1 / x.prefillRate
 	}
 	x.perBatch = 1 / float64(max(x.maxBatch, 1))
+	x.slotMs = hb.DecodeMillis * x.perBatch
 	x.perQueue = 1 / float64(firstPositive(int(x.maxQueue), DefaultMaxQueue, DefaultMaxQueue))
 	x.byPriority = hb.Scheduling == subjects.SchedulingPriority
 	switch {
