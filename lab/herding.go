@@ -2,8 +2,11 @@ package lab
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // Herding arms.
@@ -11,6 +14,10 @@ const (
 	ArmLLHeartbeat = "least-loaded, heartbeat only"
 	ArmLLInFlight  = "least-loaded + own in-flight"
 	ArmP2C         = "Switchyard power-of-two + in-flight"
+	// ArmPredicted is policy.replica_choice predicted-ttft on the same
+	// view (heartbeats and its own in-flight requests, no load deltas): it
+	// samples as power of two does, and must herd no more.
+	ArmPredicted = "Switchyard predicted-TTFT + in-flight"
 )
 
 // HerdingPoint is one arm with a number of router instances.
@@ -40,11 +47,12 @@ func Herding(o Options) *HerdingResult {
 	win := o.window(600*time.Second, 240*time.Second, 150*time.Second)
 	reps := pick(o, 1, 1, 1)
 	routers := pick(o, []int{1, 2, 4, 8, 16}, []int{1, 4, 16}, []int{1, 8})
-	arms := []string{ArmLLHeartbeat, ArmLLInFlight, ArmP2C}
+	arms := []string{ArmLLHeartbeat, ArmLLInFlight, ArmP2C, ArmPredicted}
 	cluster := replicas("r", "general", 8, Profile())
 	w := Workload{Rate: 14, Duration: win.horizon, UserTokens: 1000, OutputTokens: 200, SizeSigma: 0.6, Tenants: 4}
 	work := o.workloads("herding", reps, func(int) Workload { return w })
 	snap := mustTable(cluster, nil)
+	predicted := mustTable(cluster, map[string]any{table.KeyPolicy: map[string]any{"replica_choice": table.ChoicePredictedTTFT}})
 	type cfg struct {
 		arm string
 		n   int
@@ -66,6 +74,8 @@ func Herding(o Options) *HerdingResult {
 					return NewLeastLoaded(ids(cluster), snap.Policy, false)
 				case ArmLLInFlight:
 					return NewLeastLoaded(ids(cluster), snap.Policy, true)
+				case ArmPredicted:
+					return NewSwitchyard(predicted, fmt.Sprintf("broker-%d", r))
 				}
 				return NewSwitchyard(snap, fmt.Sprintf("broker-%d", r))
 			},
@@ -83,10 +93,30 @@ func Herding(o Options) *HerdingResult {
 
 func (r *HerdingResult) headline() string {
 	last := len(r.Routers) - 1
-	ll, p2 := r.Points[ArmLLInFlight], r.Points[ArmP2C]
+	ll, p2, pt := r.Points[ArmLLInFlight], r.Points[ArmP2C], r.Points[ArmPredicted]
 	return fmt.Sprintf("with %d routers, least-loaded (with its own in-flight count) reaches an imbalance of %.2f (%.2f with one) "+
-		"and p99 TTFT %s ms; Switchyard's power of two stays at %.2f and %s ms.",
-		r.Routers[last], ll[last].Imbalance, ll[0].Imbalance, ms(ll[last].P99), p2[last].Imbalance, ms(p2[last].P99))
+		"and p99 TTFT %s ms; Switchyard's power of two stays at %.2f and %s ms, predicted-TTFT at %.2f and %s ms.",
+		r.Routers[last], ll[last].Imbalance, ll[0].Imbalance, ms(ll[last].P99), p2[last].Imbalance, ms(p2[last].P99),
+		pt[last].Imbalance, ms(pt[last].P99))
+}
+
+// PredictedHerdsNoMore reports whether predicted-TTFT's imbalance stays at
+// or below power of two's with every number of routers, and the largest
+// difference (predicted less power of two).
+func (r *HerdingResult) PredictedHerdsNoMore() (bool, float64) {
+	worst := math.Inf(-1)
+	for i := range r.Routers {
+		worst = max(worst, r.Points[ArmPredicted][i].Imbalance-r.Points[ArmP2C][i].Imbalance)
+	}
+	return worst <= 0, worst
+}
+
+func (r *HerdingResult) predictedVerdict() string {
+	ok, d := r.PredictedHerdsNoMore()
+	if ok {
+		return fmt.Sprintf("Its imbalance stays at or below power of two's with every number of routers (at most %+.2f).", d)
+	}
+	return fmt.Sprintf("Its imbalance exceeds power of two's by up to %.2f.", d)
 }
 
 // Section renders the comparison.
@@ -134,8 +164,12 @@ own share to the replica that looked least loaded, so the herd grows with N; and
 weighs a request at 0.1/32 of load_score, well below what it will weigh through kv_usage, even
 one router stays behind power of two. Power of two samples two candidates per request, so routers
 that share a view still spread out.
+
+Predicted-TTFT (policy.replica_choice %q) chooses between the same sampled pair by predicted time
+to first token instead of load_score, on the same view (no load deltas here). %s
 `, r.Points[r.Arms[0]][0].Offered, img(imb), img(p99),
-		mdTable([]string{"arm", "routers", "imbalance", "p50 TTFT (ms)", "p99 TTFT (ms)"}, md), find.String())
+		mdTable([]string{"arm", "routers", "imbalance", "p50 TTFT (ms)", "p99 TTFT (ms)"}, md), find.String(),
+		table.ChoicePredictedTTFT, r.predictedVerdict())
 	return &Section{
 		Name: "herding", Title: "6. Herding across router instances", Text: text, Charts: []*Chart{imb, p99},
 		Headline: r.headline(),

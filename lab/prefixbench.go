@@ -32,7 +32,9 @@ const (
 )
 
 // benchArm is how a prefix-bench arm runs: its picker and whether the
-// engines' KV-event feed is on.
+// engines' KV-event feed is on. The predicted-TTFT arms take their
+// adapters' load deltas as well, as the objectives experiment's does: a
+// prediction is only as fresh as the queue it reads.
 type benchArm struct {
 	feed      bool
 	predicted bool
@@ -167,7 +169,7 @@ func PrefixBench(o Options) *PrefixBenchResult {
 		return &Scenario{
 			Replicas: cluster, Requests: work, Warmup: stage, Horizon: horizon, SLO: 2 * time.Second,
 			Drain: 120 * time.Second, Trace: true, Seed: o.seed(hashName("prefix-bench")),
-			KVEvents: arm.feed,
+			KVEvents: arm.feed, Deltas: arm.predicted,
 			NewPicker: func(r int) Picker {
 				if arm.predicted {
 					return NewSwitchyard(predicted, fmt.Sprintf("broker-%d", r))

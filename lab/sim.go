@@ -136,12 +136,17 @@ type sim struct {
 	// prefill rate learned from first tokens (tokens per second).
 	queuedPrefill []int
 	prefillRate   []float64
-	ahead         []int // by request: the replica's queued prefill when it arrived
+	ahead         []int     // by request: the replica's queued prefill when it arrived
+	slotWait      []float64 // by request: the wait for a batch slot its adapter expected when it arrived (ms)
 	// hitRatio is the share of prompt tokens the replica's prefix cache
 	// served over recent scrapes (the engine's prefix-cache counters), and
 	// lastQueries, lastHits the counters at the last scrape.
-	hitRatio              []float64
-	rateWork, rateTime    []float64 // averages of a first token's prefill work (tokens) and time (ms)
+	hitRatio           []float64
+	rateWork, rateTime []float64 // averages of a first token's prefill work (tokens) and time (ms)
+	// decode is each replica's average time from a request's first token
+	// to its end (ms), and firstAt each request's first token.
+	decode                []float64
+	firstAt               []time.Time
 	lastQueries, lastHits []int64
 	// Load deltas (Scenario.Deltas): each replica's last heartbeat seq and
 	// delta seq, when its last delta went, and whether a change waits for
@@ -183,8 +188,9 @@ func Run(sc *Scenario) *Result {
 		sc: sc, start: Epoch(), now: Epoch(),
 		engines: make([]*enginesim.Engine, n), live: make([]map[enginesim.ID]int, n), legs: make([]map[enginesim.ID]int, n),
 		hbNext: make([]time.Time, n), ewma: make([]float64, n), ewmaMin: make([]float64, n),
-		queuedPrefill: make([]int, n), prefillRate: make([]float64, n), ahead: make([]int, len(sc.Requests)),
+		queuedPrefill: make([]int, n), prefillRate: make([]float64, n), ahead: make([]int, len(sc.Requests)), slotWait: make([]float64, len(sc.Requests)),
 		hitRatio: make([]float64, n), rateWork: make([]float64, n), rateTime: make([]float64, n), lastQueries: make([]int64, n), lastHits: make([]int64, n),
+		decode: make([]float64, n), firstAt: make([]time.Time, len(sc.Requests)),
 		lastHB: make([]uint64, n), deltaSeq: make([]uint64, n), deltaAt: make([]time.Time, n), deltaWait: make([]bool, n),
 		outstanding: make([]int, n),
 		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
@@ -356,6 +362,11 @@ func (s *sim) submit(i, rep int, into map[enginesim.ID]int, q enginesim.Request)
 		into[id] = i
 		s.outstanding[rep]++
 		s.ahead[i] = s.queuedPrefill[rep]
+		// The wait for a batch slot, as its adapter expects it: the
+		// requests it holds (this one included) beyond the batch, a slot
+		// freeing every decode time / max_batch.
+		mb := s.engines[rep].Config().MaxBatch
+		s.slotWait[i] = float64(max(s.outstanding[rep]-mb, 0)) * s.decode[rep] / float64(mb)
 		s.queuedPrefill[rep] += s.prompt(i)
 		s.changed(rep)
 	}
@@ -429,9 +440,10 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			o.TTFT = ev.At.Sub(s.start.Add(s.sc.Requests[ri].At))
 			o.Cached = ev.CachedTokens
 			s.resolved++
+			s.firstAt[ri] = ev.At
 			ms := float64(o.TTFT) / float64(time.Millisecond)
 			s.queuedPrefill[i] -= s.prompt(ri)
-			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms)
+			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms-s.slotWait[ri])
 			s.changed(i)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
@@ -446,6 +458,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 				s.lastTok[ri] = ev.At
 			}
 		case enginesim.EventFinish:
+			s.observeDecode(i, s.live[i][ev.ID], ev.At)
 			s.ended(s.live[i][ev.ID])
 			delete(s.live[i], ev.ID)
 			s.outstanding[i]--
@@ -472,8 +485,9 @@ func (s *sim) capture(i int, t time.Time) {
 		MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, Inflight: s.outstanding[i],
 		Lora:           subjects.LoraState{Running: orEmpty(st.RunningLoras), Waiting: orEmpty(st.WaitingLoras), Max: st.MaxLoras},
 		TTFTEWMAMillis: s.ewma[i], QueueWaitMillis: max(0, s.ewma[i]-s.ewmaMin[i]),
-		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: int(float64(s.queuedPrefill[i]) * (1 - s.hitRatio[i])),
-		KVBlocks: c.KVBlocks, BlockSize: c.BlockTokens,
+		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: s.queuedUncached(i),
+		DecodeMillis: s.decode[i],
+		KVBlocks:     c.KVBlocks, BlockSize: c.BlockTokens,
 		ScrapeOK: true, Seq: s.hbSeq, SentUnixMillis: t.UnixMilli(),
 	}
 	if s.feeds != nil {
@@ -501,8 +515,15 @@ func (s *sim) captureDelta(i int, t time.Time) {
 	s.deltaWait[i], s.deltaAt[i] = false, t
 	s.deltaSeq[i]++
 	d := &subjects.LoadDelta{Replica: s.sc.Replicas[i].ID, Heartbeat: s.lastHB[i], Seq: s.deltaSeq[i],
-		Inflight: s.outstanding[i], QueuedPrefillTokens: max(s.queuedPrefill[i], 0), SentUnixMillis: t.UnixMilli()}
+		Inflight: s.outstanding[i], QueuedPrefillTokens: s.queuedUncached(i), SentUnixMillis: t.UnixMilli()}
 	s.pending = append(s.pending, delivery{at: t.Add(s.sc.Staleness), captured: t, delta: d})
+}
+
+// queuedUncached is the queued prefill replica i's heartbeats and load
+// deltas carry, as its adapter counts it: the uncached share of the
+// queued prompt tokens, by the engine's recent prefix-cache hit ratio.
+func (s *sim) queuedUncached(i int) int {
+	return int(float64(max(s.queuedPrefill[i], 0)) * (1 - s.hitRatio[i]))
 }
 
 func orEmpty(s []string) []string {
@@ -515,7 +536,8 @@ func orEmpty(s []string) []string {
 // observePrefill learns replica i's prefill rate from one first token, as
 // its adapter does: the prompt tokens queued ahead of the request when it
 // arrived and its own, over the time its first token took beyond the
-// fastest one seen, in a moving average.
+// fastest one seen, in a moving average. The caller takes the wait for a
+// batch slot it expected out of ms: that wait is not prefill.
 func (s *sim) observePrefill(i, ahead, tokens int, ms float64) {
 	beyond := ms - s.ewmaMin[i]
 	if tokens < minRateSample || s.ewmaMin[i] == 0 || beyond <= 0 {
@@ -530,6 +552,24 @@ func (s *sim) observePrefill(i, ahead, tokens int, ms float64) {
 	}
 	s.prefillRate[i] = min(s.rateWork[i]/s.rateTime[i]*1000, subjects.MaxPrefillTokensPerSec)
 }
+
+// observeDecode learns replica i's decode time from request ri's end, as
+// its adapter does: the time from its first token to its end, in a moving
+// average.
+func (s *sim) observeDecode(i, ri int, at time.Time) {
+	if s.firstAt[ri].IsZero() {
+		return
+	}
+	ms := float64(at.Sub(s.firstAt[ri])) / float64(time.Millisecond)
+	if s.decode[i] == 0 {
+		s.decode[i] = ms
+		return
+	}
+	s.decode[i] += decodeAlpha * (ms - s.decode[i])
+}
+
+// decodeAlpha is the weight of one request in the decode time's average.
+const decodeAlpha = 0.2
 
 // hitRatioAlpha is the weight of one scrape in the hit ratio's average.
 const hitRatioAlpha = 0.2
