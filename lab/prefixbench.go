@@ -91,6 +91,7 @@ type PrefixBenchResult struct {
 	Steps   [][]BenchStep // by arm, then step
 	Tenants int
 	KV      int // KV blocks per replica
+	Scale   Scale
 }
 
 // Of returns the named arm's step i.
@@ -188,7 +189,7 @@ func PrefixBench(o Options) *PrefixBenchResult {
 			},
 		}
 	})
-	out := &PrefixBenchResult{Rates: rates, Stage: stage, Arms: arms, Tenants: tenants, KV: benchProfile().KVBlocks}
+	out := &PrefixBenchResult{Rates: rates, Stage: stage, Arms: arms, Tenants: tenants, KV: benchProfile().KVBlocks, Scale: o.Scale}
 	for i := range arms {
 		r := res[i][0]
 		var steps []BenchStep
@@ -330,14 +331,19 @@ adapter does and flushes what changed every 20 ms, and the updates reach the pol
 delivery delay (none in this run): never read at decision time. *Switchyard predicted-TTFT* sets
 `+"`policy.replica_choice`"+` to `+"`predicted-ttft`"+`, without and (*+ feed*) with the KV-event feed; its
 heartbeats carry the prefill view the adapter builds (queued prompt tokens, the prefill rate
-learned from first tokens). Imbalance is the busiest replica's outstanding requests over the
-mean, averaged over the step.
+learned from first tokens) and the decode time (first token to end, which with a full batch says
+how often a slot frees), and its adapters send load deltas between heartbeats. Imbalance is the
+busiest replica's outstanding requests over the mean, averaged over the step.
 
 %s%s%s%s%s
 %s
 **Against the oracle, step by step** (hit rate: share of prompt tokens served from cache; Δ in
 points; × is p90 TTFT over the oracle's):
 
+%s
+**Every arm against the oracle** (this run; × is p90 TTFT over the oracle's):
+
+%s
 %s
 **Against llm-d's published ratios** (top step; their figures at 60 QPS on H100s, ours at %.0f req/s
 on the simulator; the ratios are the comparable part, each router over the precise one: llm-d's
@@ -355,6 +361,7 @@ precise router against Switchyard with KV events):
 %s`, r.KV, r.KV*BlockTokens/7200, r.Tenants, r.Tenants, r.Stage, img(p90), img(p99), img(hit), img(tps), img(imb),
 		mdTable([]string{"router", "req/s", "p50 TTFT (ms)", "p90 TTFT (ms)", "p99 TTFT (ms)", "output tok/s", "prefix hit rate", "imbalance", "failed"}, md),
 		mdTable([]string{"req/s", "oracle hit", "oracle p90", "KV events hit", "Δ", "KV events p90", "×", "predicted hit", "predicted p90", "×", "+ feed hit", "+ feed p90", "×"}, steps),
+		r.EveryArmAgainstOracle(), r.fullRunNote(),
 		r.Rates[top],
 		mdTable([]string{"lab arm", "llm-d router", "llm-d p90", "÷ precise", "lab p90", "÷ KV events", "÷ oracle", "llm-d tok/s", "÷ precise", "lab tok/s", "÷ KV events"}, cmp),
 		r.Rates[top], secs(or.P90), pct(or.HitRate),
@@ -413,11 +420,30 @@ prefix_cache_hits and prefix_cache_queries counters) and learns the rate as the 
 averages of work and time; the policy's ` + "`predicted-ttft`" + ` takes power of two's place (after
 affinity, which it used to override) and counts the time a request's own prefill holds up the
 batch where it lands, so sending a request away from its cached prefix costs what it costs the
-others there. With the feed, it is within 1.25× of the oracle at every step below 21 req/s of both
-runs (0.93–1.01× on the quick run), but not at the top: 7.0× at 24 req/s on the quick run, 4.9× at
-21 and 1.4× at 24 on the full run; without the feed its placements miss more (1.0–1.9× below the
-top of the quick run, 1.1–3.0× on the full run). What it lacks there is the wait for a batch
-slot: at the top every replica runs its full batch of 32 and new requests wait for running ones
-to finish, which the heartbeat's prefill view does not carry and the oracle models. That is the
-next step for the predicted-TTFT work.
+others there. That left the top of the ramp: at 24 req/s every replica runs its full batch of 32
+and a new request waits for a running one to end, which the prefill view did not carry and the
+oracle models (a slot frees every decode time / batch). Three changes followed. The adapter
+carries its decode time (` + "`decode_ms`" + `, first token to end) and the prediction adds the slots a
+request waits for times decode_ms / max_batch, from the heartbeat's running and waiting, the load
+delta and the decider's own sends since; the adapter takes the slot wait it expected out of a
+first token's time before the prefill rate learns from it (a slot wait read as a slow prefill
+too); with predicted-ttft, prefix affinity chooses among the holders of a prefix by predicted
+TTFT rather than kv_usage, and costs within a quarter of each other go by load_score (without
+that, predicted-TTFT's herding imbalance was 1.39–1.56 against power of two's 1.28–1.30,
+section 6). The predicted arms now run with load deltas, as deployed, and the lab's adapter model
+was corrected to send the uncached share of the queued prompt tokens in its deltas, as the
+adapter does (it sent all of them). The better arm is within 1.25× of the oracle at every step of
+the full run (0.70–1.24×, the closest at 21 req/s) and below the top of the quick run
+(0.97–1.09×), but not at the quick run's top step: 3.2× (1.7 s against 0.5 s), where the arm with
+the feed keeps 83% of the hits with an imbalance of 1.5 (the oracle: 1.3) and the one without
+balances (1.2) but serves 77% from cache. What was tried there and dropped, each measured on the
+quick run: letting the predicted step release a warm holder whenever the sampled pair predicted
+faster (hits fell to 72–78% from 8 req/s and the top cascaded to 9–31 s); only when the holder had
+a queue or a full batch (top 2.9–4.8×); counting the pair's own prefill two or three times over,
+which came closest at the top (1.35–1.7×) but lost the steps below it (up to 2.1×); the same
+weighing for warm holders above the release threshold (cascades at the top, 5–14×, even at eight
+times over); and against every candidate rather than a pair (top 2.4–4.2×). Near saturation the
+prediction's errors (learned prefill rates differ several-fold between replicas of one profile,
+and a prompt longer than the 64 blocks the router hashes is credited only that far) are larger
+than the differences the oracle acts on, and each wrong release costs a whole prompt's prefill.
 `

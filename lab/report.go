@@ -124,11 +124,18 @@ const policyNotes = `## What this says about the policy
 - **The release valve watches kv_usage only** (sections 1 and 5). A replica with a long queue but
   kv below the threshold keeps its affinity traffic; at a threshold of 1.0 the valve never opens.
   Adapter affinity likewise raises the load imbalance, since an adapter stays where it runs.
-- **Prefix affinity is approximate, and its map is small** (section 8). Weighing a warm prefix
-  against load above the release threshold, instead of dropping it, keeps the prefix benchmark from
-  collapsing near saturation; what is left of the gap to an oracle that reads the engines' caches
-  is the prefix map's capacity (8192 blocks, fewer than 150 long prompts need) and how slowly a
-  queue shows in ` + "`load_score`" + `.
+- **Prefix affinity on placements is approximate, and its map is small** (section 8). Weighing a
+  warm prefix against load above the release threshold, instead of dropping it, keeps the prefix
+  benchmark from collapsing near saturation; the engines' KV-cache events remove the map's
+  capacity from the gap (the oracle's hit rate, and its p90 below the top of the ramp). What is
+  left is balance at saturation. Predicted TTFT now counts the wait for a batch slot as well
+  (` + "`decode_ms`" + `) and holds the oracle's p90 within 1.25× at every step of the full run, but not at
+  the top of the quick one, where neither keeping warm prefixes nor releasing them by the
+  prediction balances as the oracle does. ` + "`replica_choice`" + ` stays ` + "`power-of-two`" + ` by default:
+  predicted-TTFT is not better at every step (without the feed it trails power of two at some
+  steps of the prefix benchmark, and it herds no more than power of two only because close
+  predictions go by load_score, section 6); the objectives experiment runs it, and fair
+  shedding reads its prediction whatever the choice (sections 10 and 11).
 - **Deprioritizing beats excluding, most clearly with a slow load view** (section 2). With 1 s
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it
   cascades. Past capacity deprioritizing queues in the engines, which the policy answers only

@@ -1,0 +1,63 @@
+package lab
+
+import "strings"
+
+// benchShort names the arms in the every-arm table's header.
+var benchShort = map[string]string{
+	BenchRandom:        "random",
+	BenchLoadOnly:      "load-only",
+	BenchSwitchyard:    "Switchyard",
+	BenchBigMap:        "large map",
+	BenchKVEvents:      "KV events",
+	BenchPredicted:     "predicted",
+	BenchPredictedFeed: "+ feed",
+}
+
+// EveryArmAgainstOracle is the every-arm comparison with the oracle, step
+// by step, as a markdown table: the oracle's hit rate and p90 TTFT, the KV
+// events arm's hit rate and its difference in points, and each arm's p90
+// over the oracle's.
+func (r *PrefixBenchResult) EveryArmAgainstOracle() string {
+	header := []string{"req/s", "oracle hit", "oracle p90", "KV events hit", "Δ"}
+	var arms []string
+	for _, a := range r.Arms {
+		if a != BenchOracle {
+			arms = append(arms, a)
+			header = append(header, benchShort[a]+" ×")
+		}
+	}
+	var rows [][]string
+	for i, rate := range r.Rates {
+		o, k := r.Of(BenchOracle, i), r.Of(BenchKVEvents, i)
+		row := []string{f1(rate), pct(o.HitRate), ms(o.P90), pct(k.HitRate), fmtf("%+.1f", 100*(k.HitRate-o.HitRate))}
+		for _, a := range arms {
+			row = append(row, fmtf("%.2f×", r.GapOf(a, i)))
+		}
+		rows = append(rows, row)
+	}
+	return strings.TrimSuffix(mdTable(header, rows), "\n")
+}
+
+// fullRunNote gives a quick run's section the full run's every-arm table,
+// as measured when the section was last revised (the full run takes
+// minutes; the quick one is the report's).
+func (r *PrefixBenchResult) fullRunNote() string {
+	if r.Scale == Full {
+		return ""
+	}
+	return "\n**Every arm against the oracle, full run** (`switchyard lab prefix-bench --workers 1 --out DIR`, seed 1: 90 s\n" +
+		"steps from 3 to 24 req/s):\n\n" + prefixBenchFullRun + "\n"
+}
+
+// prefixBenchFullRun is the full run's every-arm table, measured with
+// seed 1.
+const prefixBenchFullRun = `| req/s | oracle hit | oracle p90 | KV events hit | Δ | random × | load-only × | Switchyard × | large map × | KV events × | predicted × | + feed × |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+| 3.0 | 77.1% | 305 | 77.1% | +0.0 | 3.29× | 3.02× | 1.79× | 0.94× | 0.94× | 1.61× | 0.94× |
+| 6.0 | 83.0% | 255 | 83.0% | +0.0 | 5.19× | 5.82× | 1.13× | 0.93× | 0.93× | 1.19× | 0.94× |
+| 9.0 | 83.2% | 285 | 83.3% | +0.1 | 10.19× | 9.85× | 1.17× | 0.96× | 0.96× | 1.19× | 0.98× |
+| 12.0 | 83.2% | 287 | 83.3% | +0.1 | 36.34× | 13.75× | 1.22× | 0.96× | 0.98× | 1.16× | 0.96× |
+| 15.0 | 82.9% | 332 | 83.1% | +0.2 | 95.28× | 74.22× | 1.74× | 0.98× | 0.96× | 1.47× | 0.97× |
+| 18.0 | 82.9% | 395 | 83.3% | +0.4 | 194.50× | 177.75× | 1.39× | 0.93× | 0.91× | 1.61× | 0.90× |
+| 21.0 | 82.8% | 425 | 83.3% | +0.5 | 209.30× | 212.49× | 2.52× | 1.59× | 1.20× | 2.17× | 1.24× |
+| 24.0 | 78.2% | 2603 | 83.0% | +4.8 | 34.77× | 34.62× | 1.38× | 1.17× | 0.95× | 1.16× | 0.70× |`
