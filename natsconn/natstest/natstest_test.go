@@ -67,9 +67,12 @@ func TestClusterSurvivesALostMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.PutString(ctx, "k", "v1"); err != nil {
-		t.Fatal(err)
-	}
+	// The bucket's stream elects its own leader after the create returns:
+	// until then a write gets no response.
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		_, err := kv.PutString(ctx, "k", "v1")
+		return err
+	})
 
 	lost := c.Leader()
 	c.Stop(lost)
