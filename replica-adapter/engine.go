@@ -38,7 +38,9 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		return tokens{}
 	}
 	prompt := 0
-	if kv == nil { // a split request's prompt was computed by its prefill leg
+	// A split request's prompt was computed by its prefill leg; a batch
+	// line's at a priority engine waits behind every interactive one.
+	if kv == nil && !a.behindInteractive(h) {
 		prompt = promptTokens(h)
 	}
 	prefilled, ahead := a.load.queuePrefill(prompt)

@@ -67,3 +67,12 @@ func (a *Adapter) noRoomForBatch(h nats.Header) bool {
 	l.mu.Unlock()
 	return a.InFlight() >= subjects.BatchHold(lim.batch, lim.queue)
 }
+
+// behindInteractive reports whether h is batch work at an engine that
+// schedules by priority: it is admitted after every interactive request
+// waiting, so its prompt is not prefill work an interactive request
+// queues behind (the queued prefill tokens the adapter reports, from which
+// brokers predict an interactive request's time to first token).
+func (a *Adapter) behindInteractive(h nats.Header) bool {
+	return a.cfg.EngineScheduling == SchedulingPriority && EnginePriority(h) == EnginePriorityBatch
+}

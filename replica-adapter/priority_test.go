@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -65,5 +67,57 @@ func TestBatchWorkHoldsAShortQueueAtAPriorityEngine(t *testing.T) {
 		if m := next(t, e.request("r-1", h, `{"model":"x"}`)); m.Header.Get(subjects.HdrStatus) == "503" {
 			t.Errorf("%s with the batch full refused: %v", h.Get(subjects.HdrRequestID), m.Header)
 		}
+	}
+}
+
+// TestBatchPromptsAreNotQueuedAheadOfInteractive: at an engine that
+// schedules by priority, batch lines are admitted after every interactive
+// request waiting, so the prefill tokens the adapter reports queued (what
+// brokers predict an interactive request's first token from) leave their
+// prompts out: batch work waiting there does not make an interactive
+// request look slower to serve.
+func TestBatchPromptsAreNotQueuedAheadOfInteractive(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		if wait(r, release) {
+			streamSSE(t)(w, r)
+		}
+	})
+	cfg := e.config()
+	cfg.HeartbeatEvery, cfg.EngineScheduling = 30*time.Minute, adapter.SchedulingPriority
+	e.start(cfg)
+	e.waitReady("r-1")
+	deltas := loadDeltas(t, e, "r-1")
+	var replies []<-chan *nats.Msg
+	for i, priority := range []string{subjects.PriorityBatch, subjects.PriorityBatch, subjects.PriorityInteractive} {
+		h := chatHeaders(fmt.Sprint("q-", i))
+		h.Set(subjects.HdrPriority, priority)
+		h.Set(subjects.HdrPromptTokens, "100")
+		replies = append(replies, e.request("r-1", h, `{"model":"sim-model","messages":[]}`))
+	}
+	// Once the engine has the three, their prompts are counted; the
+	// delta a fourth request (no prompt told) brings says what is queued.
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := len(e.eng.requests()); n != 3 {
+			return fmt.Errorf("the engine has %d requests", n)
+		}
+		return nil
+	})
+	replies = append(replies, e.request("r-1", chatHeaders("q-3"), `{"model":"sim-model","messages":[]}`))
+	var last subjects.LoadDelta
+	for last.Inflight < 4 {
+		select {
+		case last = <-deltas:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no delta with the 4 requests in flight: %+v", last)
+		}
+	}
+	if last.QueuedPrefillTokens != 100 {
+		t.Errorf("two batch lines and an interactive request of 100 prompt tokens each: %d queued, want the interactive one's 100", last.QueuedPrefillTokens)
+	}
+	close(release)
+	for _, r := range replies {
+		untilEnd(t, r)
 	}
 }

@@ -72,7 +72,9 @@ type Heartbeat struct {
 	// prompt tokens per second, learned from the first tokens it observed
 	// (0: unknown); QueuedPrefillTokens is the uncached share of the prompt
 	// tokens of the requests it holds that have no first token yet (by the
-	// engine's recent prefix-cache hit ratio). Brokers predict a request's
+	// engine's recent prefix-cache hit ratio), batch lines left out where
+	// the engine schedules by priority: they wait behind every interactive
+	// request. Brokers predict a request's
 	// time to first token from them (broker/policy, "Predicted TTFT").
 	PrefillTokensPerSec float64 `json:"prefill_tps,omitempty"`
 	QueuedPrefillTokens int     `json:"queued_prefill_tokens,omitempty"`
@@ -145,7 +147,7 @@ type LoadDelta struct {
 	Seq       uint64 `json:"seq"`
 	// Inflight is the requests the adapter holds now (the heartbeat's
 	// inflight, later); QueuedPrefillTokens the prompt tokens of those
-	// without a first token yet.
+	// without a first token yet, as the heartbeat counts them.
 	Inflight            int `json:"inflight"`
 	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
 	// TTFT holds the first tokens seen since the last delta of requests
