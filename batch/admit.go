@@ -5,27 +5,28 @@ import (
 	"time"
 )
 
-// admission decides how many lines may be in flight: a window that grows
-// by one line per answer and, on a refusal, shrinks by a quarter (at most
-// once per cutEvery) but never below the lines the pool held then (those
-// in flight less those waiting out a refusal): a refusal says the pool is
-// full with what it holds, no less. So the batch finds the pool's spare
-// room (brokers and adapters refuse batch work past it) and gives it back
-// as soon as interactive traffic takes it: lines that end are not
-// replaced while the pool refuses, and the window follows. Each tenant
-// with running batches gets an equal share of the window, so one tenant's
-// batch cannot starve another's. A 429 pauses its tenant for its
-// Retry-After; a refused line waits for its own Retry-After, in the
-// window.
+// admission decides how many lines may be in flight: a window. A 503 says
+// the pool is full with the lines it holds: the window shrinks to the
+// other lines in flight (at least one), and the refused line leaves it at
+// once and goes back to the stream for its Retry-After. So a line that
+// ends is replaced at once while the pool takes it, a line more than the
+// pool holds is refused once, not again every second, and the batch gives
+// room back as soon as interactive traffic takes it: its refusals shrink
+// the window to what the pool still holds. An answer grows the window by
+// one line, or, within probeAfter of a refusal, by one line per window of
+// answers: the pool was full a moment ago, so the window probes for room
+// slowly instead of sending lines to be refused. Each tenant with running
+// batches gets an equal share of the window, so one tenant's batch cannot
+// starve another's. A 429 (a quota, the tenant's share of a shedding
+// pool) pauses its tenant for its Retry-After and leaves the window.
 type admission struct {
 	mu          sync.Mutex
 	limit       float64
 	window      float64
-	lastCut     time.Time
+	lastRefusal time.Time
 	tenantPause map[string]time.Time
 	inflight    map[string]int
 	total       int
-	pacing      int // lines in flight waiting out a refusal
 	active      int
 	wake        chan struct{}
 	m           *metrics
@@ -33,8 +34,7 @@ type admission struct {
 
 const (
 	startWindow = 16
-	cutEvery    = time.Second
-	cutTo       = 0.75
+	probeAfter  = time.Second
 )
 
 func (a *admission) init(limit int, m *metrics) {
@@ -87,34 +87,29 @@ func (a *admission) release(tenant string) {
 	}
 }
 
-// refused counts a refusal of one of tenant's lines, which waits out its
-// Retry-After in the window and then calls retry.
+// refused counts a refusal of one of tenant's lines, which then leaves the
+// window (release).
 func (a *admission) refused(tenant string, status int, retryAfter time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	a.pacing++
-	if now.Sub(a.lastCut) >= cutEvery {
-		held := float64(a.total - a.pacing)
-		a.window = max(1, min(a.window, max(a.window*cutTo, held)))
-		a.lastCut = now
-		a.m.window.Set(a.window)
-	}
 	if status == 429 {
 		a.tenantPause[tenant] = now.Add(retryAfter)
+		return
 	}
-}
-
-// retry ends a refused line's wait: it leaves the window with release.
-func (a *admission) retry() {
-	a.mu.Lock()
-	a.pacing--
-	a.mu.Unlock()
+	a.lastRefusal = now
+	a.window = max(1, min(a.window, float64(a.total-1)))
+	a.m.window.Set(a.window)
 }
 
 func (a *admission) answered() {
 	a.mu.Lock()
-	a.window = min(a.limit, a.window+1)
+	if time.Since(a.lastRefusal) < probeAfter {
+		a.window += 1 / a.window
+	} else {
+		a.window++
+	}
+	a.window = min(a.limit, a.window)
 	w := a.window
 	a.mu.Unlock()
 	a.m.window.Set(w)

@@ -5,57 +5,67 @@ import (
 	"time"
 )
 
-// TestARefusalCutsTheWindowNoLowerThanThePoolHeld: a refusal says the pool
-// is full with the lines it holds (in flight, not waiting out a refusal),
-// so the window keeps them; it is cut by a quarter only when it was wider
-// than that by more, at most once a cutEvery, and never widened. Answers
-// open it again, a line at a time.
-func TestARefusalCutsTheWindowNoLowerThanThePoolHeld(t *testing.T) {
+// TestARefusalShrinksTheWindowToWhatThePoolHolds: a 503 says the pool is
+// full with the lines it holds, so the window shrinks to the other lines
+// in flight and the refused line leaves it: the place it had starts no
+// line, while a line that ends is replaced. Answers grow the window
+// slowly within probeAfter of a refusal, a line per answer after; a 429
+// pauses its tenant and leaves the window.
+func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	var a admission
 	a.init(256, newMetrics(nil))
 	a.setActive(1)
-	a.window = 40
-	for range 40 {
+	a.window = 60
+	for range 50 {
 		a.take("acme")
 	}
-	a.refused("acme", 503, time.Second)
-	if a.window != 39 {
-		t.Fatalf("a refusal with 39 of 40 lines held: window %v, want 39", a.window)
+	if n := a.room("acme"); n != 10 {
+		t.Fatalf("50 of a window of 60 in flight: room %d, want 10", n)
 	}
-	if n := a.room("acme"); n != 0 {
-		t.Errorf("room %d with the window full", n)
-	}
-	a.refused("acme", 503, time.Second)
-	if a.window != 39 {
-		t.Errorf("a second refusal within %v cut the window to %v", cutEvery, a.window)
-	}
-	// Interactive traffic took the pool: lines ended and were not
-	// replaced, and a second later most of those in flight wait out
-	// refusals.
-	for range 20 {
+	refuse := func() {
+		a.refused("acme", 503, time.Second)
 		a.release("acme")
 	}
-	for range 10 {
-		a.refused("acme", 503, time.Second)
+	refuse()
+	if a.window != 49 {
+		t.Fatalf("a refusal with 49 other lines in flight: window %v, want 49", a.window)
 	}
-	a.lastCut = time.Now().Add(-cutEvery)
-	a.refused("acme", 503, time.Second)
-	if want := 39 * cutTo; a.window != want {
-		t.Errorf("a refusal with 7 of 20 held, a window of 39: window %v, want %v", a.window, want)
+	if n := a.room("acme"); n != 0 {
+		t.Errorf("after the refusal: room %d, want 0 (the pool holds what is in flight)", n)
 	}
-	for range 12 {
-		a.retry()
+	// Interactive traffic takes the pool: lines end, their replacements
+	// are refused, and the window follows what is left.
+	for range 5 {
+		a.release("acme")
+		a.take("acme")
+		refuse()
 	}
-	a.lastCut = time.Now().Add(-cutEvery)
-	a.window = 10
-	a.refused("acme", 503, time.Second)
-	if a.window != 10 {
-		t.Errorf("a refusal widened a window of 10 to %v", a.window)
+	if a.window != 44 || a.total != 44 {
+		t.Errorf("five lines ended and their replacements refused: window %v with %d in flight, want 44 and 44", a.window, a.total)
 	}
-	a.retry()
+	// A line that ends and is answered is replaced at once; the window
+	// grows a line per window of answers just after a refusal.
+	a.release("acme")
 	a.answered()
-	if a.window != 11 {
-		t.Errorf("an answer: window %v, want 11", a.window)
+	if n := a.room("acme"); n != 1 || a.window <= 44 || a.window >= 45 {
+		t.Errorf("an answer just after a refusal: room %d, window %v; want 1 and a window between 44 and 45", n, a.window)
+	}
+	a.lastRefusal = time.Now().Add(-probeAfter)
+	w := a.window
+	a.answered()
+	if a.window != w+1 {
+		t.Errorf("an answer %v after a refusal: window %v, want %v", probeAfter, a.window, w+1)
+	}
+	a.refused("acme", 429, time.Minute)
+	if a.window != w+1 || a.room("acme") != 0 {
+		t.Errorf("a 429: window %v (want it left at %v), room %d (want 0: its tenant paused)", a.window, w+1, a.room("acme"))
+	}
+	for a.total > 0 {
+		a.release("acme")
+	}
+	a.refused("acme", 503, time.Second)
+	if a.window != 1 {
+		t.Errorf("a refusal with nothing else in flight: window %v, want 1", a.window)
 	}
 }
 
@@ -75,7 +85,6 @@ func TestTenantsShareTheWindow(t *testing.T) {
 	if n := a.room("globex"); n != 20 {
 		t.Errorf("globex holds nothing: room %d, want its share of 20", n)
 	}
-	a.lastCut = time.Now() // the window was cut just now: this refusal leaves it
 	a.refused("globex", 429, time.Minute)
 	if n := a.room("globex"); n != 0 {
 		t.Errorf("globex after a 429: room %d, want 0 until its Retry-After", n)

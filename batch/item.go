@@ -16,8 +16,8 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// maxHold bounds how long a refused line holds its slot before it goes
-// back to the stream.
+// maxHold bounds how long a refused line stays away: its Retry-After, at
+// most this, before JetStream delivers it again.
 const maxHold = 5 * time.Second
 
 // replyIdle fails a line whose answer stays silent this long; adapters
@@ -93,20 +93,14 @@ func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg j
 	var line []byte
 	switch {
 	case a.err == nil && (a.status == http.StatusTooManyRequests || a.status == http.StatusServiceUnavailable):
-		// The brokers' refusal paces the batch; it is never a failed line.
-		// The line keeps its slot while it waits: refused lines do not
-		// make room for more refusals.
+		// A refusal paces the batch; it is never a failed line. The line
+		// leaves the window now (its caller releases it) and comes back
+		// after its Retry-After; the window shrank to the lines the pool
+		// holds, so its place starts no line the pool would refuse.
 		b.adm.refused(tenant, a.status, a.retryAfter)
 		b.metrics.item(tenant, "paced")
 		b.metrics.refusal(a, errorCode(a.body))
-		wait := time.NewTimer(min(max(a.retryAfter, 100*time.Millisecond), maxHold))
-		select {
-		case <-ctx.Done():
-		case <-wait.C:
-		}
-		wait.Stop()
-		b.adm.retry()
-		_ = msg.Nak()
+		_ = msg.NakWithDelay(min(max(a.retryAfter, 100*time.Millisecond), maxHold))
 		return
 	case (a.err != nil || a.status == 500 || a.status == 502 || a.status == 504) && attempts < maxAttempts:
 		b.metrics.item(tenant, "retried")

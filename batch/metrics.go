@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		window: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_batch_window",
-			Help: "Lines this batcher may have in flight now: grows by one with each answer; a refusal cuts it by a quarter at most once a second, never below the lines the pool held.",
+			Help: "Lines this batcher may have in flight now: a 503 shrinks it to the other lines in flight; an answer grows it by one line, or by one line a window of answers within a second of a refusal.",
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_batch_refusals_total",
