@@ -7,5 +7,6 @@ import (
 )
 
 // TestMain fails the package when a goroutine outlives the tests: the
-// batcher's pullers, lines and supervision stop with it.
-func TestMain(m *testing.M) { testkit.Main(m) }
+// batcher's pullers, lines and supervision stop with it. The tests put
+// their input files in the object store (IgnoreObjectPutRace).
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreObjectPutRace()) }
