@@ -3,6 +3,7 @@ package batch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
@@ -84,7 +86,8 @@ func startFaultyCluster(ctx context.Context, t *testing.T, prepare func(jetstrea
 	if f.st, err = batch.OpenStore(ctx, f.js, 3); err != nil {
 		t.Fatal(err)
 	}
-	b, err := batch.New(connect("batcher"), batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second, Replicas: 3})
+	reg := prometheus.NewRegistry()
+	b, err := batch.New(connect("batcher"), batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second, Replicas: 3, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +95,28 @@ func startFaultyCluster(ctx context.Context, t *testing.T, prepare func(jetstrea
 	done := make(chan error, 1)
 	go func() { done <- b.Run(rctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	f.awaitLeaders(ctx, t, "KV_"+subjects.ResultsBucket) // the batcher is open
+	// The batcher is open once it has looked over the batches (its first
+	// supervision sets switchyard_batches). A fault before that is not
+	// what these tests inject: a batcher that cannot open its stream and
+	// buckets stops, and its process is started again.
+	testkit.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("the batcher stopped: %v", err)
+		default:
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			return err
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "switchyard_batches" && len(mf.GetMetric()) > 0 {
+				return nil
+			}
+		}
+		return errors.New("the batcher has not looked over the batches yet")
+	})
 	return f
 }
 
