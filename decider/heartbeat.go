@@ -71,8 +71,8 @@ func inRange(hb *subjects.Heartbeat) error {
 	switch {
 	case !(hb.KVUsage >= 0 && hb.KVUsage <= 1):
 		return fmt.Errorf("kv_usage %v not in [0, 1]", hb.KVUsage)
-	case !count(hb.Running) || !count(hb.Waiting) || !count(hb.MaxBatch) || !count(hb.MaxQueue) || !count(hb.Inflight) || !count(hb.EngineFailures):
-		return fmt.Errorf("a count (running, waiting, max_batch, max_queue, inflight, engine_failures) not in [0, %d]", maxCount)
+	case !count(hb.Running) || !count(hb.Waiting) || !count(hb.MaxBatch) || !count(hb.MaxQueue) || !count(hb.Inflight) || !count(hb.EngineFailures) || !count(hb.BatchWaiting):
+		return fmt.Errorf("a count (running, waiting, max_batch, max_queue, inflight, engine_failures, batch_waiting) not in [0, %d]", maxCount)
 	case !millis(hb.TTFTEWMAMillis) || !millis(hb.QueueWaitMillis) || !millis(hb.DecodeMillis):
 		return fmt.Errorf("ttft_ewma_ms, queue_wait_ewma_ms or decode_ms not in [0, %d]", subjects.MaxHeartbeatMillis)
 	case !(hb.PrefillTokensPerSec >= 0 && hb.PrefillTokensPerSec <= subjects.MaxPrefillTokensPerSec):

@@ -224,6 +224,8 @@ func TestTrust(t *testing.T) {
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"queued_prefill_tokens":4000000000}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"decode_ms":-1}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"decode_ms":1e300}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":-1}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":1000000000}`,
 		} {
 			if _, err := decodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
 				t.Errorf("taken: %s", hb)

@@ -179,6 +179,9 @@ type Adapter struct {
 	early    map[string]time.Time
 	wg       sync.WaitGroup
 	inflight atomic.Int64
+	// batchHeld counts the batch lines in flight at an engine scheduling
+	// by priority (behindInteractive).
+	batchHeld atomic.Int64
 
 	load     loadState
 	limits   limits // as configured; the engine may fill the batch size

@@ -48,11 +48,23 @@ func (l *loadState) slotWaitFor(inflight, batch int) time.Duration {
 }
 
 // slotWait is slotWaitFor the adapter's requests now and its engine's
-// batch.
-func (a *Adapter) slotWait() time.Duration {
+// batch; an interactive request at a priority engine waits for none of
+// the batch lines waiting (batchWaiting), a batch line (behind) for all.
+func (a *Adapter) slotWait(behind bool) time.Duration {
 	l := &a.load
 	l.mu.Lock()
 	batch := a.limits.withEngine(l.sample).batch
 	l.mu.Unlock()
-	return l.slotWaitFor(a.InFlight(), batch)
+	n := a.InFlight()
+	if !behind {
+		n -= a.batchWaiting(n, batch)
+	}
+	return l.slotWaitFor(n, batch)
+}
+
+// batchWaiting is how many of inflight requests beyond an engine's batch
+// of batch are batch lines: at an engine scheduling by priority, the
+// batch lines held wait last, behind every interactive request.
+func (a *Adapter) batchWaiting(inflight, batch int) int {
+	return min(max(inflight-batch, 0), int(a.batchHeld.Load()))
 }

@@ -61,3 +61,27 @@ func TestSlotWait(t *testing.T) {
 		t.Fatalf("rate %v tokens/s, want 10000", l.prefillRate)
 	}
 }
+
+// At a priority engine, the batch lines beyond the batch wait last: an
+// interactive request's slot wait leaves them out, a batch line's does not,
+// and the heartbeat says how many there are.
+func TestBatchLinesWaitLast(t *testing.T) {
+	var a Adapter
+	a.load.observeDecode(3200 * time.Millisecond)
+	a.batchHeld.Store(6)
+	if got := a.batchWaiting(40, 32); got != 6 {
+		t.Fatalf("batch waiting %d of 8 beyond the batch, 6 held: want 6", got)
+	}
+	if got := a.batchWaiting(35, 32); got != 3 {
+		t.Fatalf("batch waiting %d of 3 beyond the batch: want 3", got)
+	}
+	if got := a.batchWaiting(20, 32); got != 0 {
+		t.Fatalf("batch waiting %d with room in the batch", got)
+	}
+	a.limits = limits{batch: 32, batchFrom: LimitConfigured}
+	a.inflight.Store(41) // the request's own included
+	interactive, batch := a.slotWait(false), a.slotWait(true)
+	if interactive != 300*time.Millisecond || batch != 900*time.Millisecond {
+		t.Fatalf("slot wait %v interactive, %v batch; want 300ms, 900ms", interactive, batch)
+	}
+}

@@ -40,11 +40,16 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	prompt := 0
 	// A split request's prompt was computed by its prefill leg; a batch
 	// line's at a priority engine waits behind every interactive one.
-	if kv == nil && !a.behindInteractive(h) {
+	behind := a.behindInteractive(h)
+	if kv == nil && !behind {
 		prompt = promptTokens(h)
 	}
+	if behind {
+		a.batchHeld.Add(1)
+		defer a.batchHeld.Add(-1)
+	}
 	prefilled, ahead := a.load.queuePrefill(prompt)
-	slotWait := a.slotWait()
+	slotWait := a.slotWait(behind)
 	a.loadChanged()
 	defer prefilled()
 	start := time.Now()

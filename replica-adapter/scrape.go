@@ -328,6 +328,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	hb.KVEvents = a.kv != nil && a.kv.isLive()
 	if a.cfg.EngineScheduling == SchedulingPriority {
 		hb.Scheduling = subjects.SchedulingPriority
+		hb.BatchWaiting = a.batchWaiting(hb.Inflight, hb.MaxBatch)
 	}
 	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the

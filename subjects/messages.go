@@ -85,7 +85,13 @@ type Heartbeat struct {
 	// DecodeMillis/max_batch, and brokers count that wait in the predicted
 	// time to first token.
 	DecodeMillis float64 `json:"decode_ms,omitempty"`
-	ScrapeOK     bool    `json:"scrape_ok"`
+	// BatchWaiting is, at an engine scheduling by priority, how many of
+	// the requests waiting for a batch slot are batch lines: the adapter's
+	// batch lines beyond the batch, as it counts its own. An interactive
+	// request is admitted ahead of them, so brokers leave them out of its
+	// wait for a slot.
+	BatchWaiting int  `json:"batch_waiting,omitempty"`
+	ScrapeOK     bool `json:"scrape_ok"`
 	// EngineFailures counts the engine's failed answers (5xx, 429, 401/403,
 	// a 404 for the model or endpoint the replica registered, connection
 	// failures) since its last success; EngineSuccesses counts

@@ -170,7 +170,10 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 		c.load += SaturationPenalty
 	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || x.kv >= p.saturation)
-	c.slotsAhead = max(running+waiting+1-maxBatch, 0)
+	// At an engine scheduling by priority the batch lines waiting come
+	// after the request (the prediction is an interactive request's: a
+	// batch line is placed by batch-room, not by its prediction).
+	c.slotsAhead = max(running+waiting-min(waiting, x.batchWaiting)+1-maxBatch, 0)
 	c.slots = c.slotsAhead > 0
 	c.uncached = clamp32(p.req.PromptTokens)
 	c.ttft = x.predict(c.uncached, c.slotsAhead)

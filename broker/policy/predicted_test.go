@@ -181,6 +181,39 @@ func TestPredictedTTFTCountsTheWaitForABatchSlot(t *testing.T) {
 	mustReject(t, e.decide(q), 503, subjects.CodeDeadlineUnmeetable)
 }
 
+// At an engine scheduling by priority, the batch lines waiting there are
+// admitted after an interactive request: its wait for a slot counts only
+// the interactive requests waiting. Elsewhere, or said by a replica that
+// does not schedule by priority, every waiting request counts.
+func TestPredictedTTFTLeavesWaitingBatchLinesOut(t *testing.T) {
+	batchWaiting := func(n int, scheduling string) func(*subjects.Heartbeat) {
+		return func(h *subjects.Heartbeat) { h.BatchWaiting, h.Scheduling = n, scheduling }
+	}
+	for _, tt := range []struct {
+		name       string
+		scheduling string
+		want       float64
+	}{
+		// 8 waiting behind a full batch of 32, 6 of them batch lines: the
+		// request waits for 3 slots, one every 100 ms.
+		{"priority", subjects.SchedulingPriority, 50 + 400 + 300},
+		{"first come, first served", "", 50 + 400 + 900},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, predictedTTFT)
+			e.beat("l8-gen-0", 0.1, 32, 8, prefill(1000, 0), decode(3200), batchWaiting(6, tt.scheduling))
+			e.beat("l8-gen-1", 0.1, 32, 60, prefill(1000, 0), decode(3200))
+			q := chat("chat-small")
+			q.PromptTokens = 400
+			d := e.explain(q)
+			mustRoute(t, d)
+			if d.Replica != "l8-gen-0" || !near(d.PredictedTTFT, tt.want) {
+				t.Fatalf("%s at %v ms, want l8-gen-0 at %v ms", d.Replica, d.PredictedTTFT, tt.want)
+			}
+		})
+	}
+}
+
 // Among the holders of a prefix, predicted-ttft sends the request to the
 // one with the shorter predicted TTFT, not the lower kv_usage: a prefix
 // held by two replicas splits its requests by their queues.

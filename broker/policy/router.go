@@ -154,6 +154,10 @@ type replica struct {
 	// adapter sends the router's (heartbeat), so batch work may fill its
 	// batch (batch-room).
 	byPriority bool
+	// batchWaiting: of the requests waiting there, the batch lines its
+	// adapter counts (byPriority only); an interactive request goes ahead
+	// of them.
+	batchWaiting int32
 
 	id    string
 	reg   *table.Replica // nil when not registered in the table
@@ -194,6 +198,10 @@ func (x *replica) refresh() {
 	x.slotMs = hb.DecodeMillis * x.perBatch
 	x.perQueue = 1 / float64(firstPositive(int(x.maxQueue), DefaultMaxQueue, DefaultMaxQueue))
 	x.byPriority = hb.Scheduling == subjects.SchedulingPriority
+	x.batchWaiting = 0
+	if x.byPriority {
+		x.batchWaiting = clamp32(hb.BatchWaiting)
+	}
 	switch {
 	case x.hasHB && len(hb.Endpoints) > 0:
 		x.serves = subjects.EndpointSet(hb.Endpoints)
