@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		items: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_batch_items_total",
-			Help: "Batch lines handled, by tenant and outcome: completed, failed (to the error file), paced (refused by a broker, tried again), retried (a replica failed), duplicate (answered already), skipped (its batch stopped).",
+			Help: "Batch lines handled, by tenant and outcome: completed, failed (to the error file), paced (refused for room by a broker, an adapter or an engine, or no broker listening; tried again), retried (a replica failed), duplicate (answered already), skipped (its batch stopped).",
 		}, []string{"tenant", "outcome"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_batch_inflight",

@@ -126,6 +126,9 @@ func TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine(t *testing.T) {
 		t.Logf("saturation %.0f/s, interactive %.0f/s: %s: batch %.1f lines/s (%.0f %% of the spare), interactive p99 TTFT %v (%.2f× alone)",
 			saturation, rate, c.name, c.r.batch, 100*c.r.batch/spare, c.r.p99, float64(c.r.p99)/float64(alone.p99))
 	}
+	if batchOnly.batch >= spare/2 {
+		t.Errorf("batch lines held to the batch only: %.1f lines/s, half the spare %.1f/s or more: the hold's queue is not what fills it", batchOnly.batch, spare)
+	}
 	if with.batch < spare/2 {
 		t.Errorf("batch lines held to %d: %.1f lines/s, below half the spare %.1f/s", hold, with.batch, spare)
 	}

@@ -16,7 +16,7 @@ const (
 	ArmP2C         = "Switchyard power-of-two + in-flight"
 	// ArmPredicted is policy.replica_choice predicted-ttft on the same
 	// view (heartbeats and its own in-flight requests, no load deltas): it
-	// samples as power of two does, and must herd no more.
+	// samples as power of two does, and is measured against its herding.
 	ArmPredicted = "Switchyard predicted-TTFT + in-flight"
 )
 
@@ -100,10 +100,10 @@ func (r *HerdingResult) headline() string {
 		pt[last].Imbalance, ms(pt[last].P99))
 }
 
-// PredictedHerdsNoMore reports whether predicted-TTFT's imbalance stays at
+// predictedHerdsNoMore reports whether predicted-TTFT's imbalance stays at
 // or below power of two's with every number of routers, the largest
 // difference (predicted less power of two) and the routers it is at.
-func (r *HerdingResult) PredictedHerdsNoMore() (ok bool, worst float64, routers int) {
+func (r *HerdingResult) predictedHerdsNoMore() (ok bool, worst float64, routers int) {
 	worst = math.Inf(-1)
 	for i, n := range r.Routers {
 		if d := r.Points[ArmPredicted][i].Imbalance - r.Points[ArmP2C][i].Imbalance; d > worst {
@@ -114,7 +114,7 @@ func (r *HerdingResult) PredictedHerdsNoMore() (ok bool, worst float64, routers 
 }
 
 func (r *HerdingResult) predictedVerdict() string {
-	ok, d, n := r.PredictedHerdsNoMore()
+	ok, d, n := r.predictedHerdsNoMore()
 	if ok {
 		return fmt.Sprintf("Its imbalance stays at or below power of two's with every number of routers (the closest: %+.3f with %d).", d, n)
 	}

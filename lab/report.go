@@ -133,8 +133,8 @@ const policyNotes = `## What this says about the policy
   the top of the quick one, where neither keeping warm prefixes nor releasing them by the
   prediction balances as the oracle does. ` + "`replica_choice`" + ` stays ` + "`power-of-two`" + ` by default:
   predicted-TTFT is not better at every step (without the feed it trails power of two at some
-  steps of the prefix benchmark, and it herds no more than power of two only because close
-  predictions go by load_score, section 6); the objectives experiment runs it, and fair
+  steps of the prefix benchmark, and its herding stays within a hundredth of power of two's only
+  because close predictions go by load_score, section 6); the objectives experiment runs it, and fair
   shedding reads its prediction whatever the choice (sections 10 and 11).
 - **Deprioritizing beats excluding, most clearly with a slow load view** (section 2). With 1 s
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it

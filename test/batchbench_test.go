@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestBatchBenchmark(t *testing.T) {
 	}()
 	b := runBatch(t, c, benchLines(lines, "chat-small", maxTokens))
 	start := time.Now()
-	pacing := samplePacing(st.Registry(), 250*time.Millisecond)
+	pacing := samplePacing(t, st.Registry(), 250*time.Millisecond)
 	b, done := batchUntil(t, c, b.ID, start.Add(batchBenchCap))
 	took := time.Since(start)
 	window, inflight := pacing()
@@ -118,8 +119,11 @@ func TestBatchBenchmark(t *testing.T) {
 
 // samplePacing samples the batcher's window and lines in flight every
 // `every` until the returned function is called, which returns their means.
-func samplePacing(g prometheus.Gatherer, every time.Duration) (means func() (window, inflight float64)) {
+func samplePacing(t *testing.T, g prometheus.Gatherer, every time.Duration) (means func() (window, inflight float64)) {
 	quit, out := make(chan struct{}), make(chan [2]float64, 1)
+	var once sync.Once
+	stop := func() { once.Do(func() { close(quit) }) }
+	t.Cleanup(stop) // a test that ends early stops the sampler too
 	go func() {
 		var sum [2]float64
 		n := 0
@@ -138,7 +142,7 @@ func samplePacing(g prometheus.Gatherer, every time.Duration) (means func() (win
 		}
 	}()
 	return func() (float64, float64) {
-		close(quit)
+		stop()
 		m := <-out
 		return m[0], m[1]
 	}
