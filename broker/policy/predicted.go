@@ -152,11 +152,15 @@ func (p *pick) weighHolder(ci, held int) {
 }
 
 // credit predicts candidate ci with the held blocks of the request's
-// prefix cached: they cost no prefill.
+// prefix cached: they cost no prefill. A candidate keeps the most it was
+// credited with: a walk from the deepest level up meets a holder again at
+// every shallower level it holds.
 func (p *pick) credit(ci, held int) {
 	c := &p.cands[ci]
-	c.uncached = max(clamp32(p.req.PromptTokens)-int32(held)*p.pt.blockTokens, 0)
-	c.ttft = c.x.predict(c.uncached, c.slotsAhead)
+	if u := max(clamp32(p.req.PromptTokens)-int32(held)*p.pt.blockTokens, 0); u < c.uncached {
+		c.uncached = u
+		c.ttft = c.x.predict(c.uncached, c.slotsAhead)
+	}
 }
 
 func (p *pick) whyPredicted(i int) string {
