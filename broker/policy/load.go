@@ -88,7 +88,7 @@ next:
 		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
 			saturated: v.saturated, slots: v.slots, slotsAhead: v.slotsAhead}
 		c.full = c.fresh && v.capacity
-		c.ttft = x.predictAfter(v.ahead, uncached, v.slotsAhead)
+		c.ttft = max(v.before+float64(uncached)*v.perToken, v.floor)
 		if c.fresh {
 			p.nfresh++
 		}
@@ -109,23 +109,37 @@ next:
 // lists the replica as a candidate would compute the same, and most
 // decisions change only the one replica they choose.
 type loadView struct {
-	snap       *table.Snapshot
-	ver        uint64
-	sat        float64
-	load       float64
-	ahead      float64 // x.ahead()
-	saturated  bool
-	capacity   bool // full, if its load data is fresh
-	slots      bool
-	slotsAhead int32
+	snap *table.Snapshot
+	ver  uint64
+	sat  float64
+	load float64
+	// The prediction of a request with u uncached prompt tokens is
+	// max(before + u·perToken, floor) (predictAfter, with what does not
+	// depend on the request worked out once).
+	before, perToken, floor float64
+	saturated               bool
+	capacity                bool // full, if its load data is fresh
+	slots                   bool
+	slotsAhead              int32
 }
 
 // renew computes x's load view again: what load computes for x alone.
 func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
-	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load, ahead: x.ahead(),
+	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load,
 		saturated: c.saturated, capacity: c.full, slots: c.slots, slotsAhead: c.slotsAhead}
+	v := &x.view
+	switch ahead := x.ahead(); {
+	case x.msPerToken <= 0:
+		v.before = x.wait
+	case c.slotsAhead <= 0:
+		v.before, v.perToken = ahead, x.msPerToken
+	case x.slotMs > 0:
+		v.before, v.perToken = ahead+float64(c.slotsAhead)*x.slotMs, x.msPerToken
+	default:
+		v.before, v.perToken, v.floor = ahead, x.msPerToken, x.wait
+	}
 }
 
 // load computes a candidate's load_score (policy.load_weights in
