@@ -12,12 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
-	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -117,57 +115,18 @@ func (b *brokerStandIn) serve(nc *nats.Conn) func(*nats.Msg) {
 }
 
 func TestBatcherPacesOnRefusalsAndAnswersEachLineOnce(t *testing.T) {
-	_, url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	stand := &brokerStandIn{tries: map[string]int{}}
-	if _, err := nc.Subscribe("llm.batch.*", stand.serve(nc)); err != nil {
-		t.Fatal(err)
+	g := newBatchRig(t, 60*time.Second, stand.serve)
+	ctx, st := g.ctx, g.st
+	rec := createBatch(ctx, t, st, chatLines(30)+line("nope", "/v1/chat/completions", `{"model":"forbidden","messages":[{"role":"user","content":"x"}]}`))
+	if rec.RequestCounts.Total != 31 {
+		t.Fatalf("%d requests in the batch, want 31", rec.RequestCounts.Total)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
-	st, err := batch.OpenStore(ctx, js, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var in strings.Builder
-	for i := 1; i <= 30; i++ {
-		in.WriteString(line(fmt.Sprint("c", i), "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"line %d"}]}`, i)))
-	}
-	in.WriteString(line("nope", "/v1/chat/completions", `{"model":"forbidden","messages":[{"role":"user","content":"x"}]}`))
-	f, err := st.PutFile(ctx, "acme", "in.jsonl", batch.PurposeBatch, batch.NewChecker(strings.NewReader(in.String()), 1<<20, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, requests, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions")
-	if apiErr != nil || requests != 31 {
-		t.Fatalf("check input: %v %d", apiErr, requests)
-	}
-	now := time.Now()
-	exp := now.Add(time.Hour).Unix()
-	rec := &batch.Record{Batch: batch.Batch{ID: batch.NewBatchID(now), Object: "batch", Endpoint: "/v1/chat/completions",
-		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &exp,
-		RequestCounts: batch.RequestCounts{Total: requests}}, Tenant: "acme", Lines: lines}
-	if err := st.CreateBatch(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
-
 	reg := prometheus.NewRegistry()
-	b, err := batch.New(nc, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second, Registerer: reg})
 
 	var got *batch.Record
-	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() (err error) {
 		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
 			return err
 		}

@@ -76,38 +76,12 @@ func (h *heldBroker) answerHeld(nc *nats.Conn) {
 // A cancelled batch keeps what its lines in flight answer: each of them is
 // in the output file once, and no line that was never answered is.
 func TestCancelKeepsTheLinesInFlight(t *testing.T) {
-	_, url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	broker := &heldBroker{sent: map[string]int{}, answered: map[string]bool{}}
-	if _, err := nc.Subscribe("llm.batch.*", broker.take); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
-	st, err := batch.OpenStore(ctx, js, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newBatchRig(t, 60*time.Second, func(*nats.Conn) func(*nats.Msg) { return broker.take })
+	ctx, nc, st := g.ctx, g.nc, g.st
 	const lines = 200
-	var in strings.Builder
-	for i := 1; i <= lines; i++ {
-		in.WriteString(line(fmt.Sprint("c", i), "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"line %d"}]}`, i)))
-	}
-	rec := createBatch(ctx, t, st, in.String())
-
-	b, err := batch.New(nc, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	rec := createBatch(ctx, t, st, chatLines(lines))
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, AckWait: 2 * time.Second})
 
 	// The batcher starts with a window of 16 lines: all of them wait on
 	// the broker when the batch is cancelled.
@@ -129,7 +103,7 @@ func TestCancelKeepsTheLinesInFlight(t *testing.T) {
 	// Lines taken in the moment the cancel needs to reach the batcher are
 	// in flight too: answer each as it comes.
 	var got *batch.Record
-	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() (err error) {
 		broker.answerHeld(nc)
 		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
 			return err
@@ -176,6 +150,60 @@ func TestCancelKeepsTheLinesInFlight(t *testing.T) {
 		}
 	}
 	t.Logf("cancelled with %d of %d lines in flight; all of them in the output", len(broker.answered), lines)
+}
+
+// batchRig is a batcher over a stand-in for the brokers: a NATS server, a
+// connection whose llm.batch.* is answered by serve, and the batch store.
+type batchRig struct {
+	nc  *nats.Conn
+	st  *batch.Store
+	ctx context.Context
+}
+
+// newBatchRig starts the server, the stand-in and the store; everything
+// stops when the test ends, or after timeout.
+func newBatchRig(t *testing.T, timeout time.Duration, serve func(*nats.Conn) func(*nats.Msg)) *batchRig {
+	t.Helper()
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := nc.Subscribe("llm.batch.*", serve(nc)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	js, _ := jetstream.New(nc)
+	st, err := batch.OpenStore(ctx, js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &batchRig{nc: nc, st: st, ctx: ctx}
+}
+
+// run starts a batcher with cfg; it stops, and Run returns, before the
+// connection closes.
+func (g *batchRig) run(t *testing.T, cfg batch.Config) {
+	t.Helper()
+	b, err := batch.New(g.nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(g.ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
+// chatLines is n chat lines, custom ids c1…cn, each asking "line i".
+func chatLines(n int) string {
+	var in strings.Builder
+	for i := 1; i <= n; i++ {
+		in.WriteString(line(fmt.Sprint("c", i), "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"line %d"}]}`, i)))
+	}
+	return in.String()
 }
 
 // createBatch stores in as acme's file and creates a batch over it, as the

@@ -1,20 +1,16 @@
 package batch_test
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
-	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -66,43 +62,17 @@ func (p *poolStandIn) take(nc *nats.Conn) func(*nats.Msg) {
 // close the window, and lines are refused about once per window of
 // answers, not in a stream; each line is answered once.
 func TestTheWindowKeepsThePoolFullWithFewRefusals(t *testing.T) {
-	_, url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	pool := &poolStandIn{capacity: 20, serve: 20 * time.Millisecond}
-	if _, err := nc.Subscribe("llm.batch.*", pool.take(nc)); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
-	st, err := batch.OpenStore(ctx, js, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newBatchRig(t, 90*time.Second, pool.take)
+	ctx, st := g.ctx, g.st
 	const lines = 600
-	var in strings.Builder
-	for i := 1; i <= lines; i++ {
-		in.WriteString(line(fmt.Sprint("c", i), "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"line %d"}]}`, i)))
-	}
-	rec := createBatch(ctx, t, st, in.String())
-
+	rec := createBatch(ctx, t, st, chatLines(lines))
 	reg := prometheus.NewRegistry()
-	b, err := batch.New(nc, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, Registerer: reg})
 
 	var got *batch.Record
 	minWindow := float64(batch.DefaultConcurrency)
-	testkit.CheckFor(t, 80*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 80*time.Second, 20*time.Millisecond, func() (err error) {
 		if w := testkit.Sum(reg, "switchyard_batch_window", nil); pool.mostHeld() >= pool.capacity && w < minWindow {
 			minWindow = w
 		}

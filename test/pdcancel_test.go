@@ -52,16 +52,6 @@ func TestAPrefillLegIsCancelledOnlyByItsSender(t *testing.T) {
 		})
 		return ch
 	}
-	answer := func(ch <-chan *nats.Msg) *nats.Msg {
-		t.Helper()
-		select {
-		case m := <-ch:
-			return m
-		case <-time.After(60 * time.Second):
-			t.Fatal("the prefill leg never answered")
-			return nil
-		}
-	}
 	cancel := func(nc *nats.Conn, subject, id string) {
 		t.Helper()
 		_ = nc.PublishMsg(&nats.Msg{Subject: subject, Header: nats.Header{subjects.HdrRequestID: {id}, subjects.HdrPrefillCancel: {"1"}}})
@@ -78,7 +68,7 @@ func TestAPrefillLegIsCancelledOnlyByItsSender(t *testing.T) {
 	cancel(evil, subj.Prefill(prefill, victim), "victim-leg")
 	cancel(evil, subj.PrefillCancel(prefill, victim), "victim-leg")
 	cancel(evil, subj.PrefillCancel(prefill, attacker), "victim-leg")
-	m := answer(ch)
+	m := legAnswer(t, ch)
 	var a struct {
 		KV *struct {
 			DoRemotePrefill bool  `json:"do_remote_prefill"`
@@ -98,7 +88,7 @@ func TestAPrefillLegIsCancelledOnlyByItsSender(t *testing.T) {
 		}
 		return nil
 	})
-	if m := answer(ch); m.Header.Get(subjects.HdrStatus) == "200" {
+	if m := legAnswer(t, ch); m.Header.Get(subjects.HdrStatus) == "200" {
 		t.Errorf("a cancelled leg answered 200: %.300s", m.Data)
 	}
 }
@@ -138,16 +128,6 @@ func TestAPrefillLegIsSentOnlyInItsSendersName(t *testing.T) {
 		}
 		return ch
 	}
-	answer := func(ch <-chan *nats.Msg) *nats.Msg {
-		t.Helper()
-		select {
-		case m := <-ch:
-			return m
-		case <-time.After(60 * time.Second):
-			t.Fatal("the prefill leg never answered")
-			return nil
-		}
-	}
 	served := func(m *nats.Msg) bool {
 		var a struct {
 			KV *struct {
@@ -173,10 +153,10 @@ func TestAPrefillLegIsSentOnlyInItsSendersName(t *testing.T) {
 	})
 	// The victim's leg of the same id, sent while the attacker's runs, is
 	// served rather than refused.
-	if m := answer(send(legs, subj.Prefill(prefill, victim), 2000, nats.Header{})); !served(m) {
+	if m := legAnswer(t, send(legs, subj.Prefill(prefill, victim), 2000, nats.Header{})); !served(m) {
 		t.Fatalf("the victim's leg was not served beside the attacker's of its id: %s %.300s", m.Header.Get(subjects.HdrStatus), m.Data)
 	}
-	if m := answer(squat); !served(m) {
+	if m := legAnswer(t, squat); !served(m) {
 		t.Errorf("the attacker's own leg: %s %.300s", m.Header.Get(subjects.HdrStatus), m.Data)
 	}
 }
@@ -184,3 +164,16 @@ func TestAPrefillLegIsSentOnlyInItsSendersName(t *testing.T) {
 type errText string
 
 func (e errText) Error() string { return string(e) }
+
+// legAnswer is the first message a prefill leg's inbox gets, within a
+// minute.
+func legAnswer(t *testing.T, ch <-chan *nats.Msg) *nats.Msg {
+	t.Helper()
+	select {
+	case m := <-ch:
+		return m
+	case <-time.After(60 * time.Second):
+		t.Fatal("the prefill leg never answered")
+		return nil
+	}
+}
