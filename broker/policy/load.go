@@ -21,9 +21,8 @@ type cand struct {
 	fresh     bool    // load data younger than stale_after
 	saturated bool
 	full      bool // at capacity: see load
-	slots     bool // its batch is full: a request waits for a slot
 	// slotsAhead is the requests that wait for a batch slot there, this
-	// one included (0: its batch has room).
+	// one included (0: its batch has room; more: it is full).
 	slotsAhead int32
 }
 
@@ -86,7 +85,7 @@ next:
 		}
 		c := &cands[k]
 		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
-			saturated: v.saturated, slots: v.slots, slotsAhead: v.slotsAhead}
+			saturated: v.saturated, slotsAhead: v.slotsAhead}
 		c.full = c.fresh && v.capacity
 		c.ttft = max(v.before+float64(uncached)*v.perToken, v.floor)
 		if c.fresh {
@@ -119,7 +118,6 @@ type loadView struct {
 	before, perToken, floor float64
 	saturated               bool
 	capacity                bool // full, if its load data is fresh
-	slots                   bool
 	slotsAhead              int32
 }
 
@@ -128,7 +126,7 @@ func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
 	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load,
-		saturated: c.saturated, capacity: c.full, slots: c.slots, slotsAhead: c.slotsAhead}
+		saturated: c.saturated, capacity: c.full, slotsAhead: c.slotsAhead}
 	v := &x.view
 	switch ahead := x.ahead(); {
 	case x.msPerToken <= 0:
@@ -188,7 +186,6 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	// after the request (the prediction is an interactive request's: a
 	// batch line is placed by batch-room, not by its prediction).
 	c.slotsAhead = max(running+waiting-min(waiting, x.batchWaiting)+1-maxBatch, 0)
-	c.slots = c.slotsAhead > 0
 	c.uncached = clamp32(p.req.PromptTokens)
 	c.ttft = x.predict(c.uncached, c.slotsAhead)
 }

@@ -77,11 +77,11 @@ func (p *pick) predicted() bool {
 // go by load_score.
 func (p *pick) betterTTFT(i, j int) bool {
 	a, b := &p.cands[i], &p.cands[j]
-	if a.slots != b.slots && (a.x.slotMs == 0 || b.x.slotMs == 0) {
+	if full := b.slotsAhead > 0; (a.slotsAhead > 0) != full && (a.x.slotMs == 0 || b.x.slotMs == 0) {
 		// A full batch makes a request wait for a running one to end, an
 		// unknown time without the replica's decode time: a replica with
 		// room is the better bet.
-		return b.slots
+		return full
 	}
 	ca, cb := a.ttft+a.x.prefillCost(a.uncached), b.ttft+b.x.prefillCost(b.uncached)
 	if math.Abs(ca-cb) <= predictedTie*max(ca, cb) {
