@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"strings"
-
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/decider"
@@ -38,7 +36,7 @@ func (g *Gateway) publish(c *call, replyTo string, u *upstream, h nats.Header, b
 	switch a.Do {
 	case decider.DoForward:
 		notice := reply.Frame{Kind: reply.Routed, Replica: a.Replica(), Header: make(nats.Header, 1)}
-		c.deliver(notice.Msg(g.routedPfx + strings.TrimPrefix(replyTo, g.replyPfx)))
+		c.deliver(notice.Msg(g.subj.RoutedFor(replyTo))) // where a broker would send it
 		m := a.Msg
 		return &m, false, g.nc.PublishMsg(&m)
 	case decider.DoRefuse:
