@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
@@ -37,7 +38,8 @@ func TestBatchBenchmark(t *testing.T) {
 	const lines, maxTokens, share = 10_000, 16, 0.4
 	const batchBenchCap = 3*time.Minute + 30*time.Second
 	loadAtStart := loadAverage()
-	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
+	rec := stages.New(1)
+	st := startStack(t, devstack.Config{Speed: 1, Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1"), Stages: rec})
 	url := st.GatewayURL() + "/v1/chat/completions"
 	base := loadgen.Config{Targets: []string{url}, Model: "chat-small", MaxTokens: maxTokens, APIKey: "sk-default-dev", Seed: 1}
 	// run returns the run's report; one stopped by ctx reports what it
@@ -63,7 +65,10 @@ func TestBatchBenchmark(t *testing.T) {
 
 	inter := base
 	inter.Rate, inter.Stream, inter.Duration, inter.Warmup = share*saturation, true, 30*time.Second, 3*time.Second
+	rec.Reset()
 	alone := must(run(context.Background(), inter))
+	stagesAlone := stageTable(t, st, "interactive alone")
+	rec.Reset()
 
 	c := client(st, "sk-default-dev")
 	ctx, stop := context.WithCancel(context.Background())
@@ -86,6 +91,7 @@ func TestBatchBenchmark(t *testing.T) {
 	stop()
 	w := <-beside
 	with := must(w.r, w.err)
+	stagesWith := stageTable(t, st, "interactive beside the batch")
 	if done {
 		if b.Status != "completed" || b.RequestCounts.Completed != lines {
 			t.Fatalf("the batch: %s %+v", b.Status, b.RequestCounts)
@@ -114,7 +120,21 @@ func TestBatchBenchmark(t *testing.T) {
 	t.Logf("interactive p99 TTFT: %.1f ms with the batch, %.1f ms without, %.2f× (target: at most 1.2×): %s",
 		with.TTFT.P99.Ms(), alone.TTFT.P99.Ms(), ratio, metOrNot(ratio <= 1.2))
 	t.Logf("the batcher's pacing: window %.1f lines on average, %.1f in flight; %s", window, inflight, refusals(st.Registry()))
+	t.Logf("where the interactive requests' time went (batch lines do not pass the gateway, so they are not in these tables):\n%s%s", stagesAlone, stagesWith)
 	t.Logf("load average at the start %s, at the end %s: figures are a measurement only below 1.0", loadAtStart, loadAverage())
+}
+
+// stageTable is the stage table of the requests recorded since the
+// recorder's last reset.
+func stageTable(t *testing.T, st *devstack.Stack, title string) string {
+	t.Helper()
+	sum, err := st.StageSummary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	sum.WriteTable(&b, title)
+	return b.String()
 }
 
 // samplePacing samples the batcher's window and lines in flight every
