@@ -50,7 +50,8 @@ func (r *PrefixBenchResult) fullRunNote() string {
 }
 
 // prefixBenchFullRun is the full run's every-arm table, measured with
-// seed 1.
+// seed 1; TestLabPrefixBenchFullRunTableIsCurrent fails when a change makes
+// the full run measure anything else.
 const prefixBenchFullRun = `| req/s | oracle hit | oracle p90 | KV events hit | Δ | random × | load-only × | Switchyard × | large map × | KV events × | predicted × | + feed × |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 | 3.0 | 77.1% | 305 | 77.1% | +0.0 | 3.29× | 3.02× | 1.79× | 0.94× | 0.94× | 1.61× | 0.94× |
