@@ -171,8 +171,10 @@ type Adapter struct {
 	calls    map[string]*call // by Llm-Request-Id, for cancels
 	// prefills are the prefill legs in flight on this (prefill) replica,
 	// by the decode replica that sent them and Llm-Request-Id, for that
-	// decode replica's cancel.
+	// decode replica's cancel; legsFrom counts them by decode replica,
+	// for the bound on one sender's legs (legBounds).
 	prefills map[prefillKey]context.CancelFunc
+	legsFrom map[string]int
 	// early holds cancels that arrived before their request (the request
 	// and cancel subscriptions are separate, so a backlogged adapter can
 	// see the cancel first), so the request is dropped when it comes.
@@ -225,6 +227,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		owners:   owners.New(js, cfg.OwnersBucket),
 		calls:    map[string]*call{},
 		prefills: map[prefillKey]context.CancelFunc{},
+		legsFrom: map[string]int{},
 		early:    map[string]time.Time{},
 		limits:   configuredLimits(&cfg),
 		deltas:   newDeltas(),

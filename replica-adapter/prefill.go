@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -52,6 +53,25 @@ const (
 // leg refused.
 type prefillKey struct{ decode, id string }
 
+// legBounds are the most prefill legs this replica keeps in flight from
+// one decode replica, and from all of them. Any adapter may send legs in
+// its own name (docs/security.md), so without a bound one compromised
+// adapter could fill the engine's batch and its queue with legs, and every
+// other decode replica's legs would wait behind them. One sender gets at
+// most the replica's max batch (--max-batch, else the engine's
+// max_num_seqs): a leg beyond a full batch can only wait in the engine's
+// queue, where it holds a place another sender's leg would wait in, and a
+// decode replica whose leg is refused prefills the request itself at once,
+// as it does for any refused leg. All senders together get the max batch
+// and the max queue behind it: what the replica declares it holds
+// (max_batch, max_queue), the numbers brokers weigh it full by.
+func (a *Adapter) legBounds() (perSender, total int) {
+	a.load.mu.Lock()
+	lim := a.limits.withEngine(a.load.sample)
+	a.load.mu.Unlock()
+	return lim.batch, lim.batch + lim.queue
+}
+
 // onPrefill is the prefill endpoint of a prefill replica: it serves
 // prefill legs. The subject's last token is the decode replica that sent
 // the leg, which only that replica's adapter may publish
@@ -79,16 +99,17 @@ func (a *Adapter) onPrefill(r micro.Request) {
 		return
 	}
 	key := prefillKey{decode: decode, id: id}
+	perSender, total := a.legBounds()
 	a.mu.Lock()
-	if a.draining || a.prefills[key] != nil {
+	if busy := a.legRefusalLocked(key, perSender, total); busy != nil {
 		a.mu.Unlock()
 		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
-		a.answerPrefill(reply, http.StatusServiceUnavailable, subjects.NewError(http.StatusServiceUnavailable, subjects.CodeNoReplicas,
-			"replica "+a.cfg.Replica+" takes no prefill leg "+id+" now").Body())
+		a.refuseLeg(reply, busy)
 		return
 	}
 	ctx, cancel := context.WithCancel(a.reqBase)
 	a.prefills[key] = cancel
+	a.legsFrom[decode]++
 	a.wg.Add(1)
 	a.mu.Unlock()
 	go func() {
@@ -96,6 +117,11 @@ func (a *Adapter) onPrefill(r micro.Request) {
 			cancel()
 			a.mu.Lock()
 			delete(a.prefills, key)
+			if n := a.legsFrom[decode] - 1; n > 0 {
+				a.legsFrom[decode] = n
+			} else {
+				delete(a.legsFrom, decode)
+			}
 			a.mu.Unlock()
 			a.wg.Done()
 		}()
@@ -175,6 +201,35 @@ func (a *Adapter) answerPrefill(reply string, status int, body []byte) {
 	m := &nats.Msg{Subject: reply, Header: nats.Header{subjects.HdrStatus: {strconv.Itoa(status)}}, Data: body}
 	if err := a.nc.PublishMsg(m); err != nil {
 		a.log.Warn("prefill answer not sent", "err", err)
+	}
+}
+
+// legRefusalLocked is why leg key is refused, nil when it is taken: the
+// replica drains, the leg is in flight already, or its sender or all of
+// them have as many legs in flight as legBounds allows. Lock should be
+// held.
+func (a *Adapter) legRefusalLocked(key prefillKey, perSender, total int) *subjects.APIError {
+	var code, msg string
+	switch {
+	case a.draining || a.prefills[key] != nil:
+		code, msg = subjects.CodeNoReplicas, "replica "+a.cfg.Replica+" takes no prefill leg "+key.id+" now"
+	case a.legsFrom[key.decode] >= perSender:
+		code, msg = subjects.CodeAllReplicasBusy, "replica "+a.cfg.Replica+" has "+strconv.Itoa(perSender)+" prefill legs of "+
+			key.decode+" in flight, the most it takes from one decode replica; retry later."
+	case len(a.prefills) >= total:
+		code, msg = subjects.CodeAllReplicasBusy, "replica "+a.cfg.Replica+" has "+strconv.Itoa(total)+" prefill legs in flight, its most; retry later."
+	default:
+		return nil
+	}
+	return &subjects.APIError{Status: http.StatusServiceUnavailable, Code: code, Message: msg, RetryAfter: time.Second}
+}
+
+// refuseLeg answers a leg with e as the reply protocol's rejection: its
+// status, the OpenAI error body and the Retry-After e asks for.
+func (a *Adapter) refuseLeg(reply string, e *subjects.APIError) {
+	f := replyproto.Rejection(e)
+	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
+		a.log.Warn("prefill refusal not sent", "err", err)
 	}
 }
 

@@ -46,17 +46,20 @@ type pdPair struct {
 }
 
 func newPDPair(t *testing.T, prefillCfg enginesim.ServerConfig) *pdPair {
-	return newPDPairWith(t, prefillCfg, nil)
+	return newPDPairWith(t, prefillCfg, nil, nil)
 }
 
-// newPDPairWith is newPDPair with the decode adapter's config changed by
-// decode (when set).
-func newPDPairWith(t *testing.T, prefillCfg enginesim.ServerConfig, decode func(*adapter.Config)) *pdPair {
+// newPDPairWith is newPDPair with the prefill and the decode adapter's
+// configs changed by prefill and decode (when set).
+func newPDPairWith(t *testing.T, prefillCfg enginesim.ServerConfig, prefill, decode func(*adapter.Config)) *pdPair {
 	e := newEnv(t)
 	pe, ps := simEngine(t, prefillCfg)
 	de, ds := simEngine(t, enginesim.ServerConfig{Speed: 100})
 	cfg := e.config()
 	cfg.Replica, cfg.Role, cfg.EngineURL = "p-1", table.RolePrefill, ps.URL
+	if prefill != nil {
+		prefill(&cfg)
+	}
 	e.start(cfg)
 	cfg = e.config()
 	cfg.Replica, cfg.Role, cfg.EngineURL = "d-1", table.RoleDecode, ds.URL
@@ -224,7 +227,7 @@ func TestDecodeRejectingTheParametersServesWhole(t *testing.T) {
 // come at once.
 func TestExpiredKVBlocksNeverEjectTheDecodeReplica(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	pd := newPDPairWith(t, enginesim.ServerConfig{Speed: 100, KVHold: time.Nanosecond}, func(c *adapter.Config) { c.Registerer = reg })
+	pd := newPDPairWith(t, enginesim.ServerConfig{Speed: 100, KVHold: time.Nanosecond}, nil, func(c *adapter.Config) { c.Registerer = reg })
 	nextHB := heartbeats(t, pd.e.nc, "d-1")
 	n := subjects.EjectAfterFailures + 3
 	answers := make([]<-chan *nats.Msg, n)
