@@ -169,7 +169,7 @@ lab: build
 # The lab's experiment tests run without -race (the detector slows the
 # simulator about tenfold; under -race they skip).
 test-lab:
-	$(GO) test -count=1 -run 'TestLab' ./lab/...
+	$(GO) test -count=1 -timeout 20m -run 'TestLab' ./lab/...
 
 clean:
 	rm -rf bin .cache $(SDK_DIR)/node_modules

@@ -39,6 +39,9 @@ type batchGate struct {
 	refill    time.Duration
 	wave      int
 	piggyback bool
+	// seed is the interactive arrivals' random stream (0: the stream
+	// holdWorkload has always drawn).
+	seed uint64
 }
 
 // gateWorkload is holdWorkload with the batch lines sent by gate.
@@ -46,7 +49,7 @@ func gateWorkload(t *testing.T, rate float64, gate batchGate, dur time.Duration)
 	t.Helper()
 	hold, refill := gate.hold, gate.refill
 	e := enginesim.New(enginesim.Config{MaxBatch: 32, MaxQueue: 128, Scheduling: enginesim.SchedulingPriority})
-	rng := rand.New(rand.NewPCG(1, 2))
+	rng := rand.New(rand.NewPCG(1+gate.seed, 2))
 	gap := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
 	end, warm := t0.Add(dur), t0.Add(3*time.Second)
 	nextArrival := end
@@ -117,7 +120,7 @@ func gateWorkload(t *testing.T, rate float64, gate batchGate, dur time.Duration)
 		}
 		for len(topUps) > 0 && !topUps[0].After(now) {
 			topUps = topUps[1:]
-			if !gate.piggyback || rate == 0 {
+			if !gate.piggyback || rate == 0 { // a closed run has no arrivals to go with
 				topUp()
 			}
 		}
@@ -181,38 +184,37 @@ func TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine(t *testing.T) {
 	}
 }
 
-// TestNoBatchGateMeetsBothTargetsBelowTheKnee: at 30 and 38 interactive
-// requests a second a replica (the lower end of what make bench-batch's 40 %
-// of the measured saturation comes to), no way of sending batch lines of
-// the grid below takes half the engine's spare capacity with interactive
-// p99 TTFT within 1.2× of alone: not a deeper hold (lines waiting in the
-// engine's queue), nor a shallower one (slots kept free for interactive
-// requests), nor lines sent in waves, nor lines sent only beside an
-// interactive request so that they share its prefill step. A batch line
-// in a slot makes steps that would decode prefill steps (TTFTBase, which
-// stalls every running request), and slots free more slowly; priority
-// orders the queue, it preempts nothing (as vLLM's v1 scheduler). At 45 a
-// second the hold meets both (the test above): interactive traffic alone
-// keeps the engine in its slowest mode there, single admissions, which
-// the batch's queued lines group. Figures for docs/benchmarks.md; the
-// test fails if a rule of the grid meets both, which would make it the
-// batch's rule.
-func TestNoBatchGateMeetsBothTargetsBelowTheKnee(t *testing.T) {
+// TestNoBatchGateMeetsBothTargetsAt30PerSecond: at 30 interactive requests
+// a second a replica, no way of sending batch lines of the grid below
+// takes half the engine's spare capacity with interactive p99 TTFT within
+// 1.2× of alone, for any of three arrival streams: not a deeper hold
+// (lines waiting in the engine's queue), nor a shallower one (slots kept
+// free for interactive requests), nor lines sent in waves, nor lines sent
+// only beside an interactive request so that they share its prefill step.
+// A batch line in a slot makes steps that would decode prefill steps
+// (TTFTBase, which stalls every running request), and slots free more
+// slowly; priority orders the queue, it preempts nothing. The same grid at
+// 38 a second, logged for docs/benchmarks.md, is on the edge: whether a
+// rule meets both depends on the arrival stream. At 45 the hold meets both (the
+// test above). Figures for docs/benchmarks.md.
+func TestNoBatchGateMeetsBothTargetsAt30PerSecond(t *testing.T) {
 	const dur, refill = 60 * time.Second, 20 * time.Millisecond
 	saturation := holdWorkload(t, 0, 32+64, refill, 30*time.Second).interactive
-	for _, rate := range []float64{30, 38} {
-		alone := gateWorkload(t, rate, batchGate{}, dur)
+	grid := func(rate float64, seed uint64) (met []string, bestShare, bestRatio float64) {
+		alone := gateWorkload(t, rate, batchGate{seed: seed}, dur)
 		spare := saturation - rate
-		bestShare, bestRatio := 0.0, 0.0
 		for _, hold := range []int{24, 28, 32, 36, 40, 48} {
 			for _, piggyback := range []bool{false, true} {
 				for _, wave := range []int{1, 4, 8, 16} {
-					r := gateWorkload(t, rate, batchGate{hold: hold, refill: refill, wave: wave, piggyback: piggyback}, dur)
+					r := gateWorkload(t, rate, batchGate{hold: hold, refill: refill, wave: wave, piggyback: piggyback, seed: seed}, dur)
+					if r.batch == 0 {
+						t.Fatalf("interactive %.0f/s, hold %d, wave %d, piggyback %v: no batch line served", rate, hold, wave, piggyback)
+					}
 					share, ratio := r.batch/spare, float64(r.p99)/float64(alone.p99)
-					t.Logf("interactive %.0f/s (alone p99 %v): hold %d, wave %d, piggyback %v: batch %.1f lines/s (%.0f %% of the spare), p99 TTFT %v (%.2f×)",
-						rate, alone.p99, hold, wave, piggyback, r.batch, 100*share, r.p99, ratio)
+					t.Logf("interactive %.0f/s, stream %d (alone p99 %v): hold %d, wave %d, piggyback %v: batch %.1f lines/s (%.0f %% of the spare), p99 TTFT %v (%.2f×)",
+						rate, seed, alone.p99, hold, wave, piggyback, r.batch, 100*share, r.p99, ratio)
 					if share >= 0.5 && ratio <= 1.2 {
-						t.Errorf("interactive %.0f/s: hold %d, wave %d, piggyback %v meets both targets (%.0f %% of the spare, %.2f×)", rate, hold, wave, piggyback, 100*share, ratio)
+						met = append(met, fmt.Sprintf("hold %d, wave %d, piggyback %v (%.0f %%, %.2f×)", hold, wave, piggyback, 100*share, ratio))
 					}
 					if ratio <= 1.2 && share > bestShare {
 						bestShare = share
@@ -223,10 +225,20 @@ func TestNoBatchGateMeetsBothTargetsBelowTheKnee(t *testing.T) {
 				}
 			}
 		}
-		within := "no rule keeps interactive p99 TTFT within 1.2×"
-		if bestShare > 0 {
-			within = fmt.Sprintf("within 1.2× the batch takes at most %.0f %% of the spare", 100*bestShare)
+		return met, bestShare, bestRatio
+	}
+	for seed := range uint64(3) {
+		met, bestShare, bestRatio := grid(30, seed)
+		if len(met) > 0 {
+			t.Errorf("interactive 30/s, stream %d: %v meet both targets", seed, met)
 		}
-		t.Logf("interactive %.0f/s: %s; taking half of it costs at least %.2f×", rate, within, bestRatio)
+		if bestRatio == 0 {
+			t.Errorf("interactive 30/s, stream %d: no rule takes half the spare", seed)
+		}
+		t.Logf("interactive 30/s, stream %d: within 1.2× the batch takes at most %.0f %% of the spare; half of it costs at least %.2f×", seed, 100*bestShare, bestRatio)
+	}
+	for seed := range uint64(3) {
+		met, bestShare, bestRatio := grid(38, seed)
+		t.Logf("interactive 38/s, stream %d: within 1.2× the batch takes at most %.0f %% of the spare; half of it costs at least %.2f×; meeting both: %v", seed, 100*bestShare, bestRatio, met)
 	}
 }

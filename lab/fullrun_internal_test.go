@@ -5,9 +5,8 @@ package lab
 import "testing"
 
 // TestLabPrefixBenchFullRunTableIsCurrent: the quick report prints the full
-// run's every-arm table as measured when the section was last revised
-// (prefixBenchFullRun); this runs the full prefix benchmark again and fails
-// when the table no longer says what it measures. Without -race only (make
+// run's every-arm table from prefixBenchFullRun; this runs the full prefix
+// benchmark again and fails when the table no longer says what it measures. Without -race only (make
 // test-lab): the detector slows the simulator about tenfold.
 func TestLabPrefixBenchFullRunTableIsCurrent(t *testing.T) {
 	if testing.Short() {

@@ -39,8 +39,8 @@ func (r *PrefixBenchResult) EveryArmAgainstOracle() string {
 }
 
 // fullRunNote gives a quick run's section the full run's every-arm table,
-// as measured when the section was last revised (the full run takes
-// minutes; the quick one is the report's).
+// kept in prefixBenchFullRun (the full run takes several times the quick
+// one's time; the quick one is the report's).
 func (r *PrefixBenchResult) fullRunNote() string {
 	if r.Scale == Full {
 		return ""
