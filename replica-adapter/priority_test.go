@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/enginesim"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -119,5 +120,64 @@ func TestBatchPromptsAreNotQueuedAheadOfInteractive(t *testing.T) {
 	close(release)
 	for _, r := range replies {
 		untilEnd(t, r)
+	}
+}
+
+// TestHeartbeatCountsBatchLinesWaiting: at an engine that schedules by
+// priority, the heartbeat says how many of the requests waiting for a
+// batch slot are batch lines (batch_waiting), which brokers leave out of
+// an interactive request's wait; an interactive request waiting is not
+// one of them, and once the batch has room none waits.
+func TestHeartbeatCountsBatchLinesWaiting(t *testing.T) {
+	const maxBatch = 8 // its hold, a quarter more, lets two batch lines wait
+	e := newEnv(t)
+	_, hs := simEngine(t, enginesim.ServerConfig{Speed: 1, Engine: enginesim.Config{MaxBatch: maxBatch, Scheduling: enginesim.SchedulingPriority}})
+	cfg := e.config()
+	cfg.EngineURL, cfg.MaxBatch, cfg.EngineScheduling = hs.URL, maxBatch, adapter.SchedulingPriority
+	e.start(cfg)
+	e.waitReady("r-1")
+	nextHB := heartbeats(t, e.nc, "r-1")
+	send := func(id, priority string, maxTokens int) <-chan *nats.Msg {
+		h := chatHeaders(id)
+		h.Set(subjects.HdrPriority, priority)
+		return e.request("r-1", h, fmt.Sprintf(`{"model": "sim-model", "messages": [{"role": "user", "content": "%s"}], "max_tokens": %d, "stream": true}`, id, maxTokens))
+	}
+	// Interactive requests that generate for minutes fill the batch; two
+	// batch lines and an interactive request wait behind them.
+	var fill []<-chan *nats.Msg
+	for i := range maxBatch {
+		fill = append(fill, send(fmt.Sprint("fill-", i), subjects.PriorityInteractive, 100000))
+	}
+	var waiting []<-chan *nats.Msg
+	for _, id := range []string{"line-0", "line-1"} {
+		waiting = append(waiting, send(id, subjects.PriorityBatch, 3))
+	}
+	waiting = append(waiting, send("interactive", subjects.PriorityInteractive, 3))
+	hb := waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		if hb.Inflight != maxBatch+3 || hb.Running != maxBatch || hb.Waiting != 3 {
+			return fmt.Errorf("heartbeat: %d in flight, the engine runs %d and queues %d; want %d, %d and 3", hb.Inflight, hb.Running, hb.Waiting, maxBatch+3, maxBatch)
+		}
+		return nil
+	})
+	if hb.BatchWaiting != 2 {
+		t.Errorf("heartbeat batch_waiting %d with two batch lines and an interactive request waiting, want 2", hb.BatchWaiting)
+	}
+
+	for i := range fill {
+		if err := e.nc.PublishMsg(&nats.Msg{Subject: subjects.New("").ReplicaCancel("r-1"), Header: nats.Header{subjects.HdrRequestID: {fmt.Sprint("fill-", i)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ch := range append(fill, waiting...) {
+		untilEnd(t, ch)
+	}
+	hb = waitHeartbeat(t, nextHB, func(hb subjects.Heartbeat) error {
+		if hb.Inflight != 0 {
+			return fmt.Errorf("heartbeat: %d in flight", hb.Inflight)
+		}
+		return nil
+	})
+	if hb.BatchWaiting != 0 {
+		t.Errorf("heartbeat batch_waiting %d with nothing in flight", hb.BatchWaiting)
 	}
 }
