@@ -1,7 +1,6 @@
 package enginesim_test
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -184,61 +183,54 @@ func TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine(t *testing.T) {
 	}
 }
 
-// TestNoBatchGateMeetsBothTargetsAt30PerSecond: at 30 interactive requests
-// a second a replica, no way of sending batch lines of the grid below
-// takes half the engine's spare capacity with interactive p99 TTFT within
-// 1.2× of alone, for any of three arrival streams: not a deeper hold
-// (lines waiting in the engine's queue), nor a shallower one (slots kept
-// free for interactive requests), nor lines sent in waves, nor lines sent
-// only beside an interactive request so that they share its prefill step.
-// A batch line in a slot makes steps that would decode prefill steps
-// (TTFTBase, which stalls every running request), and slots free more
-// slowly; priority orders the queue, it preempts nothing. The same grid at
-// 38 a second, logged for docs/benchmarks.md, is on the edge: whether a
-// rule meets both depends on the arrival stream. At 45 the hold meets both (the
-// test above). Figures for docs/benchmarks.md.
-func TestNoBatchGateMeetsBothTargetsAt30PerSecond(t *testing.T) {
+// TestHalfTheSpareSetsAnInteractiveFloor: whatever way batch lines are
+// sent to a priority engine, once they take half its spare capacity the
+// interactive requests' p99 time to first token is at least
+// batchFloor, at every interactive rate and arrival stream tried; alone,
+// the same traffic's p99 is well below it until the engine nears its knee.
+// The ways: topped up to a hold of 32 to 64 requests in the engine (slots
+// kept free for interactive requests, or lines waiting in the engine's
+// queue behind them), in waves of 1, 4 or 8 lines, after each request ends
+// or only when an interactive request arrives (so that its prefill step
+// takes them too). With half the spare in use a slot frees at almost every
+// step and a waiting line takes it, so almost every step prefills
+// (TTFTBase, 30 ms, stalling the batch): an interactive request waits for
+// the step under way, often for a slot, then for its own prefill step.
+// Priority orders the queue; it preempts nothing (as vLLM's v1 scheduler).
+// Figures for docs/benchmarks.md ("Batches beside interactive traffic").
+func TestHalfTheSpareSetsAnInteractiveFloor(t *testing.T) {
 	const dur, refill = 60 * time.Second, 20 * time.Millisecond
+	const batchFloor = 180 * time.Millisecond
 	saturation := holdWorkload(t, 0, 32+64, refill, 30*time.Second).interactive
-	grid := func(rate float64, seed uint64) (met []string, bestShare, bestRatio float64) {
-		alone := gateWorkload(t, rate, batchGate{seed: seed}, dur)
+	for _, rate := range []float64{30, 38, 45} {
 		spare := saturation - rate
-		for _, hold := range []int{24, 28, 32, 36, 40, 48} {
-			for _, piggyback := range []bool{false, true} {
-				for _, wave := range []int{1, 4, 8, 16} {
-					r := gateWorkload(t, rate, batchGate{hold: hold, refill: refill, wave: wave, piggyback: piggyback, seed: seed}, dur)
-					if r.batch == 0 {
-						t.Fatalf("interactive %.0f/s, hold %d, wave %d, piggyback %v: no batch line served", rate, hold, wave, piggyback)
-					}
-					share, ratio := r.batch/spare, float64(r.p99)/float64(alone.p99)
-					t.Logf("interactive %.0f/s, stream %d (alone p99 %v): hold %d, wave %d, piggyback %v: batch %.1f lines/s (%.0f %% of the spare), p99 TTFT %v (%.2f×)",
-						rate, seed, alone.p99, hold, wave, piggyback, r.batch, 100*share, r.p99, ratio)
-					if share >= 0.5 && ratio <= 1.2 {
-						met = append(met, fmt.Sprintf("hold %d, wave %d, piggyback %v (%.0f %%, %.2f×)", hold, wave, piggyback, 100*share, ratio))
-					}
-					if ratio <= 1.2 && share > bestShare {
-						bestShare = share
-					}
-					if share >= 0.5 && (bestRatio == 0 || ratio < bestRatio) {
-						bestRatio = ratio
+		for seed := range uint64(3) {
+			alone := gateWorkload(t, rate, batchGate{seed: seed}, dur)
+			var lowest time.Duration
+			var at batchGate
+			for _, hold := range []int{32, 36, 40, 48, 64} {
+				for _, piggyback := range []bool{false, true} {
+					for _, wave := range []int{1, 4, 8} {
+						g := batchGate{hold: hold, refill: refill, wave: wave, piggyback: piggyback, seed: seed}
+						r := gateWorkload(t, rate, g, dur)
+						if r.batch == 0 {
+							t.Fatalf("interactive %.0f/s: %+v served no batch line", rate, g)
+						}
+						if r.batch >= spare/2 && (lowest == 0 || r.p99 < lowest) {
+							lowest, at = r.p99, g
+						}
 					}
 				}
 			}
+			if lowest == 0 {
+				t.Fatalf("interactive %.0f/s, stream %d: no way takes half the spare %.1f/s", rate, seed, spare)
+			}
+			t.Logf("interactive %.0f/s, stream %d: alone p99 TTFT %v; with half the spare taken, at least %v (%.2f×; hold %d, wave %d, piggyback %v)",
+				rate, seed, alone.p99.Round(time.Millisecond), lowest.Round(time.Millisecond), float64(lowest)/float64(alone.p99), at.hold, at.wave, at.piggyback)
+			if lowest < batchFloor {
+				t.Errorf("interactive %.0f/s, stream %d: hold %d, wave %d, piggyback %v takes half the spare at p99 TTFT %v, under %v",
+					rate, seed, at.hold, at.wave, at.piggyback, lowest, batchFloor)
+			}
 		}
-		return met, bestShare, bestRatio
-	}
-	for seed := range uint64(3) {
-		met, bestShare, bestRatio := grid(30, seed)
-		if len(met) > 0 {
-			t.Errorf("interactive 30/s, stream %d: %v meet both targets", seed, met)
-		}
-		if bestRatio == 0 {
-			t.Errorf("interactive 30/s, stream %d: no rule takes half the spare", seed)
-		}
-		t.Logf("interactive 30/s, stream %d: within 1.2× the batch takes at most %.0f %% of the spare; half of it costs at least %.2f×", seed, 100*bestShare, bestRatio)
-	}
-	for seed := range uint64(3) {
-		met, bestShare, bestRatio := grid(38, seed)
-		t.Logf("interactive 38/s, stream %d: within 1.2× the batch takes at most %.0f %% of the spare; half of it costs at least %.2f×; meeting both: %v", seed, 100*bestShare, bestRatio, met)
 	}
 }
