@@ -41,6 +41,9 @@ type batchGate struct {
 	// seed is the interactive arrivals' random stream (0: the stream
 	// holdWorkload has always drawn).
 	seed uint64
+	// even sends interactive requests at even intervals, as make
+	// bench-batch's load generator does, instead of Poisson arrivals.
+	even bool
 }
 
 // gateWorkload is holdWorkload with the batch lines sent by gate.
@@ -50,6 +53,9 @@ func gateWorkload(t *testing.T, rate float64, gate batchGate, dur time.Duration)
 	e := enginesim.New(enginesim.Config{MaxBatch: 32, MaxQueue: 128, Scheduling: enginesim.SchedulingPriority})
 	rng := rand.New(rand.NewPCG(1+gate.seed, 2))
 	gap := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
+	if gate.even {
+		gap = func() time.Duration { return time.Duration(float64(time.Second) / rate) }
+	}
 	end, warm := t0.Add(dur), t0.Add(3*time.Second)
 	nextArrival := end
 	if rate > 0 {
@@ -185,52 +191,64 @@ func TestABatchHoldTakesTheSpareCapacityOfAPriorityEngine(t *testing.T) {
 
 // TestHalfTheSpareSetsAnInteractiveFloor: whatever way batch lines are
 // sent to a priority engine, once they take half its spare capacity the
-// interactive requests' p99 time to first token is at least
-// batchFloor, at every interactive rate and arrival stream tried; alone,
-// the same traffic's p99 is well below it until the engine nears its knee.
-// The ways: topped up to a hold of 32 to 64 requests in the engine (slots
-// kept free for interactive requests, or lines waiting in the engine's
-// queue behind them), in waves of 1, 4 or 8 lines, after each request ends
-// or only when an interactive request arrives (so that its prefill step
-// takes them too). With half the spare in use a slot frees at almost every
-// step and a waiting line takes it, so almost every step prefills
-// (TTFTBase, 30 ms, stalling the batch): an interactive request waits for
-// the step under way, often for a slot, then for its own prefill step.
-// Priority orders the queue; it preempts nothing (as vLLM's v1 scheduler).
-// Figures for docs/benchmarks.md ("Batches beside interactive traffic").
+// interactive requests' p99 time to first token is at least batchFloor,
+// at every interactive rate tried, with requests sent at even intervals as
+// make bench-batch's load generator sends them; alone, the same traffic's
+// p99 is well under it, so no way meets the benchmark's 1.2×. The ways:
+// topped up to a hold of 32 to 64 requests in the engine (slots kept free
+// for interactive requests, or lines waiting in the engine's queue behind
+// them), in waves of 1, 4 or 8 lines, after each request ends or only when
+// an interactive request arrives (so that its prefill step takes them
+// too). With half the spare in use a slot frees at almost every step and a
+// waiting line takes it, so almost every step prefills (TTFTBase, 30 ms,
+// stalling the batch): an interactive request waits for the step under
+// way, often for a slot, then for its own prefill step. Priority orders
+// the queue; it preempts nothing (as vLLM's v1 scheduler). Poisson
+// arrivals give the same floor, with an alone p99 that varies by stream
+// and rises near the engine's knee (logged). Figures for
+// docs/benchmarks.md ("Batches beside interactive traffic").
 func TestHalfTheSpareSetsAnInteractiveFloor(t *testing.T) {
 	const dur, refill = 60 * time.Second, 20 * time.Millisecond
 	const batchFloor = 180 * time.Millisecond
 	saturation := holdWorkload(t, 0, 32+64, refill, 30*time.Second).interactive
-	for _, rate := range []float64{30, 38, 45} {
-		spare := saturation - rate
-		for seed := range uint64(3) {
-			alone := gateWorkload(t, rate, batchGate{seed: seed}, dur)
-			var lowest time.Duration
-			var at batchGate
-			for _, hold := range []int{32, 36, 40, 48, 64} {
-				for _, piggyback := range []bool{false, true} {
-					for _, wave := range []int{1, 4, 8} {
-						g := batchGate{hold: hold, refill: refill, wave: wave, piggyback: piggyback, seed: seed}
-						r := gateWorkload(t, rate, g, dur)
-						if r.batch == 0 {
-							t.Fatalf("interactive %.0f/s: %+v served no batch line", rate, g)
-						}
-						if r.batch >= spare/2 && (lowest == 0 || r.p99 < lowest) {
-							lowest, at = r.p99, g
-						}
+	lowest := func(rate float64, arrivals batchGate) (time.Duration, batchGate) {
+		var low time.Duration
+		var at batchGate
+		for _, hold := range []int{32, 36, 40, 48, 64} {
+			for _, piggyback := range []bool{false, true} {
+				for _, wave := range []int{1, 4, 8} {
+					g := arrivals
+					g.hold, g.refill, g.wave, g.piggyback = hold, refill, wave, piggyback
+					r := gateWorkload(t, rate, g, dur)
+					if r.batch == 0 {
+						t.Fatalf("interactive %.0f/s: %+v served no batch line", rate, g)
+					}
+					if r.batch >= (saturation-rate)/2 && (low == 0 || r.p99 < low) {
+						low, at = r.p99, g
 					}
 				}
 			}
-			if lowest == 0 {
-				t.Fatalf("interactive %.0f/s, stream %d: no way takes half the spare %.1f/s", rate, seed, spare)
-			}
-			t.Logf("interactive %.0f/s, stream %d: alone p99 TTFT %v; with half the spare taken, at least %v (%.2f×; hold %d, wave %d, piggyback %v)",
-				rate, seed, alone.p99.Round(time.Millisecond), lowest.Round(time.Millisecond), float64(lowest)/float64(alone.p99), at.hold, at.wave, at.piggyback)
-			if lowest < batchFloor {
-				t.Errorf("interactive %.0f/s, stream %d: hold %d, wave %d, piggyback %v takes half the spare at p99 TTFT %v, under %v",
-					rate, seed, at.hold, at.wave, at.piggyback, lowest, batchFloor)
-			}
+		}
+		if low == 0 {
+			t.Fatalf("interactive %.0f/s (%+v): no way takes half the spare", rate, arrivals)
+		}
+		return low, at
+	}
+	for _, rate := range []float64{30, 38, 45} {
+		alone := gateWorkload(t, rate, batchGate{even: true}, dur)
+		low, at := lowest(rate, batchGate{even: true})
+		t.Logf("interactive %.0f/s at even intervals: alone p99 TTFT %v; with half the spare taken, at least %v (%.2f×; hold %d, wave %d, piggyback %v)",
+			rate, alone.p99.Round(time.Millisecond), low.Round(time.Millisecond), float64(low)/float64(alone.p99), at.hold, at.wave, at.piggyback)
+		if low < batchFloor || float64(low) <= 1.2*float64(alone.p99) {
+			t.Errorf("interactive %.0f/s: hold %d, wave %d, piggyback %v takes half the spare at p99 TTFT %v (alone %v)",
+				rate, at.hold, at.wave, at.piggyback, low, alone.p99)
+		}
+		poisson := gateWorkload(t, rate, batchGate{}, dur)
+		low, _ = lowest(rate, batchGate{})
+		t.Logf("interactive %.0f/s, Poisson: alone p99 TTFT %v; with half the spare taken, at least %v (%.2f×)",
+			rate, poisson.p99.Round(time.Millisecond), low.Round(time.Millisecond), float64(low)/float64(poisson.p99))
+		if low < batchFloor {
+			t.Errorf("interactive %.0f/s, Poisson: a way takes half the spare at p99 TTFT %v", rate, low)
 		}
 	}
 }
