@@ -113,4 +113,20 @@ func TestOneSendersPrefillLegsAreBounded(t *testing.T) {
 			t.Errorf("a leg within the bound: %s %.300s", st, m.Data)
 		}
 	}
+
+	// Served legs leave the bound: the flooding sender's next leg, once
+	// its others are done, is served, not refused.
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := pd.prefill.InFlight(); n != 0 {
+			return fmt.Errorf("%d legs still in the prefill engine", n)
+		}
+		return nil
+	})
+	m, err = pd.e.nc.RequestMsg(&nats.Msg{Subject: subj.Prefill("p-1", "d-2"), Header: splitHeaders("flood-after", ""), Data: []byte(longBody("5"))}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Header.Get(subjects.HdrStatus); st != "200" {
+		t.Errorf("d-2's leg after its flood was done: %s %.300s, want 200", st, m.Data)
+	}
 }
