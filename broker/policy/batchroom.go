@@ -64,10 +64,11 @@ func (p *pick) batchRoom() (switched bool, e *subjects.APIError) {
 func (p *pick) hasRoom(c *cand) bool {
 	x := c.x
 	held := max(x.running+x.waiting, clamp32(x.hb.Inflight)) + x.delta
+	limit := BatchRoom * float64(x.maxBatch)
 	if x.byPriority {
-		return c.fresh && int(held) < subjects.BatchHold(int(x.maxBatch), int(x.maxQueue)) && c.x.kv < p.release
+		limit = float64(subjects.BatchHold(int(x.maxBatch), int(x.maxQueue)))
 	}
-	return c.fresh && float64(held) < BatchRoom*float64(x.maxBatch) && c.x.kv < p.release
+	return c.fresh && float64(held) < limit && x.kv < p.release
 }
 
 func (p *pick) whyBatchRoom(i int) string {

@@ -128,16 +128,7 @@ func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
 	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load,
 		saturated: c.saturated, capacity: c.full, slotsAhead: c.slotsAhead}
 	v := &x.view
-	switch ahead := x.ahead(); {
-	case x.msPerToken <= 0:
-		v.before = x.wait
-	case c.slotsAhead <= 0:
-		v.before, v.perToken = ahead, x.msPerToken
-	case x.slotMs > 0:
-		v.before, v.perToken = ahead+float64(c.slotsAhead)*x.slotMs, x.msPerToken
-	default:
-		v.before, v.perToken, v.floor = ahead, x.msPerToken, x.wait
-	}
+	v.before, v.perToken, v.floor = x.predictParts(c.slotsAhead)
 }
 
 // load computes a candidate's load_score (policy.load_weights in
@@ -186,8 +177,6 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	// after the request (the prediction is an interactive request's: a
 	// batch line is placed by batch-room, not by its prediction).
 	c.slotsAhead = max(running+waiting-min(waiting, x.batchWaiting)+1-maxBatch, 0)
-	c.uncached = clamp32(p.req.PromptTokens)
-	c.ttft = x.predict(c.uncached, c.slotsAhead)
 }
 
 // predict is the time to first token, in ms, of a request with uncached
@@ -203,29 +192,29 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 // larger of its TTFT and queue-wait EWMAs), what its latest requests
 // waited. Without a learned prefill rate it is that estimate.
 func (x *replica) predict(uncached, slotsAhead int32) float64 {
-	return x.predictAfter(x.ahead(), uncached, slotsAhead)
+	before, perToken, floor := x.predictParts(slotsAhead)
+	return max(before+float64(uncached)*perToken, floor)
 }
 
-// ahead is x's base TTFT plus the prefill work queued there, in ms: the
-// part of predict that does not depend on the request.
+// predictParts is predict with what does not depend on the request's
+// uncached tokens worked out: the prediction of u uncached tokens is
+// max(before + u·perToken, floor). The load view keeps them (renew).
+func (x *replica) predictParts(slotsAhead int32) (before, perToken, floor float64) {
+	switch ahead := x.ahead(); {
+	case x.msPerToken <= 0:
+		return x.wait, 0, 0
+	case slotsAhead <= 0:
+		return ahead, x.msPerToken, 0
+	case x.slotMs > 0:
+		return ahead + float64(slotsAhead)*x.slotMs, x.msPerToken, 0
+	default:
+		return ahead, x.msPerToken, x.wait
+	}
+}
+
+// ahead is x's base TTFT plus the prefill work queued there, in ms.
 func (x *replica) ahead() float64 {
 	return x.baseTTFT + float64(int64(x.queuedPrefill)+int64(x.sentPrefill))*x.msPerToken
-}
-
-// predictAfter is predict with x.ahead() given.
-func (x *replica) predictAfter(ahead float64, uncached, slotsAhead int32) float64 {
-	if x.msPerToken <= 0 {
-		return x.wait
-	}
-	ttft := ahead + float64(uncached)*x.msPerToken
-	switch {
-	case slotsAhead <= 0:
-	case x.slotMs > 0:
-		ttft += float64(slotsAhead) * x.slotMs
-	default:
-		ttft = max(ttft, x.wait)
-	}
-	return ttft
 }
 
 // prefillCost is the time, in ms, that a prefill of uncached tokens on x
