@@ -51,15 +51,12 @@ func (l *loadState) slotWaitFor(inflight, batch int) time.Duration {
 // batch; an interactive request at a priority engine waits for none of
 // the batch lines waiting (batchWaiting), a batch line (behind) for all.
 func (a *Adapter) slotWait(behind bool) time.Duration {
-	l := &a.load
-	l.mu.Lock()
-	batch := a.limits.withEngine(l.sample).batch
-	l.mu.Unlock()
+	batch := a.engineLimits().batch
 	n := a.InFlight()
 	if !behind {
 		n -= a.batchWaiting(n, batch)
 	}
-	return l.slotWaitFor(n, batch)
+	return a.load.slotWaitFor(n, batch)
 }
 
 // batchWaiting is how many of inflight requests beyond an engine's batch

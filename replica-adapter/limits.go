@@ -49,6 +49,14 @@ func (l limits) withEngine(s LoadSample) limits {
 	return l
 }
 
+// engineLimits is the adapter's limits with its engine's batch size as
+// last scraped (withEngine).
+func (a *Adapter) engineLimits() limits {
+	a.load.mu.Lock()
+	defer a.load.mu.Unlock()
+	return a.limits.withEngine(a.load.sample)
+}
+
 // vllmMaxSeqs reads max_num_seqs from vLLM's *_config_info series, whose
 // labels carry the engine's configuration (cache_config_info carries the
 // cache's; a scheduler config series carries max_num_seqs). 0 when none

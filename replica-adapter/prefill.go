@@ -66,9 +66,7 @@ type prefillKey struct{ decode, id string }
 // and the max queue behind it: what the replica declares it holds
 // (max_batch, max_queue), the numbers brokers weigh it full by.
 func (a *Adapter) legBounds() (perSender, total int) {
-	a.load.mu.Lock()
-	lim := a.limits.withEngine(a.load.sample)
-	a.load.mu.Unlock()
+	lim := a.engineLimits()
 	return lim.batch, lim.batch + lim.queue
 }
 

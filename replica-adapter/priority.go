@@ -61,10 +61,7 @@ func (a *Adapter) noRoomForBatch(h nats.Header) bool {
 	if a.cfg.EngineScheduling != SchedulingPriority || EnginePriority(h) != EnginePriorityBatch || h.Get(subjects.HdrResume) != "" {
 		return false
 	}
-	l := &a.load
-	l.mu.Lock()
-	lim := a.limits.withEngine(l.sample)
-	l.mu.Unlock()
+	lim := a.engineLimits()
 	return a.InFlight() >= subjects.BatchHold(lim.batch, lim.queue)
 }
 
