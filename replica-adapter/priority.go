@@ -58,7 +58,7 @@ func (a *Adapter) priorityField(h nats.Header) bodyField {
 // (a batch line is never failed for a 503). A continuation is not
 // refused: it was admitted once.
 func (a *Adapter) noRoomForBatch(h nats.Header) bool {
-	if a.cfg.EngineScheduling != SchedulingPriority || EnginePriority(h) != EnginePriorityBatch || h.Get(subjects.HdrResume) != "" {
+	if !a.behindInteractive(h) || h.Get(subjects.HdrResume) != "" {
 		return false
 	}
 	lim := a.engineLimits()
