@@ -2,6 +2,8 @@ package batch
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // The leader's answer on a file: there once written, not once deleted,
@@ -44,5 +47,65 @@ func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
 	}
 	if has, known := st.leaderHas(ctx, objectName("acme", f.ID)); has || !known {
 		t.Errorf("the leader still has the deleted file")
+	}
+}
+
+// A stored batch file passed the Checker, so a line CheckInput now fails
+// on can only be a read the stream cut short or garbled: the creation
+// gets the store's 503, not a 400 that blames the client's file. The
+// garbled read is made with the object store's own parts: the file's
+// metadata is pointed at chunks of another content of the same size,
+// so the read fails its digest only at the end, after the bad line.
+func TestAGarbledReadOfAStoredFileIsNotTheClients400(t *testing.T) {
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	st, err := OpenStore(ctx, js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}` + "\n"
+	f, err := st.PutFile(ctx, "acme", "in.jsonl", PurposeBatch, strings.NewReader(line+line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions"); apiErr != nil {
+		t.Fatalf("the file as stored: %v", apiErr)
+	}
+	name := objectName("acme", f.ID)
+	good, err := st.files.GetInfo(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled := strings.Replace(line, "{", "[", 1) + line
+	other, err := st.files.PutString(ctx, "other", garbled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := *good
+	meta.NUID = other.NUID
+	meta.ModTime = time.Time{}
+	data, err := json.Marshal(&meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("$O." + subjects.FilesBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name)))
+	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	m.Data = data
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	_, _, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions")
+	if apiErr == nil || apiErr.Status != 503 || apiErr.RetryAfter == 0 {
+		t.Fatalf("a garbled read of a stored file: %+v, want the store's 503 with Retry-After", apiErr)
+	}
+	if !strings.Contains(apiErr.Message, "digest") {
+		t.Errorf("the 503 does not say the read failed its digest: %q", apiErr.Message)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"sort"
 	"strconv"
@@ -191,7 +192,8 @@ func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string)
 		e.Param = "input_file_id"
 		return 0, 0, e
 	}
-	lines, err = EachLine(r, func(n int, raw []byte) error {
+	read := &countingReader{r: r}
+	lines, err = EachLine(read, func(n int, raw []byte) error {
 		l, msg := ParseLine(raw)
 		if msg != "" {
 			return lineError(n, msg)
@@ -202,14 +204,41 @@ func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string)
 		requests++
 		return nil
 	})
+	if err == nil && requests == 0 {
+		err = subjects.NewError(400, subjects.CodeInvalidRequest, "the file is empty: a batch file holds one request per line")
+	}
 	var ae *subjects.APIError
 	if errors.As(err, &ae) {
+		// The file passed the Checker when it was stored, so a line
+		// it now fails on is believed only when the whole file was
+		// read as stored (the object store checks its digest at the
+		// end): a read the stream cut short or garbled while its
+		// leader moved is the store's failure, a 503, not the
+		// client's 400.
+		if _, derr := io.Copy(io.Discard, read); derr != nil {
+			return 0, 0, unavailable(derr)
+		}
+		if read.n != f.Bytes {
+			return 0, 0, unavailable(fmt.Errorf("read %d of the file's %d bytes", read.n, f.Bytes))
+		}
 		return 0, 0, ae
 	}
 	if err != nil {
 		return 0, 0, unavailable(err)
 	}
 	return lines, requests, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func fileNotFound(id string) *subjects.APIError {

@@ -51,14 +51,14 @@ func createBatch(c *openai.Client, lines string) (*openai.Batch, error) {
 		File: openai.File(strings.NewReader(lines), "batch.jsonl", "application/jsonl"), Purpose: openai.FilePurposeBatch,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("files.create: %w", err)
+		return nil, fmt.Errorf("files.create: %w%s", err, errorBody(err))
 	}
 	b, err := c.Batches.New(ctx, openai.BatchNewParams{
 		InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
 		CompletionWindow: openai.BatchNewParamsCompletionWindow24h,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("batches.create: %w", err)
+		return nil, fmt.Errorf("batches.create: %w%s", err, errorBody(err))
 	}
 	if b.Status != "validating" || b.InputFileID != f.ID || b.Endpoint != "/v1/chat/completions" {
 		return nil, fmt.Errorf("new batch: %+v", b)
@@ -166,6 +166,16 @@ func TestBatchCompletesWithOneResultPerLine(t *testing.T) {
 		listed[0].Tenant != "acme" || listed[0].Status != "completed" || listed[0].Counts.Completed != 39 {
 		t.Errorf("the dashboard's batches: %v %+v", err, listed)
 	}
+}
+
+// errorBody is the body of the OpenAI error err carries, for a failure's
+// message: the SDK's Error() gives only the status line.
+func errorBody(err error) string {
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) {
+		return ""
+	}
+	return " " + apiErr.RawJSON()
 }
 
 func isStatus(err error, status int) bool {
