@@ -122,7 +122,16 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 	case ended && !first.IsZero():
 		a.load.observeDecode(time.Since(first))
 	}
-	return a.settle(&scan, h)
+	t := a.settle(&scan, h)
+	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 && prompt > 0 {
+		// The engine's own prompt count, when it gave one, is exact.
+		p := prompt
+		if t.PromptTokens > 0 {
+			p = t.PromptTokens
+		}
+		a.load.observePrefillExact(p-cached, first.Sub(start)-slotWait)
+	}
+	return t
 }
 
 // engineRequest builds the engine call: the endpoint checked, the model

@@ -133,3 +133,53 @@ func TestPrefillRateWithNoFreshSamplesDecaysTowardItsPeak(t *testing.T) {
 		t.Fatalf("rate %v long after, want back at the peak 10000 and never past it", rest)
 	}
 }
+
+// The line through (uncached tokens, TTFT) points has the engine's rate for
+// its slope whatever its base: a base of 120 ms, which the estimate from
+// the fastest first token would take for prefill-free, does not bias it.
+// Points all of one size say nothing, nor do a few, nor a slope that is
+// not positive; an absurd one is bounded.
+func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
+	var l loadState
+	for i := range fitMinPoints - 1 {
+		l.observePrefillExact(1200+i*800, time.Duration(120+float64(1200+i*800)*0.08)*time.Millisecond)
+	}
+	if r := l.prefillRateLocked(time.Now()); r != 0 {
+		t.Fatalf("rate %v from %d points", r, fitMinPoints-1)
+	}
+	for i := range 200 {
+		u := 1200 + (i%7)*1000
+		l.observePrefillExact(u, time.Duration((120+float64(u)*0.08)*float64(time.Millisecond)))
+	}
+	if r := l.prefillRateLocked(time.Now()); math.Abs(r-12500) > 1 {
+		t.Fatalf("rate %v tokens/s, want 12500 (80 µs a token)", r)
+	}
+
+	var same loadState
+	for range 50 {
+		same.observePrefillExact(1200, 216*time.Millisecond)
+	}
+	if r := same.prefillRateLocked(time.Now()); r != 0 {
+		t.Fatalf("rate %v from points all of one size", r)
+	}
+	var flat loadState
+	for i := range 50 {
+		flat.observePrefillExact(i*500, 100*time.Millisecond)
+	}
+	if r := flat.prefillRateLocked(time.Now()); r != 0 {
+		t.Fatalf("rate %v from a flat line", r)
+	}
+	var fast loadState
+	for i := range 50 {
+		fast.observePrefillExact(i*maxPromptTokens/50, time.Duration(100+i%2)*time.Millisecond)
+	}
+	if r := fast.prefillRateLocked(time.Now()); r != 0 && r != subjects.MaxPrefillTokensPerSec {
+		t.Fatalf("absurd rate %v, want 0 or the bound", r)
+	}
+	var bad loadState
+	bad.observePrefillExact(-5, time.Second)
+	bad.observePrefillExact(100, 0)
+	if bad.fit.n != 0 {
+		t.Fatalf("%d impossible points taken", bad.fit.n)
+	}
+}

@@ -39,6 +39,7 @@ type loadState struct {
 	// first token yet; hitRatio the share of prompt tokens the engine's
 	// prefix cache served recently (prefillrate.go).
 	prefillRate        float64
+	fit                prefillFit // the rate from engines that say what they cached
 	rateWork, rateTime float64
 	prefillPeak        float64
 	prefillAt          time.Time

@@ -38,6 +38,11 @@ type usageScanner struct {
 	tail  []byte     // JSON: at least the last usageWindow bytes
 	total int
 
+	// The prompt tokens the engine's prefix cache served, when its
+	// usage says (Cached).
+	cached    int
+	hasCached bool
+
 	// observe, if set, sees every byte first (the owner recorder).
 	observe func(p []byte)
 }
@@ -83,7 +88,10 @@ func (u *usageScanner) sseEvent(ev []byte) error {
 		if !hasPrompt && u.found {
 			t.PromptTokens = u.usage.PromptTokens // message_start had it
 		}
-		u.usage, u.found = t, true
+		u.usage, u.found = t.tokens, true
+		if t.HasCached {
+			u.cached, u.hasCached = t.CachedTokens, true
+		}
 	}
 	return nil
 }
@@ -96,21 +104,27 @@ func (u *usageScanner) Finish() (tokens, bool) {
 	}
 	if u.total > len(u.head) {
 		if t, _, ok := findUsage(u.tail); ok {
-			return t, true
+			u.cached, u.hasCached = t.CachedTokens, t.HasCached
+			return t.tokens, true
 		}
 	}
 	t, _, ok := findUsage(u.head)
-	return t, ok
+	u.cached, u.hasCached = t.CachedTokens, t.HasCached
+	return t.tokens, ok
 }
+
+// Cached is how many prompt tokens the engine's prefix cache served, as
+// the usage Finish found says, when it says.
+func (u *usageScanner) Cached() (int, bool) { return u.cached, u.hasCached }
 
 // findUsage decodes the last "usage" object in b. It looks for the key
 // rather than decoding b: b may be a cut window of a larger body, and a
 // "usage" inside a string value is escaped (\"usage\") so it cannot match.
-func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
+func findUsage(b []byte) (t usage, hasPrompt, ok bool) {
 	for end := len(b); end > 0; {
 		i, j := jsonscan.LastMember(b, `"usage"`, end)
 		if i < 0 {
-			return tokens{}, false, false
+			return usage{}, false, false
 		}
 		end = i
 		if b[j] != '{' {
@@ -120,9 +134,17 @@ func findUsage(b []byte) (t tokens, hasPrompt, ok bool) {
 			// OpenAI's prompt_tokens and completion_tokens, or the
 			// Responses and Messages APIs' input_tokens and output_tokens.
 			if u, ok := chunk.ReadUsage(b[j:e]); ok {
-				return tokens{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}, u.HasPrompt, true
+				return usage{tokens{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}, u.CachedTokens, u.HasCached}, u.HasPrompt, true
 			}
 		}
 	}
-	return tokens{}, false, false
+	return usage{}, false, false
+}
+
+// usage is what findUsage reads: the tokens, and the prompt tokens the
+// engine's prefix cache served when it says (HasCached).
+type usage struct {
+	tokens
+	CachedTokens int
+	HasCached    bool
 }

@@ -260,3 +260,40 @@ func TestUsageOfTheResponsesAndMessagesAPIs(t *testing.T) {
 		t.Errorf("non-streamed response: %+v %v", got, ok)
 	}
 }
+
+// The prompt tokens the engine's prefix cache served, where its usage says:
+// vLLM's prompt_tokens_details (the captured stream says 0), the Responses
+// API's input_tokens_details, the Messages API's cache_read_input_tokens
+// in message_start. A count above the prompt, or not a count, is not
+// believed; a usage without one says nothing.
+func TestUsageCachedTokens(t *testing.T) {
+	capture, err := os.ReadFile("testdata/vllm/chat-stream-lora.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, body string
+		sse        bool
+		cached     int
+		has        bool
+	}{
+		{"vllm stream", string(capture), true, 0, true},
+		{"chat json", `{"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}`, false, 64, true},
+		{"responses", "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":100,\"output_tokens\":5,\"input_tokens_details\":{\"cached_tokens\":48}}}}\n\n", true, 48, true},
+		{"messages", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":100,\"cache_read_input_tokens\":32,\"output_tokens\":0}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n", true, 32, true},
+		{"above the prompt", `{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}`, false, 0, false},
+		{"not a count", `{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":"many"}}}`, false, 0, false},
+		{"none", `{"usage":{"prompt_tokens":10,"completion_tokens":2}}`, false, 0, false},
+	}
+	for _, c := range cases {
+		u := usageScanner{sse: c.sse}
+		feed(&u, []byte(c.body), rand.New(rand.NewPCG(5, 9)))
+		if _, ok := u.Finish(); !ok {
+			t.Fatalf("%s: no usage", c.name)
+		}
+		if n, has := u.Cached(); n != c.cached || has != c.has {
+			t.Errorf("%s: cached %d %v, want %d %v", c.name, n, has, c.cached, c.has)
+		}
+	}
+}

@@ -55,6 +55,13 @@ type Usage struct {
 	// HasPrompt and HasCompletion say the object names each count
 	// (Anthropic's message_delta names only the output).
 	HasPrompt, HasCompletion bool
+	// CachedTokens is how many prompt tokens the engine's prefix cache
+	// served, when the object says (HasCached): prompt_tokens_details or
+	// input_tokens_details.cached_tokens (vLLM, SGLang, OpenAI's Chat
+	// Completions and Responses APIs), or Anthropic's
+	// cache_read_input_tokens.
+	CachedTokens int
+	HasCached    bool
 }
 
 // Read reads data, one event's data. ok is false when data is not a JSON
@@ -289,7 +296,7 @@ func ReadUsage(v []byte) (u Usage, ok bool) {
 	if len(v) == 0 || v[0] != '{' {
 		return u, false
 	}
-	var prompt, completion, input, output []byte
+	var prompt, completion, input, output, cached []byte
 	m := jsonscan.NewMembers(v, 0)
 	for m.Next() {
 		k, val := m.Key(), m.Value()
@@ -302,6 +309,12 @@ func ReadUsage(v []byte) (u Usage, ok bool) {
 			input = val
 		case k.Equal("output_tokens"):
 			output = val
+		case k.Equal("prompt_tokens_details"), k.Equal("input_tokens_details"):
+			if cached == nil {
+				cached = cachedIn(val)
+			}
+		case k.Equal("cache_read_input_tokens"):
+			cached = val
 		}
 	}
 	if m.End() < 0 {
@@ -310,7 +323,31 @@ func ReadUsage(v []byte) (u Usage, ok bool) {
 	var pok, cok bool
 	u.PromptTokens, u.HasPrompt, pok = count(prompt, input)
 	u.CompletionTokens, u.HasCompletion, cok = count(completion, output)
+	// A cached count that is not a whole number in [0, prompt] is not
+	// believed, and costs the usage nothing.
+	if n, has, ok := count(cached, nil); has && ok && n >= 0 && (!u.HasPrompt || n <= u.PromptTokens) {
+		u.CachedTokens, u.HasCached = n, true
+	}
 	return u, pok && cok && (u.HasPrompt || u.HasCompletion)
+}
+
+// cachedIn is the cached_tokens member of a details object, nil when v is
+// not an object or does not name it.
+func cachedIn(v []byte) []byte {
+	if len(v) == 0 || v[0] != '{' {
+		return nil
+	}
+	var cached []byte
+	m := jsonscan.NewMembers(v, 0)
+	for m.Next() {
+		if m.Key().Equal("cached_tokens") {
+			cached = m.Value()
+		}
+	}
+	if m.End() < 0 {
+		return nil
+	}
+	return cached
 }
 
 // count reads the first of two counts that is present (not absent, not
