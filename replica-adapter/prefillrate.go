@@ -82,65 +82,21 @@ func (l *loadState) observePrefillAt(ahead, tokens int, ttft time.Duration, now 
 	l.prefillAt = now
 }
 
-// An engine that reports the prompt tokens its prefix cache served
-// (usage.prompt_tokens_details.cached_tokens) teaches the rate exactly:
-// each first token of a request that had nothing queued ahead of it is a
-// point (its uncached tokens, its time to first token), and the rate is
-// the slope of the least-squares line through the recent points. The
-// estimate from the hit ratio cannot be exact: it spreads the engine's
-// recent hits evenly over every request, and times a first token from the
-// fastest one seen, itself a prefill; in the lab's prefix benchmark it
-// read 1.5–3 times the engine's real rate, which made an uncached prefill
-// look that much cheaper than it is. The line's intercept (the engine's
-// base, plus waiting for a step in progress) does not bias the slope.
-const (
-	// fitAlpha is the weight of one point in the line's moving moments.
-	fitAlpha = 0.05
-	// fitMinPoints is how many points the line needs, and fitMinSpread
-	// the spread of uncached tokens (standard deviation) below which
-	// the points are all one size and say nothing about a slope.
-	fitMinPoints = 8
-	fitMinSpread = 256
-)
-
-// prefillFit is the least-squares line through recent (uncached tokens,
-// TTFT ms) points: the exponentially weighted moments of both.
-type prefillFit struct {
-	n                int
-	mx, my, mxx, mxy float64
-	rate             float64 // tokens per second; 0 while the line says nothing
-}
-
-// add takes one point and refits the rate.
-func (f *prefillFit) add(x, y float64) {
-	if f.n == 0 {
-		f.mx, f.my, f.mxx, f.mxy = x, y, x*x, x*y
-	} else {
-		f.mx += fitAlpha * (x - f.mx)
-		f.my += fitAlpha * (y - f.my)
-		f.mxx += fitAlpha * (x*x - f.mxx)
-		f.mxy += fitAlpha * (x*y - f.mxy)
-	}
-	f.n++
-	f.rate = 0
-	vx, cxy := f.mxx-f.mx*f.mx, f.mxy-f.mx*f.my
-	if f.n < fitMinPoints || vx < fitMinSpread*fitMinSpread || cxy <= 0 {
-		return
-	}
-	f.rate = min(vx/cxy*1000, subjects.MaxPrefillTokensPerSec)
-}
-
 // observePrefillExact learns the prefill rate from one first token of a
 // request that had nothing queued ahead of it, whose engine said how many
-// of its prompt tokens were cached: uncached tokens took ttft. Once the
-// line has a slope, it is the rate heartbeats carry.
+// of its prompt tokens were cached (usage.prompt_tokens_details.
+// cached_tokens): uncached tokens took ttft. Once the line through such
+// points has a slope (prefillfit), it is the rate heartbeats carry: the
+// estimate from the hit ratio spreads the engine's recent hits evenly
+// over every request and times a first token from the fastest one seen,
+// itself a prefill.
 func (l *loadState) observePrefillExact(uncached int, ttft time.Duration) {
 	if uncached < 0 || uncached > maxPromptTokens || ttft <= 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.fit.add(float64(uncached), float64(ttft)/float64(time.Millisecond))
+	l.fit.Add(float64(uncached), float64(ttft)/float64(time.Millisecond))
 }
 
 // decayPrefillLocked relaxes the rate toward the highest it reached, by
@@ -169,8 +125,8 @@ func (l *loadState) decayPrefillLocked(now time.Time) {
 // l.mu must be held.
 func (l *loadState) prefillRateLocked(now time.Time) float64 {
 	l.decayPrefillLocked(now)
-	if l.fit.rate > 0 {
-		return l.fit.rate
+	if r := l.fit.Rate(); r > 0 {
+		return r
 	}
 	return l.prefillRate
 }

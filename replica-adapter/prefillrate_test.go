@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -141,11 +142,11 @@ func TestPrefillRateWithNoFreshSamplesDecaysTowardItsPeak(t *testing.T) {
 // not positive; an absurd one is bounded.
 func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
 	var l loadState
-	for i := range fitMinPoints - 1 {
+	for i := range prefillfit.MinPoints - 1 {
 		l.observePrefillExact(1200+i*800, time.Duration(120+float64(1200+i*800)*0.08)*time.Millisecond)
 	}
 	if r := l.prefillRateLocked(time.Now()); r != 0 {
-		t.Fatalf("rate %v from %d points", r, fitMinPoints-1)
+		t.Fatalf("rate %v from %d points", r, prefillfit.MinPoints-1)
 	}
 	for i := range 200 {
 		u := 1200 + (i%7)*1000
@@ -179,7 +180,7 @@ func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
 	var bad loadState
 	bad.observePrefillExact(-5, time.Second)
 	bad.observePrefillExact(100, 0)
-	if bad.fit.n != 0 {
-		t.Fatalf("%d impossible points taken", bad.fit.n)
+	if bad.fit.Points() != 0 {
+		t.Fatalf("%d impossible points taken", bad.fit.Points())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -39,7 +40,7 @@ type loadState struct {
 	// first token yet; hitRatio the share of prompt tokens the engine's
 	// prefix cache served recently (prefillrate.go).
 	prefillRate        float64
-	fit                prefillFit // the rate from engines that say what they cached
+	fit                prefillfit.Fit // the rate from engines that say what they cached
 	rateWork, rateTime float64
 	prefillPeak        float64
 	prefillAt          time.Time

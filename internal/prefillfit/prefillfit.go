@@ -1,0 +1,56 @@
+// Package prefillfit learns an engine's prefill rate from the first tokens
+// of requests whose uncached prompt tokens are known: each is a point
+// (uncached tokens, time to first token in ms), and the rate is the slope
+// of the least-squares line through the recent points. The line's
+// intercept (the engine's base TTFT, and waiting for a step in progress)
+// does not bias the slope, where timing a first token from the fastest one
+// seen does: that one is itself a prefill. The replica adapter learns the
+// rate it heartbeats this way, and the lab's model of the adapter with it.
+package prefillfit
+
+import "github.com/switchyard-llm/switchyard/subjects"
+
+const (
+	// alpha is the weight of one point in the line's moving moments.
+	alpha = 0.05
+	// MinPoints is how many points the line needs, and minSpread the
+	// spread of uncached tokens (standard deviation) below which the
+	// points are all one size and say nothing about a slope.
+	MinPoints = 8
+	minSpread = 256
+)
+
+// Fit is the least-squares line through recent points: the exponentially
+// weighted moments of both coordinates. The zero Fit has no points.
+type Fit struct {
+	n                int
+	mx, my, mxx, mxy float64
+	rate             float64
+}
+
+// Add takes one point: x uncached tokens took y ms to a first token.
+func (f *Fit) Add(x, y float64) {
+	if f.n == 0 {
+		f.mx, f.my, f.mxx, f.mxy = x, y, x*x, x*y
+	} else {
+		f.mx += alpha * (x - f.mx)
+		f.my += alpha * (y - f.my)
+		f.mxx += alpha * (x*x - f.mxx)
+		f.mxy += alpha * (x*y - f.mxy)
+	}
+	f.n++
+	f.rate = 0
+	vx, cxy := f.mxx-f.mx*f.mx, f.mxy-f.mx*f.my
+	if f.n < MinPoints || vx < minSpread*minSpread || cxy <= 0 {
+		return
+	}
+	f.rate = min(vx/cxy*1000, subjects.MaxPrefillTokensPerSec)
+}
+
+// Rate is the slope as a prefill rate, uncached tokens per second, bounded
+// to what a heartbeat may carry; 0 while the points say nothing (too few,
+// all one size, or no positive slope).
+func (f *Fit) Rate() float64 { return f.rate }
+
+// Points is how many points the line has taken.
+func (f *Fit) Points() int { return f.n }
