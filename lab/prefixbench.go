@@ -331,7 +331,7 @@ adapter does and flushes what changed every 20 ms, and the updates reach the pol
 delivery delay (none in this run): never read at decision time. *Switchyard predicted-TTFT* sets
 `+"`policy.replica_choice`"+` to `+"`predicted-ttft`"+`, without and (*+ feed*) with the KV-event feed; its
 heartbeats carry the prefill view the adapter builds (queued prompt tokens, the prefill rate
-learned from first tokens) and the decode time (first token to end, which with a full batch says
+learned from first tokens and the engine's cached-token counts) and the decode time (first token to end, which with a full batch says
 how often a slot frees), and its adapters send load deltas between heartbeats. Imbalance is the
 busiest replica's outstanding requests over the mean, averaged over the step.
 
@@ -432,18 +432,36 @@ TTFT rather than kv_usage, and costs within a quarter of each other go by load_s
 that, predicted-TTFT's herding imbalance was 1.39–1.56 against power of two's 1.28–1.30,
 section 6). The predicted arms now run with load deltas, as deployed, and the lab's adapter model
 was corrected to send the uncached share of the queued prompt tokens in its deltas, as the
-adapter does (it sent all of them). The better arm is within 1.25× of the oracle at every step of
-the full run (0.70–1.24×, the closest at 21 req/s) and below the top of the quick run
-(0.97–1.09×), but not at the quick run's top step: 3.2× (1.7 s against 0.5 s), where the arm with
-the feed keeps 83% of the hits with an imbalance of 1.5 (the oracle: 1.3) and the one without
-balances (1.2) but serves 77% from cache. What was tried there and dropped, each measured on the
-quick run: letting the predicted step release a warm holder whenever the sampled pair predicted
-faster (hits fell to 72–78% from 8 req/s and the top cascaded to 9–31 s); only when the holder had
-a queue or a full batch (top 2.9–4.8×); counting the pair's own prefill two or three times over,
-which came closest at the top (1.35–1.7×) but lost the steps below it (up to 2.1×); the same
-weighing for warm holders above the release threshold (cascades at the top, 5–14×, even at eight
-times over); and against every candidate rather than a pair (top 2.4–4.2×). Near saturation the
-prediction's errors (learned prefill rates differ several-fold between replicas of one profile,
-and a prompt longer than the 64 blocks the router hashes is credited only that far) are larger
-than the differences the oracle acts on, and each wrong release costs a whole prompt's prefill.
+adapter does (it sent all of them). The better arm was then within 1.25× of the oracle at every step of
+the full run (0.70–1.24×) and below the top of the quick run (0.97–1.09×), but 3.2× at the quick
+run's top step. What was tried there and dropped, each measured on the quick run: letting the
+predicted step release a warm holder whenever the sampled pair predicted faster (hits fell to
+72–78% from 8 req/s and the top cascaded to 9–31 s); only when the holder had a queue or a full
+batch (top 2.9–4.8×); counting the pair's own prefill two or three times over (top 1.35–1.7×, but
+up to 2.1× below it); the same weighing for warm holders above the release threshold (cascades
+at the top, 5–14×); and against every candidate rather than a pair (top 2.4–4.2×).
+
+What those attempts had in common was a wrong prefill rate. Learned from the hit ratio, it read
+1.5–3 times the engine's (14,000–40,000 tokens/s against the profile's 12,500): it spreads the
+engine's recent hits evenly over every request, and times each first token from the fastest one
+seen, itself a 1200-token prefill here, so an uncached prefill looked that much cheaper than it
+is. The adapter now learns the rate from the engine's own count of the prompt tokens it served
+from cache (the usage's ` + "`prompt_tokens_details.cached_tokens`" + `, which vLLM reports): each first token
+of a request with nothing queued ahead of it is a point (its uncached tokens, its TTFT), and the
+rate is the slope of the least-squares line through the recent points (11,700–15,900 tokens/s in
+this run; the line's intercept takes the base and does not bias the slope). With the rate right,
+the release that cascaded before works where the cache is known: a warm replica that the exact
+index (KV events) names is weighed against the power-of-two pair, and keeps the request unless
+a pair replica predicts sooner after counting its whole uncached prefill twice, which is how the
+oracle places near saturation. A holder named by placements, a guess, keeps the request (weighing
+those too lost a fifth of the hits at every step). Between the two replicas of the pair,
+predictions within 0.4 of each other go by load_score: with a quarter there, predicted TTFT
+herded slightly above power of two (by 0.013 with 4 routers, section 6).
+
+The arm with the feed is now within 1.06× of the oracle at every step of the full run and within
+1.02× below the top of the quick run; at the quick run's top step it is 1.73× (0.92 s against
+0.53 s). That step is past the knee, where the p90 turns on whether a queue spirals somewhere:
+across seeds 1–5 the oracle's own p90 there is 0.5–7.6 s, and the arm with the feed 0.19–1.73× of
+it (above 1.25× only with seed 1; at every other step of those runs 0.87–1.10×); pooling four
+repetitions of the quick run, it is within 1.09× of the oracle at every step (0.84× at the top).
 `

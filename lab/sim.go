@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/internal/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -143,6 +144,12 @@ type sim struct {
 	// lastQueries, lastHits the counters at the last scrape.
 	hitRatio           []float64
 	rateWork, rateTime []float64 // averages of a first token's prefill work (tokens) and time (ms)
+	// fit is each replica's line through (uncached tokens, TTFT) points,
+	// and point each request's, taken at its first token when nothing was
+	// queued ahead of it and added at its end, when the usage that says
+	// what was cached arrives (x < 0: none).
+	fit   []prefillfit.Fit
+	point [][2]float64
 	// decode is each replica's average time from a request's first token
 	// to its end (ms), and firstAt each request's first token.
 	decode                []float64
@@ -191,6 +198,7 @@ func Run(sc *Scenario) *Result {
 		queuedPrefill: make([]int, n), prefillRate: make([]float64, n), ahead: make([]int, len(sc.Requests)), slotWait: make([]float64, len(sc.Requests)),
 		hitRatio: make([]float64, n), rateWork: make([]float64, n), rateTime: make([]float64, n), lastQueries: make([]int64, n), lastHits: make([]int64, n),
 		decode: make([]float64, n), firstAt: make([]time.Time, len(sc.Requests)),
+		fit: make([]prefillfit.Fit, n), point: make([][2]float64, len(sc.Requests)),
 		lastHB: make([]uint64, n), deltaSeq: make([]uint64, n), deltaAt: make([]time.Time, n), deltaWait: make([]bool, n),
 		outstanding: make([]int, n),
 		spread:      rand.New(rand.NewPCG(sc.Seed, 0x5b7ead)),
@@ -444,6 +452,10 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			ms := float64(o.TTFT) / float64(time.Millisecond)
 			s.queuedPrefill[i] -= s.prompt(ri)
 			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms-s.slotWait[ri])
+			s.point[ri] = [2]float64{-1, 0}
+			if s.ahead[ri] == 0 {
+				s.point[ri] = [2]float64{float64(s.prompt(ri) - ev.CachedTokens), ms - s.slotWait[ri]}
+			}
 			s.changed(i)
 			if s.ewma[i] == 0 {
 				s.ewma[i], s.ewmaMin[i] = ms, ms
@@ -458,6 +470,9 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 				s.lastTok[ri] = ev.At
 			}
 		case enginesim.EventFinish:
+			if p := s.point[s.live[i][ev.ID]]; p[0] >= 0 && !s.firstAt[s.live[i][ev.ID]].IsZero() {
+				s.fit[i].Add(p[0], p[1])
+			}
 			s.observeDecode(i, s.live[i][ev.ID], ev.At)
 			s.ended(s.live[i][ev.ID])
 			delete(s.live[i], ev.ID)
@@ -485,7 +500,7 @@ func (s *sim) capture(i int, t time.Time) {
 		MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, Inflight: s.outstanding[i],
 		Lora:           subjects.LoraState{Running: orEmpty(st.RunningLoras), Waiting: orEmpty(st.WaitingLoras), Max: st.MaxLoras},
 		TTFTEWMAMillis: s.ewma[i], QueueWaitMillis: max(0, s.ewma[i]-s.ewmaMin[i]),
-		PrefillTokensPerSec: s.prefillRate[i], QueuedPrefillTokens: s.queuedUncached(i),
+		PrefillTokensPerSec: s.rate(i), QueuedPrefillTokens: s.queuedUncached(i),
 		DecodeMillis: s.decode[i],
 		KVBlocks:     c.KVBlocks, BlockSize: c.BlockTokens,
 		ScrapeOK: true, Seq: s.hbSeq, SentUnixMillis: t.UnixMilli(),
@@ -551,6 +566,17 @@ func (s *sim) observePrefill(i, ahead, tokens int, ms float64) {
 		s.rateTime[i] += 0.2 * (beyond - s.rateTime[i])
 	}
 	s.prefillRate[i] = min(s.rateWork[i]/s.rateTime[i]*1000, subjects.MaxPrefillTokensPerSec)
+}
+
+// rate is the prefill rate replica i's heartbeat carries, as its adapter
+// chooses it: the line's slope once it has one (the lab's clients ask
+// for usage, so every stream's end says what the engine cached), until
+// then the estimate from the hit ratio.
+func (s *sim) rate(i int) float64 {
+	if r := s.fit[i].Rate(); r > 0 {
+		return r
+	}
+	return s.prefillRate[i]
 }
 
 // observeDecode learns replica i's decode time from request ri's end, as

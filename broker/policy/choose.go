@@ -196,8 +196,12 @@ func (p *pick) prefix() bool {
 			}
 		}
 		if w.best >= 0 {
-			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
 			p.credit(w.best, lvl+1)
+			if p.queuedOut(w.best) {
+				p.released = w.best
+				return false
+			}
+			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
 			return true
 		}
 	}
@@ -215,6 +219,29 @@ func (p *pick) prefix() bool {
 		return true
 	}
 	p.released = hot
+	return false
+}
+
+// queuedOut reports whether, with policy.replica_choice predicted-ttft,
+// the warm replica ci (its held blocks credited) loses to a replica of the
+// power-of-two pair on predicted TTFT and the prefill it holds up
+// (betterTTFT): the predicted-ttft step then decides among the holders and
+// the pair. Only a holder the exact index (kv-events) names is weighed so:
+// its cache is known, so a cold replica wins only when the queue at the
+// warm one costs more than the prefill the cache saves, which is how the
+// lab's oracle places near saturation. A holder named by placements, a
+// guess, keeps the request (the lab's prefix benchmark: weighing those too
+// lost a fifth of the cache hits at every step). A pair replica without a
+// learned prefill rate is not weighed: it would look free.
+func (p *pick) queuedOut(ci int) bool {
+	if !p.pt.on || !p.cands[ci].x.kvLive || p.nfresh == 0 || len(p.cands) == 1 {
+		return false
+	}
+	for _, i := range p.twoOf() {
+		if i != ci && p.cands[i].x.msPerToken > 0 && p.betterTTFT(i, ci) {
+			return true
+		}
+	}
 	return false
 }
 

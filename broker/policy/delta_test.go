@@ -15,7 +15,7 @@ func seq(n uint64, inflight int) func(*subjects.Heartbeat) {
 func TestLoadDeltaMovesTheViewUntilTheNextHeartbeat(t *testing.T) {
 	e := newEnv(t, predictedTTFT)
 	e.beat("l8-gen-0", 0.1, 2, 0, prefill(1000, 0), seq(7, 2))
-	e.beat("l8-gen-1", 0.1, 2, 0, prefill(1000, 300), seq(3, 2))
+	e.beat("l8-gen-1", 0.1, 2, 0, prefill(1000, 600), seq(3, 2))
 	q := chat("chat-small")
 	q.PromptTokens = 400
 	if d := e.explain(q); d.Replica != "l8-gen-0" || !near(d.PredictedTTFT, 450) {
@@ -30,8 +30,8 @@ func TestLoadDeltaMovesTheViewUntilTheNextHeartbeat(t *testing.T) {
 		t.Fatal("a delta on top of the heartbeat held was not applied")
 	}
 	d := e.explain(q)
-	if d.Replica != "l8-gen-1" || !near(d.PredictedTTFT, 750) {
-		t.Fatalf("%s at %v ms, want l8-gen-1 at 750 after l8-gen-0's delta", d.Replica, d.PredictedTTFT)
+	if d.Replica != "l8-gen-1" || !near(d.PredictedTTFT, 1050) {
+		t.Fatalf("%s at %v ms, want l8-gen-1 at 1050 after l8-gen-0's delta", d.Replica, d.PredictedTTFT)
 	}
 	if a := d.Alternatives(); len(a) != 1 || !near(a[0].PredictedTTFTMillis, 5450) {
 		t.Fatalf("alternatives %+v, want l8-gen-0 at 5450 ms", a)
@@ -98,7 +98,7 @@ func TestLoadViewAgeIsTheNewestMeasure(t *testing.T) {
 func TestAnotherDecidersPlacementCountsUntilTheNextDelta(t *testing.T) {
 	e := newEnv(t, predictedTTFT)
 	e.beat("l8-gen-0", 0.1, 2, 0, prefill(1000, 0), seq(5, 2))
-	e.beat("l8-gen-1", 0.1, 2, 0, prefill(1000, 300), seq(5, 2))
+	e.beat("l8-gen-1", 0.1, 2, 0, prefill(1000, 600), seq(5, 2))
 	q := chat("chat-small")
 	q.PromptTokens = 400
 	// Another decider sent l8-gen-0 a request of 5000 uncached tokens.
