@@ -121,7 +121,7 @@ func (c *Checker) Read(p []byte) (int, error) {
 			}
 		}
 		if c.requests == 0 {
-			c.err = subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "the file is empty: a batch file holds one request per line")
+			c.err = emptyFile()
 			return 0, c.err
 		}
 	}
@@ -151,6 +151,11 @@ func (c *Checker) endLine() error {
 	}
 	c.customIDs[l.CustomID] = c.line
 	return nil
+}
+
+// emptyFile is the 400 of a batch file without a request.
+func emptyFile() *subjects.APIError {
+	return subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "the file is empty: a batch file holds one request per line")
 }
 
 // EachLine calls fn with every non-blank line of r and its 1-based number;

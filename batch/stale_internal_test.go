@@ -51,8 +51,10 @@ func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
 }
 
 // A stored batch file passed the Checker, so a line CheckInput now fails
-// on can only be a read the stream cut short or garbled: the creation
-// gets the store's 503, not a 400 that blames the client's file. The
+// to parse can only be a read the stream cut short or garbled: the
+// creation gets the store's 503, not a 400 that blames the client's file.
+// (A line for another endpoint is the client's 400 at once: the Checker
+// did not know the batch's endpoint.) The
 // garbled read is made with the object store's own parts: the file's
 // metadata is pointed at chunks of another content of the same size,
 // so the read fails its digest only at the end, after the bad line.

@@ -193,28 +193,33 @@ func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string)
 		return 0, 0, e
 	}
 	read := &countingReader{r: r}
+	var otherEndpoint *subjects.APIError
 	lines, err = EachLine(read, func(n int, raw []byte) error {
 		l, msg := ParseLine(raw)
 		if msg != "" {
 			return lineError(n, msg)
 		}
 		if l.URL != endpoint {
-			return lineError(n, "url "+strconv.Quote(l.URL)+" does not match the batch's endpoint "+strconv.Quote(endpoint))
+			otherEndpoint = lineError(n, "url "+strconv.Quote(l.URL)+" does not match the batch's endpoint "+strconv.Quote(endpoint))
+			return otherEndpoint
 		}
 		requests++
 		return nil
 	})
+	if otherEndpoint != nil {
+		return 0, 0, otherEndpoint // the client's: the Checker did not know the endpoint
+	}
 	if err == nil && requests == 0 {
-		err = subjects.NewError(400, subjects.CodeInvalidRequest, "the file is empty: a batch file holds one request per line")
+		err = emptyFile()
 	}
 	var ae *subjects.APIError
 	if errors.As(err, &ae) {
 		// The file passed the Checker when it was stored, so a line
-		// it now fails on is believed only when the whole file was
-		// read as stored (the object store checks its digest at the
-		// end): a read the stream cut short or garbled while its
-		// leader moved is the store's failure, a 503, not the
-		// client's 400.
+		// it now fails to parse, or no line at all, is believed only
+		// when the whole file was read as stored (the object store
+		// checks its digest at the end): a read the stream cut short
+		// or garbled while its leader moved is the store's failure,
+		// a 503, not the client's 400.
 		if _, derr := io.Copy(io.Discard, read); derr != nil {
 			return 0, 0, unavailable(derr)
 		}
