@@ -123,13 +123,12 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		a.load.observeDecode(time.Since(first))
 	}
 	t := a.settle(&scan, h)
-	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 && prompt > 0 {
-		// The engine's own prompt count, when it gave one, is exact.
-		p := prompt
-		if t.PromptTokens > 0 {
-			p = t.PromptTokens
-		}
-		a.load.observePrefillExact(p-cached, first.Sub(start)-slotWait)
+	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 && prompt > 0 && t.PromptTokens > 0 {
+		// The engine's share of its prompt it did not serve from cache,
+		// in the units brokers count the request's prompt in (its
+		// Llm-Prompt-Tokens), as the rate is.
+		uncached := float64(prompt) * float64(t.PromptTokens-cached) / float64(t.PromptTokens)
+		a.load.observePrefillExact(int(uncached), first.Sub(start)-slotWait)
 	}
 	return t
 }

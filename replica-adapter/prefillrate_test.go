@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -139,21 +140,27 @@ func TestPrefillRateWithNoFreshSamplesDecaysTowardItsPeak(t *testing.T) {
 // its slope whatever its base: a base of 120 ms, which the estimate from
 // the fastest first token would take for prefill-free, does not bias it.
 // Points all of one size say nothing, nor do a few, nor a slope that is
-// not positive; an absurd one is bounded.
+// not positive, nor points that barely follow their tokens; a stalled
+// first token among good points leaves the rate they gave.
 func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	var l loadState
 	for i := range prefillfit.MinPoints - 1 {
-		l.observePrefillExact(1200+i*800, time.Duration(120+float64(1200+i*800)*0.08)*time.Millisecond)
+		l.observePrefillExact(1200+i*800, ms(120+float64(1200+i*800)*0.08))
 	}
 	if r := l.prefillRateLocked(time.Now()); r != 0 {
 		t.Fatalf("rate %v from %d points", r, prefillfit.MinPoints-1)
 	}
 	for i := range 200 {
 		u := 1200 + (i%7)*1000
-		l.observePrefillExact(u, time.Duration((120+float64(u)*0.08)*float64(time.Millisecond)))
+		l.observePrefillExact(u, ms(120+float64(u)*0.08))
 	}
 	if r := l.prefillRateLocked(time.Now()); math.Abs(r-12500) > 1 {
 		t.Fatalf("rate %v tokens/s, want 12500 (80 µs a token)", r)
+	}
+	l.observePrefillExact(1200, time.Minute) // a stalled first token
+	if r := l.prefillRateLocked(time.Now()); math.Abs(r-12500) > 1 {
+		t.Fatalf("rate %v tokens/s after a stalled first token, want 12500 still", r)
 	}
 
 	var same loadState
@@ -170,12 +177,15 @@ func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
 	if r := flat.prefillRateLocked(time.Now()); r != 0 {
 		t.Fatalf("rate %v from a flat line", r)
 	}
-	var fast loadState
-	for i := range 50 {
-		fast.observePrefillExact(i*maxPromptTokens/50, time.Duration(100+i%2)*time.Millisecond)
+	// TTFTs that barely follow the tokens: a tiny positive covariance
+	// would read as a rate near the bound, a replica that looks free.
+	var noise loadState
+	rng := rand.New(rand.NewPCG(3, 5))
+	for i := range 200 {
+		noise.observePrefillExact((i%10)*1000, ms(100+100*rng.Float64()))
 	}
-	if r := fast.prefillRateLocked(time.Now()); r != 0 && r != subjects.MaxPrefillTokensPerSec {
-		t.Fatalf("absurd rate %v, want 0 or the bound", r)
+	if r := noise.prefillRateLocked(time.Now()); r != 0 {
+		t.Fatalf("rate %v from TTFTs that do not follow the tokens", r)
 	}
 	var bad loadState
 	bad.observePrefillExact(-5, time.Second)

@@ -263,9 +263,9 @@ func TestUsageOfTheResponsesAndMessagesAPIs(t *testing.T) {
 
 // The prompt tokens the engine's prefix cache served, where its usage says:
 // vLLM's prompt_tokens_details (the captured stream says 0), the Responses
-// API's input_tokens_details, the Messages API's cache_read_input_tokens
-// in message_start. A count above the prompt, or not a count, is not
-// believed; a usage without one says nothing.
+// API's input_tokens_details. A count above the prompt, or not a count, is
+// not believed; a usage without one says nothing, nor does the Messages
+// API's cache_read_input_tokens, which is not a part of its input_tokens.
 func TestUsageCachedTokens(t *testing.T) {
 	capture, err := os.ReadFile("testdata/vllm/chat-stream-lora.sse")
 	if err != nil {
@@ -280,8 +280,10 @@ func TestUsageCachedTokens(t *testing.T) {
 		{"vllm stream", string(capture), true, 0, true},
 		{"chat json", `{"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}`, false, 64, true},
 		{"responses", "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":100,\"output_tokens\":5,\"input_tokens_details\":{\"cached_tokens\":48}}}}\n\n", true, 48, true},
+		// The Messages API's input_tokens leaves its cache reads out:
+		// not a part of the prompt count, not read as one.
 		{"messages", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":100,\"cache_read_input_tokens\":32,\"output_tokens\":0}}}\n\n" +
-			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n", true, 32, true},
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n", true, 0, false},
 		{"above the prompt", `{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}`, false, 0, false},
 		{"not a count", `{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":"many"}}}`, false, 0, false},
 		{"none", `{"usage":{"prompt_tokens":10,"completion_tokens":2}}`, false, 0, false},

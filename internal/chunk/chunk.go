@@ -55,11 +55,12 @@ type Usage struct {
 	// HasPrompt and HasCompletion say the object names each count
 	// (Anthropic's message_delta names only the output).
 	HasPrompt, HasCompletion bool
-	// CachedTokens is how many prompt tokens the engine's prefix cache
-	// served, when the object says (HasCached): prompt_tokens_details or
-	// input_tokens_details.cached_tokens (vLLM, SGLang, OpenAI's Chat
-	// Completions and Responses APIs), or Anthropic's
-	// cache_read_input_tokens.
+	// CachedTokens is how many of the prompt tokens the engine's prefix
+	// cache served, when the object says (HasCached):
+	// prompt_tokens_details or input_tokens_details.cached_tokens (vLLM,
+	// OpenAI's Chat Completions and Responses APIs), a part of the
+	// prompt count. (The Messages API's cache_read_input_tokens is not:
+	// its input_tokens leaves the cache reads out.)
 	CachedTokens int
 	HasCached    bool
 }
@@ -313,8 +314,6 @@ func ReadUsage(v []byte) (u Usage, ok bool) {
 			if cached == nil {
 				cached = cachedIn(val)
 			}
-		case k.Equal("cache_read_input_tokens"):
-			cached = val
 		}
 	}
 	if m.End() < 0 {

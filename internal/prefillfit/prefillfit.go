@@ -18,38 +18,46 @@ const (
 	// points are all one size and say nothing about a slope.
 	MinPoints = 8
 	minSpread = 256
+	// minR2 is the least share of the TTFTs' variance the line must
+	// explain (a correlation of 0.5): points that barely follow their
+	// uncached tokens (a stalled first token among them, an engine
+	// whose counts mean something else) give a slope that is noise, at
+	// worst a rate near the bound that makes the replica look free.
+	minR2 = 0.25
 )
 
 // Fit is the least-squares line through recent points: the exponentially
 // weighted moments of both coordinates. The zero Fit has no points.
 type Fit struct {
-	n                int
-	mx, my, mxx, mxy float64
-	rate             float64
+	n                     int
+	mx, my, mxx, mxy, myy float64
+	rate                  float64
 }
 
-// Add takes one point: x uncached tokens took y ms to a first token.
+// Add takes one point: x uncached tokens took y ms to a first token. The
+// rate follows the line while the points fit one (enough of them, spread
+// over sizes, with a positive slope that explains minR2 of the TTFTs'
+// variance); while they do not, the last rate they gave stands.
 func (f *Fit) Add(x, y float64) {
 	if f.n == 0 {
-		f.mx, f.my, f.mxx, f.mxy = x, y, x*x, x*y
+		f.mx, f.my, f.mxx, f.mxy, f.myy = x, y, x*x, x*y, y*y
 	} else {
 		f.mx += alpha * (x - f.mx)
 		f.my += alpha * (y - f.my)
 		f.mxx += alpha * (x*x - f.mxx)
 		f.mxy += alpha * (x*y - f.mxy)
+		f.myy += alpha * (y*y - f.myy)
 	}
 	f.n++
-	f.rate = 0
-	vx, cxy := f.mxx-f.mx*f.mx, f.mxy-f.mx*f.my
-	if f.n < MinPoints || vx < minSpread*minSpread || cxy <= 0 {
+	vx, vy, cxy := f.mxx-f.mx*f.mx, f.myy-f.my*f.my, f.mxy-f.mx*f.my
+	if f.n < MinPoints || vx < minSpread*minSpread || vy <= 0 || cxy <= 0 || cxy*cxy < minR2*vx*vy {
 		return
 	}
 	f.rate = min(vx/cxy*1000, subjects.MaxPrefillTokensPerSec)
 }
 
 // Rate is the slope as a prefill rate, uncached tokens per second, bounded
-// to what a heartbeat may carry; 0 while the points say nothing (too few,
-// all one size, or no positive slope).
+// to what a heartbeat may carry; 0 until the points have fit a line.
 func (f *Fit) Rate() float64 { return f.rate }
 
 // Points is how many points the line has taken.
