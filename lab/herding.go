@@ -119,12 +119,11 @@ func (r *HerdingResult) predictedVerdict() string {
 		return fmt.Sprintf("Its imbalance stays at or below power of two's with every number of routers (the closest: %+.3f with %d). "+
 			"Predictions of the pair within 0.4 of each other go by load_score, as power of two goes: without that the "+
 			"replica that looks fastest wins every pair it is drawn in (1.39 with one router, 1.56 with 16), and with "+
-			"a quarter its imbalance was above power of two's by up to 0.013 (with 4 routers).", d, n)
+			"a quarter its imbalance was above power of two's by up to 0.013 (with 4 routers, in a run not kept here).", d, n)
 	}
 	return fmt.Sprintf("Its imbalance is above power of two's by up to %.3f (with %d routers), and below it with one router. "+
 		"Predictions of the pair within 0.4 of each other go by load_score, as power of two goes: without that the "+
-		"replica that looks fastest wins every pair it is drawn in (1.39 with one router, 1.56 with 16), and a "+
-		"quarter left it above power of two's by up to 0.013.", d, n)
+		"replica that looks fastest wins every pair it is drawn in (1.39 with one router, 1.56 with 16).", d, n)
 }
 
 // Section renders the comparison.

@@ -449,6 +449,30 @@ is. The adapter now learns the rate from the engine's own count of the prompt to
 from cache (the usage's ` + "`prompt_tokens_details.cached_tokens`" + `, which vLLM reports): each first token
 of a request with nothing queued ahead of it is a point (its uncached tokens, its TTFT), and the
 rate is the slope of the least-squares line through the recent points (11,700–15,900 tokens/s in
+a run that printed them; the line's intercept takes the base and does not bias the slope). With
+the rate right, the release that cascaded before works where the cache is known: a warm replica
+that the exact index (KV events) names is weighed against the power-of-two pair as the
+` + "`predicted-ttft`" + ` step weighs any two candidates (predicted TTFT plus the prefill each holds up,
+costs within a quarter going by load_score), which is how the oracle places near saturation.
+Releasing only when the pair is cheaper by more than the quarter kept more hits but queued (quick
+top step 3.2×). A holder named by placements, a guess, keeps the request (weighing those too lost
+hits at every step). Between the two replicas of the pair, predictions within 0.4 of each other
+go by load_score: with a quarter there, predicted TTFT's herding imbalance was above power of
+two's (by up to 0.013, with 4 routers, in a run not kept here; section 6 has the present one).
+
+The arm with the feed is now within 1.06× of the oracle at every step of the full run and within
+1.02× below the top of the quick run; at the quick run's top step it is 1.98× (1.05 s against
+0.53 s). What it costs: its hit rate is 2 points below the oracle's at the quick run's first step
+(64.5% against 66.5%), and the arm without the feed, which learns the same rate but weighs no
+holder, trails power of two (the *Switchyard* arm) at five of the full run's eight steps, where
+it trailed at three (the most: 1.96× the oracle's p90 at 3 req/s against 1.79×). The top step is past the knee, where the p90 turns on whether a queue spirals somewhere:
+with seeds 2–5 (` + "`switchyard lab prefix-bench --quick --seed N`" + `, not kept here) the oracle's own p90
+there is 0.8–7.6 s, and the arm with the feed 0.19–1.32× of it, and 0.87–1.10× at every other
+step; pooling four repetitions of the quick run, it was within 1.03× of the oracle at every step
+(0.95× at the top).
+` + "`prompt_tokens_details.cached_tokens`" + `, which vLLM reports): each first token
+of a request with nothing queued ahead of it is a point (its uncached tokens, its TTFT), and the
+rate is the slope of the least-squares line through the recent points (11,700–15,900 tokens/s in
 this run; the line's intercept takes the base and does not bias the slope). With the rate right,
 the release that cascaded before works where the cache is known: a warm replica that the exact
 index (KV events) names is weighed against the power-of-two pair, and keeps the request unless

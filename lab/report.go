@@ -128,13 +128,15 @@ const policyNotes = `## What this says about the policy
   warm prefix against load above the release threshold, instead of dropping it, keeps the prefix
   benchmark from collapsing near saturation; the engines' KV-cache events remove the map's
   capacity from the gap (the oracle's hit rate, and its p90 below the top of the ramp). What is
-  left is balance at saturation. Predicted TTFT now counts the wait for a batch slot as well
-  (` + "`decode_ms`" + `) and holds the oracle's p90 within 1.25× at every step of the full run, but not at
-  the top of the quick one, where neither keeping warm prefixes nor releasing them by the
-  prediction balances as the oracle does. ` + "`replica_choice`" + ` stays ` + "`power-of-two`" + ` by default:
+  left is balance at saturation. Predicted TTFT counts the wait for a batch slot (` + "`decode_ms`" + `),
+  learns the prefill rate from the engines' cached-token counts and, with the feed, weighs a warm
+  replica against the power-of-two pair: with the feed it holds the oracle's p90 within 1.25× at
+  every step of the full run and below the top of the quick one, but not at the quick run's top
+  step, which is past the knee (its p90 turns on whether a queue spirals; the oracle's own p90
+  there moves several-fold with the seed). ` + "`replica_choice`" + ` stays ` + "`power-of-two`" + ` by default:
   predicted-TTFT is not better at every step (without the feed it trails power of two at some
-  steps of the prefix benchmark, and its herding stays within a hundredth of power of two's only
-  because close predictions go by load_score, section 6); the objectives experiment runs it, and fair
+  steps of the prefix benchmark, and its herding stays at power of two's only because close
+  predictions go by load_score, section 6); the objectives experiment runs it, and fair
   shedding reads its prediction whatever the choice (sections 10 and 11).
 - **Deprioritizing beats excluding, most clearly with a slow load view** (section 2). With 1 s
   heartbeats excluding saturated replicas costs little before capacity; with a 5 s view it

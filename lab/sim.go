@@ -453,7 +453,7 @@ func (s *sim) events(i int, evs []enginesim.Event) {
 			s.queuedPrefill[i] -= s.prompt(ri)
 			s.observePrefill(i, s.ahead[ri], s.prompt(ri), ms-s.slotWait[ri])
 			s.point[ri] = [2]float64{-1, 0}
-			if s.ahead[ri] == 0 {
+			if s.ahead[ri] == 0 && s.prompt(ri) > 0 {
 				s.point[ri] = [2]float64{float64(s.prompt(ri) - ev.CachedTokens), ms - s.slotWait[ri]}
 			}
 			s.changed(i)

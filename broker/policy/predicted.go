@@ -31,10 +31,11 @@ const predictedTie = 0.25
 // pair: a prediction there buys no cache hit the other lacks, and only a
 // clear difference should override load_score. With a quarter there,
 // predicted TTFT's imbalance in the lab's herding experiment was above
-// power of two's (by 0.013 with 4 routers); with 0.4 it is at or below it
-// at every router count. The holders keep the quarter: a wider margin
-// there sends requests off their cached prefix (the prefix benchmark's
-// KV-event arm went from about 1.0× to 1.4–2× the oracle's p90).
+// power of two's (by up to 0.013, with 4 routers); with 0.4 it is at or
+// below it at every router count (docs/lab/report.md, section 6). The
+// holders keep the quarter: a wider margin there sends requests off their
+// cached prefix (the prefix benchmark's predicted-TTFT + feed arm went
+// from about 1.0× to 1.4–2× the oracle's p90).
 const predictedPairTie = 0.4
 
 // predictedStep is the predicted-ttft step's state.
@@ -87,6 +88,13 @@ func (p *pick) predicted() bool {
 // go by load_score.
 func (p *pick) betterTTFT(i, j int) bool { return p.betterTTFTWithin(i, j, predictedTie) }
 
+// cost is candidate i's predicted TTFT plus the time its own prefill
+// holds up the batch there, in ms.
+func (p *pick) cost(i int) float64 {
+	c := &p.cands[i]
+	return c.ttft + c.x.prefillCost(c.uncached)
+}
+
 // betterTTFTWithin is betterTTFT with costs within tie of each other
 // going by load_score.
 func (p *pick) betterTTFTWithin(i, j int, tie float64) bool {
@@ -97,7 +105,7 @@ func (p *pick) betterTTFTWithin(i, j int, tie float64) bool {
 		// room is the better bet.
 		return full
 	}
-	ca, cb := a.ttft+a.x.prefillCost(a.uncached), b.ttft+b.x.prefillCost(b.uncached)
+	ca, cb := p.cost(i), p.cost(j)
 	if math.Abs(ca-cb) <= tie*max(ca, cb) {
 		return a.load < b.load
 	}

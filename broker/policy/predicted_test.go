@@ -246,9 +246,11 @@ func TestPredictedTTFTWeighsThePrefixHolders(t *testing.T) {
 
 // With predicted-ttft, a warm replica the exact index (kv-events) names is
 // weighed against the power-of-two pair, as the lab's oracle places: it
-// keeps a request while the queue there costs less than the prefill its
-// cache saves, and loses it once the queue costs more. A holder named by
-// placements keeps it either way (TestPredictedTTFTCachedBlocksCostNothing).
+// keeps a request while the queue there costs clearly less than the
+// prefill its cache saves, loses it once the queue costs more, and, the
+// two within predictedTie of each other, goes by load_score as every
+// predicted-ttft choice does. A holder named by placements, a guess, keeps
+// it either way.
 func TestPredictedTTFTWeighsAnExactHolderAgainstThePair(t *testing.T) {
 	const model = "llama-3-8b-instruct"
 	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
@@ -256,27 +258,43 @@ func TestPredictedTTFTWeighsAnExactHolderAgainstThePair(t *testing.T) {
 	feed := func(hb *subjects.Heartbeat) { hb.KVEvents, hb.KVBlocks, hb.BlockSize = true, 1000, 64 }
 	q := chat("chat-small")
 	q.PromptTokens, q.Prefix = 2048, blocks
+	// The cold replica costs 50 + 2048 ms to its first token and 2048 ms
+	// its prefill holds up there: 4146 ms.
 	for _, c := range []struct {
+		name   string
 		queued int
+		kv     float64 // the holder's, against the other's 0.1
+		exact  bool
 		want   string
 		reason string
 	}{
-		// Cached there: 1000 queued against the other's 2048 uncached,
-		// counted twice (its prefill holds up the batch): the holder.
-		{1000, "l8-gen-0", policy.ReasonPrefix},
-		// 8000 queued: the cold replica, prefill and all, is sooner.
-		{8000, "l8-gen-1", policy.ReasonPredicted},
+		{"a short queue at the holder", 1000, 0.1, true, "l8-gen-0", policy.ReasonPrefix},
+		// 3850 against 4146 ms: a tie, and the holder is heavier.
+		{"a holder a little cheaper and heavier", 3800, 0.5, true, "l8-gen-1", policy.ReasonPredicted},
+		{"a holder a little cheaper and lighter", 3800, 0.05, true, "l8-gen-0", policy.ReasonPrefix},
+		{"a long queue at the holder", 8000, 0.1, true, "l8-gen-1", policy.ReasonPredicted},
+		{"a long queue at a placements holder", 8000, 0.1, false, "l8-gen-0", policy.ReasonPrefix},
 	} {
 		e := newEnv(t, predictedTTFT)
-		e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, c.queued), feed)
-		e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 0), feed)
-		if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: model, Seq: 1, Reset: true, KVBlocks: 1000, Stored: blocks}); err != nil {
-			t.Fatal(err)
+		if c.exact {
+			e.beat("l8-gen-0", c.kv, 0, 0, prefill(1000, c.queued), feed)
+			if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: model, Seq: 1, Reset: true, KVBlocks: 1000, Stored: blocks}); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			e.beat("l8-gen-0", c.kv, 0, 0, prefill(1000, c.queued))
+			e.r.ObservePlacement(&subjects.Placement{Model: model, Replica: "l8-gen-0", Blocks: blocks})
 		}
+		e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 0), feed)
 		d := e.explain(q)
 		mustRoute(t, d)
 		if d.Replica != c.want || d.Reason != c.reason {
-			t.Errorf("holder with %d tokens queued: %s (%s), want %s (%s)", c.queued, d.Replica, d.Reason, c.want, c.reason)
+			t.Errorf("%s: %s (%s), want %s (%s)", c.name, d.Replica, d.Reason, c.want, c.reason)
+		}
+		if c.want == "l8-gen-1" {
+			if a := d.Alternatives(); len(a) != 1 || a[0].Why != policy.WhyHigherTTFT {
+				t.Errorf("%s: alternatives %+v, want l8-gen-0 lost on its predicted TTFT", c.name, a)
+			}
 		}
 	}
 }
