@@ -207,7 +207,10 @@ func (s *Store) CheckInput(ctx context.Context, tenant, fileID, endpoint string)
 		return nil
 	})
 	if otherEndpoint != nil {
-		return 0, 0, otherEndpoint // the client's: the Checker did not know the endpoint
+		// The client's: the Checker did not know the endpoint. (Not
+		// waited for the digest: a garbled read that still parses as a
+		// line for another endpoint would pass for the client's.)
+		return 0, 0, otherEndpoint
 	}
 	if err == nil && requests == 0 {
 		err = emptyFile()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -151,6 +152,11 @@ func (l *loadState) queuedUncached() int {
 // held.
 func (l *loadState) observeHits(prev, cur LoadSample, had bool) {
 	dq, dh := cur.PrefixQueries-prev.PrefixQueries, cur.PrefixHits-prev.PrefixHits
+	if had && prev.PrefixKnown && cur.PrefixKnown && dq < 0 {
+		// The engine restarted, perhaps with another speed: the line
+		// through its old points is forgotten.
+		l.fit = prefillfit.Fit{}
+	}
 	if !had || !prev.PrefixKnown || !cur.PrefixKnown || dq <= 0 || dh < 0 || dh > dq {
 		return
 	}

@@ -159,8 +159,37 @@ func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
 		t.Fatalf("rate %v tokens/s, want 12500 (80 µs a token)", r)
 	}
 	l.observePrefillExact(1200, time.Minute) // a stalled first token
+	l.observePrefillExact(7200, 5*time.Second)
 	if r := l.prefillRateLocked(time.Now()); math.Abs(r-12500) > 1 {
-		t.Fatalf("rate %v tokens/s after a stalled first token, want 12500 still", r)
+		t.Fatalf("rate %v tokens/s after stalled first tokens, want 12500 still", r)
+	}
+	// The engine gets twice as fast: the line follows, the stalls left
+	// out of it.
+	for i := range 80 {
+		u := 1200 + (i%7)*1000
+		l.observePrefillExact(u, ms(120+float64(u)*0.04))
+	}
+	if r := l.prefillRateLocked(time.Now()); math.Abs(r-25000) > 2500 {
+		t.Fatalf("rate %v tokens/s 80 points after the engine got twice as fast, want 25000", r)
+	}
+	for i := range 120 {
+		u := 1200 + (i%7)*1000
+		l.observePrefillExact(u, ms(120+float64(u)*0.04))
+	}
+	// Then its traffic is all one size: the last rate stands a while
+	// (100 points in a row that fit no line), then goes, and the
+	// hit-ratio estimate answers again.
+	for range 99 {
+		l.observePrefillExact(1200, ms(120+1200*0.04))
+	}
+	if r := l.prefillRateLocked(time.Now()); math.Abs(r-25000) > 250 {
+		t.Fatalf("rate %v tokens/s after 99 points of one size, want 25000 still", r)
+	}
+	for range 300 {
+		l.observePrefillExact(1200, ms(120+1200*0.04))
+	}
+	if r := l.prefillRateLocked(time.Now()); r != l.prefillRate {
+		t.Fatalf("rate %v after 399 points of one size, want the hit-ratio estimate %v", r, l.prefillRate)
 	}
 
 	var same loadState
@@ -192,5 +221,27 @@ func TestPrefillFitReadsTheRateAsTheSlope(t *testing.T) {
 	bad.observePrefillExact(100, 0)
 	if bad.fit.Points() != 0 {
 		t.Fatalf("%d impossible points taken", bad.fit.Points())
+	}
+}
+
+// An engine whose prefix-cache counters went back restarted, perhaps with
+// another speed: the line through its old points is forgotten.
+func TestPrefillFitIsForgottenWhenTheEngineRestarts(t *testing.T) {
+	var l loadState
+	for i := range 50 {
+		u := 1200 + (i%7)*1000
+		l.observePrefillExact(u, time.Duration((120+float64(u)*0.08)*float64(time.Millisecond)))
+	}
+	if l.fit.Rate() == 0 {
+		t.Fatal("no rate from a clean line")
+	}
+	known := func(q, h float64) LoadSample { return LoadSample{PrefixQueries: q, PrefixHits: h, PrefixKnown: true} }
+	l.observeHits(known(1000, 500), known(2000, 900), true)
+	if l.fit.Rate() == 0 {
+		t.Fatal("the rate went with counters that moved on")
+	}
+	l.observeHits(known(2000, 900), known(10, 5), true)
+	if l.fit.Rate() != 0 || l.fit.Points() != 0 {
+		t.Fatalf("rate %v from %d points kept across a restart", l.fit.Rate(), l.fit.Points())
 	}
 }
