@@ -460,32 +460,15 @@ hits at every step). Between the two replicas of the pair, predictions within 0.
 go by load_score: with a quarter there, predicted TTFT's herding imbalance was above power of
 two's (by up to 0.013, with 4 routers, in a run not kept here; section 6 has the present one).
 
-The arm with the feed is now within 1.06× of the oracle at every step of the full run and within
+The arm with the feed is now within 1.11× of the oracle at every step of the full run and within
 1.02× below the top of the quick run; at the quick run's top step it is 1.98× (1.05 s against
 0.53 s). What it costs: its hit rate is 2 points below the oracle's at the quick run's first step
 (64.5% against 66.5%), and the arm without the feed, which learns the same rate but weighs no
 holder, trails power of two (the *Switchyard* arm) at five of the full run's eight steps, where
-it trailed at three (the most: 1.96× the oracle's p90 at 3 req/s against 1.79×). The top step is past the knee, where the p90 turns on whether a queue spirals somewhere:
+it trailed at three (the widest gap at 18 req/s, 1.64× the oracle's p90 against 1.39×). The top
+step is past the knee, where the p90 turns on whether a queue spirals somewhere:
 with seeds 2–5 (` + "`switchyard lab prefix-bench --quick --seed N`" + `, not kept here) the oracle's own p90
-there is 0.8–7.6 s, and the arm with the feed 0.19–1.32× of it, and 0.87–1.10× at every other
+there is 0.8–7.6 s, and the arm with the feed 0.19–1.56× of it, and 0.87–1.10× at every other
 step; pooling four repetitions of the quick run, it was within 1.03× of the oracle at every step
-(0.95× at the top).
-` + "`prompt_tokens_details.cached_tokens`" + `, which vLLM reports): each first token
-of a request with nothing queued ahead of it is a point (its uncached tokens, its TTFT), and the
-rate is the slope of the least-squares line through the recent points (11,700–15,900 tokens/s in
-this run; the line's intercept takes the base and does not bias the slope). With the rate right,
-the release that cascaded before works where the cache is known: a warm replica that the exact
-index (KV events) names is weighed against the power-of-two pair, and keeps the request unless
-a pair replica predicts sooner after counting its whole uncached prefill twice, which is how the
-oracle places near saturation. A holder named by placements, a guess, keeps the request (weighing
-those too lost a fifth of the hits at every step). Between the two replicas of the pair,
-predictions within 0.4 of each other go by load_score: with a quarter there, predicted TTFT
-herded slightly above power of two (by 0.013 with 4 routers, section 6).
-
-The arm with the feed is now within 1.06× of the oracle at every step of the full run and within
-1.02× below the top of the quick run; at the quick run's top step it is 1.73× (0.92 s against
-0.53 s). That step is past the knee, where the p90 turns on whether a queue spirals somewhere:
-across seeds 1–5 the oracle's own p90 there is 0.5–7.6 s, and the arm with the feed 0.19–1.73× of
-it (above 1.25× only with seed 1; at every other step of those runs 0.87–1.10×); pooling four
-repetitions of the quick run, it is within 1.09× of the oracle at every step (0.84× at the top).
+(0.94× at the top).
 `

@@ -231,7 +231,7 @@ func (p *pick) prefix() bool {
 // costs clearly less than the prefill its cache saves, and a lighter
 // replica takes it when the two are close. (Releasing only on a clear
 // difference kept more hits but queued: the prefix benchmark's quick top
-// step went from 1.7× to 3.2× the oracle's p90.) Only a holder the exact
+// step went from about 2× to 3.2× the oracle's p90.) Only a holder the exact
 // index (kv-events) names is weighed so: a holder named by placements, a
 // guess, keeps the request (weighing those too lost cache hits at every
 // step). A pair replica without a learned prefill rate is not weighed: it

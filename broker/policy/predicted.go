@@ -187,15 +187,23 @@ func (p *pick) credit(ci, held int) {
 
 func (p *pick) whyPredicted(i int) string {
 	s := &p.pt
-	if i == s.pair[0] || i == s.pair[1] {
-		return WhyHigherTTFT
-	}
+	inPair := func(j int) bool { return j == s.pair[0] || j == s.pair[1] }
+	weighed := inPair(i)
 	for k := range s.nholders {
-		if int(s.holders[k]) == i {
-			return WhyHigherTTFT
-		}
+		weighed = weighed || int(s.holders[k]) == i
 	}
-	return WhyNotWeighed
+	if !weighed {
+		return WhyNotWeighed
+	}
+	// Costs within the tie went by load_score.
+	tie := predictedTie
+	if inPair(i) && inPair(p.chosen) {
+		tie = predictedPairTie
+	}
+	if a, b := p.cost(i), p.cost(p.chosen); math.Abs(a-b) <= tie*max(a, b) {
+		return WhyHigherLoad
+	}
+	return WhyHigherTTFT
 }
 
 // reportPredicted reports the prefix blocks the chosen replica holds.
