@@ -15,22 +15,30 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// The leader's answer on a file: there once written, not once deleted,
-// not for a name never written.
-func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
+// testStore opens a batch store on a NATS server of the test's own; the
+// context ends with the test.
+func testStore(t *testing.T) (context.Context, jetstream.JetStream, *Store) {
+	t.Helper()
 	_, url := natstest.Start(t)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	js, _ := jetstream.New(nc)
 	st, err := OpenStore(ctx, js, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, js, st
+}
+
+// The leader's answer on a file: there once written, not once deleted,
+// not for a name never written.
+func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
+	ctx, _, st := testStore(t)
 	in := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}` + "\n"
 	f, err := st.PutFile(ctx, "acme", "in.jsonl", PurposeBatch, strings.NewReader(in))
 	if err != nil {
@@ -54,24 +62,11 @@ func TestLeaderHasAFileOnlyWhileItIsThere(t *testing.T) {
 // to parse can only be a read the stream cut short or garbled: the
 // creation gets the store's 503, not a 400 that blames the client's file.
 // (A line for another endpoint is the client's 400 at once: the Checker
-// did not know the batch's endpoint.) The
-// garbled read is made with the object store's own parts: the file's
+// did not know the batch's endpoint.) The garbled read is made with the object store's own parts: the file's
 // metadata is pointed at chunks of another content of the same size,
 // so the read fails its digest only at the end, after the bad line.
 func TestAGarbledReadOfAStoredFileIsNotTheClients400(t *testing.T) {
-	_, url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
-	st, err := OpenStore(ctx, js, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, st := testStore(t)
 	line := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}` + "\n"
 	f, err := st.PutFile(ctx, "acme", "in.jsonl", PurposeBatch, strings.NewReader(line+line))
 	if err != nil {
