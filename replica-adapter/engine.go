@@ -123,12 +123,10 @@ func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, bod
 		a.load.observeDecode(time.Since(first))
 	}
 	t := a.settle(&scan, h)
-	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 && prompt > 0 && t.PromptTokens > 0 {
-		// The engine's share of its prompt it did not serve from cache,
-		// in the units brokers count the request's prompt in (its
-		// Llm-Prompt-Tokens), as the rate is.
-		uncached := float64(prompt) * float64(t.PromptTokens-cached) / float64(t.PromptTokens)
-		a.load.observePrefillExact(int(uncached), first.Sub(start)-slotWait)
+	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 {
+		if u, ok := uncachedOf(prompt, t.PromptTokens, cached); ok {
+			a.load.observePrefillExact(u, first.Sub(start)-slotWait)
+		}
 	}
 	return t
 }
@@ -338,4 +336,16 @@ func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string)
 		}
 	}
 	return reply.Frame{Kind: reply.Head, Status: resp.StatusCode, Header: hd}
+}
+
+// uncachedOf is the share of a request's prompt its engine did not serve
+// from cache (engine prompt tokens, of which cached were), in the units
+// brokers count the request's prompt in (its Llm-Prompt-Tokens, prompt),
+// as the prefill rate is. ok is false without both counts or with a cached
+// count above the engine's prompt.
+func uncachedOf(prompt, engine, cached int) (int, bool) {
+	if prompt <= 0 || engine <= 0 || cached < 0 || cached > engine {
+		return 0, false
+	}
+	return int(int64(prompt) * int64(engine-cached) / int64(engine)), true
 }

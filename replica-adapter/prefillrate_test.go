@@ -245,3 +245,26 @@ func TestPrefillFitIsForgottenWhenTheEngineRestarts(t *testing.T) {
 		t.Fatalf("rate %v from %d points kept across a restart", l.fit.Rate(), l.fit.Points())
 	}
 }
+
+// A point's uncached tokens are in the units brokers count the request's
+// prompt in (its Llm-Prompt-Tokens), scaled by the share of the engine's
+// own prompt count it did not serve from cache.
+func TestUncachedIsInTheBrokersUnits(t *testing.T) {
+	for _, c := range []struct {
+		prompt, engine, cached, want int
+		ok                           bool
+	}{
+		{2000, 1000, 500, 1000, true}, // the header counts twice the engine's tokens
+		{2000, 1000, 0, 2000, true},
+		{2000, 1000, 1000, 0, true},
+		{2000, 0, 0, 0, false},       // no engine count
+		{0, 1000, 500, 0, false},     // no header count (a split request's decode leg)
+		{2000, 1000, 1001, 0, false}, // more cached than the prompt
+		{2000, 1000, -1, 0, false},
+		{1 << 30, 1 << 30, 0, 1 << 30, true}, // no overflow
+	} {
+		if got, ok := uncachedOf(c.prompt, c.engine, c.cached); got != c.want || ok != c.ok {
+			t.Errorf("uncachedOf(%d, %d, %d) = %d %v, want %d %v", c.prompt, c.engine, c.cached, got, ok, c.want, c.ok)
+		}
+	}
+}
