@@ -104,7 +104,13 @@ func startFaultEnv(t *testing.T, warmUp time.Duration) *faultEnv {
 func (e *faultEnv) waitServing() {
 	e.t.Helper()
 	testkit.CheckFor(e.t, 5*time.Second, 5*time.Millisecond, func() error {
-		_, err := e.nc.Request("$SRV.PING."+subjects.BrokerService, nil, time.Second)
+		if _, err := e.nc.Request("$SRV.PING."+subjects.BrokerService, nil, time.Second); err != nil {
+			return err
+		}
+		// The service answers its ping before its endpoints subscribe;
+		// explain subscribes last, on the same connection, so an answer
+		// from it (any answer) says every endpoint is there.
+		_, err := e.nc.Request("llm.explain.acme", nil, time.Second)
 		return err
 	})
 }
