@@ -21,7 +21,44 @@ var (
 	// huge token id, a block size past MaxBlockSize, token ids that are not
 	// block_size per hash).
 	ErrRange = errors.New("kvevents: number out of range")
+
+	// The refusals Refusal names apart, each wrapping one of the above.
+	errTooLarge   = fmt.Errorf("%w: too large", ErrMalformed)
+	errTokenID    = fmt.Errorf("%w: token id", ErrRange)
+	errBlockSize  = fmt.Errorf("%w: block_size", ErrRange)
+	errTokenCount = fmt.Errorf("%w: token ids", ErrRange)
 )
+
+// Why a message was refused, as Refusal names it: the reason label of the
+// adapter's switchyard_adapter_kv_events_total{type="malformed"}.
+const (
+	RefusedTooLarge   = "too_large"   // a batch past MaxBatchBytes
+	RefusedTokenID    = "token_id"    // a token id outside [0, MaxTokenID]
+	RefusedBlockSize  = "block_size"  // a block_size outside [1, MaxBlockSize]
+	RefusedTokenCount = "token_count" // token ids that are not block_size per hash
+	RefusedRange      = "range"       // another number out of range
+	RefusedShape      = "shape"       // not msgpack, or not an event batch
+)
+
+// Refusals lists every reason Refusal returns.
+var Refusals = [...]string{RefusedTooLarge, RefusedTokenID, RefusedBlockSize, RefusedTokenCount, RefusedRange, RefusedShape}
+
+// Refusal names why err, a refusal of the decoder, refused a message.
+func Refusal(err error) string {
+	switch {
+	case errors.Is(err, errTooLarge):
+		return RefusedTooLarge
+	case errors.Is(err, errTokenID):
+		return RefusedTokenID
+	case errors.Is(err, errBlockSize):
+		return RefusedBlockSize
+	case errors.Is(err, errTokenCount):
+		return RefusedTokenCount
+	case errors.Is(err, ErrRange):
+		return RefusedRange
+	}
+	return RefusedShape
+}
 
 // maxDepth bounds the nesting of members the decoder skips: vLLM's deepest
 // (extra_keys) is three levels down.
@@ -32,7 +69,7 @@ const maxDepth = 16
 // out-of-range part is refused whole.
 func DecodeBatch(b []byte) (batch Batch, unknown int, err error) {
 	if len(b) > MaxBatchBytes {
-		return Batch{}, 0, fmt.Errorf("%w: %d bytes, more than %d", ErrMalformed, len(b), MaxBatchBytes)
+		return Batch{}, 0, fmt.Errorf("%w: %d bytes, more than %d", errTooLarge, len(b), MaxBatchBytes)
 	}
 	x := newDecoder(b)
 	batch, unknown, err = x.batch()
@@ -317,10 +354,10 @@ func (x *decoder) event() (Event, error) {
 			return ev, fmt.Errorf("%w: BlockStored without block hashes", ErrMalformed)
 		}
 		if ev.BlockSize < 1 || ev.BlockSize > MaxBlockSize {
-			return ev, fmt.Errorf("%w: block_size %d, want 1 to %d", ErrRange, ev.BlockSize, MaxBlockSize)
+			return ev, fmt.Errorf("%w %d, want 1 to %d", errBlockSize, ev.BlockSize, MaxBlockSize)
 		}
 		if len(ev.TokenIDs) != len(ev.Hashes)*ev.BlockSize {
-			return ev, fmt.Errorf("%w: %d token ids for %d blocks of %d", ErrRange, len(ev.TokenIDs), len(ev.Hashes), ev.BlockSize)
+			return ev, fmt.Errorf("%w: %d for %d blocks of %d", errTokenCount, len(ev.TokenIDs), len(ev.Hashes), ev.BlockSize)
 		}
 	case "BlockRemoved":
 		ev.Kind = BlockRemoved
@@ -349,6 +386,9 @@ func (x *decoder) field(ev *Event, name string) error {
 		ev.TokenIDs, err = x.tokens()
 	case "block_size":
 		ev.BlockSize, err = x.optInt(0, 0, MaxBlockSize)
+		if errors.Is(err, ErrRange) {
+			err = fmt.Errorf("%w: %w", errBlockSize, err)
+		}
 	case "lora_id":
 		ev.LoraID, err = x.optInt(0, 0, math.MaxInt32)
 	case "medium":
@@ -414,11 +454,14 @@ func (x *decoder) tokens() ([]uint32, error) {
 	ts := make([]uint32, n)
 	for i := range ts {
 		v, err := x.int()
+		if errors.Is(err, ErrRange) {
+			err = fmt.Errorf("%w: %w", errTokenID, err)
+		}
 		if err != nil {
 			return nil, err
 		}
 		if v < 0 || v > MaxTokenID {
-			return nil, fmt.Errorf("%w: token id %d", ErrRange, v)
+			return nil, fmt.Errorf("%w %d", errTokenID, v)
 		}
 		ts[i] = uint32(v)
 	}

@@ -144,6 +144,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"nil block hash", stored([]any{nil}, nil, tokens(0, 16), 16), kvevents.ErrMalformed},
 		{"float hash", stored([]any{1.5}, nil, tokens(0, 16), 16), kvevents.ErrMalformed},
 		{"negative token", stored([]any{uint64(1)}, nil, []any{-1}, 1), kvevents.ErrRange},
+		{"token past 32 bits", stored([]any{uint64(1)}, nil, []any{uint64(1) << 32}, 1), kvevents.ErrRange},
 		{"huge token", stored([]any{uint64(1)}, nil, []any{uint64(1) << 40}, 1), kvevents.ErrRange},
 		{"block size zero", stored([]any{uint64(1)}, nil, []any{}, 0), kvevents.ErrRange},
 		{"block size huge", stored([]any{uint64(1)}, nil, []any{1}, 1<<20), kvevents.ErrRange},
@@ -186,6 +187,55 @@ func TestDecodeRefuses(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+// A token id is an opaque unsigned 32-bit value: engines that hash words
+// into ids (llm-d's vLLM simulator) send ids up to 2^32-1, in msgpack's
+// uint32 encoding.
+func TestDecodeTokenIDsUseAll32Bits(t *testing.T) {
+	ids := []any{uint32(0), uint32(1) << 31, uint32(1<<32 - 1), uint32(3_000_000_000)}
+	v := []any{1.0, []any{[]any{"BlockStored", []any{uint64(9)}, nil, ids, 4}}, 0}
+	b, _, err := kvevents.DecodeBatch(pack(t, v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint32{0, 1 << 31, 1<<32 - 1, 3_000_000_000}
+	if len(b.Events) != 1 || !slices.Equal(b.Events[0].TokenIDs, want) {
+		t.Fatalf("events = %+v, want token ids %v", b.Events, want)
+	}
+}
+
+// Refusal names each refusal apart, for the adapter's reason label.
+func TestRefusalNamesTheReason(t *testing.T) {
+	stored := func(members ...any) []byte {
+		return pack(t, []any{1.0, []any{append([]any{"BlockStored"}, members...)}, 0})
+	}
+	cases := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"token past 32 bits", stored([]any{uint64(1)}, nil, []any{uint64(1) << 32}, 1), kvevents.RefusedTokenID},
+		{"token past 63 bits", stored([]any{uint64(1)}, nil, []any{uint64(1) << 63}, 1), kvevents.RefusedTokenID},
+		{"negative token", stored([]any{uint64(1)}, nil, []any{-5}, 1), kvevents.RefusedTokenID},
+		{"block size zero", stored([]any{uint64(1)}, nil, []any{}, 0), kvevents.RefusedBlockSize},
+		{"block size huge", stored([]any{uint64(1)}, nil, []any{1}, 1<<20), kvevents.RefusedBlockSize},
+		{"tokens not a block per hash", stored([]any{uint64(1), uint64(2)}, nil, []any{1, 2}, 2), kvevents.RefusedTokenCount},
+		{"hash of 100 bytes", stored([]any{make([]byte, 100)}, nil, []any{1}, 1), kvevents.RefusedRange},
+		{"not a batch", pack(t, "hello"), kvevents.RefusedShape},
+		{"too large", make([]byte, kvevents.MaxBatchBytes+1), kvevents.RefusedTooLarge},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := kvevents.DecodeBatch(c.b)
+			if err == nil {
+				t.Fatal("refused nothing")
+			}
+			if got := kvevents.Refusal(err); got != c.want {
+				t.Errorf("Refusal(%v) = %q, want %q", err, got, c.want)
+			}
+		})
+	}
 }
 
 func TestDecodeMessage(t *testing.T) {

@@ -79,6 +79,8 @@ const (
 	// MaxBlockSize is the largest block_size believed (vLLM allows up to
 	// 256 tokens per block on some back ends).
 	MaxBlockSize = 1024
-	// MaxTokenID bounds a token id: vocabularies are below 2^31.
-	MaxTokenID = 1<<31 - 1
+	// MaxTokenID bounds a token id. An id is an opaque unsigned 32-bit
+	// value: real vocabularies are far below it, but an engine may hash
+	// words into ids (llm-d's vLLM simulator does, up to 2^32-1).
+	MaxTokenID = 1<<32 - 1
 )
