@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -85,6 +87,8 @@ func inRange(hb *subjects.Heartbeat) error {
 		return fmt.Errorf("kv_blocks not in [0, %d] or block_size not in [0, 1024]", subjects.MaxKVBlocks)
 	case len(hb.Model) > subjects.MaxModelChars || len(hb.Version) > subjects.MaxModelChars || len(hb.Pool) > subjects.MaxModelChars:
 		return fmt.Errorf("model, version or pool longer than %d", subjects.MaxModelChars)
+	case hb.KVEventsRefused != "" && !slices.Contains(kvevents.Refusals[:], hb.KVEventsRefused):
+		return fmt.Errorf("kv_events_refused %.64q is not a refusal reason", hb.KVEventsRefused)
 	}
 	for _, l := range [2][]string{hb.Lora.Running, hb.Lora.Waiting} {
 		for _, a := range l {

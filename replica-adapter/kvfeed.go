@@ -60,6 +60,10 @@ type kvFeed struct {
 	// since waits for the next one (askedToResend).
 	resentAt  time.Time
 	resendDue bool
+	// refused is why the engine's last message was refused ("" once a
+	// batch is read); warned the reasons already logged, once each.
+	refused string
+	warned  map[string]bool
 }
 
 type engineBlock struct {
@@ -231,13 +235,13 @@ func (f *kvFeed) resyncLocked() {
 func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 	m := f.a.metrics
 	if unknown > 0 {
-		m.kvEvents.WithLabelValues("unknown").Add(float64(unknown))
+		m.kvEvents.WithLabelValues("unknown", "").Add(float64(unknown))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := range b.Events {
 		ev := &b.Events[i]
-		m.kvEvents.WithLabelValues(ev.Kind.String()).Inc()
+		m.kvEvents.WithLabelValues(ev.Kind.String(), "").Inc()
 		switch ev.Kind {
 		case kvevents.BlockStored:
 			f.storedLocked(ev)
@@ -249,7 +253,7 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 			f.clearLocked()
 		}
 	}
-	f.live = true
+	f.live, f.refused = true, ""
 }
 
 // Lost voids what brokers hold of the replica (kvevents.Sink).
@@ -263,10 +267,30 @@ func (f *kvFeed) Lost(reason string) {
 // Gap counts a sequence gap (kvevents.Sink).
 func (f *kvFeed) Gap() { f.a.metrics.kvGaps.Inc() }
 
-// Malformed counts a dropped message (kvevents.Sink).
+// Malformed counts a refused message by its reason, marks the feed as
+// failing until a batch is read again (the heartbeat's kv_events_refused),
+// and warns once per reason: a feed whose every message is refused leaves
+// prefix affinity on placements, which nothing else would show
+// (kvevents.Sink).
 func (f *kvFeed) Malformed(err error) {
-	f.a.metrics.kvEvents.WithLabelValues("malformed").Inc()
-	f.a.log.Debug("malformed KV-event message dropped", "err", err)
+	reason := kvevents.Refusal(err)
+	f.a.metrics.kvEvents.WithLabelValues("malformed", reason).Inc()
+	f.mu.Lock()
+	f.refused = reason
+	first := !f.warned[reason]
+	if first {
+		if f.warned == nil {
+			f.warned = map[string]bool{}
+		}
+		f.warned[reason] = true
+	}
+	f.mu.Unlock()
+	if first {
+		f.a.log.Warn("KV-event message refused: until the engine's events are read, prefix affinity works from placements",
+			"reason", reason, "err", err)
+	} else {
+		f.a.log.Debug("KV-event message refused", "reason", reason, "err", err)
+	}
 }
 
 // chainHash is the adapter's own hash of a token block after parent: the
@@ -607,10 +631,11 @@ func (f *kvFeed) flush() {
 	}
 }
 
-// isLive reports whether the feed has heard its engine since its last
-// loss, for the heartbeat's kv_events.
-func (f *kvFeed) isLive() bool {
+// state is the feed's part of the heartbeat: live, it has heard its
+// engine since its last loss (kv_events); refused, why the engine's last
+// message was refused (kv_events_refused).
+func (f *kvFeed) state() (live bool, refused string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.live && !f.reset
+	return f.live && !f.reset, f.refused
 }

@@ -37,6 +37,8 @@ const (
 	vllmLoraInfo   = "vllm:lora_requests_info"
 	vllmPrefixQ    = "vllm:prefix_cache_queries_total"
 	vllmPrefixH    = "vllm:prefix_cache_hits_total"
+	vllmTTFT       = "vllm:time_to_first_token_seconds"
+	sglangTTFT     = "sglang:time_to_first_token_seconds"
 	sglangUsage    = "sglang:token_usage"
 	sglangRunning  = "sglang:num_running_reqs"
 	sglangQueue    = "sglang:num_queue_reqs"
@@ -73,6 +75,12 @@ type LoadSample struct {
 	// tokens); PrefixKnown says it exports them.
 	PrefixQueries, PrefixHits float64
 	PrefixKnown               bool
+	// TTFTSeconds and TTFTCount are the engine's own time-to-first-token
+	// histogram's sum and count (vLLM's and SGLang's
+	// time_to_first_token_seconds, every request, streamed or not);
+	// TTFTKnown says it exports one.
+	TTFTSeconds, TTFTCount float64
+	TTFTKnown              bool
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of the given
@@ -155,6 +163,23 @@ func mean(fams map[string]*dto.MetricFamily, name string) (float64, bool) {
 	return t / float64(len(fams[name].Metric)), true
 }
 
+// histogram adds the sums and counts of every series of a histogram
+// family (one per engine, model or label set).
+func histogram(fams map[string]*dto.MetricFamily, name string) (sum, count float64, ok bool) {
+	f := fams[name]
+	if f == nil {
+		return 0, 0, false
+	}
+	for _, m := range f.Metric {
+		if h := m.Histogram; h != nil {
+			sum += h.GetSampleSum()
+			count += float64(h.GetSampleCount())
+			ok = true
+		}
+	}
+	return sum, count, ok
+}
+
 func value(m *dto.Metric) float64 {
 	switch {
 	case m.Gauge != nil:
@@ -200,6 +225,7 @@ func vllmSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 	q, okQ := sum(fams, vllmPrefixQ)
 	h, okH := sum(fams, vllmPrefixH)
 	s.PrefixQueries, s.PrefixHits, s.PrefixKnown = q, h, okQ && okH
+	s.TTFTSeconds, s.TTFTCount, s.TTFTKnown = histogram(fams, vllmTTFT)
 	return s, okKV || okRun || okWait
 }
 
@@ -267,6 +293,7 @@ func sglangSample(fams map[string]*dto.MetricFamily) (LoadSample, bool) {
 		s.MaxLora = int(n)
 	}
 	s.LoraRunning, s.LoraWaiting = []string{}, []string{}
+	s.TTFTSeconds, s.TTFTCount, s.TTFTKnown = histogram(fams, sglangTTFT)
 	return s, okKV || okRun || okWait
 }
 

@@ -25,6 +25,7 @@ func TestParseMetricsGolden(t *testing.T) {
 			LoraRunning: []string{"lora-a", "lora-b"}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16, // cache_config_info
 			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
+			TTFTSeconds: 0.16800000000000004, TTFTCount: 12, TTFTKnown: true, // time_to_first_token_seconds
 		}},
 		{"vllm/metrics-idle-tied.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
@@ -33,6 +34,7 @@ func TestParseMetricsGolden(t *testing.T) {
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16,
 			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
+			TTFTSeconds: 0.16800000000000004, TTFTCount: 12, TTFTKnown: true, // time_to_first_token_seconds
 		}},
 		{"vllm/metrics-idle.txt", FlavorVLLM, LoadSample{
 			KVUsage: 0, KVKnown: true, Running: 0, Waiting: 0,
@@ -40,14 +42,17 @@ func TestParseMetricsGolden(t *testing.T) {
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 2,
 			KVBlocks: 2048, BlockSize: 16,
 			PrefixQueries: 252, PrefixHits: 144, PrefixKnown: true,
+			TTFTSeconds: 0.16800000000000004, TTFTCount: 12, TTFTKnown: true, // time_to_first_token_seconds
 		}},
 		{"sglang/metrics-from-source.txt", FlavorSGLang, LoadSample{
 			KVUsage: 0.3699415312370517, KVKnown: true, Running: 12, Waiting: 3,
 			LoraRunning: []string{}, LoraWaiting: []string{}, MaxLora: 8,
+			TTFTSeconds: 936.8799907290745, TTFTCount: 2398, TTFTKnown: true,
 		}},
 		{"sglang/metrics-docs-sample.txt", FlavorSGLang, LoadSample{
 			KVUsage: 0.28, KVKnown: true, Running: 162, Waiting: 2826,
 			LoraRunning: []string{}, LoraWaiting: []string{},
+			TTFTSeconds: 2.3518979474117756e+06, TTFTCount: 11008, TTFTKnown: true,
 		}},
 		{"llamacpp/metrics-from-source.txt", FlavorLlamaCpp, LoadSample{
 			Running: 3, Waiting: 2, LoraRunning: []string{}, LoraWaiting: []string{},

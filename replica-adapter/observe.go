@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 )
 
 // metrics are the adapter's Prometheus series, labelled with the replica.
@@ -65,8 +67,8 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 		}, []string{"cause"}),
 		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_adapter_kv_events_total", ConstLabels: cl,
-			Help: "KV-cache events read from the engine's feed, by type (BlockStored, BlockRemoved, AllBlocksCleared; unknown: a type this adapter does not know; malformed: a message dropped undecoded).",
-		}, []string{"type"}),
+			Help: "KV-cache events read from the engine's feed, by type (BlockStored, BlockRemoved, AllBlocksCleared; unknown: a type this adapter does not know; malformed: a message refused undecoded, by reason: token_id, block_size, token_count, range, too_large, shape).",
+		}, []string{"type", "reason"}),
 		kvGaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_adapter_kv_event_gaps_total", ConstLabels: cl,
 			Help: "Sequence gaps in the engine's KV-event feed, replayed or not.",
@@ -83,8 +85,11 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	for _, k := range []string{kvSyncResent, kvSyncCoalesced} {
 		m.kvSyncs.WithLabelValues(k)
 	}
-	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown", "malformed"} {
-		m.kvEvents.WithLabelValues(k)
+	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown"} {
+		m.kvEvents.WithLabelValues(k, "")
+	}
+	for _, r := range kvevents.Refusals {
+		m.kvEvents.WithLabelValues("malformed", r)
 	}
 	for _, k := range []string{"5xx", "429", "auth", "connection", "model"} {
 		m.engineFailures.WithLabelValues(k)

@@ -32,6 +32,10 @@ type loadState struct {
 	ttftEWMA float64
 	ttftMin  float64   // the fastest first token seen: the unloaded baseline
 	ttftAt   time.Time // when ttftEWMA was last updated (or decayed)
+	// timed counts the first tokens the adapter timed itself (streamed
+	// answers) since the last scrape: an interval without any learns
+	// from the engine's own histogram (observeEngineTTFT).
+	timed atomic.Int64
 	// prefillRate is the learned prefill rate, uncached prompt tokens per
 	// second (0: none learned), from the averages of what first tokens
 	// cost (rateWork tokens in rateTime ms); prefillPeak the highest it
@@ -96,9 +100,16 @@ func (l *loadState) observeTTFT(d time.Duration) {
 }
 
 func (l *loadState) observeTTFTAt(d time.Duration, now time.Time) {
-	ms := float64(d) / float64(time.Millisecond)
+	l.timed.Add(1)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.observeTTFTLocked(d, now)
+}
+
+// observeTTFTLocked folds one time to first token into the average and
+// the baseline. l.mu must be held.
+func (l *loadState) observeTTFTLocked(d time.Duration, now time.Time) {
+	ms := float64(d) / float64(time.Millisecond)
 	if l.ttftEWMA == 0 {
 		l.ttftEWMA, l.ttftMin, l.ttftAt = ms, ms, now
 		return
@@ -107,6 +118,35 @@ func (l *loadState) observeTTFTAt(d time.Duration, now time.Time) {
 	l.ttftEWMA += ttftAlpha * (ms - l.ttftEWMA)
 	l.ttftAt = now
 	l.ttftMin = min(l.ttftMin, ms)
+}
+
+// observeEngineTTFT learns the time to first token from the engine's own
+// histogram for the answers the adapter cannot time: a non-streamed answer
+// arrives whole, its first token unseen. Between two scrapes in which the
+// adapter timed no first token itself (timed, the streamed answers since
+// the last scrape), the mean of the histogram's new observations counts
+// as one first token; a replica whose first scrape finds observations
+// already (an engine that served before its adapter started) takes their
+// mean as its first evidence. A histogram that went back (an engine
+// restart) or a mean out of range teaches nothing. l.mu must be held.
+func (l *loadState) observeEngineTTFT(prev, cur LoadSample, had bool, timed int64, now time.Time) {
+	if !cur.TTFTKnown || timed > 0 {
+		return
+	}
+	ds, dc := cur.TTFTSeconds, cur.TTFTCount
+	if had && prev.TTFTKnown {
+		ds, dc = ds-prev.TTFTSeconds, dc-prev.TTFTCount
+	} else if l.ttftEWMA != 0 {
+		return
+	}
+	if dc <= 0 || ds <= 0 {
+		return
+	}
+	mean := ds / dc
+	if !(mean > 0 && mean*1000 <= subjects.MaxHeartbeatMillis) {
+		return
+	}
+	l.observeTTFTLocked(time.Duration(mean*float64(time.Second)), now)
 }
 
 func (a *Adapter) scrapeLoop(ctx context.Context) {
@@ -158,6 +198,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 	}
 	if metricsErr == nil {
 		l.observeHits(l.sample, sample, l.have)
+		l.observeEngineTTFT(l.sample, sample, l.have, l.timed.Swap(0), time.Now())
 		l.sample, l.have, l.flavor = sample, true, flavor
 	}
 	if healthErr != nil || metricsErr != nil {
@@ -327,7 +368,9 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	if a.cfg.KVBlocks > 0 {
 		hb.KVBlocks = a.cfg.KVBlocks
 	}
-	hb.KVEvents = a.kv != nil && a.kv.isLive()
+	if a.kv != nil {
+		hb.KVEvents, hb.KVEventsRefused = a.kv.state()
+	}
 	if a.cfg.EngineScheduling == SchedulingPriority {
 		hb.Scheduling = subjects.SchedulingPriority
 		hb.BatchWaiting = a.batchWaiting(hb.Inflight, hb.MaxBatch)

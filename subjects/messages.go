@@ -108,6 +108,11 @@ type Heartbeat struct {
 	KVBlocks  int  `json:"kv_blocks,omitempty"`
 	BlockSize int  `json:"block_size,omitempty"`
 	KVEvents  bool `json:"kv_events,omitempty"`
+	// KVEventsRefused says the feed is failing: the last message the
+	// engine sent on it was refused, for this reason (one of
+	// kvevents.Refusals); empty once a batch is read again. Prefix
+	// affinity then works from placements.
+	KVEventsRefused string `json:"kv_events_refused,omitempty"`
 	// Scheduling is SchedulingPriority when the engine serves its queue by
 	// each request's priority (vLLM's --scheduling-policy priority) and
 	// the adapter sends it the router's: batch work may then fill the
@@ -367,12 +372,21 @@ type Decision struct {
 	// PrefixSource says where the prefix match came from: "kv-events"
 	// (the engines' own caches) or "placements" (where brokers sent earlier
 	// requests); empty without a match.
-	PrefixSource  string `json:"prefix_source,omitempty"`
-	Status        int    `json:"status"`
-	Code          string `json:"code,omitempty"`
-	Message       string `json:"message,omitempty"`
-	TableRevision uint64 `json:"table_revision"`
-	DurationNanos int64  `json:"duration_ns"`
+	PrefixSource string `json:"prefix_source,omitempty"`
+	// KVFeedRefused is set when the request's prefix was not matched from
+	// the engines' own caches because the chosen replica's KV-event feed
+	// is failing: why its adapter refused the engine's last message
+	// (Heartbeat.KVEventsRefused).
+	KVFeedRefused string `json:"kv_feed_refused,omitempty"`
+	// NoTTFTEvidence: the chosen replica's engine has given no evidence of
+	// its time to first token yet, so none is predicted
+	// (PredictedTTFTMillis is 0) and no TTFT objective was judged.
+	NoTTFTEvidence bool   `json:"no_ttft_evidence,omitempty"`
+	Status         int    `json:"status"`
+	Code           string `json:"code,omitempty"`
+	Message        string `json:"message,omitempty"`
+	TableRevision  uint64 `json:"table_revision"`
+	DurationNanos  int64  `json:"duration_ns"`
 	// ResumeFrom is set on a continuation: the replica whose answer it
 	// continues, and the completion tokens it carried over.
 	ResumeFrom     string `json:"resume_from,omitempty"`

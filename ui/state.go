@@ -78,6 +78,10 @@ type replicaView struct {
 	// them (the request keys deciders match on).
 	KVEvents     bool `json:"kv_events"`
 	CachedBlocks int  `json:"cached_blocks"`
+	// KVFeedFailing is why the replica's adapter refused its engine's last
+	// KV-event message (the heartbeat's kv_events_refused): a feed that is
+	// failing; "" otherwise.
+	KVFeedFailing string `json:"kv_feed_failing,omitempty"`
 }
 
 // loadView is a cold model's latest load status (llm.control.load.status).
@@ -202,6 +206,7 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 			k.r.WaitMs = max(hb.TTFTEWMAMillis, hb.QueueWaitMillis)
 			k.r.EngineFailures = hb.EngineFailures
 			k.r.KVEvents = hb.KVEvents && u.kv.Synced(id)
+			k.r.KVFeedFailing = hb.KVEventsRefused
 			state = subjects.Restrictive(state, hb.State)
 		}
 		k.r.CachedBlocks = u.kv.Keys(id)

@@ -131,11 +131,17 @@ func (st *decision) run() {
 	}
 	c := &p.cands[p.chosen]
 	d.Replica, d.Score, d.PredictedTTFT = c.x.id, c.load, c.ttft
+	if !c.x.ttftKnown() {
+		d.PredictedTTFT, d.NoTTFTEvidence = 0, true
+	}
 	d.LoadViewAge = time.Duration(max(p.nowNano-c.x.viewNano, 0))
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
 	p.report(d)
+	if len(req.Prefix) > 0 && d.PrefixSource != PrefixKVEvents {
+		d.KVFeedRefused = c.x.hb.KVEventsRefused
+	}
 	d.Reason = p.reason(res.fallback, res.modifiers())
 	p.alternatives(d)
 	if st.commit {

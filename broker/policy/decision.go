@@ -94,10 +94,13 @@ type Decision struct {
 
 	Score float64 // the chosen replica's load_score
 	// PredictedTTFT is the chosen replica's predicted time to first token
-	// for the request, in ms.
-	PredictedTTFT float64
-	Alts          [3]subjects.Alternative
-	NAlts         int // top alternatives, lowest load_score first, why each lost
+	// for the request, in ms; 0 with NoTTFTEvidence: its engine has given
+	// no evidence of its TTFT yet, so nothing is predicted and no
+	// objective is judged against it.
+	PredictedTTFT  float64
+	NoTTFTEvidence bool
+	Alts           [3]subjects.Alternative
+	NAlts          int // top alternatives, lowest load_score first, why each lost
 
 	// Ejected names replicas of the pool out of rotation for their engine
 	// failures (the first NEjected); EjectPanic says they were kept in,
@@ -114,8 +117,12 @@ type Decision struct {
 	Prefill, Split string
 	UncachedTokens int
 	// PrefixSource says where a prefix match came from: PrefixKVEvents
-	// (the exact index) or PrefixPlacements; "" without one.
-	PrefixSource string
+	// (the exact index) or PrefixPlacements; "" without one. KVFeedRefused,
+	// for a request with a prefix not matched from the exact index, is why
+	// the chosen replica's KV-event feed is failing (its heartbeat's
+	// kv_events_refused): the reason its knowledge came from placements.
+	PrefixSource  string
+	KVFeedRefused string
 	// TTFTObjective is the objective the decision held the replicas to
 	// (the request's, the tenant's or the model's; 0: none).
 	TTFTObjective time.Duration
@@ -175,6 +182,8 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		PrefixBlocks:        d.PrefixBlocks,
 		PrefixMatched:       d.PrefixMatched,
 		PrefixSource:        d.PrefixSource,
+		KVFeedRefused:       d.KVFeedRefused,
+		NoTTFTEvidence:      d.NoTTFTEvidence,
 		Status:              200,
 		TableRevision:       d.TableRevision,
 		DurationNanos:       int64(d.Duration),

@@ -39,14 +39,30 @@ type objectiveCheck struct{ loser int }
 // work goes to the fastest candidate anyway. A continuation was admitted
 // once and is never refused here. The deadline check runs first: a request
 // that can meet neither is refused for its deadline.
+//
+// Only replicas whose engines have given TTFT evidence (a first token
+// timed, streamed or from the engine's own histogram) have predictions: a
+// chosen replica without evidence is judged by the fastest prediction of
+// the candidates that have one, and when no candidate has any, nothing is
+// judged (the decision says there is no TTFT evidence yet).
 func (p *pick) objective() (switched bool, e *subjects.APIError) {
 	p.obj.loser = -1
 	o := p.ttftObjective
-	if o == 0 || p.req.ResumeFrom != "" || millis(p.cands[p.chosen].ttft) <= o {
+	if o == 0 || p.req.ResumeFrom != "" {
 		return false, nil
 	}
-	best := p.fastest()
+	known := p.cands[p.chosen].x.ttftKnown()
+	if known && millis(p.cands[p.chosen].ttft) <= o {
+		return false, nil
+	}
+	best := p.fastestKnown()
+	if best < 0 {
+		return false, nil
+	}
 	ttft := millis(p.cands[best].ttft)
+	if !known && ttft <= o {
+		return false, nil
+	}
 	if ttft <= o || p.req.Priority == subjects.PriorityBatch {
 		if best == p.chosen {
 			return false, nil
@@ -58,6 +74,22 @@ func (p *pick) objective() (switched bool, e *subjects.APIError) {
 		ttft.Round(time.Millisecond).String()+", misses the TTFT objective of "+o.String()+".")
 	e.RetryAfter = max(ttft-o, RetryObjectiveMin)
 	return false, e
+}
+
+// fastestKnown is the candidate with the lowest predicted TTFT among those
+// whose engines have given TTFT evidence, the chosen one on a tie; -1 when
+// none has.
+func (p *pick) fastestKnown() int {
+	best := -1
+	if p.cands[p.chosen].x.ttftKnown() {
+		best = p.chosen
+	}
+	for i := range p.cands {
+		if p.cands[i].x.ttftKnown() && (best < 0 || p.cands[i].ttft < p.cands[best].ttft) {
+			best = i
+		}
+	}
+	return best
 }
 
 // fastest is the candidate with the lowest predicted TTFT, the chosen one

@@ -170,6 +170,11 @@ type replica struct {
 	eject ejection
 }
 
+// ttftKnown reports whether the replica's engine has given any evidence of
+// its time to first token: before it has, its prediction is not a time
+// that can be judged (the adapter reports no TTFT rather than 0 ms).
+func (x *replica) ttftKnown() bool { return x.hb.TTFTEWMAMillis > 0 }
+
 // touch marks the state load reads as changed.
 func (x *replica) touch() { x.ver++ }
 

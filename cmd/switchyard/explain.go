@@ -119,10 +119,27 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 			fmt.Fprintf(w, "prefill   on %s, served whole (%s; %d uncached tokens)\n", d.Replica, d.Split, d.UncachedTokens)
 		}
 	}
+	if d.PrefixBlocks > 0 && d.Replica != "" {
+		fmt.Fprintf(w, "prefix    %d of %d blocks matched", d.PrefixMatched, d.PrefixBlocks)
+		if d.PrefixSource != "" {
+			fmt.Fprintf(w, " (%s)", d.PrefixSource)
+		}
+		if d.KVFeedRefused != "" {
+			fmt.Fprintf(w, "; from placements: %s's KV-event feed is failing (its engine's last message refused: %s)", d.Replica, d.KVFeedRefused)
+		}
+		fmt.Fprintln(w)
+	}
 	if d.Replica != "" || d.TTFTObjectiveMillis > 0 {
-		fmt.Fprintf(w, "ttft      predicted %s", millisString(d.PredictedTTFTMillis))
+		if d.NoTTFTEvidence {
+			fmt.Fprintf(w, "ttft      no TTFT evidence yet")
+		} else {
+			fmt.Fprintf(w, "ttft      predicted %s", millisString(d.PredictedTTFTMillis))
+		}
 		if d.TTFTObjectiveMillis > 0 {
 			fmt.Fprintf(w, ", objective %s", time.Duration(d.TTFTObjectiveMillis)*time.Millisecond)
+			if d.NoTTFTEvidence {
+				fmt.Fprintf(w, " (not judged)")
+			}
 		}
 		fmt.Fprintln(w)
 	}

@@ -24,6 +24,10 @@ type Replica struct {
 	// (adapter.Config.EngineScheduling; default fcfs). The simulated
 	// engines schedule by priority unless the stack says otherwise.
 	EngineScheduling string
+	// KVEventsBind, with EngineURL, is the address the adapter binds for
+	// the KV-event feed of an engine that dials out (llm-d's vLLM
+	// simulator): the adapter's --kv-events-bind. Empty: no feed.
+	KVEventsBind string
 	// MaxBatch and MaxQueue are the capacity the adapter declares
 	// (default 32 and 128, the simulated engine's).
 	MaxBatch, MaxQueue int

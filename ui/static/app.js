@@ -116,6 +116,11 @@
   // cachedCell is the prefix blocks the replica's engine caches, from the
   // KV-event index; a dash for a replica without a live feed.
   function cachedCell(r) {
+    if (r.kv_feed_failing) {
+      const td = h('td', 'num feed-failing', 'failing');
+      td.title = `KV-event feed failing: its adapter refused the engine's last message (${r.kv_feed_failing}); brokers place this replica by their placements`;
+      return td;
+    }
     if (!r.kv_events) {
       const td = h('td', 'num dim', '—');
       td.title = 'no live KV-event feed: brokers place this replica by their placements';
