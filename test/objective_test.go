@@ -88,3 +88,58 @@ func TestUnreachableTTFTObjectiveIsRefused(t *testing.T) {
 		return nil
 	})
 }
+
+// Non-streamed answers teach the replicas' TTFT as streamed ones do: the
+// adapters read it from the engines' own time_to_first_token histograms.
+// A fresh stack has no TTFT evidence and says so in its decisions rather
+// than predicting 0 ms, so a 1ms objective is not judged; within 3 s of
+// the eighth non-streamed answer (one scrape and one heartbeat at the
+// defaults), the same objective is refused for the TTFT they measured.
+func TestNonStreamedTrafficTeachesTTFT(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")})
+	url := st.GatewayURL()
+	nc := mustConnectAs(t, st, roleOperator)
+	explain := func() subjects.Decision {
+		t.Helper()
+		msg, err := nc.Request("llm.explain.default", []byte(`{"model":"chat-small","ttft_objective":"1ms"}`), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d subjects.Decision
+		if err := json.Unmarshal(msg.Data, &d); err != nil {
+			t.Fatalf("explain answered %s: %v", msg.Data, err)
+		}
+		return d
+	}
+	d := explain()
+	if d.Code != "" || !d.NoTTFTEvidence || d.PredictedTTFTMillis != 0 {
+		t.Fatalf("a fresh stack decided %+v; want no TTFT evidence, no prediction and the objective not judged", d)
+	}
+
+	body := chatBody("chat-small", 4, false)
+	for i := range 8 {
+		if code, _, b := chatOnce(t, url, body, nil); code != 200 {
+			t.Fatalf("non-streamed request %d: %d %s", i, code, b)
+		}
+	}
+	answered := time.Now()
+	var refused time.Duration
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		code, h, b := chatOnce(t, url, body, map[string]string{"X-Switchyard-TTFT-Objective": "1ms"})
+		if code == 200 {
+			return fmt.Errorf("a 1ms objective was served by %s: no TTFT learned from non-streamed answers", h.Get("X-Switchyard-Replica"))
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(b, "ttft_objective_unreachable") {
+			t.Fatalf("1ms objective: %d %s, want 503 ttft_objective_unreachable", code, b)
+		}
+		refused = time.Since(answered)
+		return nil
+	})
+	if refused > 3*time.Second {
+		t.Errorf("the 1ms objective was first refused %v after the eighth answer, want within 3s", refused)
+	}
+	if d := explain(); d.NoTTFTEvidence || d.Code != subjects.CodeTTFTObjectiveUnreachable {
+		t.Errorf("after the non-streamed answers explain says %+v; want the objective refused on measured TTFT", d)
+	}
+	t.Logf("1ms objective refused %v after the eighth non-streamed answer", refused.Round(time.Millisecond))
+}
