@@ -241,10 +241,12 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 	defer f.mu.Unlock()
 	for i := range b.Events {
 		ev := &b.Events[i]
-		m.kvEvents.WithLabelValues(ev.Kind.String(), "").Inc()
+		reason := ""
 		switch ev.Kind {
 		case kvevents.BlockStored:
-			f.storedLocked(ev)
+			if !f.storedLocked(ev) {
+				reason = kvUnknownParent
+			}
 		case kvevents.BlockRemoved:
 			for _, h := range ev.Hashes {
 				f.removedLocked(h)
@@ -252,6 +254,7 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 		case kvevents.AllBlocksCleared:
 			f.clearLocked()
 		}
+		m.kvEvents.WithLabelValues(ev.Kind.String(), reason).Inc()
 	}
 	f.live, f.refused = true, ""
 }
@@ -307,17 +310,28 @@ func chainHash(parent uint64, tokens []uint32) uint64 {
 	return d.Sum64()
 }
 
-// storedLocked records a BlockStored. Blocks whose parent the adapter has
-// not seen cannot be chained and are left out. mu should be held.
-func (f *kvFeed) storedLocked(ev *kvevents.Event) {
+// kvUnknownParent is the reason label of a BlockStored left out because
+// its parent is a block the adapter has not seen (one stored before the
+// feed was read, or lost with a gap): normal after a start or a loss, and
+// counted so that a feed whose every chain is left out shows.
+const kvUnknownParent = "unknown_parent"
+
+// storedLocked records a BlockStored and reports whether it could. Blocks
+// whose parent the adapter has not seen cannot be chained and are left
+// out. A parent hash of 0 that names no block is a chain's start: vLLM
+// sends nil there, but llm-d's vLLM simulator sends 0 in the array
+// encoding (and llm-d's router reads 0 as no parent). mu should be held.
+func (f *kvFeed) storedLocked(ev *kvevents.Event) bool {
 	f.blockSize = ev.BlockSize
 	var chain uint64
 	if ev.HasParent {
 		p := f.blocks[ev.Parent]
-		if p == nil {
-			return
+		switch {
+		case p != nil:
+			chain = p.chain
+		case ev.Parent != 0:
+			return false
 		}
-		chain = p.chain
 	}
 	for i, h := range ev.Hashes {
 		chain = chainHash(chain, ev.TokenIDs[i*ev.BlockSize:(i+1)*ev.BlockSize])
@@ -331,6 +345,7 @@ func (f *kvFeed) storedLocked(ev *kvevents.Event) {
 			f.holdLocked(k)
 		}
 	}
+	return true
 }
 
 // removedLocked records a BlockRemoved of h. mu should be held.

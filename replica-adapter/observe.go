@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 		}, []string{"cause"}),
 		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_adapter_kv_events_total", ConstLabels: cl,
-			Help: "KV-cache events read from the engine's feed, by type (BlockStored, BlockRemoved, AllBlocksCleared; unknown: a type this adapter does not know; malformed: a message refused undecoded, by reason: token_id, block_size, token_count, range, too_large, shape).",
+			Help: "KV-cache events read from the engine's feed, by type (BlockStored, BlockRemoved, AllBlocksCleared; unknown: a type this adapter does not know; malformed: a message refused undecoded, by reason: token_id, block_size, token_count, range, too_large, shape). A BlockStored left out because its parent is a block the adapter has not seen has reason unknown_parent.",
 		}, []string{"type", "reason"}),
 		kvGaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_adapter_kv_event_gaps_total", ConstLabels: cl,
@@ -88,6 +88,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown"} {
 		m.kvEvents.WithLabelValues(k, "")
 	}
+	m.kvEvents.WithLabelValues("BlockStored", kvUnknownParent)
 	for _, r := range kvevents.Refusals {
 		m.kvEvents.WithLabelValues("malformed", r)
 	}

@@ -340,8 +340,10 @@ type Alternative struct {
 	Score   float64 `json:"score"`
 	Why     string  `json:"why"`
 	// PredictedTTFTMillis is the candidate's predicted time to first
-	// token for this request.
+	// token for this request; 0 with NoTTFTEvidence, when its engine has
+	// given no evidence of its TTFT yet.
 	PredictedTTFTMillis float64 `json:"predicted_ttft_ms"`
+	NoTTFTEvidence      bool    `json:"no_ttft_evidence,omitempty"`
 }
 
 // Decision is one explained routing decision.

@@ -367,6 +367,9 @@ func (p *pick) alternatives(d *Decision) {
 	for k := 0; k < n; k++ {
 		c := &p.cands[top[k]]
 		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: p.why(top[k]), PredictedTTFTMillis: c.ttft}
+		if !c.x.ttftKnown() {
+			d.Alts[k].PredictedTTFTMillis, d.Alts[k].NoTTFTEvidence = 0, true
+		}
 	}
 	d.NAlts = n
 }

@@ -204,6 +204,30 @@ func TestExplainShowsPredictedTTFT(t *testing.T) {
 	}
 }
 
+// A replica without TTFT evidence has no prediction, and its objective is
+// not judged; a prefix matched from placements because the replica's
+// KV-event feed is failing says so.
+func TestExplainShowsMissingEvidence(t *testing.T) {
+	d := decisionAt(0)
+	d.Replica, d.NoTTFTEvidence, d.TTFTObjectiveMillis = "l8-gen-1", true, 1
+	d.Alternatives = []subjects.Alternative{{Replica: "l8-gen-0", Score: 0.4, Why: "higher load_score", NoTTFTEvidence: true}}
+	d.PrefixBlocks, d.PrefixMatched, d.PrefixSource, d.KVFeedRefused = 4, 2, "placements", "token_id"
+	var b strings.Builder
+	printDecision(&b, &d)
+	for _, want := range []string{
+		"ttft      no TTFT evidence yet, objective 1ms (not judged)",
+		"prefix    2 of 4 blocks matched (placements); from placements: l8-gen-1's KV-event feed is failing (its engine's last message refused: token_id)",
+		"lost    l8-gen-0 (score 0.400, no TTFT evidence yet): higher load_score",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "predicted") {
+		t.Errorf("a prediction shown without evidence:\n%s", b.String())
+	}
+}
+
 func TestExplainShowsTheShares(t *testing.T) {
 	d := decisionAt(0)
 	d.Status, d.Code, d.Message = 429, subjects.CodeFairShareExceeded, "Pool general is shedding load"

@@ -150,7 +150,11 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 		}
 	}
 	for _, a := range d.Alternatives {
-		fmt.Fprintf(w, "  lost    %s (score %.3f, predicted TTFT %s): %s\n", a.Replica, a.Score, millisString(a.PredictedTTFTMillis), a.Why)
+		ttft := "predicted TTFT " + millisString(a.PredictedTTFTMillis)
+		if a.NoTTFTEvidence {
+			ttft = "no TTFT evidence yet"
+		}
+		fmt.Fprintf(w, "  lost    %s (score %.3f, %s): %s\n", a.Replica, a.Score, ttft, a.Why)
 	}
 }
 

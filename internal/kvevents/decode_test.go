@@ -2,6 +2,7 @@ package kvevents_test
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -254,5 +255,42 @@ func TestDecodeMessage(t *testing.T) {
 		if _, _, err := kvevents.DecodeMessage(frames); !errors.Is(err, kvevents.ErrMalformed) {
 			t.Errorf("%d frames: err = %v", len(frames), err)
 		}
+	}
+}
+
+// llm-d's vLLM simulator hashes words into 32-bit token ids, most of them
+// above 2^31, and in its array encoding sends a parent hash of 0 for a
+// chain's first block (nil in its map encoding). Its captured events
+// (testdata/SOURCES.md) decode whole, their token ids the ones its
+// /tokenize gave for the same prompt.
+func TestDecodeLLMDSimulatorCaptures(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "llm-d-sim-tokenize.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok struct{ Tokens []uint32 }
+	if err := json.Unmarshal(raw, &tok); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		file      string
+		hasParent bool
+	}{{"llm-d-sim-array.bin", true}, {"llm-d-sim-map.bin", false}} {
+		t.Run(c.file, func(t *testing.T) {
+			b, _ := readBatch(t, c.file)
+			if len(b.Events) != 1 {
+				t.Fatalf("%d events, want 1", len(b.Events))
+			}
+			ev := b.Events[0]
+			if ev.Kind != kvevents.BlockStored || len(ev.Hashes) != 6 || ev.BlockSize != 16 || ev.HasParent != c.hasParent || ev.Parent != 0 {
+				t.Fatalf("event %v: %d hashes, block size %d, parent %v/%d", ev.Kind, len(ev.Hashes), ev.BlockSize, ev.HasParent, ev.Parent)
+			}
+			if !slices.Equal(ev.TokenIDs, tok.Tokens[:96]) {
+				t.Errorf("token ids are not the first 6 blocks of /tokenize's")
+			}
+			if !slices.ContainsFunc(ev.TokenIDs, func(id uint32) bool { return id >= 1<<31 }) {
+				t.Errorf("no token id at or above 2^31: the capture does not test the range")
+			}
+		})
 	}
 }
