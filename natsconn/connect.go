@@ -44,6 +44,12 @@ type Options struct {
 	TLSCert, TLSKey, TLSCA string
 	// Logger receives connection events (nil: discarded).
 	Logger *slog.Logger
+	// PingInterval and MaxPingsOut tune the liveness check: a server that
+	// gives no sign of life (a message, or the answer to a ping) for
+	// MaxPingsOut intervals in a row is given up for another. Zero takes
+	// DefaultPingInterval and DefaultMaxPingsOut.
+	PingInterval time.Duration
+	MaxPingsOut  int
 }
 
 // Reconnect defaults: a component keeps trying for as long as it runs, and
@@ -53,10 +59,10 @@ const (
 	reconnectJitter = 100 * time.Millisecond
 )
 
-// A server that goes silent without closing the connection (a partition, a
-// frozen process) is noticed after maxPingsOut unanswered pings, within
-// 20 s, rather than the client library's four minutes: until then every
-// request through the connection fails or waits.
+// The client library's own pings are the liveness check's backstop
+// (liveness.go): a server that goes silent without closing the connection
+// is given up after maxPingsOut of them unanswered, within 20 s, rather than
+// the library's four minutes, even if the check were stopped.
 //
 // A write the server does not take within writeTimeout fails the
 // connection likewise: behind a cut link the socket's buffer fills, and the
@@ -112,6 +118,14 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 		nopts = append(nopts, nats.RootCAs(opts.TLSCA))
 	}
 
+	interval, maxOut := opts.PingInterval, opts.MaxPingsOut
+	if interval <= 0 {
+		interval = DefaultPingInterval
+	}
+	if maxOut <= 0 {
+		maxOut = DefaultMaxPingsOut
+	}
+	live := newLiveness(interval, maxOut, log)
 	nopts = append(nopts,
 		nats.Name(name),
 		nats.MaxReconnects(-1),
@@ -131,6 +145,7 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 			log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
+			live.closed()
 			log.Debug("NATS connection closed", "err", nc.LastError())
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -147,6 +162,10 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
 	}
+	// The check lives as long as the connection: it returns within an
+	// interval of its close.
+	live.nc = nc
+	go live.run()
 	if !nc.IsConnected() {
 		log.Warn("NATS not reachable yet; retrying in the background", "url", url)
 	}

@@ -1,0 +1,129 @@
+package natsconn_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/natsconn"
+)
+
+// natsServer is the nats-server binary of go.mod's version: NATS_SERVER
+// (`make test` sets it), else the repository's .cache/tools copy, else one
+// built for this test.
+func natsServer(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("NATS_SERVER"); p != "" {
+		return p
+	}
+	if p, err := filepath.Abs(filepath.Join("..", ".cache", "tools", "nats-server")); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "nats-server")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building nats-server: %v: %s", err, out)
+	}
+	return bin
+}
+
+// serverProcess runs a nats-server process on a loopback port and returns
+// its client URL. The test's end resumes and stops it.
+func serverProcess(t *testing.T, bin string) (*os.Process, string) {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	var ports struct{ Nats []string }
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("nats-server_%d.ports", cmd.Process.Pid)))
+		if err != nil || json.Unmarshal(b, &ports) != nil || len(ports.Nats) == 0 {
+			return fmt.Errorf("no ports file yet: %v", err)
+		}
+		return nil
+	})
+	return cmd.Process, ports.Nats[0]
+}
+
+// A server that stops answering without closing its connections (here
+// SIGSTOPped: its sockets stay open, nothing is read or sent) is given up
+// within the liveness check's 2 s: the connection moves to the other
+// server and carries requests again within 3 s of the stop.
+func TestASilentServerIsLeftWithinTwoSeconds(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGSTOP")
+	}
+	isolate(t)
+	bin := natsServer(t)
+	silent, first := serverProcess(t, bin)
+	_, second := serverProcess(t, bin)
+
+	var logs syncBuffer
+	nc, err := natsconn.Connect(context.Background(), natsconn.Options{URL: first + "," + second, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		nats.DontRandomize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := natsconn.WaitConnected(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if got := nc.ConnectedUrl(); got != first {
+		t.Fatalf("connected to %s, want the first server %s", got, first)
+	}
+	echo, err := nats.Connect(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	if _, err := echo.Subscribe("echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := silent.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	var moved time.Duration
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if nc.ConnectedUrl() != second {
+			return fmt.Errorf("still on %q", nc.ConnectedUrl())
+		}
+		if _, err := nc.Request("echo", []byte("x"), 200*time.Millisecond); err != nil {
+			return err
+		}
+		moved = time.Since(stopped)
+		return nil
+	})
+	if moved > 3*time.Second {
+		t.Errorf("requests carried again %v after the server went silent, want within 3s", moved.Round(time.Millisecond))
+	}
+	if !strings.Contains(logs.String(), "NATS server silent") {
+		t.Errorf("no warning of the silent server in:\n%s", logs.String())
+	}
+	t.Logf("requests carried by the other server %v after the first went silent", moved.Round(time.Millisecond))
+}
