@@ -176,19 +176,25 @@ func (f *kvFeed) run(ctx context.Context) {
 // when no resend was made within kvResendEvery, else with the resend due
 // at the interval's end, which every ask until then shares.
 func (f *kvFeed) askedToResend(now time.Time) {
+	f.a.metrics.kvSyncs.WithLabelValues(f.resendSoon(now)).Inc()
+}
+
+// resendSoon makes a resend at once, or shares the one due at the interval's
+// end, as askedToResend, and says which (kvSyncResent or kvSyncCoalesced).
+// The adapter resends on its own after a reconnect.
+func (f *kvFeed) resendSoon(now time.Time) string {
 	f.mu.Lock()
-	outcome := kvSyncResent
+	defer f.mu.Unlock()
 	switch {
 	case f.resendDue:
-		outcome = kvSyncCoalesced
+		return kvSyncCoalesced
 	case now.Sub(f.resentAt) >= kvResendEvery:
 		f.resyncLocked()
 		f.resentAt = now
 	default:
 		f.resendDue = true
 	}
-	f.mu.Unlock()
-	f.a.metrics.kvSyncs.WithLabelValues(outcome).Inc()
+	return kvSyncResent
 }
 
 // resendIfDue makes the resend asks wait for once its interval is over.

@@ -92,8 +92,9 @@ func (t *tails) reconnected() []tail {
 	return out
 }
 
-// watchConnection marks the ends that may have been lost, after each
-// reconnect, until ctx ends.
+// watchConnection re-announces the replica (its heartbeat, and its
+// cached keys as a resend) and marks the ends that may have been lost,
+// after each reconnect, until ctx ends.
 func (a *Adapter) watchConnection(done <-chan struct{}) {
 	status := a.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED)
 	defer a.nc.RemoveStatusListener(status)
@@ -105,6 +106,13 @@ func (a *Adapter) watchConnection(done <-chan struct{}) {
 			if st != nats.CONNECTED {
 				a.tails.lost(time.Now())
 				continue
+			}
+			// Re-announce at once: deciders that lost the replica's
+			// heartbeats (or its server) learn its state and its cached
+			// keys now, not at the next heartbeat or ask.
+			a.publishHeartbeat()
+			if a.kv != nil {
+				a.kv.resendSoon(time.Now())
 			}
 			marked := a.tails.reconnected()
 			for _, e := range marked {

@@ -19,7 +19,8 @@ import (
 // after the reconnect the adapter sends the reply subject a marker one past
 // the end. A gateway still waiting sees the gap and fails the request at
 // once instead of waiting for its idle timeout; one that had the whole
-// reply has forgotten the subject.
+// reply has forgotten the subject. The adapter also re-announces itself
+// (its heartbeat) as soon as it is back.
 func TestEndsBeforeALostConnectionAreMarked(t *testing.T) {
 	c := natstest.Cluster(t, 3)
 	urls := strings.Split(c.URL(), ",")
@@ -43,7 +44,16 @@ func TestEndsBeforeALostConnectionAreMarked(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = w.Write([]byte("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"))
 	})
-	e.start(e.config())
+	// Heartbeats an hour apart: after the start, only a re-announce sends one.
+	cfg := e.config()
+	cfg.HeartbeatEvery = time.Hour
+	hbs := make(chan *nats.Msg, 16)
+	hbSub, err := observer.ChanSubscribe(subjects.New("").Heartbeat("r-1"), hbs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hbSub.Unsubscribe()
+	e.start(cfg)
 
 	inbox := nats.NewInbox()
 	ch := make(chan *nats.Msg, 64)
@@ -61,7 +71,17 @@ func TestEndsBeforeALostConnectionAreMarked(t *testing.T) {
 	msgs := untilEnd(t, ch)
 	end := seq(t, msgs[len(msgs)-1])
 
+	for len(hbs) > 0 {
+		<-hbs
+	}
 	c.Stop(0)
+	// The adapter re-announces itself as soon as it is back: deciders that
+	// lost its server see its state now, not in an hour.
+	select {
+	case <-hbs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no heartbeat within 20s of the adapter's reconnect")
+	}
 	select {
 	case m := <-ch:
 		if got := seq(t, m); got != end+1 || m.Header.Get(subjects.HdrEOS) != "" || m.Header.Get(subjects.HdrError) == "" {
