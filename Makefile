@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
 
 all: build
 
@@ -62,6 +62,16 @@ PARTITION_SKIP_OK ?=
 test-partition: $(NATS_SERVER) partition-deps
 	SWITCHYARD_PARTITIONS=1 SWITCHYARD_PARTITION_DOC=$(CURDIR)/docs/reliability.md PARTITION_SKIP_OK=$(PARTITION_SKIP_OK) \
 	  NATS_SERVER=$(NATS_SERVER) $(GO) test -count=1 -run '^TestProductionShapeSurvivesPartitions$$' -v -timeout 20m ./test
+
+# The production shape of `make cluster` under test-cluster's load with
+# LIVENESS_BUSY spinning loops beside it for LIVENESS_DURATION: fails if any
+# part's NATS connection gave up a server that was alive (the liveness check
+# of docs/deploy.md), or a request was lost or hung.
+LIVENESS_DURATION ?= 5m
+LIVENESS_BUSY ?= 3
+test-liveness: $(NATS_SERVER)
+	SWITCHYARD_LIVENESS=1 LIVENESS_DURATION=$(LIVENESS_DURATION) LIVENESS_BUSY=$(LIVENESS_BUSY) NATS_SERVER=$(NATS_SERVER) \
+	  $(GO) test -count=1 -run '^TestNoFalseReconnectsUnderLoad$$' -v -timeout 20m ./test
 
 partition-deps:
 	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || (apt-get update && apt-get install -y iproute2)
