@@ -337,6 +337,16 @@ type Alternative struct {
 	// PredictedTTFTMillis is the candidate's predicted time to first
 	// token for this request.
 	PredictedTTFTMillis float64 `json:"predicted_ttft_ms"`
+	// Scores are the profile's scorers' values for the candidate.
+	Scores []Score `json:"scores,omitempty"`
+}
+
+// Score is one scorer's value for a candidate, and the weight the
+// profile gives it: a candidate's score is the sum of weight × value.
+type Score struct {
+	Scorer string  `json:"scorer"`
+	Weight float64 `json:"weight"`
+	Value  float64 `json:"value"`
 }
 
 // Decision is one explained routing decision.
@@ -390,6 +400,10 @@ type Decision struct {
 	// Shares are set when the pool shed: the request's tenant's part of
 	// the pool's tokens in flight first, then the largest others'.
 	Shares []TenantShare `json:"shares,omitempty"`
+	// Profile is the replica choice's profile; Scores its scorers' values
+	// for the chosen replica.
+	Profile string  `json:"profile,omitempty"`
+	Scores  []Score `json:"scores,omitempty"`
 }
 
 // TenantShare is one tenant's part of a shedding pool's tokens in flight,

@@ -132,6 +132,7 @@ func (st *decision) run() {
 	c := &p.cands[p.chosen]
 	d.Replica, d.Score, d.PredictedTTFT = c.x.id, c.load, c.ttft
 	d.LoadViewAge = time.Duration(max(p.nowNano-c.x.viewNano, 0))
+	d.Profile, d.Scorers, d.Weights, d.Values = p.prof.name, p.prof.names, p.prof.weights, c.x.view.values
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}

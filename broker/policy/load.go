@@ -6,8 +6,9 @@ import "github.com/switchyard-llm/switchyard/table"
 const (
 	DefaultMaxBatch = 256 // vLLM's default max_num_seqs
 	DefaultMaxQueue = 256
-	// SaturationPenalty is added to the load_score of a saturated replica:
-	// it sorts after every unsaturated one but stays a candidate, because
+	// SaturationPenalty is the default profile's weight of the saturated
+	// scorer: a saturated replica's score is its load_score plus it, so it
+	// sorts after every unsaturated one but stays a candidate, because
 	// excluding saturated replicas cascades the load onto the others.
 	SaturationPenalty = 1.0
 )
@@ -15,7 +16,7 @@ const (
 // cand is one candidate of the current decision with its load view.
 type cand struct {
 	x         *replica
-	load      float64 // load_score, saturation penalty included
+	load      float64 // the score: the profile's weighted scorers (switchyard: load_score, saturation penalty included)
 	ttft      float64 // predicted milliseconds to the first token (predict)
 	uncached  int32   // the request's prompt tokens the replica is not known to hold
 	fresh     bool    // load data younger than stale_after
@@ -37,8 +38,8 @@ func (st *decision) candidates(model, version, pool string) bool {
 	p.epoch = r.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
-	p.pt.on = pol.ReplicaChoice == table.ChoicePredictedTTFT
-	p.pt.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
+	p.prof = r.profiles.of(pool)
+	p.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
 	p.nfresh, p.nfull = 0, 0
 	var inForce [len(filters)]*filter
 	n, mask := 0, 0
@@ -80,8 +81,8 @@ next:
 		// The load view, computed again only when stale; the result is
 		// load's.
 		v := &x.view
-		if v.ver != x.ver || v.snap != st.snap || v.sat != p.saturation {
-			p.renew(x, w, st.snap)
+		if v.ver != x.ver || v.prof != p.prof || v.sat != p.saturation {
+			p.renew(x, w)
 		}
 		c := &cands[k]
 		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
@@ -102,16 +103,21 @@ next:
 	return len(cands) > 0
 }
 
-// loadView is what load computes from a replica's own state alone, kept
-// on the replica until that state (ver), the table or the pool's
-// saturation threshold changes: between two of those, every decision that
-// lists the replica as a candidate would compute the same, and most
-// decisions change only the one replica they choose.
+// loadView is what load and the profile's scorers compute from a
+// replica's own state alone, kept on the replica until that state (ver),
+// the profile (built with each table) or the pool's saturation threshold
+// changes: between two of those, every decision that lists the replica as
+// a candidate would compute the same, and most decisions change only the
+// one replica they choose.
 type loadView struct {
-	snap *table.Snapshot
+	prof *profile
 	ver  uint64
 	sat  float64
-	load float64
+	// load is the score: the sum of the profile's weighted scorers'
+	// values, each scorer's in values (the profile's order).
+	load   float64
+	values [table.MaxScorers]float64
+	score  float64 // load_score
 	// The prediction of a request with u uncached prompt tokens is
 	// max(before + u·perToken, floor) (predictAfter, with what does not
 	// depend on the request worked out once).
@@ -121,18 +127,26 @@ type loadView struct {
 	slotsAhead              int32
 }
 
-// renew computes x's load view again: what load computes for x alone.
-func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
+// renew computes x's load view again: what load and the profile's
+// scorers compute for x alone.
+func (p *pick) renew(x *replica, w *table.LoadWeights) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
-	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load,
+	x.view = loadView{prof: p.prof, ver: x.ver, sat: p.saturation, score: c.load,
 		saturated: c.saturated, capacity: c.full, slotsAhead: c.slotsAhead}
 	v := &x.view
 	v.before, v.perToken, v.floor = x.predictParts(c.slotsAhead)
+	total := 0.0
+	for k, sc := range p.prof.scorers {
+		v.values[k] = sc.value(x, v)
+		total += p.prof.weights[k] * v.values[k]
+	}
+	v.load = total
 }
 
 // load computes a candidate's load_score (policy.load_weights in
-// docs/protocol.md):
+// docs/protocol.md), without the saturation penalty (the saturated
+// scorer's):
 //
 //	w.kv·kv_usage + w.queue·waiting/max_queue + w.batch·running/max_batch
 //
@@ -169,9 +183,6 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	// engine keeps the final say on admission.
 	queueFull := x.maxQueue > 0 && x.waiting >= x.maxQueue
 	c.saturated = x.kv >= p.saturation || queueFull
-	if c.saturated {
-		c.load += SaturationPenalty
-	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || x.kv >= p.saturation)
 	// At an engine scheduling by priority the batch lines waiting come
 	// after the request (the prediction is an interactive request's: a

@@ -83,6 +83,8 @@ type Router struct {
 	// ejectHorizon is the latest end of an ejection (unix ns): decisions
 	// after it skip the ejection check.
 	ejectHorizon int64
+	// profiles are the table's profiles, resolved by SetTable.
+	profiles profiles
 }
 
 type groupKey struct{ model, version, pool string }
@@ -232,6 +234,7 @@ func New(cfg Config) *Router {
 		flights:  map[string]flight{},
 		brokers:  1,
 		rng:      rand.New(rand.NewPCG(1, 2)),
+		profiles: newProfiles(table.NewSnapshot()),
 	}
 }
 
@@ -274,6 +277,7 @@ func (r *Router) SetTable(s *table.Snapshot) {
 		x.refresh()
 	}
 	r.groups, r.byModel = groups, byModel
+	r.profiles = newProfiles(s)
 }
 
 // replicaLocked returns the entry for id, creating it. Lock must be held.

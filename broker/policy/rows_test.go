@@ -2,8 +2,11 @@ package policy
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // TestRowsAreInTheREADME: every filter, step and check has its line in
@@ -51,6 +54,56 @@ func TestReasonsJoinModifiersStepAndChecks(t *testing.T) {
 		p.switched = tc.switched
 		if got := p.reason(tc.res.fallback, tc.res.modifiers()); got != tc.want {
 			t.Errorf("%+v, switched %b: %q, want %q", tc.res, tc.switched, got, tc.want)
+		}
+	}
+}
+
+// TestProfilesAndScorersAreTheTables: the profiles and scorers the table
+// package accepts are the rows declared here, both ways, and every row a
+// profile names exists.
+func TestProfilesAndScorersAreTheTables(t *testing.T) {
+	var ps, ss []string
+	for _, p := range profileRows {
+		ps = append(ps, p.name)
+		for _, n := range append(slices.Clone(p.steps), p.picker) {
+			stepNamed(n) // panics on a name without a row
+		}
+		for _, w := range p.scorers {
+			if scorerNamed(w.scorer) == nil {
+				t.Errorf("profile %s weighs %q, which no scorer row declares", p.name, w.scorer)
+			}
+		}
+	}
+	for _, s := range scorers {
+		ss = append(ss, s.name)
+	}
+	slices.Sort(ps)
+	if !slices.Equal(ps, table.Profiles()) {
+		t.Errorf("profile rows %v, the table accepts %v", ps, table.Profiles())
+	}
+	if !slices.Equal(ss, table.Scorers()) {
+		t.Errorf("scorer rows %v, the table accepts %v", ss, table.Scorers())
+	}
+	if len(profileRows[0].scorers) > table.MaxScorers {
+		t.Errorf("the default profile weighs %d scorers, more than %d", len(profileRows[0].scorers), table.MaxScorers)
+	}
+}
+
+// TestPredictedTTFTIsAStepOfTheDefaultProfile: policy.replica_choice
+// predicted-ttft puts the predicted-ttft step in the switchyard profile
+// and ranks prefix holders by predicted TTFT; power-of-two leaves it out.
+func TestPredictedTTFTIsAStepOfTheDefaultProfile(t *testing.T) {
+	for _, choice := range []string{"", table.ChoicePowerOfTwo, table.ChoicePredictedTTFT} {
+		s := table.NewSnapshot()
+		s.Policy.ReplicaChoice = choice
+		ps := newProfiles(s)
+		p := ps.of(table.PoolGeneral)
+		on := slices.Contains(p.steps, stepNamed(ReasonPredicted))
+		if want := choice == table.ChoicePredictedTTFT; on != want || p.byTTFT != want {
+			t.Errorf("replica_choice %q: predicted-ttft step %v, holders by TTFT %v; want %v", choice, on, p.byTTFT, want)
+		}
+		if p.name != table.ProfileSwitchyard || p.picker.reason != ReasonPowerOfTwo {
+			t.Errorf("replica_choice %q: profile %s picks by %s", choice, p.name, p.picker.reason)
 		}
 	}
 }

@@ -160,11 +160,15 @@ func (p *pick) reason(fallback string, mods int) string {
 // check, nil when p.chosen stands.
 func (p *pick) choose() *subjects.APIError {
 	p.chosen, p.released = -1, -1
-	for i := range steps {
-		if steps[i].pick(p) {
-			p.step = &steps[i]
+	p.step = p.prof.picker
+	for _, s := range p.prof.steps {
+		if s.pick(p) {
+			p.step = s
 			break
 		}
+	}
+	if p.step == p.prof.picker {
+		p.step.pick(p)
 	}
 	for k := range checks {
 		switched, e := checks[k].check(p)
@@ -211,5 +215,5 @@ func (p *pick) why(i int) string {
 	if p.cands[i].saturated {
 		return WhySaturated
 	}
-	return WhyHigherLoad
+	return p.prof.whyHigher
 }

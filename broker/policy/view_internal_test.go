@@ -69,11 +69,11 @@ func TestLoadViewFollowsEveryChange(t *testing.T) {
 		r.mu.Lock()
 		for _, x := range r.replicas {
 			v := x.view
-			if v.snap == nil || v.ver != x.ver {
+			if v.prof == nil || v.ver != x.ver {
 				continue // not believed: the next decision computes it again
 			}
-			p := pick{saturation: v.sat, req: &Request{}}
-			p.renew(x, &v.snap.Policy.LoadWeights, v.snap)
+			p := pick{saturation: v.sat, req: &Request{}, prof: v.prof}
+			p.renew(x, &s.Policy.LoadWeights)
 			if x.view != v {
 				r.mu.Unlock()
 				t.Fatalf("step %d: %s's kept view %+v, computed afresh %+v", i, x.id, v, x.view)
