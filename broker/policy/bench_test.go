@@ -88,7 +88,7 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		r.Decide(&reqs[i%len(reqs)], now, rng, &d)
+		d = r.Decide(&reqs[i%len(reqs)], now, rng)
 		if d.Err != nil {
 			b.Fatalf("rejected: %v", d.Err)
 		}

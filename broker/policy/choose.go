@@ -367,7 +367,7 @@ func (p *pick) alternatives(d *Decision) {
 	for k := 0; k < n; k++ {
 		c := &p.cands[top[k]]
 		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: p.why(top[k]), PredictedTTFTMillis: c.ttft}
-		d.AltValues[k] = c.x.view.values
+		d.AltValues[k] = c.x.scored.values
 	}
 	d.NAlts = n
 }

@@ -32,10 +32,10 @@ type cand struct {
 // every filter in force keeps. It reports whether there is at least one.
 func (st *decision) candidates(model, version, pool string) bool {
 	r, p := st.r, &st.pick
-	r.epoch++
-	list := r.groups[groupKey{model, version, pool}]
+	r.view.epoch++
+	list := r.view.groups[groupKey{model, version, pool}]
 	pol := &st.snap.Policy
-	p.epoch = r.epoch
+	p.epoch = r.view.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
 	p.prof = r.profiles.of(pool)
@@ -54,10 +54,10 @@ func (st *decision) candidates(model, version, pool string) bool {
 			f.report(p, st.d)
 		}
 	}
-	if cap(r.cands) < len(list) {
-		r.cands = make([]cand, 0, 2*len(list)) // once per group size: decisions stay allocation-free
+	if cap(st.cands) < len(list) {
+		st.cands = make([]cand, 0, 2*len(list)) // once per group size: decisions stay allocation-free
 	}
-	cands := r.cands[:len(list)]
+	cands := st.cands[:len(list)]
 	k := 0
 	w := &pol.LoadWeights
 	// In the common case the filters are direct calls the compiler inlines:
@@ -80,7 +80,7 @@ next:
 		}
 		// The load view, computed again only when stale; the result is
 		// load's.
-		v := &x.view
+		v := &x.scored
 		if v.ver != x.ver || v.prof != p.prof || v.sat != p.saturation {
 			p.renew(x, w)
 		}
@@ -99,17 +99,17 @@ next:
 		k++
 	}
 	cands = cands[:k]
-	r.cands, p.cands = cands, cands
+	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }
 
-// loadView is what load and the profile's scorers compute from a
+// scoredView is what load and the profile's scorers compute from a
 // replica's own state alone, kept on the replica until that state (ver),
 // the profile (built with each table) or the pool's saturation threshold
 // changes: between two of those, every decision that lists the replica as
 // a candidate would compute the same, and most decisions change only the
 // one replica they choose.
-type loadView struct {
+type scoredView struct {
 	prof *profile
 	ver  uint64
 	sat  float64
@@ -132,9 +132,9 @@ type loadView struct {
 func (p *pick) renew(x *replica, w *table.LoadWeights) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
-	x.view = loadView{prof: p.prof, ver: x.ver, sat: p.saturation, score: c.load,
+	x.scored = scoredView{prof: p.prof, ver: x.ver, sat: p.saturation, score: c.load,
 		saturated: c.saturated, capacity: c.full, slotsAhead: c.slotsAhead}
-	v := &x.view
+	v := &x.scored
 	v.before, v.perToken, v.floor = x.predictParts(c.slotsAhead)
 	total := 0.0
 	for k, sc := range p.prof.scorers {

@@ -59,8 +59,7 @@ func checkSums(t *testing.T, d *policy.Decision) {
 // one that lost, on the wire too.
 func TestDefaultProfileIsLoadScore(t *testing.T) {
 	r := twoReplicas(t, `{}`)
-	var d policy.Decision
-	r.Decide(&policy.Request{Tenant: "t", Model: "m", Endpoint: subjects.EndpointChat, PromptTokens: 100}, t0, rand.New(rand.NewPCG(1, 2)), &d)
+	d := r.Decide(&policy.Request{Tenant: "t", Model: "m", Endpoint: subjects.EndpointChat, PromptTokens: 100}, t0, rand.New(rand.NewPCG(1, 2)))
 	mustRoute(t, &d)
 	if d.Replica != "light-queue" || d.Reason != policy.ReasonPowerOfTwo {
 		t.Fatalf("chose %s (%s), want light-queue by power-of-two", d.Replica, d.Reason)
@@ -103,8 +102,7 @@ func TestKVUsageScorerInATestProfile(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := twoReplicas(t, tc.table)
-			var d policy.Decision
-			r.Decide(req, t0, rand.New(rand.NewPCG(1, 2)), &d)
+			d := r.Decide(req, t0, rand.New(rand.NewPCG(1, 2)))
 			mustRoute(t, &d)
 			if d.Replica != tc.want || !slices.Equal(d.Scorers, tc.scorers) {
 				t.Fatalf("chose %s weighing %v, want %s weighing %v", d.Replica, d.Scorers, tc.want, tc.scorers)
@@ -128,8 +126,7 @@ func TestSaturatedStaysACandidate(t *testing.T) {
 		MaxBatch: 32, MaxQueue: 128, ScrapeOK: true}, t0)
 	r.ObserveHeartbeat(&subjects.Heartbeat{Replica: "light-kv", State: subjects.StateReady, KVUsage: 0.97,
 		MaxBatch: 32, MaxQueue: 128, ScrapeOK: true}, t0)
-	var d policy.Decision
-	r.Decide(&policy.Request{Tenant: "t", Model: "m", Endpoint: subjects.EndpointChat, PromptTokens: 100}, t0, rand.New(rand.NewPCG(1, 2)), &d)
+	d := r.Decide(&policy.Request{Tenant: "t", Model: "m", Endpoint: subjects.EndpointChat, PromptTokens: 100}, t0, rand.New(rand.NewPCG(1, 2)))
 	mustRoute(t, &d)
 	if d.Replica != "light-kv" || d.NAlts != 1 || d.Alts[0].Why != policy.WhySaturated {
 		t.Fatalf("chose %s, alternatives %+v: want light-kv, light-queue kept as a saturated alternative", d.Replica, d.Alternatives())

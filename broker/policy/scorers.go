@@ -13,7 +13,7 @@ type scorer struct {
 	name string
 	// value is the replica's value, from its load view with everything but
 	// the profile's total filled in.
-	value func(x *replica, v *loadView) float64
+	value func(x *replica, v *scoredView) float64
 }
 
 // scorers is every scorer a profile may weigh, in table.Scorers's order.
@@ -36,13 +36,13 @@ func scorerNamed(name string) *scorer {
 }
 
 // loadScore is the seed's load_score, with policy.load_weights (load).
-func loadScore(_ *replica, v *loadView) float64 { return v.score }
+func loadScore(_ *replica, v *scoredView) float64 { return v.score }
 
 // saturated is 1 for a saturated replica (kv ≥ saturation_kv, or its queue
 // full): weighed by SaturationPenalty in the default profile, it sorts
 // after every unsaturated one but stays a candidate, because excluding
 // saturated replicas cascades the load onto the others.
-func saturated(_ *replica, v *loadView) float64 {
+func saturated(_ *replica, v *scoredView) float64 {
 	if v.saturated {
 		return 1
 	}
