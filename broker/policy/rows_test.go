@@ -9,7 +9,7 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// TestRowsAreInTheREADME: every filter, step and check has its line in
+// TestRowsAreInTheREADME: every filter, step, check and scorer has its line in
 // README.md, named as its row names it, so the rules a reader finds there
 // are the rows the pick walks.
 func TestRowsAreInTheREADME(t *testing.T) {
@@ -27,6 +27,9 @@ func TestRowsAreInTheREADME(t *testing.T) {
 	}
 	for _, c := range checks {
 		names = append(names, c.reason)
+	}
+	for _, s := range scorers {
+		names = append(names, s.name)
 	}
 	for _, n := range names {
 		if !strings.Contains(readme, "   - `"+n+"`:") {
