@@ -35,15 +35,16 @@ type decision struct {
 	pinLost bool
 }
 
-// start readies st for a decision of req.
+// start readies st, as finish left it (or new: zero but for the
+// candidates' scratch), for a decision of req.
 func (st *decision) start(r *Router, req *Request, now time.Time, rng *rand.Rand, commit bool) {
-	cands := st.cands
-	*st = decision{r: r, req: req, now: now, rng: rng, commit: commit, cands: cands}
+	st.r, st.req, st.now, st.rng, st.commit = r, req, now, rng, commit
 	st.d = &st.out
 }
 
-// finish ends the decision: st keeps nothing of the request alive, only
-// the candidates' scratch.
+// finish ends the decision: st is zero again but for the candidates'
+// scratch, so it keeps nothing of the request alive and the next start
+// need not clear it.
 func (st *decision) finish() {
 	*st = decision{cands: st.cands[:0]}
 }
@@ -51,7 +52,7 @@ func (st *decision) finish() {
 // run is the pipeline the package README describes, step by step.
 func (st *decision) run() {
 	d, req := st.d, st.req
-	*d = Decision{Requested: req.Model, PrefixBlocks: len(req.Prefix)}
+	d.Requested, d.PrefixBlocks = req.Model, len(req.Prefix) // the rest is zero (finish)
 	if st.snap = st.r.snap.Load(); st.snap == nil {
 		st.reject(errNoTable())
 		return

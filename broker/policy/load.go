@@ -41,14 +41,23 @@ func (st *decision) candidates(model, version, pool string) bool {
 	p.prof = r.profiles.of(pool)
 	p.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
 	p.nfresh, p.nfull = 0, 0
-	var inForce [len(filters)]*filter
-	n, mask := 0, 0
-	for i := range filters {
-		f := &filters[i]
+	// The profile's filters in force: those with flags as one mask, the
+	// others to call for each replica the mask keeps.
+	var inForce, calls [len(filters)]*filter
+	n, nc := 0, 0
+	var fmask, fwant uint16
+	heard := false
+	for _, f := range p.prof.filters {
 		if f.on == nil || f.on(p, list) {
 			inForce[n] = f
 			n++
-			mask |= 1 << i
+			if f.flags != nil {
+				m, w := f.flags(p)
+				fmask, fwant, heard = fmask|m, fwant|w, heard || f.heard
+			} else {
+				calls[nc] = f
+				nc++
+			}
 		}
 		if f.report != nil {
 			f.report(p, st.d)
@@ -60,22 +69,23 @@ func (st *decision) candidates(model, version, pool string) bool {
 	cands := st.cands[:len(list)]
 	k := 0
 	w := &pol.LoadWeights
-	// In the common case the filters are direct calls the compiler inlines:
-	// a call through each row's function value, for every candidate, was a
-	// sixth of a decision among 64 replicas.
-	common := mask&^(1<<filterEndpoint) == commonFilters&^(1<<filterEndpoint)
 	uncached := clamp32(p.req.PromptTokens)
 next:
 	for _, x := range list {
-		if common {
-			if !p.live(x) || mask&(1<<filterEndpoint) != 0 && !p.servesEndpoint(x) || !p.notPrefill(x) {
-				continue
-			}
-		} else {
+		// The filters with flags at once: a call through each row's
+		// function value, for every candidate, was a sixth of a decision
+		// among 64 replicas.
+		if x.flags&fmask != fwant || heard && max(p.nowNano-x.hbNano, 0) >= p.dead {
 			for _, f := range inForce[:n] {
 				if !f.keep(p, x) {
-					continue next
+					break // what the rows before it kept and it left out, it counted
 				}
+			}
+			continue
+		}
+		for _, f := range calls[:nc] {
+			if !f.keep(p, x) {
+				continue next
 			}
 		}
 		// The load view, computed again only when stale; the result is
@@ -114,10 +124,8 @@ type scoredView struct {
 	ver  uint64
 	sat  float64
 	// load is the score: the sum of the profile's weighted scorers'
-	// values, each scorer's in values (the profile's order).
-	load   float64
-	values [table.MaxScorers]float64
-	score  float64 // load_score
+	// values (values, below).
+	load float64
 	// The prediction of a request with u uncached prompt tokens is
 	// max(before + u·perToken, floor) (predictAfter, with what does not
 	// depend on the request worked out once).
@@ -125,6 +133,11 @@ type scoredView struct {
 	saturated               bool
 	capacity                bool // full, if its load data is fresh
 	slotsAhead              int32
+
+	// Read for the chosen replica and the alternatives only: each
+	// scorer's value (the profile's order), and load_score.
+	values [table.MaxScorers]float64
+	score  float64
 }
 
 // renew computes x's load view again: what load and the profile's

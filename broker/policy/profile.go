@@ -7,8 +7,8 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// A profile is one way of choosing a replica among the candidates the
-// filters kept: its steps, tried in order, each of which may decide (the
+// A profile is one way of choosing a replica: its filters, which make the
+// candidates, its steps, tried in order, each of which may decide (the
 // seed's affinity rules and the stale-load guard), its scorers with their
 // weights, and its picker, which decides when no step did, from the
 // weighted sum of the scorers' values (the candidate's score). The table
@@ -24,6 +24,7 @@ type weight struct {
 // profileRow declares one profile, by the names of its rows.
 type profileRow struct {
 	name    string
+	filters []string // filter names, in order
 	steps   []string // step reasons, in order
 	picker  string   // the step that decides when none of steps did
 	scorers []weight
@@ -32,7 +33,8 @@ type profileRow struct {
 // profileRows are the profiles a table may select (table.Profiles).
 var profileRows = [...]profileRow{
 	{
-		name: table.ProfileSwitchyard,
+		name:    table.ProfileSwitchyard,
+		filters: []string{"live", "not-ejected", "not-excluded", "pinned", "serves-endpoint", "not-prefill"},
 		// predicted-ttft is in force only with policy.replica_choice
 		// predicted-ttft (resolve leaves it out otherwise).
 		steps: []string{ReasonResponse, ReasonSession, ReasonLora, ReasonPrefix, ReasonPredicted, ReasonOnly,
@@ -46,9 +48,10 @@ var profileRows = [...]profileRow{
 // scorers with the table's weights. It is built with the table and never
 // written afterwards.
 type profile struct {
-	name   string
-	steps  []*step
-	picker *step
+	name    string
+	filters []*filter
+	steps   []*step
+	picker  *step
 	// byTTFT: policy.replica_choice is predicted-ttft: the predicted-ttft
 	// step is in force, and prefix affinity ranks the holders of a prefix
 	// by predicted TTFT instead of kv_usage.
@@ -102,6 +105,9 @@ func resolve(s *table.Snapshot, name string, policyWeights, poolWeights map[stri
 		}
 	}
 	p := &profile{name: row.name, byTTFT: s.Policy.ReplicaChoice == table.ChoicePredictedTTFT}
+	for _, name := range row.filters {
+		p.filters = append(p.filters, filterNamed(name))
+	}
 	for _, reason := range row.steps {
 		if reason == ReasonPredicted && !p.byTTFT {
 			continue

@@ -68,6 +68,9 @@ type replica struct {
 	// about two cache lines.
 	ready  bool  // registered, heartbeat seen, effective state ready
 	serves uint8 // the endpoints its engine serves (subjects.EndpointBit)
+	// flags are ready, prefillOnly and serves as bits, what the filters
+	// with flags test (see filter.flags).
+	flags uint16
 	// prefillOnly: registered with role prefill, so it runs prefill legs
 	// of split requests and never a whole request.
 	prefillOnly bool
@@ -183,6 +186,13 @@ func (x *replica) refresh() {
 		x.serves = subjects.EndpointSet(x.reg.Endpoints)
 	default:
 		x.serves = subjects.EndpointSet(nil)
+	}
+	x.flags = uint16(x.serves) << flagServesShift
+	if x.ready {
+		x.flags |= flagReady
+	}
+	if x.prefillOnly {
+		x.flags |= flagPrefill
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
@@ -71,6 +72,9 @@ func TestProfilesAndScorersAreTheTables(t *testing.T) {
 		for _, n := range append(slices.Clone(p.steps), p.picker) {
 			stepNamed(n) // panics on a name without a row
 		}
+		for _, n := range p.filters {
+			filterNamed(n)
+		}
 		for _, w := range p.scorers {
 			if scorerNamed(w.scorer) == nil {
 				t.Errorf("profile %s weighs %q, which no scorer row declares", p.name, w.scorer)
@@ -107,6 +111,39 @@ func TestPredictedTTFTIsAStepOfTheDefaultProfile(t *testing.T) {
 		}
 		if p.name != table.ProfileSwitchyard || p.picker.reason != ReasonPowerOfTwo {
 			t.Errorf("replica_choice %q: profile %s picks by %s", choice, p.name, p.picker.reason)
+		}
+	}
+}
+
+// TestFilterFlagsAreKeep: a filter's flags say what its keep says, for
+// every combination of the states they read.
+func TestFilterFlagsAreKeep(t *testing.T) {
+	now := int64(100e9)
+	for _, state := range []string{subjects.StateReady, subjects.StateDraining} {
+		for _, role := range []string{table.RoleBoth, table.RolePrefill} {
+			for _, eps := range [][]string{nil, {subjects.EndpointEmbeddings}, {subjects.EndpointChat, subjects.EndpointResponses}} {
+				for _, age := range []int64{0, 14e9, 15e9, -1e9} {
+					x := &replica{id: "r", hasHB: true, hbNano: now - age,
+						reg: &table.Replica{Model: "m", Pool: "general", State: state, Role: role, Endpoints: eps},
+						hb:  subjects.Heartbeat{State: subjects.StateReady}}
+					x.refresh()
+					for _, ep := range []string{"", subjects.EndpointChat, subjects.EndpointEmbeddings, subjects.EndpointResponses} {
+						p := &pick{req: &Request{Endpoint: ep}, nowNano: now, dead: 15e9}
+						p.endpoint.start(p.req)
+						for _, f := range filters {
+							if f.flags == nil {
+								continue
+							}
+							m, w := f.flags(p)
+							byFlags := x.flags&m == w && (!f.heard || max(now-x.hbNano, 0) < p.dead)
+							if got := f.keep(p, x); got != byFlags {
+								t.Errorf("%s: %s, role %q, endpoints %v, age %v, endpoint %q: keep %v, flags %v",
+									f.name, state, role, eps, age, ep, got, byFlags)
+							}
+						}
+					}
+				}
+			}
 		}
 	}
 }
