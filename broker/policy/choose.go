@@ -5,8 +5,6 @@ import (
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // The replica-choice steps of the steps table, in its order, each with
@@ -366,7 +364,8 @@ func (p *pick) alternatives(d *Decision) {
 	}
 	for k := 0; k < n; k++ {
 		c := &p.cands[top[k]]
-		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: p.why(top[k]), PredictedTTFTMillis: c.ttft}
+		a := &d.Alts[k] // field by field: see candidates
+		a.Replica, a.Score, a.Why, a.PredictedTTFTMillis = c.x.id, c.load, p.why(top[k]), c.ttft
 		d.AltValues[k] = c.x.scored.values
 	}
 	d.NAlts = n

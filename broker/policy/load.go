@@ -94,9 +94,13 @@ next:
 		if v.ver != x.ver || v.prof != p.prof || v.sat != p.saturation {
 			p.renew(x, w)
 		}
+		// Field by field, every field: a composite literal is built on the
+		// stack and copied with wide loads that wait on its narrow stores
+		// (a sixth of a decision among 64 replicas).
 		c := &cands[k]
-		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
-			saturated: v.saturated, slotsAhead: v.slotsAhead}
+		c.x, c.load, c.uncached = x, v.load, uncached
+		c.fresh = max(p.nowNano-x.dataNano, 0) < p.stale
+		c.saturated, c.slotsAhead = v.saturated, v.slotsAhead
 		c.full = c.fresh && v.capacity
 		c.ttft = max(v.before+float64(uncached)*v.perToken, v.floor)
 		if c.fresh {
