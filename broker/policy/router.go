@@ -450,7 +450,7 @@ func (r *Router) Explain(req *Request, now time.Time, rng *rand.Rand) Decision {
 	return r.decide(req, now, rng, false)
 }
 
-func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, commit bool) Decision {
+func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, commit bool) (d Decision) {
 	var start time.Time
 	if r.cfg.Clock != nil {
 		start = r.cfg.Clock()
@@ -462,7 +462,7 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, commit bool
 	st := &r.st
 	st.start(r, req, now, rng, commit)
 	st.run()
-	d := st.out
+	d = st.out
 	st.finish()
 	r.mu.Unlock()
 	if r.cfg.Clock != nil {
