@@ -92,8 +92,7 @@ func TestSplitPlacementTeachesThePrefillReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := policy.Request{Tenant: "default", Model: "llama-3-70b-pd", Endpoint: subjects.EndpointChat, PromptTokens: 20000, Prefix: prefix}
-	var d policy.Decision
-	b.router.Explain(&req, now, rand.New(rand.NewPCG(1, 2)), &d)
+	d := b.router.Explain(&req, now, rand.New(rand.NewPCG(1, 2)))
 	if d.Err != nil {
 		t.Fatal(d.Err)
 	}

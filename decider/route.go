@@ -161,7 +161,7 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 
 // decide decides a request fillRequest read: forward or refuse.
 func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) Action {
-	b.router.Decide(&s.req, start, b.rng, &s.d)
+	s.d = b.router.Decide(&s.req, start, b.rng)
 	if b.cfg.Stages != nil {
 		b.cfg.Stages.Mark(h.Get(subjects.HdrRequestID), stages.Decided)
 	}
@@ -487,7 +487,7 @@ func (b *Decider) Explain(subject string, h nats.Header, data []byte) (any, *sub
 		b.pin(s, h, rec)
 	}
 	start := b.cfg.Now()
-	b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)), &s.d)
+	s.d = b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)))
 	s.d.Duration = b.cfg.Now().Sub(start)
 	w := s.d.Wire(&s.req)
 	w.DecidedUnixMil = start.UnixMilli()

@@ -79,7 +79,7 @@ func (p *Switchyard) Pick(req *Request, now time.Time, rng *rand.Rand) Pick {
 		Conversation: req.Conversation, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
 		Prefix: req.Prefix, ID: req.ID,
 	}
-	p.r.Decide(&p.q, now, rng, &p.d)
+	p.d = p.r.Decide(&p.q, now, rng)
 	return Pick{Replica: p.d.Replica, Prefill: p.d.Prefill, Reason: p.d.Reason, Err: p.d.Err}
 }
 

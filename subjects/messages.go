@@ -344,6 +344,16 @@ type Alternative struct {
 	// given no evidence of its TTFT yet.
 	PredictedTTFTMillis float64 `json:"predicted_ttft_ms"`
 	NoTTFTEvidence      bool    `json:"no_ttft_evidence,omitempty"`
+	// Scores are the profile's scorers' values for the candidate.
+	Scores []Score `json:"scores,omitempty"`
+}
+
+// Score is one scorer's value for a candidate, and the weight the
+// profile gives it: a candidate's score is the sum of weight × value.
+type Score struct {
+	Scorer string  `json:"scorer"`
+	Weight float64 `json:"weight"`
+	Value  float64 `json:"value"`
 }
 
 // Decision is one explained routing decision.
@@ -406,6 +416,10 @@ type Decision struct {
 	// Shares are set when the pool shed: the request's tenant's part of
 	// the pool's tokens in flight first, then the largest others'.
 	Shares []TenantShare `json:"shares,omitempty"`
+	// Profile is the replica choice's profile; Scores its scorers' values
+	// for the chosen replica.
+	Profile string  `json:"profile,omitempty"`
+	Scores  []Score `json:"scores,omitempty"`
 }
 
 // TenantShare is one tenant's part of a shedding pool's tokens in flight,

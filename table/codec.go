@@ -178,7 +178,10 @@ func Decode(key string, b []byte) (Value, error) {
 		if !validObjective(p.ShedAfter) {
 			return v, fieldErr(key, "shed_after", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(p.ShedAfter))
 		}
-		return v, nil
+		if err := validateProfile(key, p.Profile); err != nil {
+			return v, err
+		}
+		return v, validateScorers(key, p.Scorers)
 	case KindTenant:
 		if err := subjects.ValidToken(name); err != nil {
 			return v, &KeyError{Key: key, Err: err}
@@ -255,7 +258,10 @@ func validatePolicy(key string, p *Policy) error {
 			return fieldErr(key, fmt.Sprintf("pool_rules[%d].pool", i), "invalid pool name %q", r.Pool)
 		}
 	}
-	return nil
+	if err := validateProfile(key, p.Profile); err != nil {
+		return err
+	}
+	return validateScorers(key, p.Scorers)
 }
 
 func validateAlias(key string, a *Alias) error {

@@ -164,6 +164,13 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "share weight negative", key: "tenants.t", value: `{"share_weight": -2}`, field: "share_weight", msg: "got -2"},
 		{name: "share weight huge", key: "tenants.t", value: `{"share_weight": 1e6}`, field: "share_weight", msg: "got 1e+06"},
 		{name: "share weight text", key: "tenants.t", value: `{"share_weight": "3"}`, msg: "share_weight"},
+		{name: "unknown profile", key: "policy", value: `{"profile": "dynamo"}`, field: "profile", msg: `unknown profile "dynamo"`},
+		{name: "pool unknown profile", key: "pools.general", value: `{"profile": "sglang"}`, field: "profile", msg: `unknown profile "sglang"`},
+		{name: "unknown scorer", key: "policy", value: `{"scorers": {"load_score": 1, "gpu_temp": 1}}`, field: "scorers", msg: `unknown scorer "gpu_temp"`},
+		{name: "pool unknown scorer", key: "pools.premium", value: `{"scorers": {"queue": 1}}`, field: "scorers", msg: `unknown scorer "queue"`},
+		{name: "negative scorer weight", key: "policy", value: `{"scorers": {"kv_usage": -0.5}}`, field: "scorers.kv_usage", msg: "got -0.5"},
+		{name: "pool negative scorer weight", key: "pools.general", value: `{"scorers": {"saturated": -1}}`, field: "scorers.saturated", msg: "got -1"},
+		{name: "scorer weight text", key: "policy", value: `{"scorers": {"kv_usage": "1"}}`, msg: "cannot unmarshal string"},
 		{name: "replica sizes", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "max_queue": -1}`, field: "max_batch", msg: "negative"},
 	}
 	for _, tc := range tests {
@@ -183,6 +190,27 @@ func TestDecodeAccepts(t *testing.T) {
 		if m.OnCold != table.OnColdWait || time.Duration(m.IdleUnloadAfter) != 10*time.Minute || m.ExpectedLoadSeconds != 90 ||
 			m.Load == nil || m.Load.Kubernetes == nil || m.Load.Kubernetes.Replicas != 2 || m.Unload == nil || len(m.Unload.Exec) != 3 {
 			t.Errorf("model = %+v", m)
+		}
+	})
+	t.Run("profile and scorers", func(t *testing.T) {
+		v, err := table.Decode("policy", []byte(`{"profile": "switchyard", "scorers": {"kv_usage": 0.5, "load_score": 0}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := v.V.(table.Policy); p.Profile != table.ProfileSwitchyard || p.Scorers["kv_usage"] != 0.5 || len(p.Scorers) != 2 {
+			t.Errorf("policy = %+v", p)
+		}
+		v, err = table.Decode("pools.general", []byte(`{"profile": "switchyard", "scorers": {"saturated": 2}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := table.NewSnapshot()
+		s.Set(v, nil)
+		if got := s.ProfileOf("general"); got != table.ProfileSwitchyard {
+			t.Errorf("ProfileOf(general) = %q", got)
+		}
+		if got := s.ProfileOf("premium"); got != table.ProfileSwitchyard {
+			t.Errorf("ProfileOf(premium) = %q, want the default", got)
 		}
 	})
 	t.Run("ttft objectives", func(t *testing.T) {

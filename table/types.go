@@ -93,6 +93,13 @@ type Policy struct {
 	// predicted time to first token among the prefix holders and a small
 	// sample). "" is ChoicePowerOfTwo.
 	ReplicaChoice string `json:"replica_choice,omitempty"`
+	// Profile names the replica choice's profile (Profiles; "" is
+	// ProfileSwitchyard); a pool's profile overrides it.
+	Profile string `json:"profile,omitempty"`
+	// Scorers sets the weights of the profile's scorers (Scorers): a
+	// scorer the profile has takes this weight instead of its own, one it
+	// lacks joins it, 0 leaves it out. A pool's scorers go on top.
+	Scorers map[string]float64 `json:"scorers,omitempty"`
 }
 
 // Replica choices (policy.replica_choice).
@@ -275,6 +282,9 @@ type Pool struct {
 	// predicted time to first token is above it, not only once every
 	// candidate is saturated (0: saturation only).
 	ShedAfter Duration `json:"shed_after,omitempty"`
+	// Profile and Scorers override the policy's for the pool's replicas.
+	Profile string             `json:"profile,omitempty"`
+	Scorers map[string]float64 `json:"scorers,omitempty"`
 }
 
 // Quota is a tenant's per-minute limits (0 = unlimited).

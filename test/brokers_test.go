@@ -154,9 +154,8 @@ func TestTwoBrokersSharePrefixPlacements(t *testing.T) {
 		// knows says whether broker i, asked directly, would send the prompt to
 		// the replica that holds its prefix.
 		knows := func(i int) error {
-			var d policy.Decision
 			req := policy.Request{Tenant: "default", Model: "chat-large", Endpoint: "/v1/chat/completions", PromptTokens: fr.PromptTokens, Prefix: prefix}
-			st.Broker(i).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)), &d)
+			d := st.Broker(i).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)))
 			if d.Replica != first || d.PrefixMatched != len(prefix) {
 				return fmt.Errorf("broker %d would send the prompt to %s with %d/%d blocks matched (%s); want %s with all", i, d.Replica, d.PrefixMatched, len(prefix), d.Reason, first)
 			}

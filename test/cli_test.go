@@ -108,6 +108,15 @@ func TestTableValidateOffline(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "aliases.x: targets[0].weight") || !strings.Contains(errOut, "policy: saturation_kv") {
 		t.Errorf("validate bad table: exit %d, stderr %q", code, errOut)
 	}
+	// The replica choice's profile and scorers: an unknown profile, an
+	// unknown scorer and a negative weight, each refused with its key.
+	_ = os.WriteFile(bad, []byte(`{"policy":{"profile":"dynamo-kv"},"pools.general":{"scorers":{"gpu_temp":1}},"pools.premium":{"scorers":{"kv_usage":-1}}}`), 0o644)
+	_, errOut, code = sy(t, nil, "", "table", "validate", bad)
+	for _, want := range []string{`policy: profile: unknown profile "dynamo-kv"`, `pools.general: scorers: unknown scorer "gpu_temp"`, "pools.premium: scorers.kv_usage: "} {
+		if code != 1 || !strings.Contains(errOut, want) {
+			t.Errorf("validate bad profile: exit %d, stderr %q lacks %q", code, errOut, want)
+		}
+	}
 	if _, _, code := sy(t, nil, "", "table", "frobnicate"); code != 2 {
 		t.Errorf("bad usage: exit %d, want 2", code)
 	}
@@ -132,6 +141,12 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 	}
 	if out, _, _ := sy(t, env, "", "table", "get", "aliases.chat-small"); !strings.Contains(out, "llama-3-8b-instruct") {
 		t.Errorf("invalid put changed the value: %s", out)
+	}
+
+	// put refuses an unknown profile, naming the key.
+	_, errOut, code = sy(t, env, `{"profile":"llm-d-precise"}`, "table", "put", "pools.general", "-")
+	if code != 1 || !strings.Contains(errOut, `pools.general: profile: unknown profile "llm-d-precise"`) {
+		t.Errorf("put of an unknown profile: exit %d, %s", code, errOut)
 	}
 
 	// edit with a scripted editor, then history and rollback.

@@ -81,9 +81,8 @@ func evictedPrefixAvoided(t *testing.T, noFeed bool) error {
 	}
 	prefix := features.AppendPrefix(nil, fr.Prompt, 256, 64)
 	explain := func() policy.Decision {
-		var d policy.Decision
 		req := policy.Request{Tenant: "default", Model: "chat-large", Endpoint: "/v1/chat/completions", PromptTokens: fr.PromptTokens, Prefix: prefix}
-		st.Broker(0).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)), &d)
+		d := st.Broker(0).Router().Explain(&req, time.Now(), rand.New(rand.NewPCG(1, 2)))
 		return d
 	}
 	want := policy.PrefixPlacements

@@ -136,7 +136,7 @@ func (st *decision) unavailable() *subjects.APIError {
 // anyServes reports whether a registered replica of model serves the
 // request's endpoint, live or not: when none does, waiting will not help.
 func (st *decision) anyServes(model string) bool {
-	for _, x := range st.r.byModel[model] {
+	for _, x := range st.r.view.byModel[model] {
 		if st.pick.serves(x) {
 			return true
 		}

@@ -195,8 +195,7 @@ func slow(e *env, id string, ttft float64) {
 
 func TestNoTable(t *testing.T) {
 	r := policy.New(policy.Config{})
-	var d policy.Decision
-	r.Decide(chat("chat-small"), t0, rand.New(rand.NewPCG(1, 1)), &d)
+	d := r.Decide(chat("chat-small"), t0, rand.New(rand.NewPCG(1, 1)))
 	mustReject(t, &d, 503, subjects.CodeRouterUnavailable)
 	if d.Err.RetryAfter != policy.RetryNoTable {
 		t.Fatalf("RetryAfter %v", d.Err.RetryAfter)
@@ -414,8 +413,7 @@ func TestClockMeasuresDuration(t *testing.T) {
 	ticks := 0
 	clock := func() time.Time { ticks++; return t0.Add(time.Duration(ticks) * time.Microsecond) }
 	r := policy.New(policy.Config{Clock: clock})
-	var d policy.Decision
-	r.Decide(chat("x"), t0, nil, &d)
+	d := r.Decide(chat("x"), t0, nil)
 	if d.Duration != time.Microsecond {
 		t.Fatalf("duration %v", d.Duration)
 	}
@@ -431,8 +429,7 @@ func TestConcurrentUse(t *testing.T) {
 			for i := range 500 {
 				q := chat("chat-large")
 				q.Conversation = strconv.Itoa(i)
-				var d policy.Decision
-				e.r.Decide(q, t0, rng, &d)
+				e.r.Decide(q, t0, rng)
 				if i%50 == 0 {
 					e.r.ObserveHeartbeat(&subjects.Heartbeat{Replica: "l70-gen-0", State: subjects.StateReady}, t0)
 					e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-70b-instruct", Replica: "l70-gen-1", Blocks: []uint64{1, 2}})

@@ -27,6 +27,15 @@ func BenchmarkDecide(b *testing.B) {
 	b.Run("predicted-ttft/candidates=64", func(b *testing.B) {
 		benchDecide(b, 64, `{"policy": {"replica_choice": "predicted-ttft"}}`)
 	})
+	// The switchyard profile by name, and weighing kv_usage beside
+	// load_score: a scorer more costs nothing per decision (its value is
+	// worked out per load-view update).
+	b.Run("profile=switchyard/candidates=64", func(b *testing.B) {
+		benchDecide(b, 64, `{"policy": {"profile": "switchyard"}}`)
+	})
+	b.Run("profile=switchyard+kv_usage/candidates=64", func(b *testing.B) {
+		benchDecide(b, 64, `{"policy": {"profile": "switchyard", "scorers": {"kv_usage": 0.5}}}`)
+	})
 }
 
 func benchDecide(b *testing.B, n int, policyJSON string) {
@@ -88,7 +97,7 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		r.Decide(&reqs[i%len(reqs)], now, rng, &d)
+		d = r.Decide(&reqs[i%len(reqs)], now, rng)
 		if d.Err != nil {
 			b.Fatalf("rejected: %v", d.Err)
 		}

@@ -5,8 +5,6 @@ import (
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // The replica-choice steps of the steps table, in its order, each with
@@ -103,7 +101,7 @@ func (p *pick) whyLora(i int) string {
 	case !p.adapters.loaded && !adapterRoom(c.x):
 		return WhyNoAdapterSlot
 	}
-	return WhyHigherLoad
+	return p.prof.whyHigher
 }
 
 // hasAdapter: running or waiting in the engine, or sent there by this broker
@@ -237,7 +235,7 @@ func (p *pick) prefix() bool {
 // step). A pair replica without a learned prefill rate is not weighed: it
 // would look free.
 func (p *pick) queuedOut(ci int) bool {
-	if !p.pt.on || !p.cands[ci].x.kvLive || p.nfresh == 0 || len(p.cands) == 1 {
+	if !p.prof.byTTFT || !p.cands[ci].x.kvLive || p.nfresh == 0 || len(p.cands) == 1 {
 		return false
 	}
 	for _, i := range p.twoOf() {
@@ -252,7 +250,7 @@ func (p *pick) queuedOut(ci int) bool {
 // in the walk.
 func (p *pick) considerHolder(ci, lvl int) {
 	w, c := &p.warm, &p.cands[ci]
-	if p.pt.on {
+	if p.prof.byTTFT {
 		p.holderByTTFT(ci, lvl)
 		return
 	}
@@ -342,8 +340,8 @@ func (p *pick) whyPowerOfTwo(i int) string {
 	return ""
 }
 
-// alternatives records the (at most 3) lowest-load candidates that lost,
-// and why.
+// alternatives records the (at most 3) lowest-scored candidates that
+// lost, why, and their scorers' values.
 func (p *pick) alternatives(d *Decision) {
 	var top [3]int
 	n := 0
@@ -366,10 +364,12 @@ func (p *pick) alternatives(d *Decision) {
 	}
 	for k := 0; k < n; k++ {
 		c := &p.cands[top[k]]
-		d.Alts[k] = subjects.Alternative{Replica: c.x.id, Score: c.load, Why: p.why(top[k]), PredictedTTFTMillis: c.ttft}
-		if !c.x.ttftKnown() {
-			d.Alts[k].PredictedTTFTMillis, d.Alts[k].NoTTFTEvidence = 0, true
+		a := &d.Alts[k] // field by field: see candidates
+		a.Replica, a.Score, a.Why, a.PredictedTTFTMillis = c.x.id, c.load, p.why(top[k]), c.ttft
+		if a.NoTTFTEvidence = !c.x.ttftKnown(); a.NoTTFTEvidence {
+			a.PredictedTTFTMillis = 0
 		}
+		d.AltValues[k] = c.x.scored.values
 	}
 	d.NAlts = n
 }

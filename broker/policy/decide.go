@@ -18,9 +18,14 @@ type decision struct {
 	req    *Request
 	now    time.Time
 	rng    *rand.Rand
-	d      *Decision
+	d      *Decision // &out
 	commit bool
 	snap   *table.Snapshot
+
+	// out is the decision made; cands the candidates' scratch, kept from
+	// one decision to the next so that a decision does not allocate.
+	out   Decision
+	cands []cand
 
 	res   resolution
 	pick  pick
@@ -30,10 +35,24 @@ type decision struct {
 	pinLost bool
 }
 
+// start readies st, as finish left it (or new: zero but for the
+// candidates' scratch), for a decision of req.
+func (st *decision) start(r *Router, req *Request, now time.Time, rng *rand.Rand, commit bool) {
+	st.r, st.req, st.now, st.rng, st.commit = r, req, now, rng, commit
+	st.d = &st.out
+}
+
+// finish ends the decision: st is zero again but for the candidates'
+// scratch, so it keeps nothing of the request alive and the next start
+// need not clear it.
+func (st *decision) finish() {
+	*st = decision{cands: st.cands[:0]}
+}
+
 // run is the pipeline the package README describes, step by step.
 func (st *decision) run() {
 	d, req := st.d, st.req
-	*d = Decision{Requested: req.Model, PrefixBlocks: len(req.Prefix)}
+	d.Requested, d.PrefixBlocks = req.Model, len(req.Prefix) // the rest is zero (finish)
 	if st.snap = st.r.snap.Load(); st.snap == nil {
 		st.reject(errNoTable())
 		return
@@ -42,7 +61,7 @@ func (st *decision) run() {
 	res, p := &st.res, &st.pick
 	res.start(st.snap, req, st.rng)
 	p.start(req, st.rng, st.now)
-	p.eject.horizon = st.r.ejectHorizon
+	p.eject.horizon = st.r.view.ejectHorizon
 
 	// Which model?
 	name, adapter, explicit := splitModel(req.Model)
@@ -110,19 +129,19 @@ func (st *decision) run() {
 	p.holders = nil
 	p.ttftObjective = st.objective()
 	d.TTFTObjective = p.ttftObjective
-	p.fair = fairCheck{pool: res.pool, flight: st.r.shares[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
+	p.fair = fairCheck{pool: res.pool, flight: st.r.fair.pools[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
 		weight: res.tenant.Weight(), shedAfter: float64(st.snap.ShedAfter(res.pool)) / float64(time.Millisecond)}
 	if len(req.Prefix) > 0 {
-		p.holders = st.r.prefixes[res.target.Model]
-		if st.r.kv.Len() > 0 {
-			p.kv, p.kvModel, p.byKV = st.r.kv, res.target.Model, st.r.byKV
+		p.holders = st.r.view.prefixes[res.target.Model]
+		if st.r.view.kv.Len() > 0 {
+			p.kv, p.kvModel, p.byKV = st.r.view.kv, res.target.Model, st.r.view.byKV
 		}
 	}
 	var exact *kvindex.Index
-	if st.r.kv.Len() > 0 {
-		exact = st.r.kv
+	if st.r.view.kv.Len() > 0 {
+		exact = st.r.view.kv
 	}
-	p.pd.start(st.snap.Models[res.target.Model], st.r.byModel[res.target.Model], &st.snap.Policy,
+	p.pd.start(st.snap.Models[res.target.Model], st.r.view.byModel[res.target.Model], &st.snap.Policy,
 		prefixHoldings{m: p.holders, kv: exact, model: res.target.Model})
 	if e := p.choose(); e != nil {
 		p.reportFair(d) // a refusal for its share shows the shares
@@ -135,6 +154,7 @@ func (st *decision) run() {
 		d.PredictedTTFT, d.NoTTFTEvidence = 0, true
 	}
 	d.LoadViewAge = time.Duration(max(p.nowNano-c.x.viewNano, 0))
+	d.Profile, d.Scorers, d.Weights, d.Values = p.prof.name, p.prof.names, p.prof.weights, c.x.scored.values
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}
@@ -158,7 +178,7 @@ func (st *decision) commitTo(x *replica) {
 		st.chargeContinuation()
 	}
 	x.inflight++
-	st.r.flyLocked(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.pick.fair.flight, st.res.tenantKey, st.pick.fair.weight,
+	st.r.fair.fly(st.req.ID, shareKey{st.res.target.Model, st.res.pool}, st.pick.fair.flight, st.res.tenantKey, st.pick.fair.weight,
 		int64(st.req.PromptTokens)+int64(st.maxTokens()), st.now)
 	st.d.SentPrefill = int(st.pick.cands[st.pick.chosen].uncached)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + st.d.SentPrefill)
@@ -175,7 +195,7 @@ func (st *decision) commitTo(x *replica) {
 		y.touch()
 	}
 	if len(st.req.Prefix) > 0 {
-		if m := st.r.prefixMapLocked(st.res.target.Model); m != nil {
+		if m := st.r.view.prefixMap(st.res.target.Model, st.snap); m != nil {
 			// The prefill replica computed the blocks and keeps them in
 			// its cache; the decode replica holds them once pulled.
 			if y != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // Request is one request as the broker sees it: the gateway's headers,
@@ -71,6 +72,7 @@ const (
 // Why a candidate lost (Alternative.Why).
 const (
 	WhyHigherLoad    = "higher load_score"
+	WhyHigherScore   = "higher score" // the profile weighs more than load_score
 	WhySaturated     = "saturated"
 	WhyReleased      = "above release threshold"
 	WhyNotAffine     = "not session-affine"
@@ -92,7 +94,7 @@ const (
 type Decision struct {
 	Requested, Model, Version, Lora, Pool, Replica, Reason string
 
-	Score float64 // the chosen replica's load_score
+	Score float64 // the chosen replica's score (the default profile's: its load_score, saturation penalty included)
 	// PredictedTTFT is the chosen replica's predicted time to first token
 	// for the request, in ms; 0 with NoTTFTEvidence: its engine has given
 	// no evidence of its TTFT yet, so nothing is predicted and no
@@ -100,7 +102,17 @@ type Decision struct {
 	PredictedTTFT  float64
 	NoTTFTEvidence bool
 	Alts           [3]subjects.Alternative
-	NAlts          int // top alternatives, lowest load_score first, why each lost
+	NAlts          int // top alternatives, lowest score first, why each lost
+
+	// Profile is the profile that chose the replica, Scorers its scorers
+	// and Weights their weights (the profile's, read only); Values are the
+	// scorers' values for the chosen replica, AltValues for each of Alts.
+	// Score is the sum of weight × value.
+	Profile   string
+	Scorers   []string
+	Weights   []float64
+	Values    [table.MaxScorers]float64
+	AltValues [3][table.MaxScorers]float64
 
 	// Ejected names replicas of the pool out of rotation for their engine
 	// failures (the first NEjected); EjectPanic says they were kept in,
@@ -163,6 +175,15 @@ type Decision struct {
 // Alternatives returns the recorded alternatives.
 func (d *Decision) Alternatives() []subjects.Alternative { return d.Alts[:d.NAlts] }
 
+// scores pairs the profile's scorers with values.
+func (d *Decision) scores(values []float64) []subjects.Score {
+	out := make([]subjects.Score, len(d.Scorers))
+	for k, n := range d.Scorers {
+		out[k] = subjects.Score{Scorer: n, Weight: d.Weights[k], Value: values[k]}
+	}
+	return out
+}
+
 // Wire renders the decision for llm.decision.<pool> and llm.explain replies.
 // The caller adds request id, trace id and the decision time.
 func (d *Decision) Wire(req *Request) subjects.Decision {
@@ -195,6 +216,13 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		Split:               d.Split,
 		UncachedTokens:      d.UncachedTokens,
 		TTFTObjectiveMillis: d.TTFTObjective.Milliseconds(),
+	}
+	if d.Profile != "" {
+		w.Profile = d.Profile
+		w.Scores = d.scores(d.Values[:])
+		for k := range w.Alternatives {
+			w.Alternatives[k].Scores = d.scores(d.AltValues[k][:])
+		}
 	}
 	if d.NEjected > 0 {
 		w.Ejected = slices.Clone(d.Ejected[:d.NEjected])

@@ -78,7 +78,7 @@ func (r *Router) Ejected(now time.Time) []EjectedReplica {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []EjectedReplica
-	for _, x := range r.replicas {
+	for _, x := range r.view.replicas {
 		if x.eject.until > now.UnixNano() {
 			out = append(out, EjectedReplica{Replica: x.id, Until: time.Unix(0, x.eject.until), Count: x.eject.count, Failures: x.hb.EngineFailures})
 		}

@@ -94,52 +94,63 @@ func (f *poolFlight) settle(tenant string, tokens int64) {
 	}
 }
 
-// flyLocked counts an admitted request in its pool's ledger under its
-// request id; a request without an id cannot be settled and is not
-// counted. f is the ledger of k when the caller has it (nil: looked up).
-// Lock must be held.
-func (r *Router) flyLocked(id string, k shareKey, f *poolFlight, tenant string, weight float64, tokens int64, now time.Time) {
+// fairShares are the pools' in-flight ledgers: each admitted request's
+// entry by request id, counted in its pool's ledger until its usage event
+// settles it. Lock: Router.mu.
+type fairShares struct {
+	pools   map[shareKey]*poolFlight
+	flights map[string]flight
+	swept   time.Time // when flights were last swept for FlightTTL
+}
+
+func newFairShares() fairShares {
+	return fairShares{pools: map[shareKey]*poolFlight{}, flights: map[string]flight{}}
+}
+
+// fly counts an admitted request in its pool's ledger under its request
+// id; a request without an id cannot be settled and is not counted. f is
+// the ledger of k when the caller has it (nil: looked up).
+func (fs *fairShares) fly(id string, k shareKey, f *poolFlight, tenant string, weight float64, tokens int64, now time.Time) {
 	if id == "" || tokens <= 0 {
 		return
 	}
-	if now.Sub(r.flightSweep) >= flightSweepEvery {
-		r.sweepFlightsLocked(now)
+	if now.Sub(fs.swept) >= flightSweepEvery {
+		fs.sweep(now)
 	}
-	if old, ok := r.flights[id]; ok {
+	if old, ok := fs.flights[id]; ok {
 		// A request id seen twice: the first is settled now rather than
 		// never.
 		old.pool.settle(old.tenant, old.tokens)
-	} else if len(r.flights) >= MaxFlights {
+	} else if len(fs.flights) >= MaxFlights {
 		return
 	}
 	if f == nil {
-		f = r.shares[k]
+		f = fs.pools[k]
 	}
 	if f == nil {
 		f = &poolFlight{tenants: map[string]tenantFlight{}}
-		r.shares[k] = f
+		fs.pools[k] = f
 	}
 	f.add(tenant, weight, tokens)
-	r.flights[id] = flight{pool: f, tenant: tenant, tokens: tokens, at: now}
+	fs.flights[id] = flight{pool: f, tenant: tenant, tokens: tokens, at: now}
 }
 
-// landLocked settles the flight of request id, once. Lock must be held.
-func (r *Router) landLocked(id string) {
-	f, ok := r.flights[id]
+// land settles the flight of request id, once.
+func (fs *fairShares) land(id string) {
+	f, ok := fs.flights[id]
 	if !ok {
 		return
 	}
-	delete(r.flights, id)
+	delete(fs.flights, id)
 	f.pool.settle(f.tenant, f.tokens)
 }
 
-// sweepFlightsLocked stops counting the flights older than FlightTTL.
-// Lock must be held.
-func (r *Router) sweepFlightsLocked(now time.Time) {
-	r.flightSweep = now
-	for id, f := range r.flights {
+// sweep stops counting the flights older than FlightTTL.
+func (fs *fairShares) sweep(now time.Time) {
+	fs.swept = now
+	for id, f := range fs.flights {
 		if now.Sub(f.at) > FlightTTL {
-			delete(r.flights, id)
+			delete(fs.flights, id)
 			f.pool.settle(f.tenant, f.tokens)
 		}
 	}
@@ -150,7 +161,7 @@ func (r *Router) sweepFlightsLocked(now time.Time) {
 func (r *Router) Flights() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.flights)
+	return len(r.fair.flights)
 }
 
 // fairCheck is the fair-share check's state, set by the decision before

@@ -18,6 +18,23 @@ func (x *replica) liveAt(now, dead int64) bool {
 	return x.ready && max(now-x.hbNano, 0) < dead
 }
 
+// A replica's flags (replica.flags), what the filters with flags test.
+const (
+	flagReady   = 1 << 0 // replica.ready
+	flagPrefill = 1 << 1 // replica.prefillOnly
+	// The endpoints it serves (replica.serves) are the high byte.
+	flagServesShift = 8
+)
+
+func (p *pick) liveFlags() (mask, want uint16) { return flagReady, flagReady }
+
+func (p *pick) endpointFlags() (mask, want uint16) {
+	b := uint16(p.endpoint.bit) << flagServesShift
+	return b, b
+}
+
+func (p *pick) notPrefillFlags() (mask, want uint16) { return flagPrefill, 0 }
+
 // ejectFilter is not-ejected's state for the group in hand.
 type ejectFilter struct {
 	horizon int64      // Router.ejectHorizon: no ejection lasts past it

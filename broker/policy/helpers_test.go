@@ -111,13 +111,13 @@ func (e *env) beat(id string, kv float64, running, waiting int, mods ...func(*su
 
 func (e *env) decide(q *policy.Request) *policy.Decision {
 	d := new(policy.Decision)
-	e.r.Decide(q, e.now, e.rng, d)
+	*d = e.r.Decide(q, e.now, e.rng)
 	return d
 }
 
 func (e *env) explain(q *policy.Request) *policy.Decision {
 	d := new(policy.Decision)
-	e.r.Explain(q, e.now, e.rng, d)
+	*d = e.r.Explain(q, e.now, e.rng)
 	return d
 }
 

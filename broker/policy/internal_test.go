@@ -101,7 +101,7 @@ func TestUnregisteredHeartbeatsArePruned(t *testing.T) {
 	}
 	// Heartbeats stay for dead_after (15 s = 1500 of them); a sweep runs
 	// when the map has doubled since the last one.
-	if n := len(r.replicas); n > 2*1500+64 {
+	if n := len(r.view.replicas); n > 2*1500+64 {
 		t.Fatalf("%d replicas kept", n)
 	}
 }

@@ -6,8 +6,9 @@ import "github.com/switchyard-llm/switchyard/table"
 const (
 	DefaultMaxBatch = 256 // vLLM's default max_num_seqs
 	DefaultMaxQueue = 256
-	// SaturationPenalty is added to the load_score of a saturated replica:
-	// it sorts after every unsaturated one but stays a candidate, because
+	// SaturationPenalty is the default profile's weight of the saturated
+	// scorer: a saturated replica's score is its load_score plus it, so it
+	// sorts after every unsaturated one but stays a candidate, because
 	// excluding saturated replicas cascades the load onto the others.
 	SaturationPenalty = 1.0
 )
@@ -15,7 +16,7 @@ const (
 // cand is one candidate of the current decision with its load view.
 type cand struct {
 	x         *replica
-	load      float64 // load_score, saturation penalty included
+	load      float64 // the score: the profile's weighted scorers (switchyard: load_score, saturation penalty included)
 	ttft      float64 // predicted milliseconds to the first token (predict)
 	uncached  int32   // the request's prompt tokens the replica is not known to hold
 	fresh     bool    // load data younger than stale_after
@@ -31,61 +32,75 @@ type cand struct {
 // every filter in force keeps. It reports whether there is at least one.
 func (st *decision) candidates(model, version, pool string) bool {
 	r, p := st.r, &st.pick
-	r.epoch++
-	list := r.groups[groupKey{model, version, pool}]
+	r.view.epoch++
+	list := r.view.groups[groupKey{model, version, pool}]
 	pol := &st.snap.Policy
-	p.epoch = r.epoch
+	p.epoch = r.view.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
-	p.pt.on = pol.ReplicaChoice == table.ChoicePredictedTTFT
-	p.pt.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
+	p.prof = r.profiles.of(pool)
+	p.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
 	p.nfresh, p.nfull = 0, 0
-	var inForce [len(filters)]*filter
-	n, mask := 0, 0
-	for i := range filters {
-		f := &filters[i]
+	// The profile's filters in force: those with flags as one mask, the
+	// others to call for each replica the mask keeps.
+	var inForce, calls [len(filters)]*filter
+	n, nc := 0, 0
+	var fmask, fwant uint16
+	heard := false
+	for _, f := range p.prof.filters {
 		if f.on == nil || f.on(p, list) {
 			inForce[n] = f
 			n++
-			mask |= 1 << i
+			if f.flags != nil {
+				m, w := f.flags(p)
+				fmask, fwant, heard = fmask|m, fwant|w, heard || f.heard
+			} else {
+				calls[nc] = f
+				nc++
+			}
 		}
 		if f.report != nil {
 			f.report(p, st.d)
 		}
 	}
-	if cap(r.cands) < len(list) {
-		r.cands = make([]cand, 0, 2*len(list)) // once per group size: decisions stay allocation-free
+	if cap(st.cands) < len(list) {
+		st.cands = make([]cand, 0, 2*len(list)) // once per group size: decisions stay allocation-free
 	}
-	cands := r.cands[:len(list)]
+	cands := st.cands[:len(list)]
 	k := 0
 	w := &pol.LoadWeights
-	// In the common case the filters are direct calls the compiler inlines:
-	// a call through each row's function value, for every candidate, was a
-	// sixth of a decision among 64 replicas.
-	common := mask&^(1<<filterEndpoint) == commonFilters&^(1<<filterEndpoint)
 	uncached := clamp32(p.req.PromptTokens)
 next:
 	for _, x := range list {
-		if common {
-			if !p.live(x) || mask&(1<<filterEndpoint) != 0 && !p.servesEndpoint(x) || !p.notPrefill(x) {
-				continue
-			}
-		} else {
+		// The filters with flags at once: a call through each row's
+		// function value, for every candidate, was a sixth of a decision
+		// among 64 replicas.
+		if x.flags&fmask != fwant || heard && max(p.nowNano-x.hbNano, 0) >= p.dead {
 			for _, f := range inForce[:n] {
 				if !f.keep(p, x) {
-					continue next
+					break // what the rows before it kept and it left out, it counted
 				}
+			}
+			continue
+		}
+		for _, f := range calls[:nc] {
+			if !f.keep(p, x) {
+				continue next
 			}
 		}
 		// The load view, computed again only when stale; the result is
 		// load's.
-		v := &x.view
-		if v.ver != x.ver || v.snap != st.snap || v.sat != p.saturation {
-			p.renew(x, w, st.snap)
+		v := &x.scored
+		if v.ver != x.ver || v.prof != p.prof || v.sat != p.saturation {
+			p.renew(x, w)
 		}
+		// Field by field, every field: a composite literal is built on the
+		// stack and copied with wide loads that wait on its narrow stores
+		// (a sixth of a decision among 64 replicas).
 		c := &cands[k]
-		*c = cand{x: x, load: v.load, uncached: uncached, fresh: max(p.nowNano-x.dataNano, 0) < p.stale,
-			saturated: v.saturated, slotsAhead: v.slotsAhead}
+		c.x, c.load, c.uncached = x, v.load, uncached
+		c.fresh = max(p.nowNano-x.dataNano, 0) < p.stale
+		c.saturated, c.slotsAhead = v.saturated, v.slotsAhead
 		c.full = c.fresh && v.capacity
 		c.ttft = max(v.before+float64(uncached)*v.perToken, v.floor)
 		if c.fresh {
@@ -98,19 +113,22 @@ next:
 		k++
 	}
 	cands = cands[:k]
-	r.cands, p.cands = cands, cands
+	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }
 
-// loadView is what load computes from a replica's own state alone, kept
-// on the replica until that state (ver), the table or the pool's
-// saturation threshold changes: between two of those, every decision that
-// lists the replica as a candidate would compute the same, and most
-// decisions change only the one replica they choose.
-type loadView struct {
-	snap *table.Snapshot
+// scoredView is what load and the profile's scorers compute from a
+// replica's own state alone, kept on the replica until that state (ver),
+// the profile (built with each table) or the pool's saturation threshold
+// changes: between two of those, every decision that lists the replica as
+// a candidate would compute the same, and most decisions change only the
+// one replica they choose.
+type scoredView struct {
+	prof *profile
 	ver  uint64
 	sat  float64
+	// load is the score: the sum of the profile's weighted scorers'
+	// values (values, below).
 	load float64
 	// The prediction of a request with u uncached prompt tokens is
 	// max(before + u·perToken, floor) (predictAfter, with what does not
@@ -119,20 +137,33 @@ type loadView struct {
 	saturated               bool
 	capacity                bool // full, if its load data is fresh
 	slotsAhead              int32
+
+	// Read for the chosen replica and the alternatives only: each
+	// scorer's value (the profile's order), and load_score.
+	values [table.MaxScorers]float64
+	score  float64
 }
 
-// renew computes x's load view again: what load computes for x alone.
-func (p *pick) renew(x *replica, w *table.LoadWeights, snap *table.Snapshot) {
+// renew computes x's load view again: what load and the profile's
+// scorers compute for x alone.
+func (p *pick) renew(x *replica, w *table.LoadWeights) {
 	c := cand{x: x, fresh: true}
 	p.load(&c, w)
-	x.view = loadView{snap: snap, ver: x.ver, sat: p.saturation, load: c.load,
+	x.scored = scoredView{prof: p.prof, ver: x.ver, sat: p.saturation, score: c.load,
 		saturated: c.saturated, capacity: c.full, slotsAhead: c.slotsAhead}
-	v := &x.view
+	v := &x.scored
 	v.before, v.perToken, v.floor = x.predictParts(c.slotsAhead)
+	total := 0.0
+	for k, sc := range p.prof.scorers {
+		v.values[k] = sc.value(x, v)
+		total += p.prof.weights[k] * v.values[k]
+	}
+	v.load = total
 }
 
 // load computes a candidate's load_score (policy.load_weights in
-// docs/protocol.md):
+// docs/protocol.md), without the saturation penalty (the saturated
+// scorer's):
 //
 //	w.kv·kv_usage + w.queue·waiting/max_queue + w.batch·running/max_batch
 //
@@ -169,9 +200,6 @@ func (p *pick) load(c *cand, w *table.LoadWeights) {
 	// engine keeps the final say on admission.
 	queueFull := x.maxQueue > 0 && x.waiting >= x.maxQueue
 	c.saturated = x.kv >= p.saturation || queueFull
-	if c.saturated {
-		c.load += SaturationPenalty
-	}
 	c.full = c.fresh && queueFull && (x.running >= maxBatch || x.kv >= p.saturation)
 	// At an engine scheduling by priority the batch lines waiting come
 	// after the request (the prediction is an interactive request's: a

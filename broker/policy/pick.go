@@ -27,6 +27,11 @@ type pick struct {
 	// tenant's or the model's), 0 when none.
 	ttftObjective time.Duration
 
+	// prof is the profile in force for the group's pool, and blockTokens
+	// the prompt tokens of a prefix block.
+	prof        *profile
+	blockTokens int32
+
 	// The group's candidates, set by the walk over the filters.
 	cands               []cand
 	epoch               uint64 // replica.mark of the candidates

@@ -114,7 +114,7 @@ func (st *decision) gather() bool {
 // and version: a stored conversation lives on one replica, so no pool rule,
 // canary draw or fallback may move it.
 func (st *decision) gatherPinned() bool {
-	x := st.r.replicas[st.req.Pin]
+	x := st.r.view.replicas[st.req.Pin]
 	if x == nil || x.reg == nil || x.reg.Model != st.res.target.Model {
 		st.pinLost = true
 		return false
@@ -201,7 +201,7 @@ func (st *decision) noteCold() {
 // loading reports whether a registered replica of model is loading: the
 // model is on its way, which a client should hear as model_loading.
 func (st *decision) loading(model string) bool {
-	for _, x := range st.r.byModel[model] {
+	for _, x := range st.r.view.byModel[model] {
 		if x.reg != nil && subjects.Restrictive(x.reg.State, x.hb.State) == subjects.StateLoading {
 			return true
 		}

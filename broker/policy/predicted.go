@@ -40,8 +40,6 @@ const predictedPairTie = 0.4
 
 // predictedStep is the predicted-ttft step's state.
 type predictedStep struct {
-	on          bool  // policy.replica_choice is predicted-ttft
-	blockTokens int32 // prompt tokens per prefix block
 	// The holders weighed (candidate index and blocks held) and the
 	// sampled pair.
 	holders  [predictedHolders]int32
@@ -57,7 +55,7 @@ type predictedStep struct {
 func (p *pick) predicted() bool {
 	s := &p.pt
 	s.nholders, s.matched = 0, 0
-	if !s.on || len(p.cands) == 1 || p.nfresh == 0 {
+	if len(p.cands) == 1 || p.nfresh == 0 {
 		return false
 	}
 	p.weighHolders()
@@ -179,7 +177,7 @@ func (p *pick) weighHolder(ci, held int) {
 // every shallower level it holds.
 func (p *pick) credit(ci, held int) {
 	c := &p.cands[ci]
-	if u := max(clamp32(p.req.PromptTokens)-int32(held)*p.pt.blockTokens, 0); u < c.uncached {
+	if u := max(clamp32(p.req.PromptTokens)-int32(held)*p.blockTokens, 0); u < c.uncached {
 		c.uncached = u
 		c.ttft = c.x.predict(c.uncached, c.slotsAhead)
 	}
@@ -201,7 +199,7 @@ func (p *pick) whyPredicted(i int) string {
 		tie = predictedPairTie
 	}
 	if a, b := p.cost(i), p.cost(p.chosen); math.Abs(a-b) <= tie*max(a, b) {
-		return WhyHigherLoad
+		return p.prof.whyHigher
 	}
 	return WhyHigherTTFT
 }

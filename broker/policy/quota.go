@@ -18,6 +18,24 @@ import (
 // charged prompt + max_tokens at admission and credited back what the
 // request did not use when its usage event arrives.
 
+// quotas are the tenants' buckets by quota key, the tpm reservations held
+// until usage events settle them, and how many deciders share each
+// tenant's quota. Lock: Router.mu.
+type quotas struct {
+	tenants  map[string]*tenantQuota
+	reserved map[string]reservation // by request id
+	// brokers is how many deciders share every tenant's quota, this one
+	// included; sharing, per quota key, how many more share that tenant's
+	// (SetDeciders).
+	brokers int
+	sharing map[string]int
+}
+
+// deciders is how many deciders share tenant key's quota.
+func (q *quotas) deciders(key string) float64 {
+	return float64(max(q.brokers+q.sharing[key], 1))
+}
+
 type tenantQuota struct{ rpm, tpm bucket }
 
 type bucket struct {
@@ -57,11 +75,11 @@ func (st *decision) checkQuota() *subjects.APIError {
 	if q.RPM == 0 && q.TPM == 0 {
 		return nil
 	}
-	tq := st.r.quotas[st.res.tenantKey]
+	tq := st.r.quotas.tenants[st.res.tenantKey]
 	if tq == nil {
 		tq = &tenantQuota{} // not stored: only commit creates state
 	}
-	n := st.r.decidersLocked(st.res.tenantKey)
+	n := st.r.quotas.deciders(st.res.tenantKey)
 	st.quota.cost = st.d.ReservedTokens
 	var wait float64 // seconds until both buckets admit this request
 	if q.RPM > 0 && !st.req.ColdWaited {
@@ -128,10 +146,10 @@ func (st *decision) maxTokens() int {
 // buckets returns the tenant's buckets for a charge, creating them: only a
 // commit creates quota state (checkQuota reads a missing tenant's as full).
 func (st *decision) buckets() *tenantQuota {
-	tq := st.r.quotas[st.res.tenantKey]
+	tq := st.r.quotas.tenants[st.res.tenantKey]
 	if tq == nil {
 		tq = &tenantQuota{}
-		st.r.quotas[st.res.tenantKey] = tq
+		st.r.quotas.tenants[st.res.tenantKey] = tq
 	}
 	return tq
 }
@@ -151,7 +169,7 @@ func (st *decision) chargeQuota() {
 	}
 	if q.TPM > 0 {
 		tq.tpm.set(q.TPM, st.quota.tpmLevel-float64(st.quota.cost), st.now)
-		st.r.reserveLocked(st.req.ID, st.res.tenantKey, st.quota.cost, false, st.now)
+		st.r.quotas.reserve(st.req.ID, st.res.tenantKey, st.quota.cost, false, st.now)
 	}
 }
 
@@ -167,11 +185,11 @@ func (st *decision) chargeContinuation() {
 	}
 	q := st.res.tenant.Quota
 	tq := st.buckets()
-	capacity := float64(q.TPM) / st.r.decidersLocked(st.res.tenantKey)
+	capacity := float64(q.TPM) / st.r.quotas.deciders(st.res.tenantKey)
 	cost := st.maxTokens()
 	lvl := tq.tpm.level(q.TPM, capacity, st.now)
 	tq.tpm.set(q.TPM, max(lvl-float64(cost), -capacity), st.now)
-	st.r.reserveLocked(st.req.ID, st.res.tenantKey, cost, true, st.now)
+	st.r.quotas.reserve(st.req.ID, st.res.tenantKey, cost, true, st.now)
 }
 
 // chargeHeld counts a request the gateway will hold for its cold model
@@ -213,32 +231,32 @@ const (
 	ReservationTTL  = time.Hour
 )
 
-// reserveLocked records a reservation. Lock must be held.
-func (r *Router) reserveLocked(id, tenant string, tokens int, completionOnly bool, now time.Time) {
+// reserve records a reservation.
+func (q *quotas) reserve(id, tenant string, tokens int, completionOnly bool, now time.Time) {
 	if id == "" || tokens <= 0 {
 		return
 	}
-	if r.reserved == nil {
-		r.reserved = map[string]reservation{}
+	if q.reserved == nil {
+		q.reserved = map[string]reservation{}
 	}
-	if len(r.reserved) >= MaxReservations {
-		for k, v := range r.reserved {
+	if len(q.reserved) >= MaxReservations {
+		for k, v := range q.reserved {
 			if now.Sub(v.at) > ReservationTTL {
-				delete(r.reserved, k)
+				delete(q.reserved, k)
 			}
 		}
-		if len(r.reserved) >= MaxReservations {
+		if len(q.reserved) >= MaxReservations {
 			return
 		}
 	}
-	r.reserved[id] = reservation{tenant: tenant, tokens: tokens, at: now, completionOnly: completionOnly}
+	q.reserved[id] = reservation{tenant: tenant, tokens: tokens, at: now, completionOnly: completionOnly}
 }
 
 // Reservations is the number of reservations held.
 func (r *Router) Reservations() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.reserved)
+	return len(r.quotas.reserved)
 }
 
 // ObserveUsage settles the tpm reservation held for u.RequestID: the
@@ -255,18 +273,23 @@ func (r *Router) Reservations() int {
 func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.landLocked(u.RequestID)
-	res, ok := r.reserved[u.RequestID]
+	r.fair.land(u.RequestID)
+	return r.quotas.settle(u, r.snap.Load(), now)
+}
+
+// settle settles the reservation u names, as ObserveUsage says, against
+// the table s.
+func (q *quotas) settle(u *subjects.Usage, s *table.Snapshot, now time.Time) bool {
+	res, ok := q.reserved[u.RequestID]
 	if !ok || u.RequestID == "" {
-		return !r.meteredLocked(u.Tenant)
+		return !metered(s, u.Tenant)
 	}
-	delete(r.reserved, u.RequestID)
-	s := r.snap.Load()
+	delete(q.reserved, u.RequestID)
 	if s == nil {
 		return true
 	}
 	t := s.Tenants[res.tenant]
-	tq := r.quotas[res.tenant]
+	tq := q.tenants[res.tenant]
 	if t == nil || t.Quota.TPM == 0 || tq == nil {
 		return true
 	}
@@ -275,17 +298,16 @@ func (r *Router) ObserveUsage(u *subjects.Usage, now time.Time) bool {
 		used += min(max(u.PromptTokens, 0), 2*res.tokens)
 	}
 	refund := float64(res.tokens - min(used, 2*res.tokens))
-	capacity := float64(t.Quota.TPM) / r.decidersLocked(res.tenant)
+	capacity := float64(t.Quota.TPM) / q.deciders(res.tenant)
 	lvl := tq.tpm.level(t.Quota.TPM, capacity, now)
 	tq.tpm.set(t.Quota.TPM, max(min(lvl+refund, capacity), -capacity), now)
 	return true
 }
 
-// meteredLocked reports whether usage of tenant could settle a
-// reservation: the tenant (or, for one missing from the table, the default
-// tenant it is routed as) has a token quota. Lock must be held.
-func (r *Router) meteredLocked(tenant string) bool {
-	s := r.snap.Load()
+// metered reports whether usage of tenant could settle a reservation: the
+// tenant (or, for one missing from the table s, the default tenant it is
+// routed as) has a token quota.
+func metered(s *table.Snapshot, tenant string) bool {
 	if s == nil {
 		return false
 	}

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -44,45 +42,21 @@ type Router struct {
 	snap atomic.Pointer[table.Snapshot] // also read without mu by Table
 
 	mu sync.Mutex // guards everything below
-	// replicas is every replica known by id, registered in the table or only
-	// heartbeating. Entries keep their identity across table swaps, so the
-	// heartbeat and in-flight count survive a SetTable.
-	replicas map[string]*replica
-	// groups indexes registered replicas by (model, version, pool); version
-	// "" lists every version. Rebuilt by SetTable only.
-	groups   map[groupKey][]*replica
-	byModel  map[string][]*replica
-	prefixes map[string]*prefixMap // per model id
-	// kv is the exact prefix index fed by the adapters' KV-event updates;
-	// byKV finds a replica by its id there.
-	kv       *kvindex.Index
-	byKV     []*replica
-	quotas   map[string]*tenantQuota
-	reserved map[string]reservation // tpm reservations by request id
-	// brokers is how many deciders share every tenant's quota, this one
-	// included; sharing, per quota key, how many more share that tenant's
-	// (SetDeciders).
-	brokers int
-	sharing map[string]int
-	pruneAt int                 // replicas map size that triggers the next sweep
-	epoch   uint64              // stamps the candidates of the current decision
-	rng     *rand.Rand          // used when a caller passes none
-	cands   []cand              // scratch, reused by every decision
-	cold    map[string]coldLoad // per model, from the loader's status
-	// shares are the pools' in-flight ledgers (fair shedding), flights
-	// each admitted request's entry by request id; flightSweep is when
-	// the flights were last swept for FlightTTL.
-	shares      map[shareKey]*poolFlight
-	flights     map[string]flight
-	flightSweep time.Time
-	// st is the working state of the decision in progress. It lives here,
-	// not on decide's stack, because the steps are called through the
-	// steps table and an indirect call makes its argument escape: kept
-	// here it costs no allocation.
+	// view is what the router knows of the replicas; quotas the tenants'
+	// buckets and reservations; fair the pools' in-flight ledgers.
+	view   loadView
+	quotas quotas
+	fair   fairShares
+	rng    *rand.Rand          // used when a caller passes none
+	cold   map[string]coldLoad // per model, from the loader's status
+	// st is the working state of the decision in progress (one at a time,
+	// under mu), reset at every decision. It is kept here, not on decide's
+	// stack, because the rows are called through the profile's tables and
+	// an indirect call makes its argument escape: kept here it costs no
+	// allocation.
 	st decision
-	// ejectHorizon is the latest end of an ejection (unix ns): decisions
-	// after it skip the ejection check.
-	ejectHorizon int64
+	// profiles are the table's profiles, resolved by SetTable.
+	profiles profiles
 }
 
 type groupKey struct{ model, version, pool string }
@@ -94,6 +68,9 @@ type replica struct {
 	// about two cache lines.
 	ready  bool  // registered, heartbeat seen, effective state ready
 	serves uint8 // the endpoints its engine serves (subjects.EndpointBit)
+	// flags are ready, prefillOnly and serves as bits, what the filters
+	// with flags test (see filter.flags).
+	flags uint16
 	// prefillOnly: registered with role prefill, so it runs prefill legs
 	// of split requests and never a whole request.
 	prefillOnly bool
@@ -113,8 +90,8 @@ type replica struct {
 	// ver counts the changes to the state load reads (heartbeat, load
 	// delta, in-flight requests, prefill sent): view is valid while it
 	// matches. Everything that changes that state calls touch.
-	ver  uint64
-	view loadView
+	ver    uint64
+	scored scoredView
 	// msPerToken is 1/prefillRate (0: unknown): a multiplication per
 	// candidate instead of a division, since it changes only with the
 	// heartbeat.
@@ -215,6 +192,13 @@ func (x *replica) refresh() {
 	default:
 		x.serves = subjects.EndpointSet(nil)
 	}
+	x.flags = uint16(x.serves) << flagServesShift
+	if x.ready {
+		x.flags |= flagReady
+	}
+	if x.prefillOnly {
+		x.flags |= flagPrefill
+	}
 }
 
 func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) }
@@ -227,16 +211,11 @@ func New(cfg Config) *Router {
 	}
 	return &Router{
 		cfg:      cfg,
-		replicas: map[string]*replica{},
-		groups:   map[groupKey][]*replica{},
-		byModel:  map[string][]*replica{},
-		prefixes: map[string]*prefixMap{},
-		kv:       kvindex.New(),
-		quotas:   map[string]*tenantQuota{},
-		shares:   map[shareKey]*poolFlight{},
-		flights:  map[string]flight{},
-		brokers:  1,
+		view:     newLoadView(cfg.PrefixEntries),
+		quotas:   quotas{tenants: map[string]*tenantQuota{}, brokers: 1},
+		fair:     newFairShares(),
 		rng:      rand.New(rand.NewPCG(1, 2)),
+		profiles: newProfiles(table.NewSnapshot()),
 	}
 }
 
@@ -252,7 +231,7 @@ func (r *Router) SetTable(s *table.Snapshot) {
 	if s == nil {
 		s = table.NewSnapshot()
 	}
-	for _, x := range r.replicas {
+	for _, x := range r.view.replicas {
 		x.reg = nil
 	}
 	groups := make(map[groupKey][]*replica, 2*len(s.Replicas))
@@ -261,7 +240,7 @@ func (r *Router) SetTable(s *table.Snapshot) {
 	// is reproducible.
 	for _, id := range slices.Sorted(maps.Keys(s.Replicas)) {
 		reg := s.Replicas[id]
-		x := r.replicaLocked(id)
+		x := r.view.replica(id)
 		x.reg = reg
 		k := groupKey{reg.Model, reg.Version, reg.Pool}
 		groups[k] = append(groups[k], x)
@@ -271,24 +250,15 @@ func (r *Router) SetTable(s *table.Snapshot) {
 		}
 		byModel[reg.Model] = append(byModel[reg.Model], x)
 	}
-	for id, x := range r.replicas {
+	for id, x := range r.view.replicas {
 		if x.reg == nil && !x.hasHB {
-			delete(r.replicas, id)
+			delete(r.view.replicas, id)
 			continue
 		}
 		x.refresh()
 	}
-	r.groups, r.byModel = groups, byModel
-}
-
-// replicaLocked returns the entry for id, creating it. Lock must be held.
-func (r *Router) replicaLocked(id string) *replica {
-	x := r.replicas[id]
-	if x == nil {
-		x = &replica{id: id, idHash: xxhash.Sum64String(id)}
-		r.replicas[id] = x
-	}
-	return x
+	r.view.groups, r.view.byModel = groups, byModel
+	r.profiles = newProfiles(s)
 }
 
 // ObserveHeartbeat records a replica's load as of now and resets this
@@ -297,10 +267,10 @@ func (r *Router) replicaLocked(id string) *replica {
 func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x := r.replicas[hb.Replica]
+	x := r.view.replicas[hb.Replica]
 	if x == nil {
-		r.pruneLocked(now)
-		x = r.replicaLocked(hb.Replica)
+		r.view.prune(now, r.snap.Load())
+		x = r.view.replica(hb.Replica)
 	}
 	x.hb, x.hbNano, x.hasHB = *hb, now.UnixNano(), true
 	x.dataNano = x.hbNano
@@ -309,14 +279,14 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	}
 	x.inflight, x.nsent, x.sentPrefill = 0, 0, 0
 	x.delta, x.deltaSeq, x.viewNano = 0, 0, x.dataNano
-	if !hb.KVEvents && r.kv.Keys(x.id) > 0 {
+	if !hb.KVEvents && r.view.kv.Keys(x.id) > 0 {
 		// The adapter says its feed is lost: its keys are not exact.
-		r.kv.Drop(x.id)
+		r.view.kv.Drop(x.id)
 	}
-	r.kvRefreshLocked(x)
+	r.view.kvRefresh(x)
 	x.refresh()
 	if d, ok := x.observeFailures(hb, x.hbNano); ok {
-		r.ejectHorizon = max(r.ejectHorizon, x.eject.until)
+		r.view.ejectHorizon = max(r.view.ejectHorizon, x.eject.until)
 		if r.cfg.OnEject != nil {
 			r.cfg.OnEject(EjectedReplica{Replica: x.id, Until: now.Add(d), Count: x.eject.count, Failures: hb.EngineFailures})
 		}
@@ -334,7 +304,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 func (r *Router) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x := r.replicas[d.Replica]
+	x := r.view.replicas[d.Replica]
 	if x == nil || !x.hasHB || x.hb.Seq != d.Heartbeat || d.Seq <= x.deltaSeq {
 		return false
 	}
@@ -358,9 +328,9 @@ func (r *Router) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) bool {
 func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err := r.kv.Apply(u)
-	if x := r.replicas[u.Replica]; x != nil {
-		r.kvRefreshLocked(x)
+	err := r.view.kv.Apply(u)
+	if x := r.view.replicas[u.Replica]; x != nil {
+		r.view.kvRefresh(x)
 	}
 	return err
 }
@@ -371,7 +341,7 @@ func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
 func (r *Router) KVSynced(replica string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.kv.Synced(replica)
+	return r.view.kv.Synced(replica)
 }
 
 // KVKeys is the number of request keys the exact index holds for replica
@@ -379,7 +349,7 @@ func (r *Router) KVSynced(replica string) bool {
 func (r *Router) KVKeys(replica string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.kv.Keys(replica)
+	return r.view.kv.Keys(replica)
 }
 
 // PrefixIndexEntries calls f with every model and the number of (key,
@@ -387,44 +357,7 @@ func (r *Router) KVKeys(replica string) int {
 func (r *Router) PrefixIndexEntries(f func(model string, entries int)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.kv.EachModel(f)
-}
-
-// kvRefreshLocked updates x's place in the exact prefix index.
-// Lock must be held.
-func (r *Router) kvRefreshLocked(x *replica) {
-	x.kvID = r.kv.ID(x.id)
-	x.kvLive = x.kvID != 0 && x.hb.KVEvents && r.kv.Synced(x.id)
-	if x.kvID != 0 {
-		for int(x.kvID) >= len(r.byKV) {
-			r.byKV = append(r.byKV, nil)
-		}
-		r.byKV[x.kvID] = x
-	}
-}
-
-// pruneLocked forgets unregistered replicas whose heartbeats stopped, so
-// heartbeats of replicas that never register cannot grow the map without
-// bound. Lock must be held.
-func (r *Router) pruneLocked(now time.Time) {
-	s := r.snap.Load()
-	registered, dead := 0, 15*time.Second
-	if s != nil {
-		registered, dead = len(s.Replicas), time.Duration(s.Policy.DeadAfter)
-	}
-	if len(r.replicas) < max(r.pruneAt, 2*registered+64) {
-		return
-	}
-	for id, x := range r.replicas {
-		if x.reg == nil && now.UnixNano()-x.hbNano >= int64(dead) {
-			delete(r.replicas, id)
-			if x.kvID != 0 {
-				r.byKV[x.kvID] = nil
-				r.kv.Remove(id)
-			}
-		}
-	}
-	r.pruneAt = 2 * len(r.replicas) // amortized: the next sweep waits for as many new ones
+	r.view.kv.EachModel(f)
 }
 
 // ObservePlacement counts another broker's request as in flight on its
@@ -438,14 +371,14 @@ func (r *Router) pruneLocked(now time.Time) {
 func (r *Router) ObservePlacement(p *subjects.Placement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x := r.replicas[p.Replica]
+	x := r.view.replicas[p.Replica]
 	if x == nil {
 		return
 	}
 	x.inflight = clamp32(int(x.inflight) + 1)
 	x.sentPrefill = clamp32(int(x.sentPrefill) + min(max(p.Uncached, 0), subjects.MaxQueuedPrefillTokens))
 	x.touch()
-	y := r.replicas[p.Prefill]
+	y := r.view.replicas[p.Prefill]
 	if p.Prefill == "" || y == nil || !y.prefillOnly || y.reg == nil || y.reg.Model != p.Model {
 		y = nil
 	}
@@ -456,7 +389,7 @@ func (r *Router) ObservePlacement(p *subjects.Placement) {
 	if len(p.Blocks) == 0 {
 		return
 	}
-	m := r.prefixMapLocked(p.Model)
+	m := r.view.prefixMap(p.Model, r.snap.Load())
 	if m == nil {
 		return
 	}
@@ -466,28 +399,12 @@ func (r *Router) ObservePlacement(p *subjects.Placement) {
 	m.remember(p.Blocks, x)
 }
 
-// prefixMapLocked returns model's prefix map, creating it for models the
-// table or a registered replica knows (so a stream of placements for made-up
-// models cannot allocate maps). Lock must be held.
-func (r *Router) prefixMapLocked(model string) *prefixMap {
-	if m := r.prefixes[model]; m != nil {
-		return m
-	}
-	s := r.snap.Load()
-	if s == nil || (s.Models[model] == nil && len(r.byModel[model]) == 0) {
-		return nil
-	}
-	m := newPrefixMap(r.cfg.PrefixEntries)
-	r.prefixes[model] = m
-	return m
-}
-
 // Live returns replica id's registration when it can serve now:
 // registered, ready and heartbeating within dead_after.
 func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x, snap := r.replicas[id], r.snap.Load()
+	x, snap := r.view.replicas[id], r.snap.Load()
 	if x == nil || snap == nil || !x.liveAt(now.UnixNano(), int64(snap.Policy.DeadAfter)) {
 		return table.Replica{}, false
 	}
@@ -509,13 +426,7 @@ func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, nil) }
 func (r *Router) SetDeciders(all int, per map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.brokers, r.sharing = max(all, 1), per
-}
-
-// decidersLocked is how many deciders share tenant key's quota. Lock must be
-// held.
-func (r *Router) decidersLocked(key string) float64 {
-	return float64(max(r.brokers+r.sharing[key], 1))
+	r.quotas.brokers, r.quotas.sharing = max(all, 1), per
 }
 
 // ChargedSince appends to dst the quota keys of the tenants whose quota
@@ -524,7 +435,7 @@ func (r *Router) decidersLocked(key string) float64 {
 func (r *Router) ChargedSince(since time.Time, dst []string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for k, q := range r.quotas {
+	for k, q := range r.quotas.tenants {
 		if !q.rpm.at.Before(since) || !q.tpm.at.Before(since) {
 			dst = append(dst, k)
 		}
@@ -534,17 +445,17 @@ func (r *Router) ChargedSince(since time.Time, dst []string) []string {
 
 // Decide makes the full decision for req, admission included, and commits
 // it when admitted: in-flight count, quota reservation, prefix map.
-func (r *Router) Decide(req *Request, now time.Time, rng *rand.Rand, d *Decision) {
-	r.decide(req, now, rng, d, true)
+func (r *Router) Decide(req *Request, now time.Time, rng *rand.Rand) Decision {
+	return r.decide(req, now, rng, true)
 }
 
 // Explain makes the same decision as Decide without side effects (rng is
 // still drawn from).
-func (r *Router) Explain(req *Request, now time.Time, rng *rand.Rand, d *Decision) {
-	r.decide(req, now, rng, d, false)
+func (r *Router) Explain(req *Request, now time.Time, rng *rand.Rand) Decision {
+	return r.decide(req, now, rng, false)
 }
 
-func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision, commit bool) {
+func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, commit bool) (d Decision) {
 	var start time.Time
 	if r.cfg.Clock != nil {
 		start = r.cfg.Clock()
@@ -554,13 +465,15 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision
 		rng = r.rng
 	}
 	st := &r.st
-	*st = decision{r: r, req: req, now: now, rng: rng, d: d, commit: commit}
+	st.start(r, req, now, rng, commit)
 	st.run()
-	*st = decision{} // keeps nothing of the request alive
+	d = st.out
+	st.finish()
 	r.mu.Unlock()
 	if r.cfg.Clock != nil {
 		d.Duration = r.cfg.Clock().Sub(start)
 	}
+	return d
 }
 
 // Known is the number of replicas in the load view: registered ones and
@@ -568,5 +481,5 @@ func (r *Router) decide(req *Request, now time.Time, rng *rand.Rand, d *Decision
 func (r *Router) Known() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.replicas)
+	return len(r.view.replicas)
 }

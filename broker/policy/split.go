@@ -167,6 +167,9 @@ func (p *pick) prefillFor(x *replica) *replica {
 		if cand.full {
 			continue
 		}
+		if cand.saturated {
+			cand.load += SaturationPenalty
+		}
 		held := 0
 		if c.held != nil && len(p.req.Prefix) > 0 && y.kv < p.release {
 			held = c.held.heldBy(p.req.Prefix, y)

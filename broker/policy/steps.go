@@ -85,6 +85,14 @@ type filter struct {
 	on func(p *pick, list []*replica) bool
 	// keep reports whether replica x stays a candidate.
 	keep func(p *pick, x *replica) bool
+	// flags, when set, is keep as a test of the replica's flags: keep
+	// holds exactly when x.flags&mask == want, and, with heard, x was
+	// heard from within dead_after. The walk tests every such filter in
+	// force with one mask per candidate, and calls keep, in order, only
+	// for the replicas the mask leaves out (so a filter that counts what
+	// it left out counts as if called) and for the filters without flags.
+	flags func(p *pick) (mask, want uint16)
+	heard bool
 	// report writes what on found into the Decision; nil reports nothing.
 	report func(p *pick, d *Decision)
 }
@@ -92,25 +100,23 @@ type filter struct {
 // filters is the candidate filter, in order. A filter that counts what it
 // left out (serves-endpoint) sees only replicas the ones before it kept.
 var filters = [...]filter{
-	filterLive: {name: "live", keep: (*pick).live},
+	{name: "live", keep: (*pick).live, flags: (*pick).liveFlags, heard: true},
 	{name: "not-ejected", on: (*pick).ejectedOn, keep: (*pick).notEjected, report: (*pick).reportEjected},
 	{name: "not-excluded", on: (*pick).excludeOn, keep: (*pick).notExcluded},
 	{name: "pinned", on: (*pick).pinOn, keep: (*pick).pinnedTo},
-	filterEndpoint:   {name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint},
-	filterNotPrefill: {name: "not-prefill", keep: (*pick).notPrefill},
+	{name: "serves-endpoint", on: (*pick).endpointOn, keep: (*pick).servesEndpoint, flags: (*pick).endpointFlags},
+	{name: "not-prefill", keep: (*pick).notPrefill, flags: (*pick).notPrefillFlags},
 }
 
-// The rows of the filters that are in force in almost every decision:
-// candidates calls their keep directly when no other filter is (see
-// commonFilters).
-const (
-	filterLive       = 0
-	filterEndpoint   = 4
-	filterNotPrefill = 5
-	// commonFilters is the set of filters in force when nothing but the
-	// request's endpoint narrows the group, as a mask of rows.
-	commonFilters = 1<<filterLive | 1<<filterEndpoint | 1<<filterNotPrefill
-)
+// filterNamed returns the filter row named name.
+func filterNamed(name string) *filter {
+	for i := range filters {
+		if filters[i].name == name {
+			return &filters[i]
+		}
+	}
+	panic("policy: a profile row names no filter " + name) // a programming error, caught by every test
+}
 
 // Route modifiers: what changed the route before the replica choice, bits
 // of the mask that indexes step.reasons, in the order the reason spells
@@ -160,11 +166,15 @@ func (p *pick) reason(fallback string, mods int) string {
 // check, nil when p.chosen stands.
 func (p *pick) choose() *subjects.APIError {
 	p.chosen, p.released = -1, -1
-	for i := range steps {
-		if steps[i].pick(p) {
-			p.step = &steps[i]
+	p.step = p.prof.picker
+	for _, s := range p.prof.steps {
+		if s.pick(p) {
+			p.step = s
 			break
 		}
+	}
+	if p.step == p.prof.picker {
+		p.step.pick(p)
 	}
 	for k := range checks {
 		switched, e := checks[k].check(p)
@@ -211,5 +221,5 @@ func (p *pick) why(i int) string {
 	if p.cands[i].saturated {
 		return WhySaturated
 	}
-	return WhyHigherLoad
+	return p.prof.whyHigher
 }

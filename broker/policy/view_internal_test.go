@@ -49,7 +49,6 @@ func TestLoadViewFollowsEveryChange(t *testing.T) {
 		beat(id)
 	}
 	var deltaSeq uint64
-	var d Decision
 	for i := range 3000 {
 		now = now.Add(time.Millisecond)
 		id := ids[rng.IntN(len(ids))]
@@ -64,19 +63,19 @@ func TestLoadViewFollowsEveryChange(t *testing.T) {
 			r.ObservePlacement(&subjects.Placement{Model: "m", Replica: id, Uncached: rng.IntN(3000)})
 		default:
 			r.Decide(&Request{Tenant: "t", Model: "m", Endpoint: subjects.EndpointChat, PromptTokens: 1 + rng.IntN(4000),
-				MaxTokens: 64, ID: "q-" + strconv.Itoa(i)}, now, rng, &d)
+				MaxTokens: 64, ID: "q-" + strconv.Itoa(i)}, now, rng)
 		}
 		r.mu.Lock()
-		for _, x := range r.replicas {
-			v := x.view
-			if v.snap == nil || v.ver != x.ver {
+		for _, x := range r.view.replicas {
+			v := x.scored
+			if v.prof == nil || v.ver != x.ver {
 				continue // not believed: the next decision computes it again
 			}
-			p := pick{saturation: v.sat, req: &Request{}}
-			p.renew(x, &v.snap.Policy.LoadWeights, v.snap)
-			if x.view != v {
+			p := pick{saturation: v.sat, req: &Request{}, prof: v.prof}
+			p.renew(x, &s.Policy.LoadWeights)
+			if x.scored != v {
 				r.mu.Unlock()
-				t.Fatalf("step %d: %s's kept view %+v, computed afresh %+v", i, x.id, v, x.view)
+				t.Fatalf("step %d: %s's kept view %+v, computed afresh %+v", i, x.id, v, x.scored)
 			}
 		}
 		r.mu.Unlock()

@@ -244,3 +244,19 @@ func TestExplainShowsTheShares(t *testing.T) {
 		}
 	}
 }
+
+func TestExplainShowsTheScorers(t *testing.T) {
+	d := decisionAt(0)
+	d.Replica, d.Score, d.Profile = "l8-gen-1", 0.42, "switchyard"
+	d.Scores = []subjects.Score{{Scorer: "load_score", Weight: 1, Value: 0.42}, {Scorer: "saturated", Weight: 1, Value: 0}}
+	d.Alternatives = []subjects.Alternative{{Replica: "l8-gen-0", Score: 1.3, Why: "saturated",
+		Scores: []subjects.Score{{Scorer: "load_score", Weight: 1, Value: 0.3}, {Scorer: "saturated", Weight: 1, Value: 1}}}}
+	var b strings.Builder
+	printDecision(&b, &d)
+	for _, want := range []string{"profile   switchyard: load_score 1×0.420, saturated 1×0.000",
+		"lost    l8-gen-0 (score 1.300, predicted TTFT 0s): saturated\n          load_score 1×0.300, saturated 1×1.000"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in:\n%s", want, b.String())
+		}
+	}
+}

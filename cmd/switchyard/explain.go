@@ -149,13 +149,31 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 			fmt.Fprintf(w, "  tenant  %s %d tokens, %.0f%% (weight %g, fair share %.0f%%)\n", s.Tenant, s.Tokens, 100*s.Share, s.Weight, 100*s.FairShare)
 		}
 	}
+	if d.Profile != "" {
+		fmt.Fprintf(w, "profile   %s:%s\n", d.Profile, scoresString(d.Scores))
+	}
 	for _, a := range d.Alternatives {
 		ttft := "predicted TTFT " + millisString(a.PredictedTTFTMillis)
 		if a.NoTTFTEvidence {
 			ttft = "no TTFT evidence yet"
 		}
 		fmt.Fprintf(w, "  lost    %s (score %.3f, %s): %s\n", a.Replica, a.Score, ttft, a.Why)
+		if len(a.Scores) > 0 {
+			fmt.Fprintf(w, "          %s\n", scoresString(a.Scores)[1:])
+		}
 	}
+}
+
+// scoresString renders each scorer's weight and value: " load_score 1×0.412, saturated 1×0".
+func scoresString(scores []subjects.Score) string {
+	var b strings.Builder
+	for i, s := range scores {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s %g×%.3f", s.Scorer, s.Weight, s.Value)
+	}
+	return b.String()
 }
 
 // millisString renders a predicted time in ms as a duration, to the ms.

@@ -1,0 +1,73 @@
+package table
+
+import (
+	"math"
+	"slices"
+	"sort"
+)
+
+// Profiles a table may select (policy.profile, pools.<pool>.profile). A
+// profile is the replica choice of broker/policy: the steps tried first,
+// the scorers with their weights, and the picker. Each name here has its
+// profile there, and each scorer name its scorer row (a policy test checks
+// both ways).
+const ProfileSwitchyard = "switchyard" // the default: the seed's rules, then power of two by load_score
+
+// Scorers a profile weighs (policy.scorers, pools.<pool>.scorers): each
+// gives every candidate a value once per load-view update, and the
+// profile's picker compares the weighted sums, the lowest first.
+const (
+	ScorerLoad      = "load_score" // the seed's load_score, weighted by policy.load_weights
+	ScorerSaturated = "saturated"  // 1 for a saturated replica: deprioritized, never excluded
+	ScorerKVUsage   = "kv_usage"   // the replica's KV-cache usage
+)
+
+// Profiles returns the names of the profiles, in name order.
+func Profiles() []string { return []string{ProfileSwitchyard} }
+
+// Scorers returns the names of the scorers, in name order.
+func Scorers() []string { return []string{ScorerKVUsage, ScorerLoad, ScorerSaturated} }
+
+// MaxScorers bounds the scorers one profile weighs: a decision keeps each
+// scorer's value for the chosen replica and its best losers in arrays of
+// this size.
+const MaxScorers = 4
+
+// ProfileOf returns the profile selected for pool: the pool's, else the
+// policy's, else ProfileSwitchyard.
+func (s *Snapshot) ProfileOf(pool string) string {
+	if p := s.Pools[pool]; p != nil && p.Profile != "" {
+		return p.Profile
+	}
+	if s.Policy.Profile != "" {
+		return s.Policy.Profile
+	}
+	return ProfileSwitchyard
+}
+
+func validateProfile(key, name string) error {
+	if name != "" && !slices.Contains(Profiles(), name) {
+		return fieldErr(key, "profile", "unknown profile %q (want one of %v)", name, Profiles())
+	}
+	return nil
+}
+
+func validateScorers(key string, w map[string]float64) error {
+	names := make([]string, 0, len(w))
+	for n := range w {
+		names = append(names, n)
+	}
+	sort.Strings(names) // the first bad one in name order, whatever the map's order
+	for _, n := range names {
+		switch v := w[n]; {
+		case !slices.Contains(Scorers(), n):
+			return fieldErr(key, "scorers", "unknown scorer %q (want one of %v)", n, Scorers())
+		case v < 0 || math.IsNaN(v) || math.IsInf(v, 0):
+			return fieldErr(key, "scorers."+n, "a weight must be a finite number ≥ 0, got %v", v)
+		}
+	}
+	if len(w) > MaxScorers {
+		return fieldErr(key, "scorers", "at most %d scorers, got %d", MaxScorers, len(w))
+	}
+	return nil
+}
