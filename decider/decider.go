@@ -181,10 +181,34 @@ func (b *Decider) Start(ctx context.Context) error {
 	}
 	b.wg.Go(func() { b.publishLoop(ctx) })
 	b.wg.Go(func() { b.presenceLoop(ctx) })
+	b.wg.Go(func() { b.watchConnection(ctx) })
 	// A decider that starts after the fleet asks the adapters with a
 	// KV-event feed for what their engines hold.
 	b.requestKVSync()
 	return nil
+}
+
+// watchConnection keeps the load view through the decider's own
+// reconnects until ctx ends: the heartbeats it missed while away say
+// nothing of the replicas, so each has dead_after from the reconnect to be
+// heard again (policy.Router.Reconnected), rather than every replica
+// looking dead at once; and it asks the adapters with a feed to resend
+// what their engines hold.
+func (b *Decider) watchConnection(ctx context.Context) {
+	status := b.nc.StatusChanged(nats.CONNECTED)
+	defer b.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-status:
+			if !ok {
+				return
+			}
+			b.router.Reconnected(b.cfg.Now())
+			b.requestKVSync()
+		}
+	}
 }
 
 // Stop closes the subscriptions and waits for the publishers.

@@ -326,3 +326,24 @@ func TestCascadePromptRenderedOnce(t *testing.T) {
 	q.Model, q.Prompt = "smart", nil
 	mustReject(t, e.decide(q), 404, subjects.CodeModelNotFound)
 }
+
+// A decider away from the bus misses heartbeats that say nothing of the
+// replicas: after its reconnect each replica has dead_after from then to be
+// heard again, instead of the whole view looking dead at once.
+func TestAReconnectKeepsTheLoadView(t *testing.T) {
+	for _, reconnect := range []bool{true, false} {
+		e := newEnv(t)
+		e.now = t0.Add(14 * time.Second) // away from the bus since t0, back now
+		if reconnect {
+			e.r.Reconnected(e.now)
+		}
+		e.now = t0.Add(20 * time.Second) // past dead_after (15 s) since the heartbeats
+		d := e.explain(chat("chat-small"))
+		switch {
+		case reconnect && d.Err != nil:
+			t.Fatalf("after a reconnect 6 s ago: %v; want the replicas kept", d.Err)
+		case !reconnect && d.Err == nil:
+			t.Fatalf("without a reconnect the replicas silent for 20 s were kept (%s): the check cannot tell", d.Replica)
+		}
+	}
+}

@@ -147,6 +147,22 @@ type replica struct {
 	eject ejection
 }
 
+// Reconnected keeps the load view through the router's own absence from
+// the bus: every replica heard before now counts as heard at now for
+// liveness (dead_after), since the heartbeats missed while the decider was
+// away say nothing of the replicas. The load data keeps its own age
+// (stale_after).
+func (r *Router) Reconnected(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := now.UnixNano()
+	for _, x := range r.view.replicas {
+		if x.hasHB && x.hbNano < n {
+			x.hbNano = n
+		}
+	}
+}
+
 // ttftKnown reports whether the replica's engine has given any evidence of
 // its time to first token: before it has, its prediction is not a time
 // that can be judged (the adapter reports no TTFT rather than 0 ms).
