@@ -190,23 +190,30 @@ func (b *Decider) Start(ctx context.Context) error {
 
 // watchConnection keeps the load view through the decider's own
 // reconnects until ctx ends: the heartbeats it missed while away say
-// nothing of the replicas, so each has dead_after from the reconnect to be
-// heard again (policy.Router.Reconnected), rather than every replica
-// looking dead at once; and it asks the adapters with a feed to resend
-// what their engines hold.
+// nothing of the replicas, so their silence is counted without the absence
+// (policy.Router.Reconnected), rather than every replica looking dead at
+// once; and it asks the adapters with a feed to resend what their engines
+// hold.
 func (b *Decider) watchConnection(ctx context.Context) {
-	status := b.nc.StatusChanged(nats.CONNECTED)
+	status := b.nc.StatusChanged(nats.DISCONNECTED, nats.CONNECTED)
 	defer b.nc.RemoveStatusListener(status)
+	var lost time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-status:
+		case st, ok := <-status:
 			if !ok {
 				return
 			}
-			b.router.Reconnected(b.cfg.Now())
-			b.requestKVSync()
+			switch {
+			case st == nats.DISCONNECTED && lost.IsZero():
+				lost = b.cfg.Now()
+			case st == nats.CONNECTED && !lost.IsZero():
+				b.router.Reconnected(lost, b.cfg.Now())
+				lost = time.Time{}
+				b.requestKVSync()
+			}
 		}
 	}
 }

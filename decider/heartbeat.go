@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,7 +86,7 @@ func inRange(hb *subjects.Heartbeat) error {
 		return fmt.Errorf("kv_blocks not in [0, %d] or block_size not in [0, 1024]", subjects.MaxKVBlocks)
 	case len(hb.Model) > subjects.MaxModelChars || len(hb.Version) > subjects.MaxModelChars || len(hb.Pool) > subjects.MaxModelChars:
 		return fmt.Errorf("model, version or pool longer than %d", subjects.MaxModelChars)
-	case hb.KVEventsRefused != "" && !slices.Contains(kvevents.Refusals[:], hb.KVEventsRefused):
+	case hb.KVEventsRefused != "" && !kvevents.IsRefusal(hb.KVEventsRefused):
 		return fmt.Errorf("kv_events_refused %.64q is not a refusal reason", hb.KVEventsRefused)
 	}
 	for _, l := range [2][]string{hb.Lora.Running, hb.Lora.Waiting} {

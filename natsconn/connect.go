@@ -47,7 +47,9 @@ type Options struct {
 	// PingInterval and MaxPingsOut tune the liveness check: a server that
 	// gives no sign of life (a message, or the answer to a ping) for
 	// MaxPingsOut intervals in a row is given up for another. Zero takes
-	// DefaultPingInterval and DefaultMaxPingsOut.
+	// DefaultPingInterval and DefaultMaxPingsOut; values outside
+	// [MinPingInterval, MaxPingInterval] and [1, MaxMaxPingsOut] are
+	// refused (ErrConfig).
 	PingInterval time.Duration
 	MaxPingsOut  int
 }
@@ -119,11 +121,17 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 	}
 
 	interval, maxOut := opts.PingInterval, opts.MaxPingsOut
-	if interval <= 0 {
+	switch {
+	case interval == 0:
 		interval = DefaultPingInterval
+	case interval < MinPingInterval || interval > MaxPingInterval:
+		return nil, fmt.Errorf("%w: ping interval %v, want %v to %v", ErrConfig, interval, MinPingInterval, MaxPingInterval)
 	}
-	if maxOut <= 0 {
+	switch {
+	case maxOut == 0:
 		maxOut = DefaultMaxPingsOut
+	case maxOut < 1 || maxOut > MaxMaxPingsOut:
+		return nil, fmt.Errorf("%w: max pings out %d, want 1 to %d", ErrConfig, maxOut, MaxMaxPingsOut)
 	}
 	live := newLiveness(interval, maxOut, log)
 	nopts = append(nopts,

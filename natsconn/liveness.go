@@ -8,13 +8,16 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// The liveness check's defaults: a server that stops answering without
-// closing the connection (a partition, a frozen process) is given up
-// within (DefaultMaxPingsOut+1)·DefaultPingInterval, 2 s, and the
+// The liveness check's defaults and bounds: a server that stops answering
+// without closing the connection (a partition, a frozen process) is given
+// up within (DefaultMaxPingsOut+1)·DefaultPingInterval, 2 s, and the
 // connection moves to another server.
 const (
 	DefaultPingInterval = 500 * time.Millisecond
 	DefaultMaxPingsOut  = 3
+	MinPingInterval     = 100 * time.Millisecond
+	MaxPingInterval     = time.Minute
+	MaxMaxPingsOut      = 100
 )
 
 // liveness watches one connection. Every interval it notes whether the
@@ -26,7 +29,10 @@ const (
 // other servers first.
 //
 // The client library's own pings (pingInterval, maxPingsOut) stay as a
-// backstop: they take only a pong as proof and are slower.
+// backstop: they take only a pong as proof and are slower. A write the
+// server does not take holds the connection's lock for up to writeTimeout;
+// the check waits behind it, so a cut link whose socket buffer is full is
+// left at the write timeout (5 s), not within 2 s.
 type liveness struct {
 	nc       *nats.Conn
 	interval time.Duration
@@ -34,11 +40,10 @@ type liveness struct {
 	log      *slog.Logger
 	stop     chan struct{}
 	once     sync.Once
-	done     chan struct{}
 }
 
 func newLiveness(interval time.Duration, maxOut int, log *slog.Logger) *liveness {
-	return &liveness{interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	return &liveness{interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{})}
 }
 
 // closed stops the check: the connection's closed handler calls it.
@@ -47,7 +52,6 @@ func (l *liveness) closed() { l.once.Do(func() { close(l.stop) }) }
 // run checks until the connection closes. Its probes (one ping in flight at
 // a time) end before it returns.
 func (l *liveness) run() {
-	defer close(l.done)
 	t := time.NewTicker(l.interval)
 	defer t.Stop()
 	answer := make(chan error, 1)

@@ -2,7 +2,7 @@ package natsconn_test
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -41,31 +41,6 @@ func natsServer(t *testing.T) string {
 	return bin
 }
 
-// serverProcess runs a nats-server process on a loopback port and returns
-// its client URL. The test's end resumes and stops it.
-func serverProcess(t *testing.T, bin string) (*os.Process, string) {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", dir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	var ports struct{ Nats []string }
-	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("nats-server_%d.ports", cmd.Process.Pid)))
-		if err != nil || json.Unmarshal(b, &ports) != nil || len(ports.Nats) == 0 {
-			return fmt.Errorf("no ports file yet: %v", err)
-		}
-		return nil
-	})
-	return cmd.Process, ports.Nats[0]
-}
-
 // A server that stops answering without closing its connections (here
 // SIGSTOPped: its sockets stay open, nothing is read or sent) is given up
 // within the liveness check's 2 s: the connection moves to the other
@@ -76,10 +51,10 @@ func TestASilentServerIsLeftWithinTwoSeconds(t *testing.T) {
 	}
 	isolate(t)
 	bin := natsServer(t)
-	silent, first := serverProcess(t, bin)
-	_, second := serverProcess(t, bin)
+	silent, first := testkit.StartNATSServer(t, bin)
+	_, second := testkit.StartNATSServer(t, bin)
 
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	nc, err := natsconn.Connect(context.Background(), natsconn.Options{URL: first + "," + second, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		nats.DontRandomize())
 	if err != nil {
@@ -126,4 +101,19 @@ func TestASilentServerIsLeftWithinTwoSeconds(t *testing.T) {
 		t.Errorf("no warning of the silent server in:\n%s", logs.String())
 	}
 	t.Logf("requests carried by the other server %v after the first went silent", moved.Round(time.Millisecond))
+}
+
+// Values the liveness check cannot work with are refused, not bent into
+// range: a nanosecond interval would reconnect without end.
+func TestLivenessTuningIsChecked(t *testing.T) {
+	isolate(t)
+	for _, o := range []natsconn.Options{{PingInterval: time.Nanosecond}, {PingInterval: 2 * time.Minute}, {MaxPingsOut: -1}, {MaxPingsOut: 101}} {
+		o.URL = "nats://127.0.0.1:1"
+		if nc, err := natsconn.Connect(context.Background(), o); !errors.Is(err, natsconn.ErrConfig) {
+			if nc != nil {
+				nc.Close()
+			}
+			t.Errorf("%+v: err %v, want ErrConfig", o, err)
+		}
+	}
 }

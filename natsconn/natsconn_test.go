@@ -1,7 +1,6 @@
 package natsconn_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,25 +17,6 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn"
 )
-
-// syncBuffer is a log sink the connection's callbacks may write to from
-// their own goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func startEmbedded(t *testing.T, cfg natsconn.EmbeddedConfig) *natsconn.Embedded {
 	t.Helper()
@@ -225,7 +204,7 @@ func TestConnectStartsBeforeTheServerAndReconnects(t *testing.T) {
 	}
 	listen := e.Server().Addr().String()
 	e.Shutdown()
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	nc := connect(t, natsconn.Options{URL: "nats://" + listen, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if nc.IsConnected() {
 		t.Fatal("connected with no server")

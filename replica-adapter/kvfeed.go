@@ -60,10 +60,17 @@ type kvFeed struct {
 	// since waits for the next one (askedToResend).
 	resentAt  time.Time
 	resendDue bool
-	// refused is why the engine's last message was refused ("" once a
-	// batch is read); warned the reasons already logged, once each.
-	refused string
-	warned  map[string]bool
+	// refused is why the engine's last refused message was refused, and
+	// refusedAt when: the feed is failing until kvRefusedHold passes
+	// without a refusal, however many messages decode meanwhile (a feed
+	// whose stores are refused and whose removals decode is failing all
+	// the same). warned holds the reasons already logged, once each.
+	refused   string
+	refusedAt time.Time
+	warned    map[string]bool
+	// orphans counts the BlockStored events in a row left out for a parent
+	// the adapter never saw; past kvOrphanWarn it warns, once.
+	orphans int
 }
 
 type engineBlock struct {
@@ -106,6 +113,17 @@ const (
 // the full index within kvResendEvery and a flush (flushEvery), inside
 // the 2 s docs/protocol.md ("KV-cache events") promises.
 const kvResendEvery = time.Second
+
+// kvRefusedHold is how long a refusal marks the feed as failing
+// (kv_events_refused): ten heartbeats, so a feed refused every few seconds
+// never looks healthy between its refusals.
+const kvRefusedHold = 10 * time.Second
+
+// kvOrphanWarn is how many BlockStored events in a row may be left out for
+// an unknown parent before the adapter warns that the feed chains nothing:
+// a few after a start or a loss are normal, a hundred in a row are an
+// engine whose parent hashes the adapter cannot follow.
+const kvOrphanWarn = 100
 
 // Outcomes of an ask to resend (switchyard_adapter_kv_sync_requests_total).
 const (
@@ -250,8 +268,14 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 		reason := ""
 		switch ev.Kind {
 		case kvevents.BlockStored:
-			if !f.storedLocked(ev) {
+			if f.storedLocked(ev) {
+				f.orphans = 0
+			} else {
 				reason = kvUnknownParent
+				if f.orphans++; f.orphans == kvOrphanWarn {
+					f.a.log.Warn("KV-event feed chains nothing: BlockStored events in a row name parents this adapter never saw; prefix affinity works from placements",
+						"events", kvOrphanWarn)
+				}
 			}
 		case kvevents.BlockRemoved:
 			for _, h := range ev.Hashes {
@@ -262,7 +286,7 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 		}
 		m.kvEvents.WithLabelValues(ev.Kind.String(), reason).Inc()
 	}
-	f.live, f.refused = true, ""
+	f.live = true
 }
 
 // Lost voids what brokers hold of the replica (kvevents.Sink).
@@ -277,7 +301,7 @@ func (f *kvFeed) Lost(reason string) {
 func (f *kvFeed) Gap() { f.a.metrics.kvGaps.Inc() }
 
 // Malformed counts a refused message by its reason, marks the feed as
-// failing until a batch is read again (the heartbeat's kv_events_refused),
+// failing for kvRefusedHold (the heartbeat's kv_events_refused),
 // and warns once per reason: a feed whose every message is refused leaves
 // prefix affinity on placements, which nothing else would show
 // (kvevents.Sink).
@@ -285,7 +309,7 @@ func (f *kvFeed) Malformed(err error) {
 	reason := kvevents.Refusal(err)
 	f.a.metrics.kvEvents.WithLabelValues("malformed", reason).Inc()
 	f.mu.Lock()
-	f.refused = reason
+	f.refused, f.refusedAt = reason, time.Now()
 	first := !f.warned[reason]
 	if first {
 		if f.warned == nil {
@@ -654,9 +678,13 @@ func (f *kvFeed) flush() {
 
 // state is the feed's part of the heartbeat: live, it has heard its
 // engine since its last loss (kv_events); refused, why the engine's last
-// message was refused (kv_events_refused).
+// refused message was refused, while that was within kvRefusedHold
+// (kv_events_refused).
 func (f *kvFeed) state() (live bool, refused string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.live && !f.reset, f.refused
+	if time.Since(f.refusedAt) < kvRefusedHold {
+		refused = f.refused
+	}
+	return f.live && !f.reset, refused
 }

@@ -367,3 +367,25 @@ func TestKVSyncFloodResendsOnceASecond(t *testing.T) {
 		t.Errorf("a late decider got %d keys from %+v", keys, u)
 	}
 }
+
+// A feed refused now and then is failing between its refusals too: the
+// batches that decode meanwhile (a removal, say) do not clear the mark,
+// which holds for kvRefusedHold after the last refusal.
+func TestARefusedFeedStaysFailingBetweenRefusals(t *testing.T) {
+	f := feedAdapter(t, "tcp://127.0.0.1:0").kv
+	_, _, err := kvevents.DecodeBatch([]byte{0xc1})
+	if err == nil {
+		t.Fatal("0xc1 decoded")
+	}
+	f.Malformed(err)
+	f.Batch(1, &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockRemoved, Hashes: []kvevents.Hash{7}}}}, 0)
+	if _, refused := f.state(); refused != kvevents.RefusedShape {
+		t.Fatalf("refused %q after a decoded batch, want %q until the hold passes", refused, kvevents.RefusedShape)
+	}
+	f.mu.Lock()
+	f.refusedAt = time.Now().Add(-kvRefusedHold)
+	f.mu.Unlock()
+	if _, refused := f.state(); refused != "" {
+		t.Fatalf("refused %q %v after the last refusal, want healthy", refused, kvRefusedHold)
+	}
+}

@@ -89,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, replica string) (*metrics, error) {
 		m.kvEvents.WithLabelValues(k, "")
 	}
 	m.kvEvents.WithLabelValues("BlockStored", kvUnknownParent)
-	for _, r := range kvevents.Refusals {
+	for _, r := range kvevents.Refusals() {
 		m.kvEvents.WithLabelValues("malformed", r)
 	}
 	for _, k := range []string{"5xx", "429", "auth", "connection", "model"} {

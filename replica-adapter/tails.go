@@ -107,9 +107,10 @@ func (a *Adapter) watchConnection(done <-chan struct{}) {
 				a.tails.lost(time.Now())
 				continue
 			}
-			// Re-announce at once: deciders that lost the replica's
-			// heartbeats (or its server) learn its state and its cached
-			// keys now, not at the next heartbeat or ask.
+			// Re-announce: deciders that lost the replica's heartbeats
+			// (or its server) learn its state now and its cached keys
+			// within the resend interval (a second), not at the next
+			// heartbeat or ask.
 			a.publishHeartbeat()
 			if a.kv != nil {
 				a.kv.resendSoon(time.Now())

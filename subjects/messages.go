@@ -391,8 +391,10 @@ type Decision struct {
 	// (Heartbeat.KVEventsRefused).
 	KVFeedRefused string `json:"kv_feed_refused,omitempty"`
 	// NoTTFTEvidence: the chosen replica's engine has given no evidence of
-	// its time to first token yet, so none is predicted
-	// (PredictedTTFTMillis is 0) and no TTFT objective was judged.
+	// its time to first token yet, so none of its own is predicted
+	// (PredictedTTFTMillis is 0); a TTFT objective judged it as the lowest
+	// base TTFT of the candidates with evidence on top of its queue, or not
+	// at all when none had any.
 	NoTTFTEvidence bool   `json:"no_ttft_evidence,omitempty"`
 	Status         int    `json:"status"`
 	Code           string `json:"code,omitempty"`

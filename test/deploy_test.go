@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
@@ -34,31 +33,8 @@ func natsServerBinary(t *testing.T) string {
 
 func bareNATS(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command(natsServerBinary(t), "-js", "-a", "127.0.0.1", "-p", "-1", "-sd", filepath.Join(dir, "js"), "--ports_file_dir", dir)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	})
-	portsFile := filepath.Join(dir, fmt.Sprintf("nats-server_%d.ports", cmd.Process.Pid))
-	var ports struct {
-		Nats []string `json:"nats"`
-	}
-	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		b, err := os.ReadFile(portsFile)
-		if err != nil {
-			return fmt.Errorf("nats-server wrote no ports file: %w", err)
-		}
-		if json.Unmarshal(b, &ports) != nil || len(ports.Nats) == 0 {
-			return fmt.Errorf("nats-server's ports file holds no client URL: %s", b)
-		}
-		return nil
-	})
-	return ports.Nats[0]
+	_, url := testkit.StartNATSServer(t, natsServerBinary(t), "-js", "-sd", filepath.Join(t.TempDir(), "js"))
+	return url
 }
 
 // A new user's first steps: a bare `nats-server -js`, then the table.

@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -251,24 +250,11 @@ func explainOver(t *testing.T, nc *nats.Conn, x []byte) subjects.Decision {
 	return d
 }
 
-// syncBuffer is a log sink the stack's parts write from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// records returns the JSON log records whose msg starts with prefix.
-func (s *syncBuffer) records(prefix string) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// logRecords returns the JSON log records in logs whose msg starts with
+// prefix.
+func logRecords(logs *testkit.SyncBuffer, prefix string) []map[string]any {
 	var out []map[string]any
-	for line := range strings.SplitSeq(s.b.String(), "\n") {
+	for line := range strings.SplitSeq(logs.String(), "\n") {
 		var r map[string]any
 		if json.Unmarshal([]byte(line), &r) == nil {
 			if msg, _ := r["msg"].(string); strings.HasPrefix(msg, prefix) {
@@ -291,7 +277,7 @@ func TestAFailingKVFeedIsLoud(t *testing.T) {
 		replicas[i].EngineURL = engine.URL
 		replicas[i].KVEventsBind = "tcp://" + freeAddr(t)
 	}
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	st := startStack(t, devstack.Config{Replicas: replicas, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
 	bad, err := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", []any{uint64(9)}, nil, []any{uint64(1) << 40}, 1}}, 0})
@@ -327,7 +313,7 @@ func TestAFailingKVFeedIsLoud(t *testing.T) {
 	}
 	for _, r := range replicas {
 		var warned int
-		for _, rec := range logs.records("KV-event message refused") {
+		for _, rec := range logRecords(&logs, "KV-event message refused") {
 			if rec["level"] == "WARN" && rec["replica"] == r.ID {
 				warned++
 				if rec["reason"] != "token_id" {

@@ -101,15 +101,7 @@ func TestNonStreamedTrafficTeachesTTFT(t *testing.T) {
 	nc := mustConnectAs(t, st, roleOperator)
 	explain := func() subjects.Decision {
 		t.Helper()
-		msg, err := nc.Request("llm.explain.default", []byte(`{"model":"chat-small","ttft_objective":"1ms"}`), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var d subjects.Decision
-		if err := json.Unmarshal(msg.Data, &d); err != nil {
-			t.Fatalf("explain answered %s: %v", msg.Data, err)
-		}
-		return d
+		return explainOver(t, nc, []byte(`{"model":"chat-small","ttft_objective":"1ms"}`))
 	}
 	d := explain()
 	if d.Code != "" || !d.NoTTFTEvidence || d.PredictedTTFTMillis != 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -229,6 +230,9 @@ func (u *UI) onHeartbeat(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &hb); err != nil || subjects.ValidToken(hb.Replica) != nil {
 		u.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
 		return
+	}
+	if hb.KVEventsRefused != "" && !kvevents.IsRefusal(hb.KVEventsRefused) {
+		hb.KVEventsRefused = "" // shown only as a reason an adapter can send
 	}
 	now := time.Now()
 	u.mu.Lock()

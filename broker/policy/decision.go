@@ -97,8 +97,8 @@ type Decision struct {
 	Score float64 // the chosen replica's score (the default profile's: its load_score, saturation penalty included)
 	// PredictedTTFT is the chosen replica's predicted time to first token
 	// for the request, in ms; 0 with NoTTFTEvidence: its engine has given
-	// no evidence of its TTFT yet, so nothing is predicted and no
-	// objective is judged against it.
+	// no evidence of its TTFT yet, so nothing of its own is predicted (an
+	// objective judges it by the group's lowest base TTFT, objective.go).
 	PredictedTTFT  float64
 	NoTTFTEvidence bool
 	Alts           [3]subjects.Alternative

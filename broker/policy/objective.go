@@ -41,28 +41,33 @@ type objectiveCheck struct{ loser int }
 // that can meet neither is refused for its deadline.
 //
 // Only replicas whose engines have given TTFT evidence (a first token
-// timed, streamed or from the engine's own histogram) have predictions: a
-// chosen replica without evidence is judged by the fastest prediction of
-// the candidates that have one, and when no candidate has any, nothing is
-// judged (the decision says there is no TTFT evidence yet).
+// timed, streamed or from the engine's own histogram) have a base TTFT of
+// their own. A replica without evidence (one just scaled out) is judged as
+// the lowest base TTFT among the candidates that have one, on top of its
+// own queue: an idle newcomer is as fast as the fastest unloaded replica
+// of its group, not as slow as the loaded ones, and not 0 ms. When no
+// candidate has evidence, nothing is judged (the decision says there is no
+// TTFT evidence yet).
 func (p *pick) objective() (switched bool, e *subjects.APIError) {
 	p.obj.loser = -1
 	o := p.ttftObjective
 	if o == 0 || p.req.ResumeFrom != "" {
 		return false, nil
 	}
-	known := p.cands[p.chosen].x.ttftKnown()
-	if known && millis(p.cands[p.chosen].ttft) <= o {
+	base, ok := p.lowestBase()
+	if !ok {
 		return false, nil
 	}
-	best := p.fastestKnown()
-	if best < 0 {
+	if p.judged(p.chosen, base) <= o {
 		return false, nil
 	}
-	ttft := millis(p.cands[best].ttft)
-	if !known && ttft <= o {
-		return false, nil
+	best := p.chosen
+	for i := range p.cands {
+		if p.judged(i, base) < p.judged(best, base) {
+			best = i
+		}
 	}
+	ttft := p.judged(best, base)
 	if ttft <= o || p.req.Priority == subjects.PriorityBatch {
 		if best == p.chosen {
 			return false, nil
@@ -76,20 +81,26 @@ func (p *pick) objective() (switched bool, e *subjects.APIError) {
 	return false, e
 }
 
-// fastestKnown is the candidate with the lowest predicted TTFT among those
-// whose engines have given TTFT evidence, the chosen one on a tie; -1 when
-// none has.
-func (p *pick) fastestKnown() int {
-	best := -1
-	if p.cands[p.chosen].x.ttftKnown() {
-		best = p.chosen
-	}
+// lowestBase is the lowest base TTFT (ms) among the candidates whose
+// engines have given TTFT evidence; ok is false when none has.
+func (p *pick) lowestBase() (base float64, ok bool) {
 	for i := range p.cands {
-		if p.cands[i].x.ttftKnown() && (best < 0 || p.cands[i].ttft < p.cands[best].ttft) {
-			best = i
+		if x := p.cands[i].x; x.ttftKnown() && (!ok || x.baseTTFT < base) {
+			base, ok = x.baseTTFT, true
 		}
 	}
-	return best
+	return base, ok
+}
+
+// judged is candidate i's predicted TTFT as the objective judges it: its
+// own, or, without evidence of its own, base (lowestBase) on top of its
+// queue.
+func (p *pick) judged(i int, base float64) time.Duration {
+	c := &p.cands[i]
+	if c.x.ttftKnown() {
+		return millis(c.ttft)
+	}
+	return millis(c.ttft + base)
 }
 
 // fastest is the candidate with the lowest predicted TTFT, the chosen one

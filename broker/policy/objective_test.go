@@ -128,3 +128,55 @@ func TestObjectiveNeverRefusesAContinuation(t *testing.T) {
 	q.ResumeFrom, q.ResumeTokens = "l8-gen-9", 12
 	mustRoute(t, e.decide(q))
 }
+
+// loaded makes id's heartbeat say 3 s to the first token, of which 2.96 s
+// is queue: its base TTFT (the fastest it ever answered) is 40 ms.
+func loaded(e *env, id string) {
+	e.beat(id, 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.TTFTEWMAMillis, hb.QueueWaitMillis = 3000, 2960 })
+}
+
+// noEvidence makes id's heartbeat carry no TTFT evidence: its engine has
+// timed no first token yet.
+func noEvidence(e *env, id string) {
+	e.beat(id, 0.1, 0, 0, func(hb *subjects.Heartbeat) { hb.TTFTEWMAMillis, hb.QueueWaitMillis = 0, 0 })
+}
+
+// A replica whose engine has given no TTFT evidence is judged as the
+// fastest unloaded replica of its group on top of its own queue: not as
+// 0 ms, and not as the loaded ones. With no evidence anywhere nothing is
+// judged, and the decision says so.
+func TestObjectiveWithoutTTFTEvidence(t *testing.T) {
+	q := chat("chat-small")
+	q.TTFTObjective = time.Second
+
+	t.Run("an idle newcomer beside a loaded replica is admitted", func(t *testing.T) {
+		e := newEnv(t)
+		loaded(e, "l8-gen-0")
+		noEvidence(e, "l8-gen-1")
+		d := e.decide(q)
+		mustRoute(t, d)
+		if d.Replica != "l8-gen-1" || !d.NoTTFTEvidence || d.PredictedTTFT != 0 {
+			t.Fatalf("%s (no evidence %v, predicted %v); want the idle newcomer, no prediction of its own", d.Replica, d.NoTTFTEvidence, d.PredictedTTFT)
+		}
+	})
+	t.Run("judged by the group's lowest base, not 0 ms", func(t *testing.T) {
+		e := newEnv(t)
+		loaded(e, "l8-gen-0")
+		noEvidence(e, "l8-gen-1")
+		tight := chat("chat-small")
+		tight.TTFTObjective = time.Millisecond // below l8-gen-0's 40 ms base
+		mustReject(t, e.decide(tight), 503, subjects.CodeTTFTObjectiveUnreachable)
+	})
+	t.Run("no evidence anywhere: nothing judged", func(t *testing.T) {
+		e := newEnv(t)
+		noEvidence(e, "l8-gen-0")
+		noEvidence(e, "l8-gen-1")
+		tight := chat("chat-small")
+		tight.TTFTObjective = time.Millisecond
+		d := e.decide(tight)
+		mustRoute(t, d)
+		if !d.NoTTFTEvidence || d.PredictedTTFT != 0 || !d.Wire(tight).NoTTFTEvidence {
+			t.Fatalf("decision %+v; want it to say there is no TTFT evidence", d)
+		}
+	})
+}

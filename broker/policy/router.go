@@ -148,17 +148,26 @@ type replica struct {
 }
 
 // Reconnected keeps the load view through the router's own absence from
-// the bus: every replica heard before now counts as heard at now for
-// liveness (dead_after), since the heartbeats missed while the decider was
-// away say nothing of the replicas. The load data keeps its own age
-// (stale_after).
-func (r *Router) Reconnected(now time.Time) {
+// the bus, from lost to now: the heartbeats it missed say nothing of the
+// replicas, so a replica alive when the router left (heard within
+// dead_after before lost) is taken as heard that much later, its silence
+// counted without the absence; one already dead then stays dead. The load
+// data keeps its own age (stale_after).
+func (r *Router) Reconnected(lost, now time.Time) {
+	away := now.Sub(lost)
+	if away <= 0 {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := now.UnixNano()
+	dead := int64(15 * time.Second)
+	if s := r.snap.Load(); s != nil {
+		dead = int64(s.Policy.DeadAfter)
+	}
+	l, n := lost.UnixNano(), now.UnixNano()
 	for _, x := range r.view.replicas {
-		if x.hasHB && x.hbNano < n {
-			x.hbNano = n
+		if x.hasHB && l-x.hbNano < dead {
+			x.hbNano = min(x.hbNano+int64(away), n)
 		}
 	}
 }

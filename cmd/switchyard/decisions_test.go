@@ -204,9 +204,9 @@ func TestExplainShowsPredictedTTFT(t *testing.T) {
 	}
 }
 
-// A replica without TTFT evidence has no prediction, and its objective is
-// not judged; a prefix matched from placements because the replica's
-// KV-event feed is failing says so.
+// A replica without TTFT evidence has no prediction of its own; a prefix
+// matched from placements because the replica's KV-event feed is failing
+// says so.
 func TestExplainShowsMissingEvidence(t *testing.T) {
 	d := decisionAt(0)
 	d.Replica, d.NoTTFTEvidence, d.TTFTObjectiveMillis = "l8-gen-1", true, 1
@@ -215,8 +215,8 @@ func TestExplainShowsMissingEvidence(t *testing.T) {
 	var b strings.Builder
 	printDecision(&b, &d)
 	for _, want := range []string{
-		"ttft      no TTFT evidence yet, objective 1ms (not judged)",
-		"prefix    2 of 4 blocks matched (placements); from placements: l8-gen-1's KV-event feed is failing (its engine's last message refused: token_id)",
+		"ttft      no TTFT evidence of its own yet, objective 1ms",
+		"prefix    2 of 4 blocks matched (placements); not from the engine's own events: l8-gen-1's KV-event feed is failing (its engine's messages refused: token_id)",
 		"lost    l8-gen-0 (score 0.400, no TTFT evidence yet): higher load_score",
 	} {
 		if !strings.Contains(b.String(), want) {

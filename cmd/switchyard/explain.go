@@ -125,21 +125,18 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 			fmt.Fprintf(w, " (%s)", d.PrefixSource)
 		}
 		if d.KVFeedRefused != "" {
-			fmt.Fprintf(w, "; from placements: %s's KV-event feed is failing (its engine's last message refused: %s)", d.Replica, d.KVFeedRefused)
+			fmt.Fprintf(w, "; not from the engine's own events: %s's KV-event feed is failing (its engine's messages refused: %s)", d.Replica, d.KVFeedRefused)
 		}
 		fmt.Fprintln(w)
 	}
 	if d.Replica != "" || d.TTFTObjectiveMillis > 0 {
 		if d.NoTTFTEvidence {
-			fmt.Fprintf(w, "ttft      no TTFT evidence yet")
+			fmt.Fprintf(w, "ttft      no TTFT evidence of its own yet")
 		} else {
 			fmt.Fprintf(w, "ttft      predicted %s", millisString(d.PredictedTTFTMillis))
 		}
 		if d.TTFTObjectiveMillis > 0 {
 			fmt.Fprintf(w, ", objective %s", time.Duration(d.TTFTObjectiveMillis)*time.Millisecond)
-			if d.NoTTFTEvidence {
-				fmt.Fprintf(w, " (not judged)")
-			}
 		}
 		fmt.Fprintln(w)
 	}

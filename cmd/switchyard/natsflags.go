@@ -33,7 +33,7 @@ func (f *natsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.opts.TLSKey, "tlskey", "", "TLS client key")
 	fs.StringVar(&f.opts.TLSCA, "tlsca", "", "TLS CA certificate")
 	fs.DurationVar(&f.opts.PingInterval, "nats-ping-interval", natsconn.DefaultPingInterval,
-		"how often a quiet NATS connection asks its server for a sign of life (100ms to 1m)")
+		"how often each NATS connection checks its server for a sign of life: a message received, or the answer to a ping (100ms to 1m)")
 	fs.IntVar(&f.opts.MaxPingsOut, "nats-max-pings-out", natsconn.DefaultMaxPingsOut,
 		"intervals in a row without a message or an answered ping after which the server is given up for another (1 to 100)")
 	fs.StringVar(&f.prefix, "prefix", "llm", "subject prefix")
@@ -46,8 +46,8 @@ func (f *natsFlags) validate() error {
 	return check.All(
 		check.Wrap("prefix", f.prefix, subjects.ValidToken(f.prefix)),
 		check.Wrap("bucket", f.bucket, subjects.ValidToken(f.bucket)),
-		check.Duration("nats-ping-interval", f.opts.PingInterval, 100*time.Millisecond, time.Minute),
-		check.Range("nats-max-pings-out", f.opts.MaxPingsOut, 1, 100),
+		check.Duration("nats-ping-interval", f.opts.PingInterval, natsconn.MinPingInterval, natsconn.MaxPingInterval),
+		check.Range("nats-max-pings-out", f.opts.MaxPingsOut, 1, natsconn.MaxMaxPingsOut),
 	)
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
@@ -41,7 +42,18 @@ const (
 )
 
 // Refusals lists every reason Refusal returns.
-var Refusals = [...]string{RefusedTooLarge, RefusedTokenID, RefusedBlockSize, RefusedTokenCount, RefusedRange, RefusedShape}
+func Refusals() []string {
+	return []string{RefusedTooLarge, RefusedTokenID, RefusedBlockSize, RefusedTokenCount, RefusedRange, RefusedShape}
+}
+
+// IsRefusal reports whether reason is one Refusal returns.
+func IsRefusal(reason string) bool {
+	switch reason {
+	case RefusedTooLarge, RefusedTokenID, RefusedBlockSize, RefusedTokenCount, RefusedRange, RefusedShape:
+		return true
+	}
+	return false
+}
 
 // Refusal names why err, a refusal of the decoder, refused a message.
 func Refusal(err error) string {
@@ -387,7 +399,7 @@ func (x *decoder) field(ev *Event, name string) error {
 	case "block_size":
 		ev.BlockSize, err = x.optInt(0, 0, MaxBlockSize)
 		if errors.Is(err, ErrRange) {
-			err = fmt.Errorf("%w: %w", errBlockSize, err)
+			err = fmt.Errorf("%w %v", errBlockSize, strings.TrimPrefix(err.Error(), ErrRange.Error()+": "))
 		}
 	case "lora_id":
 		ev.LoraID, err = x.optInt(0, 0, math.MaxInt32)
@@ -455,7 +467,7 @@ func (x *decoder) tokens() ([]uint32, error) {
 	for i := range ts {
 		v, err := x.int()
 		if errors.Is(err, ErrRange) {
-			err = fmt.Errorf("%w: %w", errTokenID, err)
+			err = fmt.Errorf("%w %v", errTokenID, strings.TrimPrefix(err.Error(), ErrRange.Error()+": "))
 		}
 		if err != nil {
 			return nil, err
