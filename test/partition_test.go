@@ -109,10 +109,21 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		}
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}
-	scenario := func(name string, run func()) {
+	var cuts []time.Time // when the scenario cut a link (failures classified)
+	command := func(cmd string) {
+		t.Helper()
+		if strings.HasPrefix(cmd, "cut ") {
+			cuts = append(cuts, time.Now())
+		}
+		c.command(cmd)
+	}
+	// scenario runs one partition; onPath says whether a request's path
+	// went through the part it cut (nil: none a request needs).
+	scenario := func(name string, onPath func(*sent) bool, run func()) {
 		rows = append(rows, partitionRow{name: name})
 		cur = &rows[len(rows)-1]
 		from := time.Now()
+		cuts = nil
 		total0, failed0, lost0, hung0 := l.total.Load(), l.failed.Load(), l.lost.Load(), l.hung.Load()
 		res0 := resumed()
 		run()
@@ -122,6 +133,8 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		cur.lost, cur.hung = l.lost.Load()-lost0, l.hung.Load()-hung0
 		cur.resumed = resumed() - res0
 		cur.codes = l.failures(from)
+		cur.class = l.classify(from, cur.requests, cuts, onPath)
+		t.Logf("%s: %s", name, cur.class)
 		for code, msg := range l.failureSamples(from) {
 			t.Logf("%s: %s: %s", name, code, msg)
 		}
@@ -130,7 +143,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 	// that the connections through it are given up (three missed pings).
 	hold := func(cutAt time.Time, d time.Duration) { time.Sleep(time.Until(cutAt.Add(d))) }
 
-	scenario("one NATS server (the table's leader) cut from the other two and its clients", func() {
+	scenario("one NATS server (the table's leader) cut from the other two and its clients", anyPath, func() {
 		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +158,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		majority := c.connect(strings.Join(slices.Delete(slices.Clone(nodes), i, i+1), ","), nats.IgnoreDiscoveredServers())
 		mjs, _ := jetstream.New(majority)
 		cutAt := time.Now()
-		c.command("cut " + leader)
+		command("cut " + leader)
 		var writing sync.WaitGroup
 		writing.Go(func() {
 			d, err := tableWritable(mjs, cutAt, "aliases.during-partition")
@@ -158,7 +171,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		writing.Wait()
 		hold(cutAt, 30*time.Second)
 		healed := time.Now()
-		c.command("heal " + leader)
+		command("heal " + leader)
 		normal("the heal")
 		// Every key the same on the three servers, the cut one included.
 		var diff []string
@@ -177,10 +190,10 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			healed.Sub(cutAt).Round(time.Second), time.Since(healed).Round(100*time.Millisecond))
 	})
 
-	scenario("the GPU site's leaf link cut", func() {
+	scenario("the GPU site's leaf link cut", func(r *sent) bool { return r.model == "code" || r.o.replica == siteReplica }, func() {
 		streams := siteStreams(t, c.gateways, 3)
 		cutAt := time.Now()
-		c.command("cut " + siteName)
+		command("cut " + siteName)
 		ended := make([]outcome, len(streams))
 		var reading sync.WaitGroup
 		for i, s := range streams {
@@ -203,7 +216,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		}
 		normal("the cut")
 		hold(cutAt, 30*time.Second)
-		c.command("heal " + siteName)
+		command("heal " + siteName)
 		back, err := testkit.Poll(routingBound, 200*time.Millisecond, func() error {
 			if o, replica := codeRequest(c.gateways[0]); o.status != 200 || replica != siteReplica {
 				return fmt.Errorf("code answered by %q: %v", replica, o)
@@ -236,10 +249,10 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			siteReplica, left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), len(streams), whole, failedStreams, last.Round(100*time.Millisecond), ok, failed)
 	})
 
-	scenario("gateway-1 cut from every NATS server", func() {
+	scenario("gateway-1 cut from every NATS server", func(r *sent) bool { return r.gateway == 0 }, func() {
 		gw := c.gateways[0]
 		cutAt := time.Now()
-		c.command("cut gateway-1")
+		command("cut gateway-1")
 		unready, err := testkit.Poll(5*time.Second, 50*time.Millisecond, func() error {
 			if s, _ := readyz(gw); s == 200 {
 				return errors.New("/readyz still 200")
@@ -265,7 +278,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			}
 		}
 		hold(cutAt, 25*time.Second)
-		c.command("heal gateway-1")
+		command("heal gateway-1")
 		healed := time.Now()
 		if _, err := testkit.Poll(routingBound, 100*time.Millisecond, func() error {
 			if s, b := readyz(gw); s != 200 {
@@ -285,7 +298,9 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			unready.Round(time.Millisecond), readyAgain.Round(100*time.Millisecond), slowest.Round(time.Millisecond), ok, failed, last.Round(100*time.Millisecond))
 	})
 
-	scenario("broker-1 cut", func() {
+	// A broker is on no request's path once it has forwarded it: a
+	// gateway sends a request it did not route again.
+	scenario("broker-1 cut", nil, func() {
 		gwCounter := func(name string) float64 {
 			n := 0.0
 			for _, a := range c.admins {
@@ -295,10 +310,10 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		}
 		resends0, late0 := gwCounter("switchyard_gateway_resends_total"), gwCounter("switchyard_gateway_late_routes_cancelled_total")
 		cutAt := time.Now()
-		c.command("cut broker-1")
+		command("cut broker-1")
 		normal("the cut")
 		hold(cutAt, 30*time.Second)
-		c.command("heal broker-1")
+		command("heal broker-1")
 		normal("the heal")
 		// NATS hands the cut broker requests until the servers give it
 		// up; a gateway that hears no routed notice within 250 ms sends
@@ -387,11 +402,12 @@ type partitionRow struct {
 	divergent                    int
 	compared                     bool // the servers' copies of the table were compared
 	codes, note                  string
+	class                        failureClass
 }
 
 func partitionTable(rows []partitionRow, summary string) string {
 	var b strings.Builder
-	b.WriteString("| partition | requests | lost | hung | failed explicitly | resumed | routing normal after | table writable after | divergent keys after healing | |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| partition | requests | lost | hung | failed explicitly | avoidable | resumed | routing normal after | table writable after | divergent keys after healing | |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		w, d := "—", "—"
 		if r.writable > 0 {
@@ -404,7 +420,11 @@ func partitionTable(rows []partitionRow, summary string) string {
 		if r.codes != "" {
 			failed += ": " + r.codes
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %.0f | %v | %s | %s | %s |\n", r.name, r.requests, r.lost, r.hung, failed, r.resumed, r.routing, w, d, r.note)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %.0f | %v | %s | %s | %s |\n", r.name, r.requests, r.lost, r.hung, failed, r.class.avoidable, r.resumed, r.routing, w, d, r.note)
+	}
+	b.WriteString("\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "%s: %s  \n", r.name, r.class)
 	}
 	fmt.Fprintf(&b, "\n%s\n", summary)
 	return b.String()

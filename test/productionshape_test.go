@@ -45,7 +45,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		t.Skip("make test-cluster runs this (separate processes, minutes)")
 	}
 	c := startCluster(t)
-	gateways, command := c.gateways, c.command
+	gateways := c.gateways
 	op, js := c.operator()
 
 	l := newClusterLoad(gateways)
@@ -65,9 +65,21 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		failed, retried   int64
 		routing, writable time.Duration
 		note              string
+		class             failureClass
+		cuts              []time.Time // when the fault cut or killed a part
 	}
 	var rows []row
 	var cur *row
+	// command carries out one action of the launcher, noting when one cuts
+	// or kills a part (failures classified).
+	command := func(cmd string) {
+		t.Helper()
+		switch verb, _, _ := strings.Cut(cmd, " "); verb {
+		case "kill", "term", "stop", "cut":
+			cur.cuts = append(cur.cuts, time.Now())
+		}
+		c.command(cmd)
+	}
 	// step carries out one action of a fault and waits for routing to be
 	// normal again; a fault's figure is its slowest step.
 	step := func(c string) {
@@ -79,16 +91,20 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		}
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}
-	fault := func(name string, inject func()) {
+	// fault runs one fault; onPath says whether a request's path went
+	// through the part it cut or killed (nil: it cut none a request needs).
+	fault := func(name string, onPath func(*sent) bool, inject func()) {
 		rows = append(rows, row{fault: name})
 		cur = &rows[len(rows)-1]
-		from := time.Now()
+		from, total0 := time.Now(), l.total.Load()
 		l.mark()
 		inject()
 		cur.failed, cur.retried = l.since()
+		cur.class = l.classify(from, l.total.Load()-total0, cur.cuts, onPath)
 		if codes := l.failures(from); codes != "" {
 			cur.note = strings.TrimPrefix(cur.note+"; failed: "+codes, "; ")
 		}
+		t.Logf("%s: %s", name, cur.class)
 	}
 
 	writable := func(since time.Time) time.Duration {
@@ -99,7 +115,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		}
 		return d
 	}
-	fault("1. SIGKILL the NATS node leading llm-routing; restart it", func() {
+	fault("1. SIGKILL the NATS node leading llm-routing; restart it", anyPath, func() {
 		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +157,9 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 			t.Errorf("%s not in the queue group %v after its start: %v", id, routingBound, err)
 		}
 	}
-	fault("2. SIGKILL broker-1, restart it; SIGTERM broker-2, restart it", func() {
+	// A broker is on no request's path once it has forwarded it: a
+	// gateway sends a request it did not route again.
+	fault("2. SIGKILL broker-1, restart it; SIGTERM broker-2, restart it", nil, func() {
 		step("kill broker-1")
 		step("start broker-1")
 		brokerUp("broker-1")
@@ -149,7 +167,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		step("start broker-2")
 		brokerUp("broker-2")
 	})
-	fault("3. SIGTERM gateway-1; restart it", func() {
+	fault("3. SIGTERM gateway-1; restart it", func(r *sent) bool { return r.gateway == 0 }, func() {
 		at := time.Now()
 		l.stopping.Store(1)
 		command("term gateway-1")   // routing goes on through gateway-2
@@ -159,13 +177,15 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		ok, failed := l.inFlight(0, at)
 		cur.note = fmt.Sprintf("in flight at gateway-1's SIGTERM: %d completed, %d failed explicitly", ok, failed)
 	})
-	fault("4. SIGKILL engine l8-gen-0 under streams, restart it; SIGTERM adapter l8-gen-1, restart it", func() {
+	fault("4. SIGKILL engine l8-gen-0 under streams, restart it; SIGTERM adapter l8-gen-1, restart it", func(r *sent) bool {
+		return r.o.replica == "" || r.o.replica == "l8-gen-0" || r.o.replica == "l8-gen-1"
+	}, func() {
 		step("kill engine-l8-gen-0")
 		step("start engine-l8-gen-0")
 		step("term adapter-l8-gen-1")
 		step("start adapter-l8-gen-1")
 	})
-	fault("5. chat-large to the canary at 50 %; rolled back", func() {
+	fault("5. chat-large to the canary at 50 %; rolled back", nil, func() {
 		kv, err := js.KeyValue(context.Background(), subjects.DefaultBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +216,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		cur.note = fmt.Sprintf("20 answers from the canary %v after the edit", cur.routing)
 	})
 
-	fault("6. SIGSTOP the NATS node leading llm-routing for 30 s; SIGCONT", func() {
+	fault("6. SIGSTOP the NATS node leading llm-routing for 30 s; SIGCONT", anyPath, func() {
 		s, err := js.Stream(context.Background(), "KV_"+subjects.DefaultBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -211,7 +231,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	})
 
 	// Right after fault 6's frozen node, as a batch may meet one.
-	fault("7. a 2,000-line batch: SIGKILL the NATS node leading its items and broker-1; restart them", func() {
+	fault("7. a 2,000-line batch: SIGKILL the NATS node leading its items and broker-1; restart them", anyPath, func() {
 		cur.note = clusterBatchPhase(t, gateways[0], js, command)
 	})
 
@@ -219,14 +239,18 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	load.Wait()
 	total, ok, failed, lost, hung := l.totals()
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| fault | failed explicitly | sent to the other gateway | routing normal after (slowest step) | table writable after | |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| fault | requests | failed explicitly | avoidable | sent to the other gateway | routing normal after (slowest step) | table writable after | |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		w := "—"
 		if r.writable > 0 {
 			w = r.writable.String()
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %v | %s | %s |\n", r.fault, r.failed, r.retried, r.routing, w, r.note)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %v | %s | %s |\n", r.fault, r.class.requests, r.failed, r.class.avoidable, r.retried, r.routing, w, r.note)
 	}
+	for _, r := range rows {
+		fmt.Fprintf(&b, "\n%s: %s", r.fault, r.class)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "\n%d requests: %d ok, %d failed explicitly, %d lost, %d hung; %s\n", total, ok, failed, lost, hung, l.heldNote())
 	t.Log(b.String())
 	if lost > 0 || hung > 0 {
@@ -605,6 +629,76 @@ func (l *clusterLoad) failures(from time.Time) string {
 	}
 	return strings.Join(keys, ", ")
 }
+
+// Failures a better router could not have avoided are a closed list
+// (docs/reliability.md, "Failures classified"): the request was in flight
+// through the part the fault cut or killed at that instant — its gateway,
+// its gateway's NATS server, the adapter or engine serving it (when its
+// answer could not resume) — and its failure says that path was cut. The
+// other clause, no replica of its model reachable from any NATS server,
+// does not arise in these faults: every model keeps a reachable replica or
+// a fallback. Every other explicit failure is avoidable.
+
+// pathCut reports whether a failure says the request's own path was cut:
+// its gateway's link to NATS (router_unavailable), its replica's link or
+// engine (upstream_error, upstream_timeout), or its gateway (the
+// connection closed under it).
+func pathCut(o outcome) bool {
+	switch o.code {
+	case subjects.CodeRouterUnavailable, subjects.CodeUpstreamError, subjects.CodeUpstreamTimeout:
+		return true
+	}
+	return o.err != nil
+}
+
+// failureClass is one fault's requests and explicit failures, the
+// avoidable ones apart.
+type failureClass struct{ requests, failed, avoidable int64 }
+
+// String is the reports' line: "avoidable failures: N of M requests (P%)".
+func (c failureClass) String() string {
+	p := 0.0
+	if c.requests > 0 {
+		p = 100 * float64(c.avoidable) / float64(c.requests)
+	}
+	return fmt.Sprintf("avoidable failures: %d of %d requests (%.2f%%)", c.avoidable, c.requests, p)
+}
+
+// classify classifies the explicit failures of the requests that ended
+// after from, out of requests: one is unavoidable when the request was in
+// flight at one of the instants cuts (when the fault cut or killed a
+// part), onPath says that part was on its path (nil: the fault cut no
+// part a request's path needs), and its failure says its path was cut.
+func (l *clusterLoad) classify(from time.Time, requests int64, cuts []time.Time, onPath func(*sent) bool) failureClass {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := failureClass{requests: requests}
+	for i := range l.reqs {
+		r := &l.reqs[i]
+		if r.end.Before(from) || (r.o.status == 200 && r.o.done) || !r.o.explicit() {
+			continue
+		}
+		c.failed++
+		unavoidable := false
+		if onPath != nil && pathCut(r.o) && onPath(r) {
+			for _, at := range cuts {
+				if !r.start.After(at) && r.end.After(at) {
+					unavoidable = true
+					break
+				}
+			}
+		}
+		if !unavoidable {
+			c.avoidable++
+		}
+	}
+	return c
+}
+
+// anyPath is onPath for a fault on a NATS server: which server a request's
+// gateway and adapter used is not known here, so its failure's code says
+// whether its path went through the one cut.
+func anyPath(*sent) bool { return true }
 
 // bad lists the requests lost or hung.
 func (l *clusterLoad) bad() []string {
