@@ -20,6 +20,9 @@ type Request struct {
 	// (Llm-TTFT-Objective); 0 takes the tenant's, then the model's.
 	TTFTObjective time.Duration
 	Exclude       []string
+	// Avoid names replicas that were slow to accept this request: they
+	// stay candidates, chosen only when no other candidate is left.
+	Avoid []string
 	// ColdWaited marks a request the gateway held while its cold model
 	// loaded: its request quota was charged when it was held.
 	ColdWaited bool

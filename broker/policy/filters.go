@@ -94,6 +94,45 @@ func (p *pick) excludeOn([]*replica) bool { return len(p.req.Exclude) > 0 }
 
 func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Exclude, x.id) }
 
+// preferNotAvoided leaves out the candidates the request avoids
+// (Llm-Avoid: they were slow to accept it) while any other is left. Slow
+// is not dead: unlike an excluded replica, an avoided one stays the
+// candidate of last resort, so a request whose only replica is slow goes
+// to it again instead of failing no_replicas.
+func (p *pick) preferNotAvoided(cands []cand) []cand {
+	if len(p.req.Avoid) == 0 {
+		return cands
+	}
+	k := 0
+	for i := range cands {
+		if !slices.Contains(p.req.Avoid, cands[i].x.id) {
+			k++
+		}
+	}
+	if k == 0 || k == len(cands) {
+		return cands
+	}
+	k = 0
+	p.nfresh, p.nfull = 0, 0
+	for i := range cands {
+		c := cands[i]
+		if slices.Contains(p.req.Avoid, c.x.id) {
+			c.x.mark = 0 // not a candidate of this decision
+			continue
+		}
+		if c.fresh {
+			p.nfresh++
+		}
+		if c.full {
+			p.nfull++
+		}
+		c.x.ci = int32(k)
+		cands[k] = c
+		k++
+	}
+	return cands[:k]
+}
+
 // pinOn: a request continuing a stored response has the replica holding it
 // as its only possible candidate.
 func (p *pick) pinOn([]*replica) bool { return p.req.Pin != "" }

@@ -112,7 +112,7 @@ next:
 		x.mark, x.ci = p.epoch, int32(k)
 		k++
 	}
-	cands = cands[:k]
+	cands = p.preferNotAvoided(cands[:k])
 	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }
