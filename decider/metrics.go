@@ -16,6 +16,7 @@ import (
 // the registered replicas.
 type metrics struct {
 	decisions      *prometheus.CounterVec
+	panics         *prometheus.CounterVec
 	rejections     *prometheus.CounterVec
 	duration       prometheus.Histogram
 	tableRevision  prometheus.Gauge
@@ -97,6 +98,9 @@ func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
 
 func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	m := &metrics{
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_panic_decisions_total", Help: "Decisions made in panic, by pool: fewer than the pool's panic_below of its ready replicas looked alive, and the choice was over all of them.",
+		}, []string{"pool"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_decisions_total", Help: "Routing decisions that chose a replica, by pool and reason.",
 		}, []string{"pool", "reason"}),
@@ -196,7 +200,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected)
-		reg.MustRegister(m.decisions, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
+		reg.MustRegister(m.decisions, m.panics, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,
 			m.loadViewAge, m.ttftError)
 	}
@@ -210,6 +214,9 @@ func (m *metrics) decided(d *policy.Decision) {
 		return
 	}
 	m.decisions.WithLabelValues(d.Pool, d.Reason).Inc()
+	if d.Panic {
+		m.panics.WithLabelValues(d.Pool).Inc()
+	}
 	m.loadViewAge.Observe(d.LoadViewAge.Seconds())
 }
 

@@ -26,6 +26,7 @@ type Scratch struct {
 	prefix   []uint64
 	features []string
 	exclude  []string
+	avoid    []string
 	prompt   []byte
 	body     []byte
 	routed   nats.Header   // the routed notice's header, reused
@@ -49,6 +50,7 @@ func (s *Scratch) reset() {
 	s.prefix = s.prefix[:0]
 	s.features = s.features[:0]
 	s.exclude = s.exclude[:0]
+	s.avoid = s.avoid[:0]
 	s.prompt = s.prompt[:0]
 	s.body = nil
 	s.values = nil // the last request's header map may still hold them
@@ -338,6 +340,10 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 		s.exclude = appendSplit(s.exclude, v)
 		q.Exclude = s.exclude
 	}
+	if v := h.Get(subjects.HdrAvoid); v != "" {
+		s.avoid = appendSplit(s.avoid, v)
+		q.Avoid = s.avoid
+	}
 	s.body = body
 	q.Prompt = s.promptFn
 	if direct || q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
@@ -357,7 +363,7 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 func checkBounds(h nats.Header) *subjects.APIError {
 	for _, k := range [...]string{subjects.HdrModel, subjects.HdrEndpoint, subjects.HdrConversation, subjects.HdrPriority,
 		subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrDeadline, subjects.HdrTTFTObjective, subjects.HdrPrefix, subjects.HdrFeatures,
-		subjects.HdrExclude, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
+		subjects.HdrExclude, subjects.HdrAvoid, subjects.HdrRequestID, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
 		subjects.HdrTraceparent, subjects.HdrTracestate} {
 		v := h[k]
 		if len(v) > 1 {
@@ -374,6 +380,8 @@ func checkBounds(h nats.Header) *subjects.APIError {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrRequestID+" must be at most "+strconv.Itoa(subjects.MaxRequestIDChars)+" characters")
 	case strings.Count(h.Get(subjects.HdrExclude), ",") >= subjects.MaxExclude:
 		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrExclude+" may name at most "+strconv.Itoa(subjects.MaxExclude)+" replicas")
+	case strings.Count(h.Get(subjects.HdrAvoid), ",") >= subjects.MaxAvoid:
+		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrAvoid+" may name at most "+strconv.Itoa(subjects.MaxAvoid)+" replicas")
 	case strings.Count(h.Get(subjects.HdrFeatures), ",") >= subjects.MaxFeatures:
 		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrFeatures+" may name at most "+strconv.Itoa(subjects.MaxFeatures)+" flags")
 	}

@@ -43,6 +43,7 @@ type upstream struct {
 	attempts atomic.Int64
 	mu       sync.Mutex
 	excludes []string // Llm-Exclude of each attempt, in order
+	avoids   []string // Llm-Avoid of each attempt, in order
 	script   func(r *reply, attempt int)
 }
 
@@ -122,6 +123,7 @@ func newUpstreamVia(t *testing.T, cfg gateway.Config, script func(r *reply, atte
 			n := int(u.attempts.Add(1))
 			u.mu.Lock()
 			u.excludes = append(u.excludes, m.Header.Get(subjects.HdrExclude))
+			u.avoids = append(u.avoids, m.Header.Get(subjects.HdrAvoid))
 			u.mu.Unlock()
 			wg.Go(func() { u.script(&reply{t: t, nc: nc, m: m}, n) })
 		}); err != nil {
@@ -183,6 +185,12 @@ func (u *upstream) excluded() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return append([]string(nil), u.excludes...)
+}
+
+func (u *upstream) avoided() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.avoids...)
 }
 
 // counter reads a gateway counter (summed over its labels matching want).
@@ -534,16 +542,24 @@ func TestEngineRejectionIsRetriedElsewhere(t *testing.T) {
 	}
 }
 
-func TestAcceptTimeoutExcludesTheRoutedReplica(t *testing.T) {
-	cancels := make(chan string, 4)
-	u := newUpstream(t, gateway.Config{AcceptTimeout: 100 * time.Millisecond}, func(r *reply, attempt int) {
+// TestAcceptTimeoutAvoidsTheRoutedReplica: a routed replica that looks
+// alive (something listens on its subjects) but does not accept is waited
+// for AcceptWaits accept timeouts, then cancelled, and the retry carries it
+// in Llm-Avoid (behind every other replica), not in Llm-Exclude.
+func TestAcceptTimeoutAvoidsTheRoutedReplica(t *testing.T) {
+	cancels := make(chan string, 4*gateway.AcceptWaits)
+	u := newUpstream(t, gateway.Config{AcceptTimeout: 50 * time.Millisecond}, func(r *reply, attempt int) {
 		if attempt == 1 {
-			r.routed("r-dead") // the broker chose it; it never accepts
+			r.routed("r-stuck") // the broker chose it; it never accepts
 			return
 		}
 		r.stream("r-1", 2)
 	})
-	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) { cancels <- m.Subject }); err != nil {
+	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) {
+		if m.Header.Get(subjects.HdrRequestID) != "" { // a probe names no request
+			cancels <- m.Subject
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	_ = u.nc.Flush()
@@ -551,12 +567,12 @@ func TestAcceptTimeoutExcludesTheRoutedReplica(t *testing.T) {
 	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
 		t.Fatalf("got %d %q", s.status, s.body)
 	}
-	if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-dead" {
-		t.Errorf("Llm-Exclude per attempt = %q, want r-dead excluded on the retry", ex)
+	if ex, av := u.excluded(), u.avoided(); len(av) != 2 || av[1] != "r-stuck" || ex[1] != "" {
+		t.Errorf("Llm-Avoid per attempt = %q, Llm-Exclude %q; want r-stuck avoided, not excluded, on the retry", av, ex)
 	}
 	select {
 	case c := <-cancels:
-		if c != "llm.replica.r-dead.cancel" {
+		if c != "llm.replica.r-stuck.cancel" {
 			t.Errorf("cancel sent to %s", c)
 		}
 	case <-time.After(10 * time.Second):
@@ -564,6 +580,63 @@ func TestAcceptTimeoutExcludesTheRoutedReplica(t *testing.T) {
 	}
 	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 1 {
 		t.Errorf("accept timeouts counted %v, want 1", n)
+	}
+	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n != gateway.AcceptWaits-1 {
+		t.Errorf("accept timeouts waited out %v, want %d", n, gateway.AcceptWaits-1)
+	}
+}
+
+// TestRoutedReplicaWithNothingListeningIsExcluded: a routed replica where
+// nothing listens (NATS answers the probe no-responders) is gone, not
+// slow: the retry excludes it, without waiting out the accept timeouts.
+func TestRoutedReplicaWithNothingListeningIsExcluded(t *testing.T) {
+	const acceptTimeout = 200 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
+		if attempt == 1 {
+			r.routed("r-dead")
+			return
+		}
+		r.stream("r-1", 2)
+	})
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+		t.Fatalf("got %d %q", s.status, s.body)
+	}
+	if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-dead" {
+		t.Errorf("Llm-Exclude per attempt = %q, want r-dead excluded on the retry", ex)
+	}
+	if s.took > gateway.AcceptWaits*acceptTimeout/2 {
+		t.Errorf("answered after %v: the gone replica was waited for", s.took)
+	}
+	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 0 {
+		t.Errorf("accept timeouts counted %v, want 0 (the replica was gone, not slow)", n)
+	}
+}
+
+// TestSlowReplicaPastTheAcceptTimeoutServes: slow is not dead. The only
+// replica accepts three accept timeouts late, while it listens on its
+// subjects: the gateway waits for it and the request is served in one
+// attempt, never 503 no_replicas.
+func TestSlowReplicaPastTheAcceptTimeoutServes(t *testing.T) {
+	const acceptTimeout = 100 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
+		r.routed("r-slow")
+		time.Sleep(3 * acceptTimeout)
+		r.stream("r-slow", 2)
+	})
+	if _, err := u.nc.Subscribe("llm.replica.r-slow.cancel", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	_ = u.nc.Flush()
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+		t.Fatalf("a slow only replica: %d %s %q; want it served", s.status, s.code, s.body)
+	}
+	if n := u.attempts.Load(); n != 1 {
+		t.Errorf("%d attempts, want 1: the gateway waited for the slow accept", n)
+	}
+	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n < 2 {
+		t.Errorf("accept timeouts waited out %v, want at least 2", n)
 	}
 }
 

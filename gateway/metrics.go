@@ -23,6 +23,7 @@ type metrics struct {
 	missedPongs    prometheus.Counter
 	silences       prometheus.Counter
 	acceptTimeouts prometheus.Counter
+	acceptWaits    prometheus.Counter
 	streamErrors   *prometheus.CounterVec
 	clientGone     prometheus.Counter
 	openConns      prometheus.Gauge
@@ -64,7 +65,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_nats_link_silences_total", Help: "Times the NATS link was marked silent (two pings in a row without a pong in time): /readyz failed and new requests got 503 until a pong came.",
 		}),
 		acceptTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeout; the retry excludes it.",
+			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeouts waited; the retry tries it again only when no other replica is left.",
+		}),
+		acceptWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_accept_waits_total", Help: "Accept timeouts the gateway waited out because the routed replica looked alive (slow is not dead).",
 		}),
 		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_gateway_stream_errors_total", Help: "Responses ended with an explicit error, by cause.",
@@ -95,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
 	}
 	return m
 }

@@ -29,7 +29,8 @@ type upstream struct {
 	body     []byte
 	hdr      nats.Header // request headers, shared by every attempt
 	deadline time.Time
-	exclude  []string
+	exclude  []string // replicas that failed this request: not tried again
+	avoid    []string // replicas slow to accept it: tried again only when no other is left
 	started  time.Time
 	bodyAt   int64 // the body's arrival on the stage recorder's clock (0: not recording)
 }
@@ -163,6 +164,9 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	if len(u.exclude) > 0 {
 		h[subjects.HdrExclude] = []string{strings.Join(u.exclude, ",")}
 	}
+	if len(u.avoid) > 0 {
+		h[subjects.HdrAvoid] = []string{strings.Join(u.avoid, ",")}
+	}
 	body := u.body
 	if out.cont != nil {
 		body = out.cont
@@ -280,6 +284,7 @@ type leg struct {
 	next     int    // the Llm-Seq expected next
 	missed   int    // probes in a row that found nothing on the replica's subjects
 	asked    bool   // a probe went out and no no-responders came for it yet
+	waits    int    // accept timeouts waited out because the routed replica looked alive
 }
 
 // run waits for the attempt's reply until it ends or fails.
@@ -324,8 +329,12 @@ func (l *leg) run(ctx context.Context) result {
 			case l.routed == "":
 				return l.leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
 			}
-			// The broker chose a replica that did not accept: it is left
-			// out of the retry, and stopped in case it was only slow.
+			if l.waitLonger() {
+				continue
+			}
+			// The broker chose a replica that did not accept: it is
+			// stopped, and the retry goes elsewhere if anywhere else
+			// is left (settle).
 			return result{kind: failAcceptTimeout, replica: l.routed,
 				err: errDeadline("replica " + l.routed + " did not accept the request in time")}
 		case <-probe:
@@ -347,6 +356,41 @@ func (l *leg) run(ctx context.Context) result {
 			}
 		}
 	}
+}
+
+// AcceptWaits bounds how many accept timeouts an attempt waits for the
+// accept of a replica that looks alive, before the retry.
+const AcceptWaits = 8
+
+// waitLonger reports whether the attempt waits another accept timeout
+// for the routed replica's accept: slow is not dead (issue 50). An accept
+// late on a starved machine is still coming, and a retry would only send
+// the replica the same work again. It waits while the replica looks alive
+// (alive), up to AcceptWaits accept timeouts in all, and within the
+// request's deadline (run's context).
+func (l *leg) waitLonger() bool {
+	if l.waits+1 >= AcceptWaits || l.left || !l.g.alive(l.routed, l.reply()) {
+		return false
+	}
+	l.waits++
+	l.g.metrics.acceptWaits.Inc()
+	l.timer.Reset(l.g.cfg.AcceptTimeout)
+	return true
+}
+
+// alive reports whether replica looks alive. A gateway that decides reads
+// its heartbeats: alive is heard within dead_after, ready. Otherwise it
+// has no heartbeats to read, and asks NATS instead: an empty cancel on
+// the replica's cancel subject, with the attempt's reply subject, which a
+// live adapter ignores and to which the server answers no-responders when
+// nothing listens there (on then fails the attempt as gone).
+func (g *Gateway) alive(replica, reply string) bool {
+	if g.dec != nil {
+		_, ok := g.dec.Router().Live(replica, time.Now())
+		return ok
+	}
+	g.probe(replica, reply)
+	return true
 }
 
 // reply is the reply subject of the attempt's copy.
@@ -461,6 +505,11 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 		}
 		return r, false
 	case reply.NoResponders:
+		if !l.accepted && l.routed != "" {
+			// Nothing listens on the routed replica's subjects: the
+			// forward (or the probe of waitLonger) found it gone.
+			return l.leave(result{kind: failNoResponders, replica: l.routed, err: errGone(l.routed)}), true
+		}
 		if !l.accepted {
 			// No broker is listening.
 			return l.leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")}), true

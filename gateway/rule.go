@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,7 +17,7 @@ type failure uint8
 const (
 	failNone          failure = iota // the client has its answer (or a rejection copied whole)
 	failOffline                      // the gateway is not connected to NATS: not even tried
-	failNoResponders                 // no broker listens on llm.route.<tenant>
+	failNoResponders                 // no broker listens on llm.route.<tenant>, or nothing on the routed replica's subjects
 	failNotRouted                    // no broker routed the request within the accept timeout
 	failAcceptTimeout                // the routed replica did not accept within the accept timeout
 	failRefused                      // a replica or its engine turned the request away (429/503)
@@ -72,8 +73,9 @@ type result struct {
 	kind failure
 	err  *subjects.APIError // what the client is told, if anything
 	// replica is the replica the attempt reached ("" when none was named);
-	// it is cancelled unless ended, and left out of a retry after a refusal
-	// or an accept timeout.
+	// it is cancelled unless ended, left out of a retry after a refusal or
+	// a failure, and tried again after an accept timeout only when no
+	// other replica is left.
 	replica  string
 	accepted bool // the replica accepted: its reply is on the way
 	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
@@ -150,7 +152,11 @@ func judge(r result) verdict {
 
 // settle applies a result's side effects that do not depend on the
 // verdict: the cancel of a replica still working, the exclusion of one that
-// refused or did not accept, and the metrics.
+// refused or failed, the avoidance of one that was slow to accept, and the
+// metrics. Slow is not dead (issue 50): a replica that did not accept in
+// time is a candidate still, behind every other (Llm-Avoid), so a request
+// whose only replica is slow goes to it again instead of failing
+// no_replicas.
 func (g *Gateway) settle(u *upstream, id string, r result) {
 	g.cfg.Stages.End(id)
 	if r.kind == failNone {
@@ -162,7 +168,13 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	switch r.kind {
 	case failAcceptTimeout:
 		g.metrics.acceptTimeouts.Inc()
-		u.exclude = append(u.exclude, r.replica)
+		if !slices.Contains(u.avoid, r.replica) {
+			u.avoid = append(u.avoid, r.replica)
+		}
+	case failNoResponders:
+		if r.replica != "" {
+			u.exclude = append(u.exclude, r.replica)
+		}
 	case failRefused, failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)

@@ -18,7 +18,12 @@ const (
 	// Go duration (ParseTTFTObjective), from X-Switchyard-TTFT-Objective.
 	HdrTTFTObjective = "Llm-TTFT-Objective"
 	HdrExclude       = "Llm-Exclude"
-	HdrStream        = "Llm-Stream"
+	// HdrAvoid names the replicas a retry should go to only when no other
+	// candidate is left: they were slow to accept this request, which is
+	// no evidence that they failed (a replica that failed is in
+	// Llm-Exclude).
+	HdrAvoid  = "Llm-Avoid"
+	HdrStream = "Llm-Stream"
 	// HdrColdWaited marks a request the gateway held while its cold model
 	// loaded: the broker charged its request quota when it was held, so the
 	// attempt after the wait is not charged again.

@@ -10,6 +10,8 @@ const (
 	MaxModelChars = 128
 	// MaxExclude bounds the replicas a retry may exclude (Llm-Exclude).
 	MaxExclude = 16
+	// MaxAvoid bounds the replicas a retry may deprioritize (Llm-Avoid).
+	MaxAvoid = 16
 	// MaxFeatures bounds the flags of Llm-Features.
 	MaxFeatures = 16
 	// MaxHeaderChars bounds any one routing header the broker reads:

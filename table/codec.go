@@ -175,6 +175,9 @@ func Decode(key string, b []byte) (Value, error) {
 		if p.SaturationKV != nil && !unit(*p.SaturationKV) {
 			return v, fieldErr(key, "saturation_kv", "must be in [0, 1], got %v", *p.SaturationKV)
 		}
+		if p.PanicBelow != nil && !unit(*p.PanicBelow) {
+			return v, fieldErr(key, "panic_below", "must be in [0, 1], got %v", *p.PanicBelow)
+		}
 		if !validObjective(p.ShedAfter) {
 			return v, fieldErr(key, "shed_after", "want a duration from %v to %v, got %v", subjects.MinTTFTObjective, subjects.MaxTTFTObjective, time.Duration(p.ShedAfter))
 		}

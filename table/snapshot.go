@@ -162,6 +162,18 @@ func (s *Snapshot) ShedAfter(pool string) time.Duration {
 	return 0
 }
 
+// DefaultPanicBelow is a pool's panic threshold when pools.<pool>.panic_below
+// is unset: Envoy's default of 50 %.
+const DefaultPanicBelow = 0.5
+
+// PanicBelow is pool's panic threshold (pools.<pool>.panic_below).
+func (s *Snapshot) PanicBelow(pool string) float64 {
+	if p := s.Pools[pool]; p != nil && p.PanicBelow != nil {
+		return *p.PanicBelow
+	}
+	return DefaultPanicBelow
+}
+
 // AliasNames returns the aliases in name order.
 func (s *Snapshot) AliasNames() []string { return slices.Sorted(maps.Keys(s.Aliases)) }
 

@@ -282,6 +282,12 @@ type Pool struct {
 	// predicted time to first token is above it, not only once every
 	// candidate is saturated (0: saturation only).
 	ShedAfter Duration `json:"shed_after,omitempty"`
+	// PanicBelow is the pool's panic threshold, as Envoy's: when fewer
+	// than this share of its registered, ready replicas look alive
+	// (heard within dead_after), the heartbeats are not believed and the
+	// pool routes over all of those replicas (nil: DefaultPanicBelow; 0:
+	// never).
+	PanicBelow *float64 `json:"panic_below,omitempty"`
 	// Profile and Scorers override the policy's for the pool's replicas.
 	Profile string             `json:"profile,omitempty"`
 	Scorers map[string]float64 `json:"scorers,omitempty"`

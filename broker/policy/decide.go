@@ -162,7 +162,12 @@ func (st *decision) run() {
 	if len(req.Prefix) > 0 && d.PrefixSource != PrefixKVEvents {
 		d.KVFeedRefused = c.x.hb.KVEventsRefused
 	}
-	d.Reason = p.reason(res.fallback, res.modifiers())
+	d.Panic = p.panicked
+	mods := res.modifiers()
+	if p.panicked {
+		mods |= modPanic
+	}
+	d.Reason = p.reason(res.fallback, mods)
 	p.alternatives(d)
 	if st.commit {
 		st.commitTo(c.x)

@@ -20,6 +20,9 @@ type Request struct {
 	// (Llm-TTFT-Objective); 0 takes the tenant's, then the model's.
 	TTFTObjective time.Duration
 	Exclude       []string
+	// Avoid names replicas that were slow to accept this request: they
+	// stay candidates, chosen only when no other candidate is left.
+	Avoid []string
 	// ColdWaited marks a request the gateway held while its cold model
 	// loaded: its request quota was charged when it was held.
 	ColdWaited bool
@@ -54,13 +57,16 @@ const (
 	ReasonOnly         = "only-candidate"    // one candidate: nothing to choose
 	ReasonStaleRandom  = "stale-random"      // every candidate's load data older than stale_after
 	ReasonPoolFallback = "pool-fallback-general"
-	ReasonCanaryGone   = "canary-unavailable" // canary drawn, no canary replica: stable version instead
-	ReasonFallback     = "fallback:"          // followed by the alias fallen back to
-	ReasonDeadline     = "deadline"           // chosen replica could not meet the deadline; the fastest one could
-	ReasonBatchRoom    = "batch-room"         // batch work: the chosen replica had no room for it; another had
-	ReasonSplit        = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
-	ReasonObjective    = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
-	ReasonFairShare    = "fair-share"         // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
+	// ReasonPanic: fewer than the pool's panic_below of its ready replicas
+	// looked alive, so the choice was over all of them (panicked).
+	ReasonPanic      = "panic"
+	ReasonCanaryGone = "canary-unavailable" // canary drawn, no canary replica: stable version instead
+	ReasonFallback   = "fallback:"          // followed by the alias fallen back to
+	ReasonDeadline   = "deadline"           // chosen replica could not meet the deadline; the fastest one could
+	ReasonBatchRoom  = "batch-room"         // batch work: the chosen replica had no room for it; another had
+	ReasonSplit      = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
+	ReasonObjective  = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
+	ReasonFairShare  = "fair-share"         // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
 )
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).
@@ -120,6 +126,9 @@ type Decision struct {
 	Ejected    [4]string
 	NEjected   int
 	EjectPanic bool
+	// Panic: fewer than the pool's panic_below of its ready replicas
+	// looked alive, and the choice was over all of them.
+	Panic bool
 
 	PrefixBlocks, PrefixMatched int
 	// Prefill is the replica that runs the prefill leg of a split request

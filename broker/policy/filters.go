@@ -18,6 +18,34 @@ func (x *replica) liveAt(now, dead int64) bool {
 	return x.ready && max(now-x.hbNano, 0) < dead
 }
 
+// panics reports whether the group list is in panic, as Envoy's panic
+// threshold: fewer than below of its ready replicas (registered, heard
+// from, ready: neither draining nor failing health checks) were heard
+// within dead_after. So many silent at once is more likely the observer's
+// view than the replicas' (a starved or partitioned decider, a stalled
+// feed), and routing all the load onto the few that look alive would
+// overload them: the choice is then over all ready replicas, and the
+// gateway's retry excludes one that proves gone (no-responders). A group
+// where none looks alive is not in panic: its model is gone as far as
+// anyone can tell, and the alias's fallbacks serve (a decider that was
+// away itself keeps its replicas: Router.Reconnected).
+func (p *pick) panics(list []*replica, below float64) bool {
+	if below <= 0 {
+		return false
+	}
+	ready, alive := 0, 0
+	for _, x := range list {
+		if !x.ready {
+			continue
+		}
+		ready++
+		if x.liveAt(p.nowNano, p.dead) {
+			alive++
+		}
+	}
+	return alive > 0 && float64(alive) < below*float64(ready)
+}
+
 // A replica's flags (replica.flags), what the filters with flags test.
 const (
 	flagReady   = 1 << 0 // replica.ready
@@ -93,6 +121,45 @@ func (p *pick) reportEjected(d *Decision) {
 func (p *pick) excludeOn([]*replica) bool { return len(p.req.Exclude) > 0 }
 
 func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Exclude, x.id) }
+
+// preferNotAvoided leaves out the candidates the request avoids
+// (Llm-Avoid: they were slow to accept it) while any other is left. Slow
+// is not dead: unlike an excluded replica, an avoided one stays the
+// candidate of last resort, so a request whose only replica is slow goes
+// to it again instead of failing no_replicas.
+func (p *pick) preferNotAvoided(cands []cand) []cand {
+	if len(p.req.Avoid) == 0 {
+		return cands
+	}
+	k := 0
+	for i := range cands {
+		if !slices.Contains(p.req.Avoid, cands[i].x.id) {
+			k++
+		}
+	}
+	if k == 0 || k == len(cands) {
+		return cands
+	}
+	k = 0
+	p.nfresh, p.nfull = 0, 0
+	for i := range cands {
+		c := cands[i]
+		if slices.Contains(p.req.Avoid, c.x.id) {
+			c.x.mark = 0 // not a candidate of this decision
+			continue
+		}
+		if c.fresh {
+			p.nfresh++
+		}
+		if c.full {
+			p.nfull++
+		}
+		c.x.ci = int32(k)
+		cands[k] = c
+		k++
+	}
+	return cands[:k]
+}
 
 // pinOn: a request continuing a stored response has the replica holding it
 // as its only possible candidate.

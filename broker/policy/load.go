@@ -1,6 +1,10 @@
 package policy
 
-import "github.com/switchyard-llm/switchyard/table"
+import (
+	"math"
+
+	"github.com/switchyard-llm/switchyard/table"
+)
 
 // Limits assumed when neither the heartbeat nor the table gives one.
 const (
@@ -38,6 +42,9 @@ func (st *decision) candidates(model, version, pool string) bool {
 	p.epoch = r.view.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
+	if p.panicked = p.panics(list, st.snap.PanicBelow(pool)); p.panicked {
+		p.dead = math.MaxInt64 // live keeps every ready replica, heard or not
+	}
 	p.prof = r.profiles.of(pool)
 	p.blockTokens = int32(pol.PrefixBlockChars / 4) // prompt tokens are estimated as bytes ÷ 4
 	p.nfresh, p.nfull = 0, 0
@@ -112,7 +119,7 @@ next:
 		x.mark, x.ci = p.epoch, int32(k)
 		k++
 	}
-	cands = cands[:k]
+	cands = p.preferNotAvoided(cands[:k])
 	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }

@@ -37,7 +37,10 @@ type pick struct {
 	epoch               uint64 // replica.mark of the candidates
 	nfresh, nfull       int
 	release, saturation float64
-	dead, stale         int64 // dead_after, stale_after in ns
+	dead, stale         int64 // dead_after, stale_after in ns (dead: no limit when panicked)
+	// panicked: fewer than the pool's panic_below of the group's ready
+	// replicas look alive (panics).
+	panicked bool
 
 	// The outcome.
 	chosen   int   // the candidate chosen, -1 before a step chose

@@ -125,10 +125,11 @@ func filterNamed(name string) *filter {
 const (
 	modCanaryGone = 1 << iota
 	modPoolFallback
+	modPanic
 	modCheck
 )
 
-var modReasons = [...]string{ReasonCanaryGone, ReasonPoolFallback}
+var modReasons = [...]string{ReasonCanaryGone, ReasonPoolFallback, ReasonPanic}
 
 func newStep(reason string, pick func(*pick) bool, why func(*pick, int) string, report func(*pick, *Decision)) step {
 	s := step{reason: reason, pick: pick, why: why, report: report}
