@@ -24,9 +24,11 @@ type part struct {
 	done    chan struct{}
 	nc      *nats.Conn
 	crashed atomic.Bool // stopped as by SIGKILL: its errors are expected
-	// replica and engineURL let a stopped adapter start again.
+	// replica and engineURL let a stopped adapter start again; adapter is
+	// the adapter an adapter part runs.
 	replica   Replica
 	engineURL string
+	adapter   *adapter.Adapter
 }
 
 // startPart runs run on its own child of the stack's context.
@@ -111,7 +113,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 		return err
 	}
 	p := s.startPart("adapter "+r.ID, a.Run, nc)
-	p.replica, p.engineURL = r, engineURL
+	p.replica, p.engineURL, p.adapter = r, engineURL, a
 	s.partsMu.Lock()
 	s.adapters[r.ID] = p
 	s.partsMu.Unlock()
@@ -270,4 +272,17 @@ func (r replacing) MustRegister(cs ...prometheus.Collector) {
 			panic(err)
 		}
 	}
+}
+
+// KVEventsAddr is the address replica id's adapter listens on for its
+// engine's KV-event feed (Replica.KVEventsBind, where a port of 0 is
+// chosen by the system), "" until it listens or without one.
+func (s *Stack) KVEventsAddr(id string) string {
+	s.partsMu.Lock()
+	p := s.adapters[id]
+	s.partsMu.Unlock()
+	if p == nil || p.adapter == nil {
+		return ""
+	}
+	return p.adapter.KVEventsAddr()
 }

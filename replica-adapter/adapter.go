@@ -408,6 +408,18 @@ func (a *Adapter) engineBlockSize() int {
 	return a.load.sample.BlockSize
 }
 
+// KVEventsAddr is the address of the adapter's KV-event feed once Run has
+// opened it: with --kv-events-bind, the one it listens on (a port of 0
+// there is chosen by the system), for the engine to dial; "" before, or
+// without a feed.
+func (a *Adapter) KVEventsAddr() string {
+	if a.kv == nil {
+		return ""
+	}
+	addr, _ := a.kv.addr.Load().(string)
+	return addr
+}
+
 // InFlight is the number of requests taken and not yet finished.
 func (a *Adapter) InFlight() int { return int(a.inflight.Load()) }
 

@@ -36,8 +36,10 @@ type kvFeed struct {
 	a   *Adapter
 	cfg kvevents.SubscriberConfig
 	// sub is the engine's feed, opened by open (Adapter.Run): a feed that
-	// is built but never run holds no socket.
-	sub *kvevents.Subscriber
+	// is built but never run holds no socket. addr is its address once
+	// open (the bound one with --kv-events-bind), read by KVEventsAddr.
+	sub  *kvevents.Subscriber
+	addr atomic.Value // string
 
 	learnCh chan learnReq
 	// learnBytes is what the requests in learnCh hold (learnReq.size),
@@ -149,6 +151,7 @@ func (f *kvFeed) open() error {
 		return err
 	}
 	f.sub = sub
+	f.addr.Store(sub.Addr())
 	return nil
 }
 

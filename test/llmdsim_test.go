@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -93,15 +92,18 @@ func jsonEqual(a, b []byte) bool {
 	return bytes.Equal(xa, ya)
 }
 
-// freeAddr is a loopback TCP address nothing listens on.
-func freeAddr(t *testing.T) string {
+// feedAddr is the address replica id's adapter listens on for its
+// engine's events, once it does.
+func feedAddr(t *testing.T, st *devstack.Stack, id string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	var addr string
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if addr = st.KVEventsAddr(id); addr == "" {
+			return fmt.Errorf("%s's adapter does not listen for its engine's events yet", id)
+		}
+		return nil
+	})
+	return addr
 }
 
 // simFeed publishes captured messages to an adapter's bound feed, as the
@@ -150,11 +152,8 @@ func (f *simFeed) send(seq uint64, name string) {
 func TestLLMDSimulatorFeedRoutesByPrefix(t *testing.T) {
 	engine := recordedSim(t)
 	replicas := devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")
-	feeds := map[string]string{}
 	for i := range replicas {
-		replicas[i].EngineURL = engine.URL
-		replicas[i].KVEventsBind = "tcp://" + freeAddr(t)
-		feeds[replicas[i].ID] = replicas[i].KVEventsBind
+		replicas[i].EngineURL, replicas[i].KVEventsBind = engine.URL, "tcp://127.0.0.1:0"
 	}
 	st := startStack(t, devstack.Config{Replicas: replicas})
 
@@ -192,7 +191,7 @@ func TestLLMDSimulatorFeedRoutesByPrefix(t *testing.T) {
 	// that replica's feed. A PUB socket drops what it sends before the
 	// subscriber's subscription reaches it, so the first message is sent
 	// again until the adapter has read it.
-	feed := dialSimFeed(t, feeds[holder])
+	feed := dialSimFeed(t, feedAddr(t, st, holder))
 	read := func() float64 {
 		return metric(st, "switchyard_adapter_kv_events_total", map[string]string{"replica": holder, "type": "BlockStored", "reason": ""})
 	}
@@ -274,8 +273,7 @@ func TestAFailingKVFeedIsLoud(t *testing.T) {
 	engine := recordedSim(t)
 	replicas := devstack.ReplicasNamed("l8-gen-0", "l8-gen-1")
 	for i := range replicas {
-		replicas[i].EngineURL = engine.URL
-		replicas[i].KVEventsBind = "tcp://" + freeAddr(t)
+		replicas[i].EngineURL, replicas[i].KVEventsBind = engine.URL, "tcp://127.0.0.1:0"
 	}
 	var logs testkit.SyncBuffer
 	st := startStack(t, devstack.Config{Replicas: replicas, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
@@ -291,7 +289,7 @@ func TestAFailingKVFeedIsLoud(t *testing.T) {
 			pub.Close()
 			cancel()
 		})
-		if err := pub.Dial(r.KVEventsBind); err != nil {
+		if err := pub.Dial(feedAddr(t, st, r.ID)); err != nil {
 			t.Fatal(err)
 		}
 		refused := func() float64 {

@@ -26,7 +26,8 @@ type Replica struct {
 	EngineScheduling string
 	// KVEventsBind, with EngineURL, is the address the adapter binds for
 	// the KV-event feed of an engine that dials out (llm-d's vLLM
-	// simulator): the adapter's --kv-events-bind. Empty: no feed.
+	// simulator): the adapter's --kv-events-bind (port 0: the system's
+	// choice, Stack.KVEventsAddr). Empty: no feed.
 	KVEventsBind string
 	// MaxBatch and MaxQueue are the capacity the adapter declares
 	// (default 32 and 128, the simulated engine's).
