@@ -223,9 +223,11 @@ type Gateway struct {
 	parsed    sync.Pool // *parsed, the feature extraction's buffers
 	batch     batchStore
 	// dec decides requests in this process (nil: the brokers decide);
-	// warm is set once it has heard the replicas its table has ready.
-	dec  *decider.Decider
-	warm atomic.Bool
+	// warm is set, and warmed closed, once it has heard the replicas its
+	// table has ready.
+	dec    *decider.Decider
+	warm   atomic.Bool
+	warmed chan struct{}
 
 	silent     atomic.Bool // PongsToMiss pings in a row got no pong in time, and none since
 	probeMu    sync.Mutex
@@ -311,7 +313,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 		cfg.MaxBody = min(DefaultMaxBody, room)
 	}
 	setDefaults(&cfg)
-	g := &Gateway{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix)}
+	g := &Gateway{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix), warmed: make(chan struct{})}
 	g.log = telemetry.Logger(cfg.Logger).With("component", "gateway")
 	g.tracer = telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/gateway")
 	g.replyPfx = g.subj.ReplyPrefix(cfg.ID) + "."
@@ -521,6 +523,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 			}
 			if g.dec.WarmUp(ctx, g.cfg.WarmUp) {
 				g.warm.Store(true)
+				close(g.warmed)
 			}
 			<-ctx.Done()
 		})
@@ -657,7 +660,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 // inheritedTableWait bounds how long a gateway on an inherited socket
 // leaves its connections queued while it loads the routing table (from
-// --state-dir, at once, or from the bucket).
+// --state-dir, at once, or from the bucket) and, deciding itself, hears
+// the replicas' heartbeats (WarmUp).
 const inheritedTableWait = 10 * time.Second
 
 // Serve is Run on a listener the caller opened. With AdminListen set it
@@ -752,15 +756,29 @@ func (g *Gateway) server(h http.Handler) *http.Server {
 	}
 }
 
-// awaitTable returns once the routing table is loaded, after bound, or
-// when ctx ends.
+// awaitTable returns once the routing table is loaded and, for a gateway
+// that decides itself, the replicas its table has ready were heard (or
+// WarmUp waited for them), after bound, or when ctx ends: the connections
+// queued on an inherited socket are answered by a gateway that knows the
+// replicas, not with no_replicas.
 func (g *Gateway) awaitTable(ctx context.Context, bound time.Duration) {
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
 	select {
 	case <-g.watcher.Ready():
 	case <-ctx.Done():
+		return
 	case <-deadline.C:
 		g.log.Warn("serving before the routing table is loaded", "waited", bound)
+		return
+	}
+	if g.dec == nil {
+		return
+	}
+	select {
+	case <-g.warmed:
+	case <-ctx.Done():
+	case <-deadline.C:
+		g.log.Warn("serving before the replicas' heartbeats were heard", "waited", bound)
 	}
 }
