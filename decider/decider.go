@@ -181,7 +181,11 @@ func (b *Decider) Start(ctx context.Context) error {
 	}
 	b.wg.Go(func() { b.publishLoop(ctx) })
 	b.wg.Go(func() { b.presenceLoop(ctx) })
-	b.wg.Go(func() { b.watchConnection(ctx) })
+	// A lost connection goes RECONNECTING (or DISCONNECTED first), then
+	// CONNECTED once back; the listener is registered before Start
+	// returns, so no reconnect after it goes unseen.
+	status := b.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED)
+	b.wg.Go(func() { b.watchConnection(ctx, status) })
 	// A decider that starts after the fleet asks the adapters with a
 	// KV-event feed for what their engines hold.
 	b.requestKVSync()
@@ -194,10 +198,9 @@ func (b *Decider) Start(ctx context.Context) error {
 // (policy.Router.Reconnected), rather than every replica looking dead at
 // once; and it asks the adapters with a feed to resend what their engines
 // hold.
-func (b *Decider) watchConnection(ctx context.Context) {
-	status := b.nc.StatusChanged(nats.DISCONNECTED, nats.CONNECTED)
+func (b *Decider) watchConnection(ctx context.Context, status chan nats.Status) {
 	defer b.nc.RemoveStatusListener(status)
-	var lost time.Time
+	away := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,11 +210,11 @@ func (b *Decider) watchConnection(ctx context.Context) {
 				return
 			}
 			switch {
-			case st == nats.DISCONNECTED && lost.IsZero():
-				lost = b.cfg.Now()
-			case st == nats.CONNECTED && !lost.IsZero():
-				b.router.Reconnected(lost, b.cfg.Now())
-				lost = time.Time{}
+			case st != nats.CONNECTED:
+				away = true
+			case away:
+				away = false
+				b.router.Reconnected(b.cfg.Now())
 				b.requestKVSync()
 			}
 		}

@@ -148,26 +148,32 @@ type replica struct {
 }
 
 // Reconnected keeps the load view through the router's own absence from
-// the bus, from lost to now: the heartbeats it missed say nothing of the
-// replicas, so a replica alive when the router left (heard within
-// dead_after before lost) is taken as heard that much later, its silence
-// counted without the absence; one already dead then stays dead. The load
-// data keeps its own age (stale_after).
-func (r *Router) Reconnected(lost, now time.Time) {
-	away := now.Sub(lost)
-	if away <= 0 {
-		return
-	}
+// the bus, which ends at now: the heartbeats it missed say nothing of the
+// replicas. The absence began when it last heard one; a replica alive then
+// (heard within dead_after before it) is taken as heard that much later,
+// its silence counted without the absence; one already dead stays dead.
+// The load data keeps its own age (stale_after).
+func (r *Router) Reconnected(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	var lost int64
+	for _, x := range r.view.replicas {
+		if x.hasHB {
+			lost = max(lost, x.hbNano)
+		}
+	}
+	n := now.UnixNano()
+	away := n - lost
+	if lost == 0 || away <= 0 {
+		return
+	}
 	dead := int64(15 * time.Second)
 	if s := r.snap.Load(); s != nil {
 		dead = int64(s.Policy.DeadAfter)
 	}
-	l, n := lost.UnixNano(), now.UnixNano()
 	for _, x := range r.view.replicas {
-		if x.hasHB && l-x.hbNano < dead {
-			x.hbNano = min(x.hbNano+int64(away), n)
+		if x.hasHB && lost-x.hbNano < dead {
+			x.hbNano = min(x.hbNano+away, n)
 		}
 	}
 }
