@@ -67,6 +67,9 @@ type Config struct {
 type Decider struct {
 	nc   *nats.Conn
 	cfg  Config
+	// away is when the decider's current absence from the bus began
+	// (unix ns; 0: connected), as watchConnection reckons it.
+	away atomic.Int64
 	subj subjects.Subjects
 	// direct is the prefix of the direct clients' subjects, llm.route.
 	direct string
@@ -192,15 +195,22 @@ func (b *Decider) Start(ctx context.Context) error {
 	return nil
 }
 
+// lostWindow bounds how long before a lost connection is noticed its
+// silence can have begun: the liveness check gives a silent server up
+// within 2 s, and heartbeats come every second.
+const lostWindow = 5 * time.Second
+
 // watchConnection keeps the load view through the decider's own
 // reconnects until ctx ends: the heartbeats it missed while away say
 // nothing of the replicas, so their silence is counted without the absence
 // (policy.Router.Reconnected), rather than every replica looking dead at
 // once; and it asks the adapters with a feed to resend what their engines
-// hold.
+// hold. The absence began when the decider last heard a heartbeat, at most
+// lostWindow before it noticed the loss: a fleet silent longer than that
+// before the loss was silent on its own, and its silence still counts.
 func (b *Decider) watchConnection(ctx context.Context, status chan nats.Status) {
 	defer b.nc.RemoveStatusListener(status)
-	away := false
+	var lost time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -210,11 +220,17 @@ func (b *Decider) watchConnection(ctx context.Context, status chan nats.Status) 
 				return
 			}
 			switch {
-			case st != nats.CONNECTED:
-				away = true
-			case away:
-				away = false
-				b.router.Reconnected(b.cfg.Now())
+			case st != nats.CONNECTED && lost.IsZero():
+				now := b.cfg.Now()
+				lost = b.router.LastHeard()
+				if lost.Before(now.Add(-lostWindow)) {
+					lost = now.Add(-lostWindow)
+				}
+				b.away.Store(lost.UnixNano())
+			case st == nats.CONNECTED && !lost.IsZero():
+				b.router.Reconnected(lost, b.cfg.Now())
+				lost = time.Time{}
+				b.away.Store(0)
 				b.requestKVSync()
 			}
 		}

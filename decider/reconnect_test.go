@@ -3,10 +3,12 @@ package decider
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
@@ -17,12 +19,11 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// A decider whose connection is lost and comes back (here a forced
-// reconnect, as the connection's liveness check makes one) counts the
-// replicas' silence without its own absence: replicas heard just before it
-// left are still candidates after an absence longer than dead_after.
+// A decider whose server goes away and comes back counts the replicas'
+// silence without its own absence: replicas heard just before it left are
+// still candidates after an absence longer than dead_after.
 func TestADecidersReconnectKeepsItsReplicas(t *testing.T) {
-	_, url := natstest.Start(t)
+	srv, url := natstest.Start(t)
 	nc, err := nats.Connect(url, nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -57,19 +58,22 @@ func TestADecidersReconnectKeepsItsReplicas(t *testing.T) {
 	}
 	t.Cleanup(b.Stop)
 
-	// Away since its last heartbeat at t0; back at t0+14s.
-	clock.Store(t0.Add(14 * time.Second).UnixNano())
-	reconnects := nc.Stats().Reconnects
-	if err := nc.ForceReconnect(); err != nil {
-		t.Fatal(err)
+	// The server goes away at t0+1s, a second after the heartbeat; the
+	// decider is back at t0+14s.
+	clock.Store(t0.Add(time.Second).UnixNano())
+	port := srv.Addr().(*net.TCPAddr).Port
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the decider to notice its absence", func() bool { return b.away.Load() != 0 }))
+	if got := time.Unix(0, b.away.Load()).UTC(); !got.Equal(t0) {
+		t.Fatalf("the absence began at %v, want %v (the last heartbeat heard)", got, t0)
 	}
-	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if !nc.IsConnected() || nc.Stats().Reconnects == reconnects {
-			return fmt.Errorf("not back yet")
-		}
-		return nil
-	})
-	// 20 s after its heartbeat, 6 s of them with the decider present.
+	clock.Store(t0.Add(14 * time.Second).UnixNano())
+	natstest.RunServer(t, &server.Options{Host: "127.0.0.1", Port: port})
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the decider back on the bus", func() bool {
+		return nc.IsConnected() && b.away.Load() == 0
+	}))
+	// 20 s after its heartbeat, 7 s of them with the decider present.
 	req := policy.Request{Tenant: "default", Model: "chat-small", Endpoint: subjects.EndpointChat, PromptTokens: 10}
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if d := b.router.Explain(&req, t0.Add(20*time.Second), nil); d.Replica != "r-0" {

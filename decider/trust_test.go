@@ -172,6 +172,8 @@ func TestTrust(t *testing.T) {
 		for _, tc := range []struct{ header, value string }{
 			{subjects.HdrExclude, huge},
 			{subjects.HdrExclude, strings.Repeat("r,", subjects.MaxExclude)},
+			{subjects.HdrAvoid, huge},
+			{subjects.HdrAvoid, strings.Repeat("r,", subjects.MaxAvoid)},
 			{subjects.HdrModel, strings.Repeat("m", 2<<20)},
 			{subjects.HdrModel, strings.Repeat("m", subjects.MaxModelChars+1)},
 			{subjects.HdrFeatures, strings.Repeat("code,", 100)},
@@ -189,7 +191,7 @@ func TestTrust(t *testing.T) {
 					t.Fatalf("%s of %d bytes: %v %s", tc.header, len(tc.value), msg.Header, msg.Data)
 				}
 				// Refused before any work in proportion: nothing was split.
-				if len(s.exclude)+len(s.features)+len(s.prefix) > 0 || s.req.Model != "" {
+				if len(s.exclude)+len(s.avoid)+len(s.features)+len(s.prefix) > 0 || s.req.Model != "" {
 					t.Fatalf("%s of %d bytes was read before it was refused: %d excluded, %d features, %d prefix blocks, model %d chars",
 						tc.header, len(tc.value), len(s.exclude), len(s.features), len(s.prefix), len(s.req.Model))
 				}

@@ -581,8 +581,8 @@ func TestAcceptTimeoutAvoidsTheRoutedReplica(t *testing.T) {
 	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 1 {
 		t.Errorf("accept timeouts counted %v, want 1", n)
 	}
-	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n != gateway.AcceptWaits-1 {
-		t.Errorf("accept timeouts waited out %v, want %d", n, gateway.AcceptWaits-1)
+	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n != gateway.AcceptWaitsUnseen-1 {
+		t.Errorf("accept timeouts waited out %v, want %d", n, gateway.AcceptWaitsUnseen-1)
 	}
 }
 

@@ -358,18 +358,29 @@ func (l *leg) run(ctx context.Context) result {
 	}
 }
 
-// AcceptWaits bounds how many accept timeouts an attempt waits for the
-// accept of a replica that looks alive, before the retry.
-const AcceptWaits = 8
+// AcceptWaits bounds how many accept timeouts an attempt of a gateway
+// that decides waits for the accept of a replica that looks alive, before
+// the retry; AcceptWaitsUnseen bounds those of a gateway that does not,
+// which has no heartbeats to tell a frozen replica from a slow one.
+const (
+	AcceptWaits       = 8
+	AcceptWaitsUnseen = 4
+)
 
 // waitLonger reports whether the attempt waits another accept timeout
-// for the routed replica's accept: slow is not dead (issue 50). An accept
-// late on a starved machine is still coming, and a retry would only send
-// the replica the same work again. It waits while the replica looks alive
-// (alive), up to AcceptWaits accept timeouts in all, and within the
-// request's deadline (run's context).
+// for the routed replica's accept: slow is not dead. An accept late on a
+// starved machine is still coming, and a retry would only send the replica
+// the same work again. It waits while the replica looks alive (alive: a
+// heartbeat within the last two accept timeouts, where this gateway
+// decides), up to AcceptWaits (AcceptWaitsUnseen) accept timeouts in all,
+// and within the request's deadline (run's context).
 func (l *leg) waitLonger() bool {
-	if l.waits+1 >= AcceptWaits || l.left || !l.g.alive(l.routed, l.reply()) {
+	limit := AcceptWaits
+	if l.g.dec == nil {
+		limit = AcceptWaitsUnseen
+	}
+	since := time.Now().Add(-2 * l.g.cfg.AcceptTimeout)
+	if l.waits+1 >= limit || l.left || !l.g.alive(l.routed, l.reply(), since) {
 		return false
 	}
 	l.waits++
@@ -379,15 +390,16 @@ func (l *leg) waitLonger() bool {
 }
 
 // alive reports whether replica looks alive. A gateway that decides reads
-// its heartbeats: alive is heard within dead_after, ready. Otherwise it
-// has no heartbeats to read, and asks NATS instead: an empty cancel on
-// the replica's cancel subject, with the attempt's reply subject, which a
-// live adapter ignores and to which the server answers no-responders when
-// nothing listens there (on then fails the attempt as gone).
-func (g *Gateway) alive(replica, reply string) bool {
+// its heartbeats: alive is ready and heard since since (a frozen replica's
+// heartbeats stop; a starved one's come late but come). Otherwise it has
+// no heartbeats to read, and sends NATS a probe instead: an empty cancel
+// on the replica's cancel subject, with the attempt's reply subject, which
+// a live adapter ignores and to which the server answers no-responders
+// when nothing listens there (on then fails the attempt as gone); until
+// such an answer it takes the replica as alive.
+func (g *Gateway) alive(replica, reply string, since time.Time) bool {
 	if g.dec != nil {
-		_, ok := g.dec.Router().Live(replica, time.Now())
-		return ok
+		return g.dec.Router().HeardSince(replica, since)
 	}
 	g.probe(replica, reply)
 	return true
@@ -507,7 +519,14 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 	case reply.NoResponders:
 		if !l.accepted && l.routed != "" {
 			// Nothing listens on the routed replica's subjects: the
-			// forward (or the probe of waitLonger) found it gone.
+			// forward (or the probe of waitLonger) found it gone. A
+			// gateway that decides takes it out of its own candidates
+			// until its next heartbeat, if it is silent past dead_after
+			// (one kept by the panic threshold), so the next requests do
+			// not try it again.
+			if l.g.dec != nil {
+				l.g.dec.Router().MarkGone(l.routed, time.Now())
+			}
 			return l.leave(result{kind: failNoResponders, replica: l.routed, err: errGone(l.routed)}), true
 		}
 		if !l.accepted {

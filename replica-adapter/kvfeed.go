@@ -71,8 +71,10 @@ type kvFeed struct {
 	refusedAt time.Time
 	warned    map[string]bool
 	// orphans counts the BlockStored events in a row left out for a parent
-	// the adapter never saw; past kvOrphanWarn it warns, once.
-	orphans int
+	// the adapter never saw; at kvOrphanWarn it warns, once per adapter
+	// run (orphanWarned).
+	orphans      int
+	orphanWarned bool
 }
 
 type engineBlock struct {
@@ -275,7 +277,8 @@ func (f *kvFeed) Batch(_ uint64, b *kvevents.Batch, unknown int) {
 				f.orphans = 0
 			} else {
 				reason = kvUnknownParent
-				if f.orphans++; f.orphans == kvOrphanWarn {
+				if f.orphans++; f.orphans == kvOrphanWarn && !f.orphanWarned {
+					f.orphanWarned = true
 					f.a.log.Warn("KV-event feed chains nothing: BlockStored events in a row name parents this adapter never saw; prefix affinity works from placements",
 						"events", kvOrphanWarn)
 				}

@@ -329,29 +329,29 @@ func TestCascadePromptRenderedOnce(t *testing.T) {
 
 // A decider away from the bus misses heartbeats that say nothing of the
 // replicas: after its reconnect their silence is counted without its
-// absence (from the last heartbeat it heard), instead of the whole view
-// looking dead at once; a replica already dead when it left stays dead.
+// absence, instead of the whole view looking dead at once; a replica
+// already dead when it left stays dead.
 func TestAReconnectKeepsTheLoadView(t *testing.T) {
 	for _, reconnect := range []bool{true, false} {
-		e := newEnv(t)                   // every replica heard at t0, the last the router heard
-		e.now = t0.Add(14 * time.Second) // away from the bus since, back now
+		e := newEnv(t) // every replica heard at t0
+		lost := t0.Add(time.Second)
+		e.now = t0.Add(14 * time.Second) // away from the bus since lost, back now
 		if reconnect {
-			e.r.Reconnected(e.now)
+			e.r.Reconnected(lost, e.now)
 		}
-		e.now = t0.Add(20 * time.Second) // past dead_after (15 s) since the heartbeats; 6 s of it while present
+		e.now = t0.Add(20 * time.Second) // past dead_after (15 s) since the heartbeats; 7 s of it while present
 		d := e.explain(chat("chat-small"))
 		switch {
 		case reconnect && d.Err != nil:
-			t.Fatalf("after a 14 s absence: %v; want the replicas kept", d.Err)
+			t.Fatalf("after a 13 s absence: %v; want the replicas kept", d.Err)
 		case !reconnect && d.Err == nil:
 			t.Fatalf("without a reconnect the replicas silent for 20 s were kept (%s): the check cannot tell", d.Replica)
 		}
 	}
 	t.Run("dead before the absence", func(t *testing.T) {
 		e := newEnv(t)
-		e.now = t0.Add(16 * time.Second)
-		e.beat("l70-gen-0", 0.1, 0, 0) // the last heartbeat heard: the chat-small replicas were dead by then
-		e.r.Reconnected(t0.Add(17 * time.Second))
+		lost := t0.Add(16 * time.Second) // the replicas were dead already
+		e.r.Reconnected(lost, t0.Add(17*time.Second))
 		e.now = t0.Add(17 * time.Second)
 		if d := e.explain(chat("chat-small")); d.Err == nil {
 			t.Fatalf("a replica dead before the decider left was brought back: %s", d.Replica)

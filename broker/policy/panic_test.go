@@ -91,3 +91,22 @@ func TestPanicThreshold(t *testing.T) {
 		mustReject(t, e.decide(chat("qwen-coder-32b")), 503, subjects.CodeNoReplicas)
 	})
 }
+
+// A claim that a replica is gone (a no-responders the gateway saw) takes
+// it out only while it is silent past dead_after, and only until its next
+// heartbeat: a heartbeating replica is never taken out on such a claim.
+func TestMarkGoneTakesOutOnlyTheSilent(t *testing.T) {
+	e := newEnv(t)
+	if e.r.MarkGone("l8-gen-0", e.now) {
+		t.Fatal("a replica heard just now was taken out")
+	}
+	later := e.now.Add(20 * time.Second)
+	if !e.r.MarkGone("l8-gen-0", later) {
+		t.Fatal("a replica silent past dead_after was not taken out")
+	}
+	e.now = later
+	e.beat("l8-gen-0", 0.1, 0, 0)
+	if _, live := e.r.Live("l8-gen-0", later); !live {
+		t.Fatal("a replica taken out was not back with its next heartbeat")
+	}
+}

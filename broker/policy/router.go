@@ -147,33 +147,72 @@ type replica struct {
 	eject ejection
 }
 
-// Reconnected keeps the load view through the router's own absence from
-// the bus, which ends at now: the heartbeats it missed say nothing of the
-// replicas. The absence began when it last heard one; a replica alive then
-// (heard within dead_after before it) is taken as heard that much later,
-// its silence counted without the absence; one already dead stays dead.
-// The load data keeps its own age (stale_after).
-func (r *Router) Reconnected(now time.Time) {
+// HeardSince reports whether replica id is ready and its last heartbeat
+// was received at or after since.
+func (r *Router) HeardSince(id string, since time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var lost int64
+	x := r.view.replicas[id]
+	return x != nil && x.ready && x.hbNano >= since.UnixNano()
+}
+
+// MarkGone takes replica id out of the candidates until its next
+// heartbeat, when a request sent to it found nothing listening there
+// (NATS's no-responders) and it is silent past dead_after: a replica kept
+// only by the panic threshold that proves gone is not tried again by the
+// next requests. A replica heard within dead_after is never taken out on
+// such a claim. It reports whether it took the replica out.
+func (r *Router) MarkGone(id string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x, snap := r.view.replicas[id], r.snap.Load()
+	if x == nil || snap == nil || !x.ready || now.UnixNano()-x.hbNano < int64(snap.Policy.DeadAfter) {
+		return false
+	}
+	x.ready = false
+	x.flags &^= flagReady
+	x.touch()
+	return true
+}
+
+// LastHeard is when the router last received a heartbeat (zero: never).
+func (r *Router) LastHeard() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last int64
 	for _, x := range r.view.replicas {
 		if x.hasHB {
-			lost = max(lost, x.hbNano)
+			last = max(last, x.hbNano)
 		}
 	}
-	n := now.UnixNano()
-	away := n - lost
-	if lost == 0 || away <= 0 {
+	if last == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, last)
+}
+
+// Reconnected keeps the load view through the router's own absence from
+// the bus, from lost (when it stopped hearing it) to now: the heartbeats
+// it missed say nothing of the replicas. A replica alive at lost (heard
+// within dead_after before it) is taken as heard that much later, its
+// silence counted without the absence; one already dead stays dead, and
+// one heard after lost keeps its own time. The load data keeps its own
+// age (stale_after).
+func (r *Router) Reconnected(lost, now time.Time) {
+	away := now.Sub(lost)
+	if lost.IsZero() || away <= 0 {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	dead := int64(15 * time.Second)
 	if s := r.snap.Load(); s != nil {
 		dead = int64(s.Policy.DeadAfter)
 	}
+	l, n := lost.UnixNano(), now.UnixNano()
 	for _, x := range r.view.replicas {
-		if x.hasHB && lost-x.hbNano < dead {
-			x.hbNano = min(x.hbNano+away, n)
+		if x.hasHB && x.hbNano <= l && l-x.hbNano < dead {
+			x.hbNano = min(x.hbNano+int64(away), n)
 		}
 	}
 }
