@@ -65,8 +65,8 @@ type Config struct {
 // Decider decides requests and keeps the shared deciding state. Create it
 // with New, feed it the table with SetTable and start it with Start.
 type Decider struct {
-	nc   *nats.Conn
-	cfg  Config
+	nc  *nats.Conn
+	cfg Config
 	// away is when the decider's current absence from the bus began
 	// (unix ns; 0: connected), as watchConnection reckons it.
 	away atomic.Int64
