@@ -153,10 +153,12 @@ func judge(r result) verdict {
 // settle applies a result's side effects that do not depend on the
 // verdict: the cancel of a replica still working, the exclusion of one that
 // refused or failed, the avoidance of one that was slow to accept, and the
-// metrics. Slow is not dead (issue 50): a replica that did not accept in
-// time is a candidate still, behind every other (Llm-Avoid), so a request
-// whose only replica is slow goes to it again instead of failing
-// no_replicas.
+// metrics. Slow is not dead: a replica that did not accept in time is a
+// candidate still, behind every other (Llm-Avoid), so a request whose only
+// replica is slow goes to it again instead of failing no_replicas. Where
+// this gateway decides and the replica's heartbeats stopped too (none
+// within the last two accept timeouts: cut off, frozen), it is not slow
+// but silent, and is excluded, so the request goes to the fallbacks.
 func (g *Gateway) settle(u *upstream, id string, r result) {
 	g.cfg.Stages.End(id)
 	if r.kind == failNone {
@@ -168,7 +170,11 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	switch r.kind {
 	case failAcceptTimeout:
 		g.metrics.acceptTimeouts.Inc()
-		if !slices.Contains(u.avoid, r.replica) {
+		switch {
+		case r.replica == "":
+		case g.dec != nil && !g.dec.Router().HeardSince(r.replica, time.Now().Add(-2*g.cfg.AcceptTimeout)):
+			u.exclude = append(u.exclude, r.replica)
+		case !slices.Contains(u.avoid, r.replica):
 			u.avoid = append(u.avoid, r.replica)
 		}
 	case failNoResponders:
