@@ -224,7 +224,7 @@ func TestOnColdWaitHoldsUntilReady(t *testing.T) {
 // 200 within a minute (at --speed 20 its load takes a second).
 func TestDevServesTheColdModel(t *testing.T) {
 	bin := binary(t)
-	var out, errs lockedBuffer
+	var out, errs testkit.SyncBuffer
 	dev := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir(), "--speed", "20")
 	dev.Stdout, dev.Stderr = &out, &errs
 	if err := dev.Start(); err != nil {

@@ -43,7 +43,7 @@ func listenFile(t *testing.T) (*os.File, string) {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testkit.SyncBuffer
 	done chan struct{} // closed when the process has exited
 }
 

@@ -2,7 +2,6 @@ package test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -17,24 +16,6 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
-
-// lockedBuffer collects a process's output for the test to poll.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // exited waits for cmd and returns its exit code, or -1 after total.
 func exited(cmd *exec.Cmd, done <-chan error, total time.Duration) (int, time.Duration) {
@@ -62,7 +43,7 @@ func exited(cmd *exec.Cmd, done <-chan error, total time.Duration) (int, time.Du
 // finish, and exits 0 within the grace.
 func TestSIGTERMShutsDownGracefully(t *testing.T) {
 	bin := binary(t)
-	var devOut, devErr lockedBuffer
+	var devOut, devErr testkit.SyncBuffer
 	data := t.TempDir()
 	dev := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", data, "--speed", "1")
 	dev.Stdout, dev.Stderr = &devOut, &devErr
@@ -84,7 +65,7 @@ func TestSIGTERMShutsDownGracefully(t *testing.T) {
 	})
 
 	t.Run("broker", func(t *testing.T) {
-		var bErr lockedBuffer
+		var bErr testkit.SyncBuffer
 		b := exec.Command(bin, "broker", "--nats", natsURL, "--creds", filepath.Join(data, "creds", "broker.creds"),
 			"--metrics-listen", "", "--state-dir", t.TempDir(), "--id", "ext-broker")
 		b.Stderr = &bErr

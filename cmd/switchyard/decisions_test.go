@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -93,24 +92,6 @@ func TestDecisionFilter(t *testing.T) {
 	}
 }
 
-// decisionsOutput is a bytes.Buffer safe to read while the command writes it.
-type decisionsOutput struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *decisionsOutput) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *decisionsOutput) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestDecisionsFollowsAndFilters runs `switchyard decisions` as the
 // observer identity against a server under Switchyard's authorization, and
 // without credentials against one that allows anonymous clients.
@@ -135,7 +116,7 @@ func TestDecisionsFollowsAndFilters(t *testing.T) {
 // decisions, and checks that it prints only the matching one.
 func followDecisions(t *testing.T, nc *nats.Conn, connect ...string) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut decisionsOutput
+	var out, errOut testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, append([]string{"decisions", "--model", "chat-large", "--replica", "l70-gen-1"}, connect...), &out, &errOut)
