@@ -196,7 +196,7 @@ func TestExplainShowsMissingEvidence(t *testing.T) {
 	var b strings.Builder
 	printDecision(&b, &d)
 	for _, want := range []string{
-		"ttft      no TTFT evidence of its own yet, objective 1ms",
+		"ttft      no TTFT evidence yet, objective 1ms",
 		"prefix    2 of 4 blocks matched (placements); not from the engine's own events: l8-gen-1's KV-event feed is failing (its engine's messages refused: token_id)",
 		"lost    l8-gen-0 (score 0.400, no TTFT evidence yet): higher load_score",
 	} {

@@ -131,7 +131,7 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 	}
 	if d.Replica != "" || d.TTFTObjectiveMillis > 0 {
 		if d.NoTTFTEvidence {
-			fmt.Fprintf(w, "ttft      no TTFT evidence of its own yet")
+			fmt.Fprintf(w, "ttft      no TTFT evidence yet")
 		} else {
 			fmt.Fprintf(w, "ttft      predicted %s", millisString(d.PredictedTTFTMillis))
 		}
