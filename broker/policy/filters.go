@@ -33,6 +33,10 @@ func (p *pick) panics(list []*replica, below float64) bool {
 	if below <= 0 {
 		return false
 	}
+	// Ready replicas never outnumber the list: once below of the list is
+	// alive, the group is not in panic, and the healthy case stops there
+	// instead of walking every replica of every decision's group.
+	enough := below * float64(len(list))
 	ready, alive := 0, 0
 	for _, x := range list {
 		if !x.ready {
@@ -40,7 +44,9 @@ func (p *pick) panics(list []*replica, below float64) bool {
 		}
 		ready++
 		if x.liveAt(p.nowNano, p.dead) {
-			alive++
+			if alive++; float64(alive) >= enough {
+				return false
+			}
 		}
 	}
 	return alive > 0 && float64(alive) < below*float64(ready)
