@@ -18,8 +18,8 @@ import (
 // real speed) with 200 requests a second and reads the age of the load view
 // each decision used from the gateway's /metrics, the exposition a
 // Prometheus server scrapes. It reports the p99 as a figure
-// (docs/benchmarks.md, "Load deltas"); it checks only that every decision
-// was measured, and the heartbeat-only bound: no decision used a view
+// (docs/benchmarks.md, "Load deltas"); it checks only that every request
+// served had its decision measured, and the heartbeat-only bound: no decision used a view
 // older than a heartbeat period and a half.
 func TestLoadViewAgeAt200RPS(t *testing.T) {
 	if testing.Short() {
@@ -39,9 +39,15 @@ func TestLoadViewAgeAt200RPS(t *testing.T) {
 	}
 	after := viewAges(t, st)
 	n := after.count - before.count
-	sent := rep.Targets[0].Sent
-	if n < uint64(sent) {
-		t.Errorf("%d decisions measured, %d requests sent", n, sent)
+	// Only a decision that placed a request has a load view; a request
+	// refused under a starved machine's load has none, so the check is
+	// against the requests served, each of which was decided.
+	tr := rep.Targets[0]
+	if tr.Errors > 0 {
+		t.Logf("%d of %d requests failed: %v %v", tr.Errors, tr.Sent, tr.ErrorsBy, tr.ErrorSamples)
+	}
+	if n < uint64(tr.OK) {
+		t.Errorf("%d decisions measured, %d requests served", n, tr.OK)
 	}
 	p50, p99 := after.quantile(before, 0.5), after.quantile(before, 0.99)
 	t.Logf("load view age at %d requests/s over %v: %d decisions, p50 ≤ %v s, p90 ≤ %v s, p99 ≤ %v s (bucket bounds)",
