@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
+	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
@@ -72,6 +73,16 @@ func (r *reply) routed(replica string) {
 func (r *reply) accept(replica string) {
 	r.routed(replica)
 	r.send(nats.Header{subjects.HdrAccepted: {replica}}, `{"replica":"`+replica+`"}`)
+}
+
+// reject turns the request away as replica's adapter does, with status
+// and code.
+func (r *reply) reject(replica string, status int, code string) {
+	e := subjects.NewError(status, code, "replica "+replica+" turns it away")
+	e.RetryAfter = time.Second
+	f := replyproto.Rejection(e)
+	f.Header[subjects.HdrRouteReplica] = []string{replica}
+	_ = r.nc.PublishMsg(f.Msg(r.m.Reply))
 }
 
 func (r *reply) head(status int, ct string) {
@@ -535,8 +546,34 @@ func TestEngineRejectionIsRetriedElsewhere(t *testing.T) {
 			if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
 				t.Fatalf("got %d %q; want the retry's stream", s.status, s.body)
 			}
-			if ex := u.excluded(); len(ex) != 2 || ex[0] != "" || ex[1] != "r-0" {
-				t.Errorf("Llm-Exclude per attempt = %q, want the rejecting replica excluded on the retry", ex)
+			if ex, av := u.excluded(), u.avoided(); len(av) != 2 || av[0] != "" || av[1] != "r-0" || ex[1] != "" {
+				t.Errorf("Llm-Avoid per attempt = %q, Llm-Exclude %q; want the full replica avoided, not excluded, on the retry", av, ex)
+			}
+		})
+	}
+}
+
+// TestDrainingRefusalIsExcluded: a replica whose adapter turns the request
+// away because it drains (no_replicas) is left out of the retry; one that
+// has no room (all_replicas_busy) is only put behind the others.
+func TestDrainingRefusalIsExcluded(t *testing.T) {
+	for _, c := range []struct {
+		code            string
+		excluded, avoid string
+	}{{subjects.CodeNoReplicas, "r-0", ""}, {subjects.CodeAllReplicasBusy, "", "r-0"}} {
+		t.Run(c.code, func(t *testing.T) {
+			u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
+				if attempt == 1 {
+					r.reject("r-0", 503, c.code)
+					return
+				}
+				r.stream("r-1", 2)
+			})
+			if s := u.post(true); s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+				t.Fatalf("got %d %q; want the retry's stream", s.status, s.body)
+			}
+			if ex, av := u.excluded(), u.avoided(); len(ex) != 2 || ex[1] != c.excluded || av[1] != c.avoid {
+				t.Errorf("on the retry Llm-Exclude = %q, Llm-Avoid = %q; want %q, %q", ex[1:], av[1:], c.excluded, c.avoid)
 			}
 		})
 	}
@@ -647,14 +684,14 @@ func TestRetriesStopAtTwo(t *testing.T) {
 		r.end("")
 	})
 	s := u.post(false)
-	if s.status != 503 {
-		t.Errorf("got %d %s, want 503 after the retries", s.status, s.code)
+	if s.status != 503 || s.code != subjects.CodeAllReplicasBusy {
+		t.Errorf("got %d %s, want 503 %s after the retries: every replica was full, none unavailable", s.status, s.code, subjects.CodeAllReplicasBusy)
 	}
 	if n := u.attempts.Load(); n != 3 {
 		t.Errorf("%d attempts, want 3 (one try, two retries)", n)
 	}
-	if ex := u.excluded(); len(ex) != 3 || ex[2] != "r-1,r-2" {
-		t.Errorf("Llm-Exclude per attempt = %q", ex)
+	if av := u.avoided(); len(av) != 3 || av[2] != "r-1,r-2" {
+		t.Errorf("Llm-Avoid per attempt = %q", av)
 	}
 }
 

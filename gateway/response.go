@@ -78,8 +78,17 @@ func (s *response) following() *carry {
 func (s *response) rejection(f reply.Frame) result {
 	status := cmp.Or(f.Status, 502)
 	if rep := f.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
-		return result{kind: failRefused, replica: rep, ended: true,
-			err: &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + rep + " turned the request away"}}
+		// A replica with no room says all_replicas_busy; one draining
+		// says no_replicas, and is not asked again (settle).
+		code := subjects.CodeAllReplicasBusy
+		if rejectionError(f).Code == subjects.CodeNoReplicas {
+			code = subjects.CodeNoReplicas
+		}
+		e := &subjects.APIError{Status: status, Code: code, Message: "replica " + rep + " turned the request away"}
+		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
+			e.RetryAfter = time.Duration(n) * time.Second
+		}
+		return result{kind: failRefused, replica: rep, ended: true, err: e}
 	}
 	if s.cont != nil {
 		// A continuation no broker could place (no other replica): the

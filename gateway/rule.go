@@ -73,9 +73,9 @@ type result struct {
 	kind failure
 	err  *subjects.APIError // what the client is told, if anything
 	// replica is the replica the attempt reached ("" when none was named);
-	// it is cancelled unless ended, left out of a retry after a refusal or
-	// a failure, and tried again after an accept timeout only when no
-	// other replica is left.
+	// it is cancelled unless ended, left out of a retry after a failure or
+	// a draining refusal, and tried again after an accept timeout or a
+	// refusal for want of room only when no other replica is left.
 	replica  string
 	accepted bool // the replica accepted: its reply is on the way
 	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
@@ -152,8 +152,8 @@ func judge(r result) verdict {
 
 // settle applies a result's side effects that do not depend on the
 // verdict: the cancel of a replica still working, the exclusion of one that
-// refused or failed, the avoidance of one that was slow to accept, and the
-// metrics. Slow is not dead: a replica that did not accept in time is a
+// failed or was draining, the avoidance of one that was slow to accept or
+// full, and the metrics. Slow is not dead: a replica that did not accept in time is a
 // candidate still, behind every other (Llm-Avoid), so a request whose only
 // replica is slow goes to it again instead of failing no_replicas. Where
 // this gateway decides and the replica's heartbeats stopped too (none
@@ -181,7 +181,21 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
 		}
-	case failRefused, failSequenceGap, failSilence, failGone, failEngine, failHandover:
+	case failRefused:
+		// Full is not dead either: a replica whose engine had no room
+		// is asked again only after every other (Llm-Avoid), so the
+		// request that finds every replica full ends all_replicas_busy,
+		// never no_replicas. One that is draining is left out.
+		switch {
+		case r.replica == "":
+		case r.err != nil && r.err.Code == subjects.CodeAllReplicasBusy:
+			if !slices.Contains(u.avoid, r.replica) {
+				u.avoid = append(u.avoid, r.replica)
+			}
+		default:
+			u.exclude = append(u.exclude, r.replica)
+		}
+	case failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
 		}
