@@ -254,7 +254,7 @@ func (b *Decider) Stop() {
 
 // subscribe opens the plain subscriptions every decider needs: each must
 // see every heartbeat, load delta, placement and usage event, so none is a queue
-// subscription.
+// subscription. The heartbeats' is the first (heartbeatsPending reads it).
 func (b *Decider) subscribe() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
 	for _, s := range []struct {

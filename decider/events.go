@@ -241,6 +241,7 @@ func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 	t := time.NewTicker(b.cfg.PresenceEvery)
 	defer t.Stop()
 	_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
+	var lag lagWatch
 	for {
 		select {
 		case <-ctx.Done():
@@ -248,8 +249,54 @@ func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 		case <-t.C:
 			_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
 			b.setShares(b.peers.observe(nil, b.cfg.Now(), 3*b.cfg.PresenceEvery))
+			lag.check(b)
 		}
 	}
+}
+
+// heartbeatsPendingHigh is the backlog on the heartbeat subscription the
+// decider reports as its own lag: a few seconds of heartbeats from a
+// thousand replicas.
+const heartbeatsPendingHigh = 5000
+
+// lagWatch says, once per episode, when the decider lags behind the
+// replicas: it has heard none of them for longer than stale_after (the
+// router then keeps them: policy.Router.Deafness), or its heartbeat
+// subscription holds a backlog. Owned by presenceLoop.
+type lagWatch struct{ deaf, backlog bool }
+
+func (w *lagWatch) check(b *Decider) {
+	deaf := b.router.Deafness(b.cfg.Now())
+	switch {
+	case deaf > 0 && !w.deaf:
+		w.deaf = true
+		b.metrics.observerLags.Inc()
+		b.log.Warn("no heartbeat heard from any replica: taken as this decider's own lag, its replicas are kept",
+			"silent_past_stale_after", deaf.Round(time.Millisecond), "pending", b.heartbeatsPending())
+	case deaf == 0 && w.deaf:
+		w.deaf = false
+		b.log.Info("hearing the replicas again")
+	}
+	switch n := b.heartbeatsPending(); {
+	case n >= heartbeatsPendingHigh && !w.backlog:
+		w.backlog = true
+		b.log.Warn("heartbeats wait to be handled: this decider lags behind the replicas", "pending", n)
+	case n < heartbeatsPendingHigh/2 && w.backlog:
+		w.backlog = false
+		b.log.Info("heartbeat backlog handled")
+	}
+}
+
+// heartbeatsPending is the backlog on the heartbeat subscription (0
+// before Start and after Stop).
+func (b *Decider) heartbeatsPending() int {
+	b.runMu.Lock()
+	defer b.runMu.Unlock()
+	if len(b.subs) == 0 {
+		return 0
+	}
+	n, _, _ := b.subs[0].Pending()
+	return max(n, 0)
 }
 
 // onLoadStatus takes a loader's progress report on a cold model, so that

@@ -36,6 +36,7 @@ type metrics struct {
 	prefixIndex    *prometheus.GaugeVec
 	loadViewAge    prometheus.Histogram
 	ttftError      prometheus.Histogram
+	observerLags   prometheus.Counter
 
 	mu       sync.Mutex
 	loadedAt time.Time
@@ -161,6 +162,10 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 			Help:    "Age of the load view a decision used: the time since the chosen replica's heartbeat, or the load delta on top of it, was measured.",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5},
 		}),
+		observerLags: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_broker_observer_lags_total",
+			Help: "Times this decider heard no replica for longer than stale_after and took it as its own lag (switchyard_broker_observer_lag_seconds).",
+		}),
 		ttftError: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "switchyard_broker_predicted_ttft_error_seconds",
 			Help:    "Observed less predicted time to first token of the requests this decider routed, as their replicas observed it (negative: the prediction was too high).",
@@ -194,15 +199,23 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		}
 		return b.cfg.Now().Sub(m.loadedAt).Seconds()
 	})
+	observerLag := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_broker_observer_lag_seconds",
+		Help: "How long this decider has heard no heartbeat from any replica beyond stale_after: taken as its own lag, so its replicas are kept (0: it hears them).",
+	}, func() float64 { return b.router.Deafness(b.cfg.Now()).Seconds() })
+	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_broker_heartbeats_pending",
+		Help: "Heartbeats received by this decider's connection and not yet handled: a backlog is the decider's own lag.",
+	}, func() float64 { return float64(b.heartbeatsPending()) })
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_ejected_replicas", Help: "Replicas out of rotation now for their engine failures (before the panic threshold).",
 	}, func() float64 { return float64(len(b.router.Ejected(b.cfg.Now()))) })
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
-		reg.MustRegister(tableAge, ejected)
+		reg.MustRegister(tableAge, ejected, observerLag, pending)
 		reg.MustRegister(m.decisions, m.panics, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,
-			m.loadViewAge, m.ttftError)
+			m.loadViewAge, m.ttftError, m.observerLags)
 	}
 	return m
 }

@@ -399,7 +399,7 @@ func (l *leg) waitLonger() bool {
 // such an answer it takes the replica as alive.
 func (g *Gateway) alive(replica, reply string, since time.Time) bool {
 	if g.dec != nil {
-		return g.dec.Router().HeardSince(replica, since)
+		return g.dec.Router().HeardSince(replica, since, time.Now())
 	}
 	g.probe(replica, reply)
 	return true

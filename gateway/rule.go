@@ -172,7 +172,7 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		g.metrics.acceptTimeouts.Inc()
 		switch {
 		case r.replica == "":
-		case g.dec != nil && !g.dec.Router().HeardSince(r.replica, time.Now().Add(-2*g.cfg.AcceptTimeout)):
+		case g.dec != nil && !g.dec.Router().HeardSince(r.replica, time.Now().Add(-2*g.cfg.AcceptTimeout), time.Now()):
 			u.exclude = append(u.exclude, r.replica)
 		case !slices.Contains(u.avoid, r.replica):
 			u.avoid = append(u.avoid, r.replica)

@@ -140,14 +140,16 @@ func TestRejections(t *testing.T) {
 			},
 		},
 		{
-			name:   "hot model with no replica",
-			setup:  func(e *env) { e.now = e.now.Add(time.Minute) },
+			name: "hot model with no replica",
+			// Its replicas silent a minute while another is heard: dead,
+			// not the router's own deafness.
+			setup:  func(e *env) { e.now = e.now.Add(time.Minute); e.beat("pd-decode-0", 0.1, 0, 0) },
 			req:    func() *policy.Request { return chat("code") },
 			status: 503, code: subjects.CodeNoReplicas, retry: policy.RetryNoReplicas,
 		},
 		{
 			name:   "explicit adapter never falls back",
-			setup:  func(e *env) { e.now = e.now.Add(time.Minute); e.beat("l70-gen-0", 0.1, 0, 0) },
+			setup:  func(e *env) { e.now = e.now.Add(time.Minute); e.beat("pd-decode-0", 0.1, 0, 0) },
 			req:    func() *policy.Request { q := chat("chat-small:team-x-v3"); q.Tenant = "team-x"; return q },
 			status: 503, code: subjects.CodeNoReplicas, retry: policy.RetryNoReplicas,
 		},

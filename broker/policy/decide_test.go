@@ -340,6 +340,7 @@ func TestAReconnectKeepsTheLoadView(t *testing.T) {
 			e.r.Reconnected(lost, e.now)
 		}
 		e.now = t0.Add(20 * time.Second) // past dead_after (15 s) since the heartbeats; 7 s of it while present
+		e.beat("l70-gen-0", 0.1, 0, 0)   // another replica heard: the router is not deaf
 		d := e.explain(chat("chat-small"))
 		switch {
 		case reconnect && d.Err != nil:
@@ -350,6 +351,8 @@ func TestAReconnectKeepsTheLoadView(t *testing.T) {
 	}
 	t.Run("dead before the absence", func(t *testing.T) {
 		e := newEnv(t)
+		e.now = t0.Add(16 * time.Second)
+		e.beat("l70-gen-0", 0.1, 0, 0)   // heard while the others were silent:
 		lost := t0.Add(16 * time.Second) // the replicas were dead already
 		e.r.Reconnected(lost, t0.Add(17*time.Second))
 		e.now = t0.Add(17 * time.Second)
@@ -357,4 +360,23 @@ func TestAReconnectKeepsTheLoadView(t *testing.T) {
 			t.Fatalf("a replica dead before the decider left was brought back: %s", d.Replica)
 		}
 	})
+}
+
+// A router that hears no replica at all cannot tell their silence from its
+// own (a stalled subscription, a starved process): it keeps them, counting
+// their silence only while others are heard. One replica silent while
+// another is heard is dead at dead_after, as before.
+func TestADeafRouterKeepsItsReplicas(t *testing.T) {
+	e := newEnv(t) // every replica heard at t0
+	e.now = t0.Add(30 * time.Second)
+	d := e.explain(chat("qwen-coder-32b"))
+	mustRoute(t, d)
+	if got := e.r.Deafness(e.now); got != 25*time.Second {
+		t.Errorf("Deafness = %v, want 25s (30 s heard from no replica, less stale_after)", got)
+	}
+	e.beat("pd-decode-0", 0.1, 0, 0) // heard again: the silent ones are dead
+	if got := e.r.Deafness(e.now); got != 0 {
+		t.Errorf("Deafness = %v after a heartbeat, want 0", got)
+	}
+	mustReject(t, e.explain(chat("qwen-coder-32b")), 503, subjects.CodeNoReplicas)
 }

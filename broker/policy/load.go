@@ -41,7 +41,9 @@ func (st *decision) candidates(model, version, pool string) bool {
 	pol := &st.snap.Policy
 	p.epoch = r.view.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
-	p.dead, p.stale = int64(pol.DeadAfter), int64(pol.StaleAfter)
+	// A replica's silence counts only while the router hears others
+	// (deafness): a stalled observer keeps its replicas.
+	p.dead, p.stale = int64(pol.DeadAfter)+r.deafness(p.nowNano), int64(pol.StaleAfter)
 	if p.panicked = p.panics(list, st.snap.PanicBelow(pool)); p.panicked {
 		p.dead = math.MaxInt64 // live keeps every ready replica, heard or not
 	}

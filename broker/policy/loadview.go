@@ -29,6 +29,9 @@ type loadView struct {
 	byKV    []*replica
 	pruneAt int    // replicas map size that triggers the next sweep
 	epoch   uint64 // stamps the candidates of the current decision
+	// heardNano is when the newest heartbeat from any replica was
+	// received (unix ns): the observer's own hearing (deafness).
+	heardNano int64
 	// ejectHorizon is the latest end of an ejection (unix ns): decisions
 	// after it skip the ejection check.
 	ejectHorizon int64

@@ -87,7 +87,7 @@ func TestPanicThreshold(t *testing.T) {
 	})
 	t.Run("none alive: no panic, no_replicas", func(t *testing.T) {
 		e := newEnv(t, fourL8("")...)
-		silence(e)
+		silence(e, "l8-gen-0") // the coder replicas silent while another is heard
 		mustReject(t, e.decide(chat("qwen-coder-32b")), 503, subjects.CodeNoReplicas)
 	})
 }

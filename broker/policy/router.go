@@ -148,12 +148,44 @@ type replica struct {
 }
 
 // HeardSince reports whether replica id is ready and its last heartbeat
-// was received at or after since.
-func (r *Router) HeardSince(id string, since time.Time) bool {
+// was received at or after since, the time this router has heard no
+// replica at all not counted (deafness): at now, a router that is not
+// hearing anyone cannot tell one replica's silence from its own.
+func (r *Router) HeardSince(id string, since, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x := r.view.replicas[id]
-	return x != nil && x.ready && x.hbNano >= since.UnixNano()
+	return x != nil && x.ready && x.hbNano >= since.UnixNano()-r.deafness(now.UnixNano())
+}
+
+// deafness is how long, at now (unix ns), this router has heard no
+// heartbeat from any replica beyond stale_after: the observer's lag, not
+// the replicas'. Heartbeats come from every replica once a period, so a
+// router hearing none of them for that long is the one that stopped
+// listening (its process starved or paused, its subscription stalled,
+// its connection silent) far more often than every replica died at once;
+// a replica's silence counts toward dead_after only while others are
+// heard. A fleet that does die at once is seen by its requests: NATS
+// answers no-responders and the deciding gateway takes each such replica
+// out (MarkGone). The caller holds r.mu.
+func (r *Router) deafness(now int64) int64 {
+	heard := r.view.heardNano
+	if heard == 0 {
+		return 0
+	}
+	stale := int64(5 * time.Second)
+	if s := r.snap.Load(); s != nil {
+		stale = int64(s.Policy.StaleAfter)
+	}
+	return max(now-heard-stale, 0)
+}
+
+// Deafness is how long this router has heard no replica beyond
+// stale_after at now (see deafness); 0 while it hears them.
+func (r *Router) Deafness(now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Duration(r.deafness(now.UnixNano()))
 }
 
 // MarkGone takes replica id out of the candidates until its next
@@ -179,16 +211,10 @@ func (r *Router) MarkGone(id string, now time.Time) bool {
 func (r *Router) LastHeard() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var last int64
-	for _, x := range r.view.replicas {
-		if x.hasHB {
-			last = max(last, x.hbNano)
-		}
-	}
-	if last == 0 {
+	if r.view.heardNano == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, last)
+	return time.Unix(0, r.view.heardNano)
 }
 
 // Reconnected keeps the load view through the router's own absence from
@@ -210,6 +236,9 @@ func (r *Router) Reconnected(lost, now time.Time) {
 		dead = int64(s.Policy.DeadAfter)
 	}
 	l, n := lost.UnixNano(), now.UnixNano()
+	if h := r.view.heardNano; h > 0 && h <= l {
+		r.view.heardNano = min(h+int64(away), n)
+	}
 	for _, x := range r.view.replicas {
 		if x.hasHB && x.hbNano <= l && l-x.hbNano < dead {
 			x.hbNano = min(x.hbNano+int64(away), n)
@@ -343,6 +372,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 		x = r.view.replica(hb.Replica)
 	}
 	x.hb, x.hbNano, x.hasHB = *hb, now.UnixNano(), true
+	r.view.heardNano = max(r.view.heardNano, x.hbNano)
 	x.dataNano = x.hbNano
 	if sent := hb.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < x.dataNano {
 		x.dataNano = sent
