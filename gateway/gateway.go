@@ -92,6 +92,11 @@ type Config struct {
 	// MaxConns bounds the open client connections (default
 	// DefaultMaxConns); one more is refused at once.
 	MaxConns int
+	// MaxInflight is a hard ceiling on open inference requests above the
+	// adaptive limit (0: the adaptive limit only; overload.go); past it,
+	// or the adaptive limit, a request is refused 503 gateway_overloaded
+	// before its body is read.
+	MaxInflight int
 	// Prefix is the subject prefix (default "llm"); Bucket the table bucket.
 	Prefix, Bucket string
 	// StateDir keeps the last good table.
@@ -210,6 +215,7 @@ type Gateway struct {
 	disp     *dispatcher
 	metrics  *metrics
 	budget   retryBudget
+	conc     *concurrency // the adaptive concurrency limit
 	cold     *coldWaits
 	replyPfx string
 	// routedPfx is the subject space of the brokers' routed notices to
@@ -282,6 +288,7 @@ func (c *Config) Validate() error {
 		check.Duration("keepalive-timeout", c.KeepAliveTimeout, 0, time.Hour),
 		check.Duration("LinkCheck", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
+		check.Range("max-inflight", c.MaxInflight, 0, 1<<20),
 		check.Size("max-file-bytes", c.MaxFileBytes, 0, MaxFileBytesCeiling),
 		check.Range("max-file-lines", c.MaxFileLines, 0, 10_000_000),
 		check.Range("batch-replicas", c.BatchReplicas, 0, 5),
@@ -321,6 +328,13 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	g.disp = newDispatcher(cfg.HandoffDepth, g.lateRoute)
 	g.metrics = newMetrics(cfg.Registerer)
 	g.cold = newColdWaits(cfg.MaxColdWaits, cfg.Registerer)
+	g.conc = newConcurrency(cfg.MaxInflight, time.Now())
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_gateway_inflight_limit",
+			Help: "The adaptive concurrency limit on open inference requests (bounded by --max-inflight): past it, requests are refused 503 gateway_overloaded.",
+		}, g.conc.Limit))
+	}
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
 	g.exposed = exposedHeaders()

@@ -36,6 +36,7 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 			writeErrorAs(w, dialectOf(endpoint), apiErr)
 			return
 		}
+		defer g.conc.done(u.tenant)
 		u.started = start
 		g.relay(w, r, u)
 	}
@@ -74,7 +75,11 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 
 // prepare turns the HTTP request into an upstream request, or the 4xx that
 // it deserves without ever reaching a broker.
-func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (*upstream, *subjects.APIError) {
+//
+// The request holds a place under the gateway's concurrency limit from
+// before its body is read: prepare gives it back when it fails, the
+// caller when the request is over.
+func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (_ *upstream, apiErr *subjects.APIError) {
 	tenant, apiErr := g.tenantOf(r, t)
 	if apiErr != nil {
 		return nil, apiErr
@@ -113,6 +118,19 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		return nil, badHeader("X-Request-Id", "must be 1 to 128 printable ASCII characters")
 	}
 
+	if !g.conc.admit(tenant, priority == subjects.PriorityBatch) {
+		g.metrics.overloaded.WithLabelValues(priority).Inc()
+		// The body is never read, so the connection cannot carry another
+		// request: closing it also spares net/http reading the body
+		// before it answers.
+		w.Header().Set("Connection", "close")
+		return nil, errOverloaded()
+	}
+	defer func() {
+		if apiErr != nil {
+			g.conc.done(tenant)
+		}
+	}()
 	body, apiErr := g.receiveBody(w, r)
 	if apiErr != nil {
 		return nil, apiErr

@@ -29,6 +29,7 @@ type metrics struct {
 	openConns      prometheus.Gauge
 	refusedConns   prometheus.Counter
 	resumes        *prometheus.CounterVec
+	overloaded     *prometheus.CounterVec
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -86,8 +87,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_resumes_total",
 			Help: "Answers whose replica failed mid-answer, by cause and outcome: completed or failed on another replica, or impossible (the request or the budget did not allow a continuation).",
 		}, []string{"cause", "outcome"}),
+		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_gateway_overloaded_total",
+			Help: "Inference requests refused 503 gateway_overloaded before their body was read, by priority: the open requests were at the adaptive concurrency limit (switchyard_gateway_inflight_limit) or --max-inflight.",
+		}, []string{"priority"}),
 		models: map[string]struct{}{},
 	}
+	m.overloaded.WithLabelValues("interactive")
+	m.overloaded.WithLabelValues("batch")
 	// Every cause is exported from the start, so a rate() over it works
 	// before the first error.
 	for _, cause := range []string{"engine", "idle_timeout", "sequence_gap", "slow_client", "nats_disconnect"} {
@@ -99,7 +106,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded)
 	}
 	return m
 }

@@ -587,6 +587,10 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}
 	l.accepted, l.replica, l.next = true, f.Replica, 1
+	if st := l.out.u.started; !st.IsZero() {
+		now := time.Now()
+		l.g.conc.observe(now.Sub(st), now)
+	}
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {
 		l.probe = time.NewTimer(p)

@@ -84,7 +84,7 @@ func (s *response) rejection(f reply.Frame) result {
 		if rejectionError(f).Code == subjects.CodeNoReplicas {
 			code = subjects.CodeNoReplicas
 		}
-		e := &subjects.APIError{Status: status, Code: code, Message: "replica " + rep + " turned the request away"}
+		e := &subjects.APIError{Status: http.StatusServiceUnavailable, Code: code, Message: "replica " + rep + " turned the request away"}
 		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
 			e.RetryAfter = time.Duration(n) * time.Second
 		}
@@ -140,7 +140,9 @@ func (s *response) passRejection(f reply.Frame) {
 func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIError, err error) {
 	status := cmp.Or(f.Status, 502)
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
-		e := &subjects.APIError{Status: status, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(status) + ")"}
+		// all_replicas_busy is a 503 whatever the engine said: the
+		// client's answer is about the replicas, not one engine's 429.
+		e := &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(status) + ")"}
 		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
 			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
 		}

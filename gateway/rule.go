@@ -239,6 +239,13 @@ func (g *Gateway) conclude(out *response, r result) {
 
 // Errors of the failures the gateway itself detects.
 
+// errOverloaded refuses a request past the gateway's concurrency limit.
+func errOverloaded() *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeGatewayOverloaded, "The gateway is at its limit of open requests; retry later.")
+	e.RetryAfter = time.Second
+	return e
+}
+
 func errOffline() *subjects.APIError {
 	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway is not connected to NATS")
 	e.RetryAfter = time.Second
