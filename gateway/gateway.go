@@ -60,6 +60,12 @@ const MaxRetriesCeiling = 10
 // the default accept timeout without one means the copy is stuck.
 const DefaultRoutedTimeout = 250 * time.Millisecond
 
+// DefaultOfflineWait is how long a request waits for a NATS link that is
+// down to carry again: a silent server is given up within about 2 s
+// (natsconn's liveness check), and the reconnect to another member takes
+// a moment more.
+const DefaultOfflineWait = 3 * time.Second
+
 // MaxCopies bounds the copies of one attempt sent to the broker queue group
 // (RoutedTimeout), the first included.
 const MaxCopies = 16
@@ -92,6 +98,12 @@ type Config struct {
 	// MaxConns bounds the open client connections (default
 	// DefaultMaxConns); one more is refused at once.
 	MaxConns int
+	// OfflineWait is how long a request waits for the gateway's NATS link
+	// to carry again (reconnected, not silent) before it is answered 503
+	// router_unavailable (default DefaultOfflineWait; negative: not at
+	// all). Within it, a request of which nothing reached the client goes
+	// through the new connection.
+	OfflineWait time.Duration
 	// MaxInflight is a hard ceiling on open inference requests above the
 	// adaptive limit (0: the adaptive limit only; overload.go); past it,
 	// or the adaptive limit, a request is refused 503 gateway_overloaded
@@ -289,6 +301,7 @@ func (c *Config) Validate() error {
 		check.Duration("LinkCheck", c.LinkCheck, 0, time.Minute),
 		check.Range("max-conns", c.MaxConns, 0, 1<<20),
 		check.Range("max-inflight", c.MaxInflight, 0, 1<<20),
+		check.Duration("offline-wait", c.OfflineWait, math.MinInt64, time.Minute),
 		check.Size("max-file-bytes", c.MaxFileBytes, 0, MaxFileBytesCeiling),
 		check.Range("max-file-lines", c.MaxFileLines, 0, 10_000_000),
 		check.Range("batch-replicas", c.BatchReplicas, 0, 5),
@@ -376,6 +389,9 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.AcceptTimeout <= 0 {
 		cfg.AcceptTimeout = time.Second
+	}
+	if cfg.OfflineWait == 0 {
+		cfg.OfflineWait = DefaultOfflineWait
 	}
 	if cfg.RoutedTimeout == 0 {
 		cfg.RoutedTimeout = DefaultRoutedTimeout

@@ -30,6 +30,7 @@ type metrics struct {
 	refusedConns   prometheus.Counter
 	resumes        *prometheus.CounterVec
 	overloaded     *prometheus.CounterVec
+	offlineWaits   prometheus.Counter
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -91,6 +92,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_overloaded_total",
 			Help: "Inference requests refused 503 gateway_overloaded before their body was read, by priority: the open requests were at the adaptive concurrency limit (switchyard_gateway_inflight_limit) or --max-inflight.",
 		}, []string{"priority"}),
+		offlineWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_offline_waits_total",
+			Help: "Attempts that found the gateway's NATS link down (disconnected or silent) and waited up to --offline-wait for it to carry again.",
+		}),
 		models: map[string]struct{}{},
 	}
 	m.overloaded.WithLabelValues("interactive")
@@ -106,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits)
 	}
 	return m
 }

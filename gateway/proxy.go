@@ -123,22 +123,58 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// only start an engine call nobody waits for.
 		return ctxResult(ctx, "the request deadline passed before a replica answered")
 	}
-	if g.silent.Load() {
-		// The connection looks open but carries nothing: the request
-		// would wait for the accept timeout, and its retries with it.
-		// (Asked first: such a connection can hold its lock while a
-		// write waits.)
-		return result{kind: failOffline, err: errSilent(g.cfg.LinkCheck)}
-	}
-	if !g.nc.IsConnected() {
-		// Published now, the request would wait in the reconnect buffer
-		// and reach a replica after the client gave up: say so instead.
+	if !g.linkUp(ctx) {
+		if ctx.Err() != nil {
+			return ctxResult(ctx, "the request deadline passed while the gateway's NATS link was down")
+		}
+		if g.silent.Load() {
+			return result{kind: failOffline, err: errSilent(g.cfg.LinkCheck)}
+		}
 		return result{kind: failOffline, err: errOffline()}
 	}
 	res = g.attempt(ctx, out, id)
 	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
 	return res
 }
+
+// linkUp reports whether the gateway's NATS link carries: connected and
+// not silent. A link that does not waits up to OfflineWait (within the
+// request's context) for it to come back: a cut server is given up within
+// about two seconds and the connection moves to another member, so a
+// request whose body is held and of which nothing reached the client goes
+// through the new path instead of failing. (A silent connection is asked
+// first: it can hold its lock while a write waits.) Published into a link
+// that is down, the request would wait in the reconnect buffer and reach a
+// replica after the client gave up.
+func (g *Gateway) linkUp(ctx context.Context) bool {
+	up := func() bool { return !g.silent.Load() && g.nc.IsConnected() }
+	if up() {
+		return true
+	}
+	if g.cfg.OfflineWait <= 0 {
+		return false
+	}
+	g.metrics.offlineWaits.Inc()
+	wait := time.NewTimer(g.cfg.OfflineWait)
+	defer wait.Stop()
+	poll := time.NewTicker(offlinePoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait.C:
+			return up()
+		case <-poll.C:
+			if up() {
+				return true
+			}
+		}
+	}
+}
+
+// offlinePoll is how often a request waiting for the link looks at it.
+const offlinePoll = 20 * time.Millisecond
 
 // ctxResult is the result of an attempt whose context ended.
 func ctxResult(ctx context.Context, deadlineMsg string) result {
