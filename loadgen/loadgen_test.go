@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -365,5 +366,28 @@ func TestInterruptedRunReturnsPartialReport(t *testing.T) {
 	}
 	if ok := rep.Targets[0].OK; ok == 0 || ok > 100 {
 		t.Errorf("ok %d, want the few sent before the cancel", ok)
+	}
+}
+
+// Refusals (answers with an HTTP error status) are counted by their
+// OpenAI error code and timed apart from the successes.
+func TestRefusalsAreCountedByCodeAndTimed(t *testing.T) {
+	var n atomic.Int64
+	srv := newServer(t, func(w http.ResponseWriter, _ *http.Request) {
+		if n.Add(1)%2 == 0 {
+			okJSON(w, nil)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"message":"busy","type":"server_error","param":null,"code":"gateway_overloaded"}}`))
+	})
+	rep := run(t, loadgen.Config{Targets: []string{srv.URL}, Rate: 1000, Requests: 10})
+	tr := rep.Targets[0]
+	if tr.OK != 5 || tr.Errors != 5 || tr.CodesBy["gateway_overloaded"] != 5 {
+		t.Errorf("ok %d, errors %d, codes %v; want 5, 5, 5 gateway_overloaded", tr.OK, tr.Errors, tr.CodesBy)
+	}
+	if tr.Refused == nil || tr.Refused.N != 5 || tr.Latency.N != 5 {
+		t.Errorf("refusals timed %v, successes %d; want 5 and 5", tr.Refused, tr.Latency.N)
 	}
 }

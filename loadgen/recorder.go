@@ -20,7 +20,8 @@ type samples struct {
 	latency, service, ttfb, first, gaps, lag []time.Duration
 	ttft                                     []time.Duration // actual send to first data line
 	ok, errs, chunks                         int
-	errsBy                                   map[string]int
+	errsBy, codesBy                          map[string]int
+	refused                                  []time.Duration // HTTP errors: scheduled send to the answer's end
 	replicas, reasons                        map[string]int
 	errSample                                map[string]string
 	firstSched, lastSched, lastEnd           time.Time
@@ -39,6 +40,7 @@ func newRecorder(targets, perTarget int, stream bool) *recorder {
 			ttfb:      make([]time.Duration, 0, perTarget),
 			lag:       make([]time.Duration, 0, perTarget),
 			errsBy:    map[string]int{},
+			codesBy:   map[string]int{},
 			errSample: map[string]string{},
 			replicas:  map[string]int{},
 			reasons:   map[string]int{},
@@ -73,6 +75,13 @@ func (rec *recorder) add(target int, r result) {
 		s.errsBy[r.errKind]++
 		if _, ok := s.errSample[r.errKind]; !ok && r.errDetail != "" {
 			s.errSample[r.errKind] = r.errDetail
+		}
+		if !r.head.IsZero() {
+			// An answer with an HTTP error status: a refusal.
+			s.refused = append(s.refused, r.end.Sub(r.sched))
+			if r.code != "" && (len(s.codesBy) < maxLabels || s.codesBy[r.code] > 0) {
+				s.codesBy[r.code]++
+			}
 		}
 		return
 	}
@@ -164,6 +173,13 @@ func (rec *recorder) report(cfg *Config, perTarget int) *Report {
 		}
 		if s.errs > 0 {
 			t.ErrorsBy = s.errsBy
+		}
+		if len(s.refused) > 0 {
+			ref := Summarize(s.refused)
+			t.Refused = &ref
+		}
+		if len(s.codesBy) > 0 {
+			t.CodesBy = s.codesBy
 		}
 		if len(s.errSample) > 0 {
 			t.ErrorSamples = s.errSample

@@ -44,6 +44,11 @@ type TargetReport struct {
 	OK        int            `json:"ok"`
 	Errors    int            `json:"errors"`
 	ErrorsBy  map[string]int `json:"errors_by,omitempty"`
+	// CodesBy counts the answers with an HTTP error status by their
+	// OpenAI error code; Refused is their latency, from the scheduled
+	// send to the answer's end: how fast a refusal is.
+	CodesBy map[string]int `json:"codes_by,omitempty"`
+	Refused *Summary       `json:"refused,omitempty"`
 	// ErrorSamples holds, per kind, what the first such failure said (the
 	// response body of an HTTP error, shortened).
 	ErrorSamples map[string]string `json:"error_samples,omitempty"`

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -30,6 +31,7 @@ type result struct {
 	replica, reason               string          // X-Switchyard-Replica and -Reason
 	errKind                       string          // "" when the request succeeded
 	errDetail                     string          // what the failure said, shortened
+	code                          string          // an HTTP error's OpenAI error code ("" when none)
 }
 
 // maxDetail bounds the error text kept per request.
@@ -70,6 +72,7 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time, out out
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		r.errKind, r.errDetail, r.end = strconv.Itoa(resp.StatusCode), shorten(string(bytes.TrimSpace(b))), time.Now()
+		r.code = errorCode(b)
 		return r
 	}
 	if out.stream {
@@ -166,4 +169,24 @@ func classify(ctx context.Context, err error) string {
 	default:
 		return errTransport
 	}
+}
+
+// errorCode is the code of an error body in the OpenAI shape
+// ({"error": {"code": …}}), "" when it has none.
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code any `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	switch c := e.Error.Code.(type) {
+	case string:
+		return shorten(c)
+	case float64:
+		return strconv.FormatFloat(c, 'f', -1, 64)
+	}
+	return ""
 }

@@ -178,6 +178,7 @@ func render(r *results) string {
 			p("| %g | %s | %s | %s | %.2f%% | %s |\n", s.Rate, s.Path, f3(s.P50), f3(s.P99), 100*s.ErrorRate, f3(s.SendLag))
 		}
 		p("\n")
+		renderOverload(p, r.Overload)
 	}
 	if r.ProfileTop != "" {
 		p("### Where Switchyard's time goes\n\n")

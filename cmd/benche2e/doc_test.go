@@ -99,3 +99,24 @@ func TestJudgeMany(t *testing.T) {
 		}
 	}
 }
+
+// The overload phase is judged on all three targets, and a lost request
+// fails it whatever the latencies.
+func TestJudgeOverload(t *testing.T) {
+	ph := func(p99, refusal float64, lost int) *overloadPhase {
+		return &overloadPhase{CapacityP99: loadgen.Dur(10 * time.Millisecond), Lost: lost,
+			Report: &loadgen.Report{Targets: []loadgen.TargetReport{{
+				Latency: loadgen.Summary{P99: loadgen.Dur(time.Duration(p99 * float64(time.Millisecond)))},
+				Refused: &loadgen.Summary{N: 10, P99: loadgen.Dur(time.Duration(refusal * float64(time.Millisecond)))},
+			}}}}
+	}
+	for _, c := range []struct {
+		p99, refusal float64
+		lost         int
+		met          bool
+	}{{14, 2, 0, true}, {16, 2, 0, false}, {14, 6, 0, false}, {14, 2, 1, false}} {
+		if met, why := judgeOverload(ph(c.p99, c.refusal, c.lost)); met != c.met {
+			t.Errorf("p99 %v ms, refusal p99 %v ms, lost %d: met %v (%s), want %v", c.p99, c.refusal, c.lost, met, why, c.met)
+		}
+	}
+}

@@ -61,12 +61,14 @@ type results struct {
 	BodiesStages *stages.Summary `json:"bodies_stages,omitempty"`
 	// MaxHeld is the highest step each path held (0: none); StepsEnded
 	// says why stepping stopped early for a path, if it did.
-	MaxHeld      map[string]float64 `json:"max_held"`
-	StepsEnded   map[string]string  `json:"steps_ended,omitempty"`
-	Many         *manyPhase         `json:"many,omitempty"`
-	ProfileTop   string             `json:"profile_top,omitempty"`
-	ProfileParts []profilePart      `json:"profile_parts,omitempty"`
-	Elapsed      loadgen.Dur        `json:"elapsed_ms"`
+	MaxHeld map[string]float64 `json:"max_held"`
+	// Overload is Switchyard at twice the rate it held (overload.go).
+	Overload     *overloadPhase    `json:"overload,omitempty"`
+	StepsEnded   map[string]string `json:"steps_ended,omitempty"`
+	Many         *manyPhase        `json:"many,omitempty"`
+	ProfileTop   string            `json:"profile_top,omitempty"`
+	ProfileParts []profilePart     `json:"profile_parts,omitempty"`
+	Elapsed      loadgen.Dur       `json:"elapsed_ms"`
 }
 
 type configJSON struct {
@@ -156,6 +158,9 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 		}
 	}
 	if err := b.stepUp(ctx); err != nil {
+		return err
+	}
+	if b.results.Overload, err = b.overload(ctx); err != nil {
 		return err
 	}
 	if len(cfg.many.rates) > 0 {
