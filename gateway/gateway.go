@@ -98,11 +98,12 @@ type Config struct {
 	// MaxConns bounds the open client connections (default
 	// DefaultMaxConns); one more is refused at once.
 	MaxConns int
-	// OfflineWait is how long a request waits for the gateway's NATS link
-	// to carry again (reconnected, not silent) before it is answered 503
-	// router_unavailable (default DefaultOfflineWait; negative: not at
-	// all). Within it, a request of which nothing reached the client goes
-	// through the new connection.
+	// OfflineWait is how long a request whose attempt failed with the
+	// gateway's NATS link (before any replica accepted it) waits for the
+	// link to carry again (reconnected, not silent) before it is answered
+	// 503 router_unavailable (default DefaultOfflineWait; negative: not at
+	// all). Within it, the request goes through the new connection. A new
+	// request on a link that is down is answered at once.
 	OfflineWait time.Duration
 	// MaxInflight is a hard ceiling on open inference requests above the
 	// adaptive limit (0: the adaptive limit only; overload.go); past it,

@@ -123,7 +123,7 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// only start an engine call nobody waits for.
 		return ctxResult(ctx, "the request deadline passed before a replica answered")
 	}
-	if !g.linkUp(ctx) {
+	if !g.linkUp(ctx, out.attempt != "") {
 		if ctx.Err() != nil {
 			return ctxResult(ctx, "the request deadline passed while the gateway's NATS link was down")
 		}
@@ -138,32 +138,36 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 }
 
 // linkUp reports whether the gateway's NATS link carries: connected and
-// not silent. A link that does not waits up to OfflineWait (within the
-// request's context) for it to come back: a cut server is given up within
-// about two seconds and the connection moves to another member, so a
-// request whose body is held and of which nothing reached the client goes
-// through the new path instead of failing. (A silent connection is asked
-// first: it can hold its lock while a write waits.) Published into a link
-// that is down, the request would wait in the reconnect buffer and reach a
-// replica after the client gave up.
-func (g *Gateway) linkUp(ctx context.Context) bool {
+// not silent. For a request already under way (wait: an attempt of it went
+// out and failed with the link, before any replica accepted it) a link
+// that does not waits up to OfflineWait (within the request's context) for
+// it to come back: a cut server is given up within about two seconds and
+// the connection moves to another member, so a request whose body is held
+// and of which nothing reached the client goes through the new path
+// instead of failing. A new request is answered at once: the gateway is
+// unready (/readyz), and a load balancer or client does better sending it
+// to another gateway. (A silent connection is asked first: it can hold its
+// lock while a write waits.) Published into a link that is down, the
+// request would wait in the reconnect buffer and reach a replica after the
+// client gave up.
+func (g *Gateway) linkUp(ctx context.Context, wait bool) bool {
 	up := func() bool { return !g.silent.Load() && g.nc.IsConnected() }
 	if up() {
 		return true
 	}
-	if g.cfg.OfflineWait <= 0 {
+	if !wait || g.cfg.OfflineWait <= 0 {
 		return false
 	}
 	g.metrics.offlineWaits.Inc()
-	wait := time.NewTimer(g.cfg.OfflineWait)
-	defer wait.Stop()
+	limit := time.NewTimer(g.cfg.OfflineWait)
+	defer limit.Stop()
 	poll := time.NewTicker(offlinePoll)
 	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-wait.C:
+		case <-limit.C:
 			return up()
 		case <-poll.C:
 			if up() {

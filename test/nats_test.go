@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,8 +19,7 @@ import (
 
 // TestNATSServerRestart takes the NATS server away under a stream and
 // brings it back on the same port and store: the stream in flight fails
-// explicitly, requests during the outage wait for the link (--offline-wait)
-// and get an explicit 503, those it comes back under go through, and every
+// explicitly, requests during the outage get a fast explicit 503, and every
 // part reconnects by itself so requests flow again.
 func TestNATSServerRestart(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: l8(), Speed: 1})
@@ -38,38 +36,15 @@ func TestNATSServerRestart(t *testing.T) {
 	if o.done || o.code != subjects.CodeRouterUnavailable {
 		t.Errorf("stream in flight when NATS went down: %v; want an SSE error event router_unavailable", o)
 	}
-	// A request during the outage waits for the link up to
-	// --offline-wait, then gets an explicit 503.
-	var wg sync.WaitGroup
-	during := make([]outcome, 5)
-	for i := range during {
-		wg.Go(func() { during[i] = send(context.Background(), url, chatBody("chat-small", 1, false)) })
-	}
-	wg.Wait()
-	for _, o := range during {
-		if o.status != 503 || o.code != subjects.CodeRouterUnavailable || o.took > gateway.DefaultOfflineWait+time.Second {
-			t.Errorf("request while NATS is down: %v; want 503 router_unavailable after the offline wait", o)
+	for range 5 {
+		o := send(context.Background(), url, chatBody("chat-small", 1, false))
+		if o.status != 503 || o.code != subjects.CodeRouterUnavailable || o.took > time.Second {
+			t.Errorf("request while NATS is down: %v; want a fast 503 router_unavailable", o)
 		}
 	}
-	// Requests that arrive while it is down and that it comes back under
-	// go through the new connection, or fail explicitly.
-	waiting := make([]outcome, 3)
-	for i := range waiting {
-		wg.Go(func() { waiting[i] = send(context.Background(), url, chatBody("chat-small", 1, false)) })
-	}
-	time.Sleep(500 * time.Millisecond) // a real outage: clients wait meanwhile
+	time.Sleep(500 * time.Millisecond) // a real outage: clients retry meanwhile
 	if err := st.StartNATS(); err != nil {
 		t.Fatal(err)
-	}
-	wg.Wait()
-	served := 0
-	for _, o := range waiting {
-		switch {
-		case o.status == 200 && o.done:
-			served++
-		case !o.explicit():
-			t.Errorf("request waiting for the link was not answered explicitly: %v", o)
-		}
 	}
 	var lastErr outcome
 	took := testkit.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
@@ -84,8 +59,8 @@ func TestNATSServerRestart(t *testing.T) {
 		return fmt.Errorf("not yet: %v", o)
 	})
 
-	t.Logf("NATS down: the stream failed in %v; requests got 503 after the %v offline wait; %d of %d waiting through the restart served; after it requests flowed in %v (last error before: %v)",
-		failedIn.Round(time.Millisecond), gateway.DefaultOfflineWait, served, len(waiting), took.Round(time.Millisecond), lastErr)
+	t.Logf("NATS down: the stream failed in %v; requests got 503 in ≤1s; after the restart requests flowed in %v (last error before: %v)",
+		failedIn.Round(time.Millisecond), took.Round(time.Millisecond), lastErr)
 	// Both replicas serve again, and the table is writable (adapters
 	// re-register through the new server).
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {

@@ -38,7 +38,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.BatchReplicas, "batch-replicas", 1, "replicas of the llm-files object store and the llm-batches bucket, when the gateway creates them (1 to 5)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 2, fmt.Sprintf("other replicas tried after a failed attempt (0: none; at most %d)", gateway.MaxRetriesCeiling))
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight requests may run after SIGTERM (at most 1h)")
-	fs.DurationVar(&cfg.OfflineWait, "offline-wait", gateway.DefaultOfflineWait, "how long a request waits for the gateway's NATS link to carry again (reconnected, not silent) before 503 router_unavailable; nothing of it reached the client, so it goes through the new connection (-1s: not at all; at most 1m)")
+	fs.DurationVar(&cfg.OfflineWait, "offline-wait", gateway.DefaultOfflineWait, "how long a request whose attempt failed with the gateway's NATS link, before any replica accepted it, waits for the link to carry again (reconnected, not silent) and goes through it, before 503 router_unavailable (-1s: not at all; at most 1m); a new request on a link that is down is answered at once")
 	fs.DurationVar(&cfg.RoutedTimeout, "routed-timeout", gateway.DefaultRoutedTimeout, "time without a broker's routed notice after which the request is sent to the broker queue group again as a copy (-1s: never; at most 1m)")
 	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never; at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
