@@ -77,6 +77,9 @@ func TestSilentNATSLinkIsUnreadyAndFailsFast(t *testing.T) {
 			t.Errorf("a request with the link cut: %d Retry-After %q after %v: %s; want 503 router_unavailable with Retry-After at once",
 				resp.StatusCode, resp.Header.Get("Retry-After"), d.Round(time.Millisecond), b)
 		}
+		if got := resp.Header.Get(gateway.HdrRetryElsewhere); got != "1" {
+			t.Errorf("%s = %q on a request sent nowhere; want 1, so a load balancer sends it to another gateway", gateway.HdrRetryElsewhere, got)
+		}
 	}
 
 	rl.Heal()

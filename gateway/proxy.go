@@ -123,14 +123,21 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// only start an engine call nobody waits for.
 		return ctxResult(ctx, "the request deadline passed before a replica answered")
 	}
-	if !g.linkUp(ctx, out.attempt != "") {
+	under := out.attempt != "" // an attempt of it went out before
+	if !g.linkUp(ctx, under) {
 		if ctx.Err() != nil {
 			return ctxResult(ctx, "the request deadline passed while the gateway's NATS link was down")
 		}
+		e := errOffline()
 		if g.silent.Load() {
-			return result{kind: failOffline, err: errSilent(g.cfg.LinkCheck)}
+			e = errSilent(g.cfg.LinkCheck)
 		}
-		return result{kind: failOffline, err: errOffline()}
+		if !under {
+			// Nothing of it went anywhere: another gateway may take it
+			// as it is (a load balancer retrying on this header).
+			e.Headers = map[string]string{HdrRetryElsewhere: "1"}
+		}
+		return result{kind: failOffline, err: e}
 	}
 	res = g.attempt(ctx, out, id)
 	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
@@ -176,6 +183,12 @@ func (g *Gateway) linkUp(ctx context.Context, wait bool) bool {
 		}
 	}
 }
+
+// HdrRetryElsewhere marks a 503 the gateway answered without sending the
+// request anywhere, because its NATS link is down: a load balancer may send
+// the same request to another gateway (Envoy: retry_on
+// retriable-headers).
+const HdrRetryElsewhere = "X-Switchyard-Retry-Elsewhere"
 
 // offlinePoll is how often a request waiting for the link looks at it.
 const offlinePoll = 20 * time.Millisecond

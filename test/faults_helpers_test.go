@@ -34,6 +34,9 @@ type outcome struct {
 	done    bool   // a complete answer: [DONE] for a stream, a parsed body otherwise
 	err     error  // transport error (connection refused, reset, timeout)
 	took    time.Duration
+	// elsewhere: the gateway sent the request nowhere and says another
+	// may take it (gateway.HdrRetryElsewhere).
+	elsewhere bool
 }
 
 // explicit reports whether the client was told clearly how the request

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/gateway"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -383,7 +384,8 @@ func tableWritable(js jetstream.JetStream, since time.Time, key string) (time.Du
 // conversations, long contexts, premium, streamed and not, through a load
 // balancer (balance): a gateway whose /readyz fails is out of the rotation
 // until it passes again, and a request a gateway cannot take (connection
-// refused) goes to the other.
+// refused, or a 503 that says gateway.HdrRetryElsewhere, as Envoy's
+// retriable-headers retries) goes to the other.
 type clusterLoad struct {
 	gateways                               []string
 	total, ok, failed, lost, hung, retried atomic.Int64
@@ -435,7 +437,7 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 		}
 		start := time.Now()
 		o, version := l.send(l.gateways[g], key, conv, body)
-		if l.refused(g, o) {
+		if l.refused(g, o) || o.elsewhere {
 			l.retried.Add(1)
 			g = 1 - g
 			o, version = l.send(l.gateways[g], key, conv, body)
@@ -557,11 +559,11 @@ func (l *clusterLoad) refused(g int, o outcome) bool {
 	return l.stopping.Load() == int64(g+1) && !errors.Is(o.err, context.DeadlineExceeded)
 }
 
-func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
+func (l *clusterLoad) send(gw, key, conv, body string) (outcome, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), hangBound)
 	defer cancel()
 	start := time.Now()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -576,6 +578,7 @@ func (l *clusterLoad) send(gateway, key, conv, body string) (outcome, string) {
 	defer resp.Body.Close()
 	o := readAnswer(resp)
 	o.took = time.Since(start)
+	o.elsewhere = resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(gateway.HdrRetryElsewhere) == "1"
 	return o, resp.Header.Get("X-Switchyard-Version")
 }
 
