@@ -23,8 +23,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
