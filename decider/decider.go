@@ -92,6 +92,9 @@ type Decider struct {
 	// kvSyncAt is when this decider last asked adapters to resend their
 	// engines' keys (llm.kvsync), unix ns.
 	kvSyncAt atomic.Int64
+	// selfHeard is when its own presence last came back to it (unix ns;
+	// 0: not yet): the evidence that the bus carries to it (lagWatch).
+	selfHeard atomic.Int64
 
 	runMu  sync.Mutex // guards subs and cancel
 	subs   []*nats.Subscription

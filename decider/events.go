@@ -209,6 +209,10 @@ func (b *Decider) onPresence(m *nats.Msg) {
 		b.refuse(refusedPresence, "presence with an invalid decider id, kind or size ignored")
 		return
 	}
+	if a.ID == b.cfg.ID {
+		// Its own presence come back: the bus carries to it.
+		b.selfHeard.Store(b.cfg.Now().UnixNano())
+	}
 	sh, ok := b.peers.observeNew(a, b.cfg.Now(), 3*b.cfg.PresenceEvery)
 	if !ok {
 		b.refuse(refusedPresence, "presence beyond the decider limit ignored", "decider", a.ID)
@@ -255,36 +259,34 @@ func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
 }
 
 // heartbeatsPendingHigh is the backlog on the heartbeat subscription the
-// decider reports as its own lag: a few seconds of heartbeats from a
+// decider takes as its own lag: a few seconds of heartbeats from a
 // thousand replicas.
 const heartbeatsPendingHigh = 5000
 
-// lagWatch says, once per episode, when the decider lags behind the
-// replicas: it has heard none of them for longer than stale_after (the
-// router then keeps them: policy.Router.Deafness), or its heartbeat
-// subscription holds a backlog. Owned by presenceLoop.
-type lagWatch struct{ deaf, backlog bool }
+// lagWatch decides, every presence period, whether the decider lags behind
+// the bus, on evidence of its own: its presence has not come back to it
+// within three periods (its process starved or paused, its link silent),
+// or heartbeats wait to be handled. While it lags, the router takes the
+// replicas' silence as its own (policy.Router.SetLagging), and a metric
+// and one log line per episode say so. Owned by presenceLoop.
+type lagWatch struct{ lagging bool }
 
 func (w *lagWatch) check(b *Decider) {
-	deaf := b.router.Deafness(b.cfg.Now())
+	now := b.cfg.Now()
+	pending := b.heartbeatsPending()
+	echo := b.selfHeard.Load()
+	stale := echo != 0 && now.UnixNano()-echo > int64(3*b.cfg.PresenceEvery)
+	lagging := stale || pending >= heartbeatsPendingHigh
+	b.router.SetLagging(lagging)
 	switch {
-	case deaf > 0 && !w.deaf:
-		w.deaf = true
+	case lagging && !w.lagging:
 		b.metrics.observerLags.Inc()
-		b.log.Warn("no heartbeat heard from any replica: taken as this decider's own lag, its replicas are kept",
-			"silent_past_stale_after", deaf.Round(time.Millisecond), "pending", b.heartbeatsPending())
-	case deaf == 0 && w.deaf:
-		w.deaf = false
-		b.log.Info("hearing the replicas again")
+		b.log.Warn("this decider lags behind the bus: the replicas' silence meanwhile is taken as its own, and they are kept",
+			"own_presence_age", time.Duration(now.UnixNano()-echo).Round(time.Millisecond), "heartbeats_pending", pending)
+	case !lagging && w.lagging:
+		b.log.Info("this decider keeps up with the bus again")
 	}
-	switch n := b.heartbeatsPending(); {
-	case n >= heartbeatsPendingHigh && !w.backlog:
-		w.backlog = true
-		b.log.Warn("heartbeats wait to be handled: this decider lags behind the replicas", "pending", n)
-	case n < heartbeatsPendingHigh/2 && w.backlog:
-		w.backlog = false
-		b.log.Info("heartbeat backlog handled")
-	}
+	w.lagging = lagging
 }
 
 // heartbeatsPending is the backlog on the heartbeat subscription (0

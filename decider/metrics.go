@@ -164,7 +164,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		}),
 		observerLags: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_broker_observer_lags_total",
-			Help: "Times this decider heard no replica for longer than stale_after and took it as its own lag (switchyard_broker_observer_lag_seconds).",
+			Help: "Times this decider found itself lagging behind the bus (its own presence not back within three presence periods, or 5,000 heartbeats waiting) and took the replicas' silence as its own (switchyard_broker_observer_lag_seconds).",
 		}),
 		ttftError: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "switchyard_broker_predicted_ttft_error_seconds",
@@ -201,7 +201,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	})
 	observerLag := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_observer_lag_seconds",
-		Help: "How long this decider has heard no heartbeat from any replica beyond stale_after: taken as its own lag, so its replicas are kept (0: it hears them).",
+		Help: "How long this decider, lagging behind the bus (its own presence late, or heartbeats waiting), has heard no heartbeat from any replica: taken as its own silence, so its replicas are kept (0: it does not lag).",
 	}, func() float64 { return b.router.Deafness(b.cfg.Now()).Seconds() })
 	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_heartbeats_pending",

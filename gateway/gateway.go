@@ -105,10 +105,10 @@ type Config struct {
 	// all). Within it, the request goes through the new connection. A new
 	// request on a link that is down is answered at once.
 	OfflineWait time.Duration
-	// MaxInflight is a hard ceiling on open inference requests above the
-	// adaptive limit (0: the adaptive limit only; overload.go); past it,
-	// or the adaptive limit, a request is refused 503 gateway_overloaded
-	// before its body is read.
+	// MaxInflight is a hard ceiling on open inference requests, accepted
+	// or not, over the adaptive limit on those not yet accepted (0: the
+	// adaptive limit only; overload.go); past either, a request is
+	// refused 503 gateway_overloaded before its body is read.
 	MaxInflight int
 	// Prefix is the subject prefix (default "llm"); Bucket the table bucket.
 	Prefix, Bucket string
@@ -346,7 +346,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "switchyard_gateway_inflight_limit",
-			Help: "The adaptive concurrency limit on open inference requests (bounded by --max-inflight): past it, requests are refused 503 gateway_overloaded.",
+			Help: "The adaptive concurrency limit on inference requests admitted and not yet accepted by a replica (bounded by --max-inflight): past it, requests are refused 503 gateway_overloaded.",
 		}, g.conc.Limit))
 	}
 	g.budget.ratio = cfg.RetryBudget

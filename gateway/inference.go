@@ -36,7 +36,8 @@ func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 			writeErrorAs(w, dialectOf(endpoint), apiErr)
 			return
 		}
-		defer g.conc.done(u.tenant)
+		u.admitted = true
+		defer func() { g.conc.done(u.tenant, u.accepted) }()
 		u.started = start
 		g.relay(w, r, u)
 	}
@@ -118,17 +119,21 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		return nil, badHeader("X-Request-Id", "must be 1 to 128 printable ASCII characters")
 	}
 
-	if !g.conc.admit(tenant, priority == subjects.PriorityBatch) {
+	if !g.conc.admit(tenant, priority == subjects.PriorityBatch, time.Now()) {
 		g.metrics.overloaded.WithLabelValues(priority).Inc()
-		// The body is never read, so the connection cannot carry another
-		// request: closing it also spares net/http reading the body
-		// before it answers.
-		w.Header().Set("Connection", "close")
+		if r.ProtoMajor == 1 {
+			// The body is never read, so the connection cannot carry
+			// another request: closing it also spares net/http reading
+			// the body before it answers. (An HTTP/2 stream is reset on
+			// its own; closing would end the client's other streams.)
+			w.Header().Set("Connection", "close")
+		}
 		return nil, errOverloaded()
 	}
+	prepared := false
 	defer func() {
-		if apiErr != nil {
-			g.conc.done(tenant)
+		if !prepared { // an error, or a panic net/http recovers from
+			g.conc.done(tenant, false)
 		}
 	}()
 	body, apiErr := g.receiveBody(w, r)
@@ -191,6 +196,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	} else {
 		h[subjects.HdrTraceparent] = []string{newTraceparent()}
 	}
+	prepared = true
 	return &upstream{
 		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
 		body: body, hdr: h, deadline: deadline, bodyAt: bodyAt,

@@ -10,13 +10,16 @@ import (
 // The adaptive concurrency limit: a gateway that is itself the bottleneck
 // (its cores starved, its bus hop slow) refuses early and cheaply, before it
 // reads a body, instead of timing out late. As Envoy's adaptive concurrency
-// filter, the limit on open requests follows the latency of admitted
-// requests against its measured minimum: each window, the limit is
-// multiplied by the gradient (minimum + slack) / window p90, clamped to
-// [½, 2], plus a headroom of its square root. The latency is the time from
-// a request's arrival to its replica's accept: what the gateway, the bus
-// and the adapter add, without the engine's generation, whose length says
-// nothing of the router.
+// filter, the limit follows the latency of admitted requests against its
+// measured minimum: each window, the limit is multiplied by the gradient
+// (minimum + slack) / window p90, clamped to [½, 2], plus a headroom of its
+// square root. What it limits and measures is the router's own part: the
+// requests admitted and not yet accepted by a replica (a long stream, once
+// accepted, no longer counts), and the time from a request's first attempt
+// going out to its accept (a retry, a resume or a wait for the link is not
+// a sample). The adapter may hold its accept back a little to send it with
+// the engine's head (replica-adapter's accept delay), so the slack is
+// generous. --max-inflight is a hard ceiling over every open request.
 const (
 	// InitialInflightLimit is the limit a gateway starts with: its
 	// connection limit's default, so a gateway that is not slow refuses
@@ -29,10 +32,11 @@ const (
 	limitWindow  = 500 * time.Millisecond
 	limitSamples = 16
 	// limitSlack is the latency above the minimum that does not count as
-	// slower: a quarter of it, and 5 ms (accepts on loopback take well
-	// under one, and their jitter is not overload).
+	// slower: a quarter of it, and 50 ms (accepts on loopback take well
+	// under a millisecond, but an adapter may hold one back until its
+	// engine's head, up to its accept delay; that jitter is not overload).
 	limitSlackShare = 0.25
-	limitSlack      = 5 * time.Millisecond
+	limitSlack      = 50 * time.Millisecond
 	// minRTTBuckets × minRTTBucket is the memory of the minimum: each
 	// bucket keeps its windows' lowest median, and the minimum is the
 	// lowest bucket, so a minimum measured under a load that has gone
@@ -50,9 +54,10 @@ type concurrency struct {
 
 	mu       sync.Mutex
 	limit    float64
-	inflight int
-	peak     int            // the most open in the window
-	tenants  map[string]int // open requests per tenant
+	open     int            // admitted and not over (the ceiling's count)
+	pending  int            // admitted and not yet accepted (the limit's count)
+	peak     int            // the most pending in the window
+	tenants  map[string]int // pending per tenant
 	window   []float64      // accept latencies of the window, seconds
 	windowAt time.Time
 	mins     [minRTTBuckets]float64 // per bucket, its windows' lowest median (0: none)
@@ -75,23 +80,30 @@ func (c *concurrency) clamp(l float64) float64 {
 	return l
 }
 
-// admit takes one open request of tenant, or refuses it. Past the
+// admit takes one request of tenant at now, or refuses it. Past the
 // ceiling everything is refused. Past the limit, batch work is refused
 // from batchShare of it on; interactive work is refused once the limit is
 // reached unless its tenant holds less than its fair share of it (the
-// limit over the tenants with requests open, this one counted), the same
-// order as the pools' fair shedding.
-func (c *concurrency) admit(tenant string, batch bool) bool {
+// limit over the tenants with requests pending, this one counted), the
+// same order as the pools' fair shedding. A limit that has had no sample
+// for two windows (nothing admitted reached a replica: all refused, or
+// none came) grows back by half a window's gradient each window, so a
+// limit cut by a burst does not stay cut for want of samples.
+func (c *concurrency) admit(tenant string, batch bool, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ceiling > 0 && c.inflight >= c.ceiling {
+	if c.ceiling > 0 && c.open >= c.ceiling {
 		return false
+	}
+	if idle := now.Sub(c.windowAt); idle >= 2*limitWindow && len(c.window) == 0 {
+		c.limit = c.clamp(c.limit * math.Pow(1.5, float64(idle/limitWindow-1)))
+		c.windowAt = now
 	}
 	lim := c.limit
 	if batch {
 		lim *= batchShare
 	}
-	if float64(c.inflight) >= lim {
+	if float64(c.pending) >= lim {
 		if batch {
 			return false
 		}
@@ -104,21 +116,38 @@ func (c *concurrency) admit(tenant string, batch bool) bool {
 			return false
 		}
 	}
-	c.inflight++
-	c.peak = max(c.peak, c.inflight)
+	c.open++
+	c.pending++
+	c.peak = max(c.peak, c.pending)
 	c.tenants[tenant]++
 	return true
 }
 
-// done gives back an open request of tenant.
-func (c *concurrency) done(tenant string) {
+// accepted moves a request of tenant from pending to open only: a
+// replica took it.
+func (c *concurrency) accepted(tenant string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.inflight--
+	c.unpend(tenant)
+}
+
+func (c *concurrency) unpend(tenant string) {
+	c.pending--
 	if n := c.tenants[tenant] - 1; n > 0 {
 		c.tenants[tenant] = n
 	} else {
 		delete(c.tenants, tenant)
+	}
+}
+
+// done gives back a request of tenant; accepted says whether accepted
+// was called for it.
+func (c *concurrency) done(tenant string, accepted bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.open--
+	if !accepted {
+		c.unpend(tenant)
 	}
 }
 
@@ -129,8 +158,8 @@ func (c *concurrency) Limit() float64 {
 	return c.limit
 }
 
-// observe records an admitted request's accept latency at now, and moves
-// the limit when the window is over.
+// observe records a first attempt's publish-to-accept latency at now, and
+// moves the limit when the window is over.
 func (c *concurrency) observe(latency time.Duration, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -148,11 +177,11 @@ func (c *concurrency) observe(latency time.Duration, now time.Time) {
 	gradient = min(max(gradient, 0.5), 2)
 	next := c.limit*gradient + math.Sqrt(c.limit)
 	if gradient >= 1 && float64(c.peak) < c.limit/2 {
-		// Not slower, and not in use: a limit grown past what is open
-		// would let the next burst through unmeasured.
+		// Not slower, and not in use: a limit grown past what is
+		// pending would let the next burst through unmeasured.
 		next = c.limit
 	}
-	c.limit, c.peak = c.clamp(next), c.inflight
+	c.limit, c.peak = c.clamp(next), c.pending
 }
 
 // remember keeps a window's median in the bucket of now.

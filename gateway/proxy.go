@@ -33,6 +33,15 @@ type upstream struct {
 	avoid    []string // replicas slow to accept it: tried again only when no other is left
 	started  time.Time
 	bodyAt   int64 // the body's arrival on the stage recorder's clock (0: not recording)
+	// tries counts the attempts made (try); admitted says the request
+	// holds a place under the concurrency limit, accepted that a
+	// replica accepted one of its attempts (the place is then no longer
+	// pending: overload.go).
+	tries              int
+	admitted, accepted bool
+	// linkBack is when an attempt of it found the NATS link back after
+	// waiting for it (zero: it never waited).
+	linkBack time.Time
 }
 
 // relay sends the request through brokers: attempts until one answers or
@@ -57,6 +66,10 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			}
 			continue
 		case retry:
+			if g.brokersBack(ctx, u, res) {
+				res = g.try(ctx, out)
+				continue
+			}
 			if retries >= g.cfg.MaxRetries || !g.budget.acquire() {
 				break
 			}
@@ -123,8 +136,11 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		// only start an engine call nobody waits for.
 		return ctxResult(ctx, "the request deadline passed before a replica answered")
 	}
-	under := out.attempt != "" // an attempt of it went out before
-	if !g.linkUp(ctx, under) {
+	under := out.u.tries > 0 // an attempt of it went out before
+	out.u.tries++
+	if up, waited := g.linkUp(ctx, under); waited && up {
+		out.u.linkBack = time.Now()
+	} else if !up {
 		if ctx.Err() != nil {
 			return ctxResult(ctx, "the request deadline passed while the gateway's NATS link was down")
 		}
@@ -157,13 +173,15 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 // lock while a write waits.) Published into a link that is down, the
 // request would wait in the reconnect buffer and reach a replica after the
 // client gave up.
-func (g *Gateway) linkUp(ctx context.Context, wait bool) bool {
+//
+// It reports whether the link carries, and whether it waited for it.
+func (g *Gateway) linkUp(ctx context.Context, wait bool) (ok, waited bool) {
 	up := func() bool { return !g.silent.Load() && g.nc.IsConnected() }
 	if up() {
-		return true
+		return true, false
 	}
 	if !wait || g.cfg.OfflineWait <= 0 {
-		return false
+		return false, false
 	}
 	g.metrics.offlineWaits.Inc()
 	limit := time.NewTimer(g.cfg.OfflineWait)
@@ -173,14 +191,32 @@ func (g *Gateway) linkUp(ctx context.Context, wait bool) bool {
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return false, true
 		case <-limit.C:
-			return up()
+			return up(), true
 		case <-poll.C:
 			if up() {
-				return true
+				return true, true
 			}
 		}
+	}
+}
+
+// brokersBack reports whether res is a no-responders from the brokers'
+// queue group (no replica named) soon after the link came back for the
+// request: the brokers reconnect in their own time, so it is waited out
+// within the offline wait, a poll at a time, without spending a retry.
+func (g *Gateway) brokersBack(ctx context.Context, u *upstream, res result) bool {
+	if res.kind != failNoResponders || res.replica != "" || u.linkBack.IsZero() || time.Since(u.linkBack) >= g.cfg.OfflineWait {
+		return false
+	}
+	t := time.NewTimer(offlinePoll)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -640,9 +676,15 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}
 	l.accepted, l.replica, l.next = true, f.Replica, 1
-	if st := l.out.u.started; !st.IsZero() {
-		now := time.Now()
-		l.g.conc.observe(now.Sub(st), now)
+	if u := l.out.u; u.admitted && !u.accepted {
+		// The router's part is over: the first attempt's time from
+		// going out to its accept is a sample of the limit's latency.
+		if u.tries == 1 {
+			now := time.Now()
+			l.g.conc.observe(now.Sub(l.copies[0].at), now)
+		}
+		l.g.conc.accepted(u.tenant)
+		u.accepted = true
 	}
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {

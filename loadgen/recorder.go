@@ -76,7 +76,7 @@ func (rec *recorder) add(target int, r result) {
 		if _, ok := s.errSample[r.errKind]; !ok && r.errDetail != "" {
 			s.errSample[r.errKind] = r.errDetail
 		}
-		if !r.head.IsZero() {
+		if r.refused {
 			// An answer with an HTTP error status: a refusal.
 			s.refused = append(s.refused, r.end.Sub(r.sched))
 			if r.code != "" && (len(s.codesBy) < maxLabels || s.codesBy[r.code] > 0) {

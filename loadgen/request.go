@@ -32,6 +32,7 @@ type result struct {
 	errKind                       string          // "" when the request succeeded
 	errDetail                     string          // what the failure said, shortened
 	code                          string          // an HTTP error's OpenAI error code ("" when none)
+	refused                       bool            // answered with an HTTP error status
 }
 
 // maxDetail bounds the error text kept per request.
@@ -72,7 +73,7 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time, out out
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		r.errKind, r.errDetail, r.end = strconv.Itoa(resp.StatusCode), shorten(string(bytes.TrimSpace(b))), time.Now()
-		r.code = errorCode(b)
+		r.code, r.refused = errorCode(b), true
 		return r
 	}
 	if out.stream {

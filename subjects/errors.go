@@ -27,9 +27,9 @@ const (
 	CodeModelLoading             = "model_loading"
 	CodeNoReplicas               = "no_replicas"
 	CodeRouterUnavailable        = "router_unavailable"
-	// CodeGatewayOverloaded (503): the gateway's open requests are at its
-	// adaptive concurrency limit (or --max-inflight); refused before the
-	// body is read.
+	// CodeGatewayOverloaded (503): the gateway is at its adaptive
+	// concurrency limit (or --max-inflight); refused before the body is
+	// read.
 	CodeGatewayOverloaded = "gateway_overloaded"
 	CodeNotFound                 = "not_found"
 	CodeMethodNotAllowed         = "method_not_allowed"

@@ -362,17 +362,22 @@ func TestAReconnectKeepsTheLoadView(t *testing.T) {
 	})
 }
 
-// A router that hears no replica at all cannot tell their silence from its
-// own (a stalled subscription, a starved process): it keeps them, counting
-// their silence only while others are heard. One replica silent while
-// another is heard is dead at dead_after, as before.
-func TestADeafRouterKeepsItsReplicas(t *testing.T) {
+// A router with evidence of its own lag (SetLagging) takes the replicas'
+// silence since it last heard any of them as its own, and keeps them;
+// without that evidence, a fleet silent past dead_after is gone (a whole
+// fleet can die at once), and so is one replica silent while another is
+// heard.
+func TestALaggingRouterKeepsItsReplicas(t *testing.T) {
 	e := newEnv(t) // every replica heard at t0
 	e.now = t0.Add(30 * time.Second)
-	d := e.explain(chat("qwen-coder-32b"))
-	mustRoute(t, d)
-	if got := e.r.Deafness(e.now); got != 25*time.Second {
-		t.Errorf("Deafness = %v, want 25s (30 s heard from no replica, less stale_after)", got)
+	mustReject(t, e.explain(chat("qwen-coder-32b")), 503, subjects.CodeNoReplicas)
+	e.r.SetLagging(true)
+	mustRoute(t, e.explain(chat("qwen-coder-32b")))
+	if got := e.r.Deafness(e.now); got != 30*time.Second {
+		t.Errorf("Deafness = %v, want 30s (heard from no replica since t0)", got)
+	}
+	if !e.r.HeardSince("coder-gen-0", e.now.Add(-2*time.Second), e.now) {
+		t.Error("HeardSince: a replica heard with the last of them is not recent to a lagging router")
 	}
 	e.beat("pd-decode-0", 0.1, 0, 0) // heard again: the silent ones are dead
 	if got := e.r.Deafness(e.now); got != 0 {

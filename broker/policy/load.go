@@ -41,8 +41,8 @@ func (st *decision) candidates(model, version, pool string) bool {
 	pol := &st.snap.Policy
 	p.epoch = r.view.epoch
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
-	// A replica's silence counts only while the router hears others
-	// (deafness): a stalled observer keeps its replicas.
+	// A lagging router's silence from every replica is its own, not
+	// theirs (deafness): a stalled observer keeps its replicas.
 	p.dead, p.stale = int64(pol.DeadAfter)+r.deafness(p.nowNano), int64(pol.StaleAfter)
 	if p.panicked = p.panics(list, st.snap.PanicBelow(pool)); p.panicked {
 		p.dead = math.MaxInt64 // live keeps every ready replica, heard or not

@@ -30,8 +30,10 @@ type loadView struct {
 	pruneAt int    // replicas map size that triggers the next sweep
 	epoch   uint64 // stamps the candidates of the current decision
 	// heardNano is when the newest heartbeat from any replica was
-	// received (unix ns): the observer's own hearing (deafness).
+	// received (unix ns); lagging: the decider has evidence that it lags
+	// behind the bus (Router.SetLagging). Together, its deafness.
 	heardNano int64
+	lagging   bool
 	// ejectHorizon is the latest end of an ejection (unix ns): decisions
 	// after it skip the ejection check.
 	ejectHorizon int64

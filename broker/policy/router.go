@@ -148,9 +148,9 @@ type replica struct {
 }
 
 // HeardSince reports whether replica id is ready and its last heartbeat
-// was received at or after since, the time this router has heard no
-// replica at all not counted (deafness): at now, a router that is not
-// hearing anyone cannot tell one replica's silence from its own.
+// was received at or after since; while the router lags (SetLagging), the
+// time since it last heard any replica is not counted: at now, a router
+// that is not listening cannot tell one replica's silence from its own.
 func (r *Router) HeardSince(id string, since, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -158,30 +158,31 @@ func (r *Router) HeardSince(id string, since, now time.Time) bool {
 	return x != nil && x.ready && x.hbNano >= since.UnixNano()-r.deafness(now.UnixNano())
 }
 
-// deafness is how long, at now (unix ns), this router has heard no
-// heartbeat from any replica beyond stale_after: the observer's lag, not
-// the replicas'. Heartbeats come from every replica once a period, so a
-// router hearing none of them for that long is the one that stopped
-// listening (its process starved or paused, its subscription stalled,
-// its connection silent) far more often than every replica died at once;
-// a replica's silence counts toward dead_after only while others are
-// heard. A fleet that does die at once is seen by its requests: NATS
-// answers no-responders and the deciding gateway takes each such replica
-// out (MarkGone). The caller holds r.mu.
-func (r *Router) deafness(now int64) int64 {
-	heard := r.view.heardNano
-	if heard == 0 {
-		return 0
-	}
-	stale := int64(5 * time.Second)
-	if s := r.snap.Load(); s != nil {
-		stale = int64(s.Policy.StaleAfter)
-	}
-	return max(now-heard-stale, 0)
+// SetLagging says whether this router's decider has evidence that it lags
+// behind the bus itself (its own presence is not coming back to it, or
+// heartbeats wait to be handled): then the replicas' silence since it last
+// heard any of them is taken as its own (deafness).
+func (r *Router) SetLagging(lagging bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.view.lagging = lagging
 }
 
-// Deafness is how long this router has heard no replica beyond
-// stale_after at now (see deafness); 0 while it hears them.
+// deafness is how long, at now (unix ns), a lagging router has heard no
+// heartbeat from any replica: that silence is the observer's, not the
+// replicas', and counts toward no replica's dead_after (0 while it does
+// not lag). Without evidence of its own lag, a router that hears nobody
+// takes them as gone: a fleet that dies at once is seen at dead_after.
+// The caller holds r.mu.
+func (r *Router) deafness(now int64) int64 {
+	if !r.view.lagging || r.view.heardNano == 0 {
+		return 0
+	}
+	return max(now-r.view.heardNano, 0)
+}
+
+// Deafness is how long this router, lagging, has heard no replica at now
+// (see deafness); 0 while it does not lag.
 func (r *Router) Deafness(now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -505,7 +506,7 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x, snap := r.view.replicas[id], r.snap.Load()
-	if x == nil || snap == nil || !x.liveAt(now.UnixNano(), int64(snap.Policy.DeadAfter)) {
+	if x == nil || snap == nil || !x.liveAt(now.UnixNano(), int64(snap.Policy.DeadAfter)+r.deafness(now.UnixNano())) {
 		return table.Replica{}, false
 	}
 	return *x.reg, true

@@ -104,8 +104,8 @@ func TestJudgeMany(t *testing.T) {
 // fails it whatever the latencies.
 func TestJudgeOverload(t *testing.T) {
 	ph := func(p99, refusal float64, lost int) *overloadPhase {
-		return &overloadPhase{CapacityP99: loadgen.Dur(10 * time.Millisecond), Lost: lost,
-			Report: &loadgen.Report{Targets: []loadgen.TargetReport{{
+		return &overloadPhase{Capacity: 1000, CapacityP99: loadgen.Dur(10 * time.Millisecond), Lost: lost,
+			Report: &loadgen.Report{Targets: []loadgen.TargetReport{{OKRate: 900,
 				Latency: loadgen.Summary{P99: loadgen.Dur(time.Duration(p99 * float64(time.Millisecond)))},
 				Refused: &loadgen.Summary{N: 10, P99: loadgen.Dur(time.Duration(refusal * float64(time.Millisecond)))},
 			}}}}
@@ -118,5 +118,10 @@ func TestJudgeOverload(t *testing.T) {
 		if met, why := judgeOverload(ph(c.p99, c.refusal, c.lost)); met != c.met {
 			t.Errorf("p99 %v ms, refusal p99 %v ms, lost %d: met %v (%s), want %v", c.p99, c.refusal, c.lost, met, why, c.met)
 		}
+	}
+	all := ph(0, 1, 0) // everything refused: no admitted latency at all
+	all.Report.Targets[0].OKRate = 0
+	if met, _ := judgeOverload(all); met {
+		t.Error("met by refusing every request")
 	}
 }

@@ -30,7 +30,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.HeaderTimeout, "header-timeout", gateway.DefaultHeaderTimeout, "time a request's headers may take to arrive (at most 1h); then the connection is closed")
 	fs.DurationVar(&cfg.KeepAliveTimeout, "keepalive-timeout", gateway.DefaultKeepAliveTimeout, "time a keep-alive client connection may sit idle between requests (at most 1h); then it is closed")
 	fs.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "open client connections at most; one more is refused at once (at most 1048576)")
-	fs.IntVar(&cfg.MaxInflight, "max-inflight", 0, "open inference requests at most, a hard ceiling over the adaptive limit; one more is refused 503 gateway_overloaded before its body is read (0: the adaptive limit only; at most 1048576)")
+	fs.IntVar(&cfg.MaxInflight, "max-inflight", 0, "open inference requests at most, accepted or not: a hard ceiling over the adaptive limit on those not yet accepted; one more is refused 503 gateway_overloaded before its body is read (0: the adaptive limit only; at most 1048576)")
 	sizeVar(fs, &cfg.MaxBody, "max-body", 0,
 		"largest request body `size`, e.g. 512KiB (0: "+check.FormatSize(gateway.DefaultMaxBody)+", or what the NATS server carries when less; at most "+check.FormatSize(gateway.MaxBodyCeiling)+" and what the NATS server carries)")
 	sizeVar(fs, &cfg.MaxFileBytes, "max-file-bytes", batch.DefaultMaxFileBytes, "largest file `size` uploaded to /v1/files (--max-body does not apply there; at most "+check.FormatSize(gateway.MaxFileBytesCeiling)+")")
