@@ -31,8 +31,8 @@ const (
 	// concurrency limit (or --max-inflight); refused before the body is
 	// read.
 	CodeGatewayOverloaded = "gateway_overloaded"
-	CodeNotFound                 = "not_found"
-	CodeMethodNotAllowed         = "method_not_allowed"
+	CodeNotFound          = "not_found"
+	CodeMethodNotAllowed  = "method_not_allowed"
 	// CodeEndpointNotSupported (501): no replica of the model serves the endpoint.
 	CodeEndpointNotSupported = "endpoint_not_supported"
 	// CodePreviousResponseNotFound (404): the stored response is unknown,
