@@ -66,6 +66,9 @@ func TestAStalledHeartbeatSubscriptionKeepsTheReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Stop)
+	if err := nc.Flush(); err != nil { // its subscriptions are on the server
+		t.Fatal(err)
+	}
 
 	var seq atomic.Uint64
 	beat := func(at time.Time) {
