@@ -31,6 +31,7 @@ type metrics struct {
 	resumes        *prometheus.CounterVec
 	overloaded     *prometheus.CounterVec
 	offlineWaits   prometheus.Counter
+	acceptResends  prometheus.Counter
 
 	mu     sync.Mutex
 	models map[string]struct{}
@@ -92,6 +93,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_overloaded_total",
 			Help: "Inference requests refused 503 gateway_overloaded before their body was read, by priority: the open requests were at the adaptive concurrency limit (switchyard_gateway_inflight_limit) or --max-inflight.",
 		}, []string{"priority"}),
+		acceptResends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_accept_resends_total",
+			Help: "Requests this gateway decided sent to their replica once more, under the same id, while waiting for an accept that was late (the first may have been lost on the way; the adapter drops a request it already has).",
+		}),
 		offlineWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_offline_waits_total",
 			Help: "Attempts that found the gateway's NATS link down (disconnected or silent) and waited up to --offline-wait for it to carry again.",
@@ -111,7 +116,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits, m.acceptResends)
 	}
 	return m
 }

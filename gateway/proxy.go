@@ -274,7 +274,7 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	// replica's head, data and end within the idle timeout.
 	timer := time.NewTimer(g.cfg.AcceptTimeout)
 	defer timer.Stop()
-	l := leg{g: g, out: out, c: c, timer: timer, msg: msg, copies: []sentCopy{{id: id, at: time.Now()}}}
+	l := leg{g: g, out: out, c: c, timer: timer, msg: msg, direct: !toBrokers, copies: []sentCopy{{id: id, at: time.Now()}}}
 	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout && toBrokers {
 		// Copies stand in for a request a broker lost; one the gateway
 		// decided itself went to its replica, whose accept timeout rules.
@@ -360,6 +360,7 @@ type leg struct {
 	probe *time.Timer // the silence probe (nil until the accept, and when off): reset with timer
 
 	msg    *nats.Msg   // the first copy, which the others repeat under their own ids
+	direct bool        // msg went to its replica (this gateway decided), not to the brokers
 	copies []sentCopy  // the copies sent, the first first
 	chosen int         // the copy a broker spoke for (the first until one did)
 	spoken bool        // a broker spoke for copies[chosen]
@@ -474,6 +475,14 @@ func (l *leg) waitLonger() bool {
 	}
 	l.waits++
 	l.g.metrics.acceptWaits.Inc()
+	if l.direct {
+		// The request once more, under the same id, in case the first
+		// was lost on the way (a route to a server that was cut): an
+		// adapter that has it already drops this one.
+		if err := l.g.nc.PublishMsg(l.msg); err == nil {
+			l.g.metrics.acceptResends.Inc()
+		}
+	}
 	l.timer.Reset(l.g.cfg.AcceptTimeout)
 	return true
 }

@@ -125,3 +125,52 @@ func cancelsHandled(t *testing.T, nc *nats.Conn) int {
 	}
 	return 0
 }
+
+// TestTheSameRequestTwiceIsServedOnce: a gateway that saw no accept in time
+// sends the request once more under the same id, in case the first was
+// lost; an adapter that has it already drops the second, so the engine
+// runs it once and the reply has one accept.
+func TestTheSameRequestTwiceIsServedOnce(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	})
+	e.start(e.config())
+	e.waitReady("r-1")
+	inbox := nats.NewInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := e.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	msg := &nats.Msg{Subject: subjects.New("").Replica("r-1"), Reply: inbox, Header: chatHeaders("req-twice"), Data: []byte(`{"model":"x"}`)}
+	for range 2 {
+		if err := e.nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, testkit.Cond("the engine to have the request", func() bool { return len(e.eng.requests()) >= 1 }))
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	msgs := untilEnd(t, ch)
+	accepts := 0
+	for _, m := range msgs {
+		if m.Header.Get(subjects.HdrAccepted) != "" {
+			accepts++
+		}
+	}
+	select {
+	case m := <-ch:
+		t.Errorf("a reply message after the end: %v", m.Header)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := len(e.eng.requests()); n != 1 || accepts > 1 {
+		t.Errorf("engine got %d requests, %d accepts in the reply; want the request served once", n, accepts)
+	}
+}

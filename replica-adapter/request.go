@@ -60,6 +60,14 @@ func (a *Adapter) onRequest(r micro.Request) {
 		a.publishUsage(h, tokens{})
 		return
 	}
+	if _, serving := a.calls[id]; serving && id != "" {
+		// The same request again: a gateway that saw no accept in time
+		// sent it once more, in case the first was lost on the way. This
+		// one is already served.
+		a.mu.Unlock()
+		a.log.Debug("request already in hand dropped", "id", id)
+		return
+	}
 	ctx, cancel := context.WithCancel(a.reqBase)
 	c := &call{cancel: cancel}
 	if id != "" {
