@@ -346,7 +346,8 @@ func (p *pick) fewest() int {
 
 // cacheMatch is SGLang's cache-aware choice: when more than the cache
 // threshold of the request's prompt is matched, the replica holding the
-// longest match (the fewest requests among equals).
+// longest match (the fewest requests among equals). The match rate is over
+// the prompt the prefix header covers.
 func (p *pick) cacheMatch() bool {
 	best := -1
 	for i := range p.cands {
@@ -355,10 +356,14 @@ func (p *pick) cacheMatch() bool {
 			best = i
 		}
 	}
-	if best < 0 || p.req.PromptTokens <= 0 {
+	if best < 0 {
 		return false
 	}
-	rate := min(1, float64(p.peer.matched[best])*float64(p.blockTokens)/float64(p.req.PromptTokens))
+	// The share of the prompt the prefix header covers (a long prompt's
+	// header stops at prefix_max_blocks: what lies past it is unknown, as
+	// if unmatched would wrongly be).
+	covered := min(max(p.req.PromptTokens, 1), len(p.req.Prefix)*int(p.blockTokens))
+	rate := min(1, float64(p.peer.matched[best])*float64(p.blockTokens)/float64(covered))
 	if rate <= SGLangCacheThreshold {
 		return false
 	}
