@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"slices"
@@ -489,20 +490,7 @@ func (r *ReplayResult) Section() *Section {
 		total++
 		checks = append(checks, []string{fmtSpeedup(c.Speedup), c.What, mark, c.Detail})
 	}
-	var trails []string
-	for i := 0; i <= r.Capacity(); i++ {
-		sy := r.Of(ArmSwitchyard, i)
-		for _, p := range PeerArms() {
-			if pr := r.Of(p, i); pr.P90 < sy.P90 {
-				trails = append(trails, fmt.Sprintf("at %s× Switchyard's default trails %s (p90 %s against %s; hit rate %s against %s)",
-					fmtSpeedup(r.Speedups[i]), p, ms(sy.P90)+" ms", ms(pr.P90)+" ms", pct(sy.HitRate), pct(pr.HitRate)))
-			}
-		}
-	}
-	trailText := "- Switchyard's default trails no peer arm at or below capacity in this run.\n"
-	if len(trails) > 0 {
-		trailText = "- Where Switchyard's default trails a peer arm at or below capacity: " + strings.Join(trails, "; ") + ". " + replayTrailWhy + "\n"
-	}
+	trailText := r.trails()
 	text := fmt.Sprintf(`**Question.** On traffic like a production trace, which router gives the lowest time to first
 token on the same hardware: the peers' own algorithms (Dynamo's KV router, llm-d's precise and
 sticky prefix profiles, SGLang's cache-aware policy), Switchyard's default, or the one setting
@@ -544,8 +532,58 @@ over every request, a refused one counting at the run's longest TTFT.
 	}
 }
 
+// trails says where Switchyard's default trails a peer arm at or below
+// capacity, and why: the share of its decisions prefix affinity made.
+func (r *ReplayResult) trails() string {
+	var parts []string
+	for _, p := range PeerArms() {
+		var at []string
+		for i := 0; i <= r.Capacity(); i++ {
+			if sy, pr := r.Of(ArmSwitchyard, i), r.Of(p, i); pr.P90 < sy.P90 {
+				at = append(at, fmt.Sprintf("%s× (%s against %s ms)", fmtSpeedup(r.Speedups[i]), ms(sy.P90), ms(pr.P90)))
+			}
+		}
+		if len(at) > 0 {
+			parts = append(parts, p+" at "+strings.Join(at, ", "))
+		}
+	}
+	if len(parts) == 0 {
+		return "- Switchyard's default trails no peer arm at or below capacity in this run.\n"
+	}
+	var shares []string
+	for i := 0; i <= r.Capacity(); i++ {
+		x := r.Of(ArmSwitchyard, i)
+		n := 0
+		for reason, c := range x.Reasons {
+			if reason == policy.ReasonPrefix || strings.HasSuffix(reason, "+"+policy.ReasonPrefix) {
+				n += c
+			}
+		}
+		shares = append(shares, fmt.Sprintf("%s at %s×", pct(float64(n)/float64(max(x.Requests, 1))), fmtSpeedup(r.Speedups[i])))
+	}
+	return "- Switchyard's default trails " + strings.Join(parts, "; ") + ". Prefix affinity made " + strings.Join(shares, ", ") +
+		" of its decisions. " + replayTrailWhy + "\n"
+}
+
 // replayTrailWhy says why the default trails where it does.
-const replayTrailWhy = `The default profile draws two replicas at random and keeps a request on a warm prefix only while
-the holder's load is not much higher; the peer arms that beat it there compare every replica by
-the request's uncached prefill (dynamo-kv) or its share of prefix held (llm-d, SGLang), which on
-traces where the same long prefixes recur keeps more of them warm.`
+const replayTrailWhy = `Every request that continues a conversation finds its earlier turns on the
+replica that served them and stays there; the release valve opens only at kv_usage 0.85
+(affinity_release_threshold), which a replica of 16 384 blocks does not reach while its queue grows,
+so the replicas holding the busiest conversations queue while others idle. The peer arms weigh load
+at every decision (dynamo-kv's cost counts the prefill queued there, llm-d's queue and KV scorers
+and its TTFT gate, SGLang's imbalance check), and Switchyard best weighs a warm replica's predicted
+TTFT against the power-of-two pair.`
+
+// ReplayGenerated replays the lab's own conversation-shaped trace
+// (ConversationTrace) through every arm: `switchyard lab replay` without
+// --trace, and the replay section of `lab all`.
+func ReplayGenerated(o Options) *ReplayResult {
+	n := pick(o, 6000, 3000, 300)
+	name := fmt.Sprintf("the lab's conversation trace (%d requests)", n)
+	cfg := ReplayConfig{Name: name, R: bytes.NewReader(ConversationTrace(n, o.seed(hashName("replay-trace"))))}
+	t, err := LoadTrace(cfg, o)
+	if err != nil {
+		panic("lab: the generated trace is bad: " + err.Error()) // a programming error, caught by every test
+	}
+	return Replay(o, t, cfg)
+}

@@ -2,8 +2,6 @@ package lab_test
 
 import (
 	"bytes"
-	"encoding/json"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -94,55 +92,13 @@ func TestAzureTrace(t *testing.T) {
 	}
 }
 
-// conversationTrace writes a trace in Mooncake's format with the shape of
-// its conversation trace: conversations opening with one of a few shared
-// system prompts, each turn's prompt the previous one plus its answer and a
-// new message, arrivals bunched in time.
-func conversationTrace(n int, seed uint64) string {
-	rng := rand.New(rand.NewPCG(seed, 47))
-	type conv struct {
-		ids    []uint64
-		tokens int
-		next   time.Duration
-	}
-	next := uint64(100)
-	var convs []*conv
-	var b bytes.Buffer
-	var at time.Duration
-	for range n {
-		at += time.Duration(rng.ExpFloat64() * float64(300*time.Millisecond))
-		var c *conv
-		if len(convs) > 0 && rng.Float64() < 0.6 {
-			c = convs[rng.IntN(len(convs))]
-			c.tokens += 200 + rng.IntN(1500)
-		} else {
-			sys := uint64(rng.IntN(4)) // 4 system prompts of 2 blocks each
-			c = &conv{ids: []uint64{sys * 2, sys*2 + 1}, tokens: 1024 + 300 + rng.IntN(2000)}
-			convs = append(convs, c)
-		}
-		for len(c.ids) < (c.tokens+511)/512 {
-			c.ids = append(c.ids, next)
-			next++
-		}
-		// The last block is partial: the next turn extends it, a new id.
-		ids := slices.Clone(c.ids)
-		if c.tokens%512 != 0 {
-			c.ids = c.ids[:len(c.ids)-1]
-		}
-		line, _ := json.Marshal(map[string]any{"timestamp": at.Milliseconds(), "input_length": c.tokens, "output_length": 50 + rng.IntN(300), "hash_ids": ids})
-		b.Write(line)
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
 // TestLabReplayGeneratedTrace replays a conversation-shaped trace: every
 // arm on the same arrivals, replay.csv as documented, no arm's hit rate
 // above the trace's bound, and the arms that know the caches hit more than
 // round robin.
 func TestLabReplayGeneratedTrace(t *testing.T) {
 	heavy(t)
-	cfg := lab.ReplayConfig{Name: "generated.jsonl", R: strings.NewReader(conversationTrace(400, 1)), Replicas: 4}
+	cfg := lab.ReplayConfig{Name: "generated.jsonl", R: bytes.NewReader(lab.ConversationTrace(400, 1)), Replicas: 4}
 	tr, err := lab.LoadTrace(cfg, tiny)
 	if err != nil {
 		t.Fatal(err)

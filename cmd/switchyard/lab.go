@@ -39,18 +39,21 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checked(check.Range("workers", *workers, 0, 1024)); err != nil {
 		return err
 	}
-	if len(pos) == 1 && pos[0] == "replay" {
+	if len(pos) == 1 && pos[0] == "replay" && *rf.trace != "" {
 		return runReplay(ctx, args, rf, *quick, *seed, *out, *workers, stdout, stderr)
 	}
 	if *rf.trace != "" {
 		return usagef("--trace is for lab replay")
+	}
+	if len(pos) == 1 && pos[0] != "replay" && (flagSet(fs, "format") || flagSet(fs, "block-tokens") || flagSet(fs, "replicas") || flagSet(fs, "speedups") || flagSet(fs, "limit")) {
+		return usagef("--format, --block-tokens, --replicas, --speedups and --limit are for lab replay --trace")
 	}
 	names := make([]string, 0, len(lab.Experiments()))
 	for _, e := range lab.Experiments() {
 		names = append(names, e.Name)
 	}
 	if len(pos) != 1 {
-		return usagef("want one experiment: %s|all|replay", strings.Join(names, "|"))
+		return usagef("want one experiment: %s|all", strings.Join(names, "|"))
 	}
 	var run []lab.Experiment
 	if pos[0] == "all" {
@@ -58,7 +61,7 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else if e, ok := lab.Lookup(pos[0]); ok {
 		run = []lab.Experiment{e}
 	} else {
-		return usagef("unknown experiment %q: want %s|all|replay", pos[0], strings.Join(names, "|"))
+		return usagef("unknown experiment %q: want %s|all", pos[0], strings.Join(names, "|"))
 	}
 	o := lab.Options{Seed: *seed, Workers: *workers}
 	if *quick {
@@ -92,9 +95,6 @@ type replayFlags struct {
 // runReplay replays a trace through every arm and writes its report.
 func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, seed uint64, out string, workers int,
 	stdout, stderr io.Writer) error {
-	if *rf.trace == "" {
-		return usagef("lab replay needs --trace FILE")
-	}
 	if !slices.Contains(lab.TraceFormats(), *rf.format) {
 		return usagef("--format %q: want one of %s", *rf.format, strings.Join(lab.TraceFormats(), ", "))
 	}
@@ -139,4 +139,11 @@ func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, s
 	}
 	fmt.Fprintf(stdout, "lab: report in %s (%.1fs)\n", filepath.Join(out, "report.md"), time.Since(start).Seconds())
 	return nil
+}
+
+// flagSet reports whether the flag name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
