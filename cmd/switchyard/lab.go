@@ -36,7 +36,8 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if err := checked(check.Range("workers", *workers, 0, 1024)); err != nil {
+	if err := checked(check.Range("workers", *workers, 0, 1024), check.Range("block-tokens", *rf.blockTokens, 1, 1<<20),
+		check.Range("replicas", *rf.replicas, 1, 1024), check.Range("limit", *rf.limit, 0, 1<<30)); err != nil {
 		return err
 	}
 	if len(pos) == 1 && pos[0] == "replay" && *rf.trace != "" {
@@ -108,9 +109,6 @@ func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, s
 			speedups = append(speedups, v)
 		}
 	}
-	if err := checked(check.Range("block-tokens", *rf.blockTokens, 1, 1<<20), check.Range("replicas", *rf.replicas, 1, 1024)); err != nil {
-		return err
-	}
 	f, err := os.Open(*rf.trace)
 	if err != nil {
 		return err
@@ -121,7 +119,7 @@ func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, s
 		o.Scale = lab.Quick
 	}
 	start := time.Now()
-	cfg := lab.ReplayConfig{Name: filepath.Base(*rf.trace), R: f, Format: *rf.format, BlockTokens: *rf.blockTokens,
+	cfg := lab.ReplayConfig{Name: *rf.trace, R: f, Format: *rf.format, BlockTokens: *rf.blockTokens,
 		Replicas: *rf.replicas, Speedups: speedups, Limit: *rf.limit}
 	tr, err := lab.LoadTrace(cfg, o)
 	if err != nil {
