@@ -51,12 +51,15 @@ const BestSetting = `policy.replica_choice "predicted-ttft", with the adapters' 
 // The arms that play a router reading KV events (Dynamo, llm-d's precise
 // profile) get the feed; those that keep an approximate index of what they
 // routed (SGLang's radix tree, llm-d's approximate prefix producer) work
-// from the policy's placements.
+// from the policy's placements, in a map eight times the default
+// (bigMapEntries): with 256 blocks a prompt the default holds the chains of
+// 32 prompts, where SMG's tree holds 10 000 nodes of any length.
 type replayArm struct {
 	profile   string
 	policy    bool
 	feed      bool
 	predicted bool
+	bigMap    bool
 }
 
 func replayArmOf(name string) replayArm {
@@ -66,9 +69,9 @@ func replayArmOf(name string) replayArm {
 	case ArmLLMDPrecise:
 		return replayArm{profile: table.ProfileLLMDPrecise, policy: true, feed: true}
 	case ArmLLMDSticky:
-		return replayArm{profile: table.ProfileLLMDSticky, policy: true}
+		return replayArm{profile: table.ProfileLLMDSticky, policy: true, bigMap: true}
 	case ArmSGLang:
-		return replayArm{profile: table.ProfileSGLangCacheAware, policy: true}
+		return replayArm{profile: table.ProfileSGLangCacheAware, policy: true, bigMap: true}
 	case ArmSwitchyard:
 		return replayArm{profile: table.ProfileSwitchyard, policy: true, feed: true}
 	case ArmBest:
@@ -95,8 +98,10 @@ type ReplayConfig struct {
 type Trace struct {
 	Name     string
 	Requests []*Request
-	// Duration is the last arrival; Work the engine time its requests take
-	// at the bound's hit rate (see capacityLoad), summed.
+	// Duration is the last arrival; Work the engine time its requests
+	// take with nothing cached (requestWork), summed: the routers' hit
+	// rates on Mooncake's traces stay far below the bound, so counting the
+	// bound's savings put the pool past its capacity at a load of 0.75.
 	Duration time.Duration
 	Work     time.Duration
 	// Bound is the trace's infinite-cache hit rate: the share of prompt
@@ -178,7 +183,7 @@ func LoadTrace(cfg ReplayConfig, o Options) (*Trace, error) {
 	}
 	out.Bound = ratio(cached, prompt)
 	for _, q := range out.Requests {
-		out.Work += requestWork(prof, q, out.Bound)
+		out.Work += requestWork(prof, q, 0)
 	}
 	return out, nil
 }
@@ -238,6 +243,8 @@ type ReplayResult struct {
 	Rows     [][]ReplayRow // by arm, then speedup
 	Bound    float64
 	Scale    Scale
+	// Generated: the lab's own trace (ReplayGenerated).
+	Generated bool
 }
 
 // Of returns arm's row at speedup i.
@@ -301,7 +308,11 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 				case ArmOracle:
 					return NewOracle(ids(cluster))
 				}
-				return NewSwitchyardConfig(snap, policy.Config{Self: replayBrokerID})
+				cfg := policy.Config{Self: replayBrokerID}
+				if a.bigMap {
+					cfg.PrefixEntries = bigMapEntries
+				}
+				return NewSwitchyardConfig(snap, cfg)
 			},
 		}
 	})
@@ -503,7 +514,7 @@ its capacity). Every arm sees the same arrivals. The peers are policy profiles
 (`+"`policy.profile`"+`): *dynamo-kv* (%s), *llm-d-precise* and *llm-d-sticky* (%s), and
 *sglang-cache-aware* (%s), their knobs at those versions' defaults; dynamo-kv and llm-d-precise
 read the engines' KV-cache events, llm-d-sticky and sglang-cache-aware what they routed (the
-placement map), as those projects' default deployments do. *Switchyard* is the default table with
+placement map, 65 536 blocks), as those projects' default deployments do. *Switchyard* is the default table with
 the KV-event feed; *Switchyard best* is %s. Every table carries prefix headers of up to 256
 blocks of 256 characters (`+"`prefix_max_blocks`"+` 256, the most the gateway sends). TTFT percentiles are
 over every request, a refused one counting at the run's longest TTFT.
@@ -519,6 +530,9 @@ over every request, a refused one counting at the run's longest TTFT.
 		img(p90), img(hit),
 		mdTable([]string{"arm", "speedup", "load", "hit rate", "p50 TTFT (ms)", "p90 TTFT (ms)", "p99 TTFT (ms)", "p50 e2e (ms)", "p99 e2e (ms)", "p99 ITL (ms)", "output tok/s", "refused"}, md),
 		met, total, mdTable([]string{"speedup", "target", "met", "figures"}, checks), trailText)
+	if r.Generated {
+		text += replayGeneratedNote
+	}
 	headline := fmt.Sprintf("%s: %d of %d targets met at or below capacity", r.Trace, met, total)
 	if c := r.Capacity(); c >= 0 {
 		b, or := r.Of(ArmBest, c), r.Of(ArmOracle, c)
@@ -585,5 +599,20 @@ func ReplayGenerated(o Options) *ReplayResult {
 	if err != nil {
 		panic("lab: the generated trace is bad: " + err.Error()) // a programming error, caught by every test
 	}
-	return Replay(o, t, cfg)
+	r := Replay(o, t, cfg)
+	r.Generated = true
+	return r
 }
+
+// replayGeneratedNote is the lab's own trace's section's pointer to the
+// public traces' reports.
+const replayGeneratedNote = `
+**The public traces.** The lab's trace has the shape of Mooncake's conversation trace (shared
+system prompts, conversations growing turn by turn) with prompts of a few thousand tokens. Slices of
+Mooncake's own conversation and synthetic traces (FAST '25, Apache-2.0, the first 3000 requests of
+each, lab/testdata/mooncake) are replayed the same way by ` + "`make lab-replay`" + `: their reports are
+[replay-conversation/report.md](replay-conversation/report.md) and
+[replay-synthetic/report.md](replay-synthetic/report.md). Their prompts are long (12 000 and 15 000
+tokens on average, up to 126 000 and 191 000), so a replica's 262 144 tokens of KV cache hold a few
+dozen and every arm, the oracle too, keeps far less of the trace's infinite-cache hit rate.
+`

@@ -23,8 +23,9 @@ const (
 )
 
 // Scorers a profile weighs (policy.scorers, pools.<pool>.scorers): each
-// gives every candidate a value once per load-view update, and the
-// profile's picker compares the weighted sums, the lowest first.
+// gives every candidate a value, once per load-view update or, for those
+// that read the request, at each decision, and the profile's picker
+// compares the weighted sums, the lowest first.
 const (
 	ScorerLoad      = "load_score" // the seed's load_score, weighted by policy.load_weights
 	ScorerSaturated = "saturated"  // 1 for a saturated replica: deprioritized, never excluded
