@@ -507,7 +507,7 @@ token on the same hardware: the peers' own algorithms (Dynamo's KV router, llm-d
 sticky prefix profiles, SGLang's cache-aware policy), Switchyard's default, or the one setting
 Switchyard recommends for production?
 
-**Setup.** %s (format %s, %d requests, the trace's infinite-cache hit rate %s), replayed in
+**Setup.** Trace: %s (format %s, %d requests, the trace's infinite-cache hit rate %s), replayed in
 virtual time through %d replicas of the lab's profile with a KV cache of 16 384 blocks, at each
 speedup (the trace's timestamps divided by it; the load column is the pool's estimated load, 1 at
 its capacity). Every arm sees the same arrivals. The peers are policy profiles
@@ -539,8 +539,12 @@ over every request, a refused one counting at the run's longest TTFT.
 		headline += fmt.Sprintf("; at capacity (%s×) Switchyard best's p90 TTFT is %s ms (%.2f× the oracle's), hit rate %s (bound %s)",
 			fmtSpeedup(r.Speedups[c]), ms(b.P90), b.P90/or.P90, pct(b.HitRate), pct(r.Bound))
 	}
+	title := "Trace replay: the peers' routers side by side"
+	if r.Generated {
+		title = "12. " + title
+	}
 	return &Section{
-		Name: "replay", Title: "Trace replay: the peers' routers side by side", Text: text, Headline: headline + ".",
+		Name: "replay", Title: title, Text: text, Headline: headline + ".",
 		Charts: []*Chart{p90, hit},
 		Tables: []*Table{{File: "replay.csv", Header: ReplayHeader, Rows: r.CSV()}},
 	}
@@ -575,8 +579,8 @@ func (r *ReplayResult) trails() string {
 		}
 		shares = append(shares, fmt.Sprintf("%s at %s×", pct(float64(n)/float64(max(x.Requests, 1))), fmtSpeedup(r.Speedups[i])))
 	}
-	return "- Switchyard's default trails " + strings.Join(parts, "; ") + ". Prefix affinity made " + strings.Join(shares, ", ") +
-		" of its decisions. " + replayTrailWhy + "\n"
+	return "- Switchyard's default trails " + strings.Join(parts, "; ") + ". Prefix affinity decided its requests: " +
+		strings.Join(shares, ", ") + ". " + replayTrailWhy + "\n"
 }
 
 // replayTrailWhy says why the default trails where it does.
@@ -593,7 +597,7 @@ TTFT against the power-of-two pair.`
 // --trace, and the replay section of `lab all`.
 func ReplayGenerated(o Options) *ReplayResult {
 	n := pick(o, 6000, 3000, 300)
-	name := fmt.Sprintf("the lab's conversation trace (%d requests)", n)
+	name := "the lab's conversation trace (ConversationTrace)"
 	cfg := ReplayConfig{Name: name, R: bytes.NewReader(ConversationTrace(n, o.seed(hashName("replay-trace"))))}
 	t, err := LoadTrace(cfg, o)
 	if err != nil {
