@@ -291,7 +291,7 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 		}
 		work[k] = qs
 	}
-	res := o.runGrid(len(arms), len(speedups), func(i, k int) *Scenario {
+	build := func(i, k int) *Scenario {
 		a := replayArmOf(arms[i])
 		snap := snapOf(a)
 		qs := work[k]
@@ -315,7 +315,19 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 				return NewSwitchyardConfig(snap, cfg)
 			},
 		}
-	})
+	}
+	// Each run is measured as it ends and its outcomes dropped: a run of a
+	// long trace keeps every token gap, and holding all of them at once
+	// would multiply the memory by the number of runs.
+	rows := make([][]ReplayRow, len(arms))
+	var jobs []func()
+	for i := range arms {
+		rows[i] = make([]ReplayRow, len(speedups))
+		for k := range speedups {
+			jobs = append(jobs, func() { rows[i][k] = replayRow(Run(build(i, k))) })
+		}
+	}
+	o.parallel(jobs)
 	out := &ReplayResult{Trace: t.Name, Format: cfg.Format, N: len(t.Requests), Replicas: n, Speedups: speedups, Arms: arms,
 		Bound: t.Bound, Scale: o.Scale}
 	if out.Format == "" {
@@ -325,14 +337,11 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 		out.Loads = append(out.Loads, t.Load(n)*s)
 	}
 	for i, a := range arms {
-		var rows []ReplayRow
 		for k, s := range speedups {
-			row := replayRow(res[i][k])
-			row.Arm, row.Speedup, row.Load = a, s, out.Loads[k]
-			rows = append(rows, row)
+			rows[i][k].Arm, rows[i][k].Speedup, rows[i][k].Load = a, s, out.Loads[k]
 		}
-		out.Rows = append(out.Rows, rows)
 	}
+	out.Rows = rows
 	return out
 }
 
