@@ -26,8 +26,11 @@ const (
 	DynamoVersion = "ai-dynamo/dynamo@01690d42e3b9436ab3a6a365fc9beabf58c105c6"
 	// LLMDVersion: llm-d-router after v0.10.0-rc.1 (the v0.10.0 line):
 	// the prefix-cache-affinity filter, token-load, queue,
-	// kv-cache-utilization and prefix-cache scorers, and the chart's
-	// default profile weights (config/charts/routerlib/templates/_config.yaml).
+	// kv-cache-utilization and prefix-cache scorers; the precise profile's
+	// weights are its guide's (llm-d/llm-d
+	// guides/precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml
+	// at 019a3f3fb1c1ef672194408d3427e7ecd770b8bb, and the router's
+	// deploy/config/epp-precise-prefix-cache-config.yaml).
 	LLMDVersion = "llm-d/llm-d-router@ebab687927f5331c1b39defcb579a07951bce56c (v0.10.0-rc.1+62)"
 	// SGLangVersion: model_gateway/src/policies/cache_aware.rs and
 	// CacheAwareConfig's defaults in policies/mod.rs.
@@ -42,17 +45,17 @@ const (
 	DynamoOverlapCredit    = 1.0
 )
 
-// llm-d's defaults: the chart's precise-prefix profile weighs
-// prefix-cache-scorer 3, kv-cache-utilization-scorer 2 and queue-scorer 2
-// under a max-score picker; the prefix-cache-affinity filter keeps the
+// llm-d's defaults: the precise-prefix guide weighs
+// precise-prefix-cache-scorer 2, kv-cache-utilization-scorer 1 and
+// queue-scorer 1 under a max-score picker; the prefix-cache-affinity filter keeps the
 // replicas whose prefix score is at least 0.80 unless the best of them
 // would wait more than 18 s longer for its first token than the best of the
 // rest, the wait estimated as in-flight prompt tokens at 15 928 tokens/s;
 // token-load-scorer normalizes in-flight tokens by 4 Mi (4 194 304).
 const (
-	LLMDPrefixWeight       = 3.0
-	LLMDKVWeight           = 2.0
-	LLMDQueueWeight        = 2.0
+	LLMDPrefixWeight       = 2.0
+	LLMDKVWeight           = 1.0
+	LLMDQueueWeight        = 1.0
 	LLMDAffinityThreshold  = 0.80
 	LLMDMaxTTFTPenaltyMs   = 18000.0
 	LLMDPeakPrefillPerSec  = 15928.0

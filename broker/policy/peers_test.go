@@ -108,12 +108,12 @@ func TestDynamoKVCost(t *testing.T) {
 	}
 }
 
-// TestLLMDPreciseScores: llm-d's precise profile weighs the prefix-cache
-// scorer 3, kv-cache-utilization 2 and queue 2 (the chart's default
-// profile) under a max-score picker; each value here is 1 − llm-d's score.
-// A replica holding the whole prefix at kv 0.5 with 4 waiting scores
-// 3·1 + 2·0.5 + 2·0 = 4 in llm-d's terms, an empty one at kv 0.1 with none
-// waiting 0 + 2·0.9 + 2·1 = 3.8: the warm one wins.
+// TestLLMDPreciseScores: llm-d's precise-prefix guide weighs the
+// prefix-cache scorer 2, kv-cache-utilization 1 and queue 1 under a
+// max-score picker; each value here is 1 − llm-d's score. A replica
+// holding the whole prefix at kv 0.5 with 4 waiting scores
+// 2·1 + 1·0.5 + 1·0 = 2.5 in llm-d's terms, an empty one at kv 0.1 with
+// none waiting 0 + 0.9 + 1 = 1.9: the warm one wins.
 func TestLLMDPreciseScores(t *testing.T) {
 	p := newPeers(t, table.ProfileLLMDPrecise)
 	p.place("a", 1, 2, 3, 4)
@@ -123,18 +123,17 @@ func TestLLMDPreciseScores(t *testing.T) {
 	if d.Replica != "a" || d.Reason != policy.ReasonLowestScore {
 		t.Fatalf("chose %s (%s), want a", d.Replica, d.Reason)
 	}
-	if want := []float64{0, 0.5, 1}; !close9(d.Values[0], want[0]) || !close9(d.Values[1], want[1]) || !close9(d.Values[2], want[2]) || !close9(d.Score, 7-4) {
-		t.Errorf("a's values %v (score %v), want %v (score 3: 7 − llm-d's 4)", d.Values, d.Score, want)
+	if want := []float64{0, 0.5, 1}; !close9(d.Values[0], want[0]) || !close9(d.Values[1], want[1]) || !close9(d.Values[2], want[2]) || !close9(d.Score, 4-2.5) {
+		t.Errorf("a's values %v (score %v), want %v (score 1.5: 4 − llm-d's 2.5)", d.Values, d.Score, want)
 	}
-	if a := d.Alternatives(); len(a) != 1 || !close9(a[0].Score, 7-3.8) {
-		t.Errorf("b's score %+v, want 3.2 (7 − llm-d's 3.8)", a)
+	if a := d.Alternatives(); len(a) != 1 || !close9(a[0].Score, 4-1.9) {
+		t.Errorf("b's score %+v, want 2.1 (4 − llm-d's 1.9)", a)
 	}
 	checkSums(t, d)
-	// Two waiting more on a (6 against 0): its queue score stays 0 in
-	// llm-d's terms; a kv of 0.95 tips it: 3 + 0.1 + 0 = 3.1 < 3.8.
+	// Half the prefix on a at kv 0.95: 2·0.5 + 0.05 + 0 = 1.05 < 1.9.
 	p.beat("a", 0.95, 10, 6, 0)
-	if d := p.decide(256, 1, 2, 3, 4); d.Replica != "b" {
-		t.Errorf("a full warm replica: chose %s, want b", d.Replica)
+	if d := p.decide(256, 1, 2, 7, 8); d.Replica != "b" {
+		t.Errorf("a half-warm full replica: chose %s, want b", d.Replica)
 	}
 }
 
@@ -217,7 +216,7 @@ func TestPeerProfilesExplainInTheirTerms(t *testing.T) {
 		weights []float64
 	}{
 		{table.ProfileDynamoKV, []string{table.ScorerPrefillBlocks, table.ScorerDecodeBlocks}, []float64{1, 1}},
-		{table.ProfileLLMDPrecise, []string{table.ScorerPrefixCache, table.ScorerKVUsage, table.ScorerQueue}, []float64{3, 2, 2}},
+		{table.ProfileLLMDPrecise, []string{table.ScorerPrefixCache, table.ScorerKVUsage, table.ScorerQueue}, []float64{2, 1, 1}},
 		{table.ProfileLLMDSticky, []string{table.ScorerTokenLoad}, []float64{1}},
 		{table.ProfileSGLangCacheAware, []string{table.ScorerRequests}, []float64{1}},
 	} {
