@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay test-lab soak tools test-deploy clean
 
 all: build
 
@@ -178,6 +178,11 @@ lab: build
 
 # The lab's experiment tests run without -race (the detector slows the
 # simulator about tenfold; under -race they skip).
+# The trace replays of docs/lab: the Mooncake slices in lab/testdata, --quick.
+lab-replay: build
+	./$(BIN) lab replay --quick --trace lab/testdata/mooncake/conversation_trace.jsonl --out docs/lab/replay-conversation
+	./$(BIN) lab replay --quick --trace lab/testdata/mooncake/synthetic_trace.jsonl --out docs/lab/replay-synthetic
+
 test-lab:
 	$(GO) test -count=1 -timeout 20m -run 'TestLab' ./lab/...
 

@@ -21,6 +21,7 @@ func Experiments() []Experiment {
 		{"pd", "aggregated against disaggregated prefill and decode", func(o Options) *Section { return PD(o).Section() }},
 		{"noisy-neighbour", "fair shedding when one tenant floods a pool", func(o Options) *Section { return Noisy(o).Section() }},
 		{"objectives", "TTFT objectives over a load ramp", func(o Options) *Section { return Objectives(o).Section() }},
+		{"replay", "trace replay: the peers' routers side by side", func(o Options) *Section { return ReplayGenerated(o).Section() }},
 	}
 }
 

@@ -170,7 +170,7 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "unknown profile", key: "policy", value: `{"profile": "dynamo"}`, field: "profile", msg: `unknown profile "dynamo"`},
 		{name: "pool unknown profile", key: "pools.general", value: `{"profile": "sglang"}`, field: "profile", msg: `unknown profile "sglang"`},
 		{name: "unknown scorer", key: "policy", value: `{"scorers": {"load_score": 1, "gpu_temp": 1}}`, field: "scorers", msg: `unknown scorer "gpu_temp"`},
-		{name: "pool unknown scorer", key: "pools.premium", value: `{"scorers": {"queue": 1}}`, field: "scorers", msg: `unknown scorer "queue"`},
+		{name: "pool unknown scorer", key: "pools.premium", value: `{"scorers": {"queue_depth": 1}}`, field: "scorers", msg: `unknown scorer "queue_depth"`},
 		{name: "negative scorer weight", key: "policy", value: `{"scorers": {"kv_usage": -0.5}}`, field: "scorers.kv_usage", msg: "got -0.5"},
 		{name: "pool negative scorer weight", key: "pools.general", value: `{"scorers": {"saturated": -1}}`, field: "scorers.saturated", msg: "got -1"},
 		{name: "scorer weight text", key: "policy", value: `{"scorers": {"kv_usage": "1"}}`, msg: "cannot unmarshal string"},

@@ -110,9 +110,9 @@ func TestTableValidateOffline(t *testing.T) {
 	}
 	// The replica choice's profile and scorers: an unknown profile, an
 	// unknown scorer and a negative weight, each refused with its key.
-	_ = os.WriteFile(bad, []byte(`{"policy":{"profile":"dynamo-kv"},"pools.general":{"scorers":{"gpu_temp":1}},"pools.premium":{"scorers":{"kv_usage":-1}}}`), 0o644)
+	_ = os.WriteFile(bad, []byte(`{"policy":{"profile":"aibrix"},"pools.general":{"scorers":{"gpu_temp":1}},"pools.premium":{"scorers":{"kv_usage":-1}}}`), 0o644)
 	_, errOut, code = sy(t, nil, "", "table", "validate", bad)
-	for _, want := range []string{`policy: profile: unknown profile "dynamo-kv"`, `pools.general: scorers: unknown scorer "gpu_temp"`, "pools.premium: scorers.kv_usage: "} {
+	for _, want := range []string{`policy: profile: unknown profile "aibrix"`, `pools.general: scorers: unknown scorer "gpu_temp"`, "pools.premium: scorers.kv_usage: "} {
 		if code != 1 || !strings.Contains(errOut, want) {
 			t.Errorf("validate bad profile: exit %d, stderr %q lacks %q", code, errOut, want)
 		}
@@ -144,8 +144,8 @@ func TestTableCommandsAgainstTheBucket(t *testing.T) {
 	}
 
 	// put refuses an unknown profile, naming the key.
-	_, errOut, code = sy(t, env, `{"profile":"llm-d-precise"}`, "table", "put", "pools.general", "-")
-	if code != 1 || !strings.Contains(errOut, `pools.general: profile: unknown profile "llm-d-precise"`) {
+	_, errOut, code = sy(t, env, `{"profile":"least-request"}`, "table", "put", "pools.general", "-")
+	if code != 1 || !strings.Contains(errOut, `pools.general: profile: unknown profile "least-request"`) {
 		t.Errorf("put of an unknown profile: exit %d, %s", code, errOut)
 	}
 

@@ -369,7 +369,7 @@ func (p *pick) alternatives(d *Decision) {
 		if a.NoTTFTEvidence = !c.x.ttftKnown(); a.NoTTFTEvidence {
 			a.PredictedTTFTMillis = 0
 		}
-		d.AltValues[k] = c.x.scored.values
+		d.AltValues[k] = p.valuesOf(top[k])
 	}
 	d.NAlts = n
 }

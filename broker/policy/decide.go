@@ -46,7 +46,9 @@ func (st *decision) start(r *Router, req *Request, now time.Time, rng *rand.Rand
 // scratch, so it keeps nothing of the request alive and the next start
 // need not clear it.
 func (st *decision) finish() {
+	m, v := st.pick.peer.matched[:0], st.pick.peer.vals[:0] // the peers' scratch, kept as cands is
 	*st = decision{cands: st.cands[:0]}
+	st.pick.peer.matched, st.pick.peer.vals = m, v
 }
 
 // run is the pipeline the package README describes, step by step.
@@ -143,6 +145,9 @@ func (st *decision) run() {
 	}
 	p.pd.start(st.snap.Models[res.target.Model], st.r.view.byModel[res.target.Model], &st.snap.Policy,
 		prefixHoldings{m: p.holders, kv: exact, model: res.target.Model})
+	if p.prof.dynamic {
+		p.rescore()
+	}
 	if e := p.choose(); e != nil {
 		p.reportFair(d) // a refusal for its share shows the shares
 		st.reject(e)
@@ -154,7 +159,7 @@ func (st *decision) run() {
 		d.PredictedTTFT, d.NoTTFTEvidence = 0, true
 	}
 	d.LoadViewAge = time.Duration(max(p.nowNano-c.x.viewNano, 0))
-	d.Profile, d.Scorers, d.Weights, d.Values = p.prof.name, p.prof.names, p.prof.weights, c.x.scored.values
+	d.Profile, d.Scorers, d.Weights, d.Values = p.prof.name, p.prof.names, p.prof.weights, p.valuesOf(p.chosen)
 	if d.Version == "" {
 		d.Version = c.x.reg.Version
 	}

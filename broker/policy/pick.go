@@ -60,6 +60,7 @@ type pick struct {
 	fair     fairCheck
 	room     batchRoomCheck
 	pd       splitCheck
+	peer     peerState
 }
 
 // start readies p for a decision of req.

@@ -28,6 +28,9 @@ type profileRow struct {
 	steps   []string // step reasons, in order
 	picker  string   // the step that decides when none of steps did
 	scorers []weight
+	// request: the steps read the request's prefix blocks held by each
+	// candidate (the pre-pass of a dynamic profile, rescore).
+	request bool
 }
 
 // profileRows are the profiles a table may select (table.Profiles).
@@ -41,6 +44,40 @@ var profileRows = [...]profileRow{
 			ReasonStaleRandom},
 		picker:  ReasonPowerOfTwo,
 		scorers: []weight{{table.ScorerLoad, 1}, {table.ScorerSaturated, SaturationPenalty}},
+	},
+	// The peers' (peers.go). None applies Switchyard's affinity steps; a
+	// stored response still pins its replica.
+	{
+		name:    table.ProfileDynamoKV,
+		filters: []string{"live", "not-ejected", "not-excluded", "pinned", "serves-endpoint", "not-prefill"},
+		steps:   []string{ReasonResponse, ReasonOnly},
+		picker:  ReasonLowestScore,
+		scorers: []weight{{table.ScorerPrefillBlocks, 1}, {table.ScorerDecodeBlocks, 1}},
+		request: true,
+	},
+	{
+		name:    table.ProfileLLMDPrecise,
+		filters: []string{"live", "not-ejected", "not-excluded", "pinned", "serves-endpoint", "not-prefill"},
+		steps:   []string{ReasonResponse, ReasonOnly},
+		picker:  ReasonLowestScore,
+		scorers: []weight{{table.ScorerPrefixCache, LLMDPrefixWeight}, {table.ScorerKVUsage, LLMDKVWeight}, {table.ScorerQueue, LLMDQueueWeight}},
+		request: true,
+	},
+	{
+		name:    table.ProfileLLMDSticky,
+		filters: []string{"live", "not-ejected", "not-excluded", "pinned", "serves-endpoint", "not-prefill"},
+		steps:   []string{ReasonResponse, ReasonOnly, ReasonTTFTGate, ReasonStickyPrefix},
+		picker:  ReasonLowestScore,
+		scorers: []weight{{table.ScorerTokenLoad, 1}},
+		request: true,
+	},
+	{
+		name:    table.ProfileSGLangCacheAware,
+		filters: []string{"live", "not-ejected", "not-excluded", "pinned", "serves-endpoint", "not-prefill"},
+		steps:   []string{ReasonResponse, ReasonOnly, ReasonImbalanced, ReasonCacheMatch},
+		picker:  ReasonShortestQueue,
+		scorers: []weight{{table.ScorerRequests, 1}},
+		request: true,
 	},
 }
 
@@ -56,6 +93,9 @@ type profile struct {
 	// step is in force, and prefix affinity ranks the holders of a prefix
 	// by predicted TTFT instead of kv_usage.
 	byTTFT bool
+	// dynamic: a scorer or a step reads the request, so each decision
+	// works the candidates' scores out again (rescore) before the steps.
+	dynamic bool
 
 	scorers []*scorer
 	weights []float64
@@ -104,7 +144,7 @@ func resolve(s *table.Snapshot, name string, policyWeights, poolWeights map[stri
 			row = &profileRows[i]
 		}
 	}
-	p := &profile{name: row.name, byTTFT: s.Policy.ReplicaChoice == table.ChoicePredictedTTFT}
+	p := &profile{name: row.name, byTTFT: s.Policy.ReplicaChoice == table.ChoicePredictedTTFT, dynamic: row.request}
 	for _, name := range row.filters {
 		p.filters = append(p.filters, filterNamed(name))
 	}
@@ -136,6 +176,7 @@ func resolve(s *table.Snapshot, name string, policyWeights, poolWeights map[stri
 			continue
 		}
 		p.scorers, p.weights, p.names = append(p.scorers, sc), append(p.weights, w.w), append(p.names, sc.name)
+		p.dynamic = p.dynamic || sc.perRequest != nil
 		loadOnly = loadOnly && (sc.name == table.ScorerLoad || sc.name == table.ScorerSaturated)
 	}
 	p.whyHigher = WhyHigherScore

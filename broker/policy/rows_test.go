@@ -43,7 +43,7 @@ func TestRowsAreInTheREADME(t *testing.T) {
 // fallback alias, the route modifiers in their order, the deciding step
 // and the checks that switched, joined with "+".
 func TestReasonsJoinModifiersStepAndChecks(t *testing.T) {
-	p := pick{step: &steps[len(steps)-1]} // power-of-two
+	p := pick{step: stepNamed(ReasonPowerOfTwo)}
 	for _, tc := range []struct {
 		res      resolution
 		switched uint8

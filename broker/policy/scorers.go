@@ -14,16 +14,32 @@ type scorer struct {
 	// value is the replica's value, from its load view with everything but
 	// the profile's total filled in.
 	value func(x *replica, v *scoredView) float64
+	// perRequest, when set, is the value instead, worked out at each
+	// decision because it reads the request (its prefix blocks held, its
+	// uncached tokens) or the other candidates: p.rescore calls it for
+	// candidate i once the decision's pre-pass (p.peer) is done. A profile
+	// with one is dynamic.
+	perRequest func(p *pick, i int) float64
 }
 
 // scorers is every scorer a profile may weigh, in table.Scorers's order.
 // Adding a scorer is its file, with its value method, and its row here
 // (and its name in table.Scorers, which validates the table).
 var scorers = [...]scorer{
+	{name: table.ScorerDecodeBlocks, value: decodeBlocks},
 	{name: table.ScorerKVUsage, value: kvUsage},
 	{name: table.ScorerLoad, value: loadScore},
+	{name: table.ScorerPrefillBlocks, value: zero, perRequest: prefillBlocks},
+	{name: table.ScorerPrefixCache, value: zero, perRequest: prefixCache},
+	{name: table.ScorerQueue, value: zero, perRequest: queueScore},
+	{name: table.ScorerRequests, value: requests},
 	{name: table.ScorerSaturated, value: saturated},
+	{name: table.ScorerTokenLoad, value: zero, perRequest: tokenLoad},
 }
+
+// zero is the load-view value of a scorer that reads the request: it has
+// none until a decision works it out.
+func zero(*replica, *scoredView) float64 { return 0 }
 
 // scorerNamed returns the row of name, nil when there is none.
 func scorerNamed(name string) *scorer {

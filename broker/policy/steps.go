@@ -50,6 +50,13 @@ var steps = [...]step{
 	newStep(ReasonOnly, (*pick).only, nil, nil),
 	newStep(ReasonStaleRandom, (*pick).staleRandom, (*pick).whyStaleRandom, nil),
 	newStep(ReasonPowerOfTwo, (*pick).powerOfTwo, (*pick).whyPowerOfTwo, nil),
+	// The peers' (peers.go).
+	newStep(ReasonLowestScore, (*pick).lowestScore, nil, (*pick).reportPeer),
+	newStep(ReasonTTFTGate, (*pick).ttftGate, nil, (*pick).reportPeer),
+	newStep(ReasonStickyPrefix, (*pick).stickyPrefix, (*pick).whySticky, (*pick).reportPeer),
+	newStep(ReasonImbalanced, (*pick).imbalanced, nil, (*pick).reportPeer),
+	newStep(ReasonCacheMatch, (*pick).cacheMatch, (*pick).whyCacheMatch, (*pick).reportPeer),
+	newStep(ReasonShortestQueue, (*pick).shortestQueue, nil, (*pick).reportPeer),
 }
 
 // check declares one check of the chosen replica. Every check runs, in

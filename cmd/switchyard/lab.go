@@ -5,7 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,12 +24,30 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same numbers")
 	out := fs.String("out", "lab-out", "directory for report.md, charts and CSV files")
 	workers := fs.Int("workers", 0, "simulations run at once (0: one per CPU; at most 1024)")
+	rf := replayFlags{
+		trace:       fs.String("trace", "", "replay: the trace file to replay (required)"),
+		format:      fs.String("format", lab.FormatMooncake, "replay: the trace's format, "+strings.Join(lab.TraceFormats(), " or ")),
+		blockTokens: fs.Int("block-tokens", 512, "replay: tokens of one of the trace's hash ids"),
+		replicas:    fs.Int("replicas", 8, "replay: replicas of the lab's profile"),
+		speedups:    fs.String("speedups", "", "replay: time-compression factors, comma-separated, one run each (default: a grid from half the pool's capacity to one step past it)"),
+		limit:       fs.Int("limit", 0, "replay: the trace's first N requests (0: all; --quick: 3000)"),
+	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := checked(check.Range("workers", *workers, 0, 1024)); err != nil {
+	if err := checked(check.Range("workers", *workers, 0, 1024), check.Range("block-tokens", *rf.blockTokens, 1, 1<<20),
+		check.Range("replicas", *rf.replicas, 1, 1024), check.Range("limit", *rf.limit, 0, 1<<30)); err != nil {
 		return err
+	}
+	if len(pos) == 1 && pos[0] == "replay" && *rf.trace != "" {
+		return runReplay(ctx, args, rf, *quick, *seed, *out, *workers, stdout, stderr)
+	}
+	if *rf.trace != "" {
+		return usagef("--trace is for lab replay")
+	}
+	if len(pos) == 1 && pos[0] != "replay" && (flagSet(fs, "format") || flagSet(fs, "block-tokens") || flagSet(fs, "replicas") || flagSet(fs, "speedups") || flagSet(fs, "limit")) {
+		return usagef("--format, --block-tokens, --replicas, --speedups and --limit are for lab replay --trace")
 	}
 	names := make([]string, 0, len(lab.Experiments()))
 	for _, e := range lab.Experiments() {
@@ -63,4 +85,63 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stdout, "lab: report in %s (%.1fs)\n", filepath.Join(*out, "report.md"), time.Since(start).Seconds())
 	return nil
+}
+
+// replayFlags are lab replay's flags.
+type replayFlags struct {
+	trace, format, speedups      *string
+	blockTokens, replicas, limit *int
+}
+
+// runReplay replays a trace through every arm and writes its report.
+func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, seed uint64, out string, workers int,
+	stdout, stderr io.Writer) error {
+	if !slices.Contains(lab.TraceFormats(), *rf.format) {
+		return usagef("--format %q: want one of %s", *rf.format, strings.Join(lab.TraceFormats(), ", "))
+	}
+	var speedups []float64
+	if *rf.speedups != "" {
+		for _, f := range strings.Split(*rf.speedups, ",") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || !(v > 0) || math.IsInf(v, 0) {
+				return usagef("--speedups: %q is not a positive number", f)
+			}
+			speedups = append(speedups, v)
+		}
+	}
+	f, err := os.Open(*rf.trace)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	o := lab.Options{Seed: seed, Workers: workers}
+	if quick {
+		o.Scale = lab.Quick
+	}
+	start := time.Now()
+	cfg := lab.ReplayConfig{Name: *rf.trace, R: f, Format: *rf.format, BlockTokens: *rf.blockTokens,
+		Replicas: *rf.replicas, Speedups: speedups, Limit: *rf.limit}
+	tr, err := lab.LoadTrace(cfg, o)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sec := lab.Replay(o, tr, cfg).Section()
+	fmt.Fprintf(stderr, "lab: %-10s %6.1fs\n", "replay", time.Since(start).Seconds())
+	cmd := "switchyard lab " + strings.Join(args, " ")
+	meta := lab.Meta{Command: strings.TrimSpace(cmd), Scale: o.Scale, Seed: seed, Elapsed: time.Since(start)}
+	if err := lab.WriteReport(out, meta, []*lab.Section{sec}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "lab: report in %s (%.1fs)\n", filepath.Join(out, "report.md"), time.Since(start).Seconds())
+	return nil
+}
+
+// flagSet reports whether the flag name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -119,7 +119,7 @@ func synopsis(name string) string {
 	case "auth":
 		return strings.TrimPrefix(authUsage, "usage: ")
 	case "lab":
-		return "switchyard lab [flags] EXPERIMENT|all"
+		return "switchyard lab [flags] EXPERIMENT|all (replay: [--trace FILE])"
 	}
 	return "switchyard " + name + " [flags]"
 }
