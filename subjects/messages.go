@@ -291,6 +291,12 @@ type Usage struct {
 	// so only its completion tokens settle that: the prompt and the carried
 	// text were charged with the first part.
 	Resumed bool `json:"resumed,omitempty"`
+	// CachedTokens is how many prompt tokens the engine's prefix cache
+	// served, when its usage said; EnginePromptTokens is the prompt as the
+	// engine counted it (a continuation's included, which PromptTokens
+	// leaves out for the token quota). Budgets settle on both.
+	CachedTokens       int `json:"cached_tokens,omitempty"`
+	EnginePromptTokens int `json:"engine_prompt_tokens,omitempty"`
 }
 
 // ControlLoad asks for a cold-tier model to be loaded.
