@@ -75,11 +75,15 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 // prepare turns the HTTP request into an upstream request, or the 4xx that
 // it deserves without ever reaching a broker.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (*upstream, *subjects.APIError) {
-	tenant, apiErr := g.tenantOf(r, t)
+	tenant, keyHash, apiErr := g.keyOf(r, t)
 	if apiErr != nil {
 		return nil, apiErr
 	}
 	h := nats.Header{}
+	if keyHash != "" {
+		// The decider charges the key's budget too.
+		h[subjects.HdrKey] = []string{keyHash}
+	}
 	now := time.Now()
 	deadline := now.Add(g.cfg.DefaultTimeout)
 	if v := r.Header.Get("X-Request-Timeout"); v != "" {

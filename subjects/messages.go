@@ -441,3 +441,30 @@ type TenantShare struct {
 	Weight    float64 `json:"weight"`
 	FairShare float64 `json:"fair_share"`
 }
+
+// LedgerRecord is one settled request on the LEDGER stream
+// (llm.ledger.<tenant>), written by the adapter that served it, once per
+// client request: its Nats-Msg-Id is the tenant and the request's id, so
+// a retry or a continuation on another replica adds no second record
+// within the stream's duplicate window.
+type LedgerRecord struct {
+	RequestID string `json:"request_id"`
+	Tenant    string `json:"tenant"`
+	// Key is the id of the API key (never the key), "" without one.
+	Key          string `json:"key,omitempty"`
+	Model        string `json:"model"`
+	Version      string `json:"version,omitempty"`
+	Pool         string `json:"pool,omitempty"`
+	Replica      string `json:"replica"`
+	PromptTokens int    `json:"prompt_tokens"`
+	CachedTokens int    `json:"cached_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	// Cost is in the table's currency; CostMicro the same in micro-units,
+	// which sums exactly.
+	Cost      float64 `json:"cost"`
+	CostMicro int64   `json:"cost_micro"`
+	Priority  string  `json:"priority,omitempty"`
+	// Decider is the broker or gateway that admitted the request.
+	Decider string `json:"decider,omitempty"`
+	Time    int64  `json:"time_unix_ms"`
+}

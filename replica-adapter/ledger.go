@@ -1,0 +1,124 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/budget"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// ledger writes one record per request served on the LEDGER stream: the
+// adapter is the part that knows what its engine served, and it outlives
+// the decider that admitted the request. Records are published with an
+// acknowledgement, retried, off the request path; a record whose tenant's
+// request id is already on the stream is a duplicate the stream drops.
+type ledger struct {
+	js   jetstream.JetStream
+	subj subjects.Subjects
+	log  *slog.Logger
+	now  func() time.Time
+	ch   chan *nats.Msg
+	// missing is set once a publish found no stream (LEDGER not created):
+	// logged once.
+	missing bool
+}
+
+// ledgerQueue bounds the records waiting to be written.
+const ledgerQueue = 4096
+
+func newLedger(js jetstream.JetStream, subj subjects.Subjects, log *slog.Logger) *ledger {
+	return &ledger{js: js, subj: subj, log: log, now: time.Now, ch: make(chan *nats.Msg, ledgerQueue)}
+}
+
+// record queues the record of a request served with t for tenant. A
+// request that used nothing (refused, cancelled before it began) has
+// none, so it cannot take the id of a retry that did the work.
+func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
+	if l == nil || (t.PromptTokens <= 0 && t.CompletionTokens <= 0) {
+		return
+	}
+	id := h.Get(subjects.HdrClientRequestID)
+	if id == "" {
+		id = h.Get(subjects.HdrRequestID)
+	}
+	if id == "" {
+		return
+	}
+	r := subjects.LedgerRecord{
+		RequestID: id, Tenant: tenant, Key: h.Get(subjects.HdrKeyID), Model: model,
+		Version: h.Get(subjects.HdrRouteVersion), Pool: h.Get(subjects.HdrRoutePool), Replica: h.Get(subjects.HdrRouteReplica),
+		PromptTokens: max(t.PromptTokens, 0), CachedTokens: max(t.Cached, 0), OutputTokens: max(t.CompletionTokens, 0),
+		Priority: h.Get(subjects.HdrPriority), Decider: h.Get(subjects.HdrBroker), Time: l.now().UnixMilli(),
+	}
+	if p, ok := budget.ParsePriceHeader(h.Get(subjects.HdrPrice)); ok {
+		c := p.Cost(r.PromptTokens, r.CachedTokens, r.OutputTokens, r.Priority == subjects.PriorityBatch)
+		r.CostMicro, r.Cost = int64(c), c.Amount()
+	}
+	b, err := json.Marshal(&r)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(l.subj.Ledger(tenant))
+	m.Header.Set(jetstream.MsgIDHeader, tenant+":"+id)
+	m.Data = b
+	select {
+	case l.ch <- m:
+	default:
+		l.log.Warn("ledger queue full: record not written", "request", id)
+	}
+}
+
+// run writes the queued records until ctx ends, then what is queued.
+func (l *ledger) run(ctx context.Context) {
+	for {
+		select {
+		case m := <-l.ch:
+			l.write(ctx, m)
+		case <-ctx.Done():
+			for {
+				select {
+				case m := <-l.ch:
+					fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+					l.write(fctx, m)
+					cancel()
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write publishes one record, retrying a few times over a few seconds.
+func (l *ledger) write(ctx context.Context, m *nats.Msg) {
+	var err error
+	for try := range 5 {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = l.js.PublishMsg(pctx, m)
+		cancel()
+		if err == nil {
+			l.missing = false
+			return
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) && !l.missing {
+			l.missing = true
+			l.log.Warn("no LEDGER stream answers (switchyard table init creates it): records are not kept", "subject", m.Subject)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(100<<try) * time.Millisecond):
+		}
+	}
+	l.log.Warn("ledger record not written", "subject", m.Subject, "id", m.Header.Get(jetstream.MsgIDHeader), "err", err, "tries", strconv.Itoa(5))
+}
