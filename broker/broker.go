@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -167,6 +168,10 @@ func (b *Broker) Router() *policy.Router { return b.dec.Router() }
 
 // Table returns the routing table in force (nil before the first load).
 func (b *Broker) Table() *table.Snapshot { return b.dec.Table() }
+
+// Spender is the budget spend this broker shares (nil until a request
+// under a budget needed it).
+func (b *Broker) Spender() *budget.Spender { return b.dec.Spender() }
 
 // LiveBrokers is the number of deciders this one counts for quota shares.
 func (b *Broker) LiveBrokers() int { return b.dec.LiveBrokers() }

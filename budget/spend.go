@@ -47,6 +47,10 @@ const (
 	// idleAfter is how long a lease goes unused before its unreserved
 	// part goes back.
 	idleAfter = 2 * time.Second
+	// refuseOn is how recent a record read may be for a refusal to rest
+	// on it without reading it again: a burst past the limit costs a
+	// round trip per this long, not one per request refused.
+	refuseOn = 250 * time.Millisecond
 )
 
 // record is the value of a budget's key.
@@ -66,7 +70,9 @@ type lease struct {
 type Config struct {
 	// KV is the budgets bucket.
 	KV jetstream.KeyValue
-	// Holder names this decider's leases.
+	// Holder names this decider's leases: unique to the process, so a
+	// decider restarted under its id never takes its old lease for its
+	// own (that one expires and is charged whole).
 	Holder   string
 	LeaseTTL time.Duration
 	// FlushEvery is how often Run settles spend and renews leases.
@@ -108,7 +114,9 @@ type Spender struct {
 	scopes map[string]*scope
 	holds  map[string]*Hold
 
-	ops, requests uint64 // JetStream round trips, reservations (under mu)
+	// JetStream round trips, reservations asked for and reservations
+	// held (under mu).
+	ops, asked, requests uint64
 }
 
 // scope is one budget's period as this decider sees it.
@@ -122,9 +130,14 @@ type scope struct {
 	// is not yet moved to spent.
 	held, open, done Micro
 	used             time.Time
-	// The last record read or written, and its revision (0: none).
-	rec record
-	rev uint64
+	// pins counts the reservations working on the scope: Flush forgets
+	// only a scope none is, so two never stand for one key.
+	pins int
+	// The last record read or written, and its revision (0: none), and
+	// when it was last read.
+	rec    record
+	rev    uint64
+	readAt time.Time
 }
 
 // Hold is one request's reservation, settled once by Settle or released
@@ -171,10 +184,16 @@ var ErrUnavailable = errors.New("budget spend unavailable")
 // charged and never refuses.
 func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h Hold, expires time.Time) (remaining Micro, ref *Refusal, err error) {
 	now := s.cfg.Now()
+	s.mu.Lock()
+	s.asked++
+	s.mu.Unlock()
 	remaining = -1
 	for _, n := range needs[:min(len(needs), 2)] {
 		sc := s.scope(n, now)
 		left, ok, err := s.reserveIn(ctx, sc, h.Amount, now)
+		s.mu.Lock()
+		sc.pins--
+		s.mu.Unlock()
 		if err != nil || !ok {
 			s.release(&h)
 			if err != nil {
@@ -214,6 +233,7 @@ func (s *Spender) scope(n Need, now time.Time) *scope {
 		s.scopes[key] = sc
 	}
 	sc.need = n
+	sc.pins++
 	return sc
 }
 
@@ -293,12 +313,16 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	rec, rev := sc.rec, sc.rev
 	rec.Leases = maps.Clone(rec.Leases)
 	n := sc.need
+	fresh := rev != 0 && now.Sub(sc.readAt) < refuseOn
 	s.mu.Unlock()
-	fresh := rev == 0
-	if fresh {
+	if rev == 0 {
 		if rec, rev, err = s.read(ctx, sc.key); err != nil {
 			return false, 0, err
 		}
+		fresh = true
+		s.mu.Lock()
+		sc.readAt = now
+		s.mu.Unlock()
 	}
 	if rec.Leases == nil {
 		rec.Leases = map[string]lease{}
@@ -390,7 +414,7 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %s: %v", ErrUnavailable, sc.key, err)
 	}
-	sc.rec, sc.rev = rec, nrev
+	sc.rec, sc.rev, sc.readAt = rec, nrev, now // it was current: the write succeeded
 	sc.held = mine
 	sc.done -= done
 	if cross > 0 && s.cfg.OnCross != nil {
@@ -462,12 +486,12 @@ func (s *Spender) releaseLocked(h *Hold) {
 	h.n = 0
 }
 
-// Counts is the JetStream round trips made and the reservations held so
-// far: their ratio is the round trips a request costs.
-func (s *Spender) Counts() (ops, requests uint64) {
+// Counts is the JetStream round trips made (reservations, flushes and
+// renewals), the reservations asked for and those held so far.
+func (s *Spender) Counts() (ops, asked, held uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ops, s.requests
+	return s.ops, s.asked, s.requests
 }
 
 // Run settles and renews this decider's leases every FlushEvery until ctx
@@ -514,6 +538,7 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 		switch {
 		case sc.done != 0 || expiring || (idle && sc.held > sc.open):
 			jobs = append(jobs, job{sc, idle})
+		case sc.pins > 0:
 		case sc.held == 0 && sc.open == 0 && sc.done == 0 && now.After(sc.reset) && !sc.reset.IsZero():
 			delete(s.scopes, k)
 		case sc.held == 0 && sc.open == 0 && sc.done == 0 && idle:

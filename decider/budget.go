@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/budget"
@@ -38,7 +39,7 @@ type budgets struct {
 
 func newBudgets(js jetstream.JetStream, cfg *Config, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
 	bg := &budgets{
-		js: js, bucket: cfg.BudgetsBucket, holder: cfg.ID, ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
+		js: js, bucket: cfg.BudgetsBucket, holder: cfg.ID + "-" + nuid.Next(), ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
 		spend: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_spend_total", Help: "Money the requests this decider admitted cost, settled on their usage, in the table's currency.",
 		}, []string{"tenant", "model"}),

@@ -1,0 +1,309 @@
+package test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/budget"
+	"github.com/switchyard-llm/switchyard/devstack"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// budgetModel is the model chat-large resolves to in the dev table; the
+// tests price it.
+const budgetModel = "llama-3-70b-instruct"
+
+// budgetBody asks for at most 8 tokens: at an output price of 1000 per
+// million tokens and no input price, its worst case is 0.008.
+const (
+	budgetBody  = `{"model":"chat-large","max_tokens":8,"messages":[{"role":"user","content":"count to three"}]}`
+	budgetWorst = budget.Micro(8_000)
+)
+
+// priceModel puts a price on budgetModel: inputs free, outputs 1000 per
+// million tokens.
+func priceModel(t *testing.T, kv jetstream.KeyValue) {
+	t.Helper()
+	ctx := context.Background()
+	e, err := kv.Get(ctx, "models."+budgetModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		t.Fatal(err)
+	}
+	m["price"] = map[string]any{"input": 0, "output": 1000}
+	if _, err := kv.Put(ctx, "models."+budgetModel, jsonMarshal(m)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// addKey writes an API key for tenant with value's budget (nil: none) and
+// returns the key and its id.
+func addKey(t *testing.T, kv jetstream.KeyValue, tenant string, b map[string]any) (key, id string) {
+	t.Helper()
+	key = "sk-budget-" + tenant + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	sum := sha256.Sum256([]byte(key))
+	hash := hex.EncodeToString(sum[:])
+	v := map[string]any{"tenant": tenant}
+	if b != nil {
+		v["budget"] = b
+	}
+	if _, err := kv.Put(context.Background(), "keys."+hash, jsonMarshal(v)); err != nil {
+		t.Fatal(err)
+	}
+	return key, hash[:12]
+}
+
+// secondGateway runs another gateway on the stack's bus, deciding with
+// decide, and returns its URL.
+func secondGateway(t *testing.T, st *devstack.Stack, decide string) (*gateway.Gateway, string) {
+	t.Helper()
+	role := auth.Role{Kind: auth.RoleGateway}
+	if decide == gateway.DecideBroker {
+		role.Kind = auth.RoleGatewayRelay
+	}
+	nc, err := connectAs(st, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	g, err := gateway.New(nc, gateway.Config{ID: "gw-2", Decide: decide})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := testkit.Listen(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return g, "http://" + ln.Addr().String()
+}
+
+// ledgerTotal sums the LEDGER records of tenant (and, when key is set, of
+// that key) as an operator reads them.
+func ledgerTotal(t *testing.T, st *devstack.Stack, tenant, key string) (records int, total budget.Micro) {
+	t.Helper()
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = budget.ReadLedger(ctx, js, "", tenant, time.Time{}, func(r *subjects.LedgerRecord) error {
+		if key == "" || r.Key == key {
+			records++
+			total += budget.Micro(r.CostMicro)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return records, total
+}
+
+// burst sends n requests at once, spread over the urls, and counts the
+// answers: every refusal must be a budget_exceeded 429 with its headers.
+func burst(t *testing.T, urls []string, key string, n int) (served int) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			status, h, body := chatOnce(t, urls[i%len(urls)], budgetBody, bearer(key))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case status == 200:
+				served++
+				if h.Get("X-Switchyard-Budget-Remaining") == "" {
+					t.Errorf("a 200 under a budget without X-Switchyard-Budget-Remaining: %v", h)
+				}
+			case status == 429 && strings.Contains(body, `"budget_exceeded"`):
+				if h.Get("Retry-After") == "" || h.Get("X-Switchyard-Budget-Remaining") == "" {
+					t.Errorf("budget 429 without Retry-After or X-Switchyard-Budget-Remaining: %v", h)
+				}
+			default:
+				t.Errorf("status %d: %s", status, body)
+			}
+		})
+	}
+	wg.Wait()
+	return served
+}
+
+// Two hundred requests at once through two gateways (one relaying to the
+// two brokers, one deciding itself: three deciders) against a budget that
+// covers ten: the ledger's total is at most the limit plus one request's
+// worst case, every refusal is budget_exceeded, and each 200 is one record.
+func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
+	st := startStack(t, devstack.Config{Brokers: 2, Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1"),
+		Gateway: gateway.Config{Decide: gateway.DecideBroker}})
+	kv := kvBucket(t, st)
+	priceModel(t, kv)
+	limit := 10 * budgetWorst
+	ctx := context.Background()
+	if _, err := kv.Put(ctx, "tenants.spender", []byte(`{"tier":"standard","budget":{"limit":0.08,"period":"month"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	tenantKey, _ := addKey(t, kv, "spender", nil)
+	keyed, keyID := addKey(t, kv, "acme", map[string]any{"limit": 0.08, "period": "day"})
+	g2, url2 := secondGateway(t, st, gateway.DecideLocal)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the second gateway to hear the replicas", func() bool {
+		resp, err := http.Get(url2 + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}))
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("every part to read the budgets", func() bool {
+		for _, tb := range [...]func() bool{
+			func() bool { t := st.Gateway().Table(); return t != nil && len(t.Keys) > 0 && t.Tenants["spender"] != nil },
+			func() bool { t := g2.Table(); return t != nil && t.Tenants["spender"] != nil && hasKeys(t.Keys, 2) },
+			func() bool { t := st.Broker(0).Table(); return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
+			func() bool { t := st.Broker(1).Table(); return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
+			func() bool { t := g2.Decider().Table(); return t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
+		} {
+			if !tb() {
+				return false
+			}
+		}
+		return true
+	}))
+	urls := []string{st.GatewayURL(), url2}
+	for _, c := range []struct {
+		name, key, tenant, keyID string
+	}{
+		{"tenant budget", tenantKey, "spender", ""},
+		{"key budget", keyed, "acme", keyID},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			served := burst(t, urls, c.key, 200)
+			if served == 0 || served > 10 {
+				t.Fatalf("%d of 200 served; the budget covers 10", served)
+			}
+			var records int
+			var total budget.Micro
+			testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+				records, total = ledgerTotal(t, st, c.tenant, c.keyID)
+				if records != served {
+					return fmt.Errorf("%d ledger records for %d served", records, served)
+				}
+				return nil
+			})
+			if total > limit+budgetWorst {
+				t.Fatalf("the ledger holds %v for a limit of %v", total, limit)
+			}
+			t.Logf("%d served, ledger total %v of a limit of %v", served, total, limit)
+		})
+	}
+	var ops, asked, held uint64
+	for _, sp := range []*budget.Spender{st.Broker(0).Spender(), st.Broker(1).Spender(), g2.Decider().Spender()} {
+		if sp != nil {
+			o, a, h := sp.Counts()
+			ops, asked, held = ops+o, asked+a, held+h
+		}
+	}
+	t.Logf("shared spend: %d JetStream round trips for %d requests (%d admitted)", ops, asked, held)
+}
+
+func hasKeys[K comparable, V any](m map[K]V, atLeast int) bool { return len(m) >= atLeast }
+
+// A tenant cannot read the ledger, nor write the spend: its identity has
+// none of the subjects.
+func TestTenantsCannotReadTheLedgerNorWriteTheSpend(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleTenant, ID: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	errs := make(chan error, 8)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
+	js, _ := jetstream.New(nc)
+	for _, read := range []func(context.Context) error{
+		func(ctx context.Context) error { _, err := js.Stream(ctx, subjects.LedgerStream); return err },
+		func(ctx context.Context) error { _, err := js.KeyValue(ctx, subjects.BudgetsBucket); return err },
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := read(ctx); err == nil {
+			t.Fatal("a tenant read the ledger or the budgets")
+		}
+		cancel()
+	}
+	for len(errs) > 0 {
+		<-errs // the reads' own refusals
+	}
+	// A forged record or spend is refused by the server.
+	if err := nc.Publish("$KV."+subjects.BudgetsBucket+".tenant.acme.total", []byte(`{"spent":0}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("llm.ledger.acme", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	for _, what := range []string{"spend", "ledger"} {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Fatalf("want a permissions violation, got %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the server did not refuse a tenant's write to the %s", what)
+		}
+	}
+}
+
+// A request without a budget, or of a model without a price, carries no
+// budget header and is never refused for budget.
+func TestUnpricedModelsAreNeverRefusedForBudget(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
+	kv := kvBucket(t, st)
+	if _, err := kv.Put(context.Background(), "tenants.spender", []byte(`{"budget":{"limit":0,"period":"total"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := addKey(t, kv, "spender", nil)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the gateway to read the key", func() bool {
+		return st.Broker(0).Table().Tenants["spender"] != nil && len(st.Gateway().Table().Keys) > 5
+	}))
+	status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
+	if status != http.StatusOK || h.Get("X-Switchyard-Budget-Remaining") != "" {
+		t.Fatalf("unpriced model under a zero budget: %d %v %s", status, h, body)
+	}
+	priceModel(t, kv)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the price in force", func() bool {
+		m := st.Gateway().Decider()
+		if m != nil {
+			return m.Table().Models[budgetModel].Price != nil
+		}
+		return st.Broker(0).Table().Models[budgetModel].Price != nil
+	}))
+	status, h, body = chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
+	if status != 429 || !strings.Contains(body, "budget_exceeded") || !strings.Contains(body, "tenant spender") || h.Get("Retry-After") != "" {
+		t.Fatalf("priced model under a zero total budget: %d %v %s", status, h, body)
+	}
+}
