@@ -182,11 +182,23 @@ func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
 	}))
 	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("every part to read the budgets", func() bool {
 		for _, tb := range [...]func() bool{
-			func() bool { t := st.Gateway().Table(); return t != nil && len(t.Keys) > 0 && t.Tenants["spender"] != nil },
+			func() bool {
+				t := st.Gateway().Table()
+				return t != nil && len(t.Keys) > 0 && t.Tenants["spender"] != nil
+			},
 			func() bool { t := g2.Table(); return t != nil && t.Tenants["spender"] != nil && hasKeys(t.Keys, 2) },
-			func() bool { t := st.Broker(0).Table(); return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
-			func() bool { t := st.Broker(1).Table(); return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
-			func() bool { t := g2.Decider().Table(); return t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2) },
+			func() bool {
+				t := st.Broker(0).Table()
+				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+			},
+			func() bool {
+				t := st.Broker(1).Table()
+				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+			},
+			func() bool {
+				t := g2.Decider().Table()
+				return t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+			},
 		} {
 			if !tb() {
 				return false
