@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -318,4 +320,127 @@ func TestUnpricedModelsAreNeverRefusedForBudget(t *testing.T) {
 	if status != 429 || !strings.Contains(body, "budget_exceeded") || !strings.Contains(body, "tenant spender") || h.Get("Retry-After") != "" {
 		t.Fatalf("priced model under a zero total budget: %d %v %s", status, h, body)
 	}
+}
+
+// A broker SIGKILLed with reservations open loses none of the money: the
+// requests it admitted are served and recorded in the ledger by their
+// adapter, whose total equals what the engine generated; its lease expires
+// and the next writer moves it to spent, so the budget counts at least
+// what the ledger holds.
+func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs six processes")
+	}
+	bin := binary(t)
+	natsURL := bareNATS(t)
+	env := []string{"NATS_URL=" + natsURL, "HOME=" + t.TempDir()}
+	tableFile := filepath.Join(repoRoot(), "deploy", "examples", "table.json")
+	for _, args := range [][]string{{"table", "import", tableFile}, {"table", "init", "--ledger-max-age", "1d"}} {
+		if out, errOut, code := sy(t, env, "", args...); code != 0 {
+			t.Fatalf("%v: exit %d: %s %s", args, code, out, errOut)
+		}
+	}
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	routing, err := js.KeyValue(ctx, subjects.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One unit of the currency per output token: the ledger's total in
+	// units is the tokens the engine generated.
+	e, _ := routing.Get(ctx, "models.qwen-coder-32b")
+	var m map[string]any
+	_ = json.Unmarshal(e.Value(), &m)
+	m["price"] = map[string]any{"input": 0, "output": 1e6}
+	if _, err := routing.Put(ctx, "models.qwen-coder-32b", jsonMarshal(m)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := routing.Put(ctx, "tenants.default", []byte(`{"tier":"standard","budget":{"limit":1000000,"period":"month"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	brokerA := startProc(t, "broker-a", bin, "broker", "--nats", natsURL, "--id", "broker-a", "--budget-lease-ttl", "2s", "--metrics-listen", "", "--state-dir", t.TempDir())
+	gwFile, gwAddr := listenFile(t)
+	startProcWith(t, "gateway", []*os.File{gwFile}, bin, "gateway", "--nats", natsURL, "--decide", "broker", "--listen", "fd:3", "--admin-listen", "127.0.0.1:0", "--state-dir", t.TempDir())
+	gw := "http://" + gwAddr
+	engFile, engAddr := listenFile(t)
+	engine := "http://" + engAddr
+	startProcWith(t, "engine", []*os.File{engFile}, bin, "engine-sim", "--model", "qwen-coder-32b", "--listen", "fd:3")
+	startProc(t, "adapter", bin, "adapter", "--nats", natsURL, "--engine", engine, "--replica", "coder-a",
+		"--model", "qwen-coder-32b", "--version", "v1.0.0", "--pool", "general")
+	testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		if o := send(ctx, gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`); o.status != 200 {
+			return fmt.Errorf("not serving yet: %v", o)
+		}
+		return nil
+	})
+	// Requests in flight on the engine when their broker dies.
+	results := make(chan outcome, 4)
+	for range cap(results) {
+		go func() {
+			results <- send(ctx, gw, `{"model":"code","max_tokens":60,"messages":[{"role":"user","content":"write a function"}]}`)
+		}()
+	}
+	testkit.CheckFor(t, 30*time.Second, 5*time.Millisecond, testkit.Cond("the engine to run the requests", func() bool { return running(engine) > 0 }))
+	brokerA.kill()
+	for range cap(results) {
+		if o := <-results; o.status != 200 {
+			t.Fatalf("a request whose broker was killed: %+v", o)
+		}
+	}
+	var ledgerUnits float64
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var total budget.Micro
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := budget.ReadLedger(rctx, js, "", "default", time.Time{}, func(r *subjects.LedgerRecord) error {
+			total += budget.Micro(r.CostMicro)
+			return nil
+		}); err != nil {
+			return err
+		}
+		ledgerUnits = total.Amount()
+		if gen := engineMetric(engine, "vllm:generation_tokens_total"); ledgerUnits != gen {
+			return fmt.Errorf("the ledger holds %v, the engine generated %v tokens", ledgerUnits, gen)
+		}
+		return nil
+	})
+	// A broker that lives sees the dead one's lease expire, and moves it to
+	// spent whole the next time it writes the budget.
+	startProc(t, "broker-b", bin, "broker", "--nats", natsURL, "--id", "broker-b", "--metrics-listen", "", "--state-dir", t.TempDir())
+	budgets, err := js.KeyValue(ctx, subjects.BudgetsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, pid := budget.Bounds("month", time.Now())
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if o := send(ctx, gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`); o.status != 200 {
+			return fmt.Errorf("after the kill: %+v", o)
+		}
+		e, err := budgets.Get(ctx, "tenant.default."+pid)
+		if err != nil {
+			return err
+		}
+		var rec struct {
+			Spent  budget.Micro               `json:"spent"`
+			Leases map[string]json.RawMessage `json:"leases"`
+		}
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return err
+		}
+		for holder := range rec.Leases {
+			if strings.HasPrefix(holder, "broker-a-") {
+				return fmt.Errorf("the dead broker's lease is still there: %s", e.Value())
+			}
+		}
+		if rec.Spent.Amount() < ledgerUnits {
+			return fmt.Errorf("spent %v is less than the ledger's %v", rec.Spent.Amount(), ledgerUnits)
+		}
+		return nil
+	})
+	t.Logf("the engine generated and the ledger holds %v units", ledgerUnits)
 }
