@@ -155,7 +155,7 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		return nil
 	}
 	q := &s.req
-	prompt := q.PromptTokens + q.ResumeTokens
+	prompt := q.PromptTokens // a continuation's counts the text it carries
 	output := q.MaxTokens
 	if output == 0 && model != nil {
 		output = model.DefaultMaxTokens

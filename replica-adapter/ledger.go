@@ -52,8 +52,17 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
 	if id == "" {
 		return
 	}
+	msgID := tenant + ":" + id
+	resumed := h.Get(subjects.HdrResume) != ""
+	if resumed {
+		// A continuation is charged what its engine served, the re-prefill
+		// of the prompt and the carried text included, in a record of its
+		// own: the part before it was recorded by the replica that failed,
+		// when it could, under the request's id.
+		msgID += "#" + h.Get(subjects.HdrRequestID)
+	}
 	r := subjects.LedgerRecord{
-		RequestID: id, Tenant: tenant, Key: h.Get(subjects.HdrKeyID), Model: model,
+		RequestID: id, Resumed: resumed, Tenant: tenant, Key: h.Get(subjects.HdrKeyID), Model: model,
 		Version: h.Get(subjects.HdrRouteVersion), Pool: h.Get(subjects.HdrRoutePool), Replica: h.Get(subjects.HdrRouteReplica),
 		PromptTokens: max(t.PromptTokens, 0), CachedTokens: max(t.Cached, 0), OutputTokens: max(t.CompletionTokens, 0),
 		Priority: h.Get(subjects.HdrPriority), Decider: h.Get(subjects.HdrBroker), Time: l.now().UnixMilli(),
@@ -67,7 +76,7 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
 		return
 	}
 	m := nats.NewMsg(l.subj.Ledger(tenant))
-	m.Header.Set(jetstream.MsgIDHeader, tenant+":"+id)
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	m.Data = b
 	select {
 	case l.ch <- m:

@@ -445,8 +445,10 @@ type TenantShare struct {
 // LedgerRecord is one settled request on the LEDGER stream
 // (llm.ledger.<tenant>), written by the adapter that served it, once per
 // client request: its Nats-Msg-Id is the tenant and the request's id, so
-// a retry or a continuation on another replica adds no second record
-// within the stream's duplicate window.
+// a retry on another replica adds no second record within the stream's
+// duplicate window. A continuation (a stream resumed on another replica)
+// adds the record of what its engine served, Resumed, under the same
+// RequestID.
 type LedgerRecord struct {
 	RequestID string `json:"request_id"`
 	Tenant    string `json:"tenant"`
@@ -467,4 +469,7 @@ type LedgerRecord struct {
 	// Decider is the broker or gateway that admitted the request.
 	Decider string `json:"decider,omitempty"`
 	Time    int64  `json:"time_unix_ms"`
+	// Resumed marks the record of a continuation: the rest of the request
+	// RequestID, after the replica serving it failed mid-answer.
+	Resumed bool `json:"resumed,omitempty"`
 }
