@@ -36,6 +36,7 @@ func (g *Gateway) routes() (public, admin *http.ServeMux) {
 	mux.HandleFunc("GET /v1/batches", g.serveBatches)
 	mux.HandleFunc("GET /v1/batches/{id}", g.serveBatch)
 	mux.HandleFunc("POST /v1/batches/{id}/cancel", g.serveBatchCancel)
+	mux.HandleFunc("GET /v1/usage", g.serveUsage)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })

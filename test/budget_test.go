@@ -518,3 +518,142 @@ func TestResumedRequestIsChargedOnce(t *testing.T) {
 	}
 	t.Logf("resumed request: %v units for 500 tokens, in a record and its continuation's", total.Amount())
 }
+
+// An operator gives a key a budget from the command line; bad amounts,
+// periods and keys are refused with what is wrong named; the key's
+// requests stop at its budget; GET /v1/usage shows the key its spend;
+// `switchyard usage` reads it back from the ledger.
+func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
+	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
+	kv := kvBucket(t, st)
+	priceModel(t, kv)
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"key", "add", "--tenant", "acme", "--budget", "-1"}, 2, "budget.limit"},
+		{[]string{"key", "add", "--tenant", "acme", "--budget", "fifty"}, 2, "not a number"},
+		{[]string{"key", "add", "--tenant", "acme", "--budget", "5", "--budget-period", "year"}, 2, "budget.period"},
+		{[]string{"key", "budget", "0123456789ab", "5", "day"}, 1, "no API key has id 0123456789ab"},
+		{[]string{"key", "budget", "0123456789ab", "5", "fortnight"}, 2, "budget.period"},
+		{[]string{"usage", "--by", "week"}, 2, "--by"},
+	} {
+		if out, errOut, code := sy(t, env, "", c.args...); code != c.code || !strings.Contains(out+errOut, c.says) {
+			t.Errorf("%v: exit %d, want %d saying %q: %s%s", c.args, code, c.code, c.says, out, errOut)
+		}
+	}
+	for key, value := range map[string]string{
+		"tenants.x":             `{"budget":{"limit":5,"period":"fortnight"}}`,
+		"models." + budgetModel: `{"price":{"input":-3,"output":1}}`,
+		"tenants.y":             `{"budget":{"limit":"5","period":"day"}}`,
+	} {
+		out, errOut, code := sy(t, env, value, "table", "put", key, "-")
+		field := map[bool]string{true: "budget.", false: "price.input"}[strings.HasPrefix(key, "tenants.")]
+		if code == 0 || !strings.Contains(out+errOut, field) {
+			t.Errorf("table put %s %s: exit %d: %s%s", key, value, code, out, errOut)
+		}
+	}
+	// The last good price stays in force.
+	if p := st.Broker(0).Table().Models[budgetModel].Price; p == nil || p.Output != 1000 {
+		t.Fatalf("the price in force after a bad put: %+v", p)
+	}
+
+	out, errOut, code := sy(t, env, "", "key", "add", "--tenant", "acme", "--budget", "0.02", "--budget-period", "day")
+	key := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(key, "sk-") {
+		t.Fatalf("key add --budget: exit %d: %s%s", code, out, errOut)
+	}
+	sum := sha256.Sum256([]byte(key))
+	id := hex.EncodeToString(sum[:])[:12]
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the key in force", func() bool {
+		k, ok := st.Broker(0).Table().Keys[hex.EncodeToString(sum[:])]
+		return ok && k.Budget != nil
+	}))
+	served := 0
+	for range 5 {
+		status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
+		if status == 200 {
+			served++
+			continue
+		}
+		if status != 429 || !strings.Contains(body, "API key "+id) || !strings.Contains(body, "day budget") || h.Get("Retry-After") == "" {
+			t.Fatalf("over the key's budget: %d %v %s", status, h, body)
+		}
+	}
+	if served != 2 {
+		t.Fatalf("%d of 5 served under a budget of 2", served)
+	}
+	// The key's usage, spent as settled and flushed (within a second).
+	var u struct {
+		Tenant struct {
+			Limit *float64 `json:"limit"`
+		} `json:"tenant"`
+		Key struct {
+			Spent, Limit, Remaining *float64
+			Period                  *string
+			ResetsAt                *string `json:"resets_at"`
+		} `json:"key"`
+	}
+	testkit.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		req, _ := http.NewRequest("GET", st.GatewayURL()+"/v1/usage", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+			return err
+		}
+		if u.Key.Spent == nil || *u.Key.Spent <= 0 {
+			return errors.New("no spend yet")
+		}
+		return nil
+	})
+	if u.Tenant.Limit != nil || u.Key.Limit == nil || *u.Key.Limit != 0.02 || u.Key.Remaining == nil || *u.Key.Remaining > 0.02-*u.Key.Spent || u.Key.ResetsAt == nil {
+		t.Fatalf("GET /v1/usage: %+v %+v", u.Tenant, u.Key)
+	}
+	// A raised budget admits again.
+	if out, errOut, code := sy(t, env, "", "key", "budget", id, "1", "day"); code != 0 || !strings.Contains(out, "budget 1 per day") {
+		t.Fatalf("key budget: exit %d: %s%s", code, out, errOut)
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if status, _, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(key)); status != 200 {
+			return fmt.Errorf("after raising the budget: %d %s", status, body)
+		}
+		return nil
+	})
+	testkit.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		out, errOut, code := sy(t, env, "", "usage", "--json", "--by", "key,model", "--tenant", "acme")
+		if code != 0 {
+			return fmt.Errorf("usage: exit %d: %s", code, errOut)
+		}
+		var rep struct {
+			Rows []struct {
+				Key, Model   string
+				Requests     int
+				Tenant       *string
+				OutputTokens int     `json:"output_tokens"`
+				Cost         float64 `json:"cost"`
+			} `json:"rows"`
+			TotalCost float64 `json:"total_cost"`
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			return err
+		}
+		for _, r := range rep.Rows {
+			if r.Key == id && r.Model == budgetModel && r.Requests == 3 && r.Cost > 0 && r.Tenant == nil && rep.TotalCost >= r.Cost {
+				return nil
+			}
+		}
+		return fmt.Errorf("no row of 3 requests for key %s: %s", id, out)
+	})
+	if out, _, code := sy(t, env, "", "usage", "--by", "day"); code != 0 || !strings.Contains(out, "TOTAL") || !strings.Contains(out, time.Now().UTC().Format(time.DateOnly)) {
+		t.Errorf("usage --by day: exit %d:\n%s", code, out)
+	}
+}
