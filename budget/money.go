@@ -6,7 +6,6 @@
 package budget
 
 import (
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -30,18 +29,27 @@ func (m Micro) Amount() float64 { return float64(m) / MicroPerUnit }
 
 // String is m in currency units with up to six decimals, no trailing zeros.
 func (m Micro) String() string {
-	neg := m < 0
-	if neg {
+	var b [24]byte
+	return string(m.Append(b[:0]))
+}
+
+// Append appends m as String writes it.
+func (m Micro) Append(dst []byte) []byte {
+	if m < 0 {
+		dst = append(dst, '-')
 		m = -m
 	}
-	s := strconv.FormatInt(int64(m/MicroPerUnit), 10)
-	if f := int64(m % MicroPerUnit); f != 0 {
-		s += strings.TrimRight(fmt.Sprintf(".%06d", f), "0")
+	dst = strconv.AppendInt(dst, int64(m/MicroPerUnit), 10)
+	f := int64(m % MicroPerUnit)
+	if f == 0 {
+		return dst
 	}
-	if neg {
-		s = "-" + s
+	dst = append(dst, '.')
+	for div := int64(MicroPerUnit / 10); f > 0; div /= 10 {
+		dst = append(dst, byte('0'+f/div))
+		f %= div
 	}
-	return s
+	return dst
 }
 
 // Price is a model's price in micro-units per million tokens, and the

@@ -68,3 +68,11 @@ func TestPeriodsAreCalendarPeriodsInUTC(t *testing.T) {
 		t.Errorf("String = %s", got)
 	}
 }
+
+func TestMicroString(t *testing.T) {
+	for m, want := range map[budget.Micro]string{0: "0", 1: "0.000001", 1_500_000: "1.5", 10_020_000: "10.02", -2_000_001: "-2.000001", 123_456_789: "123.456789"} {
+		if got := m.String(); got != want {
+			t.Errorf("%d: %s, want %s", m, got, want)
+		}
+	}
+}

@@ -112,7 +112,10 @@ type Spender struct {
 
 	mu     sync.Mutex
 	scopes map[string]*scope
-	holds  map[string]*Hold
+	// current is the scope of each budget's current period, found without
+	// building its key (a request's path).
+	current map[currentKey]*scope
+	holds   map[string]Hold
 
 	// JetStream round trips, reservations asked for and reservations
 	// held (under mu).
@@ -123,6 +126,7 @@ type Spender struct {
 type scope struct {
 	io    sync.Mutex // one compare-and-set at a time per key
 	key   string
+	ck    currentKey
 	need  Need
 	reset time.Time
 	// Under Spender.mu: the lease held (as the bucket has it), what open
@@ -164,8 +168,10 @@ func NewSpender(cfg Config) *Spender {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Spender{cfg: cfg, scopes: map[string]*scope{}, holds: map[string]*Hold{}}
+	return &Spender{cfg: cfg, scopes: map[string]*scope{}, current: map[currentKey]*scope{}, holds: map[string]Hold{}}
 }
+
+type currentKey struct{ kind, name, period string }
 
 // Refusal says which budget a reservation did not fit in.
 type Refusal struct {
@@ -214,24 +220,34 @@ func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h Hold, 
 	defer s.mu.Unlock()
 	s.requests++
 	h.expires = expires
-	if old := s.holds[id]; old != nil {
-		s.releaseLocked(old) // an id reused: the older hold goes
+	if old, ok := s.holds[id]; ok {
+		s.releaseLocked(&old) // an id reused: the older hold goes
 	}
-	s.holds[id] = &h
+	s.holds[id] = h
 	return max(remaining, 0), nil, nil
 }
 
 // scope returns the scope of n's current period, creating it.
 func (s *Spender) scope(n Need, now time.Time) *scope {
+	ck := currentKey{n.Kind, n.Name, n.Budget.Period}
+	s.mu.Lock()
+	if sc := s.current[ck]; sc != nil && (sc.reset.IsZero() || now.Before(sc.reset)) {
+		sc.need = n
+		sc.pins++
+		s.mu.Unlock()
+		return sc
+	}
+	s.mu.Unlock()
 	_, reset, pid := Bounds(n.Budget.Period, now)
 	key := n.Kind + "." + n.Name + "." + pid
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sc := s.scopes[key]
 	if sc == nil {
-		sc = &scope{key: key, reset: reset}
+		sc = &scope{key: key, reset: reset, ck: ck}
 		s.scopes[key] = sc
 	}
+	s.current[ck] = sc
 	sc.need = n
 	sc.pins++
 	return sc
@@ -450,8 +466,8 @@ func (s *Spender) read(ctx context.Context, key string) (record, uint64, error) 
 func (s *Spender) Settle(id string, cost Micro) (Hold, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := s.holds[id]
-	if h == nil {
+	h, ok := s.holds[id]
+	if !ok {
 		return Hold{}, false
 	}
 	delete(s.holds, id)
@@ -459,18 +475,15 @@ func (s *Spender) Settle(id string, cost Micro) (Hold, bool) {
 		sc.open -= h.Amount
 		sc.done += cost
 	}
-	return *h, true
+	return h, true
 }
 
 // Held reports whether request id holds a reservation.
 func (s *Spender) Held(id string) (Hold, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := s.holds[id]
-	if h == nil {
-		return Hold{}, false
-	}
-	return *h, true
+	h, ok := s.holds[id]
+	return h, ok
 }
 
 func (s *Spender) release(h *Hold) {
@@ -527,7 +540,7 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 	s.mu.Lock()
 	for id, h := range s.holds {
 		if now.After(h.expires) {
-			s.releaseLocked(h)
+			s.releaseLocked(&h)
 			delete(s.holds, id)
 		}
 	}
@@ -539,10 +552,12 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 		case sc.done != 0 || expiring || (idle && sc.held > sc.open):
 			jobs = append(jobs, job{sc, idle})
 		case sc.pins > 0:
-		case sc.held == 0 && sc.open == 0 && sc.done == 0 && now.After(sc.reset) && !sc.reset.IsZero():
+		case sc.held == 0 && sc.open == 0 && sc.done == 0 && (idle || now.After(sc.reset) && !sc.reset.IsZero()):
+			// Forgotten, and read afresh when next needed.
 			delete(s.scopes, k)
-		case sc.held == 0 && sc.open == 0 && sc.done == 0 && idle:
-			delete(s.scopes, k) // read afresh when next needed
+			if s.current[sc.ck] == sc {
+				delete(s.current, sc.ck)
+			}
 		}
 	}
 	s.mu.Unlock()

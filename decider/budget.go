@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +36,57 @@ type budgets struct {
 
 	spend     *prometheus.CounterVec
 	remaining *prometheus.GaugeVec
+	// Caches of the request path: each model's price and its header (by
+	// the table's model value, dropped when they grow past maxCached), the
+	// series by tenant and model.
+	prices   sync.Map // *table.Model → priced
+	nPrices  atomic.Int64
+	spendBy  sync.Map // [2]string{tenant, model} → prometheus.Counter
+	remainBy sync.Map // tenant → prometheus.Gauge
+}
+
+type priced struct {
+	price  budget.Price
+	header string
+}
+
+// maxCached bounds the prices cached: a table changed many times leaves
+// models no decision reads.
+const maxCached = 4096
+
+// priceOf is the model's price and its Llm-Price header.
+func (bg *budgets) priceOf(m *table.Model) priced {
+	if m == nil || m.Price == nil {
+		return priced{}
+	}
+	if v, ok := bg.prices.Load(m); ok {
+		return v.(priced)
+	}
+	p := budget.PriceOf(m)
+	v := priced{p, p.Header()}
+	if bg.nPrices.Add(1) > maxCached {
+		bg.prices.Clear()
+		bg.nPrices.Store(1)
+	}
+	bg.prices.Store(m, v)
+	return v
+}
+
+func (bg *budgets) spent(tenant, model string, cost budget.Micro) {
+	k := [2]string{tenant, model}
+	c, ok := bg.spendBy.Load(k)
+	if !ok {
+		c, _ = bg.spendBy.LoadOrStore(k, bg.spend.WithLabelValues(tenant, model))
+	}
+	c.(prometheus.Counter).Add(cost.Amount())
+}
+
+func (bg *budgets) left(tenant string, m budget.Micro) {
+	g, ok := bg.remainBy.Load(tenant)
+	if !ok {
+		g, _ = bg.remainBy.LoadOrStore(tenant, bg.remaining.WithLabelValues(tenant))
+	}
+	g.(prometheus.Gauge).Set(m.Amount())
 }
 
 func newBudgets(js jetstream.JetStream, cfg *Config, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
@@ -136,7 +188,8 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		}
 	}
 	model := snap.Models[d.Model]
-	price := budgetPrice(model)
+	pr := b.budgets.priceOf(model)
+	price := pr.price
 	t, rules := snap.TenantRules(tenant)
 	var needs [2]budget.Need
 	n := 0
@@ -149,7 +202,7 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		n++
 	}
 	if !price.Zero() {
-		s.setHeader(h, subjects.HdrPrice, price.Header())
+		s.setHeader(h, subjects.HdrPrice, pr.header)
 	}
 	if n == 0 || price.Zero() {
 		return nil
@@ -202,15 +255,12 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		return budgetRefusal(ref, worst, snap.Currency(), s.start)
 	}
 	if needs[0].Kind == budget.KindTenant {
-		b.budgets.remaining.WithLabelValues(tenant).Set(left.Amount())
+		b.budgets.left(tenant, left)
 	}
-	s.setHeader(h, subjects.HdrRouteBudget, left.String())
+	var buf [24]byte
+	s.setHeader(h, subjects.HdrRouteBudget, string(left.Append(buf[:0])))
 	return nil
 }
-
-// budgetPrice is the model's price (cached per model would save little:
-// a decision reads a handful of fields).
-func budgetPrice(m *table.Model) budget.Price { return budget.PriceOf(m) }
 
 // budgetRefusal is the 429 of a request whose worst case does not fit.
 func budgetRefusal(r *budget.Refusal, worst budget.Micro, currency string, now time.Time) *subjects.APIError {
@@ -249,7 +299,7 @@ func (b *Decider) settleBudget(u *subjects.Usage) {
 	}
 	cost := min(h.Price.Cost(prompt, u.CachedTokens, u.CompletionTokens, h.Batch), 2*h.Amount)
 	if _, ok := sp.Settle(u.RequestID, cost); ok && cost > 0 {
-		b.budgets.spend.WithLabelValues(h.Tenant, h.Model).Add(cost.Amount())
+		b.budgets.spent(h.Tenant, h.Model, cost)
 	}
 }
 

@@ -1,0 +1,132 @@
+package decider
+
+import (
+	"context"
+	"maps"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// withBudget prices llama-3-70b-instruct (3 and 15 per million tokens) and
+// gives tenant default a budget of limit per month, in b's table, with the
+// budgets bucket on its server.
+func withBudget(tb testing.TB, b *Decider, limit string) {
+	tb.Helper()
+	js, _ := jetstream.New(b.nc)
+	if _, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: subjects.BudgetsBucket}); err != nil {
+		tb.Fatal(err)
+	}
+	snap := b.Table().Clone()
+	for key, value := range map[string]string{
+		"models.llama-3-70b-instruct": `{"versions":["v1.5.0","v1.6.0"],"tier":"hot","max_context_tokens":131072,"default_max_tokens":1024,"price":{"input":3,"output":15}}`,
+		"tenants.default":             `{"tier":"standard","budget":{"limit":` + limit + `,"period":"month"}}`,
+	} {
+		v, err := table.Decode(key, []byte(value))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		snap.Set(v, []byte(value))
+	}
+	b.SetTable(snap)
+}
+
+// BenchmarkRoutePathBudget is BenchmarkRoutePath among 64 replicas with
+// and without a budget: the reservation against the budget and its
+// settlement on the usage, from a lease this decider holds (the round
+// trips to the bucket the lease takes are reported per request).
+func BenchmarkRoutePathBudget(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run("budget="+strconv.FormatBool(on), func(b *testing.B) {
+			now := time.Unix(1_800_000_000, 0)
+			br := newTestBroker(b, 64, now)
+			if on {
+				withBudget(b, br, "1000000000")
+			}
+			sent := gatewayHeaders()
+			h := maps.Clone(sent)
+			body := []byte(`{"model":"chat-large"}`)
+			s := NewScratch()
+			var u subjects.Usage
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				h[subjects.HdrConversation][0] = strconv.Itoa(i & 1023)
+				h[subjects.HdrRequestID][0] = strconv.Itoa(i)
+				a := br.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, body)
+				if a.Do != DoForward {
+					b.Fatal("not forwarded: ", a.Err)
+				}
+				if on {
+					u = subjects.Usage{RequestID: h[subjects.HdrRequestID][0], PromptTokens: 2048, CompletionTokens: 32}
+					br.settleBudget(&u)
+				}
+				for k := range h {
+					if sent[k] == nil {
+						delete(h, k)
+					}
+				}
+				for len(br.out) > 0 {
+					<-br.out
+				}
+			}
+			if sp := br.Spender(); on && sp != nil {
+				ops, asked, _ := sp.Counts()
+				b.ReportMetric(float64(ops)/float64(asked), "round-trips/req")
+			}
+		})
+	}
+}
+
+// A decision over the budget is refused with budget_exceeded, names the
+// tenant and the period, and says when the period resets; the remaining
+// budget travels with a forwarded request and the price with it.
+func TestHandleChargesTheBudget(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0) // 15 Jan 2027
+	br := newTestBroker(t, 4, now)
+	withBudget(t, br, "0.02") // 2048 prompt × 3 + 64 output × 15 per million: 0.00711 a request
+	var refused *subjects.APIError
+	forwarded := 0
+	for i := range 4 {
+		h := gatewayHeaders()
+		h[subjects.HdrRequestID][0] = "r" + strconv.Itoa(i)
+		a := br.Handle(NewScratch(), "llm.gw.default", "_INBOX.gw.1", h, []byte(`{}`))
+		switch a.Do {
+		case DoForward:
+			forwarded++
+			if a.Msg.Header.Get(subjects.HdrRouteBudget) == "" || a.Msg.Header.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" {
+				t.Fatalf("forwarded without the budget's headers: %v", a.Msg.Header)
+			}
+		case DoRefuse:
+			refused = a.Err
+		}
+	}
+	if forwarded != 2 || refused == nil {
+		t.Fatalf("forwarded %d of 4 under a budget of 2, refusal %v", forwarded, refused)
+	}
+	if refused.Status != 429 || refused.Code != subjects.CodeBudgetExceeded || refused.Headers[subjects.HdrBudgetRemaining] == "" {
+		t.Fatalf("refusal %+v", refused)
+	}
+	wantReset := time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC).Sub(now)
+	if refused.RetryAfter != wantReset {
+		t.Fatalf("Retry-After %v, want %v (the month's end)", refused.RetryAfter, wantReset)
+	}
+	for _, says := range []string{"month budget of tenant default", "0.02 USD", "2027-02-01T00:00:00Z"} {
+		if !strings.Contains(refused.Message, says) {
+			t.Errorf("message %q does not say %q", refused.Message, says)
+		}
+	}
+	// A usage of another broker's request, or a forged one, settles
+	// nothing; the request's own settles once.
+	br.settleBudget(&subjects.Usage{RequestID: "forged", CompletionTokens: 1 << 30})
+	br.settleBudget(&subjects.Usage{RequestID: "r0", PromptTokens: 2048, CompletionTokens: 1 << 30})
+	if _, held := br.Spender().Held("r0"); held {
+		t.Fatal("r0 still held after its usage")
+	}
+}
