@@ -657,3 +657,37 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 		t.Errorf("usage --by day: exit %d:\n%s", code, out)
 	}
 }
+
+// Only deciders write the spend, only adapters the ledger: a relaying
+// gateway, an adapter, a batcher and an observer are refused the spend; a
+// broker, a gateway and a batcher the ledger.
+func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
+	refused := func(role auth.Role, subject string) {
+		t.Helper()
+		nc, err := connectAs(st, role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		errs := make(chan error, 4)
+		nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
+		_ = nc.Publish(subject, []byte(`{"spent":0}`))
+		_ = nc.Flush()
+		select {
+		case err := <-errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("%s on %s: %v", role.Name(), subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s may publish %s", role.Name(), subject)
+		}
+	}
+	spend := "$KV." + subjects.BudgetsBucket + ".tenant.acme.total"
+	for _, r := range []auth.Role{{Kind: auth.RoleGatewayRelay}, {Kind: auth.RoleAdapter, ID: "l8-gen-0"}, {Kind: auth.RoleBatcher}, {Kind: auth.RoleObserver}, {Kind: auth.RoleLoader}} {
+		refused(r, spend)
+	}
+	for _, r := range []auth.Role{{Kind: auth.RoleBroker}, {Kind: auth.RoleGateway}, {Kind: auth.RoleBatcher}, {Kind: auth.RoleLoader}} {
+		refused(r, "llm.ledger.acme")
+	}
+}
