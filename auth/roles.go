@@ -181,12 +181,12 @@ func permissions(r Role, prefix, bucket string) grants {
 	case RoleOperator:
 		return grants{
 			pub: []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", kv + ">", "$KV." + subjects.BatchesBucket + ".>", p + "explain.*", "$SRV.>"},
-			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", inbox},
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", p + "events.budget.*", inbox},
 		}
 	case RoleObserver:
 		return grants{
 			pub: append([]string{"$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"}, tableRead...),
-			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load.status", inbox},
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load.status", p + "events.budget.*", inbox},
 		}
 	case RoleLoader:
 		// Claims loads in its own bucket (creating it), reads the table,

@@ -57,7 +57,9 @@ const (
 type record struct {
 	Spent  Micro            `json:"spent"`
 	Leases map[string]lease `json:"leases,omitempty"`
-	// Alerted is the highest share of the limit (80, 100) announced.
+	// Alerted is the highest share of the limit (80, 100) announced: 100
+	// once the committed spend reaches the limit or a reservation is first
+	// refused.
 	Alerted int `json:"alerted,omitempty"`
 }
 
@@ -80,7 +82,8 @@ type Config struct {
 	Now        func() time.Time
 	// OnCross, when set, is told (once per budget and period, by the
 	// decider whose write crossed it) that the committed spend of a
-	// budget reached 80% or 100% of its limit.
+	// budget (settled, and leased to deciders) reached 80% of its limit,
+	// and 100% of it, or a reservation was first refused.
 	OnCross func(Crossing)
 }
 
@@ -370,6 +373,7 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	limit := n.limit()
 	free := limit - rec.Spent - others - mine
 	var grant Micro
+	exhausted := false
 	switch {
 	case need > 0:
 		missing := need - (mine - open)
@@ -382,12 +386,18 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 				s.mu.Unlock()
 				return true, 0, nil
 			}
-			s.mu.Lock()
-			sc.rec, sc.rev = rec, rev
-			sc.rec.Spent -= done // not written: still in this decider's lease
-			left = sc.remaining(holder)
-			s.mu.Unlock()
-			return false, left, nil
+			if rec.Alerted >= 100 || LimitOf(&n.Budget) == 0 {
+				s.mu.Lock()
+				sc.rec, sc.rev = rec, rev
+				sc.rec.Spent -= done // not written: still in this decider's lease
+				left = sc.remaining(holder)
+				s.mu.Unlock()
+				return false, left, nil
+			}
+			// The budget's first refusal: it is spent, for every practical
+			// purpose, and the write that says so tells it once.
+			exhausted = true
+			break
 		}
 		grant = missing
 		if !n.Budget.AlertOnly {
@@ -406,7 +416,7 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	if bl := LimitOf(&n.Budget); bl > 0 {
 		committed := rec.Spent + others + mine
 		for _, share := range [...]int{80, 100} {
-			if rec.Alerted < share && committed*100 >= bl*Micro(share) {
+			if rec.Alerted < share && (committed*100 >= bl*Micro(share) || exhausted) {
 				rec.Alerted, cross = share, share
 			}
 		}
@@ -436,7 +446,7 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	if cross > 0 && s.cfg.OnCross != nil {
 		s.cfg.OnCross(Crossing{Need: n, Share: cross, Spent: rec.Spent + others + mine})
 	}
-	return true, sc.remaining(holder), nil
+	return !exhausted, sc.remaining(holder), nil
 }
 
 // read is the record of key and its revision (0 when there is none).

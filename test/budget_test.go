@@ -560,6 +560,16 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 		t.Fatalf("the price in force after a bad put: %+v", p)
 	}
 
+	op, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	events, err := op.SubscribeSync("llm.events.budget.acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = op.Flush()
 	out, errOut, code := sy(t, env, "", "key", "add", "--tenant", "acme", "--budget", "0.02", "--budget-period", "day")
 	key := strings.TrimSpace(out)
 	if code != 0 || !strings.HasPrefix(key, "sk-") {
@@ -584,6 +594,23 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 	}
 	if served != 2 {
 		t.Fatalf("%d of 5 served under a budget of 2", served)
+	}
+	for _, share := range []int{80, 100} {
+		m, err := events.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("no %d%% event: %v", share, err)
+		}
+		var ev struct {
+			Tenant, Key, Period string
+			Share               int
+			Limit               float64
+		}
+		if err := json.Unmarshal(m.Data, &ev); err != nil || ev.Tenant != "acme" || ev.Key != id || ev.Share != share || ev.Limit != 0.02 || ev.Period != "day" {
+			t.Fatalf("budget event %s: %v", m.Data, err)
+		}
+	}
+	if got := testkit.Sum(st.Registry(), "switchyard_spend_total", map[string]string{"tenant": "acme", "model": budgetModel}); !(got > 0 && got <= 0.02) {
+		t.Errorf("switchyard_spend_total{tenant=acme} = %v after two requests", got)
 	}
 	// The key's usage, spent as settled and flushed (within a second).
 	var u struct {
