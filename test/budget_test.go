@@ -243,6 +243,28 @@ func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
 		}
 	}
 	t.Logf("shared spend: %d JetStream round trips for %d requests (%d admitted)", ops, asked, held)
+	// The dashboard shows the tenant's spend against its budget.
+	testkit.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		resp, err := http.Get(st.GatewayURL() + "/ui/budgets")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var views []struct {
+			Tenant       string
+			Spent, Limit float64
+			Currency     string
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&views); err != nil {
+			return err
+		}
+		for _, v := range views {
+			if v.Tenant == "spender" && v.Spent > 0 && v.Spent <= 0.08 && v.Limit == 0.08 && v.Currency == "USD" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the dashboard's budgets: %+v", views)
+	})
 }
 
 func hasKeys[K comparable, V any](m map[K]V, atLeast int) bool { return len(m) >= atLeast }
