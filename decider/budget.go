@@ -182,6 +182,9 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	var key *table.Key
 	var keyID string
 	if hash := h.Get(subjects.HdrKey); hash != "" {
+		// The key's hash goes no further than the decider: the replica
+		// and the ledger get its id.
+		delete(h, subjects.HdrKey)
 		if k, ok := snap.Keys[hash]; ok && k.Tenant == tenant && len(hash) >= 12 {
 			key, keyID = &k, hash[:12]
 			s.setHeader(h, subjects.HdrKeyID, keyID)

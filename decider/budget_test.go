@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -128,5 +129,31 @@ func TestHandleChargesTheBudget(t *testing.T) {
 	br.settleBudget(&subjects.Usage{RequestID: "r0", PromptTokens: 2048, CompletionTokens: 1 << 30})
 	if _, held := br.Spender().Held("r0"); held {
 		t.Fatal("r0 still held after its usage")
+	}
+}
+
+// A direct client's claims about price, key and request id are not
+// believed: the decider writes the price it admits at, and removes a key
+// and a client request id it did not set.
+func TestDirectClientCannotForgeThePriceTheKeyOrTheLedgerID(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	br := newTestBroker(t, 4, now)
+	withBudget(t, br, "100")
+	h := nats.Header{
+		subjects.HdrPrice:           {"0,0,0,0"},
+		subjects.HdrKey:             {strings.Repeat("a", 64)},
+		subjects.HdrKeyID:           {"aaaaaaaaaaaa"},
+		subjects.HdrClientRequestID: {"victim-request"},
+		subjects.HdrRouteBudget:     {"1000000"},
+	}
+	a := br.Handle(NewScratch(), "llm.route.default", "_INBOX.x.1", h,
+		[]byte(`{"model":"chat-large","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
+	if a.Do != DoForward {
+		t.Fatalf("not forwarded: %v", a.Err)
+	}
+	got := a.Msg.Header
+	if got.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" || got.Get(subjects.HdrKey) != "" ||
+		got.Get(subjects.HdrKeyID) != "" || got.Get(subjects.HdrClientRequestID) != "" || got.Get(subjects.HdrRouteBudget) == "1000000" {
+		t.Fatalf("forwarded with the client's claims: %v", got)
 	}
 }
