@@ -140,3 +140,46 @@ func TestAlertOnlyBudgetWarnsAndNeverRefuses(t *testing.T) {
 		t.Fatalf("crossings told: %v, want [80 100]", shares)
 	}
 }
+
+// With a budget large beside a request, a lease covers many reservations:
+// three deciders reserving 1,500 requests at once make far fewer than one
+// round trip to the bucket a request.
+func TestLeasesCostLessThanARoundTripARequest(t *testing.T) {
+	kv := bucket(t)
+	need := budget.Need{Kind: budget.KindTenant, Name: "acme", Tenant: "acme", Budget: table.Budget{Limit: 3, Period: table.PeriodMonth}}
+	const worst = budget.Micro(1000) // 1/3000 of the limit
+	var spenders []*budget.Spender
+	for i := range 3 {
+		spenders = append(spenders, budget.NewSpender(budget.Config{KV: kv, Holder: "d" + strconv.Itoa(i)}))
+	}
+	var wg sync.WaitGroup
+	for w := range 30 {
+		wg.Go(func() {
+			sp := spenders[w%3]
+			for i := range 50 {
+				id := strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				_, ref, err := sp.Reserve(context.Background(), id, []budget.Need{need}, budget.Hold{Amount: worst}, time.Now().Add(time.Minute))
+				if err != nil || ref != nil {
+					t.Errorf("%v %+v", err, ref)
+					return
+				}
+				sp.Settle(id, worst/2)
+			}
+		})
+	}
+	wg.Wait()
+	var ops, asked uint64
+	for _, sp := range spenders {
+		sp.Flush(context.Background(), true)
+		o, a, _ := sp.Counts()
+		ops, asked = ops+o, asked+a
+	}
+	t.Logf("%d round trips for %d requests: %.3f a request", ops, asked, float64(ops)/float64(asked))
+	if asked != 1500 || ops*10 > asked {
+		t.Fatalf("%d round trips for %d requests", ops, asked)
+	}
+	sp, _ := budget.Read(context.Background(), kv, need, time.Now())
+	if sp.Spent != 1500*worst/2 || sp.Leased != 0 {
+		t.Fatalf("spend %+v, want %d settled and nothing leased", sp, 1500*worst/2)
+	}
+}
