@@ -2,6 +2,7 @@ package decider
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,9 @@ func (bg *budgets) spender(ctx context.Context) (*budget.Spender, error) {
 	kv, err := bg.js.KeyValue(bctx, bg.bucket)
 	if err != nil {
 		bg.failed = now
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, errNoBucket
+		}
 		return nil, err
 	}
 	bg.sp = budget.NewSpender(budget.Config{KV: kv, Holder: bg.holder, LeaseTTL: bg.ttl, Now: bg.now, OnCross: bg.onCross})
@@ -159,6 +163,9 @@ func (bg *budgets) run(ctx context.Context) {
 		}
 	}
 }
+
+// errNoBucket is a budget whose bucket was never created.
+var errNoBucket = errors.New("no budgets bucket")
 
 // defaultOutput is the output a request with no max_tokens, of a model
 // with neither default_max_tokens nor max_context_tokens, is reserved
@@ -246,7 +253,14 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 			budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}, expires.Add(time.Minute))
 	}
 	if err != nil {
-		e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the spend of this request's budget could not be reached; try again")
+		msg := "the spend of this request's budget could not be reached; try again"
+		if errors.Is(err, errNoBucket) {
+			msg = "this request is under a budget, and the budgets' bucket " + b.budgets.bucket + " does not exist (switchyard table init creates it)"
+		}
+		if _, logged := b.logged.LoadOrStore("budget-unavailable", true); !logged {
+			b.log.Warn("requests under a budget are refused: its spend cannot be reached (logged once)", "err", err)
+		}
+		e := subjects.NewError(503, subjects.CodeRouterUnavailable, msg)
 		e.RetryAfter = time.Second
 		return e
 	}
