@@ -75,15 +75,11 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 // prepare turns the HTTP request into an upstream request, or the 4xx that
 // it deserves without ever reaching a broker.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snapshot, endpoint string) (*upstream, *subjects.APIError) {
-	tenant, keyHash, apiErr := g.keyOf(r, t)
+	tenant, apiErr := g.tenantOf(r, t)
 	if apiErr != nil {
 		return nil, apiErr
 	}
 	h := nats.Header{}
-	if keyHash != "" {
-		// The decider charges the key's budget too.
-		h[subjects.HdrKey] = []string{keyHash}
-	}
 	now := time.Now()
 	deadline := now.Add(g.cfg.DefaultTimeout)
 	if v := r.Header.Get("X-Request-Timeout"); v != "" {
@@ -165,6 +161,10 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	// The id the answer carries (the client's, else the gateway's) names
 	// the request on the wire too.
 	h[subjects.HdrClientRequestID] = []string{w.Header().Get("X-Request-Id")}
+	if _, hash, _ := g.keyOf(r, t); hash != "" {
+		// The decider charges the key's budget too.
+		h[subjects.HdrKey] = []string{hash}
+	}
 	// A client's trace is continued only when its traceparent is valid W3C
 	// (anything else starts a new trace, as the spec says), and tracestate
 	// is bounded: an oversized header must not push a request past the
