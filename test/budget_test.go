@@ -269,81 +269,6 @@ func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
 
 func hasKeys[K comparable, V any](m map[K]V, atLeast int) bool { return len(m) >= atLeast }
 
-// A tenant cannot read the ledger, nor write the spend: its identity has
-// none of the subjects.
-func TestTenantsCannotReadTheLedgerNorWriteTheSpend(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
-	nc, err := connectAs(st, auth.Role{Kind: auth.RoleTenant, ID: "acme"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	errs := make(chan error, 8)
-	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
-	js, _ := jetstream.New(nc)
-	for _, read := range []func(context.Context) error{
-		func(ctx context.Context) error { _, err := js.Stream(ctx, subjects.LedgerStream); return err },
-		func(ctx context.Context) error { _, err := js.KeyValue(ctx, subjects.BudgetsBucket); return err },
-	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if err := read(ctx); err == nil {
-			t.Fatal("a tenant read the ledger or the budgets")
-		}
-		cancel()
-	}
-	for len(errs) > 0 {
-		<-errs // the reads' own refusals
-	}
-	// A forged record or spend is refused by the server.
-	if err := nc.Publish("$KV."+subjects.BudgetsBucket+".tenant.acme.total", []byte(`{"spent":0}`)); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Publish("llm.ledger.acme", []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.Flush()
-	for _, what := range []string{"spend", "ledger"} {
-		select {
-		case err := <-errs:
-			if !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
-				t.Fatalf("want a permissions violation, got %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("the server did not refuse a tenant's write to the %s", what)
-		}
-	}
-}
-
-// A request without a budget, or of a model without a price, carries no
-// budget header and is never refused for budget.
-func TestUnpricedModelsAreNeverRefusedForBudget(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
-	kv := kvBucket(t, st)
-	if _, err := kv.Put(context.Background(), "tenants.spender", []byte(`{"budget":{"limit":0,"period":"total"}}`)); err != nil {
-		t.Fatal(err)
-	}
-	key, _ := addKey(t, kv, "spender", nil)
-	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the gateway to read the key", func() bool {
-		return st.Broker(0).Table().Tenants["spender"] != nil && len(st.Gateway().Table().Keys) > 5
-	}))
-	status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
-	if status != http.StatusOK || h.Get("X-Switchyard-Budget-Remaining") != "" {
-		t.Fatalf("unpriced model under a zero budget: %d %v %s", status, h, body)
-	}
-	priceModel(t, kv)
-	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the price in force", func() bool {
-		m := st.Gateway().Decider()
-		if m != nil {
-			return m.Table().Models[budgetModel].Price != nil
-		}
-		return st.Broker(0).Table().Models[budgetModel].Price != nil
-	}))
-	status, h, body = chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
-	if status != 429 || !strings.Contains(body, "budget_exceeded") || !strings.Contains(body, "tenant spender") || h.Get("Retry-After") != "" {
-		t.Fatalf("priced model under a zero total budget: %d %v %s", status, h, body)
-	}
-}
-
 // A broker SIGKILLed with reservations open loses none of the money: the
 // requests it admitted are served and recorded in the ledger by their
 // adapter, whose total equals what the engine generated; its lease expires
@@ -549,7 +474,29 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
 	env := []string{"NATS_URL=" + st.NATSURL(), "NATS_CREDS=" + st.Creds(auth.Role{Kind: auth.RoleOperator}), "HOME=" + t.TempDir()}
 	kv := kvBucket(t, st)
+	// A model without a price is never refused for budget, and its
+	// answers carry no budget header, even under a budget of zero.
+	if _, err := kv.Put(context.Background(), "tenants.spender", []byte(`{"budget":{"limit":0,"period":"total"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	zeroKey, _ := addKey(t, kv, "spender", nil)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the gateway to read the key", func() bool {
+		return st.Broker(0).Table().Tenants["spender"] != nil && len(st.Gateway().Table().Keys) > 5
+	}))
+	if status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(zeroKey)); status != http.StatusOK || h.Get("X-Switchyard-Budget-Remaining") != "" {
+		t.Fatalf("unpriced model under a zero budget: %d %v %s", status, h, body)
+	}
 	priceModel(t, kv)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the price in force", func() bool {
+		if d := st.Gateway().Decider(); d != nil && d.Table().Models[budgetModel].Price == nil {
+			return false
+		}
+		return st.Broker(0).Table().Models[budgetModel].Price != nil
+	}))
+	if status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(zeroKey)); status != 429 || !strings.Contains(body, "budget_exceeded") ||
+		!strings.Contains(body, "tenant spender") || h.Get("Retry-After") != "" {
+		t.Fatalf("priced model under a zero total budget: %d %v %s", status, h, body)
+	}
 	for _, c := range []struct {
 		args []string
 		code int
@@ -707,9 +654,10 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 	}
 }
 
-// Only deciders write the spend, only adapters the ledger: a relaying
-// gateway, an adapter, a batcher and an observer are refused the spend; a
-// broker, a gateway and a batcher the ledger.
+// Only deciders write the spend, only adapters the ledger: a tenant can
+// neither read them nor write them; a relaying gateway, an adapter, a
+// batcher, an observer and a loader are refused the spend; a broker, a
+// gateway, a batcher and a loader the ledger.
 func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	refused := func(role auth.Role, subject string) {
@@ -733,6 +681,7 @@ func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
 		}
 	}
 	spend := "$KV." + subjects.BudgetsBucket + ".tenant.acme.total"
+	tenantCannotReadOrWrite(t, st)
 	for _, r := range []auth.Role{{Kind: auth.RoleGatewayRelay}, {Kind: auth.RoleAdapter, ID: "l8-gen-0"}, {Kind: auth.RoleBatcher}, {Kind: auth.RoleObserver}, {Kind: auth.RoleLoader}} {
 		refused(r, spend)
 	}
@@ -795,5 +744,50 @@ func TestBatchLinesAreChargedAndALineOverBudgetFails(t *testing.T) {
 	})
 	if lines != int(b.RequestCounts.Completed) {
 		t.Fatalf("%d ledger records for %d lines served", lines, b.RequestCounts.Completed)
+	}
+}
+
+// tenantCannotReadOrWrite checks that a tenant's identity has none of the
+// ledger's and the spend's subjects.
+func tenantCannotReadOrWrite(t *testing.T, st *devstack.Stack) {
+	t.Helper()
+	nc, err := connectAs(st, auth.Role{Kind: auth.RoleTenant, ID: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	errs := make(chan error, 8)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
+	js, _ := jetstream.New(nc)
+	for _, read := range []func(context.Context) error{
+		func(ctx context.Context) error { _, err := js.Stream(ctx, subjects.LedgerStream); return err },
+		func(ctx context.Context) error { _, err := js.KeyValue(ctx, subjects.BudgetsBucket); return err },
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := read(ctx); err == nil {
+			t.Fatal("a tenant read the ledger or the budgets")
+		}
+		cancel()
+	}
+	for len(errs) > 0 {
+		<-errs // the reads' own refusals
+	}
+	// A forged record or spend is refused by the server.
+	if err := nc.Publish("$KV."+subjects.BudgetsBucket+".tenant.acme.total", []byte(`{"spent":0}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("llm.ledger.acme", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	for _, what := range []string{"spend", "ledger"} {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Fatalf("want a permissions violation, got %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the server did not refuse a tenant's write to the %s", what)
+		}
 	}
 }
