@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,7 +30,7 @@ type ledger struct {
 	ch   chan *nats.Msg
 	// missing is set once a publish found no stream (LEDGER not created):
 	// logged once.
-	missing bool
+	missing atomic.Bool
 }
 
 // ledgerQueue bounds the records waiting to be written.
@@ -85,19 +87,54 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
 	}
 }
 
-// run writes the queued records until ctx ends, then what is queued.
+// run writes the queued records until ctx ends, then what is queued
+// within drainWait, each tried once: a stopping adapter is not held up by
+// a stream that does not answer.
 func (l *ledger) run(ctx context.Context) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var deadline sync.WaitGroup
+	defer deadline.Wait()
+	deadline.Go(func() {
+		// The drain's deadline begins when ctx ends.
+		select {
+		case <-ctx.Done():
+			t := time.NewTimer(drainWait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-dctx.Done():
+			}
+		case <-dctx.Done():
+		}
+	})
+	// Several writers, each waiting for its record's acknowledgement, so
+	// one round trip does not bound the records a second.
+	var wg sync.WaitGroup
+	for range ledgerWriters {
+		wg.Go(func() { l.writer(ctx, dctx) })
+	}
+	wg.Wait()
+	cancel() // the deadline's goroutine ends with it
+}
+
+// writer writes records until ctx ends, then what is queued until dctx
+// ends.
+func (l *ledger) writer(ctx, dctx context.Context) {
 	for {
 		select {
 		case m := <-l.ch:
-			l.write(ctx, m)
+			l.write(ctx, m, ledgerTries)
 		case <-ctx.Done():
 			for {
 				select {
 				case m := <-l.ch:
-					fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-					l.write(fctx, m)
-					cancel()
+					if dctx.Err() != nil {
+						l.log.Warn("ledger record not written: the adapter stopped", "id", m.Header.Get(jetstream.MsgIDHeader))
+						continue
+					}
+					l.write(dctx, m, 1)
 				default:
 					return
 				}
@@ -106,28 +143,42 @@ func (l *ledger) run(ctx context.Context) {
 	}
 }
 
-// write publishes one record, retrying a few times over a few seconds.
-func (l *ledger) write(ctx context.Context, m *nats.Msg) {
+// ledgerTries bounds the publications of one record (over about 3 s), and
+// drainWait what a stopping adapter spends on the records still queued.
+const (
+	ledgerTries   = 5
+	ledgerWriters = 8
+	drainWait     = 2 * time.Second
+)
+
+// write publishes one record, trying up to tries times. A stream that is
+// not there is not waited for: the record is dropped at once, and said so
+// once.
+func (l *ledger) write(ctx context.Context, m *nats.Msg, tries int) {
 	var err error
-	for try := range 5 {
+	for try := range tries {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err = l.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
-			l.missing = false
+			l.missing.Store(false)
 			return
 		}
-		if errors.Is(err, jetstream.ErrNoStreamResponse) && !l.missing {
-			l.missing = true
-			l.log.Warn("no LEDGER stream answers (switchyard table init creates it): records are not kept", "subject", m.Subject)
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			if !l.missing.Swap(true) {
+				l.log.Warn("no LEDGER stream answers (switchyard table init creates it): records are not kept", "subject", m.Subject)
+			}
+			return
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || try == tries-1 {
 			break
 		}
+		t := time.NewTimer(time.Duration(100<<try) * time.Millisecond)
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Duration(100<<try) * time.Millisecond):
+		case <-t.C:
 		}
+		t.Stop()
 	}
-	l.log.Warn("ledger record not written", "subject", m.Subject, "id", m.Header.Get(jetstream.MsgIDHeader), "err", err, "tries", strconv.Itoa(5))
+	l.log.Warn("ledger record not written", "subject", m.Subject, "id", m.Header.Get(jetstream.MsgIDHeader), "err", err, "tries", strconv.Itoa(tries))
 }

@@ -555,6 +555,18 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 		status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, bearer(key))
 		if status == 200 {
 			served++
+			if served == 1 {
+				// How long after the answer's end its record is on the
+				// stream (logged: a figure, not a check).
+				ended := time.Now()
+				took := testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+					if n, _ := ledgerTotal(t, st, "acme", id); n != 1 {
+						return fmt.Errorf("%d records", n)
+					}
+					return nil
+				})
+				t.Logf("the ledger record was on the stream within %v of the answer's end (%v polling)", took, time.Since(ended))
+			}
 			continue
 		}
 		if status != 429 || !strings.Contains(body, "API key "+id) || !strings.Contains(body, "day budget") || h.Get("Retry-After") == "" {
