@@ -157,3 +157,43 @@ func TestDirectClientCannotForgeThePriceTheKeyOrTheLedgerID(t *testing.T) {
 		t.Fatalf("forwarded with the client's claims: %v", got)
 	}
 }
+
+// BenchmarkCharge is what a budget adds to a decision alone: the
+// reservation of a decided request against its tenant's budget, from the
+// decider's lease, and its headers (the settlement, on the usage event,
+// is the second half of each loop).
+func BenchmarkCharge(b *testing.B) {
+	now := time.Unix(1_800_000_000, 0)
+	br := newTestBroker(b, 64, now)
+	withBudget(b, br, "1000000000")
+	h := gatewayHeaders()
+	s := NewScratch()
+	if a := br.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, []byte(`{}`)); a.Do != DoForward {
+		b.Fatal("not forwarded: ", a.Err)
+	}
+	var u subjects.Usage
+	b.Run("reserve", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			s.req.ID = strconv.Itoa(i)
+			if e := br.charge(s, "default", h); e != nil {
+				b.Fatal(e)
+			}
+			b.StopTimer()
+			u = subjects.Usage{RequestID: s.req.ID, PromptTokens: 2048, CompletionTokens: 32}
+			br.settleBudget(&u)
+			b.StartTimer()
+		}
+	})
+	b.Run("reserve+settle", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			s.req.ID = strconv.Itoa(i)
+			if e := br.charge(s, "default", h); e != nil {
+				b.Fatal(e)
+			}
+			u = subjects.Usage{RequestID: s.req.ID, PromptTokens: 2048, CompletionTokens: 32}
+			br.settleBudget(&u)
+		}
+	})
+}
