@@ -113,6 +113,11 @@ func permissions(r Role, prefix, bucket string) grants {
 		pub := append([]string{p + "gw.*", p + "replica.*.cancel", "$SRV.PING." + subjects.BrokerService, p + "kvsync"}, tableRead...)
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
+		if r.Kind == RoleGatewayRelay {
+			// GET /v1/usage reads a key's and its tenant's spend (a
+			// gateway that decides reads it as a decider).
+			pub = append(pub, budgetsRead()...)
+		}
 		sub := []string{p + "reply.>", p + "routed.>", p + "heartbeat.*", p + "decision.>", p + "eject.*", p + "control.load.status", p + "kv.*", inbox}
 		if r.Kind == RoleGateway {
 			// It decides its HTTP requests as a broker would (gateway
@@ -161,6 +166,9 @@ func permissions(r Role, prefix, bucket string) grants {
 			// canceller sent.
 			pub: append(append([]string{
 				p + "heartbeat." + r.ID, p + "load." + r.ID, p + "usage.*", kv + "replicas." + r.ID, p + "kv." + r.ID,
+				// The ledger record of each request it served (the
+				// LEDGER stream's acknowledgement comes to its inbox).
+				p + "ledger.*",
 				p + "replica.*.prefill." + r.ID, p + "replica.*.prefill.cancel." + r.ID,
 				p + "reply.>", "_INBOX.>", "_R_.>",
 				"$JS.API.STREAM.CREATE.KV_" + subjects.ResponsesBucket, "$KV." + subjects.ResponsesBucket + ".>",
@@ -173,12 +181,12 @@ func permissions(r Role, prefix, bucket string) grants {
 	case RoleOperator:
 		return grants{
 			pub: []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", kv + ">", "$KV." + subjects.BatchesBucket + ".>", p + "explain.*", "$SRV.>"},
-			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", inbox},
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load", p + "control.load.status", p + "events.budget.*", inbox},
 		}
 	case RoleObserver:
 		return grants{
 			pub: append([]string{"$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"}, tableRead...),
-			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load.status", inbox},
+			sub: []string{p + "decision.>", p + "heartbeat.*", p + "eject.*", p + "control.load.status", p + "events.budget.*", inbox},
 		}
 	case RoleLoader:
 		// Claims loads in its own bucket (creating it), reads the table,
@@ -220,12 +228,22 @@ func permissions(r Role, prefix, bucket string) grants {
 
 // deciderPub is what every decider publishes: the request for the chosen
 // replica, placements, sampled decisions, cold-load requests, its
-// presence, ejections and the KV-cache resend.
+// presence, ejections, the KV-cache resend, budget events, and the spend
+// of the budgets (their bucket's keys, compare-and-set: never the
+// bucket's creation or purge, and never the ledger, which adapters write).
 func deciderPub(p string) []string {
-	return []string{
+	return append([]string{
 		p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
-		p + "eject.*", p + "kvsync",
-	}
+		p + "eject.*", p + "kvsync", p + "events.budget.*", "$KV." + subjects.BudgetsBucket + ".>",
+	}, budgetsRead()...)
+}
+
+// budgetsRead are the subjects that bind the budgets bucket and get a key:
+// the few a decider needs (a user's permissions travel in its JWT, which a
+// connection's first line must hold).
+func budgetsRead() []string {
+	st := "KV_" + subjects.BudgetsBucket
+	return []string{"$JS.API.STREAM.INFO." + st, "$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st}
 }
 
 // bucketRead are the JetStream API subjects that read a KV bucket: bind it,

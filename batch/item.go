@@ -92,7 +92,8 @@ func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg j
 	var ok bool
 	var line []byte
 	switch {
-	case a.err == nil && (a.status == http.StatusTooManyRequests || a.status == http.StatusServiceUnavailable):
+	case a.err == nil && (a.status == http.StatusTooManyRequests || a.status == http.StatusServiceUnavailable) &&
+		errorCode(a.body) != subjects.CodeBudgetExceeded:
 		// A refusal paces the batch; it is never a failed line. The line
 		// leaves the window now (its caller releases it) and comes back
 		// after its Retry-After; the window shrank to the lines the pool
@@ -109,6 +110,8 @@ func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg j
 	case a.err != nil:
 		line = b.outputLine(rec, &it, http.StatusBadGateway, subjects.NewError(502, subjects.CodeUpstreamError, a.err.Error()).Body())
 	default:
+		// A line over its tenant's budget is a line error, and the batch
+		// goes on: waiting would hold it until the budget's period ends.
 		ok = a.status < 400
 		line = b.outputLine(rec, &it, a.status, a.body)
 	}

@@ -74,7 +74,7 @@ func errorCode(body []byte) string {
 	switch c := e.Error.Code; c {
 	case subjects.CodeAllReplicasBusy, subjects.CodeRateLimit, subjects.CodeNoReplicas, subjects.CodeModelLoading,
 		subjects.CodeFairShareExceeded, subjects.CodeRouterUnavailable, subjects.CodeTTFTObjectiveUnreachable,
-		subjects.CodeDeadlineUnmeetable:
+		subjects.CodeDeadlineUnmeetable, subjects.CodeBudgetExceeded:
 		return c
 	}
 	return "other"

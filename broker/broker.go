@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/check"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -66,6 +67,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock (default time.Now); tests may replace it.
 	Now func() time.Time
+	// LeaseTTL is how long this broker's leases on budgets outlive it
+	// when it dies (default budget.DefaultLeaseTTL).
+	LeaseTTL time.Duration
 	// owners replaces the stored-response owners' reader (tests).
 	owners *owners.Store
 }
@@ -102,7 +106,16 @@ func (c *Config) Validate() error {
 		idErr, prefixErr,
 		check.Duration("presence-every", c.PresenceEvery, 0, time.Minute),
 		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
+		leaseErr(c.LeaseTTL),
 	)
+}
+
+// leaseErr checks a budget lease TTL: unset, or 1s to 10m.
+func leaseErr(d time.Duration) error {
+	if d == 0 {
+		return nil
+	}
+	return check.Duration("budget-lease-ttl", d, time.Second, 10*time.Minute)
 }
 
 // New validates cfg and returns a broker bound to nc.
@@ -128,7 +141,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	dec, err := decider.New(nc, decider.Config{
 		ID: cfg.ID, Prefix: cfg.Prefix, OwnersBucket: cfg.OwnersBucket, PresenceEvery: cfg.PresenceEvery,
 		Logger: cfg.Logger, Component: "broker", TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer,
-		Now: cfg.Now, Stages: cfg.Stages, Owners: cfg.owners,
+		Now: cfg.Now, Stages: cfg.Stages, Owners: cfg.owners, LeaseTTL: cfg.LeaseTTL,
 	})
 	if err != nil {
 		return nil, err
@@ -167,6 +180,10 @@ func (b *Broker) Router() *policy.Router { return b.dec.Router() }
 
 // Table returns the routing table in force (nil before the first load).
 func (b *Broker) Table() *table.Snapshot { return b.dec.Table() }
+
+// Spender is the budget spend this broker shares (nil until a request
+// under a budget needed it).
+func (b *Broker) Spender() *budget.Spender { return b.dec.Spender() }
 
 // LiveBrokers is the number of deciders this one counts for quota shares.
 func (b *Broker) LiveBrokers() int { return b.dec.LiveBrokers() }

@@ -60,6 +60,11 @@ type Config struct {
 	// Owners reads the stored-response owners (nil: a reader of
 	// OwnersBucket).
 	Owners *owners.Store
+	// BudgetsBucket holds the budgets' spend (default
+	// subjects.BudgetsBucket); LeaseTTL is how long a lease on it outlives
+	// this decider (default budget.DefaultLeaseTTL).
+	BudgetsBucket string
+	LeaseTTL      time.Duration
 }
 
 // Decider decides requests and keeps the shared deciding state. Create it
@@ -80,6 +85,7 @@ type Decider struct {
 	router  *policy.Router
 	owners  *owners.Store
 	metrics *metrics
+	budgets *budgets
 	out     chan outMsg
 	// rng draws the decisions' random choices, inside Router.Decide under
 	// the router's lock: requests are decided on several goroutines.
@@ -147,6 +153,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.budgets = newBudgets(js, &b.cfg, cfg.Registerer, b.budgetCrossed)
 	b.owners = cfg.Owners
 	if b.owners == nil {
 		b.owners = owners.NewReader(js, cfg.OwnersBucket)
@@ -187,6 +194,7 @@ func (b *Decider) Start(ctx context.Context) error {
 	}
 	b.wg.Go(func() { b.publishLoop(ctx) })
 	b.wg.Go(func() { b.presenceLoop(ctx) })
+	b.wg.Go(func() { b.budgets.run(ctx) })
 	// A lost connection goes RECONNECTING (or DISCONNECTED first), then
 	// CONNECTED once back; the listener is registered before Start
 	// returns, so no reconnect after it goes unseen.

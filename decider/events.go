@@ -78,6 +78,7 @@ func (b *Decider) onUsage(m *nats.Msg) {
 	}
 	// Only a reservation this broker holds is settled, once, for its own
 	// tenant and at most what it reserved.
+	b.settleBudget(&u)
 	if !b.router.ObserveUsage(&u, b.cfg.Now()) {
 		b.refuse(refusedUsage, "usage without a reservation held by this broker ignored", "request", u.RequestID)
 	}

@@ -186,7 +186,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	for _, k := range []string{refusedReply, refusedReplica, refusedUsage, refusedPresence, refusedKVReplica, refusedLoadReplica} {
 		m.refused.WithLabelValues(k)
 	}
-	for k := table.KindPolicy; k <= table.KindReplica; k++ {
+	for k := table.KindPolicy; k <= table.KindBilling; k++ {
 		m.invalidValues.WithLabelValues(kindName(k))
 	}
 	tableAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -273,6 +273,8 @@ func kindName(k table.Kind) string {
 		return "key"
 	case table.KindReplica:
 		return "replica"
+	case table.KindBilling:
+		return "billing"
 	}
 	return "unknown"
 }

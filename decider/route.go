@@ -143,6 +143,12 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 		return b.stored(tenant, h)
 	}
 	direct := strings.HasPrefix(subject, b.direct)
+	if direct {
+		// The ledger keeps one record per client request id: a direct
+		// client's own would let it take another request's (the batcher's
+		// and a gateway's are theirs to set).
+		delete(h, subjects.HdrClientRequestID)
+	}
 	if strings.HasPrefix(subject, b.batch) {
 		// A batch item: the subject's tenant is the batch record's (only
 		// the batcher publishes here), and it runs at batch priority
@@ -179,6 +185,10 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	}
 	if d.Err != nil {
 		return refuse(d.Err)
+	}
+	if e := b.charge(s, tenant, h); e != nil {
+		b.metrics.rejected(e.Code)
+		return refuse(e)
 	}
 	// Every request sent is placed, blocks or none: the other deciders
 	// count it in flight until the replica's next load delta.
@@ -282,7 +292,7 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 		// other.
 		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
 			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
-			subjects.HdrPreviousResponse} {
+			subjects.HdrPreviousResponse, subjects.HdrKey} {
 			delete(h, k)
 		}
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/batch"
 	"github.com/switchyard-llm/switchyard/broker"
+	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/devstack/fleet"
 	"github.com/switchyard-llm/switchyard/enginesim"
@@ -402,6 +403,9 @@ func (s *Stack) seed(ctx context.Context, nc *nats.Conn) error {
 	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 1)
 	if err != nil {
 		return fmt.Errorf("routing-table bucket: %w", err)
+	}
+	if _, err := budget.Ensure(ctx, js, s.cfg.Gateway.Prefix, 1, budget.DefaultLedgerMaxAge); err != nil {
+		return err
 	}
 	flat := examples.Flat()
 	// The table tells clients how long the simulated cold models take to

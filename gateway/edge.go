@@ -21,7 +21,9 @@ func exposedHeaders() string {
 	}
 	names = append(names, "X-Request-Id")
 	for _, k := range subjects.PassThroughHeaders() {
-		names = append(names, k)
+		if !slices.Contains(names, k) {
+			names = append(names, k)
+		}
 	}
 	return strings.Join(names, ", ")
 }

@@ -36,6 +36,7 @@ func (g *Gateway) routes() (public, admin *http.ServeMux) {
 	mux.HandleFunc("GET /v1/batches", g.serveBatches)
 	mux.HandleFunc("GET /v1/batches/{id}", g.serveBatch)
 	mux.HandleFunc("POST /v1/batches/{id}/cancel", g.serveBatchCancel)
+	mux.HandleFunc("GET /v1/usage", g.serveUsage)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -135,12 +136,19 @@ func (g *Gateway) writeRaw(w http.ResponseWriter, u *upstream, status int, ct st
 // refused even with allow_anonymous on: anonymous means no key at all, so a
 // mistyped key fails loudly instead of being served as tenant "default".
 func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subjects.APIError) {
+	tenant, _, e := g.keyOf(r, t)
+	return tenant, e
+}
+
+// keyOf is the tenant the request's API key speaks for and the key's hash,
+// the name of its keys.* entry ("" when anonymous).
+func (g *Gateway) keyOf(r *http.Request, t *table.Snapshot) (tenant, hash string, _ *subjects.APIError) {
 	auth, xkey := r.Header.Values("Authorization"), r.Header.Values("X-Api-Key")
 	if len(auth) == 0 && len(xkey) == 0 {
 		if t.Policy.AllowAnonymous {
-			return table.DefaultTenant, nil
+			return table.DefaultTenant, "", nil
 		}
-		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
+		return "", "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
 	}
 	var key string
 	if len(auth) > 0 {
@@ -154,18 +162,19 @@ func (g *Gateway) tenantOf(r *http.Request, t *table.Snapshot) (string, *subject
 		key = strings.TrimSpace(xkey[0])
 	}
 	if key == "" {
-		return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "malformed API key header: send one Authorization: Bearer <key> (or x-api-key: <key>)")
+		return "", "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "malformed API key header: send one Authorization: Bearer <key> (or x-api-key: <key>)")
 	}
 	sum := sha256.Sum256([]byte(key))
-	if k, ok := t.Keys[hex.EncodeToString(sum[:])]; ok {
+	hash = hex.EncodeToString(sum[:])
+	if k, ok := t.Keys[hash]; ok {
 		// The tenant is a token of the subjects the request goes out on:
 		// checked here, where it is read, for every handler that uses it.
 		if err := subjects.ValidToken(k.Tenant); err != nil {
-			return "", subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+			return "", "", subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
 		}
-		return k.Tenant, nil
+		return k.Tenant, hash, nil
 	}
-	return "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
+	return "", "", subjects.NewError(401, subjects.CodeInvalidAPIKey, "unknown API key")
 }
 
 func (g *Gateway) snapshot(w http.ResponseWriter) *table.Snapshot {

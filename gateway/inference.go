@@ -184,6 +184,10 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	// The id the answer carries (the client's, else the gateway's) names
 	// the request on the wire too.
 	h[subjects.HdrClientRequestID] = []string{w.Header().Get("X-Request-Id")}
+	if _, hash, _ := g.keyOf(r, t); hash != "" {
+		// The decider charges the key's budget too.
+		h[subjects.HdrKey] = []string{hash}
+	}
 	// A client's trace is continued only when its traceparent is valid W3C
 	// (anything else starts a new trace, as the spec says), and tracestate
 	// is bounded: an oversized header must not push a request past the

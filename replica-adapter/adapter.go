@@ -193,6 +193,7 @@ type Adapter struct {
 	hbSeq    atomic.Uint64
 	deltas   deltas
 	kv       *kvFeed // nil without --kv-events
+	ledger   *ledger
 	// streamed is when bytes of a streamed answer last came from the
 	// engine (Unix nanoseconds): an engine that streams is not down, however
 	// slowly it answers a scrape.
@@ -225,6 +226,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		metrics:  m,
 		reg:      &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
 		owners:   owners.New(js, cfg.OwnersBucket),
+		ledger:   newLedger(js, subjects.New(cfg.Prefix), telemetry.Logger(cfg.Logger).With("replica", cfg.Replica)),
 		calls:    map[string]*call{},
 		prefills: map[prefillKey]context.CancelFunc{},
 		legsFrom: map[string]int{},
@@ -461,6 +463,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	loops.Go(func() { a.heartbeatLoop(ctrl) })
 	loops.Go(func() { a.deltaLoop(ctrl) })
 	loops.Go(func() { a.watchConnection(ctrl.Done()) })
+	loops.Go(func() { a.ledger.run(ctrl) })
 	if a.kv != nil {
 		loops.Go(func() { a.kv.run(ctrl) })
 	}

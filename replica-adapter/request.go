@@ -189,6 +189,9 @@ func (a *Adapter) servedModel(h nats.Header) string {
 // estimate and, for a stream, one token per data event.
 func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
 	if t, ok := scan.Finish(); ok {
+		if c, ok := scan.Cached(); ok {
+			t.Cached = min(max(c, 0), t.PromptTokens)
+		}
 		return t
 	}
 	prompt, _ := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
@@ -211,21 +214,25 @@ func (a *Adapter) publishUsage(h nats.Header, t tokens) {
 		model = a.cfg.Model
 	}
 	reserved, resumed := prompt+maxTokens, h.Get(subjects.HdrResume) != ""
+	engine := t.PromptTokens
+	a.ledger.record(h, tenant, model, t)
 	if resumed {
 		// A continuation reserved nothing: its prompt (the request's and
 		// the carried text) was charged with the part before it.
 		reserved, t.PromptTokens = 0, 0
 	}
 	b, _ := json.Marshal(subjects.Usage{
-		Tenant:           tenant,
-		Model:            model,
-		Replica:          a.cfg.Replica,
-		RequestID:        h.Get(subjects.HdrRequestID),
-		PromptTokens:     t.PromptTokens,
-		CompletionTokens: t.CompletionTokens,
-		ReservedTokens:   reserved,
-		Broker:           h.Get(subjects.HdrBroker),
-		Resumed:          resumed,
+		Tenant:             tenant,
+		Model:              model,
+		Replica:            a.cfg.Replica,
+		RequestID:          h.Get(subjects.HdrRequestID),
+		PromptTokens:       t.PromptTokens,
+		CompletionTokens:   t.CompletionTokens,
+		ReservedTokens:     reserved,
+		Broker:             h.Get(subjects.HdrBroker),
+		Resumed:            resumed,
+		CachedTokens:       t.Cached,
+		EnginePromptTokens: engine,
 	})
 	m := &nats.Msg{Subject: a.subj.Usage(tenant), Data: b}
 	if broker := h.Get(subjects.HdrBroker); broker != "" {

@@ -106,7 +106,7 @@ func TestStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := subjects.Usage{Tenant: "team-x", Model: "sim-model", Replica: "r-1", RequestID: "req-1",
-		PromptTokens: 6, CompletionTokens: 4, ReservedTokens: 30, Broker: "b-1"}
+		PromptTokens: 6, CompletionTokens: 4, ReservedTokens: 30, Broker: "b-1", EnginePromptTokens: 6}
 	if ev != want {
 		t.Errorf("usage %+v, want %+v", ev, want)
 	}

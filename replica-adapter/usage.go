@@ -19,6 +19,9 @@ const (
 type tokens struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+	// Cached is the prompt tokens the engine's prefix cache served, as its
+	// usage said (0 when it did not say).
+	Cached int `json:"-"`
 }
 
 // usageScanner finds the engine's token usage in a response while it streams

@@ -58,7 +58,7 @@ func TestUsageSSEReadsWholeEvents(t *testing.T) {
 		for i := range 20 {
 			u := usageScanner{sse: true}
 			feed(&u, []byte(body), rand.New(rand.NewPCG(uint64(i), 5)))
-			if got, ok := u.Finish(); !ok || got != (tokens{3, 4}) || u.events != 2 {
+			if got, ok := u.Finish(); !ok || got != (tokens{3, 4, 0}) || u.events != 2 {
 				t.Fatalf("%s, cut %d: usage %+v %v over %d events, want 3/4 over 2", name, i, got, ok, u.events)
 			}
 		}
@@ -77,7 +77,7 @@ func TestUsageSSELongEventSkipped(t *testing.T) {
 		}
 	}
 	u.Write([]byte("\"}\n\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n"))
-	if got, ok := u.Finish(); !ok || got != (tokens{1, 2}) {
+	if got, ok := u.Finish(); !ok || got != (tokens{1, 2, 0}) {
 		t.Errorf("usage %+v %v after a long event", got, ok)
 	}
 	if u.events != 1 {
@@ -92,7 +92,7 @@ func TestUsageJSON(t *testing.T) {
 	}
 	u := usageScanner{}
 	feed(&u, body, rand.New(rand.NewPCG(1, 2)))
-	if got, ok := u.Finish(); !ok || got != (tokens{6, 3}) {
+	if got, ok := u.Finish(); !ok || got != (tokens{6, 3, 0}) {
 		t.Errorf("usage %+v %v, want 6/3", got, ok)
 	}
 

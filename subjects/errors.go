@@ -41,6 +41,9 @@ const (
 	// CodeFairShareExceeded (429): the pool sheds and the tenant holds more
 	// than its fair share of the pool's tokens in flight.
 	CodeFairShareExceeded = "fair_share_exceeded"
+	// CodeBudgetExceeded (429): the request's worst-case cost does not fit
+	// in what is left of its tenant's or its key's spend budget.
+	CodeBudgetExceeded = "budget_exceeded"
 )
 
 // APIError is a request failure in the OpenAI error shape. It is produced in

@@ -63,6 +63,19 @@ const (
 	// decode replica's adapter may publish, and only for a leg that decode
 	// replica sent (Subjects.PrefillCancel).
 	HdrPrefillCancel = "Llm-Prefill-Cancel"
+	// HdrKey is the sha256 hex of the API key a gateway authenticated the
+	// request with: the decider charges the key's budget too. Only a
+	// gateway may set it (a direct client's is removed).
+	HdrKey = "Llm-Key"
+	// HdrPrice is the price the decider admitted the request at, set (or
+	// removed) by the decider on every forward: input, cached input and
+	// output micro-units per million tokens and the batch factor in
+	// thousandths (budget.Price.Header). The adapter charges its ledger
+	// record at it: the price in force at admission is the price paid.
+	HdrPrice = "Llm-Price"
+	// HdrKeyID is the id of the request's API key (the first 12 hex digits
+	// of its hash), which the ledger records; set or removed by the decider.
+	HdrKeyID = "Llm-Key-Id"
 )
 
 // Route headers, added by the broker and echoed by the adapter on its head.
@@ -78,12 +91,16 @@ const (
 	// split request (docs/protocol.md, "Disaggregated serving"): the decode
 	// replica's adapter sends it the leg. Absent when served whole.
 	HdrRoutePrefill = "Llm-Route-Prefill"
+	// HdrRouteBudget is what is left of the request's budget (the smaller
+	// of its tenant's and its key's) after its reservation, an amount in
+	// the table's currency: X-Switchyard-Budget-Remaining.
+	HdrRouteBudget = "Llm-Route-Budget-Remaining"
 )
 
 // RouteHeaders lists the route headers in the order they are copied to HTTP,
 // with the HTTP name of each.
-func RouteHeaders() [7][2]string {
-	return [7][2]string{
+func RouteHeaders() [8][2]string {
+	return [8][2]string{
 		{HdrRouteModel, "X-Switchyard-Model"},
 		{HdrRouteVersion, "X-Switchyard-Version"},
 		{HdrRoutePool, "X-Switchyard-Pool"},
@@ -91,6 +108,7 @@ func RouteHeaders() [7][2]string {
 		{HdrRouteReason, "X-Switchyard-Reason"},
 		{HdrRouteLora, "X-Switchyard-Lora"},
 		{HdrRoutePrefill, "X-Switchyard-Prefill-Replica"},
+		{HdrRouteBudget, HdrBudgetRemaining},
 	}
 }
 
@@ -126,15 +144,20 @@ const (
 	HdrRateLimitLimitTokens       = "x-ratelimit-limit-tokens"
 	HdrRateLimitRemainingTokens   = "x-ratelimit-remaining-tokens"
 	HdrRateLimitResetTokens       = "x-ratelimit-reset-tokens"
+	// HdrBudgetRemaining is on every answer to a request under a budget:
+	// what is left of it (the smaller remainder of the tenant's and the
+	// key's), after the request's reservation.
+	HdrBudgetRemaining = "X-Switchyard-Budget-Remaining"
 )
 
 // PassThroughHeaders are the headers a rejection or head may carry that the
 // gateway copies verbatim to the HTTP response.
-func PassThroughHeaders() [8]string {
-	return [8]string{
+func PassThroughHeaders() [9]string {
+	return [9]string{
 		HdrRetryAfter, HdrRetryAfterMS,
 		HdrRateLimitLimitRequests, HdrRateLimitRemainingRequests, HdrRateLimitResetRequests,
 		HdrRateLimitLimitTokens, HdrRateLimitRemainingTokens, HdrRateLimitResetTokens,
+		HdrBudgetRemaining,
 	}
 }
 

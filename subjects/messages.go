@@ -291,6 +291,12 @@ type Usage struct {
 	// so only its completion tokens settle that: the prompt and the carried
 	// text were charged with the first part.
 	Resumed bool `json:"resumed,omitempty"`
+	// CachedTokens is how many prompt tokens the engine's prefix cache
+	// served, when its usage said; EnginePromptTokens is the prompt as the
+	// engine counted it (a continuation's included, which PromptTokens
+	// leaves out for the token quota). Budgets settle on both.
+	CachedTokens       int `json:"cached_tokens,omitempty"`
+	EnginePromptTokens int `json:"engine_prompt_tokens,omitempty"`
 }
 
 // ControlLoad asks for a cold-tier model to be loaded.
@@ -434,4 +440,36 @@ type TenantShare struct {
 	Share     float64 `json:"share"`
 	Weight    float64 `json:"weight"`
 	FairShare float64 `json:"fair_share"`
+}
+
+// LedgerRecord is one settled request on the LEDGER stream
+// (llm.ledger.<tenant>), written by the adapter that served it, once per
+// client request: its Nats-Msg-Id is the tenant and the request's id, so
+// a retry on another replica adds no second record within the stream's
+// duplicate window. A continuation (a stream resumed on another replica)
+// adds the record of what its engine served, Resumed, under the same
+// RequestID.
+type LedgerRecord struct {
+	RequestID string `json:"request_id"`
+	Tenant    string `json:"tenant"`
+	// Key is the id of the API key (never the key), "" without one.
+	Key          string `json:"key,omitempty"`
+	Model        string `json:"model"`
+	Version      string `json:"version,omitempty"`
+	Pool         string `json:"pool,omitempty"`
+	Replica      string `json:"replica"`
+	PromptTokens int    `json:"prompt_tokens"`
+	CachedTokens int    `json:"cached_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	// Cost is in the table's currency; CostMicro the same in micro-units,
+	// which sums exactly.
+	Cost      float64 `json:"cost"`
+	CostMicro int64   `json:"cost_micro"`
+	Priority  string  `json:"priority,omitempty"`
+	// Decider is the broker or gateway that admitted the request.
+	Decider string `json:"decider,omitempty"`
+	Time    int64  `json:"time_unix_ms"`
+	// Resumed marks the record of a continuation: the rest of the request
+	// RequestID, after the replica serving it failed mid-answer.
+	Resumed bool `json:"resumed,omitempty"`
 }

@@ -37,6 +37,11 @@ const (
 	ResultsBucket = "llm-batch-results"
 	ItemsStream   = "LLM_BATCH_ITEMS"
 	BatcherQueue  = "switchyard-batcher"
+	// BudgetsBucket holds the spend of every budget's current period and
+	// the leases deciders hold on it (package budget); LedgerStream is the
+	// stream of settled requests, one record each, on Ledger(tenant).
+	BudgetsBucket = "llm-budgets"
+	LedgerStream  = "LEDGER"
 )
 
 // ErrBadToken is returned for an id that cannot be a subject token.
@@ -184,6 +189,20 @@ func (s Subjects) Usage(tenant string) string { return s.p() + ".usage." + tenan
 
 // UsageAll matches every usage event.
 func (s Subjects) UsageAll() string { return s.p() + ".usage.*" }
+
+// Ledger is where an adapter records a tenant's settled requests, the
+// subject of the LEDGER stream.
+func (s Subjects) Ledger(tenant string) string { return s.p() + ".ledger." + tenant }
+
+// LedgerAll matches every tenant's ledger subject.
+func (s Subjects) LedgerAll() string { return s.p() + ".ledger.*" }
+
+// BudgetEvent is where a decider tells that a tenant's budget (or one of
+// its keys') crossed 80% or 100% of its limit.
+func (s Subjects) BudgetEvent(tenant string) string { return s.p() + ".events.budget." + tenant }
+
+// BudgetEventAll matches every tenant's budget events.
+func (s Subjects) BudgetEventAll() string { return s.p() + ".events.budget.*" }
 
 // ControlLoad asks an autoscaler to load a cold-tier model.
 func (s Subjects) ControlLoad() string { return s.p() + ".control.load" }

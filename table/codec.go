@@ -49,6 +49,7 @@ const (
 	KindTenant
 	KindKey
 	KindReplica
+	KindBilling
 )
 
 // Split returns the kind of key and the name after its prefix.
@@ -56,6 +57,8 @@ func Split(key string) (Kind, string) {
 	switch {
 	case key == KeyPolicy:
 		return KindPolicy, ""
+	case key == KeyBilling:
+		return KindBilling, ""
 	case strings.HasPrefix(key, PrefixAliases):
 		return KindAlias, key[len(PrefixAliases):]
 	case strings.HasPrefix(key, PrefixModels):
@@ -207,6 +210,16 @@ func Decode(key string, b []byte) (Value, error) {
 		if err := subjects.ValidToken(k.Tenant); err != nil {
 			return v, &KeyError{Key: key, Field: "tenant", Err: err}
 		}
+		return v, validateBudget(key, "budget", k.Budget)
+	case KindBilling:
+		var bl Billing
+		if err := decodeStrict(key, b, &bl); err != nil {
+			return v, err
+		}
+		v.V = bl
+		if c := bl.Currency; c != "" && !validCurrency(c) {
+			return v, fieldErr(key, "currency", "want 1 to 8 letters such as USD, got %q", c)
+		}
 		return v, nil
 	case KindReplica:
 		if err := subjects.ValidToken(name); err != nil {
@@ -219,7 +232,7 @@ func Decode(key string, b []byte) (Value, error) {
 		v.V = r
 		return v, validateReplica(key, &r)
 	}
-	return v, fieldErr(key, "", "unknown key: want policy, aliases.*, models.*, pools.*, tenants.*, keys.* or replicas.*")
+	return v, fieldErr(key, "", "unknown key: want policy, billing, aliases.*, models.*, pools.*, tenants.*, keys.* or replicas.*")
 }
 
 // Encode renders a value as indented JSON, as `switchyard table export` and
@@ -343,7 +356,56 @@ func validateModel(key string, m *Model) error {
 	if err := validateAction(key, "load", m.Load); err != nil {
 		return err
 	}
+	if err := validatePrice(key, m.Price); err != nil {
+		return err
+	}
 	return validateAction(key, "unload", m.Unload)
+}
+
+// money reports whether f is an amount from 0 to most (NaN is not).
+func money(f, most float64) bool { return f >= 0 && f <= most }
+
+func validatePrice(key string, p *Price) error {
+	if p == nil {
+		return nil
+	}
+	switch {
+	case !money(p.Input, MaxPrice):
+		return fieldErr(key, "price.input", "must be an amount from 0 to %g per million tokens, got %v", float64(MaxPrice), p.Input)
+	case p.CachedInput != nil && !money(*p.CachedInput, MaxPrice):
+		return fieldErr(key, "price.cached_input", "must be an amount from 0 to %g per million tokens, got %v", float64(MaxPrice), *p.CachedInput)
+	case !money(p.Output, MaxPrice):
+		return fieldErr(key, "price.output", "must be an amount from 0 to %g per million tokens, got %v", float64(MaxPrice), p.Output)
+	case p.Batch != nil && !money(*p.Batch, MaxBatchFactor):
+		return fieldErr(key, "price.batch", "must be a factor from 0 to %d, got %v", MaxBatchFactor, *p.Batch)
+	}
+	return nil
+}
+
+// validateBudget checks a tenant's or a key's budget (field names it).
+func validateBudget(key, field string, b *Budget) error {
+	if b == nil {
+		return nil
+	}
+	if !money(b.Limit, MaxBudgetLimit) {
+		return fieldErr(key, field+".limit", "must be an amount from 0 to %g, got %v", float64(MaxBudgetLimit), b.Limit)
+	}
+	if !ValidPeriod(b.Period) {
+		return fieldErr(key, field+".period", "want day, week, month or total, got %q", b.Period)
+	}
+	return nil
+}
+
+func validCurrency(c string) bool {
+	if len(c) > 8 {
+		return false
+	}
+	for i := 0; i < len(c); i++ {
+		if !(c[i] >= 'A' && c[i] <= 'Z' || c[i] >= 'a' && c[i] <= 'z') {
+			return false
+		}
+	}
+	return true
 }
 
 // k8sName is a DNS-1123 label, what namespaces and Deployments are named.
@@ -402,7 +464,7 @@ func validateTenant(key string, t *Tenant) error {
 			return fieldErr(key, "adapters", "invalid entry %q → %q", alias, lora)
 		}
 	}
-	return nil
+	return validateBudget(key, "budget", t.Budget)
 }
 
 // validObjective reports whether a table's TTFT objective (or a pool's

@@ -19,6 +19,7 @@ type Snapshot struct {
 	Tenants  map[string]*Tenant
 	Keys     map[string]Key
 	Replicas map[string]*Replica
+	Billing  Billing
 	// Raw holds the JSON of every good value by key, for persistence and export.
 	Raw map[string]json.RawMessage
 }
@@ -78,6 +79,8 @@ func (s *Snapshot) Set(v Value, raw []byte) {
 		s.Keys[v.Name] = x
 	case Replica:
 		s.Replicas[v.Name] = &x
+	case Billing:
+		s.Billing = x
 	default:
 		return
 	}
@@ -102,6 +105,8 @@ func (s *Snapshot) Delete(key string) {
 		delete(s.Keys, name)
 	case KindReplica:
 		delete(s.Replicas, name)
+	case KindBilling:
+		s.Billing = Billing{}
 	}
 	delete(s.Raw, key)
 }
@@ -186,4 +191,12 @@ func (s *Snapshot) TenantMayUse(tenant, name string) bool {
 		return true
 	}
 	return slices.Contains(t.AllowedModels, name)
+}
+
+// Currency is the table's currency label.
+func (s *Snapshot) Currency() string {
+	if s == nil || s.Billing.Currency == "" {
+		return DefaultCurrency
+	}
+	return s.Billing.Currency
 }

@@ -14,6 +14,7 @@ import (
 // Key prefixes of the KV layout (docs/protocol.md, "Routing table").
 const (
 	KeyPolicy       = "policy"
+	KeyBilling      = "billing"
 	PrefixAliases   = "aliases."
 	PrefixModels    = "models."
 	PrefixPools     = "pools."
@@ -205,7 +206,63 @@ type Model struct {
 	// TTFTObjective is the time-to-first-token objective of the model's
 	// requests that carry none and whose tenant sets none (0: none).
 	TTFTObjective Duration `json:"ttft_objective,omitempty"`
+	// Price is what the model's tokens cost (nil: nothing; its requests
+	// are never refused for budget).
+	Price *Price `json:"price,omitempty"`
 }
+
+// Price is models.<model>.price: amounts of the table's currency per
+// million tokens, and the factor batch-priority work pays.
+type Price struct {
+	Input float64 `json:"input"`
+	// CachedInput is the price of prompt tokens the engine's prefix cache
+	// served (nil: Input).
+	CachedInput *float64 `json:"cached_input,omitempty"`
+	Output      float64  `json:"output"`
+	// Batch multiplies the cost of batch-priority work (nil: 1).
+	Batch *float64 `json:"batch,omitempty"`
+}
+
+// Bounds of the money the table holds (prices per million tokens, budget
+// limits) and of the batch factor.
+const (
+	MaxPrice       = 1e6
+	MaxBudgetLimit = 1e12
+	MaxBatchFactor = 100
+)
+
+// Budget periods (tenants.<t>.budget.period and a key's): calendar
+// periods in UTC, weeks from Monday, or the budget's whole life.
+const (
+	PeriodDay   = "day"
+	PeriodWeek  = "week"
+	PeriodMonth = "month"
+	PeriodTotal = "total"
+)
+
+// ValidPeriod reports whether s names a budget period.
+func ValidPeriod(s string) bool {
+	return s == PeriodDay || s == PeriodWeek || s == PeriodMonth || s == PeriodTotal
+}
+
+// Budget is a spend budget: at most Limit (an amount of the table's
+// currency) per Period. AlertOnly budgets warn (events, headers) and never
+// refuse.
+type Budget struct {
+	Limit     float64 `json:"limit"`
+	Period    string  `json:"period"`
+	AlertOnly bool    `json:"alert_only,omitempty"`
+}
+
+// Billing is the value of the "billing" key.
+type Billing struct {
+	// Currency labels every amount of the table (default USD); it is a
+	// label only, nothing is converted.
+	Currency string `json:"currency,omitempty"`
+}
+
+// DefaultCurrency is the currency of a table without a billing key.
+const DefaultCurrency = "USD"
 
 // Disaggregation is models.<model>.disaggregation: when a request's
 // uncached prompt tokens (its prompt less what the chosen decode replica
@@ -311,6 +368,8 @@ type Tenant struct {
 	// ShareWeight weighs the tenant's fair share of a shedding pool's
 	// in-flight tokens against the other tenants' (nil: 1).
 	ShareWeight *float64 `json:"share_weight,omitempty"`
+	// Budget is the tenant's spend budget (nil: none).
+	Budget *Budget `json:"budget,omitempty"`
 }
 
 // Share weights a tenant may be given, and the weight of one that sets
@@ -333,6 +392,9 @@ func (t *Tenant) Weight() float64 {
 // Key is the value of keys.<sha256 hex of an API key>.
 type Key struct {
 	Tenant string `json:"tenant"`
+	// Budget is the key's own spend budget (nil: none), charged beside
+	// its tenant's.
+	Budget *Budget `json:"budget,omitempty"`
 }
 
 // Replica is the value of replicas.<replica>, written by the adapter.

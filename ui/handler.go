@@ -43,6 +43,7 @@ func (u *UI) Handler() http.Handler {
 	mux.HandleFunc("GET /ui/events", u.serveEvents)
 	mux.HandleFunc("GET /ui/state", u.serveState)
 	mux.HandleFunc("GET /ui/batches", u.serveBatches)
+	mux.HandleFunc("GET /ui/budgets", u.serveBudgets)
 	mux.HandleFunc("GET /ui/", func(w http.ResponseWriter, r *http.Request) {
 		// Nothing but this origin: the page must work without the internet.
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:")

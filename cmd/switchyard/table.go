@@ -16,11 +16,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
-const tableUsage = "usage: switchyard table init [--replicas N] | get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE [--replicas N] | export | validate FILE | history KEY | rollback KEY REV"
+const tableUsage = "usage: switchyard table init [--replicas N] [--ledger-max-age 400d] | get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE [--replicas N] | export | validate FILE | history KEY | rollback KEY REV"
 
 // errCheckFailed is a failed check (exit 1) whose details were printed.
 var errCheckFailed = errors.New("check failed")
@@ -30,6 +31,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var nf natsFlags
 	nf.register(fs)
 	replicas := fs.Int("replicas", 0, "replicas of the bucket when init or import creates it (1-5; default 1)")
+	ledgerAge := fs.String("ledger-max-age", "", "how long the LEDGER stream keeps a record, in days (400d) or as a duration (init; default 400d)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -53,11 +55,20 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *replicas != 0 && verb != "init" && verb != "import" {
 		return usagef("--replicas applies to init and import only")
 	}
+	maxAge := budget.DefaultLedgerMaxAge
+	if *ledgerAge != "" {
+		if verb != "init" {
+			return usagef("--ledger-max-age applies to init only")
+		}
+		if maxAge, err = budget.ParseAge(*ledgerAge); err != nil {
+			return usagef("--ledger-max-age %v", err)
+		}
+	}
 	if verb == "validate" {
 		return validateFile(rest[0], stdout, stderr)
 	}
 	if verb == "init" {
-		return tableInit(ctx, &nf, max(*replicas, 1), stdout)
+		return tableInit(ctx, &nf, max(*replicas, 1), maxAge, stdout)
 	}
 	var flat map[string]json.RawMessage
 	if verb == "import" { // a bad file is refused before anything connects
@@ -147,8 +158,8 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // tableInit creates the bucket with kv.History revisions per key and the
 // given replicas, and says what it found when the bucket already exists: it
 // never changes an existing bucket.
-func tableInit(ctx context.Context, nf *natsFlags, replicas int, stdout io.Writer) error {
-	bucket, _, closeConn, created, err := nf.ensureBucket(ctx, "switchyard-table", replicas)
+func tableInit(ctx context.Context, nf *natsFlags, replicas int, ledgerAge time.Duration, stdout io.Writer) error {
+	bucket, js, closeConn, created, err := nf.ensureBucket(ctx, "switchyard-table", replicas)
 	if err != nil {
 		return err
 	}
@@ -168,7 +179,13 @@ func tableInit(ctx context.Context, nf *natsFlags, replicas int, stdout io.Write
 		verb = "created"
 	}
 	fmt.Fprintf(stdout, "bucket %s %s: %d replicas, %d revisions per key, %d keys\n", st.Bucket(), verb, have, st.History(), st.Values())
-	return nil
+	// The budgets' spend and the ledger, as many times replicated as the
+	// table.
+	did, err := budget.Ensure(cctx, js, nf.prefix, max(have, 1), ledgerAge)
+	for _, line := range did {
+		fmt.Fprintln(stdout, line)
+	}
+	return err
 }
 
 func readInput(src string) ([]byte, error) {

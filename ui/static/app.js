@@ -341,6 +341,26 @@
     } catch (e) { /* the next poll tries again */ }
   }
 
+  // ---- budgets ----
+
+  function budgetRow(b) {
+    const pct = b.limit ? Math.min(100, Math.round(100 * b.spent / b.limit)) : 100;
+    const bar = h('span', 'bar', h('span', 'fill'));
+    bar.firstChild.style.width = pct + '%';
+    const state = pct >= 100 ? 'failed' : pct >= 80 ? 'started' : 'ready';
+    return h('div', 'load ' + state, h('span', 'id', b.tenant), h('span', 'phase', b.period + (b.alert_only ? ', alert only' : '')),
+      h('span', '', `${b.spent} of ${b.limit} ${b.currency} (${pct}%)` + (b.leased ? `, ${b.leased} reserved` : '')), bar);
+  }
+
+  async function pollBudgets() {
+    try {
+      const r = await fetch('budgets', { cache: 'no-store' });
+      if (!r.ok) return;
+      const list = await r.json();
+      $('budgets').replaceChildren(...(list.length ? list.map(budgetRow) : [h('p', 'empty', 'No tenant has a budget.')]));
+    } catch (e) { /* the next poll tries again */ }
+  }
+
   // ---- page ----
 
   function renderSummary() {
@@ -380,4 +400,6 @@
   setInterval(tickAges, 500);
   pollBatches();
   setInterval(pollBatches, 2000);
+  pollBudgets();
+  setInterval(pollBudgets, 2000);
 })();
