@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/nats-io/nats.go"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 
 	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/reply"
@@ -22,9 +23,14 @@ import (
 //
 // It returns the message published (the one copies repeat) and whether it
 // went to the brokers.
-func (g *Gateway) publish(c *call, replyTo string, u *upstream, h nats.Header, body []byte) (msg *nats.Msg, toBrokers bool, err error) {
+//
+// The stage record's Published mark (request id) is taken as the message
+// is handed to NATS, before the write: a broker or replica can act on it
+// before this goroutine runs again.
+func (g *Gateway) publish(c *call, id, replyTo string, u *upstream, h nats.Header, body []byte) (msg *nats.Msg, toBrokers bool, err error) {
 	toBroker := func() (*nats.Msg, bool, error) {
 		m := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: replyTo, Header: h, Data: body}
+		g.cfg.Stages.Mark(id, stages.Published)
 		return m, true, g.nc.PublishMsg(m)
 	}
 	if g.dec == nil {
@@ -38,8 +44,10 @@ func (g *Gateway) publish(c *call, replyTo string, u *upstream, h nats.Header, b
 		notice := reply.Frame{Kind: reply.Routed, Replica: a.Replica(), Header: make(nats.Header, 1)}
 		c.deliver(notice.Msg(g.subj.RoutedFor(replyTo))) // where a broker would send it
 		m := a.Msg
+		g.cfg.Stages.Mark(id, stages.Published)
 		return &m, false, g.nc.PublishMsg(&m)
 	case decider.DoRefuse:
+		g.cfg.Stages.Mark(id, stages.Published)
 		m := new(nats.Msg)
 		g.dec.Reject(m, replyTo, a.Err)
 		c.deliver(m)

@@ -262,11 +262,10 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 		out.continuationHeaders(h)
 	}
 	g.cfg.Stages.Begin(id, u.bodyAt)
-	msg, toBrokers, err := g.publish(c, g.replyPfx+id, u, h, body)
+	msg, toBrokers, err := g.publish(c, id, g.replyPfx+id, u, h, body)
 	if err != nil {
 		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
 	}
-	g.cfg.Stages.Mark(id, stages.Published)
 	out.reset()
 	out.attempt = id
 
@@ -527,11 +526,11 @@ func (l *leg) sendCopy() {
 	h[subjects.HdrRequestID] = []string{id}
 	l.g.disp.add(l.c, id)
 	l.g.cfg.Stages.Copy(l.copies[0].id, id)
+	l.g.cfg.Stages.Mark(id, stages.Published) // before the write, as publish
 	if err := l.g.nc.PublishMsg(&nats.Msg{Subject: l.msg.Subject, Reply: l.g.replyPfx + id, Header: h, Data: l.msg.Data}); err != nil {
 		l.g.cfg.Stages.End(id)
 		return
 	}
-	l.g.cfg.Stages.Mark(id, stages.Published)
 	l.copies = append(l.copies, sentCopy{id: id, at: time.Now()})
 	l.g.metrics.resends.Inc()
 	// The next a routed timeout after this one was due, counted from
