@@ -141,15 +141,7 @@ func (p *pick) matchAll() {
 		return
 	}
 	blocks := p.req.Prefix
-	top := -1
-	for lo, hi := 0, len(blocks); lo < hi; {
-		mid := int(uint(lo+hi) >> 1)
-		if p.heldAnywhere(blocks[mid]) {
-			top, lo = mid, mid+1
-		} else {
-			hi = mid
-		}
-	}
+	top := p.deepestHeld(blocks)
 	left := len(p.cands)
 	mark := func(x *replica, lvl int) {
 		if x != nil && x.mark == p.epoch && p.peer.matched[x.ci] == 0 {

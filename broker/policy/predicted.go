@@ -118,15 +118,7 @@ func (p *pick) weighHolders() {
 		return
 	}
 	blocks := p.req.Prefix
-	top := -1
-	for lo, hi := 0, len(blocks); lo < hi; {
-		mid := int(uint(lo+hi) >> 1)
-		if p.heldAnywhere(blocks[mid]) {
-			top, lo = mid, mid+1
-		} else {
-			hi = mid
-		}
-	}
+	top := p.deepestHeld(blocks)
 	for lvl := top; lvl >= 0 && lvl > top-predictedLevels && p.pt.nholders < predictedHolders; lvl-- {
 		if m := p.holders; m != nil {
 			if e := m.get(blocks[lvl]); e != nil {
@@ -207,4 +199,20 @@ func (p *pick) whyPredicted(i int) string {
 // reportPredicted reports the prefix blocks the chosen replica holds.
 func (p *pick) reportPredicted(d *Decision) {
 	d.PrefixMatched = p.pt.matched
+}
+
+// deepestHeld is the index of the deepest of blocks some replica holds (-1:
+// none), found by bisection: a chained block is held with every block
+// before it.
+func (p *pick) deepestHeld(blocks []uint64) int {
+	top := -1
+	for lo, hi := 0, len(blocks); lo < hi; {
+		mid := int(uint(lo+hi) >> 1)
+		if p.heldAnywhere(blocks[mid]) {
+			top, lo = mid, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	return top
 }
