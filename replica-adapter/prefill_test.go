@@ -320,8 +320,10 @@ func TestForgedPrefillLegNeverAnswersWhole(t *testing.T) {
 	if strings.Contains(string(m.Data), "data:") {
 		t.Errorf("a forged leg got a stream: %s", m.Data)
 	}
-	// Not a prefill leg at all: refused.
+	// Not a prefill leg at all: refused. (Its own id: the first leg's
+	// may still be booked for a moment after its answer.)
 	h.Set(subjects.HdrEndpoint, subjects.EndpointEmbeddings)
+	h.Set(subjects.HdrRequestID, "forged-2")
 	if m, err := pd.e.nc.RequestMsg(&nats.Msg{Subject: subjects.New("").Prefill("p-1", "d-1"), Header: h, Data: []byte(`{"input": "x"}`)}, 5*time.Second); err != nil || m.Header.Get(subjects.HdrStatus) != "400" {
 		t.Errorf("embeddings leg: %v %v", err, m)
 	}
