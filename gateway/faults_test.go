@@ -546,134 +546,40 @@ func TestEngineRejectionIsRetriedElsewhere(t *testing.T) {
 			if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
 				t.Fatalf("got %d %q; want the retry's stream", s.status, s.body)
 			}
-			if ex, av := u.excluded(), u.avoided(); len(av) != 2 || av[0] != "" || av[1] != "r-0" || ex[1] != "" {
-				t.Errorf("Llm-Avoid per attempt = %q, Llm-Exclude %q; want the full replica avoided, not excluded, on the retry", av, ex)
+			if ex := u.excluded(); len(ex) != 2 || ex[0] != "" || ex[1] != "r-0" {
+				t.Errorf("Llm-Exclude per attempt = %q, want the rejecting replica excluded on the retry", ex)
 			}
 		})
 	}
 }
 
-// TestDrainingRefusalIsExcluded: a replica whose adapter turns the request
-// away because it drains (no_replicas) is left out of the retry; one that
-// has no room (all_replicas_busy) is only put behind the others.
-func TestDrainingRefusalIsExcluded(t *testing.T) {
-	for _, c := range []struct {
-		code            string
-		excluded, avoid string
-	}{{subjects.CodeNoReplicas, "r-0", ""}, {subjects.CodeAllReplicasBusy, "", "r-0"}} {
-		t.Run(c.code, func(t *testing.T) {
+// TestFullReplicasLeftNoneIsAllReplicasBusy: a request whose tried
+// replicas were full (all_replicas_busy), and for which the broker then
+// finds no replica left (no_replicas), is answered all_replicas_busy: its
+// replicas are alive, only without room. A request refused by draining
+// replicas alone keeps the broker's no_replicas.
+func TestFullReplicasLeftNoneIsAllReplicasBusy(t *testing.T) {
+	for _, c := range []struct{ refusal, want string }{
+		{subjects.CodeAllReplicasBusy, subjects.CodeAllReplicasBusy},
+		{subjects.CodeNoReplicas, subjects.CodeNoReplicas},
+	} {
+		t.Run(c.refusal, func(t *testing.T) {
 			u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
 				if attempt == 1 {
-					r.reject("r-0", 503, c.code)
+					r.reject("r-0", 503, c.refusal)
 					return
 				}
-				r.stream("r-1", 2)
+				f := replyproto.Rejection(subjects.NewError(503, subjects.CodeNoReplicas, "No replica of x is available."))
+				_ = r.nc.PublishMsg(f.Msg(r.m.Reply))
 			})
-			if s := u.post(true); s.status != 200 || !strings.Contains(s.body, "[DONE]") {
-				t.Fatalf("got %d %q; want the retry's stream", s.status, s.body)
+			s := u.post(false)
+			if s.status != 503 || s.code != c.want {
+				t.Errorf("got %d %s, want 503 %s", s.status, s.code, c.want)
 			}
-			if ex, av := u.excluded(), u.avoided(); len(ex) != 2 || ex[1] != c.excluded || av[1] != c.avoid {
-				t.Errorf("on the retry Llm-Exclude = %q, Llm-Avoid = %q; want %q, %q", ex[1:], av[1:], c.excluded, c.avoid)
+			if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-0" {
+				t.Errorf("Llm-Exclude per attempt = %q; want the refusing replica excluded on the retry", ex)
 			}
 		})
-	}
-}
-
-// TestAcceptTimeoutAvoidsTheRoutedReplica: a routed replica that looks
-// alive (something listens on its subjects) but does not accept is waited
-// for AcceptWaits accept timeouts, then cancelled, and the retry carries it
-// in Llm-Avoid (behind every other replica), not in Llm-Exclude.
-func TestAcceptTimeoutAvoidsTheRoutedReplica(t *testing.T) {
-	cancels := make(chan string, 4*gateway.AcceptWaits)
-	u := newUpstream(t, gateway.Config{AcceptTimeout: 50 * time.Millisecond}, func(r *reply, attempt int) {
-		if attempt == 1 {
-			r.routed("r-stuck") // the broker chose it; it never accepts
-			return
-		}
-		r.stream("r-1", 2)
-	})
-	if _, err := u.nc.Subscribe("llm.replica.*.cancel", func(m *nats.Msg) {
-		if m.Header.Get(subjects.HdrRequestID) != "" { // a probe names no request
-			cancels <- m.Subject
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	_ = u.nc.Flush()
-	s := u.post(true)
-	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
-		t.Fatalf("got %d %q", s.status, s.body)
-	}
-	if ex, av := u.excluded(), u.avoided(); len(av) != 2 || av[1] != "r-stuck" || ex[1] != "" {
-		t.Errorf("Llm-Avoid per attempt = %q, Llm-Exclude %q; want r-stuck avoided, not excluded, on the retry", av, ex)
-	}
-	select {
-	case c := <-cancels:
-		if c != "llm.replica.r-stuck.cancel" {
-			t.Errorf("cancel sent to %s", c)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("no cancel sent to the replica that did not accept")
-	}
-	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 1 {
-		t.Errorf("accept timeouts counted %v, want 1", n)
-	}
-	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n != gateway.AcceptWaitsUnseen-1 {
-		t.Errorf("accept timeouts waited out %v, want %d", n, gateway.AcceptWaitsUnseen-1)
-	}
-}
-
-// TestRoutedReplicaWithNothingListeningIsExcluded: a routed replica where
-// nothing listens (NATS answers the probe no-responders) is gone, not
-// slow: the retry excludes it, without waiting out the accept timeouts.
-func TestRoutedReplicaWithNothingListeningIsExcluded(t *testing.T) {
-	const acceptTimeout = 200 * time.Millisecond
-	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
-		if attempt == 1 {
-			r.routed("r-dead")
-			return
-		}
-		r.stream("r-1", 2)
-	})
-	s := u.post(true)
-	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
-		t.Fatalf("got %d %q", s.status, s.body)
-	}
-	if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-dead" {
-		t.Errorf("Llm-Exclude per attempt = %q, want r-dead excluded on the retry", ex)
-	}
-	if s.took > gateway.AcceptWaits*acceptTimeout/2 {
-		t.Errorf("answered after %v: the gone replica was waited for", s.took)
-	}
-	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 0 {
-		t.Errorf("accept timeouts counted %v, want 0 (the replica was gone, not slow)", n)
-	}
-}
-
-// TestSlowReplicaPastTheAcceptTimeoutServes: slow is not dead. The only
-// replica accepts three accept timeouts late, while it listens on its
-// subjects: the gateway waits for it and the request is served in one
-// attempt, never 503 no_replicas.
-func TestSlowReplicaPastTheAcceptTimeoutServes(t *testing.T) {
-	const acceptTimeout = 100 * time.Millisecond
-	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
-		r.routed("r-slow")
-		time.Sleep(3 * acceptTimeout)
-		r.stream("r-slow", 2)
-	})
-	if _, err := u.nc.Subscribe("llm.replica.r-slow.cancel", func(*nats.Msg) {}); err != nil {
-		t.Fatal(err)
-	}
-	_ = u.nc.Flush()
-	s := u.post(true)
-	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
-		t.Fatalf("a slow only replica: %d %s %q; want it served", s.status, s.code, s.body)
-	}
-	if n := u.attempts.Load(); n != 1 {
-		t.Errorf("%d attempts, want 1: the gateway waited for the slow accept", n)
-	}
-	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n < 2 {
-		t.Errorf("accept timeouts waited out %v, want at least 2", n)
 	}
 }
 
@@ -690,8 +596,8 @@ func TestRetriesStopAtTwo(t *testing.T) {
 	if n := u.attempts.Load(); n != 3 {
 		t.Errorf("%d attempts, want 3 (one try, two retries)", n)
 	}
-	if av := u.avoided(); len(av) != 3 || av[2] != "r-1,r-2" {
-		t.Errorf("Llm-Avoid per attempt = %q", av)
+	if ex := u.excluded(); len(ex) != 3 || ex[2] != "r-1,r-2" {
+		t.Errorf("Llm-Exclude per attempt = %q", ex)
 	}
 }
 

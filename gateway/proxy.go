@@ -42,6 +42,8 @@ type upstream struct {
 	// linkBack is when an attempt of it found the NATS link back after
 	// waiting for it (zero: it never waited).
 	linkBack time.Time
+	// busy is the last refusal of a replica that had no room for it.
+	busy *subjects.APIError
 }
 
 // relay sends the request through brokers: attempts until one answers or
@@ -115,6 +117,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			outcome = "failed"
 		}
 		g.metrics.resumes.WithLabelValues(cause, outcome).Inc()
+	}
+	if r, ok := busyLeftNone(u, res); ok {
+		res = r
 	}
 	g.conclude(out, res)
 }

@@ -74,8 +74,8 @@ type result struct {
 	err  *subjects.APIError // what the client is told, if anything
 	// replica is the replica the attempt reached ("" when none was named);
 	// it is cancelled unless ended, left out of a retry after a failure or
-	// a draining refusal, and tried again after an accept timeout or a
-	// refusal for want of room only when no other replica is left.
+	// a refusal, and tried again after an accept timeout only when no
+	// other replica is left.
 	replica  string
 	accepted bool // the replica accepted: its reply is on the way
 	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
@@ -152,8 +152,8 @@ func judge(r result) verdict {
 
 // settle applies a result's side effects that do not depend on the
 // verdict: the cancel of a replica still working, the exclusion of one that
-// failed or was draining, the avoidance of one that was slow to accept or
-// full, and the metrics. Slow is not dead: a replica that did not accept in time is a
+// failed or turned the request away, the avoidance of one that was slow to
+// accept, and the metrics. Slow is not dead: a replica that did not accept in time is a
 // candidate still, behind every other (Llm-Avoid), so a request whose only
 // replica is slow goes to it again instead of failing no_replicas. Where
 // this gateway decides and the replica's heartbeats stopped too (none
@@ -182,18 +182,16 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 			u.exclude = append(u.exclude, r.replica)
 		}
 	case failRefused:
-		// Full is not dead either: a replica whose engine had no room
-		// is asked again only after every other (Llm-Avoid), so the
-		// request that finds every replica full ends all_replicas_busy,
-		// never no_replicas. One that is draining is left out.
-		switch {
-		case r.replica == "":
-		case r.err != nil && r.err.Code == subjects.CodeAllReplicasBusy:
-			if !slices.Contains(u.avoid, r.replica) {
-				u.avoid = append(u.avoid, r.replica)
-			}
-		default:
+		// A replica that turned the request away (full, or draining)
+		// is left out of the retry, so another replica, or the model's
+		// fallbacks, serve it. A full one is remembered: a request that
+		// then finds no replica left was refused for want of room, not
+		// of replicas (busyLeftNone).
+		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
+			if r.err != nil && r.err.Code == subjects.CodeAllReplicasBusy {
+				u.busy = r.err
+			}
 		}
 	case failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		if r.replica != "" {
@@ -205,6 +203,17 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	if c := r.kind.cause(); c != "" && r.accepted {
 		g.metrics.streamErrors.WithLabelValues(c).Inc()
 	}
+}
+
+// busyLeftNone is the refusal a request ends with when its last attempt
+// found no replica (no_replicas) only because the ones it tried were full:
+// all_replicas_busy, with the engine's Retry-After, says what happened;
+// "no replica is available" would blame replicas that are alive.
+func busyLeftNone(u *upstream, r result) (result, bool) {
+	if u.busy == nil || r.kind != failRejected || r.wrote || r.err == nil || r.err.Code != subjects.CodeNoReplicas {
+		return r, false
+	}
+	return result{kind: failRefused, err: u.busy, ended: true}, true
 }
 
 // conclude tells the client what the last attempt's verdict leaves to say.

@@ -133,8 +133,7 @@ func (a *Adapter) done(c *call, id string) {
 func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
 	f := replyproto.Rejection(e)
 	// Naming the replica tells the gateway a replica (not a broker) turned
-	// the request away, so it retries elsewhere: with this one behind the
-	// others when it had no room, without it when it drains.
+	// the request away, so it retries elsewhere with this one excluded.
 	f.Header[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
 	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
 		a.log.Warn("rejection not sent", "err", err)
