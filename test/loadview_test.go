@@ -44,7 +44,7 @@ func TestLoadViewAgeAt200RPS(t *testing.T) {
 	// against the requests served, each of which was decided.
 	tr := rep.Targets[0]
 	if tr.Errors > 0 {
-		t.Logf("%d of %d requests failed: %v %v", tr.Errors, tr.Sent, tr.ErrorsBy, tr.ErrorSamples)
+		t.Logf("%d of %d requests failed: %v, by code %v; %v", tr.Errors, tr.Sent, tr.ErrorsBy, tr.CodesBy, tr.ErrorSamples)
 	}
 	if n < uint64(tr.OK) {
 		t.Errorf("%d decisions measured, %d requests served", n, tr.OK)
