@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,9 +89,34 @@ type ReplayConfig struct {
 	Format string // FormatMooncake ("") or FormatAzure
 	// BlockTokens is the tokens of one of the trace's hash ids (512).
 	BlockTokens int
-	Replicas    int       // default 8
+	Replicas    int       // default 8 (the lab profile's; the dev profile's is the dev fleet's)
 	Speedups    []float64 // nil: a grid chosen from the trace
 	Limit       int       // the first Limit requests; 0: all (quick: 3000)
+	// Profile is the replicas' profile (ReplayProfileLab when ""), and
+	// Speed the dev stack's --speed for ReplayProfileDev.
+	Profile string
+	Speed   float64
+	// Arms are the arms run, in report order (nil: ReplayArms()).
+	Arms []string
+}
+
+// arms are the arms cfg runs; an unknown one is an error.
+func (cfg ReplayConfig) arms() ([]string, error) {
+	if len(cfg.Arms) == 0 {
+		return ReplayArms(), nil
+	}
+	for _, a := range cfg.Arms {
+		if !slices.Contains(ReplayArms(), a) {
+			return nil, fmt.Errorf("unknown arm %q (want some of %s)", a, strings.Join(ReplayArms(), ", "))
+		}
+	}
+	var out []string
+	for _, a := range ReplayArms() {
+		if slices.Contains(cfg.Arms, a) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
 
 // Trace is a trace read for replay: its requests at speedup 1 and what the
@@ -126,6 +152,13 @@ func LoadTrace(cfg ReplayConfig, o Options) (*Trace, error) {
 	if bt == 0 {
 		bt = 512
 	}
+	setup, err := cfg.setup()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cfg.arms(); err != nil {
+		return nil, err
+	}
 	tr, err := NewTraceReader(cfg.Name, cfg.R, cfg.Format, bt)
 	if err != nil {
 		return nil, err
@@ -135,7 +168,7 @@ func LoadTrace(cfg ReplayConfig, o Options) (*Trace, error) {
 		limit = pick(o, 0, 3000, 300)
 	}
 	out := &Trace{Name: cfg.Name}
-	prof := replayProfile()
+	prof := setup.engine
 	seen := map[uint64]struct{}{}
 	var prompt, cached float64
 	var rec TraceRecord
@@ -163,7 +196,7 @@ func LoadTrace(cfg ReplayConfig, o Options) (*Trace, error) {
 		blocks := chain(nil, segs, BlockTokens)
 		q := &Request{
 			At: rec.At, Tenant: "t00", PromptTokens: max(rec.Input, 1), MaxTokens: max(rec.Output, 1),
-			Blocks: blocks, Prefix: routerPrefix(blocks, BlockTokens, PrefixBlockChars, replayMaxBlocks),
+			Blocks: blocks, Prefix: routerPrefix(blocks, BlockTokens, setup.blockChars, setup.maxBlocks),
 		}
 		hit := 0
 		for _, b := range blocks {
@@ -245,28 +278,41 @@ type ReplayResult struct {
 	Scale    Scale
 	// Generated: the lab's own trace (ReplayGenerated).
 	Generated bool
+	// Pool says what the replicas and their table are.
+	Pool string
 }
+
+// allArms tells whether every arm ran, which the targets and the
+// comparisons with the peers need.
+func (r *ReplayResult) allArms() bool { return len(r.Arms) == len(ReplayArms()) }
 
 // Of returns arm's row at speedup i.
 func (r *ReplayResult) Of(arm string, i int) ReplayRow { return r.Rows[indexOf(r.Arms, arm)][i] }
 
 // Replay runs the trace through every arm at every speedup, all arms on
 // the same arrivals.
+// The trace was loaded with the same cfg (LoadTrace), which checked its
+// profile and arms.
 func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
-	n := cfg.Replicas
-	if n <= 0 {
-		n = 8
+	setup, err := cfg.setup()
+	if err != nil {
+		panic("lab: Replay of a configuration LoadTrace refuses: " + err.Error())
 	}
+	arms, err := cfg.arms()
+	if err != nil {
+		panic("lab: Replay of a configuration LoadTrace refuses: " + err.Error())
+	}
+	n := setup.replicas
 	speedups := cfg.Speedups
 	if len(speedups) == 0 {
 		speedups = t.SpeedupGrid(n)
 	}
-	cluster := replicas("r", "general", n, replayProfile())
+	cluster := replicas("r", "general", n, setup.engine)
 	base := map[string]any{
-		"models." + ModelID: map[string]any{"versions": []string{Version}, "tier": "hot", "max_context_tokens": 262144, "default_max_tokens": 4096},
+		"models." + ModelID: map[string]any{"versions": []string{Version}, "tier": "hot", "max_context_tokens": setup.context, "default_max_tokens": 4096},
 	}
 	snapOf := func(a replayArm) *table.Snapshot {
-		pol := map[string]any{"prefix_max_blocks": replayMaxBlocks}
+		pol := maps.Clone(setup.policy)
 		if a.profile != "" {
 			pol["profile"] = a.profile
 		}
@@ -279,7 +325,6 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 		}
 		return mustTable(cluster, extra)
 	}
-	arms := ReplayArms()
 	// Each speedup's arrivals: the trace's, compressed.
 	work := make([][]*Request, len(speedups))
 	for k, s := range speedups {
@@ -329,7 +374,7 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 	}
 	o.parallel(jobs)
 	out := &ReplayResult{Trace: t.Name, Format: cfg.Format, N: len(t.Requests), Replicas: n, Speedups: speedups, Arms: arms,
-		Bound: t.Bound, Scale: o.Scale}
+		Bound: t.Bound, Scale: o.Scale, Pool: setup.describe}
 	if out.Format == "" {
 		out.Format = FormatMooncake
 	}
@@ -345,37 +390,67 @@ func Replay(o Options, t *Trace, cfg ReplayConfig) *ReplayResult {
 	return out
 }
 
-// replayRow measures one run: TTFT over every request, a refused one (a
-// router's refusal, an engine's, or no first token before the drain ended)
-// counting at the run's longest TTFT, so an arm cannot look faster by
-// refusing.
+// replayRow measures one run of the lab.
 func replayRow(r *Result) ReplayRow {
-	row := ReplayRow{Requests: len(r.Requests), Reasons: map[string]int{}, Preempted: int(r.Preemptions)}
 	e2e := make([]float64, len(r.Requests))
 	for k, g := range r.Gaps {
 		e2e[r.GapOf[k]] += float64(g)
 	}
-	var ttft, ends []float64
-	var prompt, cached float64
-	longest := 0.0
-	var outTok float64
-	last := 0.0
+	samples := make([]RowSample, len(r.Requests))
 	for i, q := range r.Requests {
 		o := &r.Outcomes[i]
-		row.Reasons[o.Reason]++
-		if o.Failed != "" {
+		samples[i] = RowSample{At: q.At, Reason: o.Reason, Failed: o.Failed != "", Prompt: q.PromptTokens, Cached: o.Cached, Output: q.MaxTokens}
+		if o.Failed == "" {
+			samples[i].TTFT = o.TTFT
+			samples[i].E2E = o.TTFT + time.Duration(e2e[i]*float64(time.Millisecond))
+		}
+	}
+	gaps := make([]float64, len(r.Gaps))
+	for k, g := range r.Gaps {
+		gaps[k] = float64(g)
+	}
+	row := MeasureRow(samples, gaps)
+	row.Preempted = int(r.Preemptions)
+	return row
+}
+
+// RowSample is one request of a replay as its client saw it: the lab's
+// simulated client or `switchyard bench --trace`.
+type RowSample struct {
+	At     time.Duration // arrival, from the start of the replay
+	Reason string        // the router's reason, or the refusal's code
+	// Failed: refused, or no answer; TTFT and E2E then do not count.
+	Failed bool
+	// TTFT and E2E are from the arrival to the first and the last token.
+	TTFT, E2E              time.Duration
+	Prompt, Cached, Output int // tokens
+}
+
+// MeasureRow is the replay's row of a run's requests and token gaps (ms):
+// TTFT over every request, a failed one (a router's refusal, an engine's,
+// or no first token) counting at the run's longest TTFT, so an arm cannot
+// look faster by refusing; the hit rate, end-to-end times and throughput
+// over the served ones. Arm, Speedup and Load are the caller's.
+func MeasureRow(samples []RowSample, gaps []float64) ReplayRow {
+	row := ReplayRow{Requests: len(samples), Reasons: map[string]int{}}
+	var ttft, ends []float64
+	var prompt, cached, outTok float64
+	longest, last := 0.0, 0.0
+	for _, q := range samples {
+		row.Reasons[q.Reason]++
+		if q.Failed {
 			row.Refused++
 			continue
 		}
-		t := float64(o.TTFT) / float64(time.Millisecond)
+		t := float64(q.TTFT) / float64(time.Millisecond)
 		longest = max(longest, t)
 		ttft = append(ttft, t)
-		e := t + e2e[i]
+		e := float64(q.E2E) / float64(time.Millisecond)
 		ends = append(ends, e)
 		last = max(last, float64(q.At)/float64(time.Millisecond)+e)
-		prompt += float64(q.PromptTokens)
-		cached += float64(o.Cached)
-		outTok += float64(q.MaxTokens)
+		prompt += float64(q.Prompt)
+		cached += float64(q.Cached)
+		outTok += float64(q.Output)
 	}
 	for range row.Refused {
 		ttft = append(ttft, longest)
@@ -384,15 +459,19 @@ func replayRow(r *Result) ReplayRow {
 	slices.Sort(ends)
 	row.P50, row.P90, row.P99 = percentile(ttft, 0.5), percentile(ttft, 0.9), percentile(ttft, 0.99)
 	row.E2E50, row.E2E99 = percentile(ends, 0.5), percentile(ends, 0.99)
-	gaps := make([]float64, len(r.Gaps))
-	for k, g := range r.Gaps {
-		gaps[k] = float64(g)
-	}
+	gaps = slices.Clone(gaps)
 	slices.Sort(gaps)
 	row.ITL99 = percentile(gaps, 0.99)
 	row.HitRate = ratio(cached, prompt)
 	row.OutputTPS = ratio(outTok, last/1000)
 	return row
+}
+
+// CSVRow is row as replay.csv writes it.
+func (x ReplayRow) CSVRow() []string {
+	return []string{x.Arm, fmtSpeedup(x.Speedup), strconv.Itoa(x.Requests), fmtf("%.4f", x.HitRate),
+		fmtf("%.1f", x.P50), fmtf("%.1f", x.P90), fmtf("%.1f", x.P99), fmtf("%.1f", x.E2E50), fmtf("%.1f", x.E2E99),
+		fmtf("%.1f", x.ITL99), fmtf("%.1f", x.OutputTPS), strconv.Itoa(x.Refused)}
 }
 
 // Capacity is the index of the last speedup at or below the pool's
@@ -434,6 +513,9 @@ type Check struct {
 // 1.25× of the oracle's, its hit rate within 3 points of the best arm's
 // but the oracle's; Switchyard's default at or below power of two.
 func (r *ReplayResult) Checks() []Check {
+	if !r.allArms() {
+		return nil
+	}
 	var out []Check
 	for i := 0; i <= r.Capacity(); i++ {
 		s := r.Speedups[i]
@@ -463,11 +545,9 @@ var ReplayHeader = []string{"arm", "speedup", "requests", "hit_rate", "ttft_p50_
 // a row of arm bound whose hit_rate is the trace's infinite-cache hit rate.
 func (r *ReplayResult) CSV() [][]string {
 	var rows [][]string
-	for ai, a := range r.Arms {
+	for ai := range r.Arms {
 		for _, x := range r.Rows[ai] {
-			rows = append(rows, []string{a, fmtSpeedup(x.Speedup), strconv.Itoa(x.Requests), fmtf("%.4f", x.HitRate),
-				fmtf("%.1f", x.P50), fmtf("%.1f", x.P90), fmtf("%.1f", x.P99), fmtf("%.1f", x.E2E50), fmtf("%.1f", x.E2E99),
-				fmtf("%.1f", x.ITL99), fmtf("%.1f", x.OutputTPS), strconv.Itoa(x.Refused)})
+			rows = append(rows, x.CSVRow())
 		}
 	}
 	for _, s := range r.Speedups {
@@ -517,7 +597,7 @@ sticky prefix profiles, SGLang's cache-aware policy), Switchyard's default, or t
 Switchyard recommends for production?
 
 **Setup.** Trace: %s (format %s, %d requests, the trace's infinite-cache hit rate %s), replayed in
-virtual time through %d replicas of the lab's profile with a KV cache of 16 384 blocks, at each
+virtual time through %s, at each
 speedup (the trace's timestamps divided by it; the load column is the pool's estimated load, 1 at
 its capacity). Every arm sees the same arrivals. The peers are policy profiles
 (`+"`policy.profile`"+`): *dynamo-kv* (%s), *llm-d-precise* and *llm-d-sticky* (%s), and
@@ -535,7 +615,7 @@ over every request, a refused one counting at the run's longest TTFT.
 %s
 **Findings.**
 
-%s`, r.Trace, r.Format, r.N, pct(r.Bound), r.Replicas, policy.DynamoVersion, policy.LLMDVersion, policy.SGLangVersion, BestSetting,
+%s`, r.Trace, r.Format, r.N, pct(r.Bound), r.Pool, policy.DynamoVersion, policy.LLMDVersion, policy.SGLangVersion, BestSetting,
 		img(p90), img(hit),
 		mdTable([]string{"arm", "speedup", "load", "hit rate", "p50 TTFT (ms)", "p90 TTFT (ms)", "p99 TTFT (ms)", "p50 e2e (ms)", "p99 e2e (ms)", "p99 ITL (ms)", "output tok/s", "refused"}, md),
 		met, total, mdTable([]string{"speedup", "target", "met", "figures"}, checks), trailText)
@@ -543,7 +623,7 @@ over every request, a refused one counting at the run's longest TTFT.
 		text += replayGeneratedNote
 	}
 	headline := fmt.Sprintf("%s: %d of %d targets met at or below capacity", r.Trace, met, total)
-	if c := r.Capacity(); c >= 0 {
+	if c := r.Capacity(); c >= 0 && r.allArms() {
 		b, or := r.Of(ArmBest, c), r.Of(ArmOracle, c)
 		headline += fmt.Sprintf("; at capacity (%s×) Switchyard best's p90 TTFT is %s ms (%.2f× the oracle's), hit rate %s (bound %s)",
 			fmtSpeedup(r.Speedups[c]), ms(b.P90), b.P90/or.P90, pct(b.HitRate), pct(r.Bound))
@@ -562,6 +642,9 @@ over every request, a refused one counting at the run's longest TTFT.
 // trails says where Switchyard's default trails a peer arm at or below
 // capacity, and why: the share of its decisions prefix affinity made.
 func (r *ReplayResult) trails() string {
+	if !r.allArms() {
+		return "- The run had only the arms " + strings.Join(r.Arms, ", ") + ": the targets and the comparisons with the peers need every arm.\n"
+	}
 	var parts []string
 	for _, p := range PeerArms() {
 		var at []string

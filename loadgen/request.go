@@ -33,6 +33,43 @@ type result struct {
 	errDetail                     string          // what the failure said, shortened
 	code                          string          // an HTTP error's OpenAI error code ("" when none)
 	refused                       bool            // answered with an HTTP error status
+	// usage is the stream's usage chunk, read when wantUsage is set.
+	wantUsage bool
+	usage     streamUsage
+}
+
+// streamUsage is what a stream's usage chunk (stream_options.include_usage)
+// says; seen is false when the stream had none.
+type streamUsage struct {
+	seen                       bool
+	prompt, cached, completion int
+	cachedSeen                 bool // prompt_tokens_details.cached_tokens was there
+}
+
+var usageKey = []byte(`"usage":{`)
+
+// readUsage reads a data line that holds a usage object; it reports
+// whether the line is a usage-only chunk (no choices), which is not a
+// token.
+func readUsage(data []byte, u *streamUsage) (usageOnly bool) {
+	var c struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *struct {
+			Prompt     int `json:"prompt_tokens"`
+			Completion int `json:"completion_tokens"`
+			Details    *struct {
+				Cached *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
+		return false
+	}
+	u.seen, u.prompt, u.completion = true, max(c.Usage.Prompt, 0), max(c.Usage.Completion, 0)
+	if d := c.Usage.Details; d != nil && d.Cached != nil {
+		u.cached, u.cachedSeen = min(max(*d.Cached, 0), u.prompt), true
+	}
+	return len(c.Choices) == 0
 }
 
 // maxDetail bounds the error text kept per request.
@@ -54,7 +91,7 @@ var (
 func (g *generator) do(ctx context.Context, target int, sched time.Time, out outgoing) result {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancel()
-	r := result{sched: sched}
+	r := result{sched: sched, wantUsage: out.usage}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.cfg.Targets[target], bytes.NewReader(out.body))
 	if err != nil {
 		r.errKind, r.end = errTransport, time.Now()
@@ -118,6 +155,10 @@ func readStream(body io.Reader, r *result) error {
 			continue
 		}
 		now := time.Now()
+		if r.wantUsage && bytes.Contains(line.Value, usageKey) && readUsage(line.Value, &r.usage) {
+			event = ""
+			continue
+		}
 		if last.IsZero() {
 			r.first = now
 		} else {

@@ -166,6 +166,7 @@ type outgoing struct {
 	body   []byte
 	header http.Header
 	stream bool
+	usage  bool // read the stream's usage chunk (result.usage)
 }
 
 // shaper builds the requests of a run. It is called from the scheduler

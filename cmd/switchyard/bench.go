@@ -19,7 +19,8 @@ import (
 // target is sent --rate requests a second on a fixed schedule (or a
 // workload file's timestamps), the targets interleaved slot by slot, and
 // latency is counted from the scheduled send; --concurrency runs a closed
-// loop instead. The request shape options are loadgen.Config's.
+// loop instead. The request shape options are loadgen.Config's. --trace
+// replays a trace instead (runBenchTrace).
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var cfg loadgen.Config
@@ -55,8 +56,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	stageTable := fs.Bool("stages", false, "print the stage budget of the run: p50/p99 per stage beside the bus floor, read from the recorder at --stages-url (switchyard dev --stages)")
 	stagesURL := fs.String("stages-url", "", "base `URL` serving /stages (default: the --target's scheme and host)")
+	tf := addTraceFlags(fs)
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
+	}
+	if err := checkTraceFlags(fs, *tf.trace != ""); err != nil {
+		return err
+	}
+	if *tf.trace != "" {
+		timeout := cfg.Timeout
+		if !flagSet(fs, "timeout") {
+			timeout = 5 * time.Minute // a long prompt on a loaded pool
+		}
+		return runBenchTrace(ctx, tf, *target, cfg.Model, cfg.APIKey, timeout, *quiet, stdout, stderr)
 	}
 	if *target != "" {
 		cfg.Targets = append([]string{*target}, compare...)

@@ -31,6 +31,9 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		replicas:    fs.Int("replicas", 8, "replay: replicas of the lab's profile"),
 		speedups:    fs.String("speedups", "", "replay: time-compression factors, comma-separated, one run each (default: a grid from half the pool's capacity to one step past it)"),
 		limit:       fs.Int("limit", 0, "replay: the trace's first N requests (0: all; --quick: 3000)"),
+		profile:     fs.String("profile", lab.ReplayProfileLab, "replay: the replicas, "+strings.Join(lab.ReplayProfiles(), " or ")+" (dev: the pool switchyard dev serves "+lab.DevReplayModel+" with, under the dev table)"),
+		speed:       fs.Float64("speed", 1, "replay --profile dev: the dev stack's --speed"),
+		arms:        fs.String("arms", "", "replay: the arms to run, comma-separated (default: all, "+strings.Join(lab.ReplayArms(), ", ")+")"),
 	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -41,13 +44,13 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if len(pos) == 1 && pos[0] == "replay" && *rf.trace != "" {
-		return runReplay(ctx, args, rf, *quick, *seed, *out, *workers, stdout, stderr)
+		return runReplay(ctx, fs, args, rf, *quick, *seed, *out, *workers, stdout, stderr)
 	}
 	if *rf.trace != "" {
 		return usagef("--trace is for lab replay")
 	}
-	if len(pos) == 1 && pos[0] != "replay" && (flagSet(fs, "format") || flagSet(fs, "block-tokens") || flagSet(fs, "replicas") || flagSet(fs, "speedups") || flagSet(fs, "limit")) {
-		return usagef("--format, --block-tokens, --replicas, --speedups and --limit are for lab replay --trace")
+	if len(pos) == 1 && pos[0] != "replay" && slices.ContainsFunc(replayOnly, func(n string) bool { return flagSet(fs, n) }) {
+		return usagef("--%s are for lab replay --trace", strings.Join(replayOnly, ", --"))
 	}
 	names := make([]string, 0, len(lab.Experiments()))
 	for _, e := range lab.Experiments() {
@@ -89,12 +92,16 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 // replayFlags are lab replay's flags.
 type replayFlags struct {
-	trace, format, speedups      *string
-	blockTokens, replicas, limit *int
+	trace, format, speedups, profile, arms *string
+	blockTokens, replicas, limit           *int
+	speed                                  *float64
 }
 
+// replayOnly are the flags only lab replay --trace takes.
+var replayOnly = []string{"format", "block-tokens", "replicas", "speedups", "limit", "profile", "speed", "arms"}
+
 // runReplay replays a trace through every arm and writes its report.
-func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, seed uint64, out string, workers int,
+func runReplay(ctx context.Context, fs *flag.FlagSet, args []string, rf replayFlags, quick bool, seed uint64, out string, workers int,
 	stdout, stderr io.Writer) error {
 	if !slices.Contains(lab.TraceFormats(), *rf.format) {
 		return usagef("--format %q: want one of %s", *rf.format, strings.Join(lab.TraceFormats(), ", "))
@@ -109,6 +116,27 @@ func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, s
 			speedups = append(speedups, v)
 		}
 	}
+	if !slices.Contains(lab.ReplayProfiles(), *rf.profile) {
+		return usagef("--profile %q: want one of %s", *rf.profile, strings.Join(lab.ReplayProfiles(), ", "))
+	}
+	if *rf.profile == lab.ReplayProfileDev && flagSet(fs, "replicas") {
+		return usagef("--replicas: the dev profile's replicas are the dev stack's")
+	}
+	if *rf.profile != lab.ReplayProfileDev && flagSet(fs, "speed") {
+		return usagef("--speed is the dev stack's: it goes with --profile dev")
+	}
+	if s := *rf.speed; !(s > 0) || s > 1e6 {
+		return usagef("--speed %v: want a number above 0, at most 1e6", s)
+	}
+	var arms []string
+	if *rf.arms != "" {
+		for _, a := range strings.Split(*rf.arms, ",") {
+			if a = strings.TrimSpace(a); !slices.Contains(lab.ReplayArms(), a) {
+				return usagef("--arms: unknown arm %q (want some of %s)", a, strings.Join(lab.ReplayArms(), ", "))
+			}
+			arms = append(arms, strings.TrimSpace(a))
+		}
+	}
 	f, err := os.Open(*rf.trace)
 	if err != nil {
 		return err
@@ -120,7 +148,7 @@ func runReplay(ctx context.Context, args []string, rf replayFlags, quick bool, s
 	}
 	start := time.Now()
 	cfg := lab.ReplayConfig{Name: *rf.trace, R: f, Format: *rf.format, BlockTokens: *rf.blockTokens,
-		Replicas: *rf.replicas, Speedups: speedups, Limit: *rf.limit}
+		Replicas: *rf.replicas, Speedups: speedups, Limit: *rf.limit, Profile: *rf.profile, Speed: *rf.speed, Arms: arms}
 	tr, err := lab.LoadTrace(cfg, o)
 	if err != nil {
 		return err
