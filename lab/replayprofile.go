@@ -36,13 +36,13 @@ const DevReplayModel = "llama-3-8b-instruct"
 
 // replaySetup is the pool and table of a replay.
 type replaySetup struct {
-	engine    enginesim.Config // one replica's engine
-	replicas  int
-	policy    map[string]any // the table's policy value, before the arm's fields
-	context   int            // the model's max_context_tokens
-	maxBlocks int            // the prefix blocks the gateway sends
-	blockChars int           // the characters of one of them
-	describe  string         // the pool, for the report
+	engine     enginesim.Config // one replica's engine
+	replicas   int
+	policy     map[string]any // the table's policy value, before the arm's fields
+	context    int            // the model's max_context_tokens
+	maxBlocks  int            // the prefix blocks the gateway sends
+	blockChars int            // the characters of one of them
+	describe   string         // the pool, for the report
 }
 
 // setup is the pool and table cfg asks for.

@@ -27,8 +27,8 @@ const ArmSystem = "system"
 
 // traceFlags are bench --trace's own flags.
 type traceFlags struct {
-	trace, format, out          *string
-	speedup                     *float64
+	trace, format, out           *string
+	speedup                      *float64
 	limit, blockTokens, inFlight *int
 }
 
