@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay replay-check test-lab soak tools test-deploy clean
 
 all: build
 
@@ -182,6 +182,16 @@ lab: build
 lab-replay: build
 	./$(BIN) lab replay --quick --trace lab/testdata/mooncake/conversation_trace.jsonl --out docs/lab/replay-conversation
 	./$(BIN) lab replay --quick --trace lab/testdata/mooncake/synthetic_trace.jsonl --out docs/lab/replay-synthetic
+
+# The lab against the system on the same traffic: 2,000 requests of
+# Mooncake's conversation slice through `switchyard dev --speed 8` with
+# `switchyard bench --trace`, and through `switchyard lab replay --profile
+# dev` at the same speedup (the dev pool at about 80% of its capacity),
+# printed side by side. Fails when the hit rates differ by more than 3
+# points; the TTFT differences are figures (docs/benchmarks.md, "Lab against
+# system"). About six minutes.
+replay-check:
+	SWITCHYARD_REPLAY_CHECK=1 $(GO) test -count=1 -run '^TestReplayCheck$$' -v -timeout 15m ./test
 
 test-lab:
 	$(GO) test -count=1 -timeout 20m -run 'TestLab' ./lab/...
