@@ -61,7 +61,8 @@ type TraceResult struct {
 	// CachedReported false when it said nothing of cached prompt tokens.
 	Usage, CachedReported      bool
 	Prompt, Cached, Completion int
-	Replica                    string // X-Switchyard-Replica, when sent
+	// Replica and Reason are X-Switchyard-Replica and -Reason, when sent.
+	Replica, Reason string
 }
 
 // Trace errors.
@@ -149,7 +150,7 @@ send:
 
 // traceResult is r as a TraceResult, its times from due.
 func traceResult(r result, due time.Time) TraceResult {
-	t := TraceResult{Failed: r.errKind, Code: r.code, Detail: r.errDetail, Late: r.sent.Sub(due), Replica: r.replica}
+	t := TraceResult{Failed: r.errKind, Code: r.code, Detail: r.errDetail, Late: r.sent.Sub(due), Replica: r.replica, Reason: r.reason}
 	if r.sent.IsZero() {
 		t.Late = 0
 	}

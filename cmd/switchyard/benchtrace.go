@@ -208,6 +208,7 @@ func traceRow(recs []lab.TraceRecord, reqs []loadgen.TraceRequest, rs []loadgen.
 	for i, r := range rs {
 		s := lab.RowSample{At: reqs[i].At, Failed: r.Failed != "", Reason: r.Failed}
 		if !s.Failed {
+			s.Reason = r.Reason
 			s.TTFT, s.E2E, s.Output = r.TTFT, r.E2E, r.Completion
 			s.Prompt, s.Cached = recs[i].Input, 0
 			if r.Usage && r.Prompt > 0 {
@@ -244,6 +245,15 @@ func writeTraceSummary(w io.Writer, row lab.ReplayRow, rs []loadgen.TraceResult,
 	fmt.Fprintf(w, "  TTFT p50 %.1f ms, p90 %.1f ms, p99 %.1f ms (a failed request at the longest)\n", row.P50, row.P90, row.P99)
 	fmt.Fprintf(w, "  e2e p50 %.1f ms, p99 %.1f ms; ITL p99 %.1f ms; %.1f output tokens/s\n", row.E2E50, row.E2E99, row.ITL99, row.OutputTPS)
 	fmt.Fprintf(w, "  sent late (over 100 ms after due): %d, the latest by %s\n", late, worst.Round(time.Millisecond))
+	byReplica, byReason := map[string]int{}, map[string]int{}
+	for _, r := range rs {
+		if r.Failed == "" && r.Replica != "" {
+			byReplica[r.Replica]++
+			byReason[r.Reason]++
+		}
+	}
+	writeShares(w, "served by replica", byReplica)
+	writeShares(w, "served by decision reason", byReason)
 	fails := loadgen.FailureCounts(rs)
 	for _, k := range loadgen.SortedKeys(fails) {
 		fmt.Fprintf(w, "  failed: %d × %s\n", fails[k], k)
@@ -268,4 +278,22 @@ func writeReplayCSV(path string, row lab.ReplayRow) error {
 		return err
 	}
 	return f.Close()
+}
+
+// writeShares prints counts as shares of their sum, largest first.
+func writeShares(w io.Writer, what string, counts map[string]int) {
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	if total == 0 {
+		return
+	}
+	keys := loadgen.SortedKeys(counts)
+	slices.SortStableFunc(keys, func(a, b string) int { return counts[b] - counts[a] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.1f%% (%d)", k, 100*float64(counts[k])/float64(total), counts[k])
+	}
+	fmt.Fprintf(w, "  %s: %s\n", what, strings.Join(parts, ", "))
 }
