@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/internal/monotime"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/owners"
@@ -95,10 +96,13 @@ type Decider struct {
 	health  health
 	heard   heard
 	logged  sync.Map // refused-message kinds already logged
+	// clock dates kvSyncAt and selfHeard on the monotonic clock: a step
+	// of the wall clock is not a silence of the bus.
+	clock monotime.Scale
 	// kvSyncAt is when this decider last asked adapters to resend their
-	// engines' keys (llm.kvsync), unix ns.
+	// engines' keys (llm.kvsync), on clock.
 	kvSyncAt atomic.Int64
-	// selfHeard is when its own presence last came back to it (unix ns;
+	// selfHeard is when its own presence last came back to it (on clock;
 	// 0: not yet): the evidence that the bus carries to it (lagWatch).
 	selfHeard atomic.Int64
 
@@ -144,6 +148,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 		tracer: telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/broker"),
 		out:    make(chan outMsg, 4096),
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+		clock:  monotime.New(),
 	}
 	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)

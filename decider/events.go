@@ -212,7 +212,7 @@ func (b *Decider) onPresence(m *nats.Msg) {
 	}
 	if a.ID == b.cfg.ID {
 		// Its own presence come back: the bus carries to it.
-		b.selfHeard.Store(b.cfg.Now().UnixNano())
+		b.selfHeard.Store(b.clock.Nanos(b.cfg.Now()))
 	}
 	sh, ok := b.peers.observeNew(a, b.cfg.Now(), 3*b.cfg.PresenceEvery)
 	if !ok {
@@ -273,17 +273,17 @@ const heartbeatsPendingHigh = 5000
 type lagWatch struct{ lagging bool }
 
 func (w *lagWatch) check(b *Decider) {
-	now := b.cfg.Now()
+	now := b.clock.Nanos(b.cfg.Now())
 	pending := b.heartbeatsPending()
 	echo := b.selfHeard.Load()
-	stale := echo != 0 && now.UnixNano()-echo > int64(3*b.cfg.PresenceEvery)
+	stale := echo != 0 && now-echo > int64(3*b.cfg.PresenceEvery)
 	lagging := stale || pending >= heartbeatsPendingHigh
 	b.router.SetLagging(lagging)
 	switch {
 	case lagging && !w.lagging:
 		b.metrics.observerLags.Inc()
 		b.log.Warn("this decider lags behind the bus: the replicas' silence meanwhile is taken as its own, and they are kept",
-			"own_presence_age", time.Duration(now.UnixNano()-echo).Round(time.Millisecond), "heartbeats_pending", pending)
+			"own_presence_age", time.Duration(now-echo).Round(time.Millisecond), "heartbeats_pending", pending)
 	case !lagging && w.lagging:
 		b.log.Info("this decider keeps up with the bus again")
 	}

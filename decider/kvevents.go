@@ -60,7 +60,7 @@ func (b *Decider) onKV(m *nats.Msg) {
 // holds, at most once a second: a decider that starts late, or missed
 // updates, has the full index from the answers.
 func (b *Decider) requestKVSync() {
-	now := time.Now().UnixNano()
+	now := b.clock.Nanos(time.Now())
 	last := b.kvSyncAt.Load()
 	if now-last < int64(time.Second) || !b.kvSyncAt.CompareAndSwap(last, now) {
 		return

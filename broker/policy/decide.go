@@ -62,7 +62,7 @@ func (st *decision) run() {
 	d.TableRevision = st.snap.Revision
 	res, p := &st.res, &st.pick
 	res.start(st.snap, req, st.rng)
-	p.start(req, st.rng, st.now)
+	p.start(req, st.rng, st.now, st.r.clock.Nanos(st.now))
 	p.eject.horizon = st.r.view.ejectHorizon
 
 	// Which model?

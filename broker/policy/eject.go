@@ -79,8 +79,8 @@ func (r *Router) Ejected(now time.Time) []EjectedReplica {
 	defer r.mu.Unlock()
 	var out []EjectedReplica
 	for _, x := range r.view.replicas {
-		if x.eject.until > now.UnixNano() {
-			out = append(out, EjectedReplica{Replica: x.id, Until: time.Unix(0, x.eject.until), Count: x.eject.count, Failures: x.hb.EngineFailures})
+		if n := r.clock.Nanos(now); x.eject.until > n {
+			out = append(out, EjectedReplica{Replica: x.id, Until: now.Add(time.Duration(x.eject.until - n)), Count: x.eject.count, Failures: x.hb.EngineFailures})
 		}
 	}
 	return out

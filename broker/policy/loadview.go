@@ -75,7 +75,7 @@ func (v *loadView) kvRefresh(x *replica) {
 // prune forgets unregistered replicas whose heartbeats stopped, so
 // heartbeats of replicas that never register cannot grow the map without
 // bound. s is the table in force (nil: none yet).
-func (v *loadView) prune(now time.Time, s *table.Snapshot) {
+func (v *loadView) prune(now int64, s *table.Snapshot) {
 	registered, dead := 0, 15*time.Second
 	if s != nil {
 		registered, dead = len(s.Replicas), time.Duration(s.Policy.DeadAfter)
@@ -84,7 +84,7 @@ func (v *loadView) prune(now time.Time, s *table.Snapshot) {
 		return
 	}
 	for id, x := range v.replicas {
-		if x.reg == nil && now.UnixNano()-x.hbNano >= int64(dead) {
+		if x.reg == nil && now-x.hbNano >= int64(dead) {
 			delete(v.replicas, id)
 			if x.kvID != 0 {
 				v.byKV[x.kvID] = nil

@@ -64,8 +64,8 @@ type pick struct {
 }
 
 // start readies p for a decision of req.
-func (p *pick) start(req *Request, rng *rand.Rand, now time.Time) {
-	p.req, p.rng, p.now, p.nowNano = req, rng, now, now.UnixNano()
+func (p *pick) start(req *Request, rng *rand.Rand, now time.Time, nowNano int64) {
+	p.req, p.rng, p.now, p.nowNano = req, rng, now, nowNano
 	p.chosen, p.released = -1, -1
 	p.endpoint.start(req)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/internal/monotime"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
@@ -57,6 +58,10 @@ type Router struct {
 	st decision
 	// profiles are the table's profiles, resolved by SetTable.
 	profiles profiles
+	// clock dates what the router stores (hbNano, viewNano, eject.until…)
+	// on the monotonic clock, so that a step of the wall clock makes no
+	// replica look dead or fresh.
+	clock monotime.Scale
 }
 
 type groupKey struct{ model, version, pool string }
@@ -155,7 +160,7 @@ func (r *Router) HeardSince(id string, since, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x := r.view.replicas[id]
-	return x != nil && x.ready && x.hbNano >= since.UnixNano()-r.deafness(now.UnixNano())
+	return x != nil && x.ready && x.hbNano >= r.clock.Nanos(since)-r.deafness(r.clock.Nanos(now))
 }
 
 // SetLagging says whether this router's decider has evidence that it lags
@@ -186,7 +191,7 @@ func (r *Router) deafness(now int64) int64 {
 func (r *Router) Deafness(now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return time.Duration(r.deafness(now.UnixNano()))
+	return time.Duration(r.deafness(r.clock.Nanos(now)))
 }
 
 // MarkGone takes replica id out of the candidates until its next
@@ -199,7 +204,7 @@ func (r *Router) MarkGone(id string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x, snap := r.view.replicas[id], r.snap.Load()
-	if x == nil || snap == nil || !x.ready || now.UnixNano()-x.hbNano < int64(snap.Policy.DeadAfter) {
+	if x == nil || snap == nil || !x.ready || r.clock.Nanos(now)-x.hbNano < int64(snap.Policy.DeadAfter) {
 		return false
 	}
 	x.ready = false
@@ -215,7 +220,7 @@ func (r *Router) LastHeard() time.Time {
 	if r.view.heardNano == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, r.view.heardNano)
+	return r.clock.Time(r.view.heardNano)
 }
 
 // Reconnected keeps the load view through the router's own absence from
@@ -236,7 +241,7 @@ func (r *Router) Reconnected(lost, now time.Time) {
 	if s := r.snap.Load(); s != nil {
 		dead = int64(s.Policy.DeadAfter)
 	}
-	l, n := lost.UnixNano(), now.UnixNano()
+	l, n := r.clock.Nanos(lost), r.clock.Nanos(now)
 	if h := r.view.heardNano; h > 0 && h <= l {
 		r.view.heardNano = min(h+int64(away), n)
 	}
@@ -316,6 +321,7 @@ func New(cfg Config) *Router {
 		fair:     newFairShares(),
 		rng:      rand.New(rand.NewPCG(1, 2)),
 		profiles: newProfiles(table.NewSnapshot()),
+		clock:    monotime.New(),
 	}
 }
 
@@ -369,15 +375,12 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	defer r.mu.Unlock()
 	x := r.view.replicas[hb.Replica]
 	if x == nil {
-		r.view.prune(now, r.snap.Load())
+		r.view.prune(r.clock.Nanos(now), r.snap.Load())
 		x = r.view.replica(hb.Replica)
 	}
-	x.hb, x.hbNano, x.hasHB = *hb, now.UnixNano(), true
+	x.hb, x.hbNano, x.hasHB = *hb, r.clock.Nanos(now), true
 	r.view.heardNano = max(r.view.heardNano, x.hbNano)
-	x.dataNano = x.hbNano
-	if sent := hb.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < x.dataNano {
-		x.dataNano = sent
-	}
+	x.dataNano = x.hbNano - monotime.Lag(now, hb.SentUnixMillis*int64(time.Millisecond))
 	x.inflight, x.nsent, x.sentPrefill = 0, 0, 0
 	x.delta, x.deltaSeq, x.viewNano = 0, 0, x.dataNano
 	if !hb.KVEvents && r.view.kv.Keys(x.id) > 0 {
@@ -414,10 +417,7 @@ func (r *Router) ObserveLoadDelta(d *subjects.LoadDelta, now time.Time) bool {
 	x.queuedPrefill = clamp32(d.QueuedPrefillTokens)
 	x.inflight, x.sentPrefill = 0, 0
 	x.touch()
-	at := now.UnixNano()
-	if sent := d.SentUnixMillis * int64(time.Millisecond); sent > 0 && sent < at {
-		at = sent
-	}
+	at := r.clock.Nanos(now) - monotime.Lag(now, d.SentUnixMillis*int64(time.Millisecond))
 	x.viewNano = max(x.viewNano, at)
 	return true
 }
@@ -506,7 +506,7 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x, snap := r.view.replicas[id], r.snap.Load()
-	if x == nil || snap == nil || !x.liveAt(now.UnixNano(), int64(snap.Policy.DeadAfter)+r.deafness(now.UnixNano())) {
+	if x == nil || snap == nil || !x.liveAt(r.clock.Nanos(now), int64(snap.Policy.DeadAfter)+r.deafness(r.clock.Nanos(now))) {
 		return table.Replica{}, false
 	}
 	return *x.reg, true
