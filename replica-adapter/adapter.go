@@ -186,7 +186,11 @@ type Adapter struct {
 	batchHeld atomic.Int64
 
 	load     loadState
-	limits   limits // as configured; the engine may fill the batch size
+	// scraped is signalled, and scrapedAt (load.clock) set, when a scrape
+	// ends: the heartbeat that follows a tick waits for it (heartbeatLoop).
+	scraped   chan struct{}
+	scrapedAt atomic.Int64
+	limits    limits // as configured; the engine may fill the batch size
 	outcomes outcomes
 	svc      service
 	tails    tails // where recent replies ended, marked after a reconnect
@@ -233,6 +237,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		early:    map[string]time.Time{},
 		limits:   configuredLimits(&cfg),
 		deltas:   newDeltas(),
+		scraped:  make(chan struct{}, 1),
 	}
 	a.load.epoch = time.Now()
 	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {

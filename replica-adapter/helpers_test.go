@@ -226,6 +226,8 @@ type engine struct {
 	health  atomic.Int32
 	stall   atomic.Int64 // nanoseconds /health takes to answer
 	metrics atomic.Value // string: the testdata file served on /metrics
+	// metricsAt is when /metrics last answered (unix ms).
+	metricsAt atomic.Int64
 	slots   atomic.Value // string: the testdata file served on /slots ("" = 404)
 	// key, when not "", is the API key /v1 requires, as vLLM's --api-key:
 	// /health and /metrics stay open.
@@ -283,6 +285,7 @@ func newEngine(t *testing.T) *engine {
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		_, _ = w.Write(golden(t, name))
+		e.metricsAt.Store(time.Now().UnixMilli())
 	})
 	mux.HandleFunc("GET /slots", func(w http.ResponseWriter, r *http.Request) {
 		name := e.slots.Load().(string)

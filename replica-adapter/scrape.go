@@ -155,6 +155,11 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 	var regErr string // the last registration error, logged once, not every tick
 	for {
 		a.scrape(ctx)
+		a.scrapedAt.Store(a.load.clock())
+		select {
+		case a.scraped <- struct{}{}:
+		default:
+		}
 		a.svc.refresh(a)
 		switch err := a.register(ctx, false); {
 		case err != nil && ctx.Err() == nil && err.Error() != regErr:
@@ -325,9 +330,21 @@ func (a *Adapter) state() string {
 	return subjects.StateLoading
 }
 
+// heartbeatLoop publishes a heartbeat every HeartbeatEvery. When the
+// engine is scraped at least as often, each heartbeat after a tick waits
+// for the scrape that ends next (at most ScrapeEvery) unless one ended
+// within the last tenth of a scrape period: the engine's load a heartbeat
+// carries (KV usage, running, waiting) is then milliseconds old when it is
+// sent. Sent at its tick instead, a heartbeat left just before the scrape
+// of the same period ends carries the load of the period before, a whole
+// scrape period old, and deciders route on it as the replica's present.
+// An engine that does not answer delays heartbeats by at most ScrapeEvery.
 func (a *Adapter) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(a.cfg.HeartbeatEvery)
 	defer t.Stop()
+	follow := a.cfg.ScrapeEvery <= a.cfg.HeartbeatEvery
+	wait := time.NewTimer(a.cfg.ScrapeEvery)
+	defer wait.Stop()
 	for {
 		a.publishHeartbeat()
 		select {
@@ -335,6 +352,28 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if !follow {
+			continue
+		}
+		fresh := func() bool { return a.load.clock()-a.scrapedAt.Load() < int64(a.cfg.ScrapeEvery/10) }
+		if fresh() {
+			continue
+		}
+		select {
+		case <-a.scraped: // an older scrape's signal
+		default:
+		}
+		if fresh() {
+			continue
+		}
+		wait.Reset(a.cfg.ScrapeEvery)
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.scraped:
+		case <-wait.C:
+		}
+		wait.Stop()
 	}
 }
 
