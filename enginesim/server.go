@@ -111,6 +111,12 @@ type flight struct {
 	submitted time.Time
 	last      time.Time
 	reason    string
+	// cached is the prompt tokens the prefix cache served when the
+	// request got its first token: what its usage reports, as vLLM's
+	// num_cached_tokens is set once. A request preempted and recomputed
+	// later finds its own blocks cached; that recompute is the engine's
+	// cost (its prefix-cache counters count it), not the prompt's hits.
+	cached int
 }
 
 // Validate range-checks cfg. Zero values stand for their defaults; errors
@@ -296,7 +302,7 @@ func (s *Server) dispatch(evs []Event, flights map[ID]*flight) {
 		switch ev.Kind {
 		case EventFirstToken:
 			s.m.ttft.WithLabelValues(model).Observe(s.wall(ev.At.Sub(f.submitted)))
-			f.last = ev.At
+			f.last, f.cached = ev.At, ev.CachedTokens
 		case EventToken:
 			s.m.itl.WithLabelValues(model).Observe(s.wall(ev.At.Sub(f.last)))
 			f.last = ev.At
@@ -306,7 +312,7 @@ func (s *Server) dispatch(evs []Event, flights map[ID]*flight) {
 			delete(flights, ev.ID)
 			s.inflight.Add(-1)
 		}
-		f.st.update(ev.Tokens, ev.CachedTokens, ev.Kind == EventFinish)
+		f.st.update(ev.Tokens, f.cached, ev.Kind == EventFinish)
 	}
 }
 
