@@ -155,9 +155,17 @@ func readStream(body io.Reader, r *result) error {
 			continue
 		}
 		now := time.Now()
-		if r.wantUsage && bytes.Contains(line.Value, usageKey) && readUsage(line.Value, &r.usage) {
-			event = ""
-			continue
+		if r.wantUsage {
+			// A trace's gaps are between tokens: neither the usage chunk
+			// nor the end is one.
+			if bytes.Contains(line.Value, usageKey) && readUsage(line.Value, &r.usage) {
+				event = ""
+				continue
+			}
+			if line.Done() {
+				_, _ = io.Copy(io.Discard, body)
+				return nil
+			}
 		}
 		if last.IsZero() {
 			r.first = now
