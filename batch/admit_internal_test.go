@@ -13,7 +13,7 @@ import (
 // pauses its tenant and leaves the window.
 func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	var a admission
-	a.init(256, newMetrics(nil))
+	a.init(256, newMetrics(nil), time.Now)
 	a.setActive(1)
 	a.window = 60
 	for range 50 {
@@ -73,7 +73,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 // lines up to its share of the window, and a 429 pauses only its own.
 func TestTenantsShareTheWindow(t *testing.T) {
 	var a admission
-	a.init(256, newMetrics(nil))
+	a.init(256, newMetrics(nil), time.Now)
 	a.setActive(2)
 	a.window = 40
 	for range 20 {

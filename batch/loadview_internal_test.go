@@ -1,0 +1,140 @@
+package batch
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+)
+
+// heartbeatMsg is a heartbeat as an adapter publishes it.
+func heartbeatMsg(hb subjects.Heartbeat) *nats.Msg {
+	hb.ScrapeOK = true
+	if hb.State == "" {
+		hb.State = subjects.StateReady
+	}
+	data := fmt.Appendf(nil, `{"replica":%q,"pool":%q,"state":%q,"scrape_ok":true,"running":%d,"waiting":%d,"max_batch":%d,"max_queue":%d,"inflight":%d,"scheduling":%q,"seq":%d}`,
+		hb.Replica, hb.Pool, hb.State, hb.Running, hb.Waiting, hb.MaxBatch, hb.MaxQueue, hb.Inflight, hb.Scheduling, hb.Seq)
+	return &nats.Msg{Subject: "llm.heartbeat." + hb.Replica, Data: data}
+}
+
+// TestTheRoomIsTheReplicasFreeBatchSlots: the room a batcher sees is the
+// batch slots the broker's batch-room check leaves on the pool's ready
+// replicas (¾ of the batch first come first served, the batch and a
+// quarter-batch queue where the engine schedules by priority), less what
+// interactive work is predicted to take back, shared by the batchers.
+func TestTheRoomIsTheReplicasFreeBatchSlots(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, c := range []struct {
+		name     string
+		replicas []subjects.Heartbeat
+		mine     int // lines this batcher holds
+		batchers int // other batchers announcing
+		want     Room
+	}{
+		{"nothing heard: pace on refusals", nil, 0, 0, Room{Batchers: 1}},
+		{"fcfs: ¾ of the batch", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64}}, 0, 0,
+			Room{Known: true, Free: 48, Batchers: 1, Share: 48}},
+		{"fcfs: what it holds is not free", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 30, Waiting: 2}}, 20, 0,
+			Room{Known: true, Free: 16, Interactive: 12, Batchers: 1, Share: 16}},
+		{"the adapter's count when it is more", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 10, Inflight: 40}}, 0, 0,
+			Room{Known: true, Free: 8, Interactive: 40, Batchers: 1, Share: 8}},
+		{"priority: the batch and a quarter batch queued", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, MaxQueue: 256, Scheduling: "priority"}}, 0, 0,
+			Room{Known: true, Free: 80, Batchers: 1, Share: 80}},
+		{"two replicas add up; a full one gives none", []subjects.Heartbeat{
+			{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 60},
+			{Replica: "r2", Pool: "general", MaxBatch: 32}}, 60, 0,
+			Room{Known: true, Free: 24, Batchers: 1, Share: 24}},
+		{"a draining replica has no room", []subjects.Heartbeat{
+			{Replica: "r1", Pool: "general", MaxBatch: 64, State: subjects.StateDraining},
+			{Replica: "r2", Pool: "general", MaxBatch: 32}}, 0, 0,
+			Room{Known: true, Free: 24, Batchers: 1, Share: 24}},
+		{"the batch pool when it has replicas", []subjects.Heartbeat{
+			{Replica: "r1", Pool: "general", MaxBatch: 64},
+			{Replica: "r2", Pool: "batch", MaxBatch: 32}}, 0, 0,
+			Room{Known: true, Free: 24, Batchers: 1, Share: 24}},
+		{"three batchers share it, rounded up", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64}}, 0, 2,
+			Room{Known: true, Free: 48, Batchers: 3, Share: 16}},
+		{"each holds its share of the batch lines", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 40}}, 15, 1,
+			Room{Known: true, Free: 8, Interactive: 10, Batchers: 2, Share: 4}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v := newLoadView("me", make(chan struct{}, 1), func(kind string) { t.Errorf("refused a %s", kind) })
+			for _, hb := range c.replicas {
+				v.onHeartbeat(heartbeatMsg(hb), now)
+			}
+			for i := range c.batchers {
+				v.onPresence(&nats.Msg{Data: fmt.Appendf(nil, "other-%d", i)}, now)
+			}
+			if got := v.room(now, c.mine); got != c.want {
+				t.Errorf("room %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestInteractiveWorkKeepsRoomForItsPeak: room interactive work held in
+// the last seconds is kept for it when it falls off for a moment, so batch
+// lines do not take the slots it is about to take back; the reserve ends
+// once the peak is older than the reserve's seconds. A load delta on top
+// of the heartbeat brings the count up to date; one of another heartbeat
+// is dropped.
+func TestInteractiveWorkKeepsRoomForItsPeak(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	v := newLoadView("me", make(chan struct{}, 1), func(kind string) { t.Errorf("refused a %s", kind) })
+	hb := subjects.Heartbeat{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 30, Inflight: 30, Seq: 7}
+	v.onHeartbeat(heartbeatMsg(hb), now)
+	if r := v.room(now, 0); r.Share != 18 || r.Reserve != 0 {
+		t.Fatalf("30 interactive of a ¾ batch of 48: %+v, want a share of 18", r)
+	}
+	delta := func(hbSeq, seq uint64, inflight int) {
+		v.onLoad(&nats.Msg{Subject: "llm.load.r1", Data: fmt.Appendf(nil, `{"replica":"r1","hb_seq":%d,"seq":%d,"inflight":%d}`, hbSeq, seq, inflight)})
+	}
+	delta(7, 1, 10) // 20 interactive requests ended
+	now = now.Add(time.Second)
+	if r := v.room(now, 0); r.Interactive != 10 || r.Reserve != 20 || r.Free != 38 || r.Share != 18 {
+		t.Errorf("interactive fell from 30 to 10: %+v, want 20 of the 38 free kept for it", r)
+	}
+	delta(6, 2, 0) // another heartbeat's: dropped
+	delta(7, 1, 0) // older: dropped
+	if r := v.room(now, 0); r.Interactive != 10 {
+		t.Errorf("a stale delta was applied: %+v", r)
+	}
+	now = now.Add(reserveSlots * time.Second)
+	hb.Running, hb.Inflight, hb.Seq = 10, 10, 8
+	v.onHeartbeat(heartbeatMsg(hb), now)
+	if r := v.room(now, 0); r.Reserve != 0 || r.Share != 38 {
+		t.Errorf("the peak is %d s old: %+v, want no reserve", reserveSlots, r)
+	}
+	now = now.Add(viewStale + time.Second)
+	if r := v.room(now, 0); r.Known {
+		t.Errorf("a replica silent for %v still in the view: %+v", viewStale+time.Second, r)
+	}
+}
+
+// TestTheViewRefusesWhatASenderCouldLieAbout: a heartbeat out of range,
+// one for another replica than its subject and a delta for another
+// replica are counted as refused and change nothing.
+func TestTheViewRefusesWhatASenderCouldLieAbout(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	refused := map[string]int{}
+	v := newLoadView("me", make(chan struct{}, 1), func(kind string) { refused[kind]++ })
+	v.onHeartbeat(heartbeatMsg(subjects.Heartbeat{Replica: "r1", Pool: "general", MaxBatch: 64, Seq: 1}), now)
+	bad := heartbeatMsg(subjects.Heartbeat{Replica: "r1", Pool: "general", MaxBatch: 1 << 40})
+	v.onHeartbeat(bad, now)
+	other := heartbeatMsg(subjects.Heartbeat{Replica: "r2", Pool: "general", MaxBatch: 64})
+	other.Subject = "llm.heartbeat.r1"
+	v.onHeartbeat(other, now)
+	v.onLoad(&nats.Msg{Subject: "llm.load.r1", Data: []byte(`{"replica":"r2","hb_seq":1,"seq":1,"inflight":60}`)})
+	v.onLoad(&nats.Msg{Subject: "llm.load.r1", Data: []byte(`{"replica":"r1","hb_seq":1,"seq":1,"inflight":-5}`)})
+	v.onPresence(&nats.Msg{Data: []byte("not a token")}, now)
+	if want := map[string]int{"heartbeat": 2, "load_delta": 2, "presence": 1}; fmt.Sprint(refused) != fmt.Sprint(want) {
+		t.Errorf("refused %v, want %v", refused, want)
+	}
+	if r := v.room(now, 0); r.Free != 48 || r.Batchers != 1 {
+		t.Errorf("after the lies: %+v, want the honest heartbeat's 48 free and one batcher", r)
+	}
+}
