@@ -368,8 +368,10 @@ func TestBatchSurvivesAKilledBatcher(t *testing.T) {
 
 // TestOnlyTheBatcherSpeaksOnTheBatchSubject checks the batcher identity's
 // row of docs/security.md: only it publishes llm.batch.<tenant> (a request
-// there speaks for the tenant), and it can neither write the routing table
-// nor read the requests sent to replicas.
+// there speaks for the tenant); it reads the load view (heartbeats and
+// load deltas) and announces itself to the other batchers, but can
+// neither speak for a replica's load, announce itself to the deciders,
+// write the routing table nor read the requests sent to replicas.
 func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
 	roleBatcher := auth.Role{Kind: auth.RoleBatcher}
@@ -422,6 +424,82 @@ func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("the batcher may read the requests sent to replicas")
 	}
+
+	t.Run("it reads the load view and announces itself to the batchers alone", func(t *testing.T) {
+		view := mustConnectAs(t, st, roleBatcher)
+		heard := make(chan string, 256)
+		for _, subject := range []string{"llm.heartbeat.*", "llm.load.*", "llm.batcher.presence"} {
+			if _, err := view.Subscribe(subject, func(m *nats.Msg) {
+				select {
+				case heard <- m.Subject + " " + string(m.Data):
+				default:
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := view.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		// A request through the gateway makes the adapter send load
+		// deltas; heartbeats come every second.
+		if status, _ := post(t, st.GatewayURL(), "sk-acme-dev", `{"model":"chat-large","max_tokens":3,"messages":[{"role":"user","content":"load"}]}`); status != 200 {
+			t.Fatalf("a request through the gateway: %d", status)
+		}
+		// Forgeries a batcher might try: a replica's heartbeat and load
+		// delta, and a decider's presence (it would shrink their quota
+		// shares). Brokers are the witnesses: they hear all three.
+		forged := make(chan string, 8)
+		w := mustConnectAs(t, st, roleBroker)
+		for _, subject := range []string{"llm.heartbeat.l70-gen-0", "llm.load.l70-gen-0", "llm.broker.presence"} {
+			if _, err := w.Subscribe(subject, func(m *nats.Msg) {
+				if strings.HasPrefix(string(m.Data), "forged") {
+					forged <- m.Subject
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		other := mustConnectAs(t, st, roleBatcher)
+		for _, subject := range []string{"llm.heartbeat.l70-gen-0", "llm.load.l70-gen-0", "llm.broker.presence"} {
+			_ = other.Publish(subject, []byte("forged-"+subject))
+		}
+		_ = other.Publish("llm.batcher.presence", []byte("batcher-other"))
+		if err := other.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]bool{"llm.heartbeat.l70-gen-0": true, "llm.load.l70-gen-0": true, "llm.batcher.presence batcher-other": true}
+		testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			for {
+				select {
+				case m := <-heard:
+					subject, data, _ := strings.Cut(m, " ")
+					if strings.HasPrefix(data, "forged") {
+						t.Errorf("a forgery went through on %s", subject)
+					}
+					delete(want, subject)
+					delete(want, m)
+					continue
+				default:
+				}
+				if len(want) > 0 {
+					return fmt.Errorf("not heard yet as the batcher: %v", want)
+				}
+				return nil
+			}
+		})
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case subject := <-forged:
+			t.Errorf("the batcher published on %s", subject)
+		default:
+		}
+	})
 }
 
 // TestBatchCancelAndExpiry cancels a running batch with `switchyard batch
