@@ -8,7 +8,8 @@ import (
 // admission decides how many lines may be in flight: a window. Where the
 // batcher sees the pool (its load view, loadView.room), the window is the
 // lines it holds plus its share of the pool's free batch room, less the
-// lines it started that the view cannot show yet (inTransit): it fills the
+// lines the view cannot show yet (those no replica accepted, and those a
+// replica accepted since its last load delta): it fills the
 // room the replicas show without being refused first, and gives room back
 // as interactive work takes it. A 503 still cuts the window at once: it
 // shrinks to the other lines in flight (at least one), and the refused
@@ -32,10 +33,16 @@ type admission struct {
 	active      int
 	wake        chan struct{}
 	m           *metrics
-	view        *loadView   // nil: pace on refusals alone
-	started     []time.Time // when the lines of the last inTransit started
-	now         func() time.Time
+	view        *loadView // nil: pace on refusals alone
+	// unseen counts the lines in flight no replica accepted yet: the
+	// view cannot show them (the lines a replica accepted since its last
+	// load delta are the view's, loadView.accepted).
+	unseen int
+	now    func() time.Time
 }
+
+// slot is one line's place in the window. Lock: admission.mu.
+type slot struct{ accepted bool }
 
 const (
 	startWindow = 16
@@ -70,6 +77,14 @@ func (a *admission) room(tenant string) int {
 	return max(0, min(share-a.inflight[tenant], w-a.total))
 }
 
+// observe brings the window's and the room's metrics up to date, also
+// while no batch runs.
+func (a *admission) observe() {
+	a.mu.Lock()
+	a.windowAt(a.now())
+	a.mu.Unlock()
+}
+
 // windowAt is the window now. Lock should be held.
 func (a *admission) windowAt(now time.Time) int {
 	w := a.window
@@ -77,38 +92,50 @@ func (a *admission) windowAt(now time.Time) int {
 		r := a.view.room(now, a.total)
 		a.m.setRoom(r)
 		if r.Known {
-			i := 0
-			for i < len(a.started) && now.Sub(a.started[i]) > inTransit {
-				i++
-			}
-			a.started = a.started[i:]
 			if now.Sub(a.lastRefusal) >= probeAfter {
 				w = a.limit
 			}
-			w = min(w, float64(max(0, a.total+r.Share-len(a.started))))
+			w = min(w, float64(max(0, a.total+r.Share-a.unseen)))
 		}
 	}
 	a.m.window.Set(w)
 	return int(w)
 }
 
-func (a *admission) take(tenant string) {
+func (a *admission) take(tenant string) *slot {
 	a.mu.Lock()
 	a.inflight[tenant]++
 	a.total++
-	if a.view != nil {
-		a.started = append(a.started, a.now())
-	}
+	a.unseen++
 	a.mu.Unlock()
 	a.m.inflight.Inc()
+	return new(slot)
 }
 
-func (a *admission) release(tenant string) {
+// accepted records that replica accepted s's line: the load view counts
+// it there until the replica's next load delta or heartbeat shows it.
+func (a *admission) accepted(s *slot, replica string) {
+	a.mu.Lock()
+	if !s.accepted {
+		s.accepted = true
+		a.unseen--
+		if a.view != nil {
+			a.view.accepted(replica)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// release ends s's line (nil: one never accepted).
+func (a *admission) release(tenant string, s *slot) {
 	a.mu.Lock()
 	if a.inflight[tenant]--; a.inflight[tenant] <= 0 {
 		delete(a.inflight, tenant)
 	}
 	a.total--
+	if s == nil || !s.accepted {
+		a.unseen--
+	}
 	a.mu.Unlock()
 	a.m.inflight.Dec()
 	select {

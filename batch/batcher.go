@@ -200,6 +200,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 		if active, ok := b.supervise(ctx, &wg); ok {
 			pullers.set(ctx, active)
 		}
+		b.adm.observe()
 		select {
 		case <-ctx.Done():
 			return nil

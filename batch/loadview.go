@@ -27,10 +27,6 @@ const (
 	// AnnounceEvery is how often a batcher announces itself on
 	// llm.batcher.presence; one not heard for three periods stops counting.
 	AnnounceEvery = time.Second
-	// inTransit is how long a line started may be missing from the view:
-	// an adapter sends a load delta at most every LoadDeltaEvery, and the
-	// line must reach it first.
-	inTransit = 2 * subjects.LoadDeltaEvery
 )
 
 // loadView is what a batcher sees of the pool: the replicas' heartbeats
@@ -54,6 +50,11 @@ type viewReplica struct {
 	heard    time.Time
 	delta    int // the delta's in-flight count less the heartbeat's
 	deltaSeq uint64
+	// mine counts this batcher's lines the replica accepted since its
+	// last heartbeat or load delta came in: the adapter counts a line
+	// before it accepts it and publishes both on one connection, so the
+	// next one that comes in shows them.
+	mine int
 }
 
 // peakSlot is the most interactive work seen in one second.
@@ -84,7 +85,7 @@ func (v *loadView) onHeartbeat(m *nats.Msg, now time.Time) {
 		x = new(viewReplica)
 		v.replicas[hb.Replica] = x
 	}
-	x.hb, x.heard, x.delta, x.deltaSeq = hb, now, 0, 0
+	x.hb, x.heard, x.delta, x.deltaSeq, x.mine = hb, now, 0, 0, 0
 	v.mu.Unlock()
 	v.poke()
 }
@@ -101,12 +102,21 @@ func (v *loadView) onLoad(m *nats.Msg) {
 	x := v.replicas[d.Replica]
 	applied := x != nil && x.hb.Seq == d.Heartbeat && d.Seq > x.deltaSeq
 	if applied {
-		x.delta, x.deltaSeq = d.Inflight-x.hb.Inflight, d.Seq
+		x.delta, x.deltaSeq, x.mine = d.Inflight-x.hb.Inflight, d.Seq, 0
 	}
 	v.mu.Unlock()
 	if applied {
 		v.poke()
 	}
+}
+
+// accepted counts a line of this batcher that replica accepted.
+func (v *loadView) accepted(replica string) {
+	v.mu.Lock()
+	if x := v.replicas[replica]; x != nil {
+		x.mine++
+	}
+	v.mu.Unlock()
 }
 
 // onPresence counts another batcher.
@@ -142,7 +152,8 @@ type Room struct {
 	// hold (policy.BatchRoom of its max_batch first come first served, or
 	// subjects.BatchHold where the engine schedules by priority) less
 	// what it holds (running and waiting, or its adapter's in-flight count
-	// when that is more).
+	// when that is more, and the lines of this batcher it accepted since
+	// its last load delta).
 	Free int
 	// Interactive is the interactive requests the pool holds: what it
 	// holds less the batch lines in flight (this batcher's, times the
@@ -176,7 +187,7 @@ func (v *loadView) room(now time.Time, mine int) Room {
 			continue
 		}
 		r.Known = true
-		h := max(0, max(x.hb.Running+x.hb.Waiting, x.hb.Inflight)+x.delta)
+		h := max(0, max(x.hb.Running+x.hb.Waiting, x.hb.Inflight)+x.delta) + x.mine
 		r.Free += max(0, batchLimit(&x.hb)-h)
 		held += h
 	}
