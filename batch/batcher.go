@@ -44,9 +44,9 @@ type Config struct {
 	ID string
 	// Prefix is the subject prefix (default "llm").
 	Prefix string
-	// Concurrency bounds the lines in flight (default 256). The batcher
-	// starts below it and finds the pool's room from the brokers'
-	// refusals.
+	// Concurrency bounds the lines in flight (default 256). Below it the
+	// batcher paces on the pool's free room in its load view, and on the
+	// brokers' refusals where it has no view.
 	Concurrency int
 	// AckWait is how long an item delivered to a batcher that vanished
 	// waits before it is delivered again (default 30s); a running line

@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -321,49 +322,74 @@ func TestBatchSurvivesAKilledBatcher(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 2,000-line batch")
 	}
+	survivesKilledBatchers(t, 2000, 1, 4*time.Minute)
+}
+
+// TestBatchSurvivesTwoKilledBatchers is `make test-batch-kill`: a batch of
+// 10,000 lines completes with exactly one output line per custom_id while
+// its batcher process is SIGKILLed and restarted twice, within 4 minutes.
+func TestBatchSurvivesTwoKilledBatchers(t *testing.T) {
+	if os.Getenv("SWITCHYARD_BATCH_KILL") == "" {
+		t.Skip("make test-batch-kill runs this (a 10,000-line batch, about two minutes)")
+	}
+	survivesKilledBatchers(t, 10_000, 2, 4*time.Minute)
+}
+
+// survivesKilledBatchers runs a batch of n lines through batcher
+// processes, SIGKILLing the one running each time another n/(kills+1)
+// lines are answered and starting the next, and checks that the batch
+// completes within limit with every line answered once.
+func survivesKilledBatchers(t *testing.T, n, kills int, limit time.Duration) {
 	bin := binary(t)
 	st := startStack(t, devstack.Config{Speed: 20, NoBatcher: true,
 		Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l8-gen-0", "l8-gen-1")})
-	batcher := func(name string) *proc {
+	batcher := func(i int) *proc {
+		name := fmt.Sprintf("batcher-%d", i)
 		return startProc(t, name, bin, "batcher", "--nats", st.NATSURL(), "--creds", st.Creds(auth.Role{Kind: auth.RoleBatcher}),
 			"--id", name, "--ack-wait", "3s", "--metrics-listen", "", "--log-level", "debug")
 	}
-	first := batcher("batcher-1")
+	start := time.Now()
+	deadline := start.Add(limit)
+	running := batcher(1)
 	c := client(st, "sk-acme-dev")
-	b := runBatch(t, c, batchLines(2000, "chat-large"))
-	testkit.CheckFor(t, 90*time.Second, 100*time.Millisecond, func() error {
-		got, err := c.Batches.Get(context.Background(), b.ID)
+	b := runBatch(t, c, batchLines(n, "chat-large"))
+	for k := 1; k <= kills; k++ {
+		at := int64(n * k / (kills + 1))
+		testkit.CheckFor(t, time.Until(deadline), 100*time.Millisecond, func() error {
+			got, err := c.Batches.Get(context.Background(), b.ID)
+			if err != nil {
+				return err
+			}
+			if done := got.RequestCounts.Completed; done < at {
+				return fmt.Errorf("%s, %d of %d answered", got.Status, done, n)
+			}
+			return nil
+		})
+		running.kill()
+		mid, err := c.Batches.Get(context.Background(), b.ID)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		if done := got.RequestCounts.Completed; done < 700 {
-			return fmt.Errorf("%s, %d of 2000 answered", got.Status, done)
+		if mid.Status != "in_progress" || mid.RequestCounts.Completed >= int64(n) {
+			t.Fatalf("batcher %d was killed too late to prove anything: %s %+v", k, mid.Status, mid.RequestCounts)
 		}
-		return nil
-	})
-	first.kill()
-	mid, err := c.Batches.Get(context.Background(), b.ID)
-	if err != nil {
-		t.Fatal(err)
+		t.Logf("batcher-%d SIGKILLed with %d of %d lines answered, %v in", k, mid.RequestCounts.Completed, n, time.Since(start).Round(time.Second))
+		running = batcher(k + 1)
 	}
-	if mid.Status != "in_progress" || mid.RequestCounts.Completed >= 2000 {
-		t.Fatalf("the batcher was killed too late to prove anything: %s %+v", mid.Status, mid.RequestCounts)
-	}
-	t.Logf("batcher SIGKILLed with %d of 2000 lines answered", mid.RequestCounts.Completed)
-	batcher("batcher-2")
-	b = awaitBatch(t, c, b.ID, 120*time.Second)
-	if b.Status != "completed" || b.RequestCounts.Completed != 2000 || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
-		t.Fatalf("after the restart: %s %+v error file %q", b.Status, b.RequestCounts, b.ErrorFileID)
+	b = awaitBatch(t, c, b.ID, time.Until(deadline))
+	if b.Status != "completed" || b.RequestCounts.Completed != int64(n) || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
+		t.Fatalf("after the restarts: %s %+v error file %q", b.Status, b.RequestCounts, b.ErrorFileID)
 	}
 	out := fileLines(t, c, b.OutputFileID) // fails on a custom_id seen twice
-	for i := 1; i <= 2000; i++ {
+	for i := 1; i <= n; i++ {
 		if l := out[fmt.Sprintf("req-%d", i)]; l == nil || l["response"].(map[string]any)["status_code"] != 200.0 {
 			t.Fatalf("req-%d: %v", i, l)
 		}
 	}
-	if len(out) != 2000 {
-		t.Fatalf("%d results, want 2000", len(out))
+	if len(out) != n {
+		t.Fatalf("%d results, want %d", len(out), n)
 	}
+	t.Logf("%d lines, each answered once, through %d SIGKILLed batchers in %v", n, kills, time.Since(start).Round(time.Second))
 }
 
 // TestOnlyTheBatcherSpeaksOnTheBatchSubject checks the batcher identity's
