@@ -21,8 +21,8 @@ const (
 	// maxViewReplicas bounds the replicas remembered: heartbeats of
 	// made-up replicas cannot grow the view without bound.
 	maxViewReplicas = 4096
-	// reserveSlots × 1 s is how far back the peak of interactive work is
-	// kept (Room, "interactive reserve").
+	// reserveSlots × 1 s is how far back the interactive work's mean is
+	// taken (Room, Reserve).
 	reserveSlots = 5
 	// AnnounceEvery is how often a batcher announces itself on
 	// llm.batcher.presence; one not heard for three periods stops counting.
@@ -37,7 +37,7 @@ const (
 type loadView struct {
 	mu       sync.Mutex
 	replicas map[string]*viewReplica
-	peak     [reserveSlots]peakSlot
+	recent   [reserveSlots]recentSlot
 	peers    *decider.Peers
 	bad      func(kind string) // counts a message refused
 	wake     chan<- struct{}   // told when room may have opened
@@ -57,10 +57,10 @@ type viewReplica struct {
 	mine int
 }
 
-// peakSlot is the most interactive work seen in one second.
-type peakSlot struct {
-	sec  int64
-	most int
+// recentSlot sums the interactive requests seen in one second.
+type recentSlot struct {
+	sec      int64
+	sum, obs int
 }
 
 func newLoadView(self string, wake chan<- struct{}, bad func(string)) *loadView {
@@ -158,8 +158,12 @@ type Room struct {
 	// Interactive is the interactive requests the pool holds: what it
 	// holds less the batch lines in flight (this batcher's, times the
 	// batchers: each holds its share). Reserve is what interactive work
-	// is predicted to take back within the next seconds: its peak over
-	// the last reserveSlots seconds less what it holds now.
+	// is predicted to take back within the next seconds: the mean of
+	// what it held over the last reserveSlots seconds (its arrival rate
+	// times its time in the engine, measured as such) less what it holds
+	// now. Above that mean the engine's order serves interactive first
+	// where it schedules by priority, and the ¾ rule keeps a quarter of
+	// the batch where it does not.
 	Interactive, Reserve int
 	// Batchers is how many batchers share the room, this one included;
 	// Share is this batcher's: (Free − Reserve) ÷ Batchers, rounded up.
@@ -195,7 +199,7 @@ func (v *loadView) room(now time.Time, mine int) Room {
 		return r
 	}
 	r.Interactive = max(0, held-mine*r.Batchers)
-	r.Reserve = v.notePeak(now, r.Interactive) - r.Interactive
+	r.Reserve = max(0, v.noteRecent(now, r.Interactive)-r.Interactive)
 	if room := r.Free - r.Reserve; room > 0 {
 		r.Share = (room + r.Batchers - 1) / r.Batchers
 	}
@@ -211,20 +215,25 @@ func batchLimit(hb *subjects.Heartbeat) int {
 	return int(math.Ceil(policy.BatchRoom * float64(hb.MaxBatch)))
 }
 
-// notePeak records n interactive requests at now and returns the most
-// seen within the last reserveSlots seconds. Lock should be held.
-func (v *loadView) notePeak(now time.Time, n int) int {
+// noteRecent records n interactive requests at now and returns their
+// mean over the last reserveSlots seconds: each second's mean, averaged,
+// so that a second of many looks weighs no more than one of few. Lock
+// should be held.
+func (v *loadView) noteRecent(now time.Time, n int) int {
 	sec := now.Unix()
-	s := &v.peak[sec%reserveSlots]
+	s := &v.recent[sec%reserveSlots]
 	if s.sec != sec {
-		s.sec, s.most = sec, 0
+		*s = recentSlot{sec: sec}
 	}
-	s.most = max(s.most, n)
-	most := n
-	for _, p := range v.peak {
-		if sec-p.sec < reserveSlots {
-			most = max(most, p.most)
+	s.sum += n
+	s.obs++
+	var sum float64
+	secs := 0
+	for _, x := range v.recent {
+		if x.obs > 0 && sec-x.sec < reserveSlots {
+			sum += float64(x.sum) / float64(x.obs)
+			secs++
 		}
 	}
-	return most
+	return int(math.Round(sum / float64(secs)))
 }

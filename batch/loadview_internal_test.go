@@ -76,13 +76,14 @@ func TestTheRoomIsTheReplicasFreeBatchSlots(t *testing.T) {
 	}
 }
 
-// TestInteractiveWorkKeepsRoomForItsPeak: room interactive work held in
-// the last seconds is kept for it when it falls off for a moment, so batch
-// lines do not take the slots it is about to take back; the reserve ends
-// once the peak is older than the reserve's seconds. A load delta on top
-// of the heartbeat brings the count up to date; one of another heartbeat
-// is dropped.
-func TestInteractiveWorkKeepsRoomForItsPeak(t *testing.T) {
+// TestInteractiveWorkKeepsRoomForItsMean: when interactive work dips
+// below what it held over the last seconds (its rate times its time in
+// the engine), the room down to that mean is kept for it, so batch lines
+// do not take the slots it is about to take back; the reserve ends once
+// the dip is older than the reserve's seconds. A load delta on top of the
+// heartbeat brings the count up to date; one of another heartbeat is
+// dropped.
+func TestInteractiveWorkKeepsRoomForItsMean(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	v := newLoadView("me", make(chan struct{}, 1), func(kind string) { t.Errorf("refused a %s", kind) })
 	hb := subjects.Heartbeat{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 30, Inflight: 30, Seq: 7}
@@ -95,19 +96,23 @@ func TestInteractiveWorkKeepsRoomForItsPeak(t *testing.T) {
 	}
 	delta(7, 1, 10) // 20 interactive requests ended
 	now = now.Add(time.Second)
-	if r := v.room(now, 0); r.Interactive != 10 || r.Reserve != 20 || r.Free != 38 || r.Share != 18 {
-		t.Errorf("interactive fell from 30 to 10: %+v, want 20 of the 38 free kept for it", r)
+	if r := v.room(now, 0); r.Interactive != 10 || r.Reserve != 10 || r.Free != 38 || r.Share != 28 {
+		t.Errorf("interactive fell from 30 to 10: %+v, want 10 of the 38 free kept for it (its mean, 20, less 10)", r)
 	}
 	delta(6, 2, 0) // another heartbeat's: dropped
 	delta(7, 1, 0) // older: dropped
 	if r := v.room(now, 0); r.Interactive != 10 {
 		t.Errorf("a stale delta was applied: %+v", r)
 	}
+	delta(7, 2, 40) // a burst above the mean keeps nothing more
+	if r := v.room(now, 0); r.Interactive != 40 || r.Reserve != 0 || r.Share != 8 {
+		t.Errorf("interactive rose to 40: %+v, want no reserve and the 8 slots left", r)
+	}
 	now = now.Add(reserveSlots * time.Second)
 	hb.Running, hb.Inflight, hb.Seq = 10, 10, 8
 	v.onHeartbeat(heartbeatMsg(hb), now)
 	if r := v.room(now, 0); r.Reserve != 0 || r.Share != 38 {
-		t.Errorf("the peak is %d s old: %+v, want no reserve", reserveSlots, r)
+		t.Errorf("the dip is %d s old: %+v, want no reserve", reserveSlots, r)
 	}
 	now = now.Add(viewStale + time.Second)
 	if r := v.room(now, 0); r.Known {

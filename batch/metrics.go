@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"status"}),
 		room: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_batch_room",
-			Help: "The pool's batch room as this batcher's load view shows it, in lines, by kind: free (the batch slots the replicas' batch-room limits leave), interactive (the interactive requests the pool holds), reserve (interactive work's peak over the last 5 s less what it holds: left to it), share (this batcher's part of free less reserve).",
+			Help: "The pool's batch room as this batcher's load view shows it, in lines, by kind: free (the batch slots the replicas' batch-room limits leave), interactive (the interactive requests the pool holds), reserve (interactive work's mean over the last 5 s less what it holds, when more: left to it), share (this batcher's part of free less reserve).",
 		}, []string{"kind"}),
 		batchers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_batchers",
