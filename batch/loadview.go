@@ -166,13 +166,17 @@ type Room struct {
 	// the batch where it does not.
 	Interactive, Reserve int
 	// Batchers is how many batchers share the room, this one included;
-	// Share is this batcher's: (Free − Reserve) ÷ Batchers, rounded up.
+	// Share is this batcher's: (Free − Reserve) ÷ Batchers, rounded down,
+	// and one more for the batchers of the lowest ids the remainder
+	// covers, so that a slot that frees is taken by one batcher, not by
+	// each.
 	Batchers, Share int
 }
 
 // room computes the room for a batcher holding mine lines now.
 func (v *loadView) room(now time.Time, mine int) Room {
-	r := Room{Batchers: v.peers.Live(now, 3*AnnounceEvery)}
+	rank, batchers := v.peers.Rank(now, 3*AnnounceEvery)
+	r := Room{Batchers: batchers}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.prune(now)
@@ -201,7 +205,10 @@ func (v *loadView) room(now time.Time, mine int) Room {
 	r.Interactive = max(0, held-mine*r.Batchers)
 	r.Reserve = max(0, v.noteRecent(now, r.Interactive)-r.Interactive)
 	if room := r.Free - r.Reserve; room > 0 {
-		r.Share = (room + r.Batchers - 1) / r.Batchers
+		r.Share = room / r.Batchers
+		if rank < room%r.Batchers {
+			r.Share++
+		}
 	}
 	return r
 }

@@ -56,8 +56,12 @@ func TestTheRoomIsTheReplicasFreeBatchSlots(t *testing.T) {
 			{Replica: "r1", Pool: "general", MaxBatch: 64},
 			{Replica: "r2", Pool: "batch", MaxBatch: 32}}, 0, 0,
 			Room{Known: true, Free: 24, Batchers: 1, Share: 24}},
-		{"three batchers share it, rounded up", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64}}, 0, 2,
+		{"three batchers share it", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64}}, 0, 2,
 			Room{Known: true, Free: 48, Batchers: 3, Share: 16}},
+		{"the remainder goes to the lowest ids: ours is below both others'", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 44}}, 0, 2,
+			Room{Known: true, Free: 4, Interactive: 44, Batchers: 3, Share: 2}},
+		{"one slot free among three: the lowest id takes it", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 47}}, 0, 2,
+			Room{Known: true, Free: 1, Interactive: 47, Batchers: 3, Share: 1}},
 		{"each holds its share of the batch lines", []subjects.Heartbeat{{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 40}}, 15, 1,
 			Room{Known: true, Free: 8, Interactive: 10, Batchers: 2, Share: 4}},
 	} {
@@ -73,6 +77,32 @@ func TestTheRoomIsTheReplicasFreeBatchSlots(t *testing.T) {
 				t.Errorf("room %+v, want %+v", got, c.want)
 			}
 		})
+	}
+}
+
+// TestOneSlotFreeGoesToOneBatcher: with one slot free among three
+// batchers only the one of the lowest id takes it; the others take none.
+func TestOneSlotFreeGoesToOneBatcher(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	ids := []string{"b1", "b2", "b3"}
+	taken := 0
+	for _, self := range ids {
+		v := newLoadView(self, make(chan struct{}, 1), func(kind string) { t.Errorf("refused a %s", kind) })
+		v.onHeartbeat(heartbeatMsg(subjects.Heartbeat{Replica: "r1", Pool: "general", MaxBatch: 64, Running: 47, Inflight: 47}), now)
+		for _, other := range ids {
+			v.onPresence(&nats.Msg{Data: []byte(other)}, now)
+		}
+		r := v.room(now, 0)
+		if r.Batchers != 3 {
+			t.Fatalf("%s counts %d batchers, want 3", self, r.Batchers)
+		}
+		if want := map[bool]int{true: 1, false: 0}[self == "b1"]; r.Share != want {
+			t.Errorf("%s takes %d of the one slot free, want %d", self, r.Share, want)
+		}
+		taken += r.Share
+	}
+	if taken != 1 {
+		t.Errorf("the three batchers take %d lines for one free slot", taken)
 	}
 }
 

@@ -201,3 +201,55 @@ func TestTheBatchFillsTheRoomTheLoadViewShows(t *testing.T) {
 		t.Errorf("%v refusals for %d lines with the room in view: the batcher still learns it from refusals", refused, lines)
 	}
 }
+
+// TestBatchersShareTheRoom: two batchers over the same pool count each
+// other from their announcements and each takes half the room the view
+// shows (12 of 24), so together they fill it without being refused more
+// than a handful of times, and each answers lines of the batch.
+func TestBatchersShareTheRoom(t *testing.T) {
+	pool := &poolStandIn{capacity: 24, maxBatch: 32, serve: 20 * time.Millisecond}
+	g := newBatchRig(t, 90*time.Second, pool.take)
+	ctx, st := g.ctx, g.st
+	const lines = 600
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	for i, reg := range regs {
+		g.run(t, batch.Config{ID: fmt.Sprint("b", i+1), SuperviseEvery: 50 * time.Millisecond, Registerer: reg})
+	}
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		pool.heartbeat(t, g.nc)
+		for i, reg := range regs {
+			if n, share := testkit.Sum(reg, "switchyard_batchers", nil), testkit.Sum(reg, "switchyard_batch_room", map[string]string{"kind": "share"}); n != 2 || share != 12 {
+				return fmt.Errorf("batcher b%d counts %v batchers and a share of %v, want 2 and 12", i+1, n, share)
+			}
+		}
+		return nil
+	})
+	rec := createBatch(ctx, t, st, chatLines(lines))
+	var got *batch.Record
+	testkit.CheckFor(t, 80*time.Second, 20*time.Millisecond, func() (err error) {
+		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
+			return err
+		}
+		if got.Status != batch.StatusCompleted {
+			return fmt.Errorf("status %s %+v", got.Status, got.RequestCounts)
+		}
+		return nil
+	})
+	if got.RequestCounts != (batch.RequestCounts{Total: lines, Completed: lines}) {
+		t.Fatalf("completed: %+v", got.RequestCounts)
+	}
+	if n := len(readLines(t, st, *got.OutputFileID)); n != lines {
+		t.Errorf("%d output lines, want %d", n, lines)
+	}
+	refused := 0.0
+	for i, reg := range regs {
+		refused += testkit.Sum(reg, "switchyard_batch_refusals_total", nil)
+		if n := testkit.Sum(reg, "switchyard_batch_items_total", map[string]string{"outcome": "completed"}); n == 0 {
+			t.Errorf("batcher b%d answered no line", i+1)
+		}
+	}
+	t.Logf("%v refusals for %d lines through two batchers; the pool held at most %d of its room of %d", refused, lines, pool.mostHeld(), pool.capacity)
+	if refused > lines/50 {
+		t.Errorf("%v refusals for %d lines: the two batchers took more than their shares", refused, lines)
+	}
+}

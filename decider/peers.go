@@ -35,3 +35,19 @@ func (x *Peers) Observe(data []byte, now time.Time, ttl time.Duration) (live int
 func (x *Peers) Live(now time.Time, ttl time.Duration) int {
 	return x.p.observe(nil, now, ttl).live
 }
+
+// Rank is this member's place among those heard within ttl, by id (0 for
+// the lowest), and how many they are, this one included: members that
+// split a remainder give it to the lowest ranks, so that each knows
+// whether it takes a part without asking the others.
+func (x *Peers) Rank(now time.Time, ttl time.Duration) (rank, live int) {
+	live = x.p.observe(nil, now, ttl).live
+	x.p.mu.Lock()
+	defer x.p.mu.Unlock()
+	for id := range x.p.seen {
+		if id < x.p.self {
+			rank++
+		}
+	}
+	return rank, live
+}
