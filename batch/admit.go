@@ -156,7 +156,6 @@ func (a *admission) refused(tenant string, status int, retryAfter time.Duration)
 	}
 	a.lastRefusal = now
 	a.window = max(1, min(a.window, float64(a.total-1)))
-	a.m.window.Set(a.window)
 }
 
 func (a *admission) answered() {
@@ -167,7 +166,5 @@ func (a *admission) answered() {
 		a.window++
 	}
 	a.window = min(a.limit, a.window)
-	w := a.window
 	a.mu.Unlock()
-	a.m.window.Set(w)
 }
