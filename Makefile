@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay replay-check test-lab soak tools test-deploy clean
+.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch test-batch-kill bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay replay-check test-lab soak tools test-deploy clean
 
 all: build
 
@@ -150,6 +150,12 @@ bench-e2e:
 # met or not (about five minutes: the batch phase stops at three and a half).
 bench-batch:
 	SWITCHYARD_BENCH_BATCH=1 $(GO) test -count=1 -run '^TestBatchBenchmark$$' -v -timeout 10m ./test
+
+# A 10,000-line batch while its batcher process is SIGKILLed and restarted
+# twice: it completes with exactly one output line per custom_id, within 4
+# minutes (the test's own limit; 5 with the build).
+test-batch-kill:
+	SWITCHYARD_BATCH_KILL=1 $(GO) test -race -count=1 -run '^TestBatchSurvivesTwoKilledBatchers$$' -v -timeout 5m ./test
 
 # 100,000 requests through the in-process stack; the live heap must stay flat.
 bench-heap:

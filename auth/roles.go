@@ -206,9 +206,12 @@ func permissions(r Role, prefix, bucket string) grants {
 		// Sends batch items on llm.batch.<tenant> (the only identity that
 		// may: the tenant is the batch record's), and works the items
 		// stream, the results and batches buckets and the files store.
+		// It reads the load view (heartbeats and load deltas) to pace its
+		// lines on the pool's free room, and announces itself to the
+		// other batchers, which share that room.
 		items := subjects.ItemsStream
 		pub := []string{
-			p + "batch.*", p + "batchitem.>",
+			p + "batch.*", p + "batchitem.>", p + "batcher.presence",
 			"$JS.API.INFO",
 			"$JS.API.STREAM.CREATE." + items, "$JS.API.STREAM.INFO." + items, "$JS.API.STREAM.PURGE." + items,
 			"$JS.API.CONSUMER.CREATE." + items + ".>", "$JS.API.CONSUMER.INFO." + items + ".>",
@@ -217,7 +220,7 @@ func permissions(r Role, prefix, bucket string) grants {
 		pub = append(pub, objectsWrite(subjects.FilesBucket)...)
 		pub = append(pub, kvWrite(subjects.BatchesBucket)...)
 		pub = append(pub, kvWrite(subjects.ResultsBucket)...)
-		return grants{pub: pub, sub: []string{inbox}}
+		return grants{pub: pub, sub: []string{p + "heartbeat.*", p + "load.*", p + "batcher.presence", inbox}}
 	case RoleTenant:
 		// In its own account: nothing of the Switchyard account exists
 		// there but the one imported route subject.

@@ -5,17 +5,20 @@ import (
 	"time"
 )
 
-// admission decides how many lines may be in flight: a window. A 503 says
-// the pool is full with the lines it holds: the window shrinks to the
-// other lines in flight (at least one), and the refused line leaves it at
-// once and goes back to the stream for its Retry-After. So a line that
-// ends is replaced at once while the pool takes it, a line more than the
-// pool holds is refused once, not again every second, and the batch gives
-// room back as soon as interactive traffic takes it: its refusals shrink
-// the window to what the pool still holds. An answer grows the window by
-// one line, or, within probeAfter of a refusal, by one line per window of
-// answers: the pool was full a moment ago, so the window probes for room
-// slowly instead of sending lines to be refused. Each tenant with running
+// admission decides how many lines may be in flight: a window. Where the
+// batcher sees the pool (its load view, loadView.room), the window is the
+// lines it holds plus its share of the pool's free batch room, less the
+// lines the view cannot show yet (those no replica accepted, and those a
+// replica accepted since its last load delta): it fills the
+// room the replicas show without being refused first, and gives room back
+// as interactive work takes it. A 503 still cuts the window at once: it
+// shrinks to the other lines in flight (at least one), and the refused
+// line leaves it and goes back to the stream for its Retry-After. For
+// probeAfter after a refusal the window grows by one line per window of
+// answers and caps what the view allows; after that the view alone sets
+// it. Without a view (no replica heard from) the window is the refusals'
+// alone: an answer grows it by one line, or by one line per window of
+// answers within probeAfter of a refusal. Each tenant with running
 // batches gets an equal share of the window, so one tenant's batch cannot
 // starve another's. A 429 (a quota, the tenant's share of a shedding
 // pool) pauses its tenant for its Retry-After and leaves the window.
@@ -30,18 +33,27 @@ type admission struct {
 	active      int
 	wake        chan struct{}
 	m           *metrics
+	view        *loadView // nil: pace on refusals alone
+	// unseen counts the lines in flight no replica accepted yet: the
+	// view cannot show them (the lines a replica accepted since its last
+	// load delta are the view's, loadView.accepted).
+	unseen int
+	now    func() time.Time
 }
+
+// slot is one line's place in the window. Lock: admission.mu.
+type slot struct{ accepted bool }
 
 const (
 	startWindow = 16
 	probeAfter  = time.Second
 )
 
-func (a *admission) init(limit int, m *metrics) {
+func (a *admission) init(limit int, m *metrics, now func() time.Time) {
 	a.limit, a.window = float64(limit), float64(min(startWindow, limit))
 	a.tenantPause, a.inflight = map[string]time.Time{}, map[string]int{}
 	a.wake = make(chan struct{}, 1)
-	a.m = m
+	a.m, a.now = m, now
 	m.window.Set(a.window)
 }
 
@@ -56,29 +68,74 @@ func (a *admission) setActive(n int) {
 func (a *admission) room(tenant string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	now := a.now()
 	if now.Before(a.tenantPause[tenant]) {
 		return 0
 	}
-	w := int(a.window)
+	w := a.windowAt(now)
 	share := max(1, w/max(1, a.active))
 	return max(0, min(share-a.inflight[tenant], w-a.total))
 }
 
-func (a *admission) take(tenant string) {
+// observe brings the window's and the room's metrics up to date, also
+// while no batch runs.
+func (a *admission) observe() {
+	a.mu.Lock()
+	a.windowAt(a.now())
+	a.mu.Unlock()
+}
+
+// windowAt is the window now. Lock should be held.
+func (a *admission) windowAt(now time.Time) int {
+	w := a.window
+	if a.view != nil {
+		r := a.view.room(now, a.total)
+		a.m.setRoom(r)
+		if r.Known {
+			if now.Sub(a.lastRefusal) >= probeAfter {
+				w = a.limit
+			}
+			w = min(w, float64(max(0, a.total+r.Share-a.unseen)))
+		}
+	}
+	a.m.window.Set(w)
+	return int(w)
+}
+
+func (a *admission) take(tenant string) *slot {
 	a.mu.Lock()
 	a.inflight[tenant]++
 	a.total++
+	a.unseen++
 	a.mu.Unlock()
 	a.m.inflight.Inc()
+	return new(slot)
 }
 
-func (a *admission) release(tenant string) {
+// accepted records that replica accepted s's line: the load view counts
+// it there until the replica's next load delta or heartbeat shows it.
+func (a *admission) accepted(s *slot, replica string) {
+	a.mu.Lock()
+	if !s.accepted {
+		s.accepted = true
+		a.unseen--
+		if a.view != nil {
+			a.view.accepted(replica)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// release ends s's line (nil: one never accepted).
+func (a *admission) release(tenant string, s *slot) {
 	a.mu.Lock()
 	if a.inflight[tenant]--; a.inflight[tenant] <= 0 {
 		delete(a.inflight, tenant)
 	}
 	a.total--
+	if s == nil || !s.accepted {
+		a.unseen--
+	}
 	a.mu.Unlock()
 	a.m.inflight.Dec()
 	select {
@@ -92,25 +149,22 @@ func (a *admission) release(tenant string) {
 func (a *admission) refused(tenant string, status int, retryAfter time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	now := a.now()
 	if status == 429 {
 		a.tenantPause[tenant] = now.Add(retryAfter)
 		return
 	}
 	a.lastRefusal = now
 	a.window = max(1, min(a.window, float64(a.total-1)))
-	a.m.window.Set(a.window)
 }
 
 func (a *admission) answered() {
 	a.mu.Lock()
-	if time.Since(a.lastRefusal) < probeAfter {
+	if a.now().Sub(a.lastRefusal) < probeAfter {
 		a.window += 1 / a.window
 	} else {
 		a.window++
 	}
 	a.window = min(a.limit, a.window)
-	w := a.window
 	a.mu.Unlock()
-	a.m.window.Set(w)
 }

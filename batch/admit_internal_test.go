@@ -13,7 +13,7 @@ import (
 // pauses its tenant and leaves the window.
 func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	var a admission
-	a.init(256, newMetrics(nil))
+	a.init(256, newMetrics(nil), time.Now)
 	a.setActive(1)
 	a.window = 60
 	for range 50 {
@@ -24,7 +24,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	}
 	refuse := func() {
 		a.refused("acme", 503, time.Second)
-		a.release("acme")
+		a.release("acme", nil)
 	}
 	refuse()
 	if a.window != 49 {
@@ -36,7 +36,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	// Interactive traffic takes the pool: lines end, their replacements
 	// are refused, and the window follows what is left.
 	for range 5 {
-		a.release("acme")
+		a.release("acme", nil)
 		a.take("acme")
 		refuse()
 	}
@@ -45,7 +45,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 	}
 	// A line that ends and is answered is replaced at once; the window
 	// grows a line per window of answers just after a refusal.
-	a.release("acme")
+	a.release("acme", nil)
 	a.answered()
 	if n := a.room("acme"); n != 1 || a.window <= 44 || a.window >= 45 {
 		t.Errorf("an answer just after a refusal: room %d, window %v; want 1 and a window between 44 and 45", n, a.window)
@@ -61,7 +61,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 		t.Errorf("a 429: window %v (want it left at %v), room %d (want 0: its tenant paused)", a.window, w+1, a.room("acme"))
 	}
 	for a.total > 0 {
-		a.release("acme")
+		a.release("acme", nil)
 	}
 	a.refused("acme", 503, time.Second)
 	if a.window != 1 {
@@ -73,7 +73,7 @@ func TestARefusalShrinksTheWindowToWhatThePoolHolds(t *testing.T) {
 // lines up to its share of the window, and a 429 pauses only its own.
 func TestTenantsShareTheWindow(t *testing.T) {
 	var a admission
-	a.init(256, newMetrics(nil))
+	a.init(256, newMetrics(nil), time.Now)
 	a.setActive(2)
 	a.window = 40
 	for range 20 {
@@ -89,7 +89,7 @@ func TestTenantsShareTheWindow(t *testing.T) {
 	if n := a.room("globex"); n != 0 {
 		t.Errorf("globex after a 429: room %d, want 0 until its Retry-After", n)
 	}
-	a.release("acme")
+	a.release("acme", nil)
 	if n := a.room("acme"); n != 1 {
 		t.Errorf("acme after a line ended: room %d, want 1", n)
 	}

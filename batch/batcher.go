@@ -44,9 +44,9 @@ type Config struct {
 	ID string
 	// Prefix is the subject prefix (default "llm").
 	Prefix string
-	// Concurrency bounds the lines in flight (default 256). The batcher
-	// starts below it and finds the pool's room from the brokers'
-	// refusals.
+	// Concurrency bounds the lines in flight (default 256). Below it the
+	// batcher paces on the pool's free room in its load view, and on the
+	// brokers' refusals where it has no view.
 	Concurrency int
 	// AckWait is how long an item delivered to a batcher that vanished
 	// waits before it is delivered again (default 30s); a running line
@@ -134,7 +134,8 @@ func New(nc *nats.Conn, cfg Config) (*Batcher, error) {
 	b := &Batcher{nc: nc, cfg: cfg, subj: subjects.New(cfg.Prefix), working: map[string]bool{}}
 	b.log = cfg.Logger.With("component", "batcher", "batcher", cfg.ID)
 	b.metrics = newMetrics(cfg.Registerer)
-	b.adm.init(cfg.Concurrency, b.metrics)
+	b.adm.init(cfg.Concurrency, b.metrics, cfg.Now)
+	b.adm.view = newLoadView(cfg.ID, b.adm.wake, func(kind string) { b.metrics.bad.WithLabelValues(kind).Inc() })
 	return b, nil
 }
 
@@ -186,6 +187,11 @@ func (b *Batcher) Run(ctx context.Context) error {
 	b.log.Info("batcher running", "items", subjects.ItemsStream, "concurrency", b.cfg.Concurrency)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	stopView, err := b.watchLoad(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer stopView()
 	pullers := newPullers(b, &wg)
 	defer pullers.stop()
 	tick := time.NewTicker(b.cfg.SuperviseEvery)
@@ -194,12 +200,55 @@ func (b *Batcher) Run(ctx context.Context) error {
 		if active, ok := b.supervise(ctx, &wg); ok {
 			pullers.set(ctx, active)
 		}
+		b.adm.observe()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 	}
+}
+
+// watchLoad subscribes the load view to the replicas' heartbeats and load
+// deltas and to the batchers' announcements, and announces this batcher
+// every AnnounceEvery on a goroutine of wg; stop ends both.
+func (b *Batcher) watchLoad(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
+	v := b.adm.view
+	var subs []*nats.Subscription
+	unsubscribe := func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}
+	for _, s := range []struct {
+		subject string
+		h       nats.MsgHandler
+	}{
+		{b.subj.HeartbeatAll(), func(m *nats.Msg) { v.onHeartbeat(m, b.cfg.Now()) }},
+		{b.subj.LoadAll(), v.onLoad},
+		{b.subj.BatcherPresence(), func(m *nats.Msg) { v.onPresence(m, b.cfg.Now()) }},
+	} {
+		sub, err := b.nc.Subscribe(s.subject, s.h)
+		if err != nil {
+			unsubscribe()
+			return nil, fmt.Errorf("subscribe %s: %w", s.subject, err)
+		}
+		subs = append(subs, sub)
+	}
+	actx, cancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		t := time.NewTicker(AnnounceEvery)
+		defer t.Stop()
+		for {
+			_ = b.nc.Publish(b.subj.BatcherPresence(), []byte(b.cfg.ID))
+			select {
+			case <-actx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() { cancel(); unsubscribe() }, nil
 }
 
 // claim takes rec's transition for this batcher unless another holds a

@@ -67,7 +67,7 @@ func (b *Batcher) runnable(ctx context.Context, tenant string, msg jetstream.Msg
 
 // process runs one item of rec's batch: skip it when its result exists,
 // else send it, store the result and only then acknowledge it.
-func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg jetstream.Msg) {
+func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg jetstream.Msg, s *slot) {
 	var it Item
 	if err := json.Unmarshal(msg.Data(), &it); err != nil || it.Line < 1 || it.Line > rec.Lines {
 		_ = msg.Term()
@@ -80,7 +80,7 @@ func (b *Batcher) process(ctx context.Context, tenant string, rec *Record, msg j
 		return
 	}
 	stop := b.keepInProgress(msg)
-	a := b.send(ctx, rec, &it)
+	a := b.send(ctx, rec, &it, func(replica string) { b.adm.accepted(s, replica) })
 	stop()
 	if ctx.Err() != nil {
 		return // stopping: JetStream gives the item to another batcher
@@ -170,8 +170,8 @@ func (b *Batcher) keepInProgress(msg jetstream.Msg) (stop func()) {
 
 // send sends one line on llm.batch.<tenant>, the tenant being the
 // record's, and reads the reply protocol (docs/protocol.md) to its end
-// with its one codec.
-func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
+// with its one codec; onAccept is called with the replica that accepts it.
+func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func(replica string)) answer {
 	inbox := nats.NewInbox()
 	sub, err := b.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -206,6 +206,9 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item) answer {
 			return answer{err: errors.New("no answer for " + replyIdle.String())}
 		}
 		f := replyproto.Decode(r)
+		if f.Replica != "" {
+			onAccept(f.Replica)
+		}
 		switch f.Kind {
 		case replyproto.NoResponders:
 			return answer{status: 503, retryAfter: time.Second, from: refusedByBus} // no broker listens

@@ -16,6 +16,9 @@ type metrics struct {
 	window   prometheus.Gauge
 	refusals *prometheus.CounterVec
 	batches  *prometheus.GaugeVec
+	room     *prometheus.GaugeVec
+	batchers prometheus.Gauge
+	bad      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -30,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		window: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_batch_window",
-			Help: "Lines this batcher may have in flight now: a 503 shrinks it to the other lines in flight; an answer grows it by one line, or by one line a window of answers within a second of a refusal.",
+			Help: "Lines this batcher may have in flight now: the lines it holds plus its share of the pool's free batch room (switchyard_batch_room), at most what a 503 within the last second left (it shrinks to the other lines in flight); without a load view, an answer grows it by one line, or by one line a window of answers within a second of a refusal.",
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_batch_refusals_total",
@@ -40,11 +43,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_batches",
 			Help: "Batches by status, as this batcher last saw them.",
 		}, []string{"status"}),
+		room: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_batch_room",
+			Help: "The pool's batch room as this batcher's load view shows it, in lines, by kind: free (the batch slots the replicas' batch-room limits leave), interactive (the interactive requests the pool holds), reserve (interactive work's mean over the last 5 s less what it holds, when more: left to it), share (this batcher's part of free less reserve).",
+		}, []string{"kind"}),
+		batchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_batchers",
+			Help: "Batchers sharing the batch room, this one included, from their announcements on llm.batcher.presence.",
+		}),
+		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_batch_view_refused_total",
+			Help: "Messages of the load view this batcher refused, by kind (heartbeat, load_delta, presence): out of range, malformed, speaking for another replica, or beyond the view's bounds.",
+		}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.items, m.inflight, m.window, m.refusals, m.batches)
+		reg.MustRegister(m.items, m.inflight, m.window, m.refusals, m.batches, m.room, m.batchers, m.bad)
 	}
 	return m
+}
+
+func (m *metrics) setRoom(r Room) {
+	m.room.WithLabelValues("free").Set(float64(r.Free))
+	m.room.WithLabelValues("interactive").Set(float64(r.Interactive))
+	m.room.WithLabelValues("reserve").Set(float64(r.Reserve))
+	m.room.WithLabelValues("share").Set(float64(r.Share))
+	m.batchers.Set(float64(r.Batchers))
 }
 
 func (m *metrics) item(tenant, outcome string) { m.items.WithLabelValues(tenant, outcome).Inc() }

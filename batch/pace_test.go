@@ -21,9 +21,45 @@ import (
 type poolStandIn struct {
 	capacity int
 	serve    time.Duration
+	// maxBatch, when set, makes the pool an adapter too: it publishes a
+	// heartbeat of replica r-1 with this max_batch first, and a load
+	// delta after each change of what it holds, as an adapter does.
+	maxBatch int
 	mu       sync.Mutex
 	held     int
 	most     int
+	hbSeq    uint64
+	deltas   uint64
+}
+
+// heartbeat publishes r-1's heartbeat.
+func (p *poolStandIn) heartbeat(t *testing.T, nc *nats.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.heartbeatLocked(nc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Lock should be held.
+func (p *poolStandIn) heartbeatLocked(nc *nats.Conn) error {
+	p.hbSeq++
+	return nc.Publish("llm.heartbeat.r-1", fmt.Appendf(nil, `{"replica":"r-1","pool":"general","state":"ready","scrape_ok":true,"max_batch":%d,"running":%d,"inflight":%d,"seq":%d}`,
+		p.maxBatch, p.held, p.held, p.hbSeq))
+}
+
+// loadDelta publishes what the pool holds now, and every 50 changes a
+// heartbeat instead, so that the view stays fresh as an adapter's does.
+// Lock should be held.
+func (p *poolStandIn) loadDelta(nc *nats.Conn) {
+	if p.maxBatch == 0 {
+		return
+	}
+	if p.deltas++; p.deltas%50 == 0 {
+		_ = p.heartbeatLocked(nc)
+		return
+	}
+	_ = nc.Publish("llm.load.r-1", fmt.Appendf(nil, `{"replica":"r-1","hb_seq":%d,"seq":%d,"inflight":%d}`, p.hbSeq, p.deltas, p.held))
 }
 
 func (p *poolStandIn) take(nc *nats.Conn) func(*nats.Msg) {
@@ -43,10 +79,18 @@ func (p *poolStandIn) take(nc *nats.Conn) func(*nats.Msg) {
 		}
 		p.held++
 		p.most = max(p.most, p.held)
+		p.loadDelta(nc)
 		p.mu.Unlock()
+		if p.maxBatch > 0 {
+			acc := nats.NewMsg(m.Reply)
+			acc.Header.Set(subjects.HdrSeq, "0")
+			acc.Header.Set(subjects.HdrAccepted, "r-1")
+			_ = nc.PublishMsg(acc)
+		}
 		time.AfterFunc(p.serve, func() {
 			p.mu.Lock()
 			p.held--
+			p.loadDelta(nc)
 			p.mu.Unlock()
 			r.Header.Set(subjects.HdrSeq, "1")
 			r.Header.Set(subjects.HdrStatus, "200")
@@ -107,4 +151,105 @@ func (p *poolStandIn) mostHeld() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.most
+}
+
+// TestTheBatchFillsTheRoomTheLoadViewShows: a pool that is also an adapter
+// (a heartbeat with a max_batch of 32, a load delta on every change) shows
+// the batcher its room, ¾ of the batch: the batcher fills it without
+// learning it from refusals (at most a handful, against one per window of
+// answers when it must), never sends the pool more than that room, and
+// answers each line once.
+func TestTheBatchFillsTheRoomTheLoadViewShows(t *testing.T) {
+	pool := &poolStandIn{capacity: 24, maxBatch: 32, serve: 20 * time.Millisecond}
+	g := newBatchRig(t, 90*time.Second, pool.take)
+	ctx, st := g.ctx, g.st
+	const lines = 600
+	reg := prometheus.NewRegistry()
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, Registerer: reg})
+	// The batcher hears the heartbeat before the batch exists.
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		pool.heartbeat(t, g.nc)
+		if f := testkit.Sum(reg, "switchyard_batch_room", map[string]string{"kind": "free"}); f != 24 {
+			return fmt.Errorf("the batcher sees %v free, want 24", f)
+		}
+		return nil
+	})
+	rec := createBatch(ctx, t, st, chatLines(lines))
+	start := time.Now()
+	var got *batch.Record
+	testkit.CheckFor(t, 80*time.Second, 20*time.Millisecond, func() (err error) {
+		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
+			return err
+		}
+		if got.Status != batch.StatusCompleted {
+			return fmt.Errorf("status %s %+v", got.Status, got.RequestCounts)
+		}
+		return nil
+	})
+	if got.RequestCounts != (batch.RequestCounts{Total: lines, Completed: lines}) {
+		t.Fatalf("completed: %+v", got.RequestCounts)
+	}
+	if n := len(readLines(t, st, *got.OutputFileID)); n != lines {
+		t.Errorf("%d output lines, want %d", n, lines)
+	}
+	refused := testkit.Sum(reg, "switchyard_batch_refusals_total", nil)
+	t.Logf("%v refusals for %d lines in %v; the pool held at most %d of its room of %d", refused, lines, time.Since(start).Round(time.Millisecond), pool.mostHeld(), pool.capacity)
+	if pool.mostHeld() < pool.capacity {
+		t.Errorf("the pool held at most %d lines, never its room of %d", pool.mostHeld(), pool.capacity)
+	}
+	if refused > lines/50 {
+		t.Errorf("%v refusals for %d lines with the room in view: the batcher still learns it from refusals", refused, lines)
+	}
+}
+
+// TestBatchersShareTheRoom: two batchers over the same pool count each
+// other from their announcements and each takes half the room the view
+// shows (12 of 24), so together they fill it without being refused more
+// than a handful of times, and each answers lines of the batch.
+func TestBatchersShareTheRoom(t *testing.T) {
+	pool := &poolStandIn{capacity: 24, maxBatch: 32, serve: 20 * time.Millisecond}
+	g := newBatchRig(t, 90*time.Second, pool.take)
+	ctx, st := g.ctx, g.st
+	const lines = 600
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	for i, reg := range regs {
+		g.run(t, batch.Config{ID: fmt.Sprint("b", i+1), SuperviseEvery: 50 * time.Millisecond, Registerer: reg})
+	}
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		pool.heartbeat(t, g.nc)
+		for i, reg := range regs {
+			if n, share := testkit.Sum(reg, "switchyard_batchers", nil), testkit.Sum(reg, "switchyard_batch_room", map[string]string{"kind": "share"}); n != 2 || share != 12 {
+				return fmt.Errorf("batcher b%d counts %v batchers and a share of %v, want 2 and 12", i+1, n, share)
+			}
+		}
+		return nil
+	})
+	rec := createBatch(ctx, t, st, chatLines(lines))
+	var got *batch.Record
+	testkit.CheckFor(t, 80*time.Second, 20*time.Millisecond, func() (err error) {
+		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
+			return err
+		}
+		if got.Status != batch.StatusCompleted {
+			return fmt.Errorf("status %s %+v", got.Status, got.RequestCounts)
+		}
+		return nil
+	})
+	if got.RequestCounts != (batch.RequestCounts{Total: lines, Completed: lines}) {
+		t.Fatalf("completed: %+v", got.RequestCounts)
+	}
+	if n := len(readLines(t, st, *got.OutputFileID)); n != lines {
+		t.Errorf("%d output lines, want %d", n, lines)
+	}
+	refused := 0.0
+	for i, reg := range regs {
+		refused += testkit.Sum(reg, "switchyard_batch_refusals_total", nil)
+		if n := testkit.Sum(reg, "switchyard_batch_items_total", map[string]string{"outcome": "completed"}); n == 0 {
+			t.Errorf("batcher b%d answered no line", i+1)
+		}
+	}
+	t.Logf("%v refusals for %d lines through two batchers; the pool held at most %d of its room of %d", refused, lines, pool.mostHeld(), pool.capacity)
+	if refused > lines/50 {
+		t.Errorf("%v refusals for %d lines: the two batchers took more than their shares", refused, lines)
+	}
 }

@@ -109,10 +109,10 @@ func (p *pullers) pull(pctx, ctx context.Context, tenant string, cons jetstream.
 				if rec == nil {
 					continue
 				}
-				b.adm.take(tenant)
+				s := b.adm.take(tenant)
 				p.wg.Go(func() {
-					defer b.adm.release(tenant)
-					b.process(ctx, tenant, rec, msg)
+					defer b.adm.release(tenant, s)
+					b.process(ctx, tenant, rec, msg, s)
 				})
 			}
 			err = msgs.Error()

@@ -15,7 +15,7 @@ func encode(v any) ([]byte, error) { return json.Marshal(v) }
 
 func (b *Decider) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
-	unhealthy, err := decodeHeartbeat(m.Subject, m.Data, &hb)
+	unhealthy, err := DecodeHeartbeat(m.Subject, m.Data, &hb)
 	if err != nil {
 		b.metrics.badMessages.WithLabelValues("heartbeat").Inc()
 		return

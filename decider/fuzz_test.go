@@ -73,7 +73,7 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 	f.Add("heartbeat", []byte(`null`))
 	f.Fuzz(func(t *testing.T, subject string, data []byte) {
 		var hb subjects.Heartbeat
-		unhealthy, err := decodeHeartbeat(subject, data, &hb)
+		unhealthy, err := DecodeHeartbeat(subject, data, &hb)
 		if err != nil {
 			if unhealthy {
 				t.Fatal("unhealthy with an error")

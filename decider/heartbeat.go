@@ -25,8 +25,9 @@ const maxHeartbeatBytes = 64 << 10
 // errHeartbeat is wrapped by every reason a heartbeat is refused.
 var errHeartbeat = errors.New("bad heartbeat")
 
-// decodeHeartbeat decodes a heartbeat received on subject and validates it
-// as the broker takes it: the replica id is a valid token and the one the
+// DecodeHeartbeat decodes a heartbeat received on subject and validates it
+// as every reader of the load view takes it (deciders, and batchers, which
+// pace on it): the replica id is a valid token and the one the
 // subject names (NATS permissions decide who may publish on
 // llm.heartbeat.<id>, so the body may not speak for another replica), and
 // the state is one of the four.
@@ -37,7 +38,7 @@ var errHeartbeat = errors.New("bad heartbeat")
 // candidate filter looks only at the state, so this is where scrape_ok is
 // honoured. unhealthy reports that rewrite. A loading replica stays
 // loading, so a model on its way is still answered as model_loading.
-func decodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhealthy bool, err error) {
+func DecodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhealthy bool, err error) {
 	if len(data) > maxHeartbeatBytes {
 		return false, fmt.Errorf("%w: %d bytes", errHeartbeat, len(data))
 	}

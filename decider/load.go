@@ -18,13 +18,14 @@ var errLoadDelta = errors.New("bad load delta")
 // errDeltaReplica: a load delta names another replica than its subject.
 var errDeltaReplica = errors.New("load delta of another replica")
 
-// decodeLoadDelta decodes a load delta received on subject and validates
-// it as a heartbeat is: the replica is the one the subject names (NATS
-// permissions decide who may publish on llm.load.<id>, so the body may not
-// speak for another replica: errDeltaReplica), its counts are within a
+// DecodeLoadDelta decodes a load delta received on subject and validates
+// it as a heartbeat is (deciders and batchers read deltas with it): the
+// replica is the one the subject names (NATS permissions decide who may
+// publish on llm.load.<id>, so the body may not speak for another replica:
+// errDeltaReplica), its counts are within a
 // heartbeat's ranges and its TTFT samples within theirs. A delta out of
 // range is refused whole; the heartbeat in hand stays the view.
-func decodeLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
+func DecodeLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
 	if len(data) > subjects.MaxLoadDeltaBytes {
 		return fmt.Errorf("%w: %d bytes", errLoadDelta, len(data))
 	}
@@ -171,7 +172,7 @@ func signed(v []byte) (int, bool) {
 // heartbeats.
 func (b *Decider) onLoad(m *nats.Msg) {
 	var d subjects.LoadDelta
-	switch err := decodeLoadDelta(m.Subject, m.Data, &d); {
+	switch err := DecodeLoadDelta(m.Subject, m.Data, &d); {
 	case errors.Is(err, errDeltaReplica):
 		b.refuse(refusedLoadReplica, "load delta naming another replica than its subject ignored", "subject", m.Subject)
 		return

@@ -229,7 +229,7 @@ func TestTrust(t *testing.T) {
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":-1}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":1000000000}`,
 		} {
-			if _, err := decodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
+			if _, err := DecodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
 				t.Errorf("taken: %s", hb)
 			}
 		}

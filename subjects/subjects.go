@@ -222,6 +222,10 @@ func (s Subjects) ExplainAll() string { return s.p() + ".explain.*" }
 // its share of a tenant quota.
 func (s Subjects) BrokerPresence() string { return s.p() + ".broker.presence" }
 
+// BatcherPresence is where each batcher announces itself, so batchers
+// count each other and each takes its share of the batch room.
+func (s Subjects) BatcherPresence() string { return s.p() + ".batcher.presence" }
+
 // ReplyPrefix is the gateway's wildcard reply space: <prefix>.reply.<gateway>.>.
 func (s Subjects) ReplyPrefix(gateway string) string { return s.p() + ".reply." + gateway }
 

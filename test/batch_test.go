@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -321,55 +322,82 @@ func TestBatchSurvivesAKilledBatcher(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 2,000-line batch")
 	}
+	survivesKilledBatchers(t, 2000, 1, 4*time.Minute)
+}
+
+// TestBatchSurvivesTwoKilledBatchers is `make test-batch-kill`: a batch of
+// 10,000 lines completes with exactly one output line per custom_id while
+// its batcher process is SIGKILLed and restarted twice, within 4 minutes.
+func TestBatchSurvivesTwoKilledBatchers(t *testing.T) {
+	if os.Getenv("SWITCHYARD_BATCH_KILL") == "" {
+		t.Skip("make test-batch-kill runs this (a 10,000-line batch, about two minutes)")
+	}
+	survivesKilledBatchers(t, 10_000, 2, 4*time.Minute)
+}
+
+// survivesKilledBatchers runs a batch of n lines through batcher
+// processes, SIGKILLing the one running each time another n/(kills+1)
+// lines are answered and starting the next, and checks that the batch
+// completes within limit with every line answered once.
+func survivesKilledBatchers(t *testing.T, n, kills int, limit time.Duration) {
 	bin := binary(t)
 	st := startStack(t, devstack.Config{Speed: 20, NoBatcher: true,
 		Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1", "l8-gen-0", "l8-gen-1")})
-	batcher := func(name string) *proc {
+	batcher := func(i int) *proc {
+		name := fmt.Sprintf("batcher-%d", i)
 		return startProc(t, name, bin, "batcher", "--nats", st.NATSURL(), "--creds", st.Creds(auth.Role{Kind: auth.RoleBatcher}),
 			"--id", name, "--ack-wait", "3s", "--metrics-listen", "", "--log-level", "debug")
 	}
-	first := batcher("batcher-1")
+	start := time.Now()
+	deadline := start.Add(limit)
+	running := batcher(1)
 	c := client(st, "sk-acme-dev")
-	b := runBatch(t, c, batchLines(2000, "chat-large"))
-	testkit.CheckFor(t, 90*time.Second, 100*time.Millisecond, func() error {
-		got, err := c.Batches.Get(context.Background(), b.ID)
+	b := runBatch(t, c, batchLines(n, "chat-large"))
+	for k := 1; k <= kills; k++ {
+		at := int64(n * k / (kills + 1))
+		testkit.CheckFor(t, time.Until(deadline), 100*time.Millisecond, func() error {
+			got, err := c.Batches.Get(context.Background(), b.ID)
+			if err != nil {
+				return err
+			}
+			if done := got.RequestCounts.Completed; done < at {
+				return fmt.Errorf("%s, %d of %d answered", got.Status, done, n)
+			}
+			return nil
+		})
+		running.kill()
+		mid, err := c.Batches.Get(context.Background(), b.ID)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		if done := got.RequestCounts.Completed; done < 700 {
-			return fmt.Errorf("%s, %d of 2000 answered", got.Status, done)
+		if mid.Status != "in_progress" || mid.RequestCounts.Completed >= int64(n) {
+			t.Fatalf("batcher %d was killed too late to prove anything: %s %+v", k, mid.Status, mid.RequestCounts)
 		}
-		return nil
-	})
-	first.kill()
-	mid, err := c.Batches.Get(context.Background(), b.ID)
-	if err != nil {
-		t.Fatal(err)
+		t.Logf("batcher-%d SIGKILLed with %d of %d lines answered, %v in", k, mid.RequestCounts.Completed, n, time.Since(start).Round(time.Second))
+		running = batcher(k + 1)
 	}
-	if mid.Status != "in_progress" || mid.RequestCounts.Completed >= 2000 {
-		t.Fatalf("the batcher was killed too late to prove anything: %s %+v", mid.Status, mid.RequestCounts)
-	}
-	t.Logf("batcher SIGKILLed with %d of 2000 lines answered", mid.RequestCounts.Completed)
-	batcher("batcher-2")
-	b = awaitBatch(t, c, b.ID, 120*time.Second)
-	if b.Status != "completed" || b.RequestCounts.Completed != 2000 || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
-		t.Fatalf("after the restart: %s %+v error file %q", b.Status, b.RequestCounts, b.ErrorFileID)
+	b = awaitBatch(t, c, b.ID, time.Until(deadline))
+	if b.Status != "completed" || b.RequestCounts.Completed != int64(n) || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
+		t.Fatalf("after the restarts: %s %+v error file %q", b.Status, b.RequestCounts, b.ErrorFileID)
 	}
 	out := fileLines(t, c, b.OutputFileID) // fails on a custom_id seen twice
-	for i := 1; i <= 2000; i++ {
+	for i := 1; i <= n; i++ {
 		if l := out[fmt.Sprintf("req-%d", i)]; l == nil || l["response"].(map[string]any)["status_code"] != 200.0 {
 			t.Fatalf("req-%d: %v", i, l)
 		}
 	}
-	if len(out) != 2000 {
-		t.Fatalf("%d results, want 2000", len(out))
+	if len(out) != n {
+		t.Fatalf("%d results, want %d", len(out), n)
 	}
+	t.Logf("%d lines, each answered once, through %d SIGKILLed batchers in %v", n, kills, time.Since(start).Round(time.Second))
 }
 
 // TestOnlyTheBatcherSpeaksOnTheBatchSubject checks the batcher identity's
 // row of docs/security.md: only it publishes llm.batch.<tenant> (a request
-// there speaks for the tenant), and it can neither write the routing table
-// nor read the requests sent to replicas.
+// there speaks for the tenant); it reads the load view (heartbeats and
+// load deltas) and announces itself to the other batchers, but can
+// neither speak for a replica's load, announce itself to the deciders,
+// write the routing table nor read the requests sent to replicas.
 func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
 	roleBatcher := auth.Role{Kind: auth.RoleBatcher}
@@ -422,6 +450,82 @@ func TestOnlyTheBatcherSpeaksOnTheBatchSubject(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("the batcher may read the requests sent to replicas")
 	}
+
+	t.Run("it reads the load view and announces itself to the batchers alone", func(t *testing.T) {
+		view := mustConnectAs(t, st, roleBatcher)
+		heard := make(chan string, 256)
+		for _, subject := range []string{"llm.heartbeat.*", "llm.load.*", "llm.batcher.presence"} {
+			if _, err := view.Subscribe(subject, func(m *nats.Msg) {
+				select {
+				case heard <- m.Subject + " " + string(m.Data):
+				default:
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := view.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		// A request through the gateway makes the adapter send load
+		// deltas; heartbeats come every second.
+		if status, _ := post(t, st.GatewayURL(), "sk-acme-dev", `{"model":"chat-large","max_tokens":3,"messages":[{"role":"user","content":"load"}]}`); status != 200 {
+			t.Fatalf("a request through the gateway: %d", status)
+		}
+		// Forgeries a batcher might try: a replica's heartbeat and load
+		// delta, and a decider's presence (it would shrink their quota
+		// shares). Brokers are the witnesses: they hear all three.
+		forged := make(chan string, 8)
+		w := mustConnectAs(t, st, roleBroker)
+		for _, subject := range []string{"llm.heartbeat.l70-gen-0", "llm.load.l70-gen-0", "llm.broker.presence"} {
+			if _, err := w.Subscribe(subject, func(m *nats.Msg) {
+				if strings.HasPrefix(string(m.Data), "forged") {
+					forged <- m.Subject
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		other := mustConnectAs(t, st, roleBatcher)
+		for _, subject := range []string{"llm.heartbeat.l70-gen-0", "llm.load.l70-gen-0", "llm.broker.presence"} {
+			_ = other.Publish(subject, []byte("forged-"+subject))
+		}
+		_ = other.Publish("llm.batcher.presence", []byte("batcher-other"))
+		if err := other.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]bool{"llm.heartbeat.l70-gen-0": true, "llm.load.l70-gen-0": true, "llm.batcher.presence batcher-other": true}
+		testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			for {
+				select {
+				case m := <-heard:
+					subject, data, _ := strings.Cut(m, " ")
+					if strings.HasPrefix(data, "forged") {
+						t.Errorf("a forgery went through on %s", subject)
+					}
+					delete(want, subject)
+					delete(want, m)
+					continue
+				default:
+				}
+				if len(want) > 0 {
+					return fmt.Errorf("not heard yet as the batcher: %v", want)
+				}
+				return nil
+			}
+		})
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case subject := <-forged:
+			t.Errorf("the batcher published on %s", subject)
+		default:
+		}
+	})
 }
 
 // TestBatchCancelAndExpiry cancels a running batch with `switchyard batch

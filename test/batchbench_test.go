@@ -30,7 +30,10 @@ import (
 // batchBenchCap so the run ends within six minutes: the lines completed by
 // then give its rate. It fails only when lines fail or the run breaks:
 // the figures are for the document, and meaningful on a quiet machine
-// only (it prints the load average).
+// only (it prints the load average). It prints how the saturation was
+// measured, so that runs compare, and the refusals by priority:
+// interactive requests refused (429 or 503) alone and beside the batch,
+// and the batch's refusals (each tried again).
 func TestBatchBenchmark(t *testing.T) {
 	if os.Getenv("SWITCHYARD_BENCH_BATCH") == "" {
 		t.Skip("make bench-batch runs this (about five minutes; meaningful on a quiet machine)")
@@ -61,7 +64,8 @@ func TestBatchBenchmark(t *testing.T) {
 
 	sat := base
 	sat.Rate, sat.Concurrency, sat.Duration, sat.Warmup = 1, 1024, 15*time.Second, 3*time.Second // a closed loop: Rate unused
-	saturation := must(run(context.Background(), sat)).OKRate
+	satReport := must(run(context.Background(), sat))
+	saturation := satReport.OKRate
 
 	inter := base
 	inter.Rate, inter.Stream, inter.Duration, inter.Warmup = share*saturation, true, 30*time.Second, 3*time.Second
@@ -87,7 +91,7 @@ func TestBatchBenchmark(t *testing.T) {
 	pacing := samplePacing(t, st.Registry(), 250*time.Millisecond)
 	b, done := batchUntil(t, c, b.ID, start.Add(batchBenchCap))
 	took := time.Since(start)
-	window, inflight := pacing()
+	paced := pacing()
 	stop()
 	w := <-beside
 	with := must(w.r, w.err)
@@ -119,7 +123,15 @@ func TestBatchBenchmark(t *testing.T) {
 		rate, 100*rate/spare, spare, metOrNot(rate >= spare/2))
 	t.Logf("interactive p99 TTFT: %.1f ms with the batch, %.1f ms without, %.2f× (target: at most 1.2×): %s",
 		with.TTFT.P99.Ms(), alone.TTFT.P99.Ms(), ratio, metOrNot(ratio <= 1.2))
-	t.Logf("the batcher's pacing: window %.1f lines on average, %.1f in flight; %s", window, inflight, refusals(st.Registry()))
+	t.Logf("the batcher's pacing: window %.1f lines on average, %.1f in flight; its load view showed %.1f free batch slots, %.1f interactive requests, %.1f kept for them, a share of %.1f; %s",
+		paced[0], paced[1], paced[2], paced[3], paced[4], paced[5], refusals(st.Registry()))
+	t.Logf("saturation measured as: %d non-streamed requests of at most %d tokens kept open at once (a closed loop) through the gateway for %v after a %v warm-up, on 2 simulated replicas (l8-gen-0, l8-gen-1, speed 1, engines scheduling by priority); the answers per second: %.1f/s (%d answered, %d errors %v)",
+		sat.Concurrency, maxTokens, sat.Duration, sat.Warmup, saturation, satReport.OK, satReport.Errors, satReport.ErrorsBy)
+	interactiveRefused := func(r *loadgen.TargetReport) int { return r.ErrorsBy["429"] + r.ErrorsBy["503"] }
+	t.Logf("refusals by priority: interactive %d alone, %d beside the batch (%v); batch %.0f (%s): %s",
+		interactiveRefused(alone), interactiveRefused(with), with.CodesBy, testkit.Sum(st.Registry(), "switchyard_batch_refusals_total", nil),
+		"every one tried again, never a failed line",
+		map[bool]string{true: "no interactive request refused because of batch work", false: "interactive requests refused beside the batch"}[interactiveRefused(with) <= interactiveRefused(alone)])
 	t.Logf("where the interactive requests' time went (batch lines do not pass the gateway, so they are not in these tables):\n%s%s", stagesAlone, stagesWith)
 	t.Logf("load average at the start %s, at the end %s: figures are a measurement only below 1.0", loadAtStart, loadAverage())
 }
@@ -137,34 +149,51 @@ func stageTable(t *testing.T, st *devstack.Stack, title string) string {
 	return b.String()
 }
 
-// samplePacing samples the batcher's window and lines in flight every
-// `every` until the returned function is called, which returns their means.
-func samplePacing(t *testing.T, g prometheus.Gatherer, every time.Duration) (means func() (window, inflight float64)) {
-	quit, out := make(chan struct{}), make(chan [2]float64, 1)
+// pacingSeries are the batcher's series samplePacing averages: its window,
+// its lines in flight, and the room its load view shows.
+var pacingSeries = []struct {
+	name   string
+	labels map[string]string
+}{
+	{"switchyard_batch_window", nil},
+	{"switchyard_batch_inflight", nil},
+	{"switchyard_batch_room", map[string]string{"kind": "free"}},
+	{"switchyard_batch_room", map[string]string{"kind": "interactive"}},
+	{"switchyard_batch_room", map[string]string{"kind": "reserve"}},
+	{"switchyard_batch_room", map[string]string{"kind": "share"}},
+}
+
+// samplePacing samples pacingSeries every `every` until the returned
+// function is called, which returns their means in that order.
+func samplePacing(t *testing.T, g prometheus.Gatherer, every time.Duration) (means func() []float64) {
+	quit, out := make(chan struct{}), make(chan []float64, 1)
 	var once sync.Once
 	stop := func() { once.Do(func() { close(quit) }) }
 	t.Cleanup(stop) // a test that ends early stops the sampler too
 	go func() {
-		var sum [2]float64
+		sum := make([]float64, len(pacingSeries))
 		n := 0
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
 			case <-quit:
-				out <- [2]float64{sum[0] / float64(max(n, 1)), sum[1] / float64(max(n, 1))}
+				for i := range sum {
+					sum[i] /= float64(max(n, 1))
+				}
+				out <- sum
 				return
 			case <-tick.C:
-				sum[0] += testkit.Sum(g, "switchyard_batch_window", nil)
-				sum[1] += testkit.Sum(g, "switchyard_batch_inflight", nil)
+				for i, s := range pacingSeries {
+					sum[i] += testkit.Sum(g, s.name, s.labels)
+				}
 				n++
 			}
 		}
 	}()
-	return func() (float64, float64) {
+	return func() []float64 {
 		stop()
-		m := <-out
-		return m[0], m[1]
+		return <-out
 	}
 }
 

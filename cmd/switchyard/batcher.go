@@ -17,7 +17,7 @@ func runBatcher(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	nf.register(fs)
 	var cfg batch.Config
 	fs.StringVar(&cfg.ID, "id", "", "batcher id (default: random)")
-	fs.IntVar(&cfg.Concurrency, "concurrency", batch.DefaultConcurrency, "batch lines in flight at most; the batcher finds the pool's spare room below it (at most 65536)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", batch.DefaultConcurrency, "batch lines in flight at most; below it the batcher paces on the pool's free room in the load view (at most 65536)")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", batch.DefaultAckWait, "how long the lines a vanished batcher held wait before another takes them (at most 1h)")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", batch.DefaultRequestTimeout, "longest one line's request may take (at most 24h)")
 	fs.IntVar(&cfg.Replicas, "kv-replicas", 1, "replicas of the stream and buckets the batcher creates (1 to 5)")
