@@ -60,10 +60,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if err := checkTraceFlags(fs, *tf.trace != ""); err != nil {
+	if err := tf.validate(); err != nil {
 		return err
 	}
 	if *tf.trace != "" {
+		if err := checkTraceFlags(fs, true); err != nil {
+			return err
+		}
 		timeout := cfg.Timeout
 		if !flagSet(fs, "timeout") {
 			timeout = 5 * time.Minute // a long prompt on a loaded pool
@@ -79,6 +82,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	if err := checked(cfg.Validate()); err != nil {
+		return err
+	}
+	if err := checkTraceFlags(fs, false); err != nil {
 		return err
 	}
 	if *names != "" {

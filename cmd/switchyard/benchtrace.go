@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -42,6 +41,12 @@ func addTraceFlags(fs *flag.FlagSet) traceFlags {
 		blockTokens: fs.Int("block-tokens", 512, "--trace: tokens of one of the trace's hash ids (each becomes a fixed block of that many words of text)"),
 		inFlight:    fs.Int("max-inflight", 1024, "--trace: most requests open at once; one due beyond it waits, and its wait counts in its latency"),
 	}
+}
+
+// validate range-checks the trace flags' values, given or not.
+func (tf traceFlags) validate() error {
+	return checked(check.Range("limit", *tf.limit, 0, 1<<30), check.Range("block-tokens", *tf.blockTokens, 1, 1<<20),
+		check.Range("max-inflight", *tf.inFlight, 1, 1<<20), check.Range("speedup", *tf.speedup, 1e-6, 1e6))
 }
 
 // traceOnly are the flags only --trace takes; benchOnly those it refuses.
@@ -77,12 +82,8 @@ func checkTraceFlags(fs *flag.FlagSet, tracing bool) error {
 // columns of lab replay, writes it to bench-replay.csv (arm "system") and
 // exits 0 whatever the answers were.
 func runBenchTrace(ctx context.Context, tf traceFlags, target, model, apiKey string, timeout time.Duration, quiet bool, stdout, stderr io.Writer) error {
-	if err := checked(check.Range("limit", *tf.limit, 0, 1<<30), check.Range("block-tokens", *tf.blockTokens, 1, 1<<20),
-		check.Range("max-inflight", *tf.inFlight, 1, 1<<20), check.Duration("timeout", timeout, time.Millisecond, 24*time.Hour)); err != nil {
+	if err := checked(check.Duration("timeout", timeout, time.Millisecond, 24*time.Hour)); err != nil {
 		return err
-	}
-	if s := *tf.speedup; !(s > 0) || math.IsInf(s, 0) || s > 1e6 {
-		return usagef("--speedup %v: want a number above 0, at most 1e6", s)
 	}
 	if !slices.Contains(lab.TraceFormats(), *tf.format) {
 		return usagef("--format %q: want one of %s", *tf.format, strings.Join(lab.TraceFormats(), ", "))

@@ -40,7 +40,8 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if err := checked(check.Range("workers", *workers, 0, 1024), check.Range("block-tokens", *rf.blockTokens, 1, 1<<20),
-		check.Range("replicas", *rf.replicas, 1, 1024), check.Range("limit", *rf.limit, 0, 1<<30)); err != nil {
+		check.Range("replicas", *rf.replicas, 1, 1024), check.Range("limit", *rf.limit, 0, 1<<30),
+		check.Range("speed", *rf.speed, 1e-6, 1e6)); err != nil {
 		return err
 	}
 	if len(pos) == 1 && pos[0] == "replay" && *rf.trace != "" {
@@ -124,9 +125,6 @@ func runReplay(ctx context.Context, fs *flag.FlagSet, args []string, rf replayFl
 	}
 	if *rf.profile != lab.ReplayProfileDev && flagSet(fs, "speed") {
 		return usagef("--speed is the dev stack's: it goes with --profile dev")
-	}
-	if s := *rf.speed; !(s > 0) || s > 1e6 {
-		return usagef("--speed %v: want a number above 0, at most 1e6", s)
 	}
 	var arms []string
 	if *rf.arms != "" {
