@@ -166,6 +166,9 @@ type Config struct {
 	// once, straight to the chosen replica; DecideBroker publishes to
 	// llm.gw.<tenant> for the brokers, as direct tenants' requests go.
 	Decide string
+	// Region is the region a gateway deciding locally decides in: its
+	// replicas first (broker/policy, "Regions"). Empty: no region.
+	Region string
 	// WarmUp bounds how long a gateway deciding locally waits, after it
 	// starts, for a heartbeat from every replica its table has ready
 	// before /readyz passes (default 2s, negative: no wait; at most a
@@ -274,6 +277,10 @@ func (c *Config) Validate() error {
 			originErr = check.Wrap("cors-origin", o, errors.New("want * or scheme://host[:port]"))
 		}
 	}
+	var regionErr error
+	if c.Region != "" {
+		regionErr = check.Wrap("region", c.Region, subjects.ValidToken(c.Region))
+	}
 	var decideErr error
 	switch c.Decide {
 	case "", DecideLocal, DecideBroker:
@@ -281,7 +288,7 @@ func (c *Config) Validate() error {
 		decideErr = check.Wrap("decide", c.Decide, errors.New("want local or broker"))
 	}
 	return check.All(
-		idErr, originErr, decideErr,
+		idErr, originErr, decideErr, regionErr,
 		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
@@ -362,7 +369,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 		// placements are the brokers' own: the same package, the same
 		// metrics (labelled with this gateway's id).
 		g.dec, err = decider.New(nc, decider.Config{
-			ID: cfg.ID, Prefix: cfg.Prefix, Logger: cfg.Logger, Component: "gateway",
+			ID: cfg.ID, Prefix: cfg.Prefix, Region: cfg.Region, Logger: cfg.Logger, Component: "gateway",
 			TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer, Stages: cfg.Stages,
 		})
 		if err != nil {

@@ -69,6 +69,9 @@ type Config struct {
 	EngineModel string
 	Version     string
 	Pool        string // default "general"
+	// Region is the region the replica serves in (--region), carried in
+	// its heartbeats; empty is the one default region.
+	Region string
 	Flavor      string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
 	EngineURL   string // e.g. http://127.0.0.1:8000, without /v1
 	// EngineAPIKey is sent to the engine as "Authorization: Bearer" (vLLM's
@@ -281,6 +284,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool != "" {
 		poolErr = check.Wrap("pool", c.Pool, subjects.ValidToken(c.Pool))
+	}
+	if c.Region != "" {
+		poolErr = errors.Join(poolErr, check.Wrap("region", c.Region, subjects.ValidToken(c.Region)))
 	}
 	var roleErr error
 	if !table.ValidRole(c.Role) {

@@ -100,6 +100,12 @@ const (
 type Decision struct {
 	Requested, Model, Version, Lora, Pool, Replica, Reason string
 
+	// Region is the router's region (Config.Region), ReplicaRegion the
+	// chosen replica's (its heartbeat's); Spilled says the choice left the
+	// router's region (README, "Regions").
+	Region, ReplicaRegion string
+	Spilled               bool
+
 	Score float64 // the chosen replica's score (the default profile's: its load_score, saturation penalty included)
 	// PredictedTTFT is the chosen replica's predicted time to first token
 	// for the request, in ms; 0 with NoTTFTEvidence: its engine has given
@@ -206,6 +212,9 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		Replica:             d.Replica,
 		Reason:              d.Reason,
 		Score:               d.Score,
+		Region:              d.Region,
+		ReplicaRegion:       d.ReplicaRegion,
+		Spilled:             d.Spilled,
 		PredictedTTFTMillis: d.PredictedTTFT,
 		Alternatives:        slices.Clone(d.Alternatives()),
 		PromptTokens:        req.PromptTokens,

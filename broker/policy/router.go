@@ -24,6 +24,11 @@ type Config struct {
 	// Self is this broker's id: usage events naming another broker are not
 	// ours to settle.
 	Self string
+	// Region is the region this router decides in: its candidates there
+	// come first, and it spills to other regions by the table's
+	// policy.regions (README, "Regions"). Empty: no region, every
+	// candidate alike.
+	Region string
 	// Clock, when set, measures Decision.Duration. Nil keeps the Router
 	// free of wall-clock reads; the caller then fills Duration.
 	Clock func() time.Time
