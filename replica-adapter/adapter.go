@@ -71,9 +71,9 @@ type Config struct {
 	Pool        string // default "general"
 	// Region is the region the replica serves in (--region), carried in
 	// its heartbeats; empty is the one default region.
-	Region string
-	Flavor      string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
-	EngineURL   string // e.g. http://127.0.0.1:8000, without /v1
+	Region    string
+	Flavor    string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
+	EngineURL string // e.g. http://127.0.0.1:8000, without /v1
 	// EngineAPIKey is sent to the engine as "Authorization: Bearer" (vLLM's
 	// --api-key). It is never logged.
 	EngineAPIKey string
