@@ -66,7 +66,10 @@ const (
 	ReasonBatchRoom  = "batch-room"         // batch work: the chosen replica had no room for it; another had
 	ReasonSplit      = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
 	ReasonObjective  = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
-	ReasonFairShare  = "fair-share"         // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
+	// ReasonSpill is followed by the router's region and the replica's:
+	// "spill:eu->us+power-of-two" (the candidates were another region's).
+	ReasonSpill     = "spill:"
+	ReasonFairShare = "fair-share" // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
 )
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).

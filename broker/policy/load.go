@@ -121,7 +121,7 @@ next:
 		x.mark, x.ci = p.epoch, int32(k)
 		k++
 	}
-	cands = p.preferNotAvoided(cands[:k])
+	cands = p.preferNotAvoided(p.regional(cands[:k]))
 	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }

@@ -62,6 +62,9 @@ type Router struct {
 	st decision
 	// profiles are the table's profiles, resolved by SetTable.
 	profiles profiles
+	// regions are the table's regions and the router's, interned by
+	// SetTable.
+	regions regionIndex
 }
 
 type groupKey struct{ model, version, pool string }
@@ -83,6 +86,8 @@ type replica struct {
 	// index holds its keys exactly; prefix affinity then reads the index
 	// for it, not the placements. kvID is its id in the index.
 	kvLive bool
+	// region is the id of its heartbeat's region (regionIndex).
+	region uint8
 	ci     int32  // index in Router.cands while marked
 	mark   uint64 // == Router.epoch while a candidate of the current decision
 	hbNano int64  // heartbeat receive time, unix ns on the broker's clock: liveness (dead_after)
@@ -321,6 +326,7 @@ func New(cfg Config) *Router {
 		fair:     newFairShares(),
 		rng:      rand.New(rand.NewPCG(1, 2)),
 		profiles: newProfiles(table.NewSnapshot()),
+		regions:  newRegionIndex(cfg.Region, table.NewSnapshot()),
 	}
 }
 
@@ -355,12 +361,14 @@ func (r *Router) SetTable(s *table.Snapshot) {
 		}
 		byModel[reg.Model] = append(byModel[reg.Model], x)
 	}
+	r.regions = newRegionIndex(r.cfg.Region, s)
 	for id, x := range r.view.replicas {
 		if x.reg == nil && !x.hasHB {
 			delete(r.view.replicas, id)
 			continue
 		}
 		x.refresh()
+		x.region = r.regions.of(x.hb.Region)
 	}
 	r.view.groups, r.view.byModel = groups, byModel
 	r.profiles = newProfiles(s)
@@ -391,6 +399,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	}
 	r.view.kvRefresh(x)
 	x.refresh()
+	x.region = r.regions.of(hb.Region)
 	if d, ok := x.observeFailures(hb, x.hbNano); ok {
 		r.view.ejectHorizon = max(r.view.ejectHorizon, x.eject.until)
 		if r.cfg.OnEject != nil {

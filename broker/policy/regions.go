@@ -1,0 +1,253 @@
+package policy
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
+)
+
+// Regions (README, "Regions"). A replica's region is its heartbeat's; a
+// router's is Config.Region. Region names are interned into small ids when
+// the table is set, so a decision compares bytes and tests bits, never
+// strings: the ids are the router's, the table's regions and the
+// tenants' residency lists, at most table.MaxRegions of them.
+const (
+	// regionNone is the id of the empty region: a replica or router
+	// without --region.
+	regionNone uint8 = 0
+	// regionOther is the id of a region the table and the router do not
+	// name: never local, never spilled to, never allowed by residency.
+	regionOther uint8 = 1
+	firstRegion uint8 = 2
+)
+
+// anyRegion is the residency mask of a tenant without regions.
+const anyRegion = ^uint64(0)
+
+// regionIndex is what the router knows of regions, built with each table
+// (SetTable). Lock: Router.mu.
+type regionIndex struct {
+	ids   map[string]uint8 // interned names, from firstRegion
+	local uint8            // the router's region, regionNone without one
+	// spill is the local region's spill list (policy.regions.<local>),
+	// ids in order, with the reason prefix of each ("spill:eu->us+") and
+	// the penalty in ms added to a remote candidate's predicted TTFT.
+	spill   []uint8
+	reasons []string
+	penalty float64
+}
+
+func newRegionIndex(local string, s *table.Snapshot) regionIndex {
+	ix := regionIndex{ids: map[string]uint8{}}
+	add := func(name string) {
+		if _, ok := ix.ids[name]; !ok && name != "" && len(ix.ids) < table.MaxRegions {
+			ix.ids[name] = firstRegion + uint8(len(ix.ids))
+		}
+	}
+	add(local)
+	for _, from := range slices.Sorted(maps.Keys(s.Policy.Regions)) {
+		add(from)
+		for _, to := range s.Policy.Regions[from].Spill {
+			add(to)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Tenants)) {
+		for _, r := range s.Tenants[name].Regions {
+			add(r)
+		}
+	}
+	ix.local = ix.of(local)
+	if local == "" {
+		return ix
+	}
+	rp, ok := s.Policy.Regions[local]
+	if !ok {
+		return ix
+	}
+	ix.penalty = float64(table.DefaultSpillPenalty) / float64(time.Millisecond)
+	if rp.Penalty > 0 {
+		ix.penalty = float64(rp.Penalty) / float64(time.Millisecond)
+	}
+	for _, to := range rp.Spill {
+		if id := ix.of(to); id >= firstRegion {
+			ix.spill = append(ix.spill, id)
+			ix.reasons = append(ix.reasons, ReasonSpill+local+"->"+to+"+")
+		}
+	}
+	return ix
+}
+
+// of is the id of region name.
+func (ix *regionIndex) of(name string) uint8 {
+	if name == "" {
+		return regionNone
+	}
+	if id, ok := ix.ids[name]; ok {
+		return id
+	}
+	return regionOther
+}
+
+// allowed is the residency mask of tenant t: a bit per region it may be
+// served in, anyRegion without a list. A region the index could not
+// intern sets no bit: residency fails closed.
+func (ix *regionIndex) allowed(t *table.Tenant) uint64 {
+	if t == nil || t.Regions == nil {
+		return anyRegion
+	}
+	var m uint64
+	for _, r := range t.Regions {
+		if id := ix.of(r); id >= firstRegion {
+			m |= 1 << id
+		}
+	}
+	return m
+}
+
+// regionFilter is the region step's state for one decision: the router's
+// region and spill list, the tenant's residency, and what it did.
+type regionFilter struct {
+	ix      *regionIndex
+	allowed uint64 // residency mask
+	on      bool   // a region or residency is in force
+	// spilled is the index in ix.spill of the region the candidates were
+	// taken from, -1 when they are the local ones (or no region).
+	spilled int
+	// resident counts the candidates residency left out, over the
+	// decision (every group tried): a decision left without a candidate
+	// after it did is refused naming the rule.
+	resident int
+}
+
+func (f *regionFilter) start(ix *regionIndex, t *table.Tenant) {
+	f.ix, f.allowed = ix, ix.allowed(t)
+	f.on = ix.local != regionNone || f.allowed != anyRegion
+	f.spilled, f.resident = -1, 0
+}
+
+// regional keeps the candidates of one region, local first: residency
+// leaves out every candidate outside the tenant's regions; then, for a
+// router with a region, its own region's candidates while any of them is
+// neither saturated (by the seed's rule: kv at saturation_kv or a full
+// queue) nor gone; else the first region of its spill list with one that
+// is not saturated; else its own saturated ones (deprioritised, not
+// excluded: the capacity check answers for them); else, none of its own
+// being live, the first region of the spill list with any (fail over).
+// A pinned request keeps its replica wherever it is, residency allowing:
+// the stored response lives there.
+func (p *pick) regional(cands []cand) []cand {
+	f := &p.region
+	if !f.on {
+		return cands
+	}
+	f.spilled = -1
+	local := f.ix.local
+	if local == regionNone || p.req.Pin != "" {
+		if f.allowed == anyRegion {
+			return cands
+		}
+		return p.keepRegion(cands, anyRegion)
+	}
+	nlocal, localRoom := 0, false
+	if f.allowed&(1<<local) != 0 {
+		for i := range cands {
+			if c := &cands[i]; c.x.region == local {
+				nlocal++
+				localRoom = localRoom || !c.saturated
+			}
+		}
+	}
+	localLive := nlocal > 0
+	if localRoom {
+		if nlocal == len(cands) {
+			return cands // the healthy case of a region alone: nothing to leave out
+		}
+		return p.keepRegion(cands, 1<<local)
+	}
+	// Spill: the first region of the list with room, else (nothing local)
+	// the first with any candidate.
+	to := -1
+	for pass := 0; pass < 2 && to < 0; pass++ {
+		if pass == 1 && localLive {
+			break
+		}
+		for k, id := range f.ix.spill {
+			if f.allowed&(1<<id) == 0 {
+				continue
+			}
+			for i := range cands {
+				if cands[i].x.region == id && (pass == 1 || !cands[i].saturated) {
+					to = k
+					break
+				}
+			}
+			if to >= 0 {
+				break
+			}
+		}
+	}
+	if to < 0 {
+		return p.keepRegion(cands, 1<<local)
+	}
+	f.spilled = to
+	id := f.ix.spill[to]
+	kept := p.keepRegion(cands, 1<<id)
+	for i := range kept {
+		kept[i].ttft += f.ix.penalty
+	}
+	return kept
+}
+
+// keepRegion compacts cands to those of the regions in mask that
+// residency allows, as the filters would have made them, counting what
+// residency left out.
+func (p *pick) keepRegion(cands []cand, mask uint64) []cand {
+	f := &p.region
+	mask &= f.allowed
+	k := 0
+	p.nfresh, p.nfull = 0, 0
+	for i := range cands {
+		c := &cands[i]
+		if bit := uint64(1) << c.x.region; mask&bit == 0 {
+			if f.allowed&bit == 0 {
+				f.resident++
+			}
+			c.x.mark = 0 // not a candidate of this decision
+			continue
+		}
+		if c.fresh {
+			p.nfresh++
+		}
+		if c.full {
+			p.nfull++
+		}
+		if k != i {
+			c.x.ci = int32(k)
+			cands[k] = *c
+		}
+		k++
+	}
+	return cands[:k]
+}
+
+// spilledPenalty is what the region step adds to a candidate's predicted
+// TTFT: the spill penalty when the candidates are another region's.
+func (p *pick) spilledPenalty() float64 {
+	if p.region.spilled < 0 {
+		return 0
+	}
+	return p.region.ix.penalty
+}
+
+// errResidency is the refusal of a request whose tenant's regions have no
+// replica for it.
+func errResidency(model, tenant string, t *table.Tenant) *subjects.APIError {
+	e := subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available in the regions tenant "+tenant+
+		" may be served in (residency rule tenants."+tenant+".regions: "+strings.Join(t.Regions, ", ")+").")
+	e.RetryAfter = RetryNoReplicas
+	return e
+}
