@@ -121,6 +121,20 @@ type regionFilter struct {
 	// decision (every group tried): a decision left without a candidate
 	// after it did is refused naming the rule.
 	resident int
+	// nlocal counts the group's candidates of the router's region, and
+	// localRoom says one of them is not saturated: counted by the walk
+	// that makes the candidates (candidates).
+	nlocal    int
+	localRoom bool
+}
+
+// local is the router's region id; regionNone before start, or when no
+// region is in force.
+func (f *regionFilter) local() uint8 {
+	if f.ix == nil {
+		return regionNone
+	}
+	return f.ix.local
 }
 
 func (f *regionFilter) start(ix *regionIndex, t *table.Tenant) {
@@ -152,14 +166,9 @@ func (p *pick) regional(cands []cand) []cand {
 		}
 		return p.keepRegion(cands, anyRegion)
 	}
-	nlocal, localRoom := 0, false
-	if f.allowed&(1<<local) != 0 {
-		for i := range cands {
-			if c := &cands[i]; c.x.region == local {
-				nlocal++
-				localRoom = localRoom || !c.saturated
-			}
-		}
+	nlocal, localRoom := f.nlocal, f.localRoom
+	if f.allowed&(1<<local) == 0 {
+		nlocal, localRoom = 0, false
 	}
 	localLive := nlocal > 0
 	if localRoom {
