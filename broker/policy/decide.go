@@ -176,8 +176,8 @@ func (st *decision) run() {
 	}
 	d.Reason = p.reason(res.fallback, mods)
 	d.ReplicaRegion = c.x.hb.Region
-	if k := p.region.spilled; k >= 0 {
-		d.Spilled, d.Reason = true, p.region.ix.reasons[k]+d.Reason
+	if p.region.to != regionNone {
+		d.Spilled, d.Reason = true, p.region.reason+d.Reason
 	}
 	p.alternatives(d)
 	if st.commit {

@@ -32,6 +32,7 @@ const anyRegion = ^uint64(0)
 // (SetTable). Lock: Router.mu.
 type regionIndex struct {
 	ids   map[string]uint8 // interned names, from firstRegion
+	names []string         // by id
 	local uint8            // the router's region, regionNone without one
 	// spill is the local region's spill list (policy.regions.<local>),
 	// ids in order, with the reason prefix of each ("spill:eu->us+") and
@@ -43,9 +44,11 @@ type regionIndex struct {
 
 func newRegionIndex(local string, s *table.Snapshot) regionIndex {
 	ix := regionIndex{ids: map[string]uint8{}}
+	ix.names = []string{regionNone: "", regionOther: "other"}
 	add := func(name string) {
 		if _, ok := ix.ids[name]; !ok && name != "" && len(ix.ids) < table.MaxRegions {
 			ix.ids[name] = firstRegion + uint8(len(ix.ids))
+			ix.names = append(ix.names, name)
 		}
 	}
 	add(local)
@@ -114,9 +117,11 @@ type regionFilter struct {
 	ix      *regionIndex
 	allowed uint64 // residency mask
 	on      bool   // a region or residency is in force
-	// spilled is the index in ix.spill of the region the candidates were
-	// taken from, -1 when they are the local ones (or no region).
-	spilled int
+	// to is the region the candidates were taken from when they are not
+	// the router's own (regionNone: not spilled), and reason the prefix of
+	// the decision's reason then ("spill:eu->us+").
+	to     uint8
+	reason string
 	// resident counts the candidates residency left out, over the
 	// decision (every group tried): a decision left without a candidate
 	// after it did is refused naming the rule.
@@ -140,7 +145,7 @@ func (f *regionFilter) local() uint8 {
 func (f *regionFilter) start(ix *regionIndex, t *table.Tenant) {
 	f.ix, f.allowed = ix, ix.allowed(t)
 	f.on = ix.local != regionNone || f.allowed != anyRegion
-	f.spilled, f.resident = -1, 0
+	f.to, f.reason, f.resident = regionNone, "", 0
 }
 
 // regional keeps the candidates of one region, local first: residency
@@ -151,14 +156,17 @@ func (f *regionFilter) start(ix *regionIndex, t *table.Tenant) {
 // is not saturated; else its own saturated ones (deprioritised, not
 // excluded: the capacity check answers for them); else, none of its own
 // being live, the first region of the spill list with any (fail over).
-// A pinned request keeps its replica wherever it is, residency allowing:
+// A tenant that may not be served in the router's region, and whose
+// regions the spill list does not lead to, is served in the first of its
+// regions with a candidate (with room first): residency is the rule, the
+// spill list a preference. A pinned request keeps its replica wherever it is, residency allowing:
 // the stored response lives there.
 func (p *pick) regional(cands []cand) []cand {
 	f := &p.region
 	if !f.on {
 		return cands
 	}
-	f.spilled = -1
+	f.to, f.reason = regionNone, ""
 	local := f.ix.local
 	if local == regionNone || p.req.Pin != "" {
 		if f.allowed == anyRegion {
@@ -199,16 +207,47 @@ func (p *pick) regional(cands []cand) []cand {
 			}
 		}
 	}
-	if to < 0 {
+	var id uint8
+	switch {
+	case to >= 0:
+		id, f.reason = f.ix.spill[to], f.ix.reasons[to]
+	case f.allowed&(1<<local) == 0:
+		// The tenant may not be served here, and the spill list names
+		// none of its regions with a candidate: residency decides, the
+		// first of its regions with room, else with any.
+		if id = p.residentRegion(cands); id == regionNone {
+			return p.keepRegion(cands, 0)
+		}
+		f.reason = ReasonSpill + f.ix.names[local] + "->" + f.ix.names[id] + "+"
+	default:
 		return p.keepRegion(cands, 1<<local)
 	}
-	f.spilled = to
-	id := f.ix.spill[to]
+	f.to = id
 	kept := p.keepRegion(cands, 1<<id)
 	for i := range kept {
 		kept[i].ttft += f.ix.penalty
 	}
 	return kept
+}
+
+// residentRegion is the region of the first candidate residency allows
+// with room, else of the first it allows; regionNone when it allows none.
+func (p *pick) residentRegion(cands []cand) uint8 {
+	f := &p.region
+	found := regionNone
+	for i := range cands {
+		c := &cands[i]
+		if f.allowed&(1<<c.x.region) == 0 {
+			continue
+		}
+		if !c.saturated {
+			return c.x.region
+		}
+		if found == regionNone {
+			found = c.x.region
+		}
+	}
+	return found
 }
 
 // keepRegion compacts cands to those of the regions in mask that
@@ -246,7 +285,7 @@ func (p *pick) keepRegion(cands []cand, mask uint64) []cand {
 // spilledPenalty is what the region step adds to a candidate's predicted
 // TTFT: the spill penalty when the candidates are another region's.
 func (p *pick) spilledPenalty() float64 {
-	if p.region.spilled < 0 {
+	if p.region.to == regionNone {
 		return 0
 	}
 	return p.region.ix.penalty

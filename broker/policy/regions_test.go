@@ -150,6 +150,19 @@ func TestRegions(t *testing.T) {
 			t.Errorf("served %v, want all in eu", got)
 		}
 	})
+	t.Run("residency: a router whose spill list does not lead there still serves the tenant at home", func(t *testing.T) {
+		e := newRegionEnv(t, "us", `{"policy": {"allow_anonymous": true, "regions": {"eu": {"spill": ["us"]}}}, "tenants.eu-only": {"regions": ["eu"]}}`)
+		q := chat("chat-small")
+		q.Tenant = "eu-only"
+		d := e.decide(q)
+		mustRoute(t, d)
+		if d.ReplicaRegion != "eu" || !d.Spilled || !strings.HasPrefix(d.Reason, "spill:us->eu+") {
+			t.Errorf("served in %q (%s), want eu, spilled from us", d.ReplicaRegion, d.Reason)
+		}
+		if got := servedIn(e, "eu-only", 50, nil); got["eu"] != 50 {
+			t.Errorf("served %v, want all in eu", got)
+		}
+	})
 	t.Run("residency: saturated at home is never served abroad", func(t *testing.T) {
 		e := newRegionEnv(t, "eu", twoRegions)
 		e.regionBeat("l8-gen-0", 0.97)
