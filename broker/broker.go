@@ -177,8 +177,19 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		OnSnapshot: dec.SetTable,
 		OnInvalid:  dec.InvalidValue,
 	})
+	if cfg.Registerer != nil {
+		// Labelled as the decider's series are: brokers may share a registry.
+		prometheus.WrapRegistererWith(prometheus.Labels{"broker": cfg.ID}, cfg.Registerer).MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_broker_table_unreachable_seconds",
+			Help: "How long the routing table's bucket has been out of reach, the last good table staying in force (0: in reach); a region cut off from the bucket's says so here.",
+		}, func() float64 { return b.watcher.Unreachable().Seconds() }))
+	}
 	return b, nil
 }
+
+// TableUnreachable is how long the table's bucket has been out of reach,
+// the last good table staying in force (0: in reach).
+func (b *Broker) TableUnreachable() time.Duration { return b.watcher.Unreachable() }
 
 // TableSource says where the table in force came from: kv.SourceKV, or
 // kv.SourceStateDir when the bucket could not be read at start-up.

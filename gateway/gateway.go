@@ -221,19 +221,22 @@ const (
 
 // Gateway serves the OpenAI API over NATS.
 type Gateway struct {
-	nc       *nats.Conn
-	cfg      Config
-	subj     subjects.Subjects
-	log      *slog.Logger
-	tracer   trace.Tracer // nil: no spans
-	table    atomic.Pointer[table.Snapshot]
-	watcher  *kv.Watcher
-	disp     *dispatcher
-	metrics  *metrics
-	budget   retryBudget
-	conc     *concurrency // the adaptive concurrency limit
-	cold     *coldWaits
-	replyPfx string
+	nc      *nats.Conn
+	cfg     Config
+	subj    subjects.Subjects
+	log     *slog.Logger
+	tracer  trace.Tracer // nil: no spans
+	table   atomic.Pointer[table.Snapshot]
+	watcher *kv.Watcher
+	// watcherRef is watcher for the readers outside the start goroutine
+	// (/readyz, the metric), nil before start.
+	watcherRef atomic.Pointer[kv.Watcher]
+	disp       *dispatcher
+	metrics    *metrics
+	budget     retryBudget
+	conc       *concurrency // the adaptive concurrency limit
+	cold       *coldWaits
+	replyPfx   string
 	// routedPfx is the subject space of the brokers' routed notices to
 	// this gateway (subjects.RoutedPrefix), with its trailing dot.
 	routedPfx string
@@ -355,6 +358,10 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 			Name: "switchyard_gateway_inflight_limit",
 			Help: "The adaptive concurrency limit on inference requests admitted and not yet accepted by a replica (bounded by --max-inflight): past it, requests are refused 503 gateway_overloaded.",
 		}, g.conc.Limit))
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_gateway_table_unreachable_seconds",
+			Help: "How long the routing table's bucket has been out of reach, the last good table staying in force (0: in reach); a region cut off from the bucket's says so here.",
+		}, func() float64 { return g.tableUnreachable().Seconds() }))
 	}
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
@@ -551,6 +558,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 	}
 	g.watcher = kv.New(js, kcfg)
+	g.watcherRef.Store(g.watcher)
 	if g.dec != nil {
 		wg.Go(func() {
 			defer g.dec.Stop()

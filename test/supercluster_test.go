@@ -3,8 +3,11 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"maps"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +192,25 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	if p := b.gw.Table().Policy.Regions["a"].Penalty; p != 0 {
 		t.Errorf("region b read a table write it cannot reach (penalty %v)", p)
 	}
+	// Region b stays ready, and says it routes on its last good table.
+	readyz := func(s *regionSite) (int, string) {
+		resp, err := http.Get(s.url + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	testkit.CheckFor(t, 60*time.Second, 100*time.Millisecond, testkit.Cond("b's /readyz to say its table's bucket is out of reach", func() bool {
+		code, body := readyz(b)
+		return code == 200 && strings.Contains(body, "routing table: the last good one; its bucket out of reach")
+	}))
+	codeA, bodyA := readyz(a)
+	t.Logf("b's /readyz said so %v after the cut; a's: %d %q", time.Since(cut).Round(time.Millisecond), codeA, bodyA)
+	if ra, rb := send4(a, 10), send4(b, 10); ra.local != 10 || rb.local != 10 {
+		t.Errorf("cut, later: from a %v, from b %v; want every request served in its own region", ra, rb)
+	}
 
 	sc.Heal()
 	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, testkit.Cond("the link up again", sc.Linked))
@@ -196,6 +218,11 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 		ta, tb := a.gw.Table(), b.gw.Table()
 		return ta != nil && tb != nil && maps.EqualFunc(ta.Raw, tb.Raw, func(x, y json.RawMessage) bool { return string(x) == string(y) }) &&
 			time.Duration(tb.Policy.Regions["a"].Penalty) == 70*time.Millisecond
+	}))
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, testkit.Cond("neither /readyz to say the bucket is out of reach", func() bool {
+		ca, ba := readyz(a)
+		cb, bb := readyz(b)
+		return ca == 200 && cb == 200 && !strings.Contains(ba, "out of reach") && !strings.Contains(bb, "out of reach")
 	}))
 	divergent := 0
 	for k, v := range a.gw.Table().Raw {

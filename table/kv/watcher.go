@@ -79,6 +79,9 @@ type Watcher struct {
 	snap      atomic.Pointer[table.Snapshot]
 	source    atomic.Pointer[string]
 	since     atomic.Int64 // unix nanoseconds the snapshot in force is from
+	// unreachable is since when (unix ns) the bucket has been out of
+	// reach, 0 while it is in reach (see Unreachable).
+	unreachable atomic.Int64
 	ready     chan struct{}
 	running   atomic.Bool
 	readyDone bool // owned by the Run goroutine
@@ -126,6 +129,26 @@ func (w *Watcher) Source() string {
 	return ""
 }
 
+// Unreachable is how long the bucket has been out of reach, the table in
+// force staying: since a watch broke, or since a check of the bucket
+// (CheckEvery) failed, as in a region cut off from the bucket's; 0 while
+// the bucket is in reach.
+func (w *Watcher) Unreachable() time.Duration {
+	if n := w.unreachable.Load(); n != 0 {
+		return max(time.Since(time.Unix(0, n)), time.Nanosecond)
+	}
+	return 0
+}
+
+// reach records whether the bucket was in reach.
+func (w *Watcher) reach(ok bool) {
+	if ok {
+		w.unreachable.Store(0)
+	} else {
+		w.unreachable.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
 // Age is how long ago the snapshot in force was built from the bucket (for a
 // persisted snapshot: when it was saved). Zero before Ready.
 func (w *Watcher) Age() time.Duration {
@@ -152,6 +175,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 			retry = w.cfg.MinRetry
 		}
 		w.log.Warn("routing table watch unavailable; keeping the table in force", "err", err, "retry_in", retry)
+		if !errors.Is(err, errBehind) {
+			w.reach(false)
+		}
 		w.fallBack()
 		t := time.NewTimer(retry)
 		select {
@@ -257,6 +283,7 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	changed := false
 	done := func() {
 		seen = max(seen, openedAt)
+		w.reach(true)
 		synced = true
 		initial.Stop()
 		w.publish(next, SourceKV)
@@ -279,6 +306,7 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 				continue
 			}
 			last, ok := w.lastSeq(ctx, stream)
+			w.reach(ok)
 			switch {
 			case !ok || last <= seen:
 				behindAt = 0
