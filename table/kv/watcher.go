@@ -76,16 +76,16 @@ type Watcher struct {
 	cfg Config
 	log *slog.Logger
 
-	snap      atomic.Pointer[table.Snapshot]
-	source    atomic.Pointer[string]
-	since     atomic.Int64 // unix nanoseconds the snapshot in force is from
+	snap   atomic.Pointer[table.Snapshot]
+	source atomic.Pointer[string]
+	since  atomic.Int64 // unix nanoseconds the snapshot in force is from
 	// unreachable is since when (unix ns) the bucket has been out of
 	// reach, 0 while it is in reach (see Unreachable).
 	unreachable atomic.Int64
-	ready     chan struct{}
-	running   atomic.Bool
-	readyDone bool // owned by the Run goroutine
-	stateRead bool // owned by the Run goroutine
+	ready       chan struct{}
+	running     atomic.Bool
+	readyDone   bool // owned by the Run goroutine
+	stateRead   bool // owned by the Run goroutine
 }
 
 // New returns a Watcher of cfg.Bucket; call Run to start it.
