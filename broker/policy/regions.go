@@ -67,11 +67,11 @@ func newRegionIndex(local string, s *table.Snapshot) regionIndex {
 	if local == "" {
 		return ix
 	}
+	ix.penalty = float64(table.DefaultSpillPenalty) / float64(time.Millisecond)
 	rp, ok := s.Policy.Regions[local]
 	if !ok {
 		return ix
 	}
-	ix.penalty = float64(table.DefaultSpillPenalty) / float64(time.Millisecond)
 	if rp.Penalty > 0 {
 		ix.penalty = float64(rp.Penalty) / float64(time.Millisecond)
 	}
@@ -159,8 +159,8 @@ func (f *regionFilter) start(ix *regionIndex, t *table.Tenant) {
 // A tenant that may not be served in the router's region, and whose
 // regions the spill list does not lead to, is served in the first of its
 // regions with a candidate (with room first): residency is the rule, the
-// spill list a preference. A pinned request keeps its replica wherever it is, residency allowing:
-// the stored response lives there.
+// spill list a preference. A pinned request keeps its replica wherever it
+// is, residency allowing: the stored response lives there.
 func (p *pick) regional(cands []cand) []cand {
 	f := &p.region
 	if !f.on {

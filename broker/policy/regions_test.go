@@ -159,6 +159,10 @@ func TestRegions(t *testing.T) {
 		if d.ReplicaRegion != "eu" || !d.Spilled || !strings.HasPrefix(d.Reason, "spill:us->eu+") {
 			t.Errorf("served in %q (%s), want eu, spilled from us", d.ReplicaRegion, d.Reason)
 		}
+		// us sets no penalty: the default 50 ms on top of the heartbeat's 50 ms.
+		if d.PredictedTTFT < 100 {
+			t.Errorf("predicted TTFT %v ms, want the default penalty on top", d.PredictedTTFT)
+		}
 		if got := servedIn(e, "eu-only", 50, nil); got["eu"] != 50 {
 			t.Errorf("served %v, want all in eu", got)
 		}
