@@ -103,7 +103,8 @@ type Policy struct {
 	Scorers map[string]float64 `json:"scorers,omitempty"`
 	// Regions says, per deciding region, where its deciders spill when
 	// every candidate of their own region is saturated or none is live
-	// (broker/policy, "Regions"). A region without an entry never spills.
+	// (broker/policy, "Regions"). A region without an entry does not
+	// spill; only residency sends its requests elsewhere.
 	Regions map[string]RegionPolicy `json:"regions,omitempty"`
 }
 
