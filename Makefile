@@ -14,7 +14,7 @@ export GOFLAGS ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X github.com/switchyard-llm/switchyard/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build run cluster test test-cluster test-partition test-liveness partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch test-batch-kill bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay replay-check test-lab soak tools test-deploy clean
+.PHONY: all build run cluster supercluster test test-cluster test-partition test-liveness test-supercluster partition-deps test-deps test-sdk-deps test-short bench bench-e2e bench-batch test-batch-kill bench-heap lint vet fmt tidy-check vulncheck fuzz lab lab-replay replay-check test-lab soak tools test-deploy clean
 
 all: build
 
@@ -37,6 +37,17 @@ CLUSTER_DIR ?= .cache/cluster
 cluster: build $(NATS_SERVER)
 	$(GO) build -o bin/cluster ./cmd/cluster
 	./bin/cluster -dir $(CLUSTER_DIR) -switchyard $(BIN) -nats-server $(NATS_SERVER)
+
+# Two regions of one bus on this machine (scripts/supercluster.sh): a
+# nats-server per region joined by a NATS gateway, and in each region a
+# broker, a gateway and two simulated engines with their adapters, all with
+# --region; the table in region a, spilling a -> b and b -> a. Prints each
+# region's gateway URL; Ctrl-C stops everything. Ports from
+# SUPERCLUSTER_PORT (default 14000) and the 16 above it.
+SUPERCLUSTER_DIR ?= .cache/supercluster
+SUPERCLUSTER_PORT ?= 14000
+supercluster: build $(NATS_SERVER)
+	BASE_PORT=$(SUPERCLUSTER_PORT) scripts/supercluster.sh $(SUPERCLUSTER_DIR) $(BIN) $(NATS_SERVER)
 
 # The production shape under load while each kind of process is killed or
 # stopped and restarted, and last a 2,000-line batch while the NATS node
@@ -72,6 +83,16 @@ LIVENESS_BUSY ?= 3
 test-liveness: $(NATS_SERVER)
 	SWITCHYARD_LIVENESS=1 LIVENESS_DURATION=$(LIVENESS_DURATION) LIVENESS_BUSY=$(LIVENESS_BUSY) NATS_SERVER=$(NATS_SERVER) \
 	  $(GO) test -count=1 -run '^TestNoFalseReconnectsUnderLoad$$' -v -timeout 20m ./test
+
+# Regions, in process (docs/reliability.md, "Regions"): two regions on one
+# embedded bus (local first, spill when saturated, fail over, residency, a
+# bad spill list refused), then two regions of a real NATS supercluster (a
+# JetStream server per region joined by gateways through loopback relays)
+# with the link between them cut and healed. Fails on a request lost or
+# hung (the timeout) or an expectation missed. Both tests also run in `make
+# test`; this target runs them alone, with their figures (-v).
+test-supercluster:
+	$(GO) test -race -count=1 -run '^(TestRegionsOnOneBus|TestRegionsKeepServingWhenTheLinkIsCut)$$' -v -timeout 10m ./test
 
 partition-deps:
 	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || (apt-get update && apt-get install -y iproute2)

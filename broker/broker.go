@@ -42,6 +42,10 @@ type Config struct {
 	ID string
 	// Prefix is the subject prefix (default "llm").
 	Prefix string
+	// Region is the region this broker decides in (--region): it chooses
+	// among that region's replicas first (broker/policy, "Regions").
+	// Empty: no region, every replica alike.
+	Region string
 	// Bucket is the routing-table KV bucket (default "llm-routing").
 	Bucket string
 	// OwnersBucket remembers which replica holds each stored response
@@ -103,11 +107,19 @@ func (c *Config) Validate() error {
 		prefixErr = check.Wrap("prefix", c.Prefix, subjects.ValidToken(c.Prefix))
 	}
 	return check.All(
-		idErr, prefixErr,
+		idErr, prefixErr, regionErr(c.Region),
 		check.Duration("presence-every", c.PresenceEvery, 0, time.Minute),
 		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
 		leaseErr(c.LeaseTTL),
 	)
+}
+
+// regionErr checks a --region: unset, or a token.
+func regionErr(r string) error {
+	if r == "" {
+		return nil
+	}
+	return check.Wrap("region", r, subjects.ValidToken(r))
 }
 
 // leaseErr checks a budget lease TTL: unset, or 1s to 10m.
@@ -139,7 +151,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	dec, err := decider.New(nc, decider.Config{
-		ID: cfg.ID, Prefix: cfg.Prefix, OwnersBucket: cfg.OwnersBucket, PresenceEvery: cfg.PresenceEvery,
+		ID: cfg.ID, Prefix: cfg.Prefix, Region: cfg.Region, OwnersBucket: cfg.OwnersBucket, PresenceEvery: cfg.PresenceEvery,
 		Logger: cfg.Logger, Component: "broker", TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer,
 		Now: cfg.Now, Stages: cfg.Stages, Owners: cfg.owners, LeaseTTL: cfg.LeaseTTL,
 	})
@@ -165,8 +177,19 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 		OnSnapshot: dec.SetTable,
 		OnInvalid:  dec.InvalidValue,
 	})
+	if cfg.Registerer != nil {
+		// Labelled as the decider's series are: brokers may share a registry.
+		prometheus.WrapRegistererWith(prometheus.Labels{"broker": cfg.ID}, cfg.Registerer).MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_broker_table_unreachable_seconds",
+			Help: "How long the routing table's bucket has been out of reach, the last good table staying in force (0: in reach); a region cut off from the bucket's says so here.",
+		}, func() float64 { return b.watcher.Unreachable().Seconds() }))
+	}
 	return b, nil
 }
+
+// TableUnreachable is how long the table's bucket has been out of reach,
+// the last good table staying in force (0: in reach).
+func (b *Broker) TableUnreachable() time.Duration { return b.watcher.Unreachable() }
 
 // TableSource says where the table in force came from: kv.SourceKV, or
 // kv.SourceStateDir when the bucket could not be read at start-up.

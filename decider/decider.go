@@ -39,6 +39,9 @@ type Config struct {
 	ID string
 	// Prefix is the subject prefix (default "llm").
 	Prefix string
+	// Region is the region this decider decides in: its replicas are
+	// chosen first (policy.Config.Region). Empty: no region.
+	Region string
 	// OwnersBucket remembers which replica holds each stored response
 	// (default owners.DefaultBucket).
 	OwnersBucket string
@@ -150,7 +153,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 		clock:  monotime.New(),
 	}
-	b.router = policy.New(policy.Config{Self: cfg.ID, OnEject: b.ejected})
+	b.router = policy.New(policy.Config{Self: cfg.ID, Region: cfg.Region, OnEject: b.ejected})
 	b.metrics = newMetrics(cfg.Registerer, b)
 	b.scratch.New = func() any { return NewScratch() }
 	b.peers.init(cfg.ID, cfg.Component == "broker")

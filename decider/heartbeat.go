@@ -54,6 +54,11 @@ func DecodeHeartbeat(subject string, data []byte, hb *subjects.Heartbeat) (unhea
 	if !subjects.ValidState(hb.State) {
 		return false, fmt.Errorf("%w: state %q", errHeartbeat, hb.State)
 	}
+	if hb.Region != "" {
+		if err := subjects.ValidToken(hb.Region); err != nil {
+			return false, fmt.Errorf("%w: region: %w", errHeartbeat, err)
+		}
+	}
 	if err := inRange(hb); err != nil {
 		return false, fmt.Errorf("%w: %w", errHeartbeat, err)
 	}

@@ -17,6 +17,7 @@ import (
 type metrics struct {
 	decisions      *prometheus.CounterVec
 	panics         *prometheus.CounterVec
+	spilled        *prometheus.CounterVec
 	rejections     *prometheus.CounterVec
 	duration       prometheus.Histogram
 	tableRevision  prometheus.Gauge
@@ -102,6 +103,9 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_panic_decisions_total", Help: "Decisions made in panic, by pool: fewer than the pool's panic_below of its ready replicas looked alive, and the choice was over all of them.",
 		}, []string{"pool"}),
+		spilled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_broker_spilled_total", Help: "Decisions sent out of the decider's region, by its region and the replica's: every candidate of its own was saturated or none was live (policy.regions.<from>.spill).",
+		}, []string{"from", "to"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_decisions_total", Help: "Routing decisions that chose a replica, by pool and reason.",
 		}, []string{"pool", "reason"}),
@@ -213,7 +217,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected, observerLag, pending)
-		reg.MustRegister(m.decisions, m.panics, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
+		reg.MustRegister(m.decisions, m.panics, m.spilled, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,
 			m.loadViewAge, m.ttftError, m.observerLags)
 	}
@@ -229,6 +233,11 @@ func (m *metrics) decided(d *policy.Decision) {
 	m.decisions.WithLabelValues(d.Pool, d.Reason).Inc()
 	if d.Panic {
 		m.panics.WithLabelValues(d.Pool).Inc()
+	}
+	if d.Spilled {
+		// Both regions are the table's: a spill goes only to a region
+		// of the decider's spill list.
+		m.spilled.WithLabelValues(d.Region, d.ReplicaRegion).Inc()
 	}
 	m.loadViewAge.Observe(d.LoadViewAge.Seconds())
 }

@@ -228,10 +228,16 @@ func TestTrust(t *testing.T) {
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"decode_ms":1e300}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":-1}`,
 			`{"replica":"r-1","state":"ready","scrape_ok":true,"batch_waiting":1000000000}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"region":"eu.west"}`,
+			`{"replica":"r-1","state":"ready","scrape_ok":true,"region":"` + strings.Repeat("r", 65) + `"}`,
 		} {
 			if _, err := DecodeHeartbeat("llm.heartbeat.r-1", []byte(hb), new(subjects.Heartbeat)); err == nil {
 				t.Errorf("taken: %s", hb)
 			}
+		}
+		var hb subjects.Heartbeat
+		if _, err := DecodeHeartbeat("llm.heartbeat.r-1", []byte(`{"replica":"r-1","state":"ready","scrape_ok":true,"region":"eu-west"}`), &hb); err != nil || hb.Region != "eu-west" {
+			t.Errorf("a heartbeat with region eu-west: %v, region %q", err, hb.Region)
 		}
 		for i := range 100 {
 			id := "ghost-" + strconv.Itoa(i)

@@ -101,7 +101,7 @@ func (s *Stack) startAdapter(r Replica, engineURL string) error {
 	s.partsMu.Unlock()
 	a, err := adapter.New(nc, adapter.Config{
 		KVEvents: feed.Endpoint, KVEventsReplay: feed.Replay, KVEventsBind: r.KVEventsBind,
-		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Flavor: "vllm", EngineScheduling: scheduling,
+		Replica: r.ID, Model: r.Model, Version: r.Version, Pool: r.Pool, Region: r.Region, Flavor: "vllm", EngineScheduling: scheduling,
 		EngineURL: engineURL, MaxBatch: maxBatch, MaxQueue: maxQueue, MaxLoras: r.MaxLoras, Endpoints: r.Endpoints, Role: r.Role,
 		KeepaliveEvery: s.cfg.KeepaliveEvery, HeartbeatEvery: s.cfg.HeartbeatEvery,
 		ScrapeEvery: s.cfg.ScrapeEvery, DrainGrace: s.cfg.DrainGrace,

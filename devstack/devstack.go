@@ -495,7 +495,7 @@ func (s *Stack) startReplica(r Replica) error {
 // ctx ends, and returns its URL and a channel closed once it has stopped.
 func (s *Stack) startEngine(ctx context.Context, r Replica, f *Faults) (url string, stopped <-chan struct{}, err error) {
 	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras,
-		Scheduling: enginesim.SchedulingPriority}
+		Scheduling: enginesim.SchedulingPriority, ITL: r.ITL}
 	if s.cfg.FCFSEngines {
 		ecfg.Scheduling = enginesim.SchedulingFCFS
 	}

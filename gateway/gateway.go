@@ -166,6 +166,9 @@ type Config struct {
 	// once, straight to the chosen replica; DecideBroker publishes to
 	// llm.gw.<tenant> for the brokers, as direct tenants' requests go.
 	Decide string
+	// Region is the region a gateway deciding locally decides in: its
+	// replicas first (broker/policy, "Regions"). Empty: no region.
+	Region string
 	// WarmUp bounds how long a gateway deciding locally waits, after it
 	// starts, for a heartbeat from every replica its table has ready
 	// before /readyz passes (default 2s, negative: no wait; at most a
@@ -218,19 +221,22 @@ const (
 
 // Gateway serves the OpenAI API over NATS.
 type Gateway struct {
-	nc       *nats.Conn
-	cfg      Config
-	subj     subjects.Subjects
-	log      *slog.Logger
-	tracer   trace.Tracer // nil: no spans
-	table    atomic.Pointer[table.Snapshot]
-	watcher  *kv.Watcher
-	disp     *dispatcher
-	metrics  *metrics
-	budget   retryBudget
-	conc     *concurrency // the adaptive concurrency limit
-	cold     *coldWaits
-	replyPfx string
+	nc      *nats.Conn
+	cfg     Config
+	subj    subjects.Subjects
+	log     *slog.Logger
+	tracer  trace.Tracer // nil: no spans
+	table   atomic.Pointer[table.Snapshot]
+	watcher *kv.Watcher
+	// watcherRef is watcher for the readers outside the start goroutine
+	// (/readyz, the metric), nil before start.
+	watcherRef atomic.Pointer[kv.Watcher]
+	disp       *dispatcher
+	metrics    *metrics
+	budget     retryBudget
+	conc       *concurrency // the adaptive concurrency limit
+	cold       *coldWaits
+	replyPfx   string
 	// routedPfx is the subject space of the brokers' routed notices to
 	// this gateway (subjects.RoutedPrefix), with its trailing dot.
 	routedPfx string
@@ -274,6 +280,10 @@ func (c *Config) Validate() error {
 			originErr = check.Wrap("cors-origin", o, errors.New("want * or scheme://host[:port]"))
 		}
 	}
+	var regionErr error
+	if c.Region != "" {
+		regionErr = check.Wrap("region", c.Region, subjects.ValidToken(c.Region))
+	}
 	var decideErr error
 	switch c.Decide {
 	case "", DecideLocal, DecideBroker:
@@ -281,7 +291,7 @@ func (c *Config) Validate() error {
 		decideErr = check.Wrap("decide", c.Decide, errors.New("want local or broker"))
 	}
 	return check.All(
-		idErr, originErr, decideErr,
+		idErr, originErr, decideErr, regionErr,
 		check.Duration("warm-up", c.WarmUp, math.MinInt64, time.Minute),
 		check.Size("max-body", c.MaxBody, 0, MaxBodyCeiling),
 		check.Duration("accept-timeout", c.AcceptTimeout, 0, time.Minute),
@@ -348,6 +358,10 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 			Name: "switchyard_gateway_inflight_limit",
 			Help: "The adaptive concurrency limit on inference requests admitted and not yet accepted by a replica (bounded by --max-inflight): past it, requests are refused 503 gateway_overloaded.",
 		}, g.conc.Limit))
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_gateway_table_unreachable_seconds",
+			Help: "How long the routing table's bucket has been out of reach, the last good table staying in force (0: in reach); a region cut off from the bucket's says so here.",
+		}, func() float64 { return g.tableUnreachable().Seconds() }))
 	}
 	g.budget.ratio = cfg.RetryBudget
 	g.maxBody = cfg.MaxBody
@@ -362,7 +376,7 @@ func New(nc *nats.Conn, cfg Config) (*Gateway, error) {
 		// placements are the brokers' own: the same package, the same
 		// metrics (labelled with this gateway's id).
 		g.dec, err = decider.New(nc, decider.Config{
-			ID: cfg.ID, Prefix: cfg.Prefix, Logger: cfg.Logger, Component: "gateway",
+			ID: cfg.ID, Prefix: cfg.Prefix, Region: cfg.Region, Logger: cfg.Logger, Component: "gateway",
 			TracerProvider: cfg.TracerProvider, Registerer: cfg.Registerer, Stages: cfg.Stages,
 		})
 		if err != nil {
@@ -544,6 +558,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 	}
 	g.watcher = kv.New(js, kcfg)
+	g.watcherRef.Store(g.watcher)
 	if g.dec != nil {
 		wg.Go(func() {
 			defer g.dec.Stop()

@@ -198,6 +198,20 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = io.WriteString(w, "ready\n")
+	if d := g.tableUnreachable(); d > 0 {
+		// Ready still: it routes on the last good table, as the seed asks
+		// of a router whose control plane is out of reach.
+		_, _ = io.WriteString(w, "routing table: the last good one; its bucket out of reach for "+d.Round(time.Second).String()+"\n")
+	}
+}
+
+// tableUnreachable is how long the table's bucket has been out of reach
+// (0: in reach, or the watch not started).
+func (g *Gateway) tableUnreachable() time.Duration {
+	if w := g.watcherRef.Load(); w != nil {
+		return w.Unreachable()
+	}
+	return 0
 }
 
 func (g *Gateway) ready() error {

@@ -69,8 +69,11 @@ type Config struct {
 	EngineModel string
 	Version     string
 	Pool        string // default "general"
-	Flavor      string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
-	EngineURL   string // e.g. http://127.0.0.1:8000, without /v1
+	// Region is the region the replica serves in (--region), carried in
+	// its heartbeats; empty is the one default region.
+	Region    string
+	Flavor    string // "auto" (default), "vllm", "sglang", "llamacpp" or "tgi"
+	EngineURL string // e.g. http://127.0.0.1:8000, without /v1
 	// EngineAPIKey is sent to the engine as "Authorization: Bearer" (vLLM's
 	// --api-key). It is never logged.
 	EngineAPIKey string
@@ -286,6 +289,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool != "" {
 		poolErr = check.Wrap("pool", c.Pool, subjects.ValidToken(c.Pool))
+	}
+	if c.Region != "" {
+		poolErr = errors.Join(poolErr, check.Wrap("region", c.Region, subjects.ValidToken(c.Region)))
 	}
 	var roleErr error
 	if !table.ValidRole(c.Role) {

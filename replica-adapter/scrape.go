@@ -383,6 +383,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 		Model:     a.cfg.Model,
 		Version:   a.cfg.Version,
 		Pool:      a.cfg.Pool,
+		Region:    a.cfg.Region,
 		State:     a.state(),
 		Inflight:  a.InFlight(),
 		Endpoints: a.endpoints(),

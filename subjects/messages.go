@@ -46,10 +46,14 @@ func ValidState(s string) bool { return stateRank(s) < 4 }
 // Heartbeat is published by every adapter on llm.heartbeat.<replica> each
 // second. Its age is measured on the receiver's clock.
 type Heartbeat struct {
-	Replica  string  `json:"replica"`
-	Model    string  `json:"model"`
-	Version  string  `json:"version"`
-	Pool     string  `json:"pool"`
+	Replica string `json:"replica"`
+	Model   string `json:"model"`
+	Version string `json:"version"`
+	Pool    string `json:"pool"`
+	// Region is the adapter's --region ([A-Za-z0-9_-]{1,64}); empty is the
+	// one default region of a deployment without regions, what a heartbeat
+	// without the field says.
+	Region   string  `json:"region,omitempty"`
 	State    string  `json:"state"`
 	KVUsage  float64 `json:"kv_usage"`
 	Running  int     `json:"running"`
@@ -375,6 +379,12 @@ type Decision struct {
 	Replica   string  `json:"replica,omitempty"`
 	Reason    string  `json:"reason"`
 	Score     float64 `json:"score"`
+	// Region is the deciding broker's or gateway's region, ReplicaRegion
+	// the chosen replica's (both empty without regions); Spilled says the
+	// request was sent out of the decider's region (reason spill).
+	Region        string `json:"region,omitempty"`
+	ReplicaRegion string `json:"replica_region,omitempty"`
+	Spilled       bool   `json:"spilled,omitempty"`
 	// PredictedTTFTMillis is the chosen replica's predicted time to
 	// first token.
 	PredictedTTFTMillis float64       `json:"predicted_ttft_ms,omitempty"`

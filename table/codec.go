@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -277,7 +279,44 @@ func validatePolicy(key string, p *Policy) error {
 	if err := validateProfile(key, p.Profile); err != nil {
 		return err
 	}
+	if err := validateRegions(key, p.Regions); err != nil {
+		return err
+	}
 	return validateScorers(key, p.Scorers)
+}
+
+// validateRegions checks policy.regions: each spill list names regions
+// other than its own, each once, and its penalty is in [0, MaxSpillPenalty].
+func validateRegions(key string, regions map[string]RegionPolicy) error {
+	if len(regions) > MaxRegions {
+		return fieldErr(key, "regions", "at most %d regions, got %d", MaxRegions, len(regions))
+	}
+	for _, from := range slices.Sorted(maps.Keys(regions)) {
+		rp := regions[from]
+		f := "regions." + from
+		if err := subjects.ValidToken(from); err != nil {
+			return &KeyError{Key: key, Field: "regions", Err: err}
+		}
+		if len(rp.Spill) > MaxSpillRegions {
+			return fieldErr(key, f+".spill", "at most %d regions, got %d", MaxSpillRegions, len(rp.Spill))
+		}
+		for i, to := range rp.Spill {
+			fi := fmt.Sprintf("%s.spill[%d]", f, i)
+			if err := subjects.ValidToken(to); err != nil {
+				return &KeyError{Key: key, Field: fi, Err: err}
+			}
+			if to == from {
+				return fieldErr(key, fi, "region %s names itself: a region's own replicas always come first", to)
+			}
+			if slices.Contains(rp.Spill[:i], to) {
+				return fieldErr(key, fi, "region %s is named twice", to)
+			}
+		}
+		if rp.Penalty < 0 || time.Duration(rp.Penalty) > MaxSpillPenalty {
+			return fieldErr(key, f+".penalty", "want a duration from 0 to %v, got %v", MaxSpillPenalty, time.Duration(rp.Penalty))
+		}
+	}
+	return nil
 }
 
 func validateAlias(key string, a *Alias) error {
@@ -462,6 +501,23 @@ func validateTenant(key string, t *Tenant) error {
 	for alias, lora := range t.Adapters {
 		if !ValidName(alias) || !ValidName(lora) {
 			return fieldErr(key, "adapters", "invalid entry %q → %q", alias, lora)
+		}
+	}
+	if t.Regions != nil {
+		if len(t.Regions) == 0 {
+			return fieldErr(key, "regions", "an empty list would serve the tenant nowhere: list its regions, or leave the field out to serve it anywhere")
+		}
+		if len(t.Regions) > MaxRegions {
+			return fieldErr(key, "regions", "at most %d regions, got %d", MaxRegions, len(t.Regions))
+		}
+		for i, r := range t.Regions {
+			fi := fmt.Sprintf("regions[%d]", i)
+			if err := subjects.ValidToken(r); err != nil {
+				return &KeyError{Key: key, Field: fi, Err: err}
+			}
+			if slices.Contains(t.Regions[:i], r) {
+				return fieldErr(key, fi, "region %s is named twice", r)
+			}
 		}
 	}
 	return validateBudget(key, "budget", t.Budget)

@@ -174,6 +174,16 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "negative scorer weight", key: "policy", value: `{"scorers": {"kv_usage": -0.5}}`, field: "scorers.kv_usage", msg: "got -0.5"},
 		{name: "pool negative scorer weight", key: "pools.general", value: `{"scorers": {"saturated": -1}}`, field: "scorers.saturated", msg: "got -1"},
 		{name: "scorer weight text", key: "policy", value: `{"scorers": {"kv_usage": "1"}}`, msg: "cannot unmarshal string"},
+		{name: "spill to itself", key: "policy", value: `{"regions": {"eu": {"spill": ["us", "eu"]}}}`, field: "regions.eu.spill[1]", msg: "names itself"},
+		{name: "spill twice", key: "policy", value: `{"regions": {"eu": {"spill": ["us", "ap", "us"]}}}`, field: "regions.eu.spill[2]", msg: "named twice"},
+		{name: "spill negative penalty", key: "policy", value: `{"regions": {"eu": {"spill": ["us"], "penalty": "-5ms"}}}`, field: "regions.eu.penalty", msg: "got -5ms"},
+		{name: "spill huge penalty", key: "policy", value: `{"regions": {"eu": {"spill": ["us"], "penalty": "1h"}}}`, field: "regions.eu.penalty", msg: "got 1h0m0s"},
+		{name: "spill bad region", key: "policy", value: `{"regions": {"eu": {"spill": ["us.east"]}}}`, field: "regions.eu.spill[0]", msg: "letters, digits"},
+		{name: "spill bad from", key: "policy", value: `{"regions": {"e u": {"spill": ["us"]}}}`, field: "regions", msg: "letters, digits"},
+		{name: "spill unknown field", key: "policy", value: `{"regions": {"eu": {"spill": ["us"], "rtt": "5ms"}}}`, msg: `unknown field "rtt"`},
+		{name: "residency empty", key: "tenants.t", value: `{"regions": []}`, field: "regions", msg: "empty list"},
+		{name: "residency twice", key: "tenants.t", value: `{"regions": ["eu", "eu"]}`, field: "regions[1]", msg: "named twice"},
+		{name: "residency bad region", key: "tenants.t", value: `{"regions": ["eu/west"]}`, field: "regions[0]", msg: "letters, digits"},
 		{name: "replica sizes", key: "replicas.r1", value: `{"model": "m", "pool": "general", "state": "ready", "max_queue": -1}`, field: "max_batch", msg: "negative"},
 	}
 	for _, tc := range tests {
@@ -182,6 +192,23 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestDecodeAccepts(t *testing.T) {
+	t.Run("regions", func(t *testing.T) {
+		v, err := table.Decode("policy", []byte(`{"regions": {"eu": {"spill": ["us", "ap"], "penalty": "80ms"}, "us": {"spill": ["eu"]}}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := v.V.(table.Policy)
+		if eu := p.Regions["eu"]; len(eu.Spill) != 2 || eu.Spill[1] != "ap" || time.Duration(eu.Penalty) != 80*time.Millisecond || p.Regions["us"].Penalty != 0 {
+			t.Errorf("regions = %+v", p.Regions)
+		}
+		v, err = table.Decode("tenants.t", []byte(`{"regions": ["eu"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tn := v.V.(table.Tenant); len(tn.Regions) != 1 || tn.Regions[0] != "eu" {
+			t.Errorf("tenant regions = %v", tn.Regions)
+		}
+	})
 	t.Run("cold model with actions", func(t *testing.T) {
 		v, err := table.Decode("models.mixtral-8x22b", []byte(`{"tier": "cold", "on_cold": "wait", "idle_unload_after": "10m",
 			"expected_load_seconds": 90, "load": {"kubernetes": {"namespace": "ml", "deployment": "mixtral", "replicas": 2}},

@@ -101,7 +101,35 @@ type Policy struct {
 	// scorer the profile has takes this weight instead of its own, one it
 	// lacks joins it, 0 leaves it out. A pool's scorers go on top.
 	Scorers map[string]float64 `json:"scorers,omitempty"`
+	// Regions says, per deciding region, where its deciders spill when
+	// every candidate of their own region is saturated or none is live
+	// (broker/policy, "Regions"). A region without an entry does not
+	// spill; only residency sends its requests elsewhere.
+	Regions map[string]RegionPolicy `json:"regions,omitempty"`
 }
+
+// RegionPolicy is policy.regions.<from>: the regions a decider of <from>
+// spills to, in order, and the penalty added to a remote candidate's
+// predicted time to first token (0: DefaultSpillPenalty).
+type RegionPolicy struct {
+	Spill   []string `json:"spill"`
+	Penalty Duration `json:"penalty,omitempty"`
+}
+
+// Spill bounds: a spill list longer than MaxSpillRegions, or a penalty
+// beyond MaxSpillPenalty, is refused.
+const (
+	MaxSpillRegions = 16
+	MaxSpillPenalty = 10 * time.Second
+	// DefaultSpillPenalty is the penalty of a region that sets none: the
+	// round trip between two regions of one continent, as a cloud
+	// provider's inter-region latency tables give it. Switchyard does not
+	// measure the round trip between regions.
+	DefaultSpillPenalty = 50 * time.Millisecond
+	// MaxRegions bounds the regions a table names (policy.regions and the
+	// tenants' regions together, with the deciders' own).
+	MaxRegions = 62
+)
 
 // Replica choices (policy.replica_choice).
 const (
@@ -370,6 +398,10 @@ type Tenant struct {
 	ShareWeight *float64 `json:"share_weight,omitempty"`
 	// Budget is the tenant's spend budget (nil: none).
 	Budget *Budget `json:"budget,omitempty"`
+	// Regions, when set, are the only regions the tenant's requests may
+	// be served in, spill included (residency). Nil: anywhere; an empty
+	// list is refused.
+	Regions []string `json:"regions,omitempty"`
 }
 
 // Share weights a tenant may be given, and the weight of one that sets

@@ -114,7 +114,8 @@ func TestVersion(t *testing.T) {
 // node-3.conf with cluster.conf, and site-1.conf with leaf-gpu-site.conf,
 // pass `nats-server -t` once /etc/nats and /var/lib/nats stand for a
 // directory holding certificates from make-certs.sh and what `switchyard
-// auth init` writes. (make cluster runs cluster.conf and leaf-gpu-site.conf
+// auth init` writes; so do region-eu-1.conf and region-us-1.conf with
+// supercluster.conf. (make cluster runs cluster.conf and leaf-gpu-site.conf
 // with loopback addresses.)
 func TestShippedNATSConfigsCheck(t *testing.T) {
 	if _, err := exec.LookPath("openssl"); err != nil {
@@ -123,7 +124,7 @@ func TestShippedNATSConfigsCheck(t *testing.T) {
 	src := filepath.Join(repoRoot(), "deploy", "nats")
 	dir := t.TempDir()
 	etc := filepath.Join(dir, "etc")
-	mk := exec.Command(filepath.Join(src, "make-certs.sh"), filepath.Join(etc, "tls"), "nats-1", "nats-2", "nats-3")
+	mk := exec.Command(filepath.Join(src, "make-certs.sh"), filepath.Join(etc, "tls"), "nats-1", "nats-2", "nats-3", "nats-eu-1", "nats-us-1")
 	if out, err := mk.CombinedOutput(); err != nil {
 		t.Fatalf("make-certs.sh: %v\n%s", err, out)
 	}
@@ -164,6 +165,18 @@ func TestShippedNATSConfigsCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		check(filepath.Join(node, "cluster.conf"))
+	}
+	// A region of a supercluster: supercluster.conf includes cluster.conf.
+	for _, region := range []string{"eu", "us"} {
+		node := filepath.Join(dir, "nats-"+region+"-1")
+		copyTo(filepath.Join(src, "supercluster.conf"), filepath.Join(node, "supercluster.conf"))
+		copyTo(filepath.Join(src, "cluster.conf"), filepath.Join(node, "cluster.conf"))
+		copyTo(filepath.Join(src, "region-"+region+"-1.conf"), filepath.Join(node, "node.conf"))
+		copyTo(filepath.Join(authDir, "server.conf"), filepath.Join(node, "switchyard", "server.conf"))
+		if err := os.WriteFile(filepath.Join(node, "switchyard", "leafnodes.conf"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		check(filepath.Join(node, "supercluster.conf"))
 	}
 	site := filepath.Join(dir, "site")
 	copyTo(filepath.Join(src, "leaf-gpu-site.conf"), filepath.Join(site, "leaf-gpu-site.conf"))

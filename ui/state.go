@@ -45,8 +45,10 @@ type poolGroup struct {
 // replicaView joins a replica's registration in the table with its latest
 // heartbeat. State is the effective one: the more restrictive of the two.
 type replicaView struct {
-	ID         string   `json:"id"`
-	Version    string   `json:"version"`
+	ID      string `json:"id"`
+	Version string `json:"version"`
+	// Region is the replica's region, from its heartbeat ("": none).
+	Region     string   `json:"region,omitempty"`
 	Role       string   `json:"role,omitempty"` // as registered: prefill, decode or both; "" unregistered
 	State      string   `json:"state"`
 	Registered bool     `json:"registered"`
@@ -198,6 +200,7 @@ func (u *UI) groups(now time.Time, t *table.Snapshot, pol table.Policy) []modelG
 				k.model, k.pool, k.r.Version = hb.Model, hb.Pool, hb.Version
 			}
 			k.r.Heartbeat = true
+			k.r.Region = hb.Region
 			k.r.AgeMs = max(0, now.Sub(h.at).Milliseconds())
 			k.r.KVUsage, k.r.Running, k.r.Waiting, k.r.Inflight = hb.KVUsage, hb.Running, hb.Waiting, hb.Inflight
 			k.r.MaxBatch, k.r.MaxQueue = cmp.Or(hb.MaxBatch, k.r.MaxBatch), cmp.Or(hb.MaxQueue, k.r.MaxQueue)

@@ -35,6 +35,7 @@ type state struct {
 			Replicas []struct {
 				ID         string  `json:"id"`
 				Role       string  `json:"role"`
+				Region     string  `json:"region"`
 				State      string  `json:"state"`
 				Registered bool    `json:"registered"`
 				Heartbeat  bool    `json:"heartbeat"`
@@ -327,7 +328,7 @@ func TestReplicaRoles(t *testing.T) {
 	r, _ := newRig(t, ui.Config{Table: func() *table.Snapshot { return snap }})
 	ev := openEvents(t, r.srv.URL)
 	ev.next(t, "the full state", func(s state) bool { return s.Full })
-	r.publish(t, subjects.New("").Heartbeat("pd-x0"), subjects.Heartbeat{Replica: "pd-x0", Model: "m-pd", Pool: "general", State: subjects.StateReady})
+	r.publish(t, subjects.New("").Heartbeat("pd-x0"), subjects.Heartbeat{Replica: "pd-x0", Model: "m-pd", Pool: "general", Region: "eu", State: subjects.StateReady})
 	s := ev.next(t, "pd-x0's heartbeat", func(s state) bool {
 		for _, m := range s.Models {
 			if m.Model == "m-pd" && len(m.Pools) > 0 && len(m.Pools[0].Replicas) == 4 {
@@ -336,13 +337,16 @@ func TestReplicaRoles(t *testing.T) {
 		}
 		return false
 	})
-	got := map[string]string{}
+	got, regions := map[string]string{}, map[string]string{}
 	for _, m := range s.Models {
 		for _, p := range m.Pools {
 			for _, rep := range p.Replicas {
-				got[rep.ID] = rep.Role
+				got[rep.ID], regions[rep.ID] = rep.Role, rep.Region
 			}
 		}
+	}
+	if regions["pd-x0"] != "eu" || regions["pd-p0"] != "" {
+		t.Errorf("regions pushed %v, want pd-x0's heartbeat's eu and none for the others", regions)
 	}
 	// The same from the state a script reads once.
 	resp, err := http.Get(r.srv.URL + "/ui/state")
@@ -377,7 +381,7 @@ func TestReplicaRoles(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"'version', 'role', 'state'", "roleCell(r)", "r.role"} {
+	for _, want := range []string{"'version', 'role', 'state'", "roleCell(r)", "r.role", "'region'", "r.region"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("the page does not show roles: app.js lacks %q", want)
 		}

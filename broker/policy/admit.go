@@ -121,6 +121,8 @@ func (st *decision) unavailable() *subjects.APIError {
 		}
 	case st.pick.endpoint.unserved > 0 && !st.anyServes(model):
 		e = subjects.NewError(501, subjects.CodeEndpointNotSupported, "No replica of "+model+" serves "+st.req.Endpoint+".")
+	case st.pick.region.resident > 0:
+		e = errResidency(model, st.res.tenantKey, st.res.tenant)
 	default:
 		e = subjects.NewError(503, subjects.CodeNoReplicas, "No replica of "+model+" is available.")
 		e.RetryAfter = RetryNoReplicas

@@ -36,9 +36,19 @@ func BenchmarkDecide(b *testing.B) {
 	b.Run("profile=switchyard+kv_usage/candidates=64", func(b *testing.B) {
 		benchDecide(b, 64, `{"policy": {"profile": "switchyard", "scorers": {"kv_usage": 0.5}}}`)
 	})
+	// Regions configured, the router in eu, every replica healthy: the
+	// 64 candidates are eu's; with 64 more in us, the region step leaves
+	// those out.
+	const regions = `{"policy": {"regions": {"eu": {"spill": ["us", "ap"], "penalty": "40ms"}, "us": {"spill": ["eu"]}}}}`
+	b.Run("regions/candidates=64", func(b *testing.B) { benchDecideIn(b, 64, 0, regions) })
+	b.Run("regions/candidates=64+64-remote", func(b *testing.B) { benchDecideIn(b, 64, 64, regions) })
 }
 
-func benchDecide(b *testing.B, n int, policyJSON string) {
+func benchDecide(b *testing.B, n int, policyJSON string) { benchDecideIn(b, n, -1, policyJSON) }
+
+// benchDecideIn is benchDecide with regions when remote ≥ 0: the router
+// and the n general replicas in eu, and remote more general replicas in us.
+func benchDecideIn(b *testing.B, n, remote int, policyJSON string) {
 	var sb strings.Builder
 	sb.WriteString(`{
 	"aliases.chat": {"targets": [{"model": "m", "version": "v1", "weight": 95}, {"model": "m", "version": "v2", "weight": 5}]},
@@ -51,12 +61,16 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 	for i := range max(2, n/32) {
 		sb.WriteString(`,"replicas.canary-` + strconv.Itoa(i) + `": {"model": "m", "version": "v2", "pool": "canary", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
 	}
-	for i := range n {
+	for i := range n + max(remote, 0) {
 		sb.WriteString(`,"replicas.gen-` + strconv.Itoa(i) + `": {"model": "m", "version": "v1", "pool": "general", "max_batch": 64, "max_queue": 256, "state": "ready"}`)
 	}
 	sb.WriteString("}")
 	s := build(b, []byte(policyJSON), []byte(sb.String()))
-	r := policy.New(policy.Config{Self: "bench"})
+	cfg := policy.Config{Self: "bench"}
+	if remote >= 0 {
+		cfg.Region = "eu"
+	}
+	r := policy.New(cfg)
 	r.SetTable(s)
 	now := t0
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -66,6 +80,14 @@ func benchDecide(b *testing.B, n int, policyJSON string) {
 			KVUsage: rng.Float64() * 0.9, Running: rng.IntN(64), Waiting: rng.IntN(16), MaxBatch: 64, MaxQueue: 256,
 			TTFTEWMAMillis: 80, QueueWaitMillis: 20, ScrapeOK: true,
 			PrefillTokensPerSec: 5000 + rng.Float64()*5000, QueuedPrefillTokens: rng.IntN(20000)})
+	}
+	if remote >= 0 {
+		for _, hb := range heartbeats {
+			hb.Region = "eu"
+			if i, err := strconv.Atoi(strings.TrimPrefix(hb.Replica, "gen-")); err == nil && i >= n {
+				hb.Region = "us"
+			}
+		}
 	}
 	deltas := make([]subjects.LoadDelta, len(heartbeats))
 	for i, hb := range heartbeats {

@@ -63,6 +63,8 @@ func (st *decision) run() {
 	res, p := &st.res, &st.pick
 	res.start(st.snap, req, st.rng)
 	p.start(req, st.rng, st.now, st.r.clock.Nanos(st.now))
+	p.region.start(&st.r.regions, res.tenant)
+	d.Region = st.r.cfg.Region
 	p.eject.horizon = st.r.view.ejectHorizon
 
 	// Which model?
@@ -173,6 +175,10 @@ func (st *decision) run() {
 		mods |= modPanic
 	}
 	d.Reason = p.reason(res.fallback, mods)
+	d.ReplicaRegion = c.x.hb.Region
+	if p.region.to != regionNone {
+		d.Spilled, d.Reason = true, p.region.reason+d.Reason
+	}
 	p.alternatives(d)
 	if st.commit {
 		st.commitTo(c.x)

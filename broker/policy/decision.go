@@ -66,7 +66,10 @@ const (
 	ReasonBatchRoom  = "batch-room"         // batch work: the chosen replica had no room for it; another had
 	ReasonSplit      = "split"              // a disaggregated model's check: prefill leg elsewhere, or why not (never switches)
 	ReasonObjective  = "ttft-objective"     // chosen replica's predicted TTFT missed the objective; the fastest one's met it (or batch work)
-	ReasonFairShare  = "fair-share"         // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
+	// ReasonSpill is followed by the router's region and the replica's:
+	// "spill:eu->us+power-of-two" (the candidates were another region's).
+	ReasonSpill     = "spill:"
+	ReasonFairShare = "fair-share" // chosen replica predicted above the pool's shed_after, another below; or the pool sheds, tenants above their fair share refused
 )
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).
@@ -99,6 +102,12 @@ const (
 // it back in; Decide and Explain overwrite every field.
 type Decision struct {
 	Requested, Model, Version, Lora, Pool, Replica, Reason string
+
+	// Region is the router's region (Config.Region), ReplicaRegion the
+	// chosen replica's (its heartbeat's); Spilled says the choice left the
+	// router's region (README, "Regions").
+	Region, ReplicaRegion string
+	Spilled               bool
 
 	Score float64 // the chosen replica's score (the default profile's: its load_score, saturation penalty included)
 	// PredictedTTFT is the chosen replica's predicted time to first token
@@ -206,6 +215,9 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		Replica:             d.Replica,
 		Reason:              d.Reason,
 		Score:               d.Score,
+		Region:              d.Region,
+		ReplicaRegion:       d.ReplicaRegion,
+		Spilled:             d.Spilled,
 		PredictedTTFTMillis: d.PredictedTTFT,
 		Alternatives:        slices.Clone(d.Alternatives()),
 		PromptTokens:        req.PromptTokens,

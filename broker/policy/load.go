@@ -79,6 +79,7 @@ func (st *decision) candidates(model, version, pool string) bool {
 	k := 0
 	w := &pol.LoadWeights
 	uncached := clamp32(p.req.PromptTokens)
+	local, nlocal, localRoom := p.region.local(), 0, false
 next:
 	for _, x := range list {
 		// The filters with flags at once: a call through each row's
@@ -118,10 +119,16 @@ next:
 		if c.full {
 			p.nfull++
 		}
+		if x.region == local {
+			// The region step's count, here where x is at hand.
+			nlocal++
+			localRoom = localRoom || !c.saturated
+		}
 		x.mark, x.ci = p.epoch, int32(k)
 		k++
 	}
-	cands = p.preferNotAvoided(cands[:k])
+	p.region.nlocal, p.region.localRoom = nlocal, localRoom
+	cands = p.preferNotAvoided(p.regional(cands[:k]))
 	st.cands, p.cands = cands, cands
 	return len(cands) > 0
 }

@@ -51,6 +51,7 @@ type pick struct {
 	// The rows' own state.
 	endpoint endpointFilter
 	eject    ejectFilter
+	region   regionFilter
 	adapters loraStep
 	warm     prefixStep
 	pair     pairDraw

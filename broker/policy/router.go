@@ -25,6 +25,11 @@ type Config struct {
 	// Self is this broker's id: usage events naming another broker are not
 	// ours to settle.
 	Self string
+	// Region is the region this router decides in: its candidates there
+	// come first, and it spills to other regions by the table's
+	// policy.regions (README, "Regions"). Empty: no region, every
+	// candidate alike.
+	Region string
 	// Clock, when set, measures Decision.Duration. Nil keeps the Router
 	// free of wall-clock reads; the caller then fills Duration.
 	Clock func() time.Time
@@ -62,6 +67,9 @@ type Router struct {
 	// on the monotonic clock, so that a step of the wall clock makes no
 	// replica look dead or fresh.
 	clock monotime.Scale
+	// regions are the table's regions and the router's, interned by
+	// SetTable.
+	regions regionIndex
 }
 
 type groupKey struct{ model, version, pool string }
@@ -83,6 +91,8 @@ type replica struct {
 	// index holds its keys exactly; prefix affinity then reads the index
 	// for it, not the placements. kvID is its id in the index.
 	kvLive bool
+	// region is the id of its heartbeat's region (regionIndex).
+	region uint8
 	ci     int32  // index in Router.cands while marked
 	mark   uint64 // == Router.epoch while a candidate of the current decision
 	hbNano int64  // heartbeat receive time, unix ns on the broker's clock: liveness (dead_after)
@@ -322,6 +332,7 @@ func New(cfg Config) *Router {
 		rng:      rand.New(rand.NewPCG(1, 2)),
 		profiles: newProfiles(table.NewSnapshot()),
 		clock:    monotime.New(),
+		regions:  newRegionIndex(cfg.Region, table.NewSnapshot()),
 	}
 }
 
@@ -356,12 +367,14 @@ func (r *Router) SetTable(s *table.Snapshot) {
 		}
 		byModel[reg.Model] = append(byModel[reg.Model], x)
 	}
+	r.regions = newRegionIndex(r.cfg.Region, s)
 	for id, x := range r.view.replicas {
 		if x.reg == nil && !x.hasHB {
 			delete(r.view.replicas, id)
 			continue
 		}
 		x.refresh()
+		x.region = r.regions.of(x.hb.Region)
 	}
 	r.view.groups, r.view.byModel = groups, byModel
 	r.profiles = newProfiles(s)
@@ -389,6 +402,7 @@ func (r *Router) ObserveHeartbeat(hb *subjects.Heartbeat, now time.Time) {
 	}
 	r.view.kvRefresh(x)
 	x.refresh()
+	x.region = r.regions.of(hb.Region)
 	if d, ok := x.observeFailures(hb, x.hbNano); ok {
 		r.view.ejectHorizon = max(r.view.ejectHorizon, x.eject.until)
 		if r.cfg.OnEject != nil {

@@ -152,14 +152,16 @@ func (p *pick) split() (bool, *subjects.APIError) {
 // model's prefill replicas of x's version that are live, in rotation, not
 // excluded, serve the endpoint and are not at capacity, the one holding
 // the longest chain of the prompt's blocks while below the release
-// threshold, ties to the lowest load_score.
+// threshold, ties to the lowest load_score. With regions in force, only
+// x's own region's: the two legs of a request are served in one region,
+// so a resident tenant's prefill stays where its decode is.
 func (p *pick) prefillFor(x *replica) *replica {
 	c := &p.pd
 	var best *replica
 	bestHeld, bestLoad := -1, 0.0
 	for _, y := range c.group {
 		if !y.prefillOnly || y.reg.Version != x.reg.Version || !p.live(y) || p.nowNano < y.eject.until ||
-			!p.serves(y) || slices.Contains(p.req.Exclude, y.id) {
+			!p.serves(y) || slices.Contains(p.req.Exclude, y.id) || p.region.on && y.region != x.region {
 			continue
 		}
 		cand := cand{x: y, fresh: max(p.nowNano-y.dataNano, 0) < p.stale}

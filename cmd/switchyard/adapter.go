@@ -26,6 +26,7 @@ func runAdapter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.EngineModel, "engine-model", "", "name the engine serves the model under (default --model)")
 	fs.StringVar(&cfg.Version, "version", "", "model version")
 	fs.StringVar(&cfg.Pool, "pool", "general", "pool")
+	fs.StringVar(&cfg.Region, "region", "", "region the replica serves in, carried in its heartbeats (default: none, the one region of a deployment without regions)")
 	fs.StringVar(&cfg.Flavor, "flavor", "auto", "engine metrics flavor: auto, vllm, sglang, llamacpp or tgi")
 	fs.StringVar(&cfg.EngineScheduling, "engine-scheduling", "fcfs", "the engine's scheduling policy: fcfs, or priority for a vLLM started with --scheduling-policy priority (the adapter then sends each request's priority: batch work 1, interactive 0)")
 	fs.IntVar(&cfg.MaxBatch, "max-batch", 0, "requests the engine runs at once (vLLM's max_num_seqs; 0: read from the engine where it exports it, else 256; at most 65536)")

@@ -28,6 +28,7 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
 	metricsListen := fs.String("metrics-listen", ":9101", "address (or fd:N, an inherited listening socket) of the /metrics listener")
 	fs.StringVar(&cfg.ID, "id", "", "broker id (default: random)")
+	fs.StringVar(&cfg.Region, "region", "", "region this broker decides in: its replicas first, spilling by the table's policy.regions (default: none, every replica alike)")
 	warmUpVar(fs, &cfg.WarmUp, "before joining the queue group")
 	fs.DurationVar(&cfg.LeaseTTL, "budget-lease-ttl", 0, "how long this broker's leases on budgets outlive it, if it dies (default 30s; 1s to 10m)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")

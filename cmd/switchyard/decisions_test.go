@@ -241,3 +241,21 @@ func TestExplainShowsTheScorers(t *testing.T) {
 		}
 	}
 }
+
+// A decision made in a region says where it was made and where its replica
+// is; one that left the region says it spilled.
+func TestExplainShowsTheRegions(t *testing.T) {
+	d := decisionAt(0)
+	d.Replica, d.Reason, d.Region, d.ReplicaRegion, d.Spilled = "l8-us-0", "spill:eu->us+power-of-two", "eu", "us", true
+	var b strings.Builder
+	printDecision(&b, &d)
+	if !strings.Contains(b.String(), "region    decided in eu, replica in us (spilled)") {
+		t.Errorf("regions explained as:\n%s", b.String())
+	}
+	d = decisionAt(0)
+	b.Reset()
+	printDecision(&b, &d)
+	if strings.Contains(b.String(), "region") {
+		t.Errorf("a decision without regions explained as:\n%s", b.String())
+	}
+}

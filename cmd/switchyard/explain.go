@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,6 +113,13 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 	}
 	fmt.Fprintf(w, "\npool      %s\nreplica   %s (score %.3f)\nreason    %s\ntable rev %d, decided in %s\n",
 		d.Pool, d.Replica, d.Score, d.Reason, d.TableRevision, time.Duration(d.DurationNanos))
+	if d.Region != "" || d.ReplicaRegion != "" {
+		fmt.Fprintf(w, "region    decided in %s, replica in %s", cmp.Or(d.Region, "(none)"), cmp.Or(d.ReplicaRegion, "(none)"))
+		if d.Spilled {
+			fmt.Fprintf(w, " (spilled)")
+		}
+		fmt.Fprintln(w)
+	}
 	if d.Split != "" {
 		if d.PrefillReplica != "" {
 			fmt.Fprintf(w, "prefill   %s, decode on %s (%s: %d uncached tokens)\n", d.PrefillReplica, d.Replica, d.Split, d.UncachedTokens)

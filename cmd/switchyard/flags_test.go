@@ -158,3 +158,20 @@ func TestGatewayListenerFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestRegionFlag: a --region that is not a token is refused by every part
+// that takes one, naming the flag, before anything connects.
+func TestRegionFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"broker", "--nats", "nats://127.0.0.1:1", "--metrics-listen", "127.0.0.1:0", "--state-dir", t.TempDir()},
+		{"gateway", "--nats", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+		{"adapter", "--nats", "nats://127.0.0.1:1", "--engine", "http://127.0.0.1:1", "--replica", "r-1", "--model", "m"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(t.Context(), append(args, "--region", "eu.west"), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "region") {
+				t.Errorf("exit %d, want %d naming --region; stderr %q", code, exitUsage, errb.String())
+			}
+		})
+	}
+}

@@ -42,6 +42,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.RoutedTimeout, "routed-timeout", gateway.DefaultRoutedTimeout, "time without a broker's routed notice after which the request is sent to the broker queue group again as a copy (-1s: never; at most 1m)")
 	fs.DurationVar(&cfg.ProbeAfter, "probe-after", gateway.DefaultProbeAfter, "silence of a reply after which the gateway asks NATS whether its replica's adapter is still there (-1s: never; at most 1h)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the last good routing table")
+	fs.StringVar(&cfg.Region, "region", "", "region this gateway decides in with --decide local: its replicas first, spilling by the table's policy.regions (default: none, every replica alike)")
 	fs.StringVar(&cfg.Decide, "decide", gateway.DecideLocal, "where HTTP requests are decided: local (in this process, the body published once straight to the replica) or broker (through the brokers, llm.gw.<tenant>)")
 	warmUpVar(fs, &cfg.WarmUp, "with --decide local, before /readyz passes")
 	fs.IntVar(&cfg.MaxColdWaits, "max-cold-waits", gateway.DefaultMaxColdWaits, "requests held at most while their cold model loads (on_cold: wait)")

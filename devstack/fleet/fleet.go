@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
@@ -37,6 +38,11 @@ type Replica struct {
 	// Role is what the replica serves of a disaggregated model
 	// (table.RolePrefill, table.RoleDecode; default both).
 	Role string
+	// Region is the adapter's --region (default none).
+	Region string
+	// ITL is the simulated engine's decode step (enginesim.Config.ITL;
+	// default the simulator's).
+	ITL time.Duration
 }
 
 // Dev is the deployment `switchyard dev` runs: thirteen simulated

@@ -37,6 +37,18 @@ func NewRelay(t testing.TB, to string) *Relay {
 	return r
 }
 
+// Addr is the relay's address, host:port.
+func (r *Relay) Addr() string { return r.ln.Addr().String() }
+
+// Retarget carries the connections accepted from now on to to: a relay
+// made before the server it fronts (whose port is its own choice) is
+// pointed at it once it runs.
+func (r *Relay) Retarget(to string) {
+	r.mu.Lock()
+	r.to = to
+	r.mu.Unlock()
+}
+
 // URL is the relay's address as a NATS URL.
 func (r *Relay) URL() string { return "nats://" + r.ln.Addr().String() }
 
@@ -46,7 +58,10 @@ func (r *Relay) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.Dial("tcp", r.to)
+		r.mu.Lock()
+		to := r.to
+		r.mu.Unlock()
+		s, err := net.Dial("tcp", to)
 		if err != nil {
 			_ = c.Close()
 			continue

@@ -30,7 +30,11 @@ const (
 	DefaultInitialTimeout = 2 * time.Second
 	DefaultMinRetry       = 250 * time.Millisecond
 	DefaultMaxRetry       = 5 * time.Second
+	DefaultCheckEvery     = 10 * time.Second
 )
+
+// errBehind ends a watch that missed what the bucket holds (see CheckEvery).
+var errBehind = errors.New("the watch is behind the bucket: a message was lost on the way")
 
 // ErrRunning is returned by a second call to Run.
 var ErrRunning = errors.New("watcher already running")
@@ -55,6 +59,14 @@ type Config struct {
 	// MinRetry and MaxRetry bound the backoff between watch attempts
 	// (defaults 250ms and 5s).
 	MinRetry, MaxRetry time.Duration
+	// CheckEvery is how often a watch compares the last revision it saw
+	// with the bucket's (default 10s). An ordered consumer finds a lost
+	// message only when the next one comes: across a NATS gateway (a
+	// region's link to the bucket's), the messages sent while the link
+	// was down are lost without the client's own connection dropping, so
+	// without a later write the watch would keep the old table. Behind
+	// at two checks in a row, the watch starts again.
+	CheckEvery time.Duration
 }
 
 // Watcher keeps the routing table of one bucket. Snapshot is safe for
@@ -64,13 +76,16 @@ type Watcher struct {
 	cfg Config
 	log *slog.Logger
 
-	snap      atomic.Pointer[table.Snapshot]
-	source    atomic.Pointer[string]
-	since     atomic.Int64 // unix nanoseconds the snapshot in force is from
-	ready     chan struct{}
-	running   atomic.Bool
-	readyDone bool // owned by the Run goroutine
-	stateRead bool // owned by the Run goroutine
+	snap   atomic.Pointer[table.Snapshot]
+	source atomic.Pointer[string]
+	since  atomic.Int64 // unix nanoseconds the snapshot in force is from
+	// unreachable is since when (unix ns) the bucket has been out of
+	// reach, 0 while it is in reach (see Unreachable).
+	unreachable atomic.Int64
+	ready       chan struct{}
+	running     atomic.Bool
+	readyDone   bool // owned by the Run goroutine
+	stateRead   bool // owned by the Run goroutine
 }
 
 // New returns a Watcher of cfg.Bucket; call Run to start it.
@@ -86,6 +101,9 @@ func New(js jetstream.JetStream, cfg Config) *Watcher {
 	}
 	if cfg.MaxRetry < cfg.MinRetry {
 		cfg.MaxRetry = max(DefaultMaxRetry, cfg.MinRetry)
+	}
+	if cfg.CheckEvery <= 0 {
+		cfg.CheckEvery = DefaultCheckEvery
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -109,6 +127,26 @@ func (w *Watcher) Source() string {
 		return *s
 	}
 	return ""
+}
+
+// Unreachable is how long the bucket has been out of reach, the table in
+// force staying: since a watch broke, or since a check of the bucket
+// (CheckEvery) failed, as in a region cut off from the bucket's; 0 while
+// the bucket is in reach.
+func (w *Watcher) Unreachable() time.Duration {
+	if n := w.unreachable.Load(); n != 0 {
+		return max(time.Since(time.Unix(0, n)), time.Nanosecond)
+	}
+	return 0
+}
+
+// reach records whether the bucket was in reach.
+func (w *Watcher) reach(ok bool) {
+	if ok {
+		w.unreachable.Store(0)
+	} else {
+		w.unreachable.CompareAndSwap(0, time.Now().UnixNano())
+	}
 }
 
 // Age is how long ago the snapshot in force was built from the bucket (for a
@@ -137,6 +175,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 			retry = w.cfg.MinRetry
 		}
 		w.log.Warn("routing table watch unavailable; keeping the table in force", "err", err, "retry_in", retry)
+		if !errors.Is(err, errBehind) {
+			w.reach(false)
+		}
 		w.fallBack()
 		t := time.NewTimer(retry)
 		select {
@@ -226,6 +267,14 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 
 	initial := time.NewTimer(w.cfg.InitialTimeout)
 	defer initial.Stop()
+	check := time.NewTicker(w.cfg.CheckEvery)
+	defer check.Stop()
+	// seen is the last stream sequence the watch got, or that the bucket
+	// held when it opened, once the initial values are in (a sequence
+	// removed from the stream is never delivered); behindAt is the
+	// bucket's last sequence at a check that found the watch behind it.
+	openedAt := stream.CachedInfo().State.LastSeq
+	var seen, behindAt uint64
 
 	// The initial values are built into an empty table, so keys deleted
 	// while this watcher was away disappear; a key whose value is now
@@ -233,6 +282,8 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	next := table.NewSnapshot()
 	changed := false
 	done := func() {
+		seen = max(seen, openedAt)
+		w.reach(true)
 		synced = true
 		initial.Stop()
 		w.publish(next, SourceKV)
@@ -250,7 +301,22 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 		case <-initial.C:
 			w.log.Warn("routing table initial values not in yet", "after", w.cfg.InitialTimeout)
 			w.fallBack()
+		case <-check.C:
+			if !synced {
+				continue
+			}
+			last, ok := w.lastSeq(ctx, stream)
+			w.reach(ok)
+			switch {
+			case !ok || last <= seen:
+				behindAt = 0
+			case behindAt != 0 && last == behindAt:
+				return synced, errBehind
+			default:
+				behindAt = last // perhaps on its way: behind again next time, it was lost
+			}
 		case u := <-updates:
+			seen = max(seen, u.rev)
 			if next == nil {
 				next = w.snap.Load().Clone()
 			}
@@ -264,6 +330,18 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 			}
 		}
 	}
+}
+
+// lastSeq is the last sequence of the bucket's stream; ok is false when it
+// cannot be read (the bucket out of reach: nothing to compare).
+func (w *Watcher) lastSeq(ctx context.Context, stream jetstream.Stream) (uint64, bool) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout)
+	defer cancel()
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, false
+	}
+	return info.State.LastSeq, true
 }
 
 // resetAttempts bounds how often the ordered consumer recreates itself

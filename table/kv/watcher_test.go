@@ -289,6 +289,10 @@ func TestMissingBucketFallsBackThenRecovers(t *testing.T) {
 	if w2.Source() != kv.SourceStateDir || w2.Snapshot().Models["old"] == nil {
 		t.Fatalf("Source %q, models %v", w2.Source(), w2.Snapshot().Models)
 	}
+	if w.Unreachable() != 0 {
+		t.Errorf("the watcher of a bucket in reach says it is out of reach for %v", w.Unreachable())
+	}
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, testkit.Cond("the bucket said out of reach", func() bool { return w2.Unreachable() > 0 }))
 
 	// The bucket appears: the watcher switches to it, and keys that are
 	// only in the persisted table go away.
@@ -303,6 +307,9 @@ func TestMissingBucketFallsBackThenRecovers(t *testing.T) {
 	}
 	if w2.Snapshot().Models["old"] != nil {
 		t.Error("a key absent from the bucket survived recovery")
+	}
+	if d := w2.Unreachable(); d != 0 {
+		t.Errorf("the bucket read again, and said out of reach for %v", d)
 	}
 	// OnSnapshot runs just after the swap: wait for it.
 	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {

@@ -110,7 +110,7 @@
     return max ? `${n}/${max}` : String(n);
   }
 
-  const columns = ['pool', 'replica', 'version', 'role', 'state', 'KV cache', 'cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
+  const columns = ['pool', 'replica', 'region', 'version', 'role', 'state', 'KV cache', 'cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat'];
   const numeric = new Set(['cached blocks', 'running', 'waiting', 'in flight', 'LoRA', 'wait', 'heartbeat']);
 
   // cachedCell is the prefix blocks the replica's engine caches, from the
@@ -140,6 +140,7 @@
     return h('tr', pool ? 'first' : '',
       h('td', 'pool', pool),
       h('td', 'id', r.id),
+      h('td', 'mono dim', r.region || ''),
       h('td', 'mono dim', r.version || ''),
       roleCell(r),
       h('td', '', stateBadge(r)),

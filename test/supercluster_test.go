@@ -1,0 +1,238 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	examples "github.com/switchyard-llm/switchyard/deploy/examples"
+	"github.com/switchyard-llm/switchyard/enginesim"
+	"github.com/switchyard-llm/switchyard/gateway"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
+	"github.com/switchyard-llm/switchyard/natsconn/natstest"
+	"github.com/switchyard-llm/switchyard/owners"
+	adapter "github.com/switchyard-llm/switchyard/replica-adapter"
+	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table/kv"
+)
+
+// regionSite is one region's parts on its own NATS server: a simulated
+// engine and an adapter per replica, and a gateway deciding in the region.
+type regionSite struct {
+	name string
+	gw   *gateway.Gateway
+	url  string
+}
+
+// startRegion runs region name's parts against the server at natsURL,
+// stopped when the test ends.
+func startRegion(t *testing.T, natsURL, name string, replicas ...string) *regionSite {
+	t.Helper()
+	ln := testkit.Listen(t) // closed after the parts stop: cleanups run last first
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	conn := func(what string) *nats.Conn {
+		nc, err := nats.Connect(natsURL, nats.Name(what), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	run := func(what string, f func(context.Context) error) {
+		wg.Go(func() {
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		})
+	}
+	for _, id := range replicas {
+		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: enginesim.Config{Model: "llama-3-8b-instruct"}, Speed: 4})
+		run("engine "+id, eng.Run)
+		hs := httptest.NewServer(eng.Handler())
+		t.Cleanup(hs.Close)
+		a, err := adapter.New(conn("adapter-"+id), adapter.Config{
+			Replica: id, Model: "llama-3-8b-instruct", Version: "v1.0.0", Pool: "general", Region: name,
+			Flavor: adapter.FlavorVLLM, EngineURL: hs.URL, HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run("adapter "+id, a.Run)
+	}
+	g, err := gateway.New(conn("gateway-"+name), gateway.Config{ID: "gw-" + name, Region: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		if err := g.Serve(ctx, ln); err != nil && ctx.Err() == nil {
+			t.Errorf("gateway %s: %v", name, err)
+		}
+	})
+	return &regionSite{name: name, gw: g, url: "http://" + ln.Addr().String()}
+}
+
+// TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
+// supercluster (a server per region, joined by gateways), the routing
+// table's bucket in region a. With the link between them cut, each region
+// serves its own clients from its own replicas on the table it holds
+// (region b's copy is its deciders' last good one: the bucket is out of its
+// reach), none lost; a table write made in a during the cut reaches b once
+// the link heals, and both regions then hold the same table.
+func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
+	sc := natstest.TwoRegions(t, "a", "b")
+	ctx := context.Background()
+	// The buckets are made from region a, so JetStream places them there.
+	seed, err := nats.Connect(sc.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	js, err := jetstream.New(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owners.Ensure(ctx, js, owners.DefaultBucket, 1); err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := kv.EnsureBucket(ctx, js, subjects.DefaultBucket, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := examples.Flat()
+	var pol map[string]any
+	if err := json.Unmarshal(flat["policy"], &pol); err != nil {
+		t.Fatal(err)
+	}
+	pol["dead_after"], pol["stale_after"] = "1s", "500ms"
+	pol["regions"] = map[string]any{"a": map[string]any{"spill": []string{"b"}}, "b": map[string]any{"spill": []string{"a"}}}
+	flat["policy"] = jsonMarshal(pol)
+	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
+		t.Fatal(err)
+	}
+
+	a := startRegion(t, sc.URL(0), "a", "l8-a-0", "l8-a-1")
+	b := startRegion(t, sc.URL(1), "b", "l8-b-0", "l8-b-1")
+	regionOf := map[string]string{"l8-a-0": "a", "l8-a-1": "a", "l8-b-0": "b", "l8-b-1": "b"}
+	explain := func(g *gateway.Gateway) policy.Decision {
+		return g.Decider().Router().Explain(&policy.Request{Tenant: "default", Model: "chat-small", Endpoint: subjects.EndpointChat, PromptTokens: 10}, time.Now(), nil)
+	}
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, testkit.Cond("each gateway to route in its region", func() bool {
+		for _, s := range []*regionSite{a, b} {
+			if s.gw.Table() == nil || len(s.gw.Table().Policy.Regions) != 2 {
+				return false
+			}
+			if d := explain(s.gw); d.Err != nil || d.ReplicaRegion != s.name {
+				return false
+			}
+		}
+		return true
+	}))
+	// send counts where n requests to site s were served.
+	send4 := func(s *regionSite, n int) regionRow {
+		row := regionRow{codes: map[string]int{}}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				o := send(context.Background(), s.url, chatBody("chat-small", 2, i%2 == 0))
+				mu.Lock()
+				defer mu.Unlock()
+				row.requests++
+				switch {
+				case o.done && regionOf[o.replica] == s.name:
+					row.local++
+				case o.done:
+					row.spilled++
+				case o.explicit():
+					row.failed++
+					row.codes[o.code+": "+o.msg]++
+				default:
+					row.lost++
+					t.Errorf("request %d to %s lost: %v", i, s.name, o)
+				}
+			})
+		}
+		wg.Wait()
+		return row
+	}
+	if ra, rb := send4(a, 20), send4(b, 20); ra.local != 20 || rb.local != 20 {
+		t.Fatalf("linked: from a %v, from b %v; want every request served in its region", ra, rb)
+	}
+
+	sc.Cut()
+	cut := time.Now()
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, testkit.Cond("the servers to see the link down", sc.Unlinked))
+	seen := time.Since(cut)
+	// A table write in a, the primary, during the cut.
+	pol["regions"] = map[string]any{"a": map[string]any{"spill": []string{"b"}, "penalty": "70ms"}, "b": map[string]any{"spill": []string{"a"}}}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = bucket.Put(wctx, "policy", jsonMarshal(pol))
+	cancel()
+	if err != nil {
+		t.Errorf("a table write in the primary region during the cut: %v", err)
+	}
+	ra, rb := send4(a, 40), send4(b, 40)
+	t.Logf("link cut (seen by the servers after %v): from a %v; from b %v", seen.Round(time.Millisecond), ra, rb)
+	if ra.local != 40 || rb.local != 40 {
+		t.Errorf("cut: from a %v, from b %v; want every request served in its own region", ra, rb)
+	}
+	if p := b.gw.Table().Policy.Regions["a"].Penalty; p != 0 {
+		t.Errorf("region b read a table write it cannot reach (penalty %v)", p)
+	}
+	// Region b stays ready, and says it routes on its last good table.
+	readyz := func(s *regionSite) (int, string) {
+		resp, err := http.Get(s.url + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	testkit.CheckFor(t, 60*time.Second, 100*time.Millisecond, testkit.Cond("b's /readyz to say its table's bucket is out of reach", func() bool {
+		code, body := readyz(b)
+		return code == 200 && strings.Contains(body, "routing table: the last good one; its bucket out of reach")
+	}))
+	codeA, bodyA := readyz(a)
+	t.Logf("b's /readyz said so %v after the cut; a's: %d %q", time.Since(cut).Round(time.Millisecond), codeA, bodyA)
+	if ra, rb := send4(a, 10), send4(b, 10); ra.local != 10 || rb.local != 10 {
+		t.Errorf("cut, later: from a %v, from b %v; want every request served in its own region", ra, rb)
+	}
+
+	sc.Heal()
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, testkit.Cond("the link up again", sc.Linked))
+	converged := testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, testkit.Cond("both regions to hold the same table", func() bool {
+		ta, tb := a.gw.Table(), b.gw.Table()
+		return ta != nil && tb != nil && maps.EqualFunc(ta.Raw, tb.Raw, func(x, y json.RawMessage) bool { return string(x) == string(y) }) &&
+			time.Duration(tb.Policy.Regions["a"].Penalty) == 70*time.Millisecond
+	}))
+	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, testkit.Cond("neither /readyz to say the bucket is out of reach", func() bool {
+		ca, ba := readyz(a)
+		cb, bb := readyz(b)
+		return ca == 200 && cb == 200 && !strings.Contains(ba, "out of reach") && !strings.Contains(bb, "out of reach")
+	}))
+	divergent := 0
+	for k, v := range a.gw.Table().Raw {
+		if string(b.gw.Table().Raw[k]) != string(v) {
+			divergent++
+		}
+	}
+	ra, rb = send4(a, 20), send4(b, 20)
+	t.Logf("healed: the table converged %v after the heal, %d divergent keys; from a %v; from b %v", converged.Round(time.Millisecond), divergent, ra, rb)
+	if ra.local != 20 || rb.local != 20 {
+		t.Errorf("healed: from a %v, from b %v; want every request served in its region", ra, rb)
+	}
+}
