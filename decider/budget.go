@@ -3,6 +3,7 @@ package decider
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,8 @@ import (
 // bucket the first time a request needs it.
 type budgets struct {
 	js      jetstream.JetStream
+	prefix  string
+	log     *slog.Logger
 	bucket  string
 	holder  string
 	ttl     time.Duration
@@ -90,9 +93,9 @@ func (bg *budgets) left(tenant string, m budget.Micro) {
 	g.(prometheus.Gauge).Set(m.Amount())
 }
 
-func newBudgets(js jetstream.JetStream, cfg *Config, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
+func newBudgets(js jetstream.JetStream, cfg *Config, log *slog.Logger, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
 	bg := &budgets{
-		js: js, bucket: cfg.BudgetsBucket, holder: cfg.ID + "-" + nuid.Next(), ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
+		js: js, prefix: cfg.Prefix, log: log, bucket: cfg.BudgetsBucket, holder: cfg.ID + "-" + nuid.Next(), ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
 		spend: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_spend_total", Help: "Money the requests this decider admitted cost, settled on their usage, in the table's currency.",
 		}, []string{"tenant", "model"}),
@@ -131,7 +134,8 @@ func (bg *budgets) spender(ctx context.Context) (*budget.Spender, error) {
 		}
 		return nil, err
 	}
-	bg.sp = budget.NewSpender(budget.Config{KV: kv, Holder: bg.holder, LeaseTTL: bg.ttl, Now: bg.now, OnCross: bg.onCross})
+	bg.sp = budget.NewSpender(budget.Config{KV: kv, Holder: bg.holder, LeaseTTL: bg.ttl, Now: bg.now, OnCross: bg.onCross,
+		Served: budget.Served(bg.js, bg.prefix), OnError: bg.onError})
 	return bg.sp, nil
 }
 
@@ -164,6 +168,12 @@ func (bg *budgets) run(ctx context.Context) {
 	}
 }
 
+// onError logs a correction of a dead decider's spend that failed: it is
+// tried again later, and the spend stays charged whole until then.
+func (bg *budgets) onError(err error) {
+	bg.log.Warn("a dead decider's spend is not corrected from the ledger yet", "err", err)
+}
+
 // errNoBucket is a budget whose bucket was never created.
 var errNoBucket = errors.New("no budgets bucket")
 
@@ -183,6 +193,9 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	delete(h, subjects.HdrRouteBudget)
 	delete(h, subjects.HdrPrice)
 	delete(h, subjects.HdrKeyID)
+	delete(h, subjects.HdrBudgetHolder)
+	delete(h, subjects.HdrBudgetTenant)
+	delete(h, subjects.HdrBudgetKey)
 	if snap == nil {
 		return nil
 	}
@@ -244,13 +257,13 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	sp, err := b.budgets.spender(context.Background())
 	var left budget.Micro
 	var ref *budget.Refusal
+	hold := budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}
 	if err == nil {
-		expires := s.start.Add(time.Hour)
+		hold.Deadline = s.start.Add(time.Hour)
 		if !q.Deadline.IsZero() {
-			expires = q.Deadline
+			hold.Deadline = q.Deadline
 		}
-		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n],
-			budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}, expires.Add(time.Minute))
+		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n], &hold, hold.Deadline.Add(time.Minute))
 	}
 	if err != nil {
 		msg := "the spend of this request's budget could not be reached; try again"
@@ -276,6 +289,15 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	}
 	var buf [24]byte
 	s.setHeader(h, subjects.HdrRouteBudget, string(left.Append(buf[:0])))
+	// The ledger record names the lease and the budgets: what corrects
+	// this decider's spend should it die with the request open.
+	s.setHeader(h, subjects.HdrBudgetHolder, b.budgets.holder)
+	if k := hold.Key(budget.KindTenant); k != "" {
+		s.setHeader(h, subjects.HdrBudgetTenant, k)
+	}
+	if k := hold.Key(budget.KindKey); k != "" {
+		s.setHeader(h, subjects.HdrBudgetKey, k)
+	}
 	return nil
 }
 

@@ -78,6 +78,14 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens, unfinishe
 		PromptTokens: max(t.PromptTokens, 0), CachedTokens: max(t.Cached, 0), OutputTokens: max(t.CompletionTokens, 0),
 		Priority: h.Get(subjects.HdrPriority), Decider: h.Get(subjects.HdrBroker), Time: l.now().UnixMilli(),
 	}
+	if holder := h.Get(subjects.HdrBudgetHolder); holder != "" && len(holder) <= maxBudgetName {
+		r.Holder = holder
+		for i, k := range [...]string{h.Get(subjects.HdrBudgetTenant), h.Get(subjects.HdrBudgetKey)} {
+			if len(k) <= maxBudgetName {
+				r.Budgets[i] = k
+			}
+		}
+	}
 	if resumed {
 		prompt, output := before(h)
 		r.PromptTokens += prompt
@@ -99,6 +107,10 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens, unfinishe
 	}
 	l.queue(m)
 }
+
+// maxBudgetName bounds a lease holder and a budget's key copied into a
+// record.
+const maxBudgetName = 256
 
 // maxCarriedTokens bounds the completion tokens a continuation says the
 // parts before it served: the gateway carries at most 256 KiB of text.

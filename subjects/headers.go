@@ -42,6 +42,13 @@ const (
 	HdrResume = "Llm-Resume"
 	// HdrResumeTokens is the completion tokens a continuation carries.
 	HdrResumeTokens = "Llm-Resume-Tokens"
+	// HdrBudgetHolder names the decider's lease a request's worst case was
+	// reserved from, and HdrBudgetTenant and HdrBudgetKey the keys of the
+	// budgets (budgets bucket) it was charged to; the adapter copies them
+	// into the ledger record.
+	HdrBudgetHolder = "Llm-Budget-Holder"
+	HdrBudgetTenant = "Llm-Budget-Tenant"
+	HdrBudgetKey    = "Llm-Budget-Key"
 	HdrTraceparent  = "traceparent"
 	HdrTracestate   = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the

@@ -469,6 +469,12 @@ type LedgerRecord struct {
 	// Decider is the broker or gateway that admitted the request.
 	Decider string `json:"decider,omitempty"`
 	Time    int64  `json:"time_unix_ms"`
+	// Holder is the decider's lease the request was reserved from, and
+	// Budgets the keys of the budgets it was charged to in the budgets
+	// bucket (the tenant's, the key's): what corrects the spend of a
+	// decider that died with reservations open.
+	Holder  string    `json:"holder,omitempty"`
+	Budgets [2]string `json:"budgets,omitzero"`
 	// Resumed marks the record of a request whose replica failed
 	// mid-answer and whose answer continued on another: its counts are of
 	// every part.

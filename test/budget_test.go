@@ -272,8 +272,9 @@ func hasKeys[K comparable, V any](m map[K]V, atLeast int) bool { return len(m) >
 // A broker SIGKILLed with reservations open loses none of the money: the
 // requests it admitted are served and recorded in the ledger by their
 // adapter, whose total equals what the engine generated; its lease expires
-// and the next writer moves it to spent, so the budget counts at least
-// what the ledger holds.
+// and the next writer moves it to spent whole, so the budget counts at
+// least what the ledger holds; once the dead broker's last deadline has
+// passed, the ledger corrects the spend to what the engine served.
 func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs six processes")
@@ -319,8 +320,21 @@ func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
 	startProcWith(t, "engine", []*os.File{engFile}, bin, "engine-sim", "--model", "qwen-coder-32b", "--listen", "fd:3")
 	startProc(t, "adapter", bin, "adapter", "--nats", natsURL, "--engine", engine, "--replica", "coder-a",
 		"--model", "qwen-coder-32b", "--version", "v1.0.0", "--pool", "general")
+	// Every request through the broker that dies has a deadline 15 s away:
+	// its reservations' last deadline.
+	timed := func(body string) outcome {
+		req, _ := http.NewRequestWithContext(ctx, "POST", gw+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Timeout", "15")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return outcome{err: err}
+		}
+		defer resp.Body.Close()
+		return readAnswer(resp)
+	}
 	testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
-		if o := send(ctx, gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`); o.status != 200 {
+		if o := timed(`{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`); o.status != 200 {
 			return fmt.Errorf("not serving yet: %v", o)
 		}
 		return nil
@@ -329,7 +343,7 @@ func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
 	results := make(chan outcome, 4)
 	for range cap(results) {
 		go func() {
-			results <- send(ctx, gw, `{"model":"code","max_tokens":60,"messages":[{"role":"user","content":"write a function"}]}`)
+			results <- timed(`{"model":"code","max_tokens":60,"messages":[{"role":"user","content":"write a function"}]}`)
 		}()
 	}
 	testkit.CheckFor(t, 30*time.Second, 5*time.Millisecond, testkit.Cond("the engine to run the requests", func() bool { return running(engine) > 0 }))
@@ -340,14 +354,19 @@ func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
 		}
 	}
 	var ledgerUnits float64
-	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	ledger := func() (budget.Micro, error) {
 		var total budget.Micro
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := budget.ReadLedger(rctx, js, "", "default", time.Time{}, func(r *subjects.LedgerRecord) error {
+		err := budget.ReadLedger(rctx, js, "", "default", time.Time{}, func(r *subjects.LedgerRecord) error {
 			total += budget.Micro(r.CostMicro)
 			return nil
-		}); err != nil {
+		})
+		return total, err
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		total, err := ledger()
+		if err != nil {
 			return err
 		}
 		ledgerUnits = total.Amount()
@@ -364,32 +383,56 @@ func TestBudgetSurvivesADeciderSIGKILLedWithReservationsOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, pid := budget.Bounds("month", time.Now())
+	type spendRecord struct {
+		Spent   budget.Micro               `json:"spent"`
+		Leases  map[string]json.RawMessage `json:"leases"`
+		Expired map[string]json.RawMessage `json:"expired"`
+	}
+	read := func() (rec spendRecord, raw []byte, err error) {
+		e, err := budgets.Get(ctx, "tenant.default."+pid)
+		if err != nil {
+			return rec, nil, err
+		}
+		return rec, e.Value(), json.Unmarshal(e.Value(), &rec)
+	}
+	var whole budget.Micro
 	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		if o := send(ctx, gw, `{"model":"code","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`); o.status != 200 {
 			return fmt.Errorf("after the kill: %+v", o)
 		}
-		e, err := budgets.Get(ctx, "tenant.default."+pid)
+		rec, raw, err := read()
 		if err != nil {
-			return err
-		}
-		var rec struct {
-			Spent  budget.Micro               `json:"spent"`
-			Leases map[string]json.RawMessage `json:"leases"`
-		}
-		if err := json.Unmarshal(e.Value(), &rec); err != nil {
 			return err
 		}
 		for holder := range rec.Leases {
 			if strings.HasPrefix(holder, "broker-a-") {
-				return fmt.Errorf("the dead broker's lease is still there: %s", e.Value())
+				return fmt.Errorf("the dead broker's lease is still there: %s", raw)
 			}
 		}
 		if rec.Spent.Amount() < ledgerUnits {
 			return fmt.Errorf("spent %v is less than the ledger's %v", rec.Spent.Amount(), ledgerUnits)
 		}
+		whole = rec.Spent
 		return nil
 	})
-	t.Logf("the engine generated and the ledger holds %v units", ledgerUnits)
+	// No more requests: once the dead broker's last deadline is 5 s past
+	// and the live one has flushed what it settled, spent is the ledger's
+	// total.
+	var served budget.Micro
+	testkit.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		rec, raw, err := read()
+		if err != nil {
+			return err
+		}
+		if served, err = ledger(); err != nil {
+			return err
+		}
+		if len(rec.Expired) > 0 || rec.Spent != served {
+			return fmt.Errorf("spent %v, the ledger %v: %s", rec.Spent, served, raw)
+		}
+		return nil
+	})
+	t.Logf("the engine generated and the ledger held %v units when the broker died; the dead lease charged whole made spent %v, corrected to the ledger's %v", ledgerUnits, whole, served)
 }
 
 // A reading whose replica fails mid-answer (its engine dies, or its
@@ -701,7 +744,7 @@ func TestKeyBudgetsFromTheCommandLineAndUsage(t *testing.T) {
 // Only deciders write the spend, only adapters the ledger: a tenant can
 // neither read them nor write them; a relaying gateway, an adapter, a
 // batcher, an observer and a loader are refused the spend; a broker, a
-// gateway, a batcher and a loader the ledger.
+// gateway, a batcher and a loader the ledger, which the deciders read.
 func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l8-gen-0")})
 	refused := func(role auth.Role, subject string) {
@@ -731,6 +774,29 @@ func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
 	}
 	for _, r := range []auth.Role{{Kind: auth.RoleBroker}, {Kind: auth.RoleGateway}, {Kind: auth.RoleBatcher}, {Kind: auth.RoleLoader}} {
 		refused(r, "llm.ledger.acme")
+	}
+	// Deciders read the ledger: its records correct the spend of a decider
+	// that died with reservations open.
+	if status, _, body := chatOnce(t, st.GatewayURL(), `{"model":"chat-small","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil); status != 200 {
+		t.Fatalf("%d: %s", status, body)
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, testkit.Cond("a record on the ledger", func() bool {
+		n, _ := ledgerTotal(t, st, "", "")
+		return n > 0
+	}))
+	for _, r := range []auth.Role{{Kind: auth.RoleBroker}, {Kind: auth.RoleGateway}} {
+		nc, err := connectAs(st, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = budget.Served(js, "")(ctx, budget.ServedQuery{Key: "tenant.acme.total", Holder: "gone"})
+		cancel()
+		nc.Close()
+		if err != nil {
+			t.Errorf("%s reading the ledger: %v", r.Name(), err)
+		}
 	}
 }
 
