@@ -196,6 +196,9 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	delete(h, subjects.HdrBudgetHolder)
 	delete(h, subjects.HdrBudgetTenant)
 	delete(h, subjects.HdrBudgetKey)
+	if s.routed != nil {
+		delete(s.routed, subjects.HdrRouteBudget)
+	}
 	if snap == nil {
 		return nil
 	}
@@ -288,7 +291,12 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		b.budgets.left(tenant, left)
 	}
 	var buf [24]byte
-	s.setHeader(h, subjects.HdrRouteBudget, string(left.Append(buf[:0])))
+	v := string(left.Append(buf[:0]))
+	s.setHeader(h, subjects.HdrRouteBudget, v)
+	// The routed notice carries it too: the gateway answers it on an
+	// error the replica never answers for (an accept timeout, a replica
+	// gone, retries run out).
+	s.setHeader(s.NoticeHeader(), subjects.HdrRouteBudget, v)
 	// The ledger record names the lease and the budgets: what corrects
 	// this decider's spend should it die with the request open.
 	s.setHeader(h, subjects.HdrBudgetHolder, b.budgets.holder)

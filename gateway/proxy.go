@@ -609,6 +609,9 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 			return r, false // the broker's notice, overtaken by the accept
 		}
 		l.routed = f.Replica
+		if v := f.Header.Get(subjects.HdrRouteBudget); v != "" {
+			l.out.budgetLeft = v
+		}
 		if l.left {
 			return l.leave(result{replica: l.routed}), true
 		}

@@ -901,3 +901,44 @@ func tenantCannotReadOrWrite(t *testing.T, st *devstack.Stack) {
 		}
 	}
 }
+
+// Every answer to a request under a budget carries what is left of it: a
+// 200, and each error after the reservation (an engine's own error passed
+// on, engines that turn the request away, an engine that is gone).
+func TestEveryAnswerUnderABudgetSaysWhatIsLeft(t *testing.T) {
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
+	kv := kvBucket(t, st)
+	priceModel(t, kv)
+	if _, err := kv.Put(context.Background(), "tenants.default", []byte(`{"tier":"standard","budget":{"limit":1000,"period":"month"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the budget in force", func() bool {
+		tb := st.Broker(0).Table()
+		return tb.Tenants["default"].Budget != nil && tb.Models[budgetModel].Price != nil
+	}))
+	f := st.Faults("l70-gen-0")
+	for _, c := range []struct {
+		name   string
+		set    func()
+		status int
+	}{
+		{"served", func() {}, 200},
+		{"the engine's 400", func() { f.SetReject(400) }, 400},
+		{"the engine's 500", func() { f.SetReject(500) }, 500},
+		{"the engine turns it away", func() { f.SetReject(503) }, 503},
+		{"the engine is gone", func() { f.SetReject(0); f.Kill() }, 503},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.set()
+			status, h, body := chatOnce(t, st.GatewayURL(), budgetBody, nil)
+			if status != c.status {
+				t.Fatalf("status %d, want %d: %s", status, c.status, body)
+			}
+			left, err := strconv.ParseFloat(h.Get("X-Switchyard-Budget-Remaining"), 64)
+			if err != nil || left <= 0 || left >= 1000 {
+				t.Fatalf("status %d without what is left of the budget (%q): %s", status, h.Get("X-Switchyard-Budget-Remaining"), body)
+			}
+			t.Logf("%d, %v left: %s", status, left, strings.TrimSpace(body))
+		})
+	}
+}
