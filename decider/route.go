@@ -146,8 +146,11 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 	if direct {
 		// The ledger keeps one record per client request id: a direct
 		// client's own would let it take another request's (the batcher's
-		// and a gateway's are theirs to set).
+		// and a gateway's are theirs to set). Its key is no gateway's
+		// word: it would charge another key's budget (a batch item's is
+		// the batcher's, of the key that created the batch).
 		delete(h, subjects.HdrClientRequestID)
+		delete(h, subjects.HdrKey)
 	}
 	if strings.HasPrefix(subject, b.batch) {
 		// A batch item: the subject's tenant is the batch record's (only
@@ -292,7 +295,7 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 		// other.
 		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
 			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
-			subjects.HdrPreviousResponse, subjects.HdrKey} {
+			subjects.HdrPreviousResponse} {
 			delete(h, k)
 		}
 	}

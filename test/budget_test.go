@@ -800,60 +800,81 @@ func TestOnlyDecidersWriteTheSpendAndOnlyAdaptersTheLedger(t *testing.T) {
 	}
 }
 
-// A batch is charged line by line at the model's batch factor; a line
+// A batch is charged line by line at the model's batch factor, to its
+// tenant's budget and to the budget of the key that created it; a line
 // refused for budget is a line error in the batch's error file, and the
 // batch goes on to its end.
 func TestBatchLinesAreChargedAndALineOverBudgetFails(t *testing.T) {
-	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1")})
-	kv := kvBucket(t, st)
-	ctx := context.Background()
-	e, _ := kv.Get(ctx, "models."+budgetModel)
-	var m map[string]any
-	_ = json.Unmarshal(e.Value(), &m)
-	m["price"] = map[string]any{"input": 0, "output": 1000, "batch": 0.5} // a line of 3 tokens: 0.0015 at most
-	if _, err := kv.Put(ctx, "models."+budgetModel, jsonMarshal(m)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "tenants.acme", []byte(`{"tier":"premium","budget":{"limit":0.006,"period":"week"}}`)); err != nil {
-		t.Fatal(err)
-	}
-	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the budget in force", func() bool {
-		tb := st.Broker(0).Table()
-		return tb.Tenants["acme"].Budget != nil && tb.Models[budgetModel].Price != nil
-	}))
-	c := client(st, "sk-acme-dev")
-	b := runBatch(t, c, batchLines(10, "chat-large"))
-	b = awaitBatch(t, c, b.ID, 60*time.Second)
-	if b.Status != "completed" || b.RequestCounts.Total != 10 || b.RequestCounts.Completed == 0 || b.RequestCounts.Completed > 4 ||
-		b.RequestCounts.Failed != 10-b.RequestCounts.Completed {
-		t.Fatalf("batch over its budget: status %s counts %+v (the budget covers 4 lines)", b.Status, b.RequestCounts)
-	}
-	for id, l := range fileLines(t, c, b.ErrorFileID) {
-		resp, _ := l["response"].(map[string]any)
-		body, _ := json.Marshal(resp["body"])
-		if resp["status_code"] != 429.0 || !strings.Contains(string(body), "budget_exceeded") {
-			t.Errorf("%s: %v", id, l)
-		}
-	}
-	var lines int
-	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		nc, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		js, _ := jetstream.New(nc)
-		lines = 0
-		return budget.ReadLedger(ctx, js, "", "acme", time.Time{}, func(r *subjects.LedgerRecord) error {
-			if r.Priority != subjects.PriorityBatch || r.CostMicro != int64((r.OutputTokens*1000+1)/2) {
-				return fmt.Errorf("a batch line's record: %+v", r)
+	for _, c := range []struct {
+		name   string
+		tenant string // acme's value in the table
+		budget map[string]any
+	}{
+		{"tenant budget", `{"tier":"premium","budget":{"limit":0.006,"period":"week"}}`, nil},
+		{"key budget", `{"tier":"premium","budget":{"limit":1000,"period":"week"}}`, map[string]any{"limit": 0.006, "period": "week"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l70-gen-1")})
+			kv := kvBucket(t, st)
+			ctx := context.Background()
+			e, _ := kv.Get(ctx, "models."+budgetModel)
+			var m map[string]any
+			_ = json.Unmarshal(e.Value(), &m)
+			m["price"] = map[string]any{"input": 0, "output": 1000, "batch": 0.5} // a line of 3 tokens: 0.0015 at most
+			if _, err := kv.Put(ctx, "models."+budgetModel, jsonMarshal(m)); err != nil {
+				t.Fatal(err)
 			}
-			lines++
-			return nil
+			if _, err := kv.Put(ctx, "tenants.acme", []byte(c.tenant)); err != nil {
+				t.Fatal(err)
+			}
+			key, keyID := "sk-acme-dev", ""
+			if c.budget != nil {
+				key, keyID = addKey(t, kv, "acme", c.budget)
+			}
+			testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the budget in force", func() bool {
+				tb := st.Broker(0).Table()
+				return tb.Tenants["acme"].Budget != nil && tb.Models[budgetModel].Price != nil && (keyID == "" || hasKeys(tb.Keys, 2) && hasKeys(st.Gateway().Table().Keys, 2))
+			}))
+			sum := sha256.Sum256([]byte(key))
+			creator := hex.EncodeToString(sum[:])[:12] // every line's record names the key
+			cl := client(st, key)
+			b := runBatch(t, cl, batchLines(10, "chat-large"))
+			b = awaitBatch(t, cl, b.ID, 60*time.Second)
+			if b.Status != "completed" || b.RequestCounts.Total != 10 || b.RequestCounts.Completed == 0 || b.RequestCounts.Completed > 4 ||
+				b.RequestCounts.Failed != 10-b.RequestCounts.Completed {
+				t.Fatalf("batch over its budget: status %s counts %+v (the budget covers 4 lines)", b.Status, b.RequestCounts)
+			}
+			for id, l := range fileLines(t, cl, b.ErrorFileID) {
+				resp, _ := l["response"].(map[string]any)
+				body, _ := json.Marshal(resp["body"])
+				if resp["status_code"] != 429.0 || !strings.Contains(string(body), "budget_exceeded") {
+					t.Errorf("%s: %v", id, l)
+				}
+				if keyID != "" && !strings.Contains(string(body), "API key "+keyID) {
+					t.Errorf("%s: refused for another budget than the key's: %s", id, body)
+				}
+			}
+			var lines int
+			testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+				nc, err := connectAs(st, auth.Role{Kind: auth.RoleOperator})
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				js, _ := jetstream.New(nc)
+				lines = 0
+				return budget.ReadLedger(ctx, js, "", "acme", time.Time{}, func(r *subjects.LedgerRecord) error {
+					if r.Priority != subjects.PriorityBatch || r.CostMicro != int64((r.OutputTokens*1000+1)/2) || r.Key != creator {
+						return fmt.Errorf("a batch line's record: %+v", r)
+					}
+					lines++
+					return nil
+				})
+			})
+			if lines != int(b.RequestCounts.Completed) {
+				t.Fatalf("%d ledger records for %d lines served", lines, b.RequestCounts.Completed)
+			}
 		})
-	})
-	if lines != int(b.RequestCounts.Completed) {
-		t.Fatalf("%d ledger records for %d lines served", lines, b.RequestCounts.Completed)
 	}
 }
 
