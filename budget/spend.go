@@ -49,6 +49,10 @@ const (
 	// whole).
 	settleGrace = 5 * time.Second
 	maxExpired  = 64
+	// holdGrace is how long after its request's deadline a hold whose
+	// usage never came is released (the request was not recorded as
+	// served either).
+	holdGrace = time.Minute
 	fixRetry    = 30 * time.Second
 	// ledgerTimeout bounds the ledger read of one correction.
 	ledgerTimeout = 30 * time.Second
@@ -175,6 +179,7 @@ type Spender struct {
 type scope struct {
 	io    sync.Mutex // one compare-and-set at a time per key
 	key   string
+	tag   string // "<holder> <key>"
 	ck    currentKey
 	need  Need
 	reset time.Time
@@ -193,10 +198,11 @@ type scope struct {
 	// when a correction that failed is tried again.
 	until, untilWritten int64
 	fixAfter            time.Time
-	// The last record read or written, and its revision (0: none), and
-	// when it was last read.
+	// The last record read or written (set), its revision (0: none), the
+	// sum of the other holders' leases in it, and when it was last read.
 	rec    record
 	rev    uint64
+	others Micro
 	readAt time.Time
 }
 
@@ -210,14 +216,14 @@ type Hold struct {
 	Batch  bool
 	Tenant string
 	Model  string
-	// Deadline is when the request ends at the latest (zero: when the
-	// hold expires): its ledger record is on the stream soon after.
-	Deadline time.Time
-	expires  time.Time
+	// expires is when the hold is released unless settled (unix ms): a
+	// Hold of at most 128 bytes is kept in the holds map without an
+	// allocation of its own.
+	expires int64
 }
 
 // Key is the key of the budget of kind the hold reserved from ("" when
-// none): its request's ledger record names it.
+// none).
 func (h *Hold) Key(kind string) string {
 	for _, sc := range h.scopes[:h.n] {
 		if sc.ck.kind == kind {
@@ -225,6 +231,17 @@ func (h *Hold) Key(kind string) string {
 		}
 	}
 	return ""
+}
+
+// Tags are "<holder> <budget key>" of each budget the hold reserved from,
+// in the order of the needs (n of them): the request's ledger record
+// names them (Llm-Budget-Hold), which is what corrects the spend should
+// this decider die with the request open.
+func (h *Hold) Tags() (tags [2]string, n int) {
+	for i, sc := range h.scopes[:h.n] {
+		tags[i] = sc.tag
+	}
+	return tags, h.n
 }
 
 // NewSpender returns a spender; cfg.KV and cfg.Holder are required.
@@ -253,17 +270,19 @@ type Refusal struct {
 // ErrUnavailable is a reservation that could not reach the bucket.
 var ErrUnavailable = errors.New("budget spend unavailable")
 
-// Reserve reserves h.Amount against every budget of needs for request id
-// (its hold expires at expires unless settled), and returns what is left
-// of the tightest budget after it. It refuses (a Refusal, nothing held)
-// when the amount does not fit in one of them; an alert-only budget is
-// charged and never refuses. h is the hold as kept, once held (h.Key).
-func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h *Hold, expires time.Time) (remaining Micro, ref *Refusal, err error) {
+// Reserve reserves h.Amount against every budget of needs for request
+// id, which ends by deadline (its hold is released holdGrace after, unless
+// settled), and returns what is left of the tightest budget after it. It
+// refuses (a Refusal, nothing held) when the amount does not fit in one of
+// them; an alert-only budget is charged and never refuses. h is the hold
+// as kept, once held (h.Key).
+func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h *Hold, deadline time.Time) (remaining Micro, ref *Refusal, err error) {
 	now := s.cfg.Now()
 	h.n = 0
-	until := h.Deadline
-	if until.IsZero() {
-		until = expires
+	h.expires = deadline.Add(holdGrace).UnixMilli()
+	until := deadline
+	if left, ok := s.reserveNow(id, needs, h, now, until.UnixMilli()); ok {
+		return left, nil, nil
 	}
 	s.mu.Lock()
 	s.asked++
@@ -294,12 +313,50 @@ func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h *Hold,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
-	h.expires = expires
 	if old, ok := s.holds[id]; ok {
 		s.releaseLocked(&old) // an id reused: the older hold goes
 	}
 	s.holds[id] = *h
 	return max(remaining, 0), nil, nil
+}
+
+// reserveNow is Reserve when this decider's leases cover the reservation
+// (the request path's common case): one lock, no round trip. ok is false
+// when one of them does not, and nothing is held.
+func (s *Spender) reserveNow(id string, needs []Need, h *Hold, now time.Time, until int64) (remaining Micro, ok bool) {
+	k := min(len(needs), 2)
+	if k == 0 {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var scs [2]*scope
+	for i, n := range needs[:k] {
+		sc := s.current[currentKey{n.Kind, n.Name, n.Budget.Period}]
+		if sc == nil || !sc.reset.IsZero() && !now.Before(sc.reset) ||
+			h.Amount > 0 && (sc.held-sc.open-sc.done < h.Amount || until > sc.untilWritten) {
+			return 0, false
+		}
+		scs[i] = sc
+	}
+	remaining = -1
+	for i, sc := range scs[:k] {
+		sc.need = needs[i]
+		sc.open += h.Amount
+		sc.used = now
+		h.scopes[i] = sc
+		if left := sc.remaining(); remaining < 0 || left < remaining {
+			remaining = left
+		}
+	}
+	h.n = k
+	s.asked++
+	s.requests++
+	if old, ok := s.holds[id]; ok {
+		s.releaseLocked(&old) // an id reused: the older hold goes
+	}
+	s.holds[id] = *h
+	return max(remaining, 0), true
 }
 
 // scope returns the scope of n's current period, creating it.
@@ -319,7 +376,7 @@ func (s *Spender) scope(n Need, now time.Time) *scope {
 	defer s.mu.Unlock()
 	sc := s.scopes[key]
 	if sc == nil {
-		sc = &scope{key: key, reset: reset, ck: ck}
+		sc = &scope{key: key, reset: reset, ck: ck, tag: s.cfg.Holder + " " + key}
 		s.scopes[key] = sc
 	}
 	s.current[ck] = sc
@@ -339,14 +396,19 @@ func (n *Need) limit() Micro {
 
 // remaining is what is left of the budget as this decider last saw it,
 // after its own reservations and settled costs. Under mu.
-func (sc *scope) remaining(holder string) Micro {
-	committed := sc.rec.Spent
-	for k, l := range sc.rec.Leases {
+func (sc *scope) remaining() Micro {
+	return LimitOf(&sc.need.Budget) - sc.rec.Spent - sc.others - sc.open - sc.done
+}
+
+// set makes rec, of revision rev, the record as last seen, and sums the
+// leases of the other holders in it. Under mu.
+func (sc *scope) set(rec record, rev uint64, holder string) {
+	sc.rec, sc.rev, sc.others = rec, rev, 0
+	for k, l := range rec.Leases {
 		if k != holder {
-			committed += l.Amount
+			sc.others += l.Amount
 		}
 	}
-	return LimitOf(&sc.need.Budget) - committed - sc.open - sc.done
 }
 
 // reserveIn takes amount from this decider's lease on sc, growing the
@@ -397,7 +459,7 @@ func (s *Spender) take(sc *scope, amount Micro, now time.Time, until int64) bool
 func (s *Spender) left(sc *scope) Micro {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return sc.remaining(s.cfg.Holder)
+	return sc.remaining()
 }
 
 // write is one compare-and-set of sc's record, with sc.io held: what this
@@ -478,9 +540,9 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 			}
 			if rec.Alerted >= 100 || LimitOf(&n.Budget) == 0 {
 				s.mu.Lock()
-				sc.rec, sc.rev = rec, rev
+				sc.set(rec, rev, holder)
 				sc.rec.Spent -= done // not written: still in this decider's lease
-				left = sc.remaining(holder)
+				left = sc.remaining()
 				s.mu.Unlock()
 				return false, left, nil
 			}
@@ -540,14 +602,15 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %s: %v", ErrUnavailable, sc.key, err)
 	}
-	sc.rec, sc.rev, sc.readAt = rec, nrev, now // it was current: the write succeeded
+	sc.set(rec, nrev, holder) // it was current: the write succeeded
+	sc.readAt = now
 	sc.held = mine
 	sc.untilWritten = rec.Leases[holder].Until
 	sc.done -= done
 	if cross > 0 && s.cfg.OnCross != nil {
 		s.cfg.OnCross(Crossing{Need: n, Share: cross, Spent: rec.Spent + others + mine})
 	}
-	return !exhausted, sc.remaining(holder), nil
+	return !exhausted, sc.remaining(), nil
 }
 
 // read is the record of key and its revision (0 when there is none).
@@ -587,6 +650,25 @@ func (s *Spender) Settle(id string, cost Micro) (Hold, bool) {
 		sc.done += cost
 	}
 	return h, true
+}
+
+// SettleUsage settles the hold of request id at what its usage costs at
+// the price it was reserved at: the prompt tokens (cached ones at the
+// cached price) and the output, at most twice the reservation (a claim is
+// not a bill). ok is false when there was no hold.
+func (s *Spender) SettleUsage(id string, prompt, cached, output int) (h Hold, cost Micro, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok = s.holds[id]; !ok {
+		return Hold{}, 0, false
+	}
+	delete(s.holds, id)
+	cost = min(h.Price.Cost(prompt, cached, output, h.Batch), 2*h.Amount)
+	for _, sc := range h.scopes[:h.n] {
+		sc.open -= h.Amount
+		sc.done += cost
+	}
+	return h, cost, true
 }
 
 // Held reports whether request id holds a reservation.
@@ -656,7 +738,7 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 	var fixes []fix
 	s.mu.Lock()
 	for id, h := range s.holds {
-		if now.After(h.expires) {
+		if now.UnixMilli() > h.expires {
 			s.releaseLocked(&h)
 			delete(s.holds, id)
 		}
@@ -748,7 +830,8 @@ func (s *Spender) correct(ctx context.Context, sc *scope, holder string, e expir
 		s.mu.Lock()
 		s.ops++
 		if err == nil {
-			sc.rec, sc.rev, sc.readAt = rec, nrev, s.cfg.Now()
+			sc.set(rec, nrev, s.cfg.Holder)
+			sc.readAt = s.cfg.Now()
 			s.mu.Unlock()
 			return nil
 		}

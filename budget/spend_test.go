@@ -213,8 +213,8 @@ func TestADeadDecidersSpendIsCorrectedFromTheLedger(t *testing.T) {
 	dead := budget.NewSpender(budget.Config{KV: kv, Holder: "dead", Now: clock, LeaseTTL: time.Second})
 	var key string
 	for _, id := range []string{"a", "b", "c"} {
-		h := &budget.Hold{Amount: 300_000, Deadline: clock().Add(time.Second)}
-		if _, ref, err := dead.Reserve(ctx, id, []budget.Need{need}, h, clock().Add(time.Hour)); err != nil || ref != nil {
+		h := &budget.Hold{Amount: 300_000}
+		if _, ref, err := dead.Reserve(ctx, id, []budget.Need{need}, h, clock().Add(time.Second)); err != nil || ref != nil {
 			t.Fatal(err, ref)
 		}
 		key = h.Key(budget.KindKey)

@@ -193,9 +193,7 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	delete(h, subjects.HdrRouteBudget)
 	delete(h, subjects.HdrPrice)
 	delete(h, subjects.HdrKeyID)
-	delete(h, subjects.HdrBudgetHolder)
-	delete(h, subjects.HdrBudgetTenant)
-	delete(h, subjects.HdrBudgetKey)
+	delete(h, subjects.HdrBudgetHold)
 	if s.routed != nil {
 		delete(s.routed, subjects.HdrRouteBudget)
 	}
@@ -262,11 +260,11 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	var ref *budget.Refusal
 	hold := budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}
 	if err == nil {
-		hold.Deadline = s.start.Add(time.Hour)
+		deadline := s.start.Add(time.Hour)
 		if !q.Deadline.IsZero() {
-			hold.Deadline = q.Deadline
+			deadline = q.Deadline
 		}
-		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n], &hold, hold.Deadline.Add(time.Minute))
+		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n], &hold, deadline)
 	}
 	if err != nil {
 		msg := "the spend of this request's budget could not be reached; try again"
@@ -290,22 +288,17 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	if needs[0].Kind == budget.KindTenant {
 		b.budgets.left(tenant, left)
 	}
-	var buf [24]byte
-	v := string(left.Append(buf[:0]))
+	v := s.amount(left)
 	s.setHeader(h, subjects.HdrRouteBudget, v)
 	// The routed notice carries it too: the gateway answers it on an
 	// error the replica never answers for (an accept timeout, a replica
-	// gone, retries run out).
-	s.setHeader(s.NoticeHeader(), subjects.HdrRouteBudget, v)
+	// gone, retries run out). Its value slice is the scratch's own.
+	s.noticeBudget[0] = v
+	s.NoticeHeader()[subjects.HdrRouteBudget] = s.noticeBudget[:]
 	// The ledger record names the lease and the budgets: what corrects
 	// this decider's spend should it die with the request open.
-	s.setHeader(h, subjects.HdrBudgetHolder, b.budgets.holder)
-	if k := hold.Key(budget.KindTenant); k != "" {
-		s.setHeader(h, subjects.HdrBudgetTenant, k)
-	}
-	if k := hold.Key(budget.KindKey); k != "" {
-		s.setHeader(h, subjects.HdrBudgetKey, k)
-	}
+	tags, nt := hold.Tags()
+	s.setHeaders(h, subjects.HdrBudgetHold, tags[:nt])
 	return nil
 }
 
@@ -336,16 +329,11 @@ func (b *Decider) settleBudget(u *subjects.Usage) {
 	if sp == nil || u.RequestID == "" {
 		return
 	}
-	h, ok := sp.Held(u.RequestID)
-	if !ok {
-		return
-	}
 	prompt := u.EnginePromptTokens
 	if prompt == 0 {
 		prompt = u.PromptTokens
 	}
-	cost := min(h.Price.Cost(prompt, u.CachedTokens, u.CompletionTokens, h.Batch), 2*h.Amount)
-	if _, ok := sp.Settle(u.RequestID, cost); ok && cost > 0 {
+	if h, cost, ok := sp.SettleUsage(u.RequestID, prompt, u.CachedTokens, u.CompletionTokens); ok && cost > 0 {
 		b.budgets.spent(h.Tenant, h.Model, cost)
 	}
 }

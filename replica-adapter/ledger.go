@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,13 +79,12 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens, unfinishe
 		PromptTokens: max(t.PromptTokens, 0), CachedTokens: max(t.Cached, 0), OutputTokens: max(t.CompletionTokens, 0),
 		Priority: h.Get(subjects.HdrPriority), Decider: h.Get(subjects.HdrBroker), Time: l.now().UnixMilli(),
 	}
-	if holder := h.Get(subjects.HdrBudgetHolder); holder != "" && len(holder) <= maxBudgetName {
-		r.Holder = holder
-		for i, k := range [...]string{h.Get(subjects.HdrBudgetTenant), h.Get(subjects.HdrBudgetKey)} {
-			if len(k) <= maxBudgetName {
-				r.Budgets[i] = k
-			}
+	for i, v := range h.Values(subjects.HdrBudgetHold) {
+		holder, key, ok := strings.Cut(v, " ")
+		if !ok || i >= len(r.Budgets) || len(v) > 2*maxBudgetName || (r.Holder != "" && holder != r.Holder) {
+			break
 		}
+		r.Holder, r.Budgets[i] = holder, key
 	}
 	if resumed {
 		prompt, output := before(h)

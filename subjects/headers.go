@@ -42,13 +42,11 @@ const (
 	HdrResume = "Llm-Resume"
 	// HdrResumeTokens is the completion tokens a continuation carries.
 	HdrResumeTokens = "Llm-Resume-Tokens"
-	// HdrBudgetHolder names the decider's lease a request's worst case was
-	// reserved from, and HdrBudgetTenant and HdrBudgetKey the keys of the
-	// budgets (budgets bucket) it was charged to; the adapter copies them
-	// into the ledger record.
-	HdrBudgetHolder = "Llm-Budget-Holder"
-	HdrBudgetTenant = "Llm-Budget-Tenant"
-	HdrBudgetKey    = "Llm-Budget-Key"
+	// HdrBudgetHold is "<holder> <budget key>", one value for each budget
+	// a request's worst case was reserved against (the tenant's, then the
+	// key's): the decider's lease and the budget's key in the budgets
+	// bucket. The adapter copies them into the ledger record.
+	HdrBudgetHold = "Llm-Budget-Hold"
 	HdrTraceparent  = "traceparent"
 	HdrTracestate   = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
