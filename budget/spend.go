@@ -53,9 +53,10 @@ const (
 	// usage never came is released (the request was not recorded as
 	// served either).
 	holdGrace = time.Minute
-	fixRetry    = 30 * time.Second
-	// ledgerTimeout bounds the ledger read of one correction.
+	// ledgerTimeout bounds the ledger read of one correction; fixRetry is
+	// when a correction that failed is tried again.
 	ledgerTimeout = 30 * time.Second
+	fixRetry      = 30 * time.Second
 	// maxTries bounds the compare-and-set attempts of one reservation.
 	maxTries = 16
 	// sliceDiv sizes a lease beyond the reservation that needs it: a

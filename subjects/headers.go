@@ -46,9 +46,9 @@ const (
 	// a request's worst case was reserved against (the tenant's, then the
 	// key's): the decider's lease and the budget's key in the budgets
 	// bucket. The adapter copies them into the ledger record.
-	HdrBudgetHold = "Llm-Budget-Hold"
-	HdrTraceparent  = "traceparent"
-	HdrTracestate   = "tracestate"
+	HdrBudgetHold  = "Llm-Budget-Hold"
+	HdrTraceparent = "traceparent"
+	HdrTracestate  = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"
