@@ -234,11 +234,21 @@ func permissions(r Role, prefix, bucket string) grants {
 // presence, ejections, the KV-cache resend, budget events, and the spend
 // of the budgets (their bucket's keys, compare-and-set: never the
 // bucket's creation or purge, and never the ledger, which adapters write).
+// It reads the ledger: the records of a dead decider's requests correct
+// the spend its expired lease left.
 func deciderPub(p string) []string {
-	return append([]string{
+	return append(append([]string{
 		p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
 		p + "eject.*", p + "kvsync", p + "events.budget.*", "$KV." + subjects.BudgetsBucket + ".>",
-	}, budgetsRead()...)
+	}, budgetsRead()...), ledgerRead()...)
+}
+
+// ledgerRead are the subjects that read the ledger with an ordered
+// consumer, the fewest that do: a decider's permissions ride in the JWT
+// of its connection's first line.
+func ledgerRead() []string {
+	st := subjects.LedgerStream
+	return []string{"$JS.API.STREAM.INFO." + st, "$JS.API.CONSUMER.*." + st + ".>", "$JS.API.CONSUMER.MSG.NEXT." + st + ".>"}
 }
 
 // budgetsRead are the subjects that bind the budgets bucket and get a key:

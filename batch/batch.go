@@ -146,6 +146,10 @@ type Batch struct {
 type Record struct {
 	Batch
 	Tenant string `json:"tenant"`
+	// KeyHash is the sha256 hex of the API key that created the batch (""
+	// when anonymous): its lines are charged to that key's budget as well
+	// as the tenant's (Llm-Key), as the key's own requests are.
+	KeyHash string `json:"key_hash,omitempty"`
 	// Lines is the input file's line count (blank lines included), so that
 	// finalizing knows every line number.
 	Lines int `json:"lines"`

@@ -189,6 +189,9 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 	m.Header.Set(subjects.HdrEndpoint, rec.Endpoint)
 	m.Header.Set(subjects.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
 	m.Header.Set(subjects.HdrClientRequestID, requestID(rec.ID, it.Line))
+	if rec.KeyHash != "" {
+		m.Header.Set(subjects.HdrKey, rec.KeyHash)
+	}
 	if err := b.nc.PublishMsg(m); err != nil {
 		return answer{status: 503, retryAfter: time.Second, from: refusedByBus}
 	}

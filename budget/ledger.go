@@ -73,3 +73,18 @@ func ReadLedger(ctx context.Context, js jetstream.JetStream, prefix, tenant stri
 		}
 	}
 }
+
+// Served is a Config.Served that sums the LEDGER stream as js may read
+// it: the cost of the records of q.Holder's requests charged to q.Key.
+func Served(js jetstream.JetStream, prefix string) func(context.Context, ServedQuery) (Micro, error) {
+	return func(ctx context.Context, q ServedQuery) (Micro, error) {
+		var sum Micro
+		err := ReadLedger(ctx, js, prefix, q.Tenant, q.Since, func(r *subjects.LedgerRecord) error {
+			if r.Holder == q.Holder && (r.Budgets[0] == q.Key || r.Budgets[1] == q.Key) && r.CostMicro > 0 {
+				sum += Micro(r.CostMicro)
+			}
+			return nil
+		})
+		return sum, err
+	}
+}

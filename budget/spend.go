@@ -27,10 +27,15 @@ import (
 //
 // A lease names its decider and expires LeaseTTL after its last renewal
 // (every FlushEvery while the decider lives). A live decider finding
-// another's lease expired moves the whole lease to spent: what the dead
-// decider's open requests cost is not known here, only that it is at most
-// the lease, so the budget is never exceeded. The ledger records what the
-// engines actually served, whatever became of the decider.
+// another's lease expired moves the whole lease to spent at once: what the
+// dead decider's open requests cost is not known yet, only that it is at
+// most the lease, so the budget is never exceeded. It notes the dead
+// holder in the record's expired list with what spent holds of it (what it
+// moved there, and the lease), and once the latest deadline of the
+// holder's reservations has passed (and settleGrace for their records to
+// land), a decider sums the ledger's records of that holder charged to the
+// key and corrects spent by the difference: the ledger, written by the
+// adapters that served the requests, is the truth of what they cost.
 
 // Defaults of Config.
 const (
@@ -38,6 +43,20 @@ const (
 	DefaultFlushEvery = time.Second
 	// opTimeout bounds one JetStream operation on the request path.
 	opTimeout = 2 * time.Second
+	// settleGrace is how long after a dead holder's last deadline its
+	// requests' ledger records are waited for; maxExpired bounds the dead
+	// holders a record keeps for correction (past it, a lease is charged
+	// whole).
+	settleGrace = 5 * time.Second
+	maxExpired  = 64
+	// holdGrace is how long after its request's deadline a hold whose
+	// usage never came is released (the request was not recorded as
+	// served either).
+	holdGrace = time.Minute
+	// ledgerTimeout bounds the ledger read of one correction; fixRetry is
+	// when a correction that failed is tried again.
+	ledgerTimeout = 30 * time.Second
+	fixRetry      = 30 * time.Second
 	// maxTries bounds the compare-and-set attempts of one reservation.
 	maxTries = 16
 	// sliceDiv sizes a lease beyond the reservation that needs it: a
@@ -61,11 +80,19 @@ type record struct {
 	// once the committed spend reaches the limit or a reservation is first
 	// refused.
 	Alerted int `json:"alerted,omitempty"`
+	// Expired is the holders whose leases expired, with what spent holds
+	// of them, until the ledger corrects it.
+	Expired map[string]expired `json:"expired,omitempty"`
 }
 
 type lease struct {
 	Amount  Micro `json:"amount"`
 	Expires int64 `json:"expires_unix_ms"`
+	// Moved is what the holder moved from the lease to spent since it took
+	// it (Since); Until is the latest deadline of the reservations it took.
+	Moved Micro `json:"moved,omitempty"`
+	Since int64 `json:"since_unix_ms,omitempty"`
+	Until int64 `json:"until_unix_ms,omitempty"`
 }
 
 // Config configures a Spender.
@@ -85,6 +112,13 @@ type Config struct {
 	// budget (settled, and leased to deciders) reached 80% of its limit,
 	// and 100% of it, or a reservation was first refused.
 	OnCross func(Crossing)
+	// OnError, when set, is told of a correction that failed (tried
+	// again at the next flush).
+	OnError func(error)
+	// Served, when set, sums the ledger: what the requests of a holder
+	// charged to a budget's key cost. Without it a dead holder's lease
+	// stays charged whole.
+	Served func(context.Context, ServedQuery) (Micro, error)
 }
 
 // Crossing is a budget whose spend reached a share of its limit.
@@ -129,6 +163,7 @@ type Spender struct {
 type scope struct {
 	io    sync.Mutex // one compare-and-set at a time per key
 	key   string
+	tag   string // "<holder> <key>"
 	ck    currentKey
 	need  Need
 	reset time.Time
@@ -140,24 +175,57 @@ type scope struct {
 	// pins counts the reservations working on the scope: Flush forgets
 	// only a scope none is, so two never stand for one key.
 	pins int
-	// The last record read or written, and its revision (0: none), and
-	// when it was last read.
+	// until is the latest deadline of the reservations taken (unix ms),
+	// and untilWritten the lease's until as the bucket has it: a
+	// reservation whose deadline is past it writes the lease first, so a
+	// dead holder's correction waits for all its requests. fixAfter is
+	// when a correction that failed is tried again.
+	until, untilWritten int64
+	fixAfter            time.Time
+	// The last record read or written (set), its revision (0: none), the
+	// sum of the other holders' leases in it, and when it was last read.
 	rec    record
 	rev    uint64
+	others Micro
 	readAt time.Time
 }
 
 // Hold is one request's reservation, settled once by Settle or released
 // when it expires.
 type Hold struct {
-	scopes  [2]*scope
-	n       int
-	Amount  Micro
-	Price   Price
-	Batch   bool
-	Tenant  string
-	Model   string
-	expires time.Time
+	scopes [2]*scope
+	n      int
+	Amount Micro
+	Price  Price
+	Batch  bool
+	Tenant string
+	Model  string
+	// expires is when the hold is released unless settled (unix ms): a
+	// Hold of at most 128 bytes is kept in the holds map without an
+	// allocation of its own.
+	expires int64
+}
+
+// Key is the key of the budget of kind the hold reserved from ("" when
+// none).
+func (h *Hold) Key(kind string) string {
+	for _, sc := range h.scopes[:h.n] {
+		if sc.ck.kind == kind {
+			return sc.key
+		}
+	}
+	return ""
+}
+
+// Tags are "<holder> <budget key>" of each budget the hold reserved from,
+// in the order of the needs (n of them): the request's ledger record
+// names them (Llm-Budget-Hold), which is what corrects the spend should
+// this decider die with the request open.
+func (h *Hold) Tags() (tags [2]string, n int) {
+	for i, sc := range h.scopes[:h.n] {
+		tags[i] = sc.tag
+	}
+	return tags, h.n
 }
 
 // NewSpender returns a spender; cfg.KV and cfg.Holder are required.
@@ -186,25 +254,32 @@ type Refusal struct {
 // ErrUnavailable is a reservation that could not reach the bucket.
 var ErrUnavailable = errors.New("budget spend unavailable")
 
-// Reserve reserves amount against every budget of needs for request id
-// (its hold expires at expires unless settled), and returns what is left
-// of the tightest budget after it. It refuses (a Refusal, nothing held)
-// when the amount does not fit in one of them; an alert-only budget is
-// charged and never refuses.
-func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h Hold, expires time.Time) (remaining Micro, ref *Refusal, err error) {
+// Reserve reserves h.Amount against every budget of needs for request
+// id, which ends by deadline (its hold is released holdGrace after, unless
+// settled), and returns what is left of the tightest budget after it. It
+// refuses (a Refusal, nothing held) when the amount does not fit in one of
+// them; an alert-only budget is charged and never refuses. h is the hold
+// as kept, once held (h.Key).
+func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h *Hold, deadline time.Time) (remaining Micro, ref *Refusal, err error) {
 	now := s.cfg.Now()
+	h.n = 0
+	h.expires = deadline.Add(holdGrace).UnixMilli()
+	until := deadline
+	if left, ok := s.reserveNow(id, needs, h, now, until.UnixMilli()); ok {
+		return left, nil, nil
+	}
 	s.mu.Lock()
 	s.asked++
 	s.mu.Unlock()
 	remaining = -1
 	for _, n := range needs[:min(len(needs), 2)] {
 		sc := s.scope(n, now)
-		left, ok, err := s.reserveIn(ctx, sc, h.Amount, now)
+		left, ok, err := s.reserveIn(ctx, sc, h.Amount, now, until.UnixMilli())
 		s.mu.Lock()
 		sc.pins--
 		s.mu.Unlock()
 		if err != nil || !ok {
-			s.release(&h)
+			s.release(h)
 			if err != nil {
 				return 0, nil, err
 			}
@@ -222,12 +297,50 @@ func (s *Spender) Reserve(ctx context.Context, id string, needs []Need, h Hold, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
-	h.expires = expires
 	if old, ok := s.holds[id]; ok {
 		s.releaseLocked(&old) // an id reused: the older hold goes
 	}
-	s.holds[id] = h
+	s.holds[id] = *h
 	return max(remaining, 0), nil, nil
+}
+
+// reserveNow is Reserve when this decider's leases cover the reservation
+// (the request path's common case): one lock, no round trip. ok is false
+// when one of them does not, and nothing is held.
+func (s *Spender) reserveNow(id string, needs []Need, h *Hold, now time.Time, until int64) (remaining Micro, ok bool) {
+	k := min(len(needs), 2)
+	if k == 0 {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var scs [2]*scope
+	for i, n := range needs[:k] {
+		sc := s.current[currentKey{n.Kind, n.Name, n.Budget.Period}]
+		if sc == nil || !sc.reset.IsZero() && !now.Before(sc.reset) ||
+			h.Amount > 0 && (sc.held-sc.open-sc.done < h.Amount || until > sc.untilWritten) {
+			return 0, false
+		}
+		scs[i] = sc
+	}
+	remaining = -1
+	for i, sc := range scs[:k] {
+		sc.need = needs[i]
+		sc.open += h.Amount
+		sc.used = now
+		h.scopes[i] = sc
+		if left := sc.remaining(); remaining < 0 || left < remaining {
+			remaining = left
+		}
+	}
+	h.n = k
+	s.asked++
+	s.requests++
+	if old, ok := s.holds[id]; ok {
+		s.releaseLocked(&old) // an id reused: the older hold goes
+	}
+	s.holds[id] = *h
+	return max(remaining, 0), true
 }
 
 // scope returns the scope of n's current period, creating it.
@@ -247,7 +360,7 @@ func (s *Spender) scope(n Need, now time.Time) *scope {
 	defer s.mu.Unlock()
 	sc := s.scopes[key]
 	if sc == nil {
-		sc = &scope{key: key, reset: reset, ck: ck}
+		sc = &scope{key: key, reset: reset, ck: ck, tag: s.cfg.Holder + " " + key}
 		s.scopes[key] = sc
 	}
 	s.current[ck] = sc
@@ -267,44 +380,59 @@ func (n *Need) limit() Micro {
 
 // remaining is what is left of the budget as this decider last saw it,
 // after its own reservations and settled costs. Under mu.
-func (sc *scope) remaining(holder string) Micro {
-	committed := sc.rec.Spent
-	for k, l := range sc.rec.Leases {
+func (sc *scope) remaining() Micro {
+	return LimitOf(&sc.need.Budget) - sc.rec.Spent - sc.others - sc.open - sc.done
+}
+
+// set makes rec, of revision rev, the record as last seen, and sums the
+// leases of the other holders in it. Under mu.
+func (sc *scope) set(rec record, rev uint64, holder string) {
+	sc.rec, sc.rev, sc.others = rec, rev, 0
+	for k, l := range rec.Leases {
 		if k != holder {
-			committed += l.Amount
+			sc.others += l.Amount
 		}
 	}
-	return LimitOf(&sc.need.Budget) - committed - sc.open - sc.done
 }
 
 // reserveIn takes amount from this decider's lease on sc, growing the
-// lease when it cannot cover it. ok is false when the budget cannot.
-func (s *Spender) reserveIn(ctx context.Context, sc *scope, amount Micro, now time.Time) (left Micro, ok bool, err error) {
-	if s.take(sc, amount, now) {
+// lease when it cannot cover it, and writing it when the lease's until
+// (in the bucket) is before the reservation's deadline. ok is false when
+// the budget cannot cover it.
+func (s *Spender) reserveIn(ctx context.Context, sc *scope, amount Micro, now time.Time, until int64) (left Micro, ok bool, err error) {
+	if s.take(sc, amount, now, until) {
 		return s.left(sc), true, nil
 	}
 	sc.io.Lock()
 	defer sc.io.Unlock()
 	for range maxTries {
-		if s.take(sc, amount, now) {
+		if s.take(sc, amount, now, until) {
 			return s.left(sc), true, nil
 		}
-		grown, left, err := s.write(ctx, sc, amount, now, false)
+		s.mu.Lock()
+		sc.until = max(sc.until, until)
+		need := amount
+		if sc.held-sc.open-sc.done >= amount {
+			need = 0 // covered: only the until is written
+		}
+		s.mu.Unlock()
+		grown, left, err := s.write(ctx, sc, need, now, false)
 		if err != nil {
 			return 0, false, err
 		}
-		if !grown {
+		if !grown && need > 0 {
 			return left, false, nil
 		}
 	}
 	return 0, false, fmt.Errorf("%w: %s: too many concurrent writers", ErrUnavailable, sc.key)
 }
 
-// take reserves amount from the lease in memory, if it covers it.
-func (s *Spender) take(sc *scope, amount Micro, now time.Time) bool {
+// take reserves amount from the lease in memory, if it covers it and the
+// lease's until in the bucket covers the reservation's deadline.
+func (s *Spender) take(sc *scope, amount Micro, now time.Time, until int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sc.held-sc.open-sc.done < amount {
+	if amount > 0 && (sc.held-sc.open-sc.done < amount || until > sc.untilWritten) {
 		return false
 	}
 	sc.open += amount
@@ -315,7 +443,7 @@ func (s *Spender) take(sc *scope, amount Micro, now time.Time) bool {
 func (s *Spender) left(sc *scope) Micro {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return sc.remaining(s.cfg.Holder)
+	return sc.remaining()
 }
 
 // write is one compare-and-set of sc's record, with sc.io held: what this
@@ -328,9 +456,10 @@ func (s *Spender) left(sc *scope) Micro {
 // record and reports grown true, so the caller tries again.
 func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Time, idle bool) (grown bool, left Micro, err error) {
 	s.mu.Lock()
-	held, done, open := sc.held, sc.done, sc.open
+	held, done, open, until := sc.held, sc.done, sc.open, sc.until
 	rec, rev := sc.rec, sc.rev
 	rec.Leases = maps.Clone(rec.Leases)
+	rec.Expired = maps.Clone(rec.Expired)
 	n := sc.need
 	fresh := rev != 0 && now.Sub(sc.readAt) < refuseOn
 	s.mu.Unlock()
@@ -347,7 +476,8 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 		rec.Leases = map[string]lease{}
 	}
 	holder := s.cfg.Holder
-	if _, have := rec.Leases[holder]; !have && held > 0 {
+	prev, have := rec.Leases[holder]
+	if !have && held > 0 {
 		// Another decider found this lease expired and moved it to spent
 		// whole: what it held is charged already.
 		s.mu.Lock()
@@ -364,6 +494,12 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 		if l.Expires < nowMS {
 			rec.Spent += l.Amount
 			delete(rec.Leases, k)
+			if l.Amount > 0 && l.Since > 0 && len(rec.Expired) < maxExpired {
+				if rec.Expired == nil {
+					rec.Expired = map[string]expired{}
+				}
+				rec.Expired[k] = expired{Charged: l.Moved + l.Amount, Since: l.Since, Until: l.Until}
+			}
 			continue
 		}
 		others += l.Amount
@@ -388,9 +524,9 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 			}
 			if rec.Alerted >= 100 || LimitOf(&n.Budget) == 0 {
 				s.mu.Lock()
-				sc.rec, sc.rev = rec, rev
+				sc.set(rec, rev, holder)
 				sc.rec.Spent -= done // not written: still in this decider's lease
-				left = sc.remaining(holder)
+				left = sc.remaining()
 				s.mu.Unlock()
 				return false, left, nil
 			}
@@ -408,8 +544,18 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	}
 	mine += grant
 	if mine > 0 {
-		rec.Leases[holder] = lease{Amount: mine, Expires: now.Add(s.cfg.LeaseTTL).UnixMilli()}
+		// The until runs ahead of the deadlines by half a lease's life, so
+		// requests with like timeouts write it about as often as the lease
+		// is renewed.
+		l := lease{Amount: mine, Expires: now.Add(s.cfg.LeaseTTL).UnixMilli(), Moved: prev.Moved + done, Since: prev.Since,
+			Until: max(prev.Until, until+(s.cfg.LeaseTTL/2).Milliseconds())}
+		if !have {
+			l.Moved, l.Since = done, nowMS
+		}
+		rec.Leases[holder] = l
 	} else {
+		// Nothing reserved and every settled cost in spent: the holder
+		// owes no correction, and a lease it takes later starts afresh.
 		delete(rec.Leases, holder)
 	}
 	var cross int
@@ -440,13 +586,15 @@ func (s *Spender) write(ctx context.Context, sc *scope, need Micro, now time.Tim
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %s: %v", ErrUnavailable, sc.key, err)
 	}
-	sc.rec, sc.rev, sc.readAt = rec, nrev, now // it was current: the write succeeded
+	sc.set(rec, nrev, holder) // it was current: the write succeeded
+	sc.readAt = now
 	sc.held = mine
+	sc.untilWritten = rec.Leases[holder].Until
 	sc.done -= done
 	if cross > 0 && s.cfg.OnCross != nil {
 		s.cfg.OnCross(Crossing{Need: n, Share: cross, Spent: rec.Spent + others + mine})
 	}
-	return !exhausted, sc.remaining(holder), nil
+	return !exhausted, sc.remaining(), nil
 }
 
 // read is the record of key and its revision (0 when there is none).
@@ -486,6 +634,25 @@ func (s *Spender) Settle(id string, cost Micro) (Hold, bool) {
 		sc.done += cost
 	}
 	return h, true
+}
+
+// SettleUsage settles the hold of request id at what its usage costs at
+// the price it was reserved at: the prompt tokens (cached ones at the
+// cached price) and the output, at most twice the reservation (a claim is
+// not a bill). ok is false when there was no hold.
+func (s *Spender) SettleUsage(id string, prompt, cached, output int) (h Hold, cost Micro, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok = s.holds[id]; !ok {
+		return Hold{}, 0, false
+	}
+	delete(s.holds, id)
+	cost = min(h.Price.Cost(prompt, cached, output, h.Batch), 2*h.Amount)
+	for _, sc := range h.scopes[:h.n] {
+		sc.open -= h.Amount
+		sc.done += cost
+	}
+	return h, cost, true
 }
 
 // Held reports whether request id holds a reservation.
@@ -547,21 +714,34 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 		idle bool
 	}
 	var jobs []job
+	type fix struct {
+		sc     *scope
+		holder string
+		e      expired
+	}
+	var fixes []fix
 	s.mu.Lock()
 	for id, h := range s.holds {
-		if now.After(h.expires) {
+		if now.UnixMilli() > h.expires {
 			s.releaseLocked(&h)
 			delete(s.holds, id)
 		}
 	}
 	renewBy := now.Add(s.cfg.LeaseTTL / 2).UnixMilli()
 	for k, sc := range s.scopes {
+		for h, e := range sc.rec.Expired {
+			if s.cfg.Served != nil && now.UnixMilli() > e.Until+settleGrace.Milliseconds() && !now.Before(sc.fixAfter) {
+				fixes = append(fixes, fix{sc, h, e})
+			}
+		}
 		idle := final || now.Sub(sc.used) > idleAfter
 		expiring := sc.held > 0 && sc.rec.Leases[s.cfg.Holder].Expires < renewBy
 		switch {
 		case sc.done != 0 || expiring || (idle && sc.held > sc.open):
 			jobs = append(jobs, job{sc, idle})
 		case sc.pins > 0:
+		case len(sc.rec.Expired) > 0 && s.cfg.Served != nil:
+			// Kept until the ledger corrects what dead holders left.
 		case sc.held == 0 && sc.open == 0 && sc.done == 0 && (idle || now.After(sc.reset) && !sc.reset.IsZero()):
 			// Forgotten, and read afresh when next needed.
 			delete(s.scopes, k)
@@ -586,6 +766,16 @@ func (s *Spender) Flush(ctx context.Context, final bool) {
 			}
 		}
 		j.sc.io.Unlock()
+	}
+	for _, f := range fixes {
+		if err := s.correct(ctx, f.sc, f.holder, f.e); err != nil {
+			s.mu.Lock()
+			f.sc.fixAfter = now.Add(fixRetry)
+			s.mu.Unlock()
+			if s.cfg.OnError != nil {
+				s.cfg.OnError(err)
+			}
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -49,7 +50,7 @@ func TestConcurrentReservationsAcrossDecidersNeverExceedTheLimit(t *testing.T) {
 		wg.Go(func() {
 			sp := spenders[i%4]
 			id := "r" + strconv.Itoa(i)
-			_, ref, err := sp.Reserve(context.Background(), id, []budget.Need{need}, budget.Hold{Amount: worst}, time.Now().Add(time.Minute))
+			_, ref, err := sp.Reserve(context.Background(), id, []budget.Need{need}, &budget.Hold{Amount: worst}, time.Now().Add(time.Minute))
 			switch {
 			case err != nil:
 				t.Error(err)
@@ -92,12 +93,12 @@ func TestADeadDecidersLeaseExpiresIntoSpent(t *testing.T) {
 	clock := func() time.Time { return now }
 	need := budget.Need{Kind: budget.KindKey, Name: "abcdef012345", Tenant: "acme", Budget: table.Budget{Limit: 1, Period: table.PeriodTotal}}
 	dead := budget.NewSpender(budget.Config{KV: kv, Holder: "dead", Now: clock, LeaseTTL: time.Second})
-	if _, ref, err := dead.Reserve(context.Background(), "a", []budget.Need{need}, budget.Hold{Amount: 300_000}, now.Add(time.Hour)); err != nil || ref != nil {
+	if _, ref, err := dead.Reserve(context.Background(), "a", []budget.Need{need}, &budget.Hold{Amount: 300_000}, now.Add(time.Hour)); err != nil || ref != nil {
 		t.Fatal(err, ref)
 	}
 	now = now.Add(2 * time.Second) // past its lease
 	live := budget.NewSpender(budget.Config{KV: kv, Holder: "live", Now: clock})
-	left, ref, err := live.Reserve(context.Background(), "b", []budget.Need{need}, budget.Hold{Amount: 100_000}, now.Add(time.Hour))
+	left, ref, err := live.Reserve(context.Background(), "b", []budget.Need{need}, &budget.Hold{Amount: 100_000}, now.Add(time.Hour))
 	if err != nil || ref != nil {
 		t.Fatal(err, ref)
 	}
@@ -127,7 +128,7 @@ func TestAlertOnlyBudgetWarnsAndNeverRefuses(t *testing.T) {
 	}})
 	need := budget.Need{Kind: budget.KindTenant, Name: "acme", Tenant: "acme", Budget: table.Budget{Limit: 1, Period: table.PeriodDay, AlertOnly: true}}
 	for i := range 15 {
-		_, ref, err := sp.Reserve(context.Background(), strconv.Itoa(i), []budget.Need{need}, budget.Hold{Amount: 100_000}, time.Now().Add(time.Hour))
+		_, ref, err := sp.Reserve(context.Background(), strconv.Itoa(i), []budget.Need{need}, &budget.Hold{Amount: 100_000}, time.Now().Add(time.Hour))
 		if err != nil || ref != nil {
 			t.Fatalf("request %d: %v %+v", i, err, ref)
 		}
@@ -158,7 +159,7 @@ func TestLeasesCostLessThanARoundTripARequest(t *testing.T) {
 			sp := spenders[w%3]
 			for i := range 50 {
 				id := strconv.Itoa(w) + "-" + strconv.Itoa(i)
-				_, ref, err := sp.Reserve(context.Background(), id, []budget.Need{need}, budget.Hold{Amount: worst}, time.Now().Add(time.Minute))
+				_, ref, err := sp.Reserve(context.Background(), id, []budget.Need{need}, &budget.Hold{Amount: worst}, time.Now().Add(time.Minute))
 				if err != nil || ref != nil {
 					t.Errorf("%v %+v", err, ref)
 					return
@@ -182,4 +183,83 @@ func TestLeasesCostLessThanARoundTripARequest(t *testing.T) {
 	if sp.Spent != 1500*worst/2 || sp.Leased != 0 {
 		t.Fatalf("spend %+v, want %d settled and nothing leased", sp, 1500*worst/2)
 	}
+}
+
+// A decider that dies with reservations open: its lease is charged whole
+// at once, and once its last deadline has passed the ledger corrects the
+// spend to what its requests' records say they cost: one settled before
+// it died, one served after, one never served.
+func TestADeadDecidersSpendIsCorrectedFromTheLedger(t *testing.T) {
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := budget.Ensure(ctx, js, "", 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, subjects.BudgetsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	need := budget.Need{Kind: budget.KindKey, Name: "abcdef012345", Tenant: "acme", Budget: table.Budget{Limit: 1, Period: table.PeriodTotal}}
+	dead := budget.NewSpender(budget.Config{KV: kv, Holder: "dead", Now: clock, LeaseTTL: time.Second})
+	var key string
+	for _, id := range []string{"a", "b", "c"} {
+		h := &budget.Hold{Amount: 300_000}
+		if _, ref, err := dead.Reserve(ctx, id, []budget.Need{need}, h, clock().Add(time.Second)); err != nil || ref != nil {
+			t.Fatal(err, ref)
+		}
+		key = h.Key(budget.KindKey)
+	}
+	if key != "key.abcdef012345.total" {
+		t.Fatalf("the hold's key: %q", key)
+	}
+	dead.Settle("a", 100_000)
+	dead.Flush(ctx, false) // a's cost moves to spent; b and c stay open
+	for _, r := range []subjects.LedgerRecord{
+		{RequestID: "a", Tenant: "acme", CostMicro: 100_000, Holder: "dead", Budgets: [2]string{"", key}},
+		{RequestID: "b", Tenant: "acme", CostMicro: 50_000, Holder: "dead", Budgets: [2]string{"", key}},
+		// Another decider's request, and one of another budget.
+		{RequestID: "x", Tenant: "acme", CostMicro: 7, Holder: "other", Budgets: [2]string{"", key}},
+		{RequestID: "y", Tenant: "acme", CostMicro: 9, Holder: "dead", Budgets: [2]string{"tenant.acme.total", ""}},
+	} {
+		if _, err := js.Publish(ctx, subjects.New("").Ledger("acme"), jsonOf(t, r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	advance(2 * time.Second) // the dead lease expires
+	live := budget.NewSpender(budget.Config{KV: kv, Holder: "live", Now: clock, Served: budget.Served(js, "")})
+	if _, ref, err := live.Reserve(ctx, "d", []budget.Need{need}, &budget.Hold{Amount: 50_000}, clock().Add(time.Hour)); err != nil || ref != nil {
+		t.Fatal(err, ref)
+	}
+	sp, _ := budget.Read(ctx, kv, need, clock())
+	if sp.Spent < 100_000+800_000 {
+		t.Fatalf("the dead lease was not charged whole at once: %+v", sp)
+	}
+	live.Flush(ctx, false)
+	if sp, _ = budget.Read(ctx, kv, need, clock()); sp.Spent < 900_000 {
+		t.Fatalf("corrected before the dead decider's last deadline: %+v", sp)
+	}
+	advance(10 * time.Second) // its deadlines and the grace pass
+	live.Flush(ctx, false)
+	if sp, _ = budget.Read(ctx, kv, need, clock()); sp.Spent != 150_000 {
+		t.Fatalf("spent %v after the correction; the ledger holds 0.15 of the dead decider's requests", sp.Spent)
+	}
+}
+
+func jsonOf(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

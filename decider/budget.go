@@ -3,6 +3,7 @@ package decider
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,8 @@ import (
 // bucket the first time a request needs it.
 type budgets struct {
 	js      jetstream.JetStream
+	prefix  string
+	log     *slog.Logger
 	bucket  string
 	holder  string
 	ttl     time.Duration
@@ -90,9 +93,9 @@ func (bg *budgets) left(tenant string, m budget.Micro) {
 	g.(prometheus.Gauge).Set(m.Amount())
 }
 
-func newBudgets(js jetstream.JetStream, cfg *Config, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
+func newBudgets(js jetstream.JetStream, cfg *Config, log *slog.Logger, reg prometheus.Registerer, onCross func(budget.Crossing)) *budgets {
 	bg := &budgets{
-		js: js, bucket: cfg.BudgetsBucket, holder: cfg.ID + "-" + nuid.Next(), ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
+		js: js, prefix: cfg.Prefix, log: log, bucket: cfg.BudgetsBucket, holder: cfg.ID + "-" + nuid.Next(), ttl: cfg.LeaseTTL, now: cfg.Now, onCross: onCross,
 		spend: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_spend_total", Help: "Money the requests this decider admitted cost, settled on their usage, in the table's currency.",
 		}, []string{"tenant", "model"}),
@@ -131,7 +134,8 @@ func (bg *budgets) spender(ctx context.Context) (*budget.Spender, error) {
 		}
 		return nil, err
 	}
-	bg.sp = budget.NewSpender(budget.Config{KV: kv, Holder: bg.holder, LeaseTTL: bg.ttl, Now: bg.now, OnCross: bg.onCross})
+	bg.sp = budget.NewSpender(budget.Config{KV: kv, Holder: bg.holder, LeaseTTL: bg.ttl, Now: bg.now, OnCross: bg.onCross,
+		Served: budget.Served(bg.js, bg.prefix), OnError: bg.onError})
 	return bg.sp, nil
 }
 
@@ -164,6 +168,12 @@ func (bg *budgets) run(ctx context.Context) {
 	}
 }
 
+// onError logs a correction of a dead decider's spend that failed: it is
+// tried again later, and the spend stays charged whole until then.
+func (bg *budgets) onError(err error) {
+	bg.log.Warn("a dead decider's spend is not corrected from the ledger yet", "err", err)
+}
+
 // errNoBucket is a budget whose bucket was never created.
 var errNoBucket = errors.New("no budgets bucket")
 
@@ -183,6 +193,10 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	delete(h, subjects.HdrRouteBudget)
 	delete(h, subjects.HdrPrice)
 	delete(h, subjects.HdrKeyID)
+	delete(h, subjects.HdrBudgetHold)
+	if s.routed != nil {
+		delete(s.routed, subjects.HdrRouteBudget)
+	}
 	if snap == nil {
 		return nil
 	}
@@ -244,13 +258,13 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	sp, err := b.budgets.spender(context.Background())
 	var left budget.Micro
 	var ref *budget.Refusal
+	hold := budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}
 	if err == nil {
-		expires := s.start.Add(time.Hour)
+		deadline := s.start.Add(time.Hour)
 		if !q.Deadline.IsZero() {
-			expires = q.Deadline
+			deadline = q.Deadline
 		}
-		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n],
-			budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}, expires.Add(time.Minute))
+		left, ref, err = sp.Reserve(context.Background(), q.ID, needs[:n], &hold, deadline)
 	}
 	if err != nil {
 		msg := "the spend of this request's budget could not be reached; try again"
@@ -274,8 +288,17 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	if needs[0].Kind == budget.KindTenant {
 		b.budgets.left(tenant, left)
 	}
-	var buf [24]byte
-	s.setHeader(h, subjects.HdrRouteBudget, string(left.Append(buf[:0])))
+	v := s.amount(left)
+	s.setHeader(h, subjects.HdrRouteBudget, v)
+	// The routed notice carries it too: the gateway answers it on an
+	// error the replica never answers for (an accept timeout, a replica
+	// gone, retries run out). Its value slice is the scratch's own.
+	s.noticeBudget[0] = v
+	s.NoticeHeader()[subjects.HdrRouteBudget] = s.noticeBudget[:]
+	// The ledger record names the lease and the budgets: what corrects
+	// this decider's spend should it die with the request open.
+	tags, nt := hold.Tags()
+	s.setHeaders(h, subjects.HdrBudgetHold, tags[:nt])
 	return nil
 }
 
@@ -306,16 +329,11 @@ func (b *Decider) settleBudget(u *subjects.Usage) {
 	if sp == nil || u.RequestID == "" {
 		return
 	}
-	h, ok := sp.Held(u.RequestID)
-	if !ok {
-		return
-	}
 	prompt := u.EnginePromptTokens
 	if prompt == 0 {
 		prompt = u.PromptTokens
 	}
-	cost := min(h.Price.Cost(prompt, u.CachedTokens, u.CompletionTokens, h.Batch), 2*h.Amount)
-	if _, ok := sp.Settle(u.RequestID, cost); ok && cost > 0 {
+	if h, cost, ok := sp.SettleUsage(u.RequestID, prompt, u.CachedTokens, u.CompletionTokens); ok && cost > 0 {
 		b.budgets.spent(h.Tenant, h.Model, cost)
 	}
 }

@@ -145,6 +145,7 @@ func TestDirectClientCannotForgeThePriceTheKeyOrTheLedgerID(t *testing.T) {
 		subjects.HdrKeyID:           {"aaaaaaaaaaaa"},
 		subjects.HdrClientRequestID: {"victim-request"},
 		subjects.HdrRouteBudget:     {"1000000"},
+		subjects.HdrBudgetHold:      {"another-decider key.aaaaaaaaaaaa.total"},
 	}
 	a := br.Handle(NewScratch(), "llm.route.default", "_INBOX.x.1", h,
 		[]byte(`{"model":"chat-large","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
@@ -153,7 +154,8 @@ func TestDirectClientCannotForgeThePriceTheKeyOrTheLedgerID(t *testing.T) {
 	}
 	got := a.Msg.Header
 	if got.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" || got.Get(subjects.HdrKey) != "" ||
-		got.Get(subjects.HdrKeyID) != "" || got.Get(subjects.HdrClientRequestID) != "" || got.Get(subjects.HdrRouteBudget) == "1000000" {
+		got.Get(subjects.HdrKeyID) != "" || got.Get(subjects.HdrClientRequestID) != "" || got.Get(subjects.HdrRouteBudget) == "1000000" ||
+		len(got.Values(subjects.HdrBudgetHold)) != 1 || !strings.HasPrefix(got.Get(subjects.HdrBudgetHold), br.budgets.holder+" tenant.default.") {
 		t.Fatalf("forwarded with the client's claims: %v", got)
 	}
 }

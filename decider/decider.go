@@ -161,7 +161,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.budgets = newBudgets(js, &b.cfg, cfg.Registerer, b.budgetCrossed)
+	b.budgets = newBudgets(js, &b.cfg, b.log, cfg.Registerer, b.budgetCrossed)
 	b.owners = cfg.Owners
 	if b.owners == nil {
 		b.owners = owners.NewReader(js, cfg.OwnersBucket)

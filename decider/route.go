@@ -6,11 +6,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/features"
 	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -29,12 +31,18 @@ type Scratch struct {
 	avoid    []string
 	prompt   []byte
 	body     []byte
-	routed   nats.Header   // the routed notice's header, reused
-	promptFn func() []byte // s.renderPrompt, bound once (a method value allocates)
-	values   []string      // backs the header values setHeader adds; new per request
-	rev      uint64        // the table revision revText spells
-	revText  string
-	start    time.Time // when handle took the message: the decision's time
+	routed   nats.Header // the routed notice's header, reused
+	// noticeBudget is the value slice of the notice's budget remainder.
+	noticeBudget [1]string
+	promptFn     func() []byte // s.renderPrompt, bound once (a method value allocates)
+	values       []string      // backs the header values setHeader adds; new per request
+	// text backs the amounts formatted into header values: appended to
+	// only, and replaced when full, so a string made from it never
+	// changes, whichever request holds it.
+	text    []byte
+	rev     uint64 // the table revision revText spells
+	revText string
+	start   time.Time // when handle took the message: the decision's time
 }
 
 // NewScratch returns working memory for one request at a time; Get and
@@ -146,8 +154,11 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 	if direct {
 		// The ledger keeps one record per client request id: a direct
 		// client's own would let it take another request's (the batcher's
-		// and a gateway's are theirs to set).
+		// and a gateway's are theirs to set). Its key is no gateway's
+		// word: it would charge another key's budget (a batch item's is
+		// the batcher's, of the key that created the batch).
 		delete(h, subjects.HdrClientRequestID)
+		delete(h, subjects.HdrKey)
 	}
 	if strings.HasPrefix(subject, b.batch) {
 		// A batch item: the subject's tenant is the batch record's (only
@@ -254,6 +265,31 @@ func (b *Decider) forwardTo(s *Scratch, replica, reply string, h nats.Header, da
 // setHeader sets one value, reusing the slice already there. A header NATS
 // just decoded holds none of the route headers, so each would be a new
 // one-element slice: they are cut from one array instead.
+// amount is m as a header value, formatted into s.text: no allocation of
+// its own.
+func (s *Scratch) amount(m budget.Micro) string {
+	if cap(s.text)-len(s.text) < 32 {
+		s.text = make([]byte, 0, 1024)
+	}
+	n := len(s.text)
+	s.text = m.Append(s.text)
+	return unsafe.String(&s.text[n], len(s.text)-n)
+}
+
+// setHeaders sets k to vs (at most 16 values), as setHeader does.
+func (s *Scratch) setHeaders(h nats.Header, k string, vs []string) {
+	if old := h[k]; len(old) == len(vs) {
+		copy(old, vs)
+		return
+	}
+	if len(s.values)+len(vs) > cap(s.values) {
+		s.values = make([]string, 0, 16)
+	}
+	n := len(s.values)
+	s.values = append(s.values, vs...)
+	h[k] = s.values[n : n+len(vs) : n+len(vs)]
+}
+
 func (s *Scratch) setHeader(h nats.Header, k, v string) {
 	if old := h[k]; len(old) == 1 {
 		old[0] = v
@@ -292,7 +328,7 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 		// other.
 		for _, k := range [...]string{subjects.HdrPromptTokens, subjects.HdrMaxTokens, subjects.HdrPrefix,
 			subjects.HdrFeatures, subjects.HdrColdWaited, subjects.HdrResume, subjects.HdrResumeTokens,
-			subjects.HdrPreviousResponse, subjects.HdrKey} {
+			subjects.HdrPreviousResponse} {
 			delete(h, k)
 		}
 	}

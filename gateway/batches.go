@@ -88,6 +88,12 @@ func (g *Gateway) serveBatchCreate(w http.ResponseWriter, r *http.Request) {
 		},
 		Tenant: tenant, Lines: lines,
 	}
+	if t := g.table.Load(); t != nil {
+		// Its lines are charged to the budget of the key that created it.
+		if tn, hash, e := g.keyOf(r, t); e == nil && tn == tenant {
+			rec.KeyHash = hash
+		}
+	}
 	if err := st.CreateBatch(r.Context(), rec); err != nil {
 		writeError(w, unavailable(err))
 		return

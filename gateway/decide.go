@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"github.com/nats-io/nats.go"
-	"github.com/switchyard-llm/switchyard/internal/stages"
 
 	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/internal/stages"
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // publish sends one attempt on its way: decided here and published once,
@@ -42,6 +43,9 @@ func (g *Gateway) publish(c *call, id, replyTo string, u *upstream, h nats.Heade
 	switch a.Do {
 	case decider.DoForward:
 		notice := reply.Frame{Kind: reply.Routed, Replica: a.Replica(), Header: make(nats.Header, 1)}
+		if v := a.Msg.Header.Get(subjects.HdrRouteBudget); v != "" {
+			notice.Header[subjects.HdrRouteBudget] = []string{v}
+		}
 		c.deliver(notice.Msg(g.subj.RoutedFor(replyTo))) // where a broker would send it
 		m := a.Msg
 		g.cfg.Stages.Mark(id, stages.Published)

@@ -98,6 +98,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 				res.resumable = false
 				continue // judged again: the explicit error
 			}
+			g.resumedFrom(from, res.id)
 			g.log.InfoContext(telemetry.LogContext(ctx, out.u.hdr), "resuming", "from", from, "cause", res.kind.cause(), "tokens", out.carry.tokens,
 				"traceparent", out.u.hdr.Get(subjects.HdrTraceparent))
 			traced := g.traceAttempt(ctx, out.u, telemetry.EventResume, res, out.carry.tokens)
@@ -608,6 +609,9 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 			return r, false // the broker's notice, overtaken by the accept
 		}
 		l.routed = f.Replica
+		if v := f.Header.Get(subjects.HdrRouteBudget); v != "" {
+			l.out.budgetLeft = v
+		}
 		if l.left {
 			return l.leave(result{replica: l.routed}), true
 		}
@@ -859,6 +863,20 @@ func (g *Gateway) cancelLate(replica, id string) {
 	}
 	g.metrics.lateRoutes.Inc()
 	g.cancelUpstream(replica, id)
+}
+
+// resumedFrom tells the adapter of the failed part id that its answer
+// continues on another replica: the record it holds of that part is
+// dropped, since the continuation's record holds the whole request
+// (docs/protocol.md, "The ledger").
+func (g *Gateway) resumedFrom(replica, id string) {
+	if id == "" || subjects.ValidToken(replica) != nil {
+		return
+	}
+	m := nats.NewMsg(g.subj.ReplicaCancel(replica))
+	m.Header.Set(subjects.HdrRequestID, id)
+	m.Header.Set(subjects.HdrResume, replica)
+	_ = g.nc.PublishMsg(m)
 }
 
 // cancelUpstream tells the adapter to stop the engine call.

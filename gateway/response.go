@@ -41,6 +41,10 @@ type response struct {
 	// attempt is the request id of the attempt under way: the stage
 	// recorder's key.
 	attempt string
+	// budgetLeft is what is left of the request's budget after its
+	// reservation, as its decider's routed notice said ("" when it is
+	// under none): every answer carries it.
+	budgetLeft string
 }
 
 // firstByte counts the time to the client's first byte, and stamps it.

@@ -227,6 +227,11 @@ func (g *Gateway) conclude(out *response, r result) {
 			v = endStream
 		}
 	}
+	if out.budgetLeft != "" && !out.wrote {
+		// An answer under a budget says what is left of it, an error the
+		// replica or the gateway made included.
+		out.w.Header().Set(subjects.HdrBudgetRemaining, out.budgetLeft)
+	}
 	switch v {
 	case rejected:
 		out.passRejection(*r.rejection)

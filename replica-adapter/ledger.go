@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,19 +32,36 @@ type ledger struct {
 	// missing is set once a publish found no stream (LEDGER not created):
 	// logged once.
 	missing atomic.Bool
+
+	mu sync.Mutex
+	// held is the records of unfinished parts waiting for the gateway's
+	// word (by attempt id); nil once the adapter stops.
+	held map[string]*heldRecord
+	// early is the attempts resumed before their record was made.
+	early map[string]time.Time
 }
 
 // ledgerQueue bounds the records waiting to be written.
 const ledgerQueue = 4096
 
 func newLedger(js jetstream.JetStream, subj subjects.Subjects, log *slog.Logger) *ledger {
-	return &ledger{js: js, subj: subj, log: log, now: time.Now, ch: make(chan *nats.Msg, ledgerQueue)}
+	return &ledger{js: js, subj: subj, log: log, now: time.Now, ch: make(chan *nats.Msg, ledgerQueue), held: map[string]*heldRecord{}, early: map[string]time.Time{}}
 }
 
 // record queues the record of a request served with t for tenant. A
 // request that used nothing (refused, cancelled before it began) has
 // none, so it cannot take the id of a retry that did the work.
-func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
+//
+// A client request is one record, under its tenant and its client id
+// (Nats-Msg-Id), whatever replicas served it. A continuation's record
+// holds the whole request: what its engine served (the re-prefill of the
+// prompt and the carried text counted as prompt, as the engine counted
+// it) and the parts before it as the gateway counted them (Llm-Resume-
+// Tokens, and the prompt without them). So that the record of a part that
+// ended unfinished does not take the id first, it waits resumeWait for
+// the gateway's word that the answer continues elsewhere (resumed), and
+// is dropped on it.
+func (l *ledger) record(h nats.Header, tenant, model string, t tokens, unfinished bool) {
 	if l == nil || (t.PromptTokens <= 0 && t.CompletionTokens <= 0) {
 		return
 	}
@@ -54,20 +72,24 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
 	if id == "" {
 		return
 	}
-	msgID := tenant + ":" + id
 	resumed := h.Get(subjects.HdrResume) != ""
-	if resumed {
-		// A continuation is charged what its engine served, the re-prefill
-		// of the prompt and the carried text included, in a record of its
-		// own: the part before it was recorded by the replica that failed,
-		// when it could, under the request's id.
-		msgID += "#" + h.Get(subjects.HdrRequestID)
-	}
 	r := subjects.LedgerRecord{
 		RequestID: id, Resumed: resumed, Tenant: tenant, Key: h.Get(subjects.HdrKeyID), Model: model,
 		Version: h.Get(subjects.HdrRouteVersion), Pool: h.Get(subjects.HdrRoutePool), Replica: h.Get(subjects.HdrRouteReplica),
 		PromptTokens: max(t.PromptTokens, 0), CachedTokens: max(t.Cached, 0), OutputTokens: max(t.CompletionTokens, 0),
 		Priority: h.Get(subjects.HdrPriority), Decider: h.Get(subjects.HdrBroker), Time: l.now().UnixMilli(),
+	}
+	for i, v := range h.Values(subjects.HdrBudgetHold) {
+		holder, key, ok := strings.Cut(v, " ")
+		if !ok || i >= len(r.Budgets) || len(v) > 2*maxBudgetName || (r.Holder != "" && holder != r.Holder) {
+			break
+		}
+		r.Holder, r.Budgets[i] = holder, key
+	}
+	if resumed {
+		prompt, output := before(h)
+		r.PromptTokens += prompt
+		r.OutputTokens += output
 	}
 	if p, ok := budget.ParsePriceHeader(h.Get(subjects.HdrPrice)); ok {
 		c := p.Cost(r.PromptTokens, r.CachedTokens, r.OutputTokens, r.Priority == subjects.PriorityBatch)
@@ -78,12 +100,125 @@ func (l *ledger) record(h nats.Header, tenant, model string, t tokens) {
 		return
 	}
 	m := nats.NewMsg(l.subj.Ledger(tenant))
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	m.Header.Set(jetstream.MsgIDHeader, tenant+":"+id)
 	m.Data = b
+	if attempt := h.Get(subjects.HdrRequestID); unfinished && attempt != "" && l.hold(attempt, m) {
+		return
+	}
+	l.queue(m)
+}
+
+// maxBudgetName bounds a lease holder and a budget's key copied into a
+// record.
+const maxBudgetName = 256
+
+// maxCarriedTokens bounds the completion tokens a continuation says the
+// parts before it served: the gateway carries at most 256 KiB of text.
+const maxCarriedTokens = 256 << 10
+
+// before is what the parts of a request before its continuation h served,
+// as the gateway counted them: the prompt (the continuation's prompt
+// estimate without the carried tokens) and the carried completion tokens.
+// Values out of range count as nothing.
+func before(h nats.Header) (prompt, output int) {
+	output, err := strconv.Atoi(h.Get(subjects.HdrResumeTokens))
+	if err != nil || output < 0 || output > maxCarriedTokens {
+		return 0, 0
+	}
+	all, err := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
+	if err != nil || all < output || all-output > maxPromptTokens {
+		return 0, output
+	}
+	return all - output, output
+}
+
+func (l *ledger) queue(m *nats.Msg) {
 	select {
 	case l.ch <- m:
 	default:
-		l.log.Warn("ledger queue full: record not written", "request", id)
+		l.log.Warn("ledger queue full: record not written", "id", m.Header.Get(jetstream.MsgIDHeader))
+	}
+}
+
+// resumeWait is how long the record of a part that ended unfinished waits
+// for the gateway's word that the answer continues elsewhere; heldMax
+// bounds the records waiting.
+const (
+	resumeWait = 500 * time.Millisecond
+	heldMax    = 4096
+)
+
+// hold keeps m, the record of attempt's unfinished part, for resumeWait
+// before queueing it; false when too many wait (m is queued at once).
+func (l *ledger) hold(attempt string, m *nats.Msg) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.early[attempt]; ok {
+		delete(l.early, attempt)
+		return true // resumed already: the word came before the record
+	}
+	if l.held == nil || len(l.held) >= heldMax {
+		return false
+	}
+	hr := &heldRecord{m: m}
+	hr.t = time.AfterFunc(resumeWait, func() {
+		l.mu.Lock()
+		ok := l.held[attempt] == hr
+		if ok {
+			delete(l.held, attempt)
+		}
+		l.mu.Unlock()
+		if ok {
+			l.queue(m)
+		}
+	})
+	l.held[attempt] = hr
+	return true
+}
+
+type heldRecord struct {
+	t *time.Timer
+	m *nats.Msg
+}
+
+// resumed drops the held record of attempt: the gateway continues its
+// answer on another replica, whose record holds this part too.
+func (l *ledger) resumed(attempt string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if hr, ok := l.held[attempt]; ok {
+		hr.t.Stop()
+		delete(l.held, attempt)
+		return
+	}
+	// The word may come before the record of the part is made.
+	now := l.now()
+	if len(l.early) >= heldMax {
+		for k, at := range l.early {
+			if now.Sub(at) > resumeWait || len(l.early) >= heldMax {
+				delete(l.early, k)
+			}
+		}
+	}
+	l.early[attempt] = now
+}
+
+// release queues every held record at once, and holds none after: the
+// adapter is stopping.
+func (l *ledger) release() {
+	l.mu.Lock()
+	var ms []*nats.Msg
+	for _, hr := range l.held {
+		hr.t.Stop()
+		ms = append(ms, hr.m)
+	}
+	l.held = nil
+	l.mu.Unlock()
+	for _, m := range ms {
+		l.queue(m)
 	}
 }
 
@@ -127,6 +262,7 @@ func (l *ledger) writer(ctx, dctx context.Context) {
 		case m := <-l.ch:
 			l.write(ctx, m, ledgerTries)
 		case <-ctx.Done():
+			l.release()
 			for {
 				select {
 				case m := <-l.ch:

@@ -57,7 +57,7 @@ func (a *Adapter) onRequest(r micro.Request) {
 		// that admitted it gets its token reservation back.
 		delete(a.early, id)
 		a.mu.Unlock()
-		a.publishUsage(h, tokens{})
+		a.publishUsage(h, tokens{}, false)
 		return
 	}
 	if _, serving := a.calls[id]; serving && id != "" {
@@ -86,6 +86,12 @@ func (a *Adapter) onRequest(r micro.Request) {
 // onCancel cancels the engine call of the request named by Llm-Request-Id.
 func (a *Adapter) onCancel(r micro.Request) {
 	id := r.Headers().Get(subjects.HdrRequestID)
+	if r.Headers().Get(subjects.HdrResume) != "" {
+		// Not a cancel: the gateway continues the request's answer
+		// elsewhere, and the continuation's record will hold this part.
+		a.ledger.resumed(id)
+		return
+	}
 	a.mu.Lock()
 	c := a.calls[id]
 	if c == nil && id != "" {
@@ -138,7 +144,7 @@ func (a *Adapter) reject(reply string, h nats.Header, e *subjects.APIError) {
 	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
 		a.log.Warn("rejection not sent", "err", err)
 	}
-	a.publishUsage(h, tokens{})
+	a.publishUsage(h, tokens{}, false)
 }
 
 // serve runs one request: accept, engine call, head, data, end, usage.
@@ -172,7 +178,7 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 	}
 	used := a.callEngine(spans.startEngine(ctx, a), st, h, body)
 	spans.engineDone(used)
-	a.publishUsage(h, used)
+	a.publishUsage(h, used, st.unfinished())
 }
 
 // servedModel is the name the engine serves the request's model under: the
@@ -201,7 +207,7 @@ func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
 // the broker that reserved prompt + max_tokens at admission can settle them.
 // Requests that did not come through a broker carry no tenant and report
 // nothing.
-func (a *Adapter) publishUsage(h nats.Header, t tokens) {
+func (a *Adapter) publishUsage(h nats.Header, t tokens, unfinished bool) {
 	tenant := h.Get(subjects.HdrTenant)
 	if subjects.ValidToken(tenant) != nil {
 		return
@@ -214,7 +220,7 @@ func (a *Adapter) publishUsage(h nats.Header, t tokens) {
 	}
 	reserved, resumed := prompt+maxTokens, h.Get(subjects.HdrResume) != ""
 	engine := t.PromptTokens
-	a.ledger.record(h, tenant, model, t)
+	a.ledger.record(h, tenant, model, t, unfinished)
 	if resumed {
 		// A continuation reserved nothing: its prompt (the request's and
 		// the carried text) was charged with the part before it.

@@ -34,6 +34,9 @@ type stream struct {
 	next  int         // Llm-Seq of the next message
 	err   error       // the first publish error; nothing is sent after it
 	ended bool
+	// broke is set when the stream ended unfinished (an engine failure, a
+	// handover, a cancel): the gateway may continue the answer elsewhere.
+	broke bool
 	ka    *time.Timer
 	kaOn  bool
 	every time.Duration
@@ -149,7 +152,7 @@ func (s *stream) end(errText string) {
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
 	_ = s.sendLocked(reply.Frame{Kind: reply.End, End: true, Err: errText})
-	s.ended = true
+	s.ended, s.broke = true, errText != ""
 }
 
 // handover ends the stream unfinished and hands it back: the gateway
@@ -160,7 +163,7 @@ func (s *stream) handover() {
 	defer s.mu.Unlock()
 	s.stopKeepaliveLocked()
 	_ = s.sendLocked(reply.Frame{Kind: reply.Handover, End: true, Err: errHandover.Error()})
-	s.ended = true
+	s.ended, s.broke = true, true
 }
 
 // fail answers with a single head that is also the end, carrying the status
@@ -181,7 +184,14 @@ func (s *stream) failWith(e *subjects.APIError, broken bool) {
 		f.Err = e.Message
 	}
 	_ = s.sendLocked(f)
-	s.ended = true
+	s.ended, s.broke = true, broken
+}
+
+// unfinished reports whether the stream ended unfinished.
+func (s *stream) unfinished() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broke
 }
 
 func (s *stream) startKeepalive(every time.Duration) {

@@ -42,8 +42,13 @@ const (
 	HdrResume = "Llm-Resume"
 	// HdrResumeTokens is the completion tokens a continuation carries.
 	HdrResumeTokens = "Llm-Resume-Tokens"
-	HdrTraceparent  = "traceparent"
-	HdrTracestate   = "tracestate"
+	// HdrBudgetHold is "<holder> <budget key>", one value for each budget
+	// a request's worst case was reserved against (the tenant's, then the
+	// key's): the decider's lease and the budget's key in the budgets
+	// bucket. The adapter copies them into the ledger record.
+	HdrBudgetHold  = "Llm-Budget-Hold"
+	HdrTraceparent = "traceparent"
+	HdrTracestate  = "tracestate"
 	// HdrTenant and HdrBroker are added by the broker when it forwards: the
 	// adapter reports usage for the tenant back to the broker that reserved it.
 	HdrTenant = "Llm-Tenant"

@@ -456,9 +456,9 @@ type TenantShare struct {
 // (llm.ledger.<tenant>), written by the adapter that served it, once per
 // client request: its Nats-Msg-Id is the tenant and the request's id, so
 // a retry on another replica adds no second record within the stream's
-// duplicate window. A continuation (a stream resumed on another replica)
-// adds the record of what its engine served, Resumed, under the same
-// RequestID.
+// duplicate window. A request resumed on another replica is one record
+// too, Resumed, written by the continuation's adapter with the parts
+// before it added (docs/protocol.md, "Budgets and the ledger").
 type LedgerRecord struct {
 	RequestID string `json:"request_id"`
 	Tenant    string `json:"tenant"`
@@ -479,7 +479,14 @@ type LedgerRecord struct {
 	// Decider is the broker or gateway that admitted the request.
 	Decider string `json:"decider,omitempty"`
 	Time    int64  `json:"time_unix_ms"`
-	// Resumed marks the record of a continuation: the rest of the request
-	// RequestID, after the replica serving it failed mid-answer.
+	// Holder is the decider's lease the request was reserved from, and
+	// Budgets the keys of the budgets it was charged to in the budgets
+	// bucket (the tenant's, the key's): what corrects the spend of a
+	// decider that died with reservations open.
+	Holder  string    `json:"holder,omitempty"`
+	Budgets [2]string `json:"budgets,omitzero"`
+	// Resumed marks the record of a request whose replica failed
+	// mid-answer and whose answer continued on another: its counts are of
+	// every part.
 	Resumed bool `json:"resumed,omitempty"`
 }
