@@ -228,7 +228,7 @@ type engine struct {
 	metrics atomic.Value // string: the testdata file served on /metrics
 	// metricsAt is when /metrics last answered (unix ms).
 	metricsAt atomic.Int64
-	slots   atomic.Value // string: the testdata file served on /slots ("" = 404)
+	slots     atomic.Value // string: the testdata file served on /slots ("" = 404)
 	// key, when not "", is the API key /v1 requires, as vLLM's --api-key:
 	// /health and /metrics stay open.
 	key atomic.Value

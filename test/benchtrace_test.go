@@ -2,7 +2,6 @@ package test
 
 import (
 	"bytes"
-	"encoding/csv"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -38,8 +37,11 @@ func TestBenchTraceReplaysThroughDev(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench --trace: exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	row := readSystemRow(t, filepath.Join(out, "bench-replay.csv"))
-	if row["arm"] != "system" || row["requests"] != strconv.Itoa(n) || row["refused"] != "0" {
+	row := readArmRow(t, filepath.Join(out, "bench-replay.csv"), "system")
+	if rows := len(readCSV(t, filepath.Join(out, "bench-replay.csv"))); rows != 2 {
+		t.Errorf("bench-replay.csv has %d records, want a header and one row", rows)
+	}
+	if row["requests"] != strconv.Itoa(n) || row["refused"] != "0" {
 		t.Fatalf("bench-replay.csv: %v\n%s", row, stdout)
 	}
 	hit, _ := strconv.ParseFloat(row["hit_rate"], 64)
@@ -84,23 +86,4 @@ func TestBenchTraceRefusesBadInputBeforeSending(t *testing.T) {
 	if n := hits.Load(); n != 0 {
 		t.Errorf("%d requests reached the target; a refusal sends none", n)
 	}
-}
-
-// readSystemRow reads bench-replay.csv: its header and one row.
-func readSystemRow(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil || len(recs) != 2 {
-		t.Fatalf("%s: %d records, %v; want a header and one row", path, len(recs), err)
-	}
-	row := map[string]string{}
-	for i, h := range recs[0] {
-		row[h] = recs[1][i]
-	}
-	return row
 }

@@ -77,7 +77,7 @@ func TestReplayCheck(t *testing.T) {
 	sysOut := t.TempDir()
 	runTool(ctx, t, bin, "bench", "--trace", trace, "--target", gateway, "--model", lab.DevReplayModel,
 		"--speedup", sp, "--limit", strconv.Itoa(replayCheckLimit), "--out", sysOut)
-	sysRow := readSystemRow(t, filepath.Join(sysOut, "bench-replay.csv"))
+	sysRow := readArmRow(t, filepath.Join(sysOut, "bench-replay.csv"), "system")
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "replay check: %d requests of %s at speedup %s (the dev pool at about %.0f%% of its capacity), engines at --speed %d; load average at start %s\n",
@@ -165,18 +165,10 @@ func startDevProcess(ctx context.Context, t *testing.T, bin string, args ...stri
 	return ""
 }
 
-// readArmRow reads arm's row of a replay.csv.
+// readArmRow reads arm's row of a replay.csv or a bench-replay.csv.
 func readArmRow(t *testing.T, path, arm string) map[string]string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil || len(recs) < 2 {
-		t.Fatalf("%s: %v", path, err)
-	}
+	recs := readCSV(t, path)
 	for _, r := range recs[1:] {
 		if r[0] == arm {
 			row := map[string]string{}
@@ -188,4 +180,19 @@ func readArmRow(t *testing.T, path, arm string) map[string]string {
 	}
 	t.Fatalf("%s has no row of arm %s", path, arm)
 	return nil
+}
+
+// readCSV reads a CSV file with a header and at least one row.
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(recs) < 2 {
+		t.Fatalf("%s: %d records, %v; want a header and a row", path, len(recs), err)
+	}
+	return recs
 }
