@@ -188,19 +188,19 @@ type Adapter struct {
 	// by priority (behindInteractive).
 	batchHeld atomic.Int64
 
-	load     loadState
+	load loadState
 	// scraped is signalled, and scrapedAt (load.clock) set, when a scrape
 	// ends: the heartbeat that follows a tick waits for it (heartbeatLoop).
 	scraped   chan struct{}
 	scrapedAt atomic.Int64
 	limits    limits // as configured; the engine may fill the batch size
-	outcomes outcomes
-	svc      service
-	tails    tails // where recent replies ended, marked after a reconnect
-	hbSeq    atomic.Uint64
-	deltas   deltas
-	kv       *kvFeed // nil without --kv-events
-	ledger   *ledger
+	outcomes  outcomes
+	svc       service
+	tails     tails // where recent replies ended, marked after a reconnect
+	hbSeq     atomic.Uint64
+	deltas    deltas
+	kv        *kvFeed // nil without --kv-events
+	ledger    *ledger
 	// streamed is when bytes of a streamed answer last came from the
 	// engine (Unix nanoseconds): an engine that streams is not down, however
 	// slowly it answers a scrape.
