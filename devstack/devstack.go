@@ -494,8 +494,7 @@ func (s *Stack) startReplica(r Replica) error {
 // startEngine runs r's simulated engine, behind the fault injector f, until
 // ctx ends, and returns its URL and a channel closed once it has stopped.
 func (s *Stack) startEngine(ctx context.Context, r Replica, f *Faults) (url string, stopped <-chan struct{}, err error) {
-	ecfg := enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: fleet.DefaultMaxBatch, MaxQueue: fleet.DefaultMaxQueue, MaxLoras: r.MaxLoras,
-		Scheduling: enginesim.SchedulingPriority, ITL: r.ITL}
+	ecfg := r.Engine()
 	if s.cfg.FCFSEngines {
 		ecfg.Scheduling = enginesim.SchedulingFCFS
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -468,8 +469,13 @@ func MeasureRow(samples []RowSample, gaps []float64) ReplayRow {
 }
 
 // CSVRow is row as replay.csv writes it.
+// An unknown hit rate (NaN) is an empty cell.
 func (x ReplayRow) CSVRow() []string {
-	return []string{x.Arm, fmtSpeedup(x.Speedup), strconv.Itoa(x.Requests), fmtf("%.4f", x.HitRate),
+	hit := fmtf("%.4f", x.HitRate)
+	if math.IsNaN(x.HitRate) {
+		hit = ""
+	}
+	return []string{x.Arm, fmtSpeedup(x.Speedup), strconv.Itoa(x.Requests), hit,
 		fmtf("%.1f", x.P50), fmtf("%.1f", x.P90), fmtf("%.1f", x.P99), fmtf("%.1f", x.E2E50), fmtf("%.1f", x.E2E99),
 		fmtf("%.1f", x.ITL99), fmtf("%.1f", x.OutputTPS), strconv.Itoa(x.Refused)}
 }

@@ -79,12 +79,12 @@ func devSetup(speed float64) (replaySetup, error) {
 			reps = append(reps, r)
 		}
 	}
-	if len(reps) == 0 || slices.ContainsFunc(reps, func(r fleet.Replica) bool { return r.Pool != table.PoolGeneral || r.KVBlocks != reps[0].KVBlocks }) {
+	if len(reps) == 0 || slices.ContainsFunc(reps, func(r fleet.Replica) bool {
+		return r.Pool != table.PoolGeneral || r.Region != "" || r.Engine() != reps[0].Engine()
+	}) {
 		return replaySetup{}, fmt.Errorf("the dev fleet's %s replicas are not one general pool of equal replicas", DevReplayModel)
 	}
-	maxBatch, maxQueue := reps[0].Capacity()
-	eng := enginesim.Config{KVBlocks: reps[0].KVBlocks, MaxBatch: maxBatch, MaxQueue: maxQueue,
-		Scheduling: enginesim.SchedulingPriority}.WithDefaults()
+	eng := reps[0].Engine().WithDefaults()
 	eng.Model = ModelID
 	for _, d := range []*time.Duration{&eng.TTFTBase, &eng.PrefillPerToken, &eng.ITL, &eng.ITLPerBatch,
 		&eng.KVTransferPerToken, &eng.LoraLoad, &eng.LoraPerAdapterStep} {

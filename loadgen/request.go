@@ -46,7 +46,7 @@ type streamUsage struct {
 	cachedSeen                 bool // prompt_tokens_details.cached_tokens was there
 }
 
-var usageKey = []byte(`"usage":{`)
+var usageKey = []byte(`"usage"`)
 
 // readUsage reads a data line that holds a usage object; it reports
 // whether the line is a usage-only chunk (no choices), which is not a

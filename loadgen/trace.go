@@ -136,16 +136,13 @@ send:
 			done.Add(1)
 		})
 	}
-	interrupted := ctx.Err() != nil
-	if interrupted {
+	if ctx.Err() != nil {
 		cancel()
 	}
 	wg.Wait()
 	stop()
-	if interrupted {
-		return out, ctx.Err()
-	}
-	return out, nil
+	// Interrupted while the last requests were open cancels them too.
+	return out, ctx.Err()
 }
 
 // traceResult is r as a TraceResult, its times from due.

@@ -29,13 +29,14 @@ func TestRunTraceBoundsWhatIsOpenAndReadsUsage(t *testing.T) {
 		}
 		<-release
 		w.Header().Set("Content-Type", "text/event-stream")
-		details := `,"prompt_tokens_details":{"cached_tokens":30}`
+		details := `, "prompt_tokens_details": {"cached_tokens": 30}`
 		if r.Header.Get("X-No-Details") != "" {
 			details = ""
 		}
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"b\"}]}\n\n")
-		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2%s}}\n\n", details)
+		// Spaced as Python's json.dumps writes it.
+		fmt.Fprintf(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2%s}}\n\n", details)
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	})
 	// The handler holds each request until released: none is before two

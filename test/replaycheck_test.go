@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -123,7 +124,10 @@ func runTool(ctx context.Context, t *testing.T, bin string, args ...string) {
 func startDevProcess(ctx context.Context, t *testing.T, bin string, args ...string) string {
 	t.Helper()
 	args = append([]string{"dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data", t.TempDir()}, args...)
-	cmd := exec.CommandContext(ctx, bin, args...)
+	// Its own context: the stack runs until the cleanup stops it, and an
+	// exit before that, or a failed stop, is the test's failure.
+	devCtx, stopDev := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(devCtx, bin, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 30 * time.Second
 	cmd.Stderr = os.Stderr
@@ -149,16 +153,21 @@ func startDevProcess(ctx context.Context, t *testing.T, bin string, args ...stri
 		stopped <- cmd.Wait()
 	}()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		if err := <-stopped; err != nil && ctx.Err() == nil {
-			t.Errorf("switchyard dev: %v", err)
+		stopDev()
+		// A clean exit after the interrupt is Wait's context.Canceled; an
+		// exit status or a kill after WaitDelay is not.
+		if err := <-stopped; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("switchyard dev did not stop cleanly on an interrupt: %v", err)
 		}
 	})
 	select {
 	case u := <-urls:
 		return u
 	case err := <-stopped:
+		stopped <- err // for the cleanup
 		t.Fatalf("switchyard dev ended before serving: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("switchyard dev did not serve: %v", ctx.Err())
 	case <-time.After(90 * time.Second):
 		t.Fatal("switchyard dev did not serve within 90 s")
 	}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -200,9 +201,11 @@ func traceBody(model string, rec *lab.TraceRecord, blockTokens int, unique uint6
 	return b
 }
 
-// traceRow measures the replay as lab replay measures an arm. The hit rate
-// is over the answers that reported cached tokens; unreported counts the
-// served answers that did not.
+// traceRow measures the replay as lab replay measures an arm. An answer
+// that reported no cached tokens counts as none cached: vLLM leaves
+// prompt_tokens_details out when nothing was (and always without
+// --enable-prompt-tokens-details); unreported counts them, and the hit rate
+// is unknown (NaN) when no answer reported any.
 func traceRow(recs []lab.TraceRecord, reqs []loadgen.TraceRequest, rs []loadgen.TraceResult) (row lab.ReplayRow, unreported int) {
 	samples := make([]lab.RowSample, len(rs))
 	var gaps []float64
@@ -219,13 +222,16 @@ func traceRow(recs []lab.TraceRecord, reqs []loadgen.TraceRequest, rs []loadgen.
 				s.Cached = r.Cached
 			} else {
 				unreported++
-				s.Prompt = 0 // outside the hit rate
 			}
 			gaps = append(gaps, r.Gaps...)
 		}
 		samples[i] = s
 	}
-	return lab.MeasureRow(samples, gaps), unreported
+	row = lab.MeasureRow(samples, gaps)
+	if served := row.Requests - row.Refused; served > 0 && unreported == served {
+		row.HitRate = math.NaN()
+	}
+	return row, unreported
 }
 
 func writeTraceSummary(w io.Writer, row lab.ReplayRow, rs []loadgen.TraceResult, unreported int, bound float64, took time.Duration) {
@@ -238,11 +244,15 @@ func writeTraceSummary(w io.Writer, row lab.ReplayRow, rs []loadgen.TraceResult,
 	}
 	fmt.Fprintf(w, "switchyard bench --trace, %s, %s\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"), took.Round(time.Second))
 	fmt.Fprintf(w, "  requests %d, served %d, failed %d\n", row.Requests, row.Requests-row.Refused, row.Refused)
-	fmt.Fprintf(w, "  hit rate %.1f%% of prompt tokens (the trace's infinite-cache bound %.1f%%)", 100*row.HitRate, 100*bound)
-	if unreported > 0 {
-		fmt.Fprintf(w, "; %d served answers reported no cached tokens and are outside it", unreported)
+	if math.IsNaN(row.HitRate) {
+		fmt.Fprintf(w, "  hit rate unknown: no answer reported cached tokens (vLLM: --enable-prompt-tokens-details); the trace's infinite-cache bound %.1f%%\n", 100*bound)
+	} else {
+		fmt.Fprintf(w, "  hit rate %.1f%% of prompt tokens (the trace's infinite-cache bound %.1f%%)", 100*row.HitRate, 100*bound)
+		if unreported > 0 {
+			fmt.Fprintf(w, "; %d served answers reported no cached tokens and count as none cached", unreported)
+		}
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  TTFT p50 %.1f ms, p90 %.1f ms, p99 %.1f ms (a failed request at the longest)\n", row.P50, row.P90, row.P99)
 	fmt.Fprintf(w, "  e2e p50 %.1f ms, p99 %.1f ms; ITL p99 %.1f ms; %.1f output tokens/s\n", row.E2E50, row.E2E99, row.ITL99, row.OutputTPS)
 	fmt.Fprintf(w, "  sent late (over 100 ms after due): %d, the latest by %s\n", late, worst.Round(time.Millisecond))

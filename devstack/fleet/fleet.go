@@ -5,6 +5,8 @@ package fleet
 
 import (
 	"fmt"
+
+	"github.com/switchyard-llm/switchyard/enginesim"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -96,6 +98,15 @@ next:
 		panic(fmt.Sprintf("fleet: no dev replica %q", id))
 	}
 	return out
+}
+
+// Engine is the simulated engine's configuration the dev stack runs the
+// replica with (devstack; lab replay --profile dev plays the same): its
+// model, KV cache, adapters' slots and decode step, the simulated engine's
+// default batch and queue, scheduling by priority.
+func (r Replica) Engine() enginesim.Config {
+	return enginesim.Config{Model: r.Model, KVBlocks: r.KVBlocks, MaxBatch: DefaultMaxBatch, MaxQueue: DefaultMaxQueue, MaxLoras: r.MaxLoras,
+		Scheduling: enginesim.SchedulingPriority, ITL: r.ITL}
 }
 
 // Registration is the routing-table entry the replica's adapter writes
