@@ -49,7 +49,8 @@ func Kinds() []Kind { return []Kind{Routed, Accept, Head, Data, Keepalive, End, 
 func (k Kind) Headers() []string {
 	switch k {
 	case Routed:
-		return []string{subjects.HdrRouted}
+		// The decider adds the budget's remainder under a budget.
+		return []string{subjects.HdrRouted, subjects.HdrRouteBudget}
 	case Accept:
 		return []string{subjects.HdrSeq, subjects.HdrAccepted}
 	case Head:
