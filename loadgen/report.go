@@ -210,8 +210,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]
-		writeShare(w, t.Name, "replica", t.Replicas)
-		writeShare(w, t.Name, "decision reason", t.Reasons)
+		WriteShare(w, t.Name, "replica", t.Replicas)
+		WriteShare(w, t.Name, "decision reason", t.Reasons)
 	}
 	if len(r.Diffs) == 0 {
 		return nil
@@ -234,9 +234,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	return tw.Flush()
 }
 
-// writeShare writes one line: the share of requests per label, largest
-// first.
-func writeShare(w io.Writer, target, what string, counts map[string]int) {
+// WriteShare writes one line, "<target> by <what>: …": the share of
+// requests per label, largest first.
+func WriteShare(w io.Writer, target, what string, counts map[string]int) {
 	if len(counts) == 0 {
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,14 +209,4 @@ func FailureCounts(rs []TraceResult) map[string]int {
 		out[k]++
 	}
 	return out
-}
-
-// SortedKeys is m's keys in order, for printing counts.
-func SortedKeys(m map[string]int) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -1,12 +1,9 @@
 package adapter_test
 
 import (
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // A heartbeat carries the engine's load from the scrape that ended just
@@ -20,22 +17,11 @@ func TestHeartbeatFollowsTheScrape(t *testing.T) {
 	e.eng.stall.Store(int64(stall))
 	cfg := e.config()
 	cfg.HeartbeatEvery, cfg.ScrapeEvery = time.Second, time.Second
-	hbs, err := e.nc.SubscribeSync(subjects.New("").Heartbeat(cfg.Replica))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hbs.Unsubscribe()
+	nextHB := heartbeats(t, e.nc, cfg.Replica)
 	e.start(cfg)
 	var ages []time.Duration
 	for i := range 7 {
-		m, err := hbs.NextMsg(5 * time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var hb subjects.Heartbeat
-		if err := json.Unmarshal(m.Data, &hb); err != nil {
-			t.Fatal(err)
-		}
+		hb := nextHB()
 		if i < 2 { // the first heartbeats precede the first scrapes
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/url"
 	"os"
@@ -263,10 +264,10 @@ func writeTraceSummary(w io.Writer, row lab.ReplayRow, rs []loadgen.TraceResult,
 			byReason[r.Reason]++
 		}
 	}
-	writeShares(w, "served by replica", byReplica)
-	writeShares(w, "served by decision reason", byReason)
+	loadgen.WriteShare(w, "  served", "replica", byReplica)
+	loadgen.WriteShare(w, "  served", "decision reason", byReason)
 	fails := loadgen.FailureCounts(rs)
-	for _, k := range loadgen.SortedKeys(fails) {
+	for _, k := range slices.Sorted(maps.Keys(fails)) {
 		fmt.Fprintf(w, "  failed: %d × %s\n", fails[k], k)
 	}
 }
@@ -289,22 +290,4 @@ func writeReplayCSV(path string, row lab.ReplayRow) error {
 		return err
 	}
 	return f.Close()
-}
-
-// writeShares prints counts as shares of their sum, largest first.
-func writeShares(w io.Writer, what string, counts map[string]int) {
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	if total == 0 {
-		return
-	}
-	keys := loadgen.SortedKeys(counts)
-	slices.SortStableFunc(keys, func(a, b string) int { return counts[b] - counts[a] })
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %.1f%% (%d)", k, 100*float64(counts[k])/float64(total), counts[k])
-	}
-	fmt.Fprintf(w, "  %s: %s\n", what, strings.Join(parts, ", "))
 }
