@@ -87,3 +87,31 @@ func TestBenchTraceRefusesBadInputBeforeSending(t *testing.T) {
 		t.Errorf("%d requests reached the target; a refusal sends none", n)
 	}
 }
+
+// bench --trace exits 0 when the replay ran, whatever the answers: a
+// gateway that refuses every request gives a row of refusals, not a
+// failed command.
+func TestBenchTraceExitsZeroWhateverTheAnswers(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"message":"no replica","type":"server_error","code":"no_replicas"}}`))
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "trace.jsonl")
+	if err := os.WriteFile(path, lab.ConversationTrace(5, 3), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := sy(t, nil, "", "bench", "--trace", path, "--target", srv.URL, "--speedup", "100", "--out", dir, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d with every answer refused, want 0\n%s\n%s", code, stdout, stderr)
+	}
+	row := readArmRow(t, filepath.Join(dir, "bench-replay.csv"), "system")
+	if row["requests"] != "5" || row["refused"] != "5" || hits.Load() != 5 || !strings.Contains(stdout, "503 no_replicas") {
+		t.Errorf("row %v, %d requests reached the target; stdout:\n%s", row, hits.Load(), stdout)
+	}
+}
