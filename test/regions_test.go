@@ -76,6 +76,26 @@ type regionRow struct {
 	codes                                  map[string]int
 }
 
+// count adds o, served in region served (from regionOf) to a client of
+// region home; it reports whether o was lost (neither served nor failed
+// explicitly).
+func (r *regionRow) count(o outcome, served, home string) (lost bool) {
+	r.requests++
+	switch {
+	case o.done && served == home:
+		r.local++
+	case o.done:
+		r.spilled++
+	case o.explicit():
+		r.failed++
+		r.codes[o.code+": "+o.msg]++
+	default:
+		r.lost++
+		return true
+	}
+	return false
+}
+
 func (r regionRow) String() string {
 	return fmt.Sprintf("%d requests: %d served locally, %d spilled, %d failed explicitly %v, %d lost", r.requests, r.local, r.spilled, r.failed, r.codes, r.lost)
 }
@@ -93,17 +113,7 @@ func sendFrom(t *testing.T, url, from string, n int) regionRow {
 			for i := range next {
 				o := send(context.Background(), url, chatBody("chat-small", 2, i%2 == 0))
 				mu.Lock()
-				row.requests++
-				switch {
-				case o.done && regionOfReplica[o.replica] == from:
-					row.local++
-				case o.done:
-					row.spilled++
-				case o.explicit():
-					row.failed++
-					row.codes[o.code+": "+o.msg]++
-				default:
-					row.lost++
+				if row.count(o, regionOfReplica[o.replica], from) {
 					t.Errorf("request %d from %s lost: %v", i, from, o)
 				}
 				mu.Unlock()

@@ -150,17 +150,7 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 				o := send(context.Background(), s.url, chatBody("chat-small", 2, i%2 == 0))
 				mu.Lock()
 				defer mu.Unlock()
-				row.requests++
-				switch {
-				case o.done && regionOf[o.replica] == s.name:
-					row.local++
-				case o.done:
-					row.spilled++
-				case o.explicit():
-					row.failed++
-					row.codes[o.code+": "+o.msg]++
-				default:
-					row.lost++
+				if row.count(o, regionOf[o.replica], s.name) {
 					t.Errorf("request %d to %s lost: %v", i, s.name, o)
 				}
 			})
