@@ -78,8 +78,15 @@ func addKey(t *testing.T, kv jetstream.KeyValue, tenant string, b map[string]any
 // decide, and returns its URL.
 func secondGateway(t *testing.T, st *devstack.Stack, decide string) (*gateway.Gateway, string) {
 	t.Helper()
+	return gatewayOnStack(t, st, gateway.Config{ID: "gw-2", Decide: decide})
+}
+
+// gatewayOnStack runs a gateway of cfg on the stack's bus, under the identity
+// its way of deciding needs, until the test ends, and returns its URL.
+func gatewayOnStack(t *testing.T, st *devstack.Stack, cfg gateway.Config) (*gateway.Gateway, string) {
+	t.Helper()
 	role := auth.Role{Kind: auth.RoleGateway}
-	if decide == gateway.DecideBroker {
+	if cfg.Decide == gateway.DecideBroker {
 		role.Kind = auth.RoleGatewayRelay
 	}
 	nc, err := connectAs(st, role)
@@ -87,7 +94,7 @@ func secondGateway(t *testing.T, st *devstack.Stack, decide string) (*gateway.Ga
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	g, err := gateway.New(nc, gateway.Config{ID: "gw-2", Decide: decide})
+	g, err := gateway.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

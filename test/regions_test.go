@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/gateway"
@@ -27,24 +26,7 @@ var regionOfReplica = map[string]string{"l8-gen-0": "a", "l8-gen-1": "a", "l8-ge
 // regionGateway runs a gateway deciding in region on the stack's bus.
 func regionGateway(t *testing.T, st *devstack.Stack, region string) (*gateway.Gateway, string) {
 	t.Helper()
-	nc, err := connectAs(st, auth.Role{Kind: auth.RoleGateway})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	g, err := gateway.New(nc, gateway.Config{ID: "gw-" + region, Region: region})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := testkit.Listen(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return g, "http://" + ln.Addr().String()
+	return gatewayOnStack(t, st, gateway.Config{ID: "gw-" + region, Region: region})
 }
 
 // putJSON rewrites key of the routing table with the fields of set on top
