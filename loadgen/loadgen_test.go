@@ -370,15 +370,19 @@ func TestInterruptedRunReturnsPartialReport(t *testing.T) {
 }
 
 // Refusals (answers with an HTTP error status) are counted by their
-// OpenAI error code and timed apart from the successes.
+// OpenAI error code and timed apart from the successes; those that do not
+// say when to come back are counted.
 func TestRefusalsAreCountedByCodeAndTimed(t *testing.T) {
 	var n atomic.Int64
 	srv := newServer(t, func(w http.ResponseWriter, _ *http.Request) {
-		if n.Add(1)%2 == 0 {
+		v := n.Add(1)
+		if v%2 == 0 {
 			okJSON(w, nil)
 			return
 		}
-		w.Header().Set("Retry-After", "1")
+		if v%4 == 1 { // three of the five refusals say when to come back, two do not
+			w.Header().Set("Retry-After", "1")
+		}
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"error":{"message":"busy","type":"server_error","param":null,"code":"gateway_overloaded"}}`))
 	})
@@ -389,5 +393,8 @@ func TestRefusalsAreCountedByCodeAndTimed(t *testing.T) {
 	}
 	if tr.Refused == nil || tr.Refused.N != 5 || tr.Latency.N != 5 {
 		t.Errorf("refusals timed %v, successes %d; want 5 and 5", tr.Refused, tr.Latency.N)
+	}
+	if tr.NoRetryAfter != 2 {
+		t.Errorf("refusals without Retry-After %d, want 2", tr.NoRetryAfter)
 	}
 }

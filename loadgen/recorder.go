@@ -22,6 +22,7 @@ type samples struct {
 	ok, errs, chunks                         int
 	errsBy, codesBy                          map[string]int
 	refused                                  []time.Duration // HTTP errors: scheduled send to the answer's end
+	noRetryAfter                             int             // 429s and 503s without Retry-After
 	replicas, reasons                        map[string]int
 	errSample                                map[string]string
 	firstSched, lastSched, lastEnd           time.Time
@@ -79,6 +80,9 @@ func (rec *recorder) add(target int, r result) {
 		if r.refused {
 			// An answer with an HTTP error status: a refusal.
 			s.refused = append(s.refused, r.end.Sub(r.sched))
+			if r.noRetryAfter {
+				s.noRetryAfter++
+			}
 			if r.code != "" && (len(s.codesBy) < maxLabels || s.codesBy[r.code] > 0) {
 				s.codesBy[r.code]++
 			}
@@ -181,6 +185,7 @@ func (rec *recorder) report(cfg *Config, perTarget int) *Report {
 		if len(s.codesBy) > 0 {
 			t.CodesBy = s.codesBy
 		}
+		t.NoRetryAfter = s.noRetryAfter
 		if len(s.errSample) > 0 {
 			t.ErrorSamples = s.errSample
 		}

@@ -49,6 +49,9 @@ type TargetReport struct {
 	// send to the answer's end: how fast a refusal is.
 	CodesBy map[string]int `json:"codes_by,omitempty"`
 	Refused *Summary       `json:"refused,omitempty"`
+	// NoRetryAfter counts the 429 and 503 answers that did not say when
+	// to come back (no Retry-After header).
+	NoRetryAfter int `json:"refused_without_retry_after,omitempty"`
 	// ErrorSamples holds, per kind, what the first such failure said (the
 	// response body of an HTTP error, shortened).
 	ErrorSamples map[string]string `json:"error_samples,omitempty"`

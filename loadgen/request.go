@@ -33,6 +33,7 @@ type result struct {
 	errDetail                     string          // what the failure said, shortened
 	code                          string          // an HTTP error's OpenAI error code ("" when none)
 	refused                       bool            // answered with an HTTP error status
+	noRetryAfter                  bool            // a 429 or 503 without Retry-After
 	// usage is the stream's usage chunk, read when wantUsage is set.
 	wantUsage bool
 	usage     streamUsage
@@ -111,6 +112,8 @@ func (g *generator) do(ctx context.Context, target int, sched time.Time, out out
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		r.errKind, r.errDetail, r.end = strconv.Itoa(resp.StatusCode), shorten(string(bytes.TrimSpace(b))), time.Now()
 		r.code, r.refused = errorCode(b), true
+		r.noRetryAfter = (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) &&
+			resp.Header.Get("Retry-After") == ""
 		return r
 	}
 	if out.stream {

@@ -99,6 +99,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.many.itl, "many-itl", 100*time.Millisecond, "engine time between tokens in the many-streams phase")
 	fs.DurationVar(&cfg.many.duration, "many-duration", 15*time.Second, "length of each rate of the many-streams phase")
 	fs.DurationVar(&cfg.many.warmup, "many-warmup", 3*time.Second, "warmup before each rate of the many-streams phase")
+	fs.IntVar(&cfg.many.busy, "many-busy", 3, "after the rates, the last rate once more with this many busy loops (a process of their own) spinning beside the stack for the whole step (0: no such step)")
 	fs.IntVar(&cfg.many.capacity, "many-capacity", 8192, "max_batch and max_queue of the replica in the many-streams phase")
 	fs.DurationVar(&cfg.settleMax, "settle", 3*time.Minute, "before each phase, wait up to this long for the 1-minute load average to fall to 1.0, so the bench's own previous phase does not make the next one indicative (0: do not wait)")
 	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone: rewrite its own section of --out (and its part of --json)")
@@ -118,6 +119,10 @@ func run(ctx context.Context, args []string) error {
 	if cfg.many.tokens < 1 || cfg.many.tokens > 100000 || cfg.many.capacity < 1 {
 		return fmt.Errorf("--many-tokens and --many-capacity must be positive")
 	}
+	if cfg.many.busy < 0 || cfg.many.busy > 64 {
+		return fmt.Errorf("--many-busy must be from 0 to 64")
+	}
+	rc.busyLoops = cfg.many.busy
 	if cfg.onlyMany && len(cfg.many.rates) == 0 {
 		return fmt.Errorf("--only-many needs --many-rates")
 	}

@@ -27,11 +27,14 @@ type manyConfig struct {
 	duration  time.Duration
 	warmup    time.Duration
 	capacity  int // max_batch and max_queue of the replica
+	busy      int // busy loops beside the stack in one more step at the last rate
 }
 
 // manyStep is one rate of the phase.
 type manyStep struct {
 	Rate float64 `json:"rate"`
+	// Busy is how many busy loops spun beside the processes for the step.
+	Busy int `json:"busy_loops,omitempty"`
 	// Open is about how many streams each path holds open at once:
 	// rate × (TTFT + tokens × ITL).
 	Open   int             `json:"open_streams"`
@@ -43,6 +46,10 @@ type manyStep struct {
 	// Why not.
 	Met bool   `json:"met"`
 	Why string `json:"why,omitempty"`
+	// Failures says how Switchyard failed its requests, and FailuresMet
+	// whether that is within the rule of judgeFailures.
+	Failures    string `json:"failures"`
+	FailuresMet bool   `json:"failures_met"`
 	// Load is the 1-minute load average the rate started at; Stages the
 	// stage table of Switchyard's streams at this rate.
 	Load   float64         `json:"loadavg_start"`
@@ -101,9 +108,28 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 	open := func(rate float64) int {
 		return int(rate * (mc.ttft + time.Duration(mc.tokens)*mc.itl).Seconds())
 	}
-	for _, rate := range mc.rates {
-		fmt.Fprintf(os.Stderr, "== many streams: %g new streams/s per path (~%d open each), %d tokens, %s\n", rate, open(rate), mc.tokens, mc.duration)
-		s := manyStep{Rate: rate, Open: open(rate), CPU: map[string]cpuUse{}, Load: b.settle(ctx)}
+	type stepPlan struct {
+		rate float64
+		busy int
+	}
+	var plan []stepPlan
+	for _, r := range mc.rates {
+		plan = append(plan, stepPlan{rate: r})
+	}
+	if mc.busy > 0 && len(mc.rates) > 0 {
+		plan = append(plan, stepPlan{rate: mc.rates[len(mc.rates)-1], busy: mc.busy})
+	}
+	for i, st := range plan {
+		rate := st.rate
+		fmt.Fprintf(os.Stderr, "== many streams: %g new streams/s per path (~%d open each), %d tokens, %s, %d busy loops beside\n", rate, open(rate), mc.tokens, mc.duration, st.busy)
+		s := manyStep{Rate: rate, Busy: st.busy, Open: open(rate), CPU: map[string]cpuUse{}, Load: b.settle(ctx)}
+		var busy *child
+		if st.busy > 0 {
+			var err error
+			if busy, err = startChild(ctx, exe, "many-busy", "-role", "busy", "-many-busy", strconv.Itoa(st.busy)); err != nil {
+				return ph, err
+			}
+		}
 		b.resetStages(ctx, ctl)
 		before := cpuOf(procs)
 		stopRSS := sampleRSS(procs, &s.RSS)
@@ -113,6 +139,9 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 			Timeout: mc.ttft + time.Duration(mc.tokens)*mc.itl + 30*time.Second, Client: b.client,
 		})
 		stopRSS()
+		if busy != nil {
+			_ = busy.stop()
+		}
 		b.client.CloseIdleConnections()
 		if err != nil {
 			return ph, err
@@ -124,7 +153,8 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 		s.Report = rep
 		s.Stages = b.stageTable(ctx, ctl)
 		s.Met, s.Why = judgeMany(rep, s.RSS)
-		fmt.Fprintf(os.Stderr, "RSS MB %v; targets met: %v %s\n", s.RSS, s.Met, s.Why)
+		s.FailuresMet, s.Failures = judgeFailures(rep, i == 0)
+		fmt.Fprintf(os.Stderr, "RSS MB %v; targets met: %v %s; failures: %s (met: %v)\n", s.RSS, s.Met, s.Why, s.Failures, s.FailuresMet)
 		ph.Steps = append(ph.Steps, s)
 	}
 	return ph, nil
@@ -217,6 +247,35 @@ func judgeMany(rep *loadgen.Report, rss map[string]float64) (bool, string) {
 	return len(why) == 0, strings.Join(why, "; ")
 }
 
+// judgeFailures reads Switchyard's failures (the second target): at the
+// first rate, the target load, none may fail; past it, the only failure
+// allowed is a refusal `gateway_overloaded` that says when to come back
+// (Retry-After): never `no_replicas`, a 504, a timeout or a cut stream.
+func judgeFailures(rep *loadgen.Report, first bool) (bool, string) {
+	if len(rep.Targets) != 2 {
+		return false, "two paths expected"
+	}
+	sy := &rep.Targets[1]
+	if sy.Errors == 0 {
+		return true, "none"
+	}
+	over := sy.CodesBy["gateway_overloaded"]
+	desc := fmt.Sprintf("%d of %d: %v", sy.Errors, sy.Sent, sy.ErrorsBy)
+	if len(sy.CodesBy) > 0 {
+		desc += fmt.Sprintf(", refusals by code %v", sy.CodesBy)
+	}
+	if sy.NoRetryAfter > 0 {
+		desc += fmt.Sprintf(", %d without Retry-After", sy.NoRetryAfter)
+	}
+	if first {
+		return false, desc + " (none allowed at the target load)"
+	}
+	if over != sy.Errors || sy.NoRetryAfter > 0 {
+		return false, desc + " (only `gateway_overloaded` with Retry-After allowed past the target load)"
+	}
+	return true, desc
+}
+
 // renderMany is the phase's part of the section.
 func renderMany(b *strings.Builder, ph *manyPhase) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
@@ -226,6 +285,9 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 		"declaring max_batch and max_queue %d (admission is not what is measured). The proxy and Switchyard interleaved, each at the full rate "+
 		"of new streams, %s per rate after a warmup. "+
 		"Targets, Switchyard against the proxy in the same run: first data p99 ≤ +%s, chunk gap p99 ≤ +%s, RSS ≤ %g×, no error. "+
+		"Switchyard's failures: none at the first rate (the target load); past it, only refusals `gateway_overloaded` with Retry-After "+
+		"(never `no_replicas`, a 504, a timeout or a cut stream). A rate \"with N busy loops\" runs again with a process spinning N threads "+
+		"beside the others for the whole step, a starved machine. "+
 		"RSS is each process's peak during the rate (Switchyard's process holds the NATS server, broker, gateway and adapter). Milliseconds.\n\n",
 		ph.TTFT.D(), ph.ITL.D(), ph.Tokens, ph.Capacity, ph.Duration.D(), manyFirstSlack, manyGapSlack, manyRSSRatio)
 	p("| new streams/s | open at once | path | ok | errors | first data p50 | first data p99 | gap p50 | gap p99 | gap max | RSS MB | CPU s |\n")
@@ -238,7 +300,7 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 				continue
 			}
 			proc := procOf[t.Name]
-			p("| %g | ~%d | %s | %d | %s | %s | %s | %s | %s | %s | %.0f | %.1f |\n", s.Rate, s.Open, t.Name, t.OK, errs(t),
+			p("| %s | ~%d | %s | %d | %s | %s | %s | %s | %s | %s | %.0f | %.1f |\n", rateLabel(s), s.Open, t.Name, t.OK, errs(t),
 				f3(t.FirstData.P50), f3(t.FirstData.P99), f3(t.Gaps.P50), f3(t.Gaps.P99), f3(t.Gaps.Max), s.RSS[proc], s.CPU[proc].total().Seconds())
 		}
 	}
@@ -252,10 +314,22 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 		if len(s.Report.Targets) > 0 {
 			lag = fmt.Sprintf(" (the generator sent p99 %s ms late: a measure of how starved the machine was)", f3(s.Report.Targets[0].SendLag.P99))
 		}
-		p("- %g/s (~%d open)%s, %s: %s%s.\n", s.Rate, s.Open, lag, loadNote(s.Load), verdict, indicativeNote(s.Load))
+		failures := "met"
+		if !s.FailuresMet {
+			failures = "NOT met"
+		}
+		p("- %s/s (~%d open)%s, %s: %s%s; Switchyard's failures %s: %s.\n", rateLabel(s), s.Open, lag, loadNote(s.Load), verdict, indicativeNote(s.Load), s.Failures, failures)
 	}
 	p("\n")
 	for _, s := range ph.Steps {
-		renderStages(p, fmt.Sprintf("%g new streams/s", s.Rate), s.Stages)
+		renderStages(p, fmt.Sprintf("%s new streams/s", rateLabel(s)), s.Stages)
 	}
+}
+
+// rateLabel names a step by its rate, and the busy loops beside it.
+func rateLabel(s manyStep) string {
+	if s.Busy > 0 {
+		return fmt.Sprintf("%g with %d busy loops", s.Rate, s.Busy)
+	}
+	return fmt.Sprintf("%g", s.Rate)
 }

@@ -11,8 +11,10 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/devstack"
@@ -31,6 +33,7 @@ type roleConfig struct {
 	model              string
 	ttft, itl          time.Duration
 	maxBatch, maxQueue int // the capacity Switchyard's replica declares
+	busyLoops          int // the busy role's spinning goroutines
 }
 
 func runRole(ctx context.Context, role string, rc roleConfig) error {
@@ -47,11 +50,36 @@ func runRole(ctx context.Context, role string, rc roleConfig) error {
 		return serveProxy(ctx, rc)
 	case "stack":
 		return serveStack(ctx, rc)
+	case "busy":
+		return spin(ctx, rc.busyLoops)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
 
 func listen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// spin is the busy role: n loops that only burn CPU, each on a thread of its
+// own, as n `while :; do :; done` shells beside the stack would, until ctx
+// ends. It prints "READY busy".
+func spin(ctx context.Context, n int) error {
+	if n < 1 {
+		return fmt.Errorf("the busy role needs at least one loop")
+	}
+	runtime.GOMAXPROCS(n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			runtime.LockOSThread()
+			for ctx.Err() == nil {
+				for i := 0; i < 1<<20; i++ { // about a millisecond between looks at ctx
+				}
+			}
+		})
+	}
+	fmt.Println("READY busy")
+	wg.Wait()
+	return nil
+}
 
 // serveEngine is the engine every path ends at: fixed TTFT and ITL however
 // loaded, so that the paths in front of it are what differs.
