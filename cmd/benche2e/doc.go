@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -161,14 +162,16 @@ func render(r *results) string {
 	renderBodies(p, r)
 	if len(r.Steps) > 0 {
 		p("### Highest rate held with p99 under %s (non-stream)\n\n", c.P99Limit.D())
-		p("Each path alone, %s per step after a warmup, steps in order until the first that fails (p99 ≥ %s or more than 0.1%% errors). "+
-			"The load generator shares the two cores, so at high rates it competes with the path it measures; %s.\n\n", c.StepDuration.D(), c.P99Limit.D(), loadNote(r.StepsLoad))
-		p("| path | highest rate held | first failing step |\n|---|---:|---|\n")
+		p("Each path alone, %s per step after a warmup, steps in order until the first that fails (p99 ≥ %s or more than 0.1%% errors), "+
+			"then up to %d steps halving the interval between the last rate held and the lowest failed. "+
+			"The load generator shares the two cores, so at high rates it competes with the path it measures; %s.\n\n", c.StepDuration.D(), c.P99Limit.D(), c.StepBisect, loadNote(r.StepsLoad))
+		p("| path | highest rate held | lowest failing step |\n|---|---:|---|\n")
 		for _, path := range pathNames {
 			fail := r.StepsEnded[path]
+			low := math.Inf(1)
 			for _, s := range r.Steps {
-				if s.Path == path && !s.Held {
-					fail = fmt.Sprintf("%g/s: %s", s.Rate, s.Why)
+				if s.Path == path && !s.Held && s.Rate < low {
+					low, fail = s.Rate, fmt.Sprintf("%g/s: %s", s.Rate, s.Why)
 				}
 			}
 			p("| %s | %g/s | %s |\n", path, r.MaxHeld[path], fail)

@@ -36,6 +36,7 @@ type config struct {
 
 	steps        []float64
 	stepDuration time.Duration
+	stepBisect   int
 	stepWarmup   time.Duration
 	p99Limit     time.Duration
 	budget       time.Duration
@@ -84,6 +85,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warmup before each fixed-rate phase")
 	steps := fs.String("steps", "500,1000,2000,3000,4000,5000,6000,8000,10000,12000", "rates tried, in order, for the highest rate held")
 	fs.DurationVar(&cfg.stepDuration, "step-duration", 5*time.Second, "length of each step")
+	fs.IntVar(&cfg.stepBisect, "step-bisect", 2, "after a path fails a step, this many more steps between the last rate it held and the one it failed (0: none)")
 	fs.DurationVar(&cfg.stepWarmup, "step-warmup", time.Second, "warmup before each step")
 	fs.DurationVar(&cfg.p99Limit, "p99", 50*time.Millisecond, "a step is held when p99 is under this and errors ≤ 0.1%")
 	fs.DurationVar(&cfg.budget, "budget", 5*time.Minute, "stop stepping when the run would exceed this")
@@ -140,6 +142,9 @@ func run(ctx context.Context, args []string) error {
 			return fmt.Errorf("--body-kb: %w", err)
 		}
 		cfg.bodyKB = kb
+	}
+	if cfg.stepBisect < 0 || cfg.stepBisect > 8 {
+		return fmt.Errorf("--step-bisect must be from 0 to 8")
 	}
 	if cfg.bodyRounds <= 0 {
 		return fmt.Errorf("--body-rounds must be positive")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -80,6 +81,7 @@ type configJSON struct {
 	Duration     loadgen.Dur `json:"duration_ms"`
 	Warmup       loadgen.Dur `json:"warmup_ms"`
 	StepDuration loadgen.Dur `json:"step_duration_ms"`
+	StepBisect   int         `json:"step_bisect"`
 	P99Limit     loadgen.Dur `json:"p99_limit_ms"`
 	MaxBatch     int         `json:"replica_max_batch"`
 	MaxQueue     int         `json:"replica_max_queue"`
@@ -101,7 +103,7 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	b.results.Machine = describeMachine()
 	b.results.Config = configJSON{Model: cfg.model, TTFT: loadgen.Dur(cfg.ttft), ITL: loadgen.Dur(cfg.itl), MaxTokens: cfg.maxTokens,
 		Rate: cfg.rate, Duration: loadgen.Dur(cfg.duration), Warmup: loadgen.Dur(cfg.warmup),
-		StepDuration: loadgen.Dur(cfg.stepDuration), P99Limit: loadgen.Dur(cfg.p99Limit),
+		StepDuration: loadgen.Dur(cfg.stepDuration), StepBisect: cfg.stepBisect, P99Limit: loadgen.Dur(cfg.p99Limit),
 		MaxBatch: cfg.maxBatch, MaxQueue: cfg.maxQueue}
 	defer func() {
 		for _, c := range b.procs {
@@ -306,7 +308,9 @@ func (b *bench) cpu() map[string]cpuUse {
 }
 
 // stepUp raises the rate step by step, each path alone, until each fails a
-// step or the budget runs out.
+// step or the budget runs out; a path that fails a step is then tried
+// between the last rate it held and the one it failed, --step-bisect
+// times, so its capacity is not off by a whole step.
 func (b *bench) stepUp(ctx context.Context) error {
 	r := &b.results
 	r.MaxHeld, r.StepsEnded = map[string]float64{}, map[string]string{}
@@ -316,32 +320,64 @@ func (b *bench) stepUp(ctx context.Context) error {
 		alive[p] = true
 	}
 	per := b.cfg.stepDuration + b.cfg.stepWarmup + time.Second
+	outOfTime := func(rate float64) bool {
+		if time.Since(b.start)+per <= b.cfg.budget {
+			return false
+		}
+		for _, q := range pathNames {
+			if alive[q] {
+				r.StepsEnded[q] = fmt.Sprintf("time budget of %s reached before %g/s", b.cfg.budget, rate)
+				alive[q] = false
+			}
+		}
+		return true
+	}
+	try := func(i int, p string, rate float64) (bool, error) {
+		rep, err := b.load(ctx, b.urls[i:i+1], []string{p}, rate, b.cfg.stepDuration, b.cfg.stepWarmup, false, nil)
+		if err != nil {
+			return false, err
+		}
+		s := judge(rate, p, &rep.Targets[0], b.cfg.p99Limit)
+		fmt.Fprintf(os.Stderr, "step %6g/s %-10s p50 %7.2fms p99 %7.2fms errors %.2f%% lag p99 %.2fms %s\n",
+			rate, p, s.P50.Ms(), s.P99.Ms(), 100*s.ErrorRate, s.SendLag.Ms(), s.Why)
+		r.Steps = append(r.Steps, s)
+		if s.Held && rate > r.MaxHeld[p] {
+			r.MaxHeld[p] = rate
+		}
+		return s.Held, nil
+	}
 	for _, rate := range b.cfg.steps {
 		for i, p := range pathNames {
 			if !alive[p] {
 				continue
 			}
-			if time.Since(b.start)+per > b.cfg.budget {
-				for _, q := range pathNames {
-					if alive[q] {
-						r.StepsEnded[q] = fmt.Sprintf("time budget of %s reached before %g/s", b.cfg.budget, rate)
-						alive[q] = false
-					}
-				}
+			if outOfTime(rate) {
 				return nil
 			}
-			rep, err := b.load(ctx, b.urls[i:i+1], []string{p}, rate, b.cfg.stepDuration, b.cfg.stepWarmup, false, nil)
-			if err != nil {
-				return err
+			held, err := try(i, p, rate)
+			if err != nil || held {
+				if err != nil {
+					return err
+				}
+				continue
 			}
-			s := judge(rate, p, &rep.Targets[0], b.cfg.p99Limit)
-			fmt.Fprintf(os.Stderr, "step %6g/s %-10s p50 %7.2fms p99 %7.2fms errors %.2f%% lag p99 %.2fms %s\n",
-				rate, p, s.P50.Ms(), s.P99.Ms(), 100*s.ErrorRate, s.SendLag.Ms(), s.Why)
-			r.Steps = append(r.Steps, s)
-			if s.Held {
-				r.MaxHeld[p] = rate
-			} else {
-				alive[p] = false
+			alive[p] = false
+			// Between the last rate held and the one failed.
+			low, high := r.MaxHeld[p], rate
+			for range b.cfg.stepBisect {
+				mid := math.Round((low+high)/2/50) * 50
+				if low == 0 || mid <= low || mid >= high || outOfTime(mid) {
+					break
+				}
+				ok, err := try(i, p, mid)
+				if err != nil {
+					return err
+				}
+				if ok {
+					low = mid
+				} else {
+					high = mid
+				}
 			}
 		}
 	}
