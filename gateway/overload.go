@@ -17,9 +17,10 @@ import (
 // requests admitted and not yet accepted by a replica (a long stream, once
 // accepted, no longer counts), and the time from a request's first attempt
 // going out to its accept (a retry, a resume or a wait for the link is not
-// a sample). The adapter may hold its accept back a little to send it with
-// the engine's head (replica-adapter's accept delay), so the slack is
-// generous. --max-inflight is a hard ceiling over every open request.
+// a sample), less the time the adapter held the accept back to send it with
+// the engine's head (Llm-Held), so the engine's time to its headers is not
+// taken for the router's. --max-inflight is a hard ceiling over every open
+// request.
 const (
 	// InitialInflightLimit is the limit a gateway starts with: its
 	// connection limit's default, so a gateway that is not slow refuses
@@ -32,11 +33,11 @@ const (
 	limitWindow  = 500 * time.Millisecond
 	limitSamples = 16
 	// limitSlack is the latency above the minimum that does not count as
-	// slower: a quarter of it, and 50 ms (accepts on loopback take well
-	// under a millisecond, but an adapter may hold one back until its
-	// engine's head, up to its accept delay; that jitter is not overload).
+	// slower: a quarter of it, and 10 ms, the scheduling and collection
+	// pauses of a busy but healthy process (the router's part of an accept
+	// takes well under a millisecond on loopback).
 	limitSlackShare = 0.25
-	limitSlack      = 50 * time.Millisecond
+	limitSlack      = 10 * time.Millisecond
 	// minRTTBuckets × minRTTBucket is the memory of the minimum: each
 	// bucket keeps its windows' lowest median, and the minimum is the
 	// lowest bucket, so a minimum measured under a load that has gone

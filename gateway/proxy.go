@@ -695,10 +695,15 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	l.accepted, l.replica, l.next = true, f.Replica, 1
 	if u := l.out.u; u.admitted && !u.accepted {
 		// The router's part is over: the first attempt's time from
-		// going out to its accept is a sample of the limit's latency.
+		// going out to its accept, less what the adapter says it held the
+		// accept back for its engine's head (Llm-Held), is a sample of the
+		// limit's latency. An accept that does not say, or says more than
+		// the whole time, is no sample.
 		if u.tries == 1 {
 			now := time.Now()
-			l.g.conc.observe(now.Sub(l.copies[0].at), now)
+			if rtt := now.Sub(l.copies[0].at); f.Held >= 0 && f.Held <= rtt {
+				l.g.conc.observe(rtt-f.Held, now)
+			}
 		}
 		l.g.conc.accepted(u.tenant)
 		u.accepted = true

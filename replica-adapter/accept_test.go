@@ -3,6 +3,7 @@ package adapter_test
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,10 +16,13 @@ import (
 )
 
 // TestAcceptRidesOnTheHead: with a fast engine, a non-streamed answer is one
-// message: seq 1 carrying the accept, the head, the whole body and the end.
+// message: seq 1 carrying the accept, the head, the whole body and the end;
+// Llm-Held says how long the accept waited for the engine's head.
 func TestAcceptRidesOnTheHead(t *testing.T) {
+	const engineHead = 30 * time.Millisecond
 	e := newEnv(t)
 	e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
+		<-time.After(engineHead)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":2}}`))
 	})
@@ -37,6 +41,19 @@ func TestAcceptRidesOnTheHead(t *testing.T) {
 		m.Header.Get(subjects.HdrEOS) != "1" || string(m.Data) != `{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":2}}` {
 		t.Errorf("want seq 1 with accept, head, body and end; got %v %s", m.Header, m.Data)
 	}
+	if held := heldOf(t, m); held < engineHead || held >= time.Second {
+		t.Errorf("Llm-Held %v, want at least the engine's %v and under the accept delay", held, engineHead)
+	}
+}
+
+// heldOf reads a message's Llm-Held.
+func heldOf(t *testing.T, m *nats.Msg) time.Duration {
+	t.Helper()
+	us, err := strconv.ParseInt(m.Header.Get(subjects.HdrHeld), 10, 64)
+	if err != nil {
+		t.Fatalf("Llm-Held %q: %v", m.Header.Get(subjects.HdrHeld), err)
+	}
+	return time.Duration(us) * time.Microsecond
 }
 
 // TestAcceptGoesAloneWhenTheEngineIsSlow: past the accept delay the accept
@@ -63,6 +80,9 @@ func TestAcceptGoesAloneWhenTheEngineIsSlow(t *testing.T) {
 	answer()
 	if seq(t, accept) != 0 || accept.Header.Get(subjects.HdrAccepted) != "r-1" || accept.Header.Get(subjects.HdrStatus) != "" {
 		t.Errorf("want a lone accept at seq 0, got %v", accept.Header)
+	}
+	if held := heldOf(t, accept); held < 20*time.Millisecond || held >= time.Second {
+		t.Errorf("Llm-Held %v on a lone accept, want the accept delay (20ms) or a little more", held)
 	}
 	rest := untilEnd(t, ch)
 	if seq(t, rest[0]) != 1 || rest[0].Header.Get(subjects.HdrStatus) != "200" || rest[0].Header.Get(subjects.HdrAccepted) != "" {

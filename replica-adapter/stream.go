@@ -28,6 +28,7 @@ type stream struct {
 	replica       string
 	acceptPending bool
 	acceptTimer   *time.Timer
+	armed         time.Time // when the accept was armed: Llm-Held counts from it
 
 	mu    sync.Mutex
 	data  nats.Header // reused by every data message (see sendData)
@@ -91,7 +92,7 @@ func (s *stream) sendLocked(f reply.Frame) error {
 			// The head carries the accept: seq 0 is never sent alone.
 			s.acceptPending = false
 			s.acceptTimer.Stop()
-			f.Replica = s.replica
+			f.Replica, f.Held = s.replica, time.Since(s.armed)
 			s.next = 1
 		} else if err := s.sendAcceptLocked(); err != nil {
 			return err
@@ -111,7 +112,7 @@ func (s *stream) sendLocked(f reply.Frame) error {
 func (s *stream) accept(replica string, delay time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.replica = replica
+	s.replica, s.armed = replica, time.Now()
 	if delay <= 0 {
 		return s.sendAcceptLocked()
 	}
@@ -132,7 +133,7 @@ func (s *stream) sendAcceptLocked() error {
 		s.acceptTimer.Stop()
 	}
 	s.acceptPending = false
-	return s.sendLocked(reply.Frame{Kind: reply.Accept, Replica: s.replica, Body: []byte(`{"replica":"` + s.replica + `"}`)})
+	return s.sendLocked(reply.Frame{Kind: reply.Accept, Replica: s.replica, Held: time.Since(s.armed), Body: []byte(`{"replica":"` + s.replica + `"}`)})
 }
 
 // last sends a head that is also the whole answer and the end: one message

@@ -122,7 +122,12 @@ func RouteHeaders() [8][2]string {
 const (
 	HdrSeq      = "Llm-Seq"
 	HdrAccepted = "Llm-Accepted"
-	HdrStatus   = "Llm-Status"
+	// HdrHeld rides with Llm-Accepted: how long the adapter held the accept
+	// back to send it with the engine's head, in whole microseconds
+	// (0 to MaxAcceptHeld), so a gateway can tell the router's own part of
+	// the time to the accept from the engine's.
+	HdrHeld   = "Llm-Held"
+	HdrStatus = "Llm-Status"
 	// HdrKeepalive marks a keepalive. A keepalive repeats the Llm-Seq of the
 	// last message sent before it and does not advance the sequence, so the
 	// head stays seq 1 and data starts at seq 2 however long the prefill.

@@ -49,3 +49,7 @@ func ParseTTFTObjective(s string) (time.Duration, bool) {
 	}
 	return d, true
 }
+
+// MaxAcceptHeld bounds Llm-Held: no adapter holds an accept longer (its
+// accept delay is at most a second).
+const MaxAcceptHeld = time.Second

@@ -7,6 +7,7 @@ package reply
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -52,9 +53,9 @@ func (k Kind) Headers() []string {
 		// The decider adds the budget's remainder under a budget.
 		return []string{subjects.HdrRouted, subjects.HdrRouteBudget}
 	case Accept:
-		return []string{subjects.HdrSeq, subjects.HdrAccepted}
+		return []string{subjects.HdrSeq, subjects.HdrAccepted, subjects.HdrHeld}
 	case Head:
-		return []string{subjects.HdrSeq, subjects.HdrStatus, subjects.HdrContent, subjects.HdrAccepted, subjects.HdrEOS, subjects.HdrError}
+		return []string{subjects.HdrSeq, subjects.HdrStatus, subjects.HdrContent, subjects.HdrAccepted, subjects.HdrHeld, subjects.HdrEOS, subjects.HdrError}
 	case Data:
 		return []string{subjects.HdrSeq, subjects.HdrError} // Llm-Error: the marker of a lost end
 	case Keepalive:
@@ -78,6 +79,10 @@ type Frame struct {
 	// Replica is the routed replica of a Routed frame, and the accepting
 	// one of an Accept or of a Head that carries the accept.
 	Replica string
+	// Held is Llm-Held on a frame that carries the accept: how long the
+	// adapter held the accept back (-1 when absent or out of range when
+	// decoded).
+	Held time.Duration
 	// Status is Llm-Status on a Head or an Error (0 when absent).
 	Status int
 	// End is Llm-Eos: the reply is over (an End, a Handover, an Error, a
@@ -126,6 +131,10 @@ func Decode(m *nats.Msg) Frame {
 		if f.Kind = Accept; f.status(h) {
 			f.Kind = Head // the accept rode on the head
 		}
+		f.Held = -1
+		if us, err := strconv.ParseInt(h.Get(subjects.HdrHeld), 10, 64); err == nil && us >= 0 && us <= subjects.MaxAcceptHeld.Microseconds() {
+			f.Held = time.Duration(us) * time.Microsecond
+		}
 	case f.Seq <= 0:
 		if f.End {
 			f.Kind = Error
@@ -168,10 +177,12 @@ func (f *Frame) Encode() nats.Header {
 	switch f.Kind {
 	case Accept:
 		set(h, subjects.HdrAccepted, f.Replica)
+		set(h, subjects.HdrHeld, held(f.Held))
 	case Head:
 		set(h, subjects.HdrStatus, strconv.Itoa(f.Status))
 		if f.Replica != "" {
 			set(h, subjects.HdrAccepted, f.Replica)
+			set(h, subjects.HdrHeld, held(f.Held))
 		}
 	case Keepalive:
 		set(h, subjects.HdrKeepalive, "1")
@@ -207,6 +218,11 @@ func Rejection(e *subjects.APIError) Frame {
 		f.Header.Set(k, v)
 	}
 	return f
+}
+
+// held is Llm-Held's value for d, within its range.
+func held(d time.Duration) string {
+	return strconv.FormatInt(min(max(d, 0), subjects.MaxAcceptHeld).Microseconds(), 10)
 }
 
 func set(h nats.Header, k, v string) {

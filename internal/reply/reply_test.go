@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -120,9 +121,9 @@ func TestRoundTrip(t *testing.T) {
 		RetryAfter: 1500e6, Headers: map[string]string{subjects.HdrRateLimitRemainingRequests: "0"}})
 	tests := []reply.Frame{
 		{Kind: reply.Routed, Seq: -1, Replica: "r1"},
-		{Kind: reply.Accept, Seq: 0, Replica: "r1", Body: []byte(`{"replica":"r1"}`)},
+		{Kind: reply.Accept, Seq: 0, Replica: "r1", Held: 1500 * time.Microsecond, Body: []byte(`{"replica":"r1"}`)},
 		{Kind: reply.Head, Seq: 1, Status: 200},
-		{Kind: reply.Head, Seq: 1, Status: 200, Replica: "r1", End: true, Body: []byte("{}")},
+		{Kind: reply.Head, Seq: 1, Status: 200, Replica: "r1", Held: 40 * time.Millisecond, End: true, Body: []byte("{}")},
 		{Kind: reply.Head, Seq: 1, Status: 502, End: true, Err: "engine died"},
 		{Kind: reply.Data, Seq: 2, Body: []byte("data: x\n\n")},
 		{Kind: reply.Keepalive, Seq: 1},
@@ -136,7 +137,8 @@ func TestRoundTrip(t *testing.T) {
 			m := want.Msg("llm.reply.gw.id")
 			got := reply.Decode(m)
 			if got.Kind != want.Kind || got.Seq != want.Seq || got.Replica != want.Replica || got.Status != want.Status ||
-				got.End != want.End || got.Err != want.Err || string(got.Body) != string(want.Body) {
+				got.End != want.End || got.Err != want.Err || string(got.Body) != string(want.Body) ||
+				(want.Replica != "" && want.Kind != reply.Routed && got.Held != want.Held) {
 				t.Errorf("Decode(Encode(%+v)) = %+v", want, got)
 			}
 		})
@@ -146,6 +148,28 @@ func TestRoundTrip(t *testing.T) {
 		if h.Get(k) == "" {
 			t.Errorf("rejection lost %s: %v", k, h)
 		}
+	}
+}
+
+// Llm-Held is believed only within its range; anything else reads as
+// absent (-1), and an accept that does not say reads so too.
+func TestHeldIsRangeChecked(t *testing.T) {
+	for v, want := range map[string]time.Duration{
+		"0": 0, "1000000": time.Second, "250": 250 * time.Microsecond,
+		"": -1, "-1": -1, "1000001": -1, "9223372036854775807": -1, "1e3": -1, "abc": -1,
+	} {
+		h := nats.Header{subjects.HdrSeq: {"0"}, subjects.HdrAccepted: {"r1"}}
+		if v != "" {
+			h.Set(subjects.HdrHeld, v)
+		}
+		if f := reply.Decode(&nats.Msg{Header: h}); f.Kind != reply.Accept || f.Held != want {
+			t.Errorf("Llm-Held %q: %s held %v, want accept held %v", v, f.Kind, f.Held, want)
+		}
+	}
+	// Out of range on the way out is clamped, never written as sent.
+	f := reply.Frame{Kind: reply.Accept, Replica: "r1", Held: time.Hour}
+	if got := reply.Decode(f.Msg("x")).Held; got != time.Second {
+		t.Errorf("an hour held encoded and read back as %v, want the bound", got)
 	}
 }
 
