@@ -99,6 +99,8 @@ type Decider struct {
 	health  health
 	heard   heard
 	logged  sync.Map // refused-message kinds already logged
+	// unregistered times the refusals of replicas not (yet) in the table.
+	unregistered unregistered
 	// clock dates kvSyncAt and selfHeard on the monotonic clock: a step
 	// of the wall clock is not a silence of the bus.
 	clock monotime.Scale

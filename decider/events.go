@@ -24,7 +24,7 @@ func (b *Decider) onHeartbeat(m *nats.Msg) {
 	// heartbeats of made-up replicas would otherwise grow the load view
 	// and the metric series without bound.
 	if t := b.router.Table(); t == nil || t.Replicas[hb.Replica] == nil {
-		b.refuse(refusedReplica, "heartbeat of a replica not registered in the table ignored", "replica", hb.Replica)
+		b.refuseUnregistered("heartbeat", hb.Replica)
 		return
 	}
 	if unhealthy {
@@ -320,6 +320,23 @@ const maxLoadStatusBytes = 16 << 10
 // of each kind: a flood of forgeries must not become a flood of log lines.
 func (b *Decider) refuse(kind, msg string, args ...any) {
 	b.metrics.refused.WithLabelValues(kind).Inc()
+	b.warnOnce(kind, msg, args...)
+}
+
+// refuseUnregistered counts a message (what: heartbeat, load delta,
+// KV-cache update) of a replica not registered in the table, and logs the
+// first of a replica that stays unregistered past unregisteredGrace: a
+// new replica's messages may come before its registration.
+func (b *Decider) refuseUnregistered(what, replica string) {
+	b.metrics.refused.WithLabelValues(refusedReplica).Inc()
+	if waited, late := b.unregistered.late(replica, b.cfg.Now()); late {
+		b.warnOnce(refusedReplica, what+" of a replica not registered in the table ignored",
+			"replica", truncate(replica, 128), "unregistered_for", waited.Round(time.Second))
+	}
+}
+
+// warnOnce logs the first refusal of each kind.
+func (b *Decider) warnOnce(kind, msg string, args ...any) {
 	if _, logged := b.logged.LoadOrStore(kind, true); !logged {
 		b.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
 	}

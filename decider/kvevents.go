@@ -29,7 +29,7 @@ func (b *Decider) onKV(m *nats.Msg) {
 	}
 	t := b.router.Table()
 	if t == nil || t.Replicas[u.Replica] == nil {
-		b.refuse(refusedReplica, "KV-cache update of a replica not registered in the table ignored", "replica", u.Replica)
+		b.refuseUnregistered("KV-cache update", u.Replica)
 		return
 	}
 	if r := t.Replicas[u.Replica]; u.Model != r.Model {

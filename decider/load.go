@@ -181,7 +181,7 @@ func (b *Decider) onLoad(m *nats.Msg) {
 		return
 	}
 	if t := b.router.Table(); t == nil || t.Replicas[d.Replica] == nil {
-		b.refuse(refusedReplica, "load delta of a replica not registered in the table ignored", "replica", d.Replica)
+		b.refuseUnregistered("load delta", d.Replica)
 		return
 	}
 	b.router.ObserveLoadDelta(&d, b.cfg.Now())

@@ -219,8 +219,8 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 // reads up to 256 KiB of such a body after the handler returns, to reuse
 // the connection, and with no deadline of its own: a client that never
 // sends it would hold the connection, and its --max-conns slot, for as
-// long as it likes. The read now ends at the body's own deadline, and no
-// sooner than drainGrace from now; a body that is not in by then closes
+// long as it likes. letGo ends that read at the body's own deadline, and
+// no sooner than drainGrace from now; a body that is not in by then closes
 // the connection (HTTP/1; an HTTP/2 stream is reset when its handler
 // returns).
 func (g *Gateway) letGo(w http.ResponseWriter, b *watchedBody, start time.Time) {

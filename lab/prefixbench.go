@@ -459,6 +459,8 @@ top step 3.2×). A holder named by placements, a guess, keeps the request (weigh
 hits at every step). Between the two replicas of the pair, predictions within 0.4 of each other
 go by load_score: with a quarter there, predicted TTFT's herding imbalance was above power of
 two's (by up to 0.013, with 4 routers, in a run not kept here; section 6 has the present one).
+The holders keep the quarter: with 0.4 for them too, requests leave their cached prefix and the
+arm with the feed went from about 1.0× to 1.4–2× the oracle's p90 (in a run not kept here).
 
 The arm with the feed is now within 1.11× of the oracle at every step of the full run and within
 1.02× below the top of the quick run; at the quick run's top step it is 1.98× (1.05 s against

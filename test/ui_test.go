@@ -219,6 +219,58 @@ func TestDashboardInHeadlessChromium(t *testing.T) {
 	})
 }
 
+// headerOverlaps lists, for the replica table as drawn, every column
+// header whose text does not fit its column and every two headers whose
+// cells or texts overlap: what a reader sees as one word drawn over another.
+const headerOverlaps = `(() => {
+	const hs = [...document.querySelectorAll('#replicas thead th')].map(th => {
+		const r = document.createRange();
+		r.selectNodeContents(th);
+		return {name: th.textContent, cell: th.getBoundingClientRect(), text: r.getBoundingClientRect()};
+	});
+	const cross = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 0.5 &&
+		Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 0.5;
+	const out = [];
+	if (hs.length === 0) out.push('no column headers');
+	for (const h of hs) {
+		if (h.text.left < h.cell.left - 0.5 || h.text.right > h.cell.right + 0.5)
+			out.push('"' + h.name + '" is ' + h.text.width.toFixed(1) + 'px wide in a ' + h.cell.width.toFixed(1) + 'px column');
+	}
+	for (let i = 0; i < hs.length; i++) for (let j = i + 1; j < hs.length; j++) {
+		if (cross(hs[i].cell, hs[j].cell)) out.push('the cells of "' + hs[i].name + '" and "' + hs[j].name + '" overlap');
+		if (cross(hs[i].text, hs[j].text)) out.push('"' + hs[i].name + '" is drawn over "' + hs[j].name + '"');
+	}
+	return out;
+})()`
+
+// The replica table's column headers never overlap, whatever the window's
+// width: each header's text fits its column at the common desktop widths.
+func TestDashboardColumnHeadersDoNotOverlap(t *testing.T) {
+	exe := chromium(t)
+	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0", "l8-gen-0")})
+	tab := browser(t, exe)
+	if err := chromedp.Do(tab,
+		chromedp.Navigate(st.GatewayURL()+"/ui"),
+		chromedp.WaitVisible(`#replicas table`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	for _, width := range []int64{1024, 1280, 1400, 1920} {
+		t.Run(fmt.Sprintf("%dx1000", width), func(t *testing.T) {
+			if err := chromedp.Do(tab, chromedp.EmulateViewport(width, 1000)); err != nil {
+				t.Fatal(err)
+			}
+			problems, err := chromedp.Run(tab, chromedp.Evaluate[[]string](headerOverlaps))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range problems {
+				t.Error(p)
+			}
+		})
+	}
+}
+
 // sampleTraffic sends a few kinds of request (LoRA, code, a rejection, a
 // canary-eligible conversation) and keeps a few long generations running so
 // the KV bars move. It returns a func that waits for them.

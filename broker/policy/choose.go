@@ -227,13 +227,13 @@ func (p *pick) prefix() bool {
 // decides among the holders and the pair, which is how the lab's oracle
 // places near saturation: the warm replica keeps a request while its queue
 // costs clearly less than the prefill its cache saves, and a lighter
-// replica takes it when the two are close. (Releasing only on a clear
-// difference kept more hits but queued: the prefix benchmark's quick top
-// step went from about 2× to 3.2× the oracle's p90.) Only a holder the exact
-// index (kv-events) names is weighed so: a holder named by placements, a
-// guess, keeps the request (weighing those too lost cache hits at every
-// step). A pair replica without a learned prefill rate is not weighed: it
-// would look free.
+// replica takes it when the two are close: releasing only on a clear
+// difference keeps more hits but lets queues grow near saturation. Only a
+// holder the exact index (kv-events) names is weighed so: a holder named
+// by placements, a guess, keeps the request, since weighing those too
+// loses cache hits at every load (docs/lab/report.md, section 8, has the
+// figures of both). A pair replica without a learned prefill rate is not
+// weighed: it would look free.
 func (p *pick) queuedOut(ci int) bool {
 	if !p.prof.byTTFT || !p.cands[ci].x.kvLive || p.nfresh == 0 || len(p.cands) == 1 {
 		return false

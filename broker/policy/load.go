@@ -82,9 +82,9 @@ func (st *decision) candidates(model, version, pool string) bool {
 	local, nlocal, localRoom := p.region.local(), 0, false
 next:
 	for _, x := range list {
-		// The filters with flags at once: a call through each row's
-		// function value, for every candidate, was a sixth of a decision
-		// among 64 replicas.
+		// The filters with flags at once, one mask test per candidate: a
+		// call through each row's function value costs far more
+		// (docs/benchmarks.md, "Micro-benchmarks").
 		if x.flags&fmask != fwant || heard && max(p.nowNano-x.hbNano, 0) >= p.dead {
 			for _, f := range inForce[:n] {
 				if !f.keep(p, x) {
@@ -106,7 +106,7 @@ next:
 		}
 		// Field by field, every field: a composite literal is built on the
 		// stack and copied with wide loads that wait on its narrow stores
-		// (a sixth of a decision among 64 replicas).
+		// (docs/benchmarks.md, "Profiles side by side").
 		c := &cands[k]
 		c.x, c.load, c.uncached = x, v.load, uncached
 		c.fresh = max(p.nowNano-x.dataNano, 0) < p.stale

@@ -29,13 +29,12 @@ const predictedTie = 0.25
 
 // predictedPairTie is predictedTie between the two replicas of the sampled
 // pair: a prediction there buys no cache hit the other lacks, and only a
-// clear difference should override load_score. With a quarter there,
-// predicted TTFT's imbalance in the lab's herding experiment was above
-// power of two's (by up to 0.013, with 4 routers); with 0.4 it is at or
-// below it at every router count (docs/lab/report.md, section 6). The
-// holders keep the quarter: a wider margin there sends requests off their
-// cached prefix (the prefix benchmark's predicted-TTFT + feed arm went
-// from about 1.0× to 1.4–2× the oracle's p90).
+// clear difference should override load_score. At 0.4 predicted TTFT's
+// imbalance in the lab's herding experiment is at or below power of two's
+// at every router count, where a quarter herds more (docs/lab/report.md,
+// section 6). The holders keep the quarter: a wider margin there sends
+// requests off their cached prefix and the predicted-TTFT + feed arm of
+// the prefix benchmark falls behind the oracle (section 8).
 const predictedPairTie = 0.4
 
 // predictedStep is the predicted-ttft step's state.

@@ -1,9 +1,9 @@
 // Package gctune sets the garbage collector for a router process. A router
 // keeps a small live heap (tables, prefix maps, buffers: about 13 MiB under
 // load) and allocates per request, so with Go's default GOGC=100 it collects
-// very often: the collector was about half the CPU samples of the stack
-// under 500 requests/s. A higher target trades a few tens of MiB for far
-// fewer collections.
+// very often, and the collector becomes a large share of the router's CPU
+// (docs/benchmarks.md, "Targets and where the time goes"). A higher target
+// trades a few tens of MiB for far fewer collections.
 //
 // Only a few tens: thousands of open streams make the live heap larger
 // (each holds buffers, a goroutine and its state), and at GOGC=400 the heap
