@@ -208,7 +208,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 	}
 	if healthErr != nil || metricsErr != nil {
 		a.metrics.scrapeFailures.Inc()
-		if ctx.Err() == context.DeadlineExceeded && a.streamed.Load() >= began.UnixNano() {
+		if ctx.Err() == context.DeadlineExceeded && a.engine.streamed.Load() >= began.UnixNano() {
 			return // slow, not down: it streamed during the scrape
 		}
 		l.fails++
@@ -310,16 +310,13 @@ func (a *Adapter) get(ctx context.Context, path string) (*http.Response, error) 
 	if err != nil {
 		return nil, err
 	}
-	return a.client.Do(req)
+	return a.engine.client.Do(req)
 }
 
 // state is the replica's own state: loading until the engine is healthy,
 // ready after, draining once the drain began.
 func (a *Adapter) state() string {
-	a.mu.Lock()
-	draining := a.draining
-	a.mu.Unlock()
-	if draining {
+	if a.book.isDraining() {
 		return subjects.StateDraining
 	}
 	a.load.mu.Lock()
@@ -415,7 +412,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 		hb.Scheduling = subjects.SchedulingPriority
 		hb.BatchWaiting = a.batchWaiting(hb.Inflight, hb.MaxBatch)
 	}
-	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
+	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.engine.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the
 	// same, but every request: the replica is not healthy.
 	hb.ScrapeOK = hb.ScrapeOK && !hb.AuthFailed
