@@ -174,9 +174,11 @@ func (a *Adapter) servePrefill(ctx context.Context, reply string, h nats.Header,
 	a.answerPrefill(reply, resp.StatusCode, out)
 }
 
+// answerPrefill answers a leg with the engine's status and body, or the
+// status and error body of a leg that did not reach the engine.
 func (a *Adapter) answerPrefill(reply string, status int, body []byte) {
-	m := &nats.Msg{Subject: reply, Header: nats.Header{subjects.HdrStatus: {strconv.Itoa(status)}}, Data: body}
-	if err := a.nc.PublishMsg(m); err != nil {
+	f := replyproto.Leg(status, body)
+	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
 		a.log.Warn("prefill answer not sent", "err", err)
 	}
 }
@@ -266,9 +268,9 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 		}
 		return nil
 	}
-	switch status := resp.Header.Get(subjects.HdrStatus); status {
-	case "200":
-	case "429", "503":
+	switch status := replyproto.Decode(resp).Status; status {
+	case http.StatusOK:
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		a.servedWhole(h, wholeRefused)
 		return nil
 	default:
