@@ -159,7 +159,8 @@ type Adapter struct {
 	owners  *owners.Store
 
 	started atomic.Bool
-	book    book // the work in hand
+	book    book   // the work in hand
+	accept  []byte // the body of an accept sent alone (acceptBody)
 
 	load loadState
 	// scraped is signalled, and scrapedAt (load.clock) set, when a scrape
@@ -202,6 +203,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		owners:  owners.New(js, cfg.OwnersBucket),
 		ledger:  newLedger(js, subjects.New(cfg.Prefix), telemetry.Logger(cfg.Logger).With("replica", cfg.Replica)),
 		book:    newBook(),
+		accept:  acceptBody(cfg.Replica),
 		limits:  configuredLimits(&cfg),
 		deltas:  newDeltas(),
 		scraped: make(chan struct{}, 1),

@@ -111,7 +111,7 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		ctx = stages.WithEngineTrace(ctx, a.cfg.Stages, id)
 	}
 	defer func() { a.tails.add(st, time.Now()) }()
-	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
+	if err := st.accept(a.cfg.Replica, a.accept, a.cfg.AcceptDelay); err != nil {
 		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)
 		return
 	}
