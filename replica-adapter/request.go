@@ -120,14 +120,15 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
 		defer cancel()
 	}
-	call := &engineCall{a: a, ctx: spans.startEngine(ctx, a), st: st, h: h, body: body,
+	ec := &engineCall{a: a, ctx: spans.startEngine(ctx, a), st: st, h: h, body: body,
 		lora: h.Get(subjects.HdrRouteLora) != ""}
 	if h.Get(subjects.HdrMethod) == "" {
 		// The engine names the model as it serves it; the client gets the
-		// name it asked for.
-		call.rename = renaming(a.servedModel(h), h.Get(subjects.HdrModel))
+		// name it asked for. A stored response's GET or DELETE asks for
+		// none.
+		ec.rename = renaming(a.servedModel(h), h.Get(subjects.HdrModel))
 	}
-	used := call.run()
+	used := ec.run()
 	spans.engineDone(used)
 	a.publishUsage(h, used, st.unfinished())
 }
