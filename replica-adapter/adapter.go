@@ -162,18 +162,14 @@ type Adapter struct {
 	book    book   // the work in hand
 	accept  []byte // the body of an accept sent alone (acceptBody)
 
-	load loadState
-	// scraped is signalled, and scrapedAt (load.clock) set, when a scrape
-	// ends: the heartbeat that follows a tick waits for it (heartbeatLoop).
-	scraped   chan struct{}
-	scrapedAt atomic.Int64
-	limits    limits // as configured; the engine may fill the batch size
-	svc       service
-	tails     tails // where recent replies ended, marked after a reconnect
-	hbSeq     atomic.Uint64
-	deltas    deltas
-	kv        *kvFeed // nil without --kv-events
-	ledger    *ledger
+	load   loadState
+	beats  beats
+	limits limits // as configured; the engine may fill the batch size
+	svc    service
+	tails  tails // where recent replies ended, marked after a reconnect
+	deltas deltas
+	kv     *kvFeed // nil without --kv-events
+	ledger *ledger
 }
 
 // New validates cfg, fills its defaults and returns an Adapter ready to Run.
@@ -206,7 +202,7 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		accept:  acceptBody(cfg.Replica),
 		limits:  configuredLimits(&cfg),
 		deltas:  newDeltas(),
-		scraped: make(chan struct{}, 1),
+		beats:   newBeats(),
 	}
 	a.load.epoch = time.Now()
 	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {

@@ -155,11 +155,7 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 	var regErr string // the last registration error, logged once, not every tick
 	for {
 		a.scrape(ctx)
-		a.scrapedAt.Store(a.load.clock())
-		select {
-		case a.scraped <- struct{}{}:
-		default:
-		}
+		a.beats.scrapeEnded(a.load.clock())
 		a.svc.refresh(a)
 		switch err := a.register(ctx, false); {
 		case err != nil && ctx.Err() == nil && err.Error() != regErr:
@@ -327,6 +323,25 @@ func (a *Adapter) state() string {
 	return subjects.StateLoading
 }
 
+// beats is the heartbeat's own state: its sequence, and the end of the
+// last scrape, which the heartbeat after a tick waits for (heartbeatLoop).
+type beats struct {
+	seq       atomic.Uint64
+	scraped   chan struct{} // signalled when a scrape ends
+	scrapedAt atomic.Int64  // when the last scrape ended (load.clock)
+}
+
+func newBeats() beats { return beats{scraped: make(chan struct{}, 1)} }
+
+// scrapeEnded records that a scrape ended at (load.clock), and signals it.
+func (b *beats) scrapeEnded(at int64) {
+	b.scrapedAt.Store(at)
+	select {
+	case b.scraped <- struct{}{}:
+	default:
+	}
+}
+
 // heartbeatLoop publishes a heartbeat every HeartbeatEvery. When the
 // engine is scraped at least as often, each heartbeat after a tick waits
 // for the scrape that ends next (at most ScrapeEvery) unless one ended
@@ -352,12 +367,12 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 		if !follow {
 			continue
 		}
-		fresh := func() bool { return a.load.clock()-a.scrapedAt.Load() < int64(a.cfg.ScrapeEvery/10) }
+		fresh := func() bool { return a.load.clock()-a.beats.scrapedAt.Load() < int64(a.cfg.ScrapeEvery/10) }
 		if fresh() {
 			continue
 		}
 		select {
-		case <-a.scraped: // an older scrape's signal
+		case <-a.beats.scraped: // an older scrape's signal
 		default:
 		}
 		if fresh() {
@@ -367,7 +382,7 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.scraped:
+		case <-a.beats.scraped:
 		case <-wait.C:
 		}
 		wait.Stop()
@@ -419,7 +434,7 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 	if hb.Lora.Max == 0 {
 		hb.Lora.Max = a.cfg.MaxLoras
 	}
-	hb.Seq = a.hbSeq.Add(1)
+	hb.Seq = a.beats.seq.Add(1)
 	hb.SentUnixMillis = time.Now().UnixMilli()
 	return hb
 }
