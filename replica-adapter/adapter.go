@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -154,57 +153,23 @@ type Adapter struct {
 	log     *slog.Logger
 	tracer  trace.Tracer // nil: no spans
 	subj    subjects.Subjects
-	client  *http.Client
-	ownHTTP *http.Transport // closed when Run returns, when New made it
+	engine  engineHTTP
 	metrics *metrics
 	reg     *registrar
 	owners  *owners.Store
-	bufs    sync.Pool // *[]byte of chunkSize, for engine body reads
-	sseBufs sync.Pool // *[]byte of sseChunk, for SSE body reads
-	inline  int       // largest non-streamed answer sent as one message
-	chunk   int
 
 	started atomic.Bool
-	reqBase context.Context // parent of every engine call; ends when the drain grace runs out
+	book    book   // the work in hand
+	accept  []byte // the body of an accept sent alone (acceptBody)
 
-	// mu orders the drain against new requests: a request is counted in wg
-	// under mu only while not draining, so the drain's wg.Wait sees it.
-	mu       sync.Mutex
-	draining bool
-	calls    map[string]*call // by Llm-Request-Id, for cancels
-	// prefills are the prefill legs in flight on this (prefill) replica,
-	// by the decode replica that sent them and Llm-Request-Id, for that
-	// decode replica's cancel; legsFrom counts them by decode replica,
-	// for the bound on one sender's legs (legBounds).
-	prefills map[prefillKey]context.CancelFunc
-	legsFrom map[string]int
-	// early holds cancels that arrived before their request (the request
-	// and cancel subscriptions are separate, so a backlogged adapter can
-	// see the cancel first), so the request is dropped when it comes.
-	early    map[string]time.Time
-	wg       sync.WaitGroup
-	inflight atomic.Int64
-	// batchHeld counts the batch lines in flight at an engine scheduling
-	// by priority (behindInteractive).
-	batchHeld atomic.Int64
-
-	load loadState
-	// scraped is signalled, and scrapedAt (load.clock) set, when a scrape
-	// ends: the heartbeat that follows a tick waits for it (heartbeatLoop).
-	scraped   chan struct{}
-	scrapedAt atomic.Int64
-	limits    limits // as configured; the engine may fill the batch size
-	outcomes  outcomes
-	svc       service
-	tails     tails // where recent replies ended, marked after a reconnect
-	hbSeq     atomic.Uint64
-	deltas    deltas
-	kv        *kvFeed // nil without --kv-events
-	ledger    *ledger
-	// streamed is when bytes of a streamed answer last came from the
-	// engine (Unix nanoseconds): an engine that streams is not down, however
-	// slowly it answers a scrape.
-	streamed atomic.Int64
+	load   loadState
+	beats  beats
+	limits limits // as configured; the engine may fill the batch size
+	svc    service
+	tails  tails // where recent replies ended, marked after a reconnect
+	deltas deltas
+	kv     *kvFeed // nil without --kv-events
+	ledger *ledger
 }
 
 // New validates cfg, fills its defaults and returns an Adapter ready to Run.
@@ -224,51 +189,27 @@ func New(nc *nats.Conn, cfg Config) (*Adapter, error) {
 		return nil, fmt.Errorf("adapter: jetstream: %w", err)
 	}
 	a := &Adapter{
-		nc:       nc,
-		cfg:      cfg,
-		log:      telemetry.Logger(cfg.Logger).With("replica", cfg.Replica),
-		tracer:   telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/replica-adapter"),
-		subj:     subjects.New(cfg.Prefix),
-		client:   cfg.HTTPClient,
-		metrics:  m,
-		reg:      &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
-		owners:   owners.New(js, cfg.OwnersBucket),
-		ledger:   newLedger(js, subjects.New(cfg.Prefix), telemetry.Logger(cfg.Logger).With("replica", cfg.Replica)),
-		calls:    map[string]*call{},
-		prefills: map[prefillKey]context.CancelFunc{},
-		legsFrom: map[string]int{},
-		early:    map[string]time.Time{},
-		limits:   configuredLimits(&cfg),
-		deltas:   newDeltas(),
-		scraped:  make(chan struct{}, 1),
+		nc:      nc,
+		cfg:     cfg,
+		log:     telemetry.Logger(cfg.Logger).With("replica", cfg.Replica),
+		tracer:  telemetry.Tracer(cfg.TracerProvider, "github.com/switchyard-llm/switchyard/replica-adapter"),
+		subj:    subjects.New(cfg.Prefix),
+		metrics: m,
+		reg:     &registrar{js: js, bucket: cfg.Bucket, key: table.PrefixReplicas + cfg.Replica},
+		owners:  owners.New(js, cfg.OwnersBucket),
+		ledger:  newLedger(js, subjects.New(cfg.Prefix), telemetry.Logger(cfg.Logger).With("replica", cfg.Replica)),
+		book:    newBook(),
+		accept:  acceptBody(cfg.Replica),
+		limits:  configuredLimits(&cfg),
+		deltas:  newDeltas(),
+		beats:   newBeats(),
 	}
 	a.load.epoch = time.Now()
 	if cfg.KVEvents != "" || cfg.KVEventsBind != "" {
 		a.kv = newKVFeed(a)
 	}
-	if a.client == nil {
-		a.ownHTTP = engineTransport()
-		a.client = &http.Client{Transport: a.ownHTTP}
-	}
-	a.client = a.watchEngine(a.client)
-	// A data message carries one read; keep it well inside the server's
-	// max payload, with room for headers.
-	a.chunk = 32 << 10
-	if mp := int(nc.MaxPayload()); mp > 0 && mp-4096 < a.chunk {
-		a.chunk = max(mp-4096, 1024)
-	}
-	a.bufs.New = func() any { b := make([]byte, a.chunk); return &b }
-	// A stream holds its buffer for as long as it lasts, mostly waiting
-	// for the next token: thousands of open streams would hold 32 KiB
-	// each. An SSE read is an event or a few; a burst larger than this goes
-	// as several messages.
-	sseChunk := min(a.chunk, sseChunkSize)
-	a.sseBufs.New = func() any { b := make([]byte, sseChunk); return &b }
-	// A non-streamed answer up to this size goes back as one message.
-	a.inline = 1 << 20
-	if mp := int(nc.MaxPayload()); mp > 0 && mp-64<<10 < a.inline {
-		a.inline = max(mp-64<<10, a.chunk)
-	}
+	a.engine.init(cfg.HTTPClient, int(nc.MaxPayload()))
+	a.watchEngine()
 	return a, nil
 }
 
@@ -376,30 +317,11 @@ func (c *Config) fill() error {
 	return nil
 }
 
-// sseChunkSize is the read buffer of an SSE stream: the engine
-// connection's own buffered reader is 4 KiB, so a larger one rarely fills.
-const sseChunkSize = 4 << 10
-
 func orDefault[T int | time.Duration](v, d T) T {
 	if v <= 0 {
 		return d
 	}
 	return v
-}
-
-// engineTransport is tuned for many concurrent long streams to one engine:
-// enough idle connections that every stream keeps its own, no response
-// header timeout (a long prefill or a non-streamed generation sends headers
-// late) and no compression (gzip would hold back SSE chunks). The engine is
-// a local upstream, so no proxy.
-func engineTransport() *http.Transport {
-	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 4096,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
 }
 
 // kvBlocks is the engine's KV capacity in blocks: configured, else read
@@ -434,7 +356,7 @@ func (a *Adapter) KVEventsAddr() string {
 }
 
 // InFlight is the number of requests taken and not yet finished.
-func (a *Adapter) InFlight() int { return int(a.inflight.Load()) }
+func (a *Adapter) InFlight() int { return int(a.book.inflight.Load()) }
 
 // Run serves until ctx ends, then drains: it marks the replica draining (KV
 // and heartbeat), answers new requests with 503, lets in-flight ones finish
@@ -444,14 +366,14 @@ func (a *Adapter) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return errors.New("adapter: Run called twice")
 	}
-	if a.ownHTTP != nil {
-		defer a.ownHTTP.CloseIdleConnections()
+	if a.engine.ownHTTP != nil {
+		defer a.engine.ownHTTP.CloseIdleConnections()
 	}
 	// Engine calls and the control loops outlive ctx: they run through the
 	// drain and are ended by it.
 	reqBase, cancelReqs := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelReqs(nil)
-	a.reqBase = reqBase
+	a.book.base = reqBase
 	ctrl, stopCtrl := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCtrl()
 
@@ -551,9 +473,7 @@ var errHandover = errors.New("the replica drained before the answer ended")
 // DrainGrace, then hands what is left back to the gateways (an end with
 // Llm-Handover) and waits for it to end.
 func (a *Adapter) drain(cancelReqs context.CancelCauseFunc) {
-	a.mu.Lock()
-	a.draining = true
-	a.mu.Unlock()
+	a.book.drain()
 	a.log.Info("draining", "inflight", a.InFlight(), "grace", a.cfg.DrainGrace)
 	// Tell brokers at once rather than at the next tick.
 	a.publishHeartbeat()
@@ -563,8 +483,7 @@ func (a *Adapter) drain(cancelReqs context.CancelCauseFunc) {
 	}
 	cancel()
 
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
+	done := a.book.wait()
 	grace := time.NewTimer(a.cfg.DrainGrace)
 	defer grace.Stop()
 	select {

@@ -63,5 +63,5 @@ func (a *Adapter) slotWait(behind bool) time.Duration {
 // of batch are batch lines: at an engine scheduling by priority, the
 // batch lines held wait last, behind every interactive request.
 func (a *Adapter) batchWaiting(inflight, batch int) int {
-	return min(max(inflight-batch, 0), int(a.batchHeld.Load()))
+	return min(max(inflight-batch, 0), int(a.book.batchHeld.Load()))
 }

@@ -68,7 +68,7 @@ func TestSlotWait(t *testing.T) {
 func TestBatchLinesWaitLast(t *testing.T) {
 	var a Adapter
 	a.load.observeDecode(3200 * time.Millisecond)
-	a.batchHeld.Store(6)
+	a.book.batchHeld.Store(6)
 	if got := a.batchWaiting(40, 32); got != 6 {
 		t.Fatalf("batch waiting %d of 8 beyond the batch, 6 held: want 6", got)
 	}
@@ -79,7 +79,7 @@ func TestBatchLinesWaitLast(t *testing.T) {
 		t.Fatalf("batch waiting %d with room in the batch", got)
 	}
 	a.limits = limits{batch: 32, batchFrom: LimitConfigured}
-	a.inflight.Store(41) // the request's own included
+	a.book.inflight.Store(41) // the request's own included
 	interactive, batch := a.slotWait(false), a.slotWait(true)
 	if interactive != 300*time.Millisecond || batch != 900*time.Millisecond {
 		t.Fatalf("slot wait %v interactive, %v batch; want 300ms, 900ms", interactive, batch)

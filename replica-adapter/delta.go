@@ -84,7 +84,7 @@ func (a *Adapter) delta() subjects.LoadDelta {
 	d.seq++
 	out := subjects.LoadDelta{
 		Replica:             a.cfg.Replica,
-		Heartbeat:           a.hbSeq.Load(),
+		Heartbeat:           a.beats.seq.Load(),
 		Seq:                 d.seq,
 		Inflight:            min(max(a.InFlight(), 0), subjects.MaxHeartbeatCount),
 		QueuedPrefillTokens: a.load.queuedUncached(),

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,128 +17,76 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// callEngine calls the engine and relays its answer, in three phases: the
-// head (the request, and the engine's status or failure), the inline answer
-// (a non-streamed body that fits one message) and the stream (everything
-// else, read by read). It returns the tokens to settle: the engine's usage,
-// an estimate when it reported none, zero when the engine did no work.
-func (a *Adapter) callEngine(ctx context.Context, st *stream, h nats.Header, body []byte) tokens {
+// engineCall is one request's call to the engine, from the engine request
+// it builds to the answer it relays on st. serve makes one per request and
+// runs it once; its steps share what the call learns on the way.
+type engineCall struct {
+	a    *Adapter
+	ctx  context.Context
+	st   *stream
+	h    nats.Header
+	body []byte
+
+	// rename is the answer's model renaming: the engine names the model
+	// as it serves it, the client gets the name it asked for. Zero: the
+	// answer goes back as the engine wrote it.
+	rename names
+	// lora is set when the engine serves the request under a LoRA adapter
+	// (Llm-Route-Lora): its 404 for the model is the tenant's adapter
+	// missing, not this replica failing (judgeAnswer).
+	lora bool
+	// kv is the prefill leg's kv_transfer_params: the call is a decode
+	// leg. nil: the engine prefills the request itself.
+	kv []byte
+
+	// The call's place in the engine's queue (queue): the prompt tokens it
+	// adds to the queued prefill, those queued ahead of it and the wait
+	// for a batch slot it expects.
+	prompt, ahead int
+	slotWait      time.Duration
+	unqueue       func() // takes the prompt out of the queued prefill, once
+
+	start time.Time      // when the engine request was sent
+	first time.Time      // the first byte of a stream: its first token
+	resp  *http.Response // the engine's success, relayed by relay
+	scan  usageScanner
+	began bool // answer bytes went out
+	ended bool // the engine's body ended whole
+}
+
+// run makes the call and relays the answer. It returns the tokens to
+// settle: the engine's usage, an estimate when it reported none, zero when
+// the engine did no work.
+func (c *engineCall) run() tokens {
 	// A split request's prefill leg runs first, elsewhere: the keepalives
 	// cover it.
-	st.startKeepalive(a.cfg.KeepaliveEvery)
-	kv := a.prefillLeg(ctx, h, body)
-	if ctx.Err() != nil {
-		st.fail(callError(ctx, context.Cause(ctx)))
+	c.st.startKeepalive(c.a.cfg.KeepaliveEvery)
+	c.kv = c.a.prefillLeg(c.ctx, c.h, c.body)
+	if c.ctx.Err() != nil {
+		c.st.fail(callError(c.ctx, context.Cause(c.ctx)))
 		return tokens{}
 	}
-	req, e := a.engineRequestKV(ctx, h, body, kv)
+	req, e := c.request()
 	if e != nil {
-		st.fail(e)
+		c.st.fail(e)
 		return tokens{}
 	}
-	prompt := 0
-	// A split request's prompt was computed by its prefill leg; a batch
-	// line's at a priority engine waits behind every interactive one.
-	behind := a.behindInteractive(h)
-	if kv == nil && !behind {
-		prompt = promptTokens(h)
-	}
-	if behind {
-		a.batchHeld.Add(1)
-		defer a.batchHeld.Add(-1)
-	}
-	prefilled, ahead := a.load.queuePrefill(prompt)
-	slotWait := a.slotWait(behind)
-	a.loadChanged()
-	defer prefilled()
-	start := time.Now()
-	resp, rejected := a.engineHeadKV(ctx, st, h, req, kv != nil)
-	if rejected {
-		// The engine could not pull what the prefill computed (blocks
-		// expired or unknown): it prefills the request itself.
-		a.servedWhole(h, wholeDecodeRejected)
-		if req, e = a.engineRequestKV(ctx, h, body, nil); e != nil {
-			st.fail(e)
-			return tokens{}
-		}
-		start = time.Now()
-		resp, _ = a.engineHeadKV(ctx, st, h, req, false)
-	}
-	if resp == nil {
+	defer c.queue()()
+	if !c.send(req) {
 		return tokens{}
 	}
-	defer resp.Body.Close()
-
-	ct := resp.Header.Get("Content-Type")
-	hd := a.head(h, resp, ct)
-	scan := usageScanner{sse: sse.IsEventStream(ct)}
-	if rec := a.newOwnerRecorder(h); rec != nil {
-		scan.observe = func(p []byte) { rec.observe(ctx, p) }
+	defer c.resp.Body.Close()
+	if !c.relay() {
+		return tokens{}
 	}
-	a.forgetDeleted(ctx, h, resp.StatusCode)
-	var onFirst func()
-	var first time.Time
-	if scan.sse {
-		if st.send(hd) != nil {
-			return tokens{}
-		}
-		// Only a stream's first byte is a time to first token: a
-		// non-streamed body arrives when generation is over.
-		onFirst = func() {
-			first = time.Now()
-			ttft := first.Sub(start)
-			prefilled()
-			a.load.observePrefill(ahead, prompt, ttft-slotWait)
-			a.load.observeTTFT(ttft)
-			a.observedTTFT(h, ttft)
-			a.loadChanged()
-			traceFirstToken(ctx)
-		}
-	} else {
-		next, err := answerInline(ctx, st, hd, resp.Body, a.inline, &scan)
-		if err != nil {
-			a.metrics.engineErrors.Inc()
-			traceEngineBroke(ctx, err)
-		}
-		switch next {
-		case phaseNoHead:
-			return tokens{}
-		case phaseEnded:
-			return a.settle(&scan, h)
-		}
-	}
-	pool := &a.bufs
-	if scan.sse {
-		pool = &a.sseBufs
-	}
-	bp := pool.Get().(*[]byte)
-	defer pool.Put(bp)
-	ended, err := relayStream(ctx, st, resp.Body, *bp, &scan, onFirst, &a.streamed)
-	switch {
-	case err != nil:
-		a.metrics.engineErrors.Inc()
-		traceEngineBroke(ctx, err)
-	case ended && !first.IsZero():
-		a.load.observeDecode(time.Since(first))
-	}
-	t := a.settle(&scan, h)
-	if cached, ok := scan.Cached(); ok && ended && !first.IsZero() && ahead == 0 {
-		if u, ok := uncachedOf(prompt, t.PromptTokens, cached); ok {
-			a.load.observePrefillExact(u, first.Sub(start)-slotWait)
-		}
-	}
-	return t
+	return c.settle()
 }
 
-// engineRequest builds the engine call: the endpoint checked, the model
-// rewritten to the served name or the LoRA adapter, the trace continued.
-func (a *Adapter) engineRequest(ctx context.Context, h nats.Header, body []byte) (*http.Request, *subjects.APIError) {
-	return a.engineRequestKV(ctx, h, body, nil)
-}
-
-// engineRequestKV is engineRequest for a decode leg: kv, when set, is the
-// kv_transfer_params written into the body.
-func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv []byte) (*http.Request, *subjects.APIError) {
+// request builds the engine request: the endpoint checked, the model
+// rewritten to the served name or the LoRA adapter, kv_transfer_params the
+// prefill leg's or none, the trace continued.
+func (c *engineCall) request() (*http.Request, *subjects.APIError) {
+	a, h := c.a, c.h
 	endpoint, method := h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrMethod)
 	if !forwardable(method, endpoint) {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, "the adapter does not forward "+strings.TrimSpace(method+" "+strconv.Quote(endpoint)))
@@ -154,182 +101,297 @@ func (a *Adapter) engineRequestKV(ctx context.Context, h nats.Header, body, kv [
 		// would have the engine pull KV blocks from a host it names, or
 		// hold blocks nobody pulls. It is the leg's when a prefill leg
 		// ran, else null wherever the client wrote it.
-		extra := []bodyField{{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}, a.priorityField(h)}
-		if kv != nil {
-			extra[0] = bodyField{keys: []string{"kv_transfer_params"}, value: kv}
-			ctx = context.WithValue(ctx, pulledKey{}, true)
+		kv := bodyField{keys: []string{"kv_transfer_params"}, value: []byte("null"), replaces: true}
+		if c.kv != nil {
+			kv = bodyField{keys: []string{"kv_transfer_params"}, value: c.kv}
 		}
-		b, e := engineBody(answerLimits(endpoint), body, a.servedModel(h), h.Get(subjects.HdrMaxTokens), extra...)
+		b, e := engineBody(answerLimits(endpoint), c.body, a.servedModel(h), h.Get(subjects.HdrMaxTokens), kv, a.priorityField(h))
 		if e != nil {
 			return nil, e
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, a.cfg.EngineURL+endpoint, rd)
+	req, err := http.NewRequestWithContext(c.ctx, method, a.cfg.EngineURL+endpoint, rd)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
 	}
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	a.continueTrace(ctx, h, req)
+	a.continueTrace(c.ctx, h, req)
 	return req, nil
 }
 
-// engineHead sends req and returns the engine's response when it is a
-// success to relay; a failure to call, or an engine error status, is
-// answered on st here and nil returned.
-func (a *Adapter) engineHead(ctx context.Context, st *stream, h nats.Header, req *http.Request) *http.Response {
-	resp, _ := a.engineHeadKV(ctx, st, h, req, false)
-	return resp
+// queue counts the call as waiting for its first token: its prompt as
+// queued prefill (a split request's prompt was computed by its prefill
+// leg; a batch line's at a priority engine waits behind every interactive
+// one) and the batch slot wait it expects. It returns the call's exit.
+func (c *engineCall) queue() (exit func()) {
+	a := c.a
+	behind := a.behindInteractive(c.h)
+	if c.kv == nil && !behind {
+		c.prompt = promptTokens(c.h)
+	}
+	if behind {
+		a.book.batchHeld.Add(1)
+	}
+	c.unqueue, c.ahead = a.load.queuePrefill(c.prompt)
+	c.slotWait = a.slotWait(behind)
+	a.loadChanged()
+	return func() {
+		c.unqueue()
+		if behind {
+			a.book.batchHeld.Add(-1)
+		}
+	}
 }
 
-// engineHeadKV is engineHead for a request that may be a decode leg
-// (pulled): an error status of a decode leg is not answered but reported
-// as rejected, so the request can be prefilled here instead.
-func (a *Adapter) engineHeadKV(ctx context.Context, st *stream, h nats.Header, req *http.Request, pulled bool) (*http.Response, bool) {
+// send sends req and keeps the engine's success in c.resp. A decode leg
+// the engine refuses (the prefill's blocks expired or unknown) is sent
+// again without the leg's parameters: the engine prefills it itself. It
+// reports whether there is an answer to relay; when not, st has its end.
+func (c *engineCall) send(req *http.Request) bool {
+	c.start = time.Now()
+	resp, refused := c.do(req)
+	if refused {
+		c.a.servedWhole(c.h, wholeDecodeRejected)
+		c.kv = nil
+		var e *subjects.APIError
+		if req, e = c.request(); e != nil {
+			c.st.fail(e)
+			return false
+		}
+		c.start = time.Now()
+		resp, _ = c.do(req)
+	}
+	c.resp = resp
+	return resp != nil
+}
+
+// do sends req and returns the engine's response when it is a success
+// to relay, its model renamed. A failure to call, or an engine error
+// status, is answered on st and nil returned; a decode leg's error status
+// is not answered but reported as refused, so the request can be
+// prefilled here instead.
+func (c *engineCall) do(req *http.Request) (_ *http.Response, refused bool) {
+	a := c.a
 	sent := a.load.clock()
-	resp, err := a.client.Do(req)
-	traceEngineHead(ctx, resp, err)
+	resp, err := a.engine.client.Do(req)
+	resp = a.engine.judgeAnswer(req, resp, err, c.lora, c.kv != nil)
+	traceEngineHead(c.ctx, resp, err)
 	if err != nil {
-		a.metrics.requests.WithLabelValues("error").Inc()
-		a.metrics.engineErrors.Inc()
-		if errors.Is(context.Cause(ctx), errHandover) {
-			st.handover()
-			return nil, false
-		}
-		e := callError(ctx, err)
-		switch {
-		case e.Status == http.StatusServiceUnavailable:
-			a.engineUnreachable(err)
-		case ctx.Err() == nil:
-			// The engine took the request and died working on it: the end
-			// says so (Llm-Error), so the gateway can run it elsewhere.
-			st.failBroken(e)
-			return nil, false
-		}
-		st.fail(e)
+		c.callFailed(err)
 		return nil, false
 	}
 	a.engineReached(sent)
 	a.metrics.requests.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
-	if resp.StatusCode < 400 {
-		return resp, false
+	if resp.StatusCode >= 400 {
+		return nil, c.answerError(resp)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	if pulled && ctx.Err() == nil {
-		a.log.Warn("decode engine refused the prefill's KV parameters", "request", h.Get(subjects.HdrRequestID),
-			"status", resp.StatusCode, "body", string(b[:min(len(b), 512)]))
-		return nil, true
-	}
-	if err != nil && len(b) == 0 {
-		a.metrics.engineErrors.Inc()
-		st.fail(callError(ctx, err))
-		return nil, false
-	}
-	e := engineError(resp.StatusCode, b)
-	st.last(a.head(h, resp, "application/json"), e.Body()) // the whole answer is here
-	return nil, false
+	c.rename.apply(resp)
+	return resp, false
 }
 
-// phaseEnd is where a phase left the answer.
-type phaseEnd uint8
-
-const (
-	phaseNext   phaseEnd = iota // the body goes on: the stream phase relays the rest
-	phaseEnded                  // the answer, or its end with an error, is sent: settle the usage
-	phaseNoHead                 // the head could not be sent: nothing reached the gateway
-)
-
-// answerInline relays a non-streamed answer. It arrives whole when
-// generation ends, so head, body and end go back as one message when the
-// body fits in limit; a larger one goes as the head and its first part, and
-// the stream phase sends the rest. err is the engine's read error, if any.
-func answerInline(ctx context.Context, st *stream, hd reply.Frame, body io.Reader, limit int, scan *usageScanner) (phaseEnd, error) {
-	b, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
-	if err == nil && len(b) <= limit {
-		scan.Write(b)
-		st.last(hd, b)
-		return phaseEnded, nil
-	}
-	if st.send(hd) != nil {
-		return phaseNoHead, nil
-	}
-	if len(b) > 0 {
-		st.stopKeepalive()
-		scan.Write(b)
-		if st.send(reply.Frame{Kind: reply.Data, Body: b}) != nil {
-			return phaseEnded, nil
-		}
-	}
-	if err != nil {
-		endBroken(ctx, st, err)
-		return phaseEnded, err
-	}
-	return phaseNext, nil
-}
-
-// relayStream sends body to the gateway one read per message, then the end
-// (with Llm-Error when the engine's body broke). onFirst, if set, runs at
-// the first byte; streamed, if set, gets the time of every read. It returns
-// whether the engine's body ended whole, and the engine's read error; a
-// send that fails ends the relay quietly, since
-// nobody is left to tell.
-func relayStream(ctx context.Context, st *stream, body io.Reader, buf []byte, scan *usageScanner, onFirst func(), streamed *atomic.Int64) (ended bool, err error) {
-	first := true
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			if first {
-				first = false
-				st.stopKeepalive()
-				if onFirst != nil {
-					onFirst()
-				}
-			}
-			if streamed != nil {
-				streamed.Store(time.Now().UnixNano())
-			}
-			scan.Write(buf[:n])
-			if st.sendData(buf[:n]) != nil {
-				return false, nil
-			}
-		}
-		if err == io.EOF {
-			st.end("")
-			return true, nil
-		}
-		if err != nil {
-			endBroken(ctx, st, err)
-			return false, err
-		}
-	}
-}
-
-// endBroken ends a stream whose engine body broke: handed back to the
-// gateway when the drain grace ran out, else with the error.
-func endBroken(ctx context.Context, st *stream, err error) {
+// callFailed answers a call that got no answer from the engine: handed
+// back when the drain grace ran out, else the error, with Llm-Error when
+// the engine took the request and died working on it.
+func (c *engineCall) callFailed(err error) {
+	a, ctx := c.a, c.ctx
+	a.metrics.requests.WithLabelValues("error").Inc()
+	a.metrics.engineErrors.Inc()
 	if errors.Is(context.Cause(ctx), errHandover) {
-		st.handover()
+		c.st.handover()
 		return
 	}
-	st.end(streamError(ctx, err))
+	e := callError(ctx, err)
+	switch {
+	case e.Status == http.StatusServiceUnavailable:
+		a.engineUnreachable(err)
+	case ctx.Err() == nil:
+		// The end says so (Llm-Error), so the gateway can run it
+		// elsewhere.
+		c.st.failBroken(e)
+		return
+	}
+	c.st.fail(e)
 }
 
-// head builds the head: the engine's status and content type, the route
+// answerError answers the engine's error status with its error, the
+// whole answer in one message, and closes resp. A decode leg's is not
+// answered but reported as refused.
+func (c *engineCall) answerError(resp *http.Response) (refused bool) {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if c.kv != nil && c.ctx.Err() == nil {
+		c.a.log.Warn("decode engine refused the prefill's KV parameters", "request", c.h.Get(subjects.HdrRequestID),
+			"status", resp.StatusCode, "body", string(b[:min(len(b), 512)]))
+		return true
+	}
+	if err != nil && len(b) == 0 {
+		c.a.metrics.engineErrors.Inc()
+		c.st.fail(callError(c.ctx, err))
+		return false
+	}
+	e := engineError(resp.StatusCode, b)
+	c.st.last(c.headFrame(resp, "application/json"), e.Body())
+	return false
+}
+
+// relay sends the head and the body. It reports whether the head went
+// out.
+func (c *engineCall) relay() bool {
+	ct := c.resp.Header.Get("Content-Type")
+	hd := c.headFrame(c.resp, ct)
+	c.scan = usageScanner{sse: sse.IsEventStream(ct)}
+	if rec := c.a.newOwnerRecorder(c.h); rec != nil {
+		c.scan.observe = func(p []byte) { rec.observe(c.ctx, p) }
+	}
+	c.a.forgetDeleted(c.ctx, c.h, c.resp.StatusCode)
+	if !c.scan.sse {
+		return c.relayWhole(hd)
+	}
+	if c.st.send(hd) != nil {
+		return false
+	}
+	c.relayBody()
+	return true
+}
+
+// relayWhole relays a non-streamed answer. It arrives whole when
+// generation ends, so head, body and end go back as one message when the
+// body fits in one, else as the head, its first part and the rest read by
+// read.
+func (c *engineCall) relayWhole(hd reply.Frame) bool {
+	inline := c.a.engine.inline
+	b, err := io.ReadAll(io.LimitReader(c.resp.Body, int64(inline)+1))
+	if err == nil && len(b) <= inline {
+		c.scan.Write(b)
+		c.st.last(hd, b)
+		return true
+	}
+	if c.st.send(hd) != nil {
+		return false
+	}
+	if c.relayRead(b) && !c.broke(err) {
+		c.relayBody()
+	}
+	return true
+}
+
+// relayBody relays the rest of the engine's body, one read per message,
+// then the end.
+func (c *engineCall) relayBody() {
+	pool := &c.a.engine.bufs
+	if c.scan.sse {
+		pool = &c.a.engine.sseBufs
+	}
+	bp := pool.Get().(*[]byte)
+	defer pool.Put(bp)
+	for {
+		n, err := c.resp.Body.Read(*bp)
+		switch {
+		case !c.relayRead((*bp)[:n]):
+			return
+		case err == io.EOF:
+			c.st.end("")
+			c.ended = true
+			if !c.first.IsZero() {
+				c.a.load.observeDecode(time.Since(c.first))
+			}
+			return
+		case c.broke(err):
+			return
+		}
+	}
+}
+
+// relayRead sends one engine read to the gateway; the first byte of a
+// stream is its first token. It reports whether the relay goes on: a send
+// that fails ends it quietly, since nobody is left to tell.
+func (c *engineCall) relayRead(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	if !c.began {
+		c.began = true
+		c.st.stopKeepalive()
+		if c.scan.sse {
+			c.firstToken()
+		}
+	}
+	c.a.engine.streamed.Store(time.Now().UnixNano())
+	c.scan.Write(b)
+	return c.st.sendData(b) == nil
+}
+
+// broke ends the answer when the engine's body broke (err, a read error):
+// handed back to the gateway when the drain grace ran out, else with the
+// error. It reports whether it did.
+func (c *engineCall) broke(err error) bool {
+	if err == nil {
+		return false
+	}
+	c.a.metrics.engineErrors.Inc()
+	traceEngineBroke(c.ctx, err)
+	if errors.Is(context.Cause(c.ctx), errHandover) {
+		c.st.handover()
+	} else {
+		c.st.end(streamError(c.ctx, err))
+	}
+	return true
+}
+
+// firstToken learns from a stream's first token: the time to it, and the
+// prefill rate its queued prompt tokens took. Only a stream's first byte is
+// one: a non-streamed body arrives when generation is over.
+func (c *engineCall) firstToken() {
+	a := c.a
+	c.first = time.Now()
+	ttft := c.first.Sub(c.start)
+	c.unqueue()
+	a.load.observePrefill(c.ahead, c.prompt, ttft-c.slotWait)
+	a.load.observeTTFT(ttft)
+	a.observedTTFT(c.h, ttft)
+	a.loadChanged()
+	traceFirstToken(c.ctx)
+}
+
+// settle returns the tokens the answer used: the engine's usage, or an
+// estimate (the gateway's prompt estimate and, for a stream, one token per
+// data event). It learns the exact prefill rate from a stream that ended
+// whole with nothing queued ahead of it, when the engine said what its
+// cache served.
+func (c *engineCall) settle() tokens {
+	t, ok := c.scan.Finish()
+	cached, hasCached := c.scan.Cached()
+	switch {
+	case ok && hasCached:
+		t.Cached = min(max(cached, 0), t.PromptTokens)
+	case !ok:
+		prompt, _ := strconv.Atoi(c.h.Get(subjects.HdrPromptTokens))
+		t = tokens{PromptTokens: prompt, CompletionTokens: c.scan.events}
+	}
+	if hasCached && c.ended && !c.first.IsZero() && c.ahead == 0 {
+		if u, ok := uncachedOf(c.prompt, t.PromptTokens, cached); ok {
+			c.a.load.observePrefillExact(u, c.first.Sub(c.start)-c.slotWait)
+		}
+	}
+	return t
+}
+
+// headFrame is the head: the engine's status and content type, the route
 // headers echoed with this replica, and the engine's retry hints.
-func (a *Adapter) head(req nats.Header, resp *http.Response, contentType string) reply.Frame {
+func (c *engineCall) headFrame(resp *http.Response, contentType string) reply.Frame {
 	hd := make(nats.Header, 12)
 	if contentType != "" {
 		hd[subjects.HdrContent] = []string{contentType}
 	}
-	for k, v := range req {
+	for k, v := range c.h {
 		if strings.HasPrefix(k, "Llm-Route-") {
 			hd[k] = v
 		}
 	}
-	hd[subjects.HdrRouteReplica] = []string{a.cfg.Replica}
+	hd[subjects.HdrRouteReplica] = []string{c.a.cfg.Replica}
 	for _, k := range subjects.PassThroughHeaders() {
 		if v := resp.Header.Get(k); v != "" {
 			hd[k] = []string{v}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -55,6 +54,11 @@ func sent(t *testing.T, sub *nats.Subscription, n int) []*nats.Msg {
 	return out
 }
 
+// engineRequest is the engine request a's call of h and body makes.
+func engineRequest(a *Adapter, h nats.Header, body []byte) (*http.Request, *subjects.APIError) {
+	return (&engineCall{a: a, ctx: context.Background(), h: h, body: body}).request()
+}
+
 func TestEngineRequest(t *testing.T) {
 	a := &Adapter{cfg: Config{EngineURL: "http://engine:8000", EngineModel: "served"}}
 	body := []byte(`{"model":"chat-small","messages":[]}`)
@@ -72,7 +76,7 @@ func TestEngineRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.h.Set(subjects.HdrTraceparent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-			req, e := a.engineRequest(context.Background(), tt.h, body)
+			req, e := engineRequest(a, tt.h, body)
 			if tt.wantErr != 0 {
 				if e == nil || e.Status != tt.wantErr {
 					t.Fatalf("error %v, want status %d", e, tt.wantErr)
@@ -110,7 +114,7 @@ func TestClientKVTransferParamsNeverReachTheEngine(t *testing.T) {
 		`{"model":"m","messages":[],"kv_transfer_params":` + forged + `}`,
 		`{"kv_transfer_params":` + forged + `,"model":"m","messages":[],"kv_transfer_params":` + forged + `}`,
 	} {
-		req, e := a.engineRequest(context.Background(), h, []byte(body))
+		req, e := engineRequest(a, h, []byte(body))
 		if e != nil {
 			t.Fatal(e)
 		}
@@ -119,7 +123,7 @@ func TestClientKVTransferParamsNeverReachTheEngine(t *testing.T) {
 		}
 	}
 	// A body without them is sent without them, and a leg's are written.
-	req, e := a.engineRequest(context.Background(), h, []byte(`{"model":"m","messages":[]}`))
+	req, e := engineRequest(a, h, []byte(`{"model":"m","messages":[]}`))
 	if e != nil {
 		t.Fatal(e)
 	}
@@ -127,7 +131,7 @@ func TestClientKVTransferParamsNeverReachTheEngine(t *testing.T) {
 		t.Error("kv_transfer_params added to a body without them")
 	}
 	leg := `{"do_remote_prefill":true,"remote_engine_id":"e1"}`
-	req, e = a.engineRequestKV(context.Background(), h, []byte(`{"model":"m","kv_transfer_params":`+forged+`}`), []byte(leg))
+	req, e = (&engineCall{a: a, ctx: context.Background(), h: h, body: []byte(`{"model":"m","kv_transfer_params":` + forged + `}`), kv: []byte(leg)}).request()
 	if e != nil {
 		t.Fatal(e)
 	}
@@ -136,7 +140,7 @@ func TestClientKVTransferParamsNeverReachTheEngine(t *testing.T) {
 	}
 }
 
-func TestEngineHeadAnswersAnEngineError(t *testing.T) {
+func TestEngineCallAnswersAnEngineError(t *testing.T) {
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/ok" {
 			_, _ = io.WriteString(w, `{}`)
@@ -150,19 +154,20 @@ func TestEngineHeadAnswersAnEngineError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Adapter{cfg: Config{Replica: "r-0"}, client: eng.Client(), metrics: m}
+	a := &Adapter{cfg: Config{Replica: "r-0"}, engine: engineHTTP{client: eng.Client()}, metrics: m}
 	st, sub := replyStream(t)
 	ctx := context.Background()
+	c := &engineCall{a: a, ctx: ctx, st: st, h: nats.Header{}}
 	ok, _ := http.NewRequestWithContext(ctx, http.MethodPost, eng.URL+"/v1/ok", nil)
-	resp := a.engineHead(ctx, st, nats.Header{}, ok)
-	if resp == nil || resp.StatusCode != 200 {
+	resp, refused := c.do(ok)
+	if resp == nil || resp.StatusCode != 200 || refused {
 		t.Fatalf("a success is the caller's to relay, got %v", resp)
 	}
 	resp.Body.Close()
 	sent(t, sub, 0)
 
 	busy, _ := http.NewRequestWithContext(ctx, http.MethodPost, eng.URL+"/v1/busy", nil)
-	if resp := a.engineHead(ctx, st, nats.Header{}, busy); resp != nil {
+	if resp, _ := c.do(busy); resp != nil {
 		t.Fatal("an engine error must be answered here")
 	}
 	got := sent(t, sub, 1)[0]
@@ -171,48 +176,64 @@ func TestEngineHeadAnswersAnEngineError(t *testing.T) {
 	}
 }
 
-func TestAnswerInline(t *testing.T) {
-	hd := func() reply.Frame { return reply.Frame{Kind: reply.Head, Status: 200} }
+// relayCall is a call of an adapter whose answers up to inline bytes go
+// as one message and whose reads take buf bytes, with the engine's answer
+// body of content type ct in hand; firsts counts its first tokens.
+func relayCall(t *testing.T, inline, buf int, ct string, body io.Reader) (c *engineCall, sub *nats.Subscription, firsts *int) {
+	t.Helper()
+	m, err := newMetrics(nil, "r-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Adapter{cfg: Config{Replica: "r-0"}, metrics: m}
+	a.engine.inline = inline
+	a.engine.bufs.New = func() any { b := make([]byte, buf); return &b }
+	a.engine.sseBufs.New = a.engine.bufs.New
+	st, sub := replyStream(t)
+	st.startKeepalive(time.Hour)
+	firsts = new(int)
+	c = &engineCall{a: a, ctx: context.Background(), st: st, h: nats.Header{}, unqueue: func() { *firsts++ },
+		resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(body)}}
+	return c, sub, firsts
+}
+
+func TestRelayNonStreamed(t *testing.T) {
 	t.Run("fits", func(t *testing.T) {
-		st, sub := replyStream(t)
-		scan := usageScanner{}
-		next, err := answerInline(context.Background(), st, hd(), strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":2}}`), 1024, &scan)
-		if next != phaseEnded || err != nil {
-			t.Fatalf("phase %d, err %v; want ended", next, err)
+		c, sub, _ := relayCall(t, 1024, 64, "application/json", strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":2}}`))
+		if !c.relay() {
+			t.Fatal("the head did not go out")
 		}
 		m := sent(t, sub, 1)[0]
 		if m.Header.Get(subjects.HdrSeq) != "1" || m.Header.Get(subjects.HdrEOS) == "" || len(m.Data) == 0 {
 			t.Errorf("one message with head, body and end, got %v %q", m.Header, m.Data)
 		}
-		if u, ok := scan.Finish(); !ok || u.CompletionTokens != 2 {
-			t.Errorf("usage %+v %v", u, ok)
+		if u := c.settle(); u.CompletionTokens != 2 {
+			t.Errorf("usage %+v", u)
 		}
 	})
 	t.Run("too large", func(t *testing.T) {
-		st, sub := replyStream(t)
-		scan := usageScanner{}
-		body := strings.NewReader(strings.Repeat("x", 100))
-		next, err := answerInline(context.Background(), st, hd(), body, 10, &scan)
-		if next != phaseNext || err != nil {
-			t.Fatalf("phase %d, err %v; want the stream phase next", next, err)
+		c, sub, firsts := relayCall(t, 10, 64, "application/json", strings.NewReader(strings.Repeat("x", 100)))
+		if !c.relay() {
+			t.Fatal("the head did not go out")
 		}
-		ms := sent(t, sub, 2)
+		ms := sent(t, sub, 5)
 		if ms[0].Header.Get(subjects.HdrStatus) != "200" || len(ms[0].Data) != 0 || len(ms[1].Data) != 11 {
 			t.Errorf("head then the first 11 bytes, got %v %d bytes, %d bytes", ms[0].Header, len(ms[0].Data), len(ms[1].Data))
 		}
-		if body.Len() != 89 {
-			t.Errorf("%d bytes left for the stream phase, want 89", body.Len())
+		if len(ms[2].Data) != 64 || len(ms[3].Data) != 25 || ms[4].Header.Get(subjects.HdrEOS) == "" || ms[4].Header.Get(subjects.HdrError) != "" {
+			t.Errorf("the rest read by read, then the end: %d, %d bytes, end %v", len(ms[2].Data), len(ms[3].Data), ms[4].Header)
+		}
+		if *firsts != 0 || !c.first.IsZero() {
+			t.Error("a non-streamed body's first byte taken for a first token")
 		}
 	})
 	t.Run("broken", func(t *testing.T) {
-		st, sub := replyStream(t)
-		broke := errors.New("connection reset")
-		next, err := answerInline(context.Background(), st, hd(), iotest.ErrReader(broke), 10, &usageScanner{})
-		if next != phaseEnded || !errors.Is(err, broke) {
-			t.Fatalf("phase %d, err %v; want ended with the read error", next, err)
+		c, sub, _ := relayCall(t, 10, 64, "application/json", iotest.ErrReader(errors.New("connection reset")))
+		if !c.relay() {
+			t.Fatal("the head did not go out")
 		}
 		ms := sent(t, sub, 2)
-		if !strings.Contains(ms[1].Header.Get(subjects.HdrError), "connection reset") {
+		if !strings.Contains(ms[1].Header.Get(subjects.HdrError), "connection reset") || c.ended {
 			t.Errorf("end %v, want Llm-Error", ms[1].Header)
 		}
 	})
@@ -229,32 +250,31 @@ func TestRelayStream(t *testing.T) {
 		{"broken", io.MultiReader(strings.NewReader(sse[:20]), iotest.ErrReader(errors.New("connection reset"))), "connection reset"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			st, sub := replyStream(t)
-			st.startKeepalive(time.Hour)
-			firsts := 0
-			scan := usageScanner{sse: true}
-			ended, err := relayStream(context.Background(), st, iotest.OneByteReader(tt.body), make([]byte, 64), &scan, func() { firsts++ }, nil)
-			if (err == nil) != (tt.wantErr == "") || ended != (tt.wantErr == "") {
-				t.Fatalf("err %v, ended %v, want %q", err, ended, tt.wantErr)
+			c, sub, firsts := relayCall(t, 1<<20, 64, "text/event-stream", iotest.OneByteReader(tt.body))
+			if !c.relay() {
+				t.Fatal("the head did not go out")
+			}
+			if c.ended != (tt.wantErr == "") {
+				t.Fatalf("ended %v, want %q", c.ended, tt.wantErr)
 			}
 			n := len(sse)
 			if tt.wantErr != "" {
 				n = 20
 			}
-			ms := sent(t, sub, n+1)
+			ms := sent(t, sub, n+2)
 			var got strings.Builder
-			for i, m := range ms[:n] {
-				if m.Header.Get(subjects.HdrSeq) != strconv.Itoa(i+1) {
+			for i, m := range ms[1 : n+1] {
+				if m.Header.Get(subjects.HdrSeq) != strconv.Itoa(i+2) {
 					t.Fatalf("message %d has seq %s", i, m.Header.Get(subjects.HdrSeq))
 				}
 				got.Write(m.Data)
 			}
-			end := ms[n]
+			end := ms[n+1]
 			if got.String() != sse[:n] || end.Header.Get(subjects.HdrEOS) == "" || !strings.Contains(end.Header.Get(subjects.HdrError), tt.wantErr) {
 				t.Errorf("relayed %q then %v", got.String(), end.Header)
 			}
-			if firsts != 1 || st.kaOn {
-				t.Errorf("first byte seen %d times, keepalive on %v; want once, off", firsts, st.kaOn)
+			if *firsts != 1 || c.first.IsZero() || c.st.kaOn {
+				t.Errorf("first token seen %d times, keepalive on %v; want once, off", *firsts, c.st.kaOn)
 			}
 		})
 	}

@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"strconv"
@@ -34,7 +33,7 @@ func FuzzEngineHeaders(f *testing.F) {
 		if maxTokens != "" {
 			h.Set(subjects.HdrMaxTokens, maxTokens)
 		}
-		req, e := a.engineRequest(context.Background(), h, body)
+		req, e := engineRequest(a, h, body)
 		if e != nil {
 			if e.Status != 400 {
 				t.Fatalf("status %d", e.Status)

@@ -616,7 +616,7 @@ func (f *kvFeed) tokenize(ctx context.Context, b []byte) ([]uint32, error) {
 	if f.a.cfg.EngineAPIKey != "" {
 		hr.Header.Set("Authorization", "Bearer "+f.a.cfg.EngineAPIKey)
 	}
-	resp, err := f.a.client.Do(hr)
+	resp, err := f.a.engine.client.Do(hr)
 	if err != nil {
 		return nil, err
 	}

@@ -15,13 +15,10 @@ import (
 )
 
 // engineRoundTripper sits between the adapter and its engine: it adds the
-// engine's API key to every call and classifies the answers to requests
-// (POST under /v1/) for outlier ejection. Scrapes (/health, /metrics) are
-// not requests and never count.
+// engine's API key to every call.
 type engineRoundTripper struct {
 	base http.RoundTripper
 	auth string // "Bearer <key>", or "" without a key
-	out  *outcomes
 }
 
 func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -30,35 +27,44 @@ func (t *engineRoundTripper) RoundTrip(req *http.Request) (*http.Response, error
 		req = req.Clone(req.Context())
 		req.Header.Set("Authorization", t.auth)
 	}
-	resp, err := t.base.RoundTrip(req)
-	if req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") {
-		kind, ok := failureKind(req.Context(), resp, err)
-		if err == nil && resp.StatusCode >= 400 && req.Context().Value(pulledKey{}) != nil {
-			// A decode leg refused: the prefill's blocks are gone (expired,
-			// pulled, the prefill engine restarted), which is no failure of
-			// this replica. The adapter prefills the request here at once,
-			// and that call's answer is what counts.
-			kind, ok = "", false
-		}
-		status := 0
-		if err == nil {
-			status = resp.StatusCode
-			if status == http.StatusNotFound && req.Context().Value(loraKey{}) == nil {
-				var gone bool
-				if resp, gone = notServed(req, resp); gone {
-					kind = "model"
-				}
+	return t.base.RoundTrip(req)
+}
+
+// judgeAnswer classifies the engine's answer to a request (POST under
+// /v1/) for outlier ejection, and returns the answer to relay: an answer
+// that is the replica's fault, not the client's, becomes a 503 the gateway
+// retries elsewhere. Scrapes (/health, /metrics) are not requests and
+// never count. lora is a call that names a LoRA adapter (a 404 for the
+// model is then the tenant's adapter missing, relayed as it came, and
+// never counts: one tenant's missing adapter must not eject every replica
+// of the model); decode is a decode leg, a call with the kv_transfer_params
+// of a prefill leg run elsewhere (its error answer, vLLM's 500 when the KV
+// blocks cannot be loaded, says the prefill's blocks are gone, not that
+// this engine fails: the request is prefilled here instead, and that
+// call's answer counts).
+func (e *engineHTTP) judgeAnswer(req *http.Request, resp *http.Response, err error, lora, decode bool) *http.Response {
+	if req.Method != http.MethodPost || !strings.HasPrefix(req.URL.Path, "/v1/") {
+		return resp
+	}
+	kind, ok := failureKind(req.Context(), resp, err)
+	if err == nil && resp.StatusCode >= 400 && decode {
+		kind, ok = "", false
+	}
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		if status == http.StatusNotFound && !lora {
+			var gone bool
+			if resp, gone = notServed(req, resp); gone {
+				kind = "model"
 			}
 		}
-		t.out.observe(kind, ok, status)
-		if err == nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
-			resp = refusedKey(req, resp)
-		}
-		if err == nil {
-			renameBody(req, resp)
-		}
 	}
-	return resp, err
+	e.outcomes.observe(kind, ok, status)
+	if err == nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
+		resp = refusedKey(req, resp)
+	}
+	return resp
 }
 
 // outcomes is the engine's streak of failed answers, reported in every
@@ -144,27 +150,29 @@ func (o *outcomes) snapshot() (failures int, successes uint64, authFail bool) {
 	return o.failures, o.successes, o.authFail
 }
 
-// watchEngine returns a copy of c whose calls carry the engine's key and
-// feed the failure streak.
-func (a *Adapter) watchEngine(c *http.Client) *http.Client {
+// watchEngine makes the engine's calls carry its key, and sets what a
+// failure streak of its answers (judgeAnswer) does.
+func (a *Adapter) watchEngine() {
+	c := a.engine.client
 	base := c.Transport
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	rt := &engineRoundTripper{base: base, out: &a.outcomes}
+	rt := &engineRoundTripper{base: base}
 	if a.cfg.EngineAPIKey != "" {
 		rt.auth = "Bearer " + a.cfg.EngineAPIKey
 	}
-	a.outcomes.onFailure = func(kind string) { a.metrics.engineFailures.WithLabelValues(kind).Inc() }
-	a.outcomes.onStreak = a.publishHeartbeat
-	a.outcomes.onAuthFail = func(status int) {
+	out := &a.engine.outcomes
+	out.onFailure = func(kind string) { a.metrics.engineFailures.WithLabelValues(kind).Inc() }
+	out.onStreak = a.publishHeartbeat
+	out.onAuthFail = func(status int) {
 		a.metrics.authFailures.Inc()
 		a.log.Warn("engine refused the API key, heartbeat says scrape_ok=false", "status", status, "key_set", a.cfg.EngineAPIKey != "")
 		a.publishHeartbeat()
 	}
 	cc := *c
 	cc.Transport = rt
-	return &cc
+	a.engine.client = &cc
 }
 
 // checkAuth asks an engine that refused the key whether it takes it now:
@@ -172,7 +180,7 @@ func (a *Adapter) watchEngine(c *http.Client) *http.Client {
 // /v1, not /health or /metrics). Without it, a replica marked unhealthy for
 // its key would get no request that could clear it.
 func (a *Adapter) checkAuth(ctx context.Context) {
-	if _, _, failed := a.outcomes.snapshot(); !failed {
+	if _, _, failed := a.engine.outcomes.snapshot(); !failed {
 		return
 	}
 	resp, err := a.get(ctx, "/v1/models")
@@ -180,7 +188,7 @@ func (a *Adapter) checkAuth(ctx context.Context) {
 		return
 	}
 	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK && a.outcomes.clearAuth() {
+	if resp.StatusCode == http.StatusOK && a.engine.outcomes.clearAuth() {
 		a.log.Info("engine accepts the API key again")
 	}
 }
@@ -193,21 +201,6 @@ func refusedKey(req *http.Request, resp *http.Response) *http.Response {
 	resp.Body.Close()
 	return replaced(req, resp, "The engine refused this replica's API key ("+strconv.Itoa(resp.StatusCode)+"); the replica is marked unhealthy.")
 }
-
-// loraKey marks a request the engine serves under a LoRA adapter: its 404
-// for the model names the adapter, which the engine may not have loaded
-// (the route picks a replica with a free slot for it). That is the
-// tenant's adapter missing, not this replica failing what it registered,
-// so it is relayed as it came and never counts toward ejection: one
-// tenant's missing adapter must not eject every replica of the model.
-type loraKey struct{}
-
-// pulledKey marks a decode leg: a call with the kv_transfer_params of a
-// prefill leg run elsewhere. Its error answer (vLLM's 500 when the KV
-// blocks cannot be loaded) says the prefill's blocks are gone, not that
-// this engine fails: it never counts toward ejection, and the request is
-// prefilled here instead (callEngine), whose answer counts.
-type pulledKey struct{}
 
 // notServed replaces an engine's 404 that says the engine does not serve
 // what the replica registered with a 503, and reports it (gone): the

@@ -98,31 +98,14 @@ func (a *Adapter) onPrefill(r micro.Request) {
 	}
 	key := prefillKey{decode: decode, id: id}
 	perSender, total := a.legBounds()
-	a.mu.Lock()
-	if busy := a.legRefusalLocked(key, perSender, total); busy != nil {
-		a.mu.Unlock()
+	ctx, release, busy := a.book.takeLeg(key, perSender, total, a.cfg.Replica)
+	if busy != nil {
 		a.metrics.prefillLegs.WithLabelValues("refused").Inc()
 		a.refuseLeg(reply, busy)
 		return
 	}
-	ctx, cancel := context.WithCancel(a.reqBase)
-	a.prefills[key] = cancel
-	a.legsFrom[decode]++
-	a.wg.Add(1)
-	a.mu.Unlock()
 	go func() {
-		defer func() {
-			cancel()
-			a.mu.Lock()
-			delete(a.prefills, key)
-			if n := a.legsFrom[decode] - 1; n > 0 {
-				a.legsFrom[decode] = n
-			} else {
-				delete(a.legsFrom, decode)
-			}
-			a.mu.Unlock()
-			a.wg.Done()
-		}()
+		defer release()
 		a.servePrefill(ctx, reply, h, r.Data())
 	}()
 }
@@ -135,12 +118,7 @@ func (a *Adapter) onPrefillCancel(r micro.Request) {
 	subj := r.Subject()
 	decode := subj[strings.LastIndexByte(subj, '.')+1:]
 	key := prefillKey{decode: decode, id: r.Headers().Get(subjects.HdrRequestID)}
-	a.mu.Lock()
-	cancel := a.prefills[key]
-	a.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
+	a.book.cancelLeg(key)
 }
 
 // servePrefill runs one prefill leg on the engine and answers with the
@@ -168,7 +146,8 @@ func (a *Adapter) servePrefill(ctx context.Context, reply string, h nats.Header,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	a.continueTrace(ctx, h, req)
-	resp, err := a.client.Do(req)
+	resp, err := a.engine.client.Do(req)
+	resp = a.engine.judgeAnswer(req, resp, err, h.Get(subjects.HdrRouteLora) != "", false)
 	if err != nil {
 		outcome := "error"
 		if ctx.Err() != nil {
@@ -195,31 +174,13 @@ func (a *Adapter) servePrefill(ctx context.Context, reply string, h nats.Header,
 	a.answerPrefill(reply, resp.StatusCode, out)
 }
 
+// answerPrefill answers a leg with the engine's status and body, or the
+// status and error body of a leg that did not reach the engine.
 func (a *Adapter) answerPrefill(reply string, status int, body []byte) {
-	m := &nats.Msg{Subject: reply, Header: nats.Header{subjects.HdrStatus: {strconv.Itoa(status)}}, Data: body}
-	if err := a.nc.PublishMsg(m); err != nil {
+	f := replyproto.Leg(status, body)
+	if err := a.nc.PublishMsg(f.Msg(reply)); err != nil {
 		a.log.Warn("prefill answer not sent", "err", err)
 	}
-}
-
-// legRefusalLocked is why leg key is refused, nil when it is taken: the
-// replica drains, the leg is in flight already, or its sender or all of
-// them have as many legs in flight as legBounds allows. Lock should be
-// held.
-func (a *Adapter) legRefusalLocked(key prefillKey, perSender, total int) *subjects.APIError {
-	var code, msg string
-	switch {
-	case a.draining || a.prefills[key] != nil:
-		code, msg = subjects.CodeNoReplicas, "replica "+a.cfg.Replica+" takes no prefill leg "+key.id+" now"
-	case a.legsFrom[key.decode] >= perSender:
-		code, msg = subjects.CodeAllReplicasBusy, "replica "+a.cfg.Replica+" has "+strconv.Itoa(perSender)+" prefill legs of "+
-			key.decode+" in flight, the most it takes from one decode replica; retry later."
-	case len(a.prefills) >= total:
-		code, msg = subjects.CodeAllReplicasBusy, "replica "+a.cfg.Replica+" has "+strconv.Itoa(total)+" prefill legs in flight, its most; retry later."
-	default:
-		return nil
-	}
-	return &subjects.APIError{Status: http.StatusServiceUnavailable, Code: code, Message: msg, RetryAfter: time.Second}
 }
 
 // refuseLeg answers a leg with e as the reply protocol's rejection: its
@@ -307,9 +268,9 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 		}
 		return nil
 	}
-	switch status := resp.Header.Get(subjects.HdrStatus); status {
-	case "200":
-	case "429", "503":
+	switch status := replyproto.Decode(resp).Status; status {
+	case http.StatusOK:
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		a.servedWhole(h, wholeRefused)
 		return nil
 	default:

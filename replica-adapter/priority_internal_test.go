@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 
@@ -22,7 +21,7 @@ func TestClientPriorityNeverReachesTheEngine(t *testing.T) {
 		if priority != "" {
 			h.Set(subjects.HdrPriority, priority)
 		}
-		req, e := a.engineRequest(context.Background(), h, []byte(body))
+		req, e := engineRequest(a, h, []byte(body))
 		if e != nil {
 			t.Fatal(e)
 		}

@@ -2,7 +2,6 @@ package adapter
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -14,25 +13,22 @@ import (
 // "model:adapter") and get that name back: the engine's names are an
 // implementation detail of the replica.
 
-type namesKey struct{}
-
-// names is the model rename of one request: the engine's name in its
-// answer, and the client's.
+// names is one request's model renaming: the engine's name in its answer
+// (served), and the client's (public). Zero: no renaming.
 type names struct{ served, public string }
 
-// withNames marks ctx so that the engine's answer has served replaced by
-// public. An empty or identical name leaves the answer as it is.
-func withNames(ctx context.Context, served, public string) context.Context {
+// renaming is the renaming of served to public; an empty or identical name
+// leaves the answer as it is.
+func renaming(served, public string) names {
 	if served == "" || public == "" || served == public {
-		return ctx
+		return names{}
 	}
-	return context.WithValue(ctx, namesKey{}, names{served, public})
+	return names{served, public}
 }
 
-// renameBody wraps resp's body when the request asked for a rename.
-func renameBody(req *http.Request, resp *http.Response) {
-	n, ok := req.Context().Value(namesKey{}).(names)
-	if !ok || resp == nil || resp.StatusCode >= 400 {
+// apply wraps resp's body in the renamer, unless n renames nothing.
+func (n names) apply(resp *http.Response) {
+	if n.served == "" {
 		return
 	}
 	resp.Body = newRenamer(resp.Body, n.served, n.public)

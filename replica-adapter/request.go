@@ -19,11 +19,6 @@ import (
 // maxErrorBody bounds an engine error body read for translation.
 const maxErrorBody = 64 << 10
 
-// call is one request in flight, findable by its Llm-Request-Id for cancels.
-type call struct {
-	cancel context.CancelFunc
-}
-
 // onRequest is the micro handler. micro runs it one message at a time, so it
 // only books the request and hands it to its own goroutine.
 func (a *Adapter) onRequest(r micro.Request) {
@@ -44,38 +39,26 @@ func (a *Adapter) onRequest(r micro.Request) {
 			Message: "replica " + a.cfg.Replica + " has no room for batch work; retry later.", RetryAfter: time.Second})
 		return
 	}
-	a.mu.Lock()
-	if a.draining {
-		a.mu.Unlock()
+	ctx, c, took := a.book.take(id)
+	switch took {
+	case takenNot:
 		a.reject(reply, h, &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeNoReplicas,
 			Message: "replica " + a.cfg.Replica + " is draining", RetryAfter: time.Second})
 		return
-	}
-	if _, gone := a.early[id]; gone && id != "" {
+	case takenGone:
 		// Cancelled before it arrived: the gateway has given up on it
 		// (or took another copy of it). Nothing was used: the broker
 		// that admitted it gets its token reservation back.
-		delete(a.early, id)
-		a.mu.Unlock()
 		a.publishUsage(h, tokens{}, false)
 		return
-	}
-	if _, serving := a.calls[id]; serving && id != "" {
+	case takenAlready:
 		// The same request again: a gateway that saw no accept in time
 		// sent it once more, in case the first was lost on the way. This
 		// one is already served.
-		a.mu.Unlock()
 		a.log.Debug("request already in hand dropped", "id", id)
 		return
 	}
-	ctx, cancel := context.WithCancel(a.reqBase)
-	c := &call{cancel: cancel}
-	if id != "" {
-		a.calls[id] = c
-	}
-	a.wg.Add(1)
-	a.mu.Unlock()
-	a.metrics.inflight.Set(float64(a.inflight.Add(1)))
+	a.metrics.inflight.Set(float64(a.book.inflight.Add(1)))
 	a.loadChanged()
 	if a.kv != nil {
 		a.kv.learn(h.Get(subjects.HdrEndpoint), h.Get(subjects.HdrPrefix), r.Data())
@@ -92,47 +75,14 @@ func (a *Adapter) onCancel(r micro.Request) {
 		a.ledger.resumed(id)
 		return
 	}
-	a.mu.Lock()
-	c := a.calls[id]
-	if c == nil && id != "" {
-		a.rememberEarlyLocked(id, time.Now())
-	}
-	a.mu.Unlock()
-	if c != nil {
-		c.cancel()
-	}
-}
-
-// earlyTTL bounds how long a cancel waits for its request; earlyMax how
-// many such cancels are kept.
-const (
-	earlyTTL = 30 * time.Second
-	earlyMax = 4096
-)
-
-// rememberEarlyLocked records a cancel whose request has not arrived (or
-// already finished). Lock should be held.
-func (a *Adapter) rememberEarlyLocked(id string, now time.Time) {
-	if len(a.early) >= earlyMax {
-		for k, t := range a.early {
-			if now.Sub(t) > earlyTTL || len(a.early) >= earlyMax {
-				delete(a.early, k)
-			}
-		}
-	}
-	a.early[id] = now
+	a.book.cancel(id, time.Now())
 }
 
 func (a *Adapter) done(c *call, id string) {
-	c.cancel()
-	a.mu.Lock()
-	if a.calls[id] == c {
-		delete(a.calls, id)
-	}
-	a.mu.Unlock()
-	a.metrics.inflight.Set(float64(a.inflight.Add(-1)))
+	a.book.forget(c, id)
+	a.metrics.inflight.Set(float64(a.book.inflight.Add(-1)))
 	a.loadChanged()
-	a.wg.Done()
+	a.book.release()
 }
 
 // reject answers with a single rejection message (seq 0, status, end).
@@ -161,7 +111,7 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		ctx = stages.WithEngineTrace(ctx, a.cfg.Stages, id)
 	}
 	defer func() { a.tails.add(st, time.Now()) }()
-	if err := st.accept(a.cfg.Replica, a.cfg.AcceptDelay); err != nil {
+	if err := st.accept(a.cfg.Replica, a.accept, a.cfg.AcceptDelay); err != nil {
 		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)
 		return
 	}
@@ -170,13 +120,15 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
 		defer cancel()
 	}
-	// The engine names the model as it serves it; the client gets the name
-	// it asked for.
-	ctx = withNames(ctx, a.servedModel(h), h.Get(subjects.HdrModel))
-	if h.Get(subjects.HdrRouteLora) != "" {
-		ctx = context.WithValue(ctx, loraKey{}, true)
+	ec := &engineCall{a: a, ctx: spans.startEngine(ctx, a), st: st, h: h, body: body,
+		lora: h.Get(subjects.HdrRouteLora) != ""}
+	if h.Get(subjects.HdrMethod) == "" {
+		// The engine names the model as it serves it; the client gets the
+		// name it asked for. A stored response's GET or DELETE asks for
+		// none.
+		ec.rename = renaming(a.servedModel(h), h.Get(subjects.HdrModel))
 	}
-	used := a.callEngine(spans.startEngine(ctx, a), st, h, body)
+	used := ec.run()
 	spans.engineDone(used)
 	a.publishUsage(h, used, st.unfinished())
 }
@@ -188,19 +140,6 @@ func (a *Adapter) servedModel(h nats.Header) string {
 		return lora
 	}
 	return a.cfg.EngineModel
-}
-
-// settle returns the engine's usage, or an estimate: the gateway's prompt
-// estimate and, for a stream, one token per data event.
-func (a *Adapter) settle(scan *usageScanner, h nats.Header) tokens {
-	if t, ok := scan.Finish(); ok {
-		if c, ok := scan.Cached(); ok {
-			t.Cached = min(max(c, 0), t.PromptTokens)
-		}
-		return t
-	}
-	prompt, _ := strconv.Atoi(h.Get(subjects.HdrPromptTokens))
-	return tokens{PromptTokens: prompt, CompletionTokens: scan.events}
 }
 
 // publishUsage reports the tokens a request used on llm.usage.<tenant>, so

@@ -336,7 +336,7 @@ func TestEngineErrors(t *testing.T) {
 		{"503", 503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`, 503, subjects.CodeModelLoading, ""},
 		{"500", 500, `Internal Server Error`, 500, subjects.CodeUpstreamError, ""},
 	}
-	for _, tt := range tests {
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e.eng.handle(func(w http.ResponseWriter, r *http.Request) {
 				if tt.retryAfter != "" {
@@ -345,7 +345,9 @@ func TestEngineErrors(t *testing.T) {
 				w.WriteHeader(tt.status)
 				_, _ = w.Write([]byte(tt.body))
 			})
-			msgs := untilEnd(t, e.request("r-1", chatHeaders("req-err"), `{"model":"x"}`))
+			// Each its own id: the one before may still be in hand when
+			// its end has gone out, and a request in hand again is dropped.
+			msgs := untilEnd(t, e.request("r-1", chatHeaders(fmt.Sprintf("req-err-%d", i)), `{"model":"x"}`))
 			// The error arrives whole: accept, then one head with the body and the end.
 			if len(msgs) != 2 {
 				t.Fatalf("%d messages, want accept and a head with body and end", len(msgs))

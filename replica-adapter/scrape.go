@@ -155,11 +155,7 @@ func (a *Adapter) scrapeLoop(ctx context.Context) {
 	var regErr string // the last registration error, logged once, not every tick
 	for {
 		a.scrape(ctx)
-		a.scrapedAt.Store(a.load.clock())
-		select {
-		case a.scraped <- struct{}{}:
-		default:
-		}
+		a.beats.scrapeEnded(a.load.clock())
 		a.svc.refresh(a)
 		switch err := a.register(ctx, false); {
 		case err != nil && ctx.Err() == nil && err.Error() != regErr:
@@ -208,7 +204,7 @@ func (a *Adapter) scrape(ctx context.Context) {
 	}
 	if healthErr != nil || metricsErr != nil {
 		a.metrics.scrapeFailures.Inc()
-		if ctx.Err() == context.DeadlineExceeded && a.streamed.Load() >= began.UnixNano() {
+		if ctx.Err() == context.DeadlineExceeded && a.engine.streamed.Load() >= began.UnixNano() {
 			return // slow, not down: it streamed during the scrape
 		}
 		l.fails++
@@ -310,16 +306,13 @@ func (a *Adapter) get(ctx context.Context, path string) (*http.Response, error) 
 	if err != nil {
 		return nil, err
 	}
-	return a.client.Do(req)
+	return a.engine.client.Do(req)
 }
 
 // state is the replica's own state: loading until the engine is healthy,
 // ready after, draining once the drain began.
 func (a *Adapter) state() string {
-	a.mu.Lock()
-	draining := a.draining
-	a.mu.Unlock()
-	if draining {
+	if a.book.isDraining() {
 		return subjects.StateDraining
 	}
 	a.load.mu.Lock()
@@ -328,6 +321,25 @@ func (a *Adapter) state() string {
 		return subjects.StateReady
 	}
 	return subjects.StateLoading
+}
+
+// beats is the heartbeat's own state: its sequence, and the end of the
+// last scrape, which the heartbeat after a tick waits for (heartbeatLoop).
+type beats struct {
+	seq       atomic.Uint64
+	scraped   chan struct{} // signalled when a scrape ends
+	scrapedAt atomic.Int64  // when the last scrape ended (load.clock)
+}
+
+func newBeats() beats { return beats{scraped: make(chan struct{}, 1)} }
+
+// scrapeEnded records that a scrape ended at (load.clock), and signals it.
+func (b *beats) scrapeEnded(at int64) {
+	b.scrapedAt.Store(at)
+	select {
+	case b.scraped <- struct{}{}:
+	default:
+	}
 }
 
 // heartbeatLoop publishes a heartbeat every HeartbeatEvery. When the
@@ -355,12 +367,12 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 		if !follow {
 			continue
 		}
-		fresh := func() bool { return a.load.clock()-a.scrapedAt.Load() < int64(a.cfg.ScrapeEvery/10) }
+		fresh := func() bool { return a.load.clock()-a.beats.scrapedAt.Load() < int64(a.cfg.ScrapeEvery/10) }
 		if fresh() {
 			continue
 		}
 		select {
-		case <-a.scraped: // an older scrape's signal
+		case <-a.beats.scraped: // an older scrape's signal
 		default:
 		}
 		if fresh() {
@@ -370,7 +382,7 @@ func (a *Adapter) heartbeatLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.scraped:
+		case <-a.beats.scraped:
 		case <-wait.C:
 		}
 		wait.Stop()
@@ -415,14 +427,14 @@ func (a *Adapter) heartbeat() subjects.Heartbeat {
 		hb.Scheduling = subjects.SchedulingPriority
 		hb.BatchWaiting = a.batchWaiting(hb.Inflight, hb.MaxBatch)
 	}
-	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.outcomes.snapshot()
+	hb.EngineFailures, hb.EngineSuccesses, hb.AuthFailed = a.engine.outcomes.snapshot()
 	// An engine that refuses the key answers /health and /metrics all the
 	// same, but every request: the replica is not healthy.
 	hb.ScrapeOK = hb.ScrapeOK && !hb.AuthFailed
 	if hb.Lora.Max == 0 {
 		hb.Lora.Max = a.cfg.MaxLoras
 	}
-	hb.Seq = a.hbSeq.Add(1)
+	hb.Seq = a.beats.seq.Add(1)
 	hb.SentUnixMillis = time.Now().UnixMilli()
 	return hb
 }

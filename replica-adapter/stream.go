@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"encoding/json"
 	"sync"
 	"time"
 
@@ -24,8 +25,10 @@ type stream struct {
 	reply string
 
 	// The accept waits up to the accept delay to ride on the head; replica
-	// names it. acceptTimer sends it alone if the head is late.
+	// names it, and acceptBody is its body when it goes alone
+	// (acceptBody). acceptTimer sends it alone if the head is late.
 	replica       string
+	acceptBody    []byte
 	acceptPending bool
 	acceptTimer   *time.Timer
 	armed         time.Time // when the accept was armed: Llm-Held counts from it
@@ -108,11 +111,12 @@ func (s *stream) sendLocked(f reply.Frame) error {
 }
 
 // accept sends the accept now (delay ≤ 0), or arms it to go after delay
-// unless a head goes first and carries it.
-func (s *stream) accept(replica string, delay time.Duration) error {
+// unless a head goes first and carries it; body is its body, should it go
+// alone.
+func (s *stream) accept(replica string, body []byte, delay time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.replica, s.armed = replica, time.Now()
+	s.replica, s.acceptBody, s.armed = replica, body, time.Now()
 	if delay <= 0 {
 		return s.sendAcceptLocked()
 	}
@@ -133,7 +137,16 @@ func (s *stream) sendAcceptLocked() error {
 		s.acceptTimer.Stop()
 	}
 	s.acceptPending = false
-	return s.sendLocked(reply.Frame{Kind: reply.Accept, Replica: s.replica, Held: time.Since(s.armed), Body: []byte(`{"replica":"` + s.replica + `"}`)})
+	return s.sendLocked(reply.Frame{Kind: reply.Accept, Replica: s.replica, Held: time.Since(s.armed), Body: s.acceptBody})
+}
+
+// acceptBody is the body of replica's accepts, {"replica":"<id>"}: the
+// same for every request, so it is made once, and shared read-only.
+func acceptBody(replica string) []byte {
+	b, _ := json.Marshal(struct {
+		Replica string `json:"replica"`
+	}{replica})
+	return b
 }
 
 // last sends a head that is also the whole answer and the end: one message
