@@ -1,10 +1,15 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // when is where an attempt ended and what the request has left.
@@ -155,4 +160,31 @@ func types(e ast.Expr) string {
 		return id.Name
 	}
 	return ""
+}
+
+// TestNamedErrors: a failure made specific is still its name for
+// errors.Is, and the client reads it in the OpenAI shape.
+func TestNamedErrors(t *testing.T) {
+	e := errSilence.about("l8-gen-0")
+	if !errors.Is(e, errSilence) || errors.Is(e, errGone) || errors.Is(errGone.about("x"), errSilence) {
+		t.Errorf("errors.Is on %v: want errSilence only", e)
+	}
+	if a := apiError(e); a.Status != 504 || a.Code != subjects.CodeUpstreamTimeout || a.Message != "replica l8-gen-0 went silent" {
+		t.Errorf("apiError(%v) = %+v", e, a)
+	}
+	if a := apiError(errOffline); a.Status != 503 || a.RetryAfter != time.Second || a.Message != "the gateway is not connected to NATS" {
+		t.Errorf("apiError(errOffline) = %+v", a)
+	}
+	busy := errBusy.about("r2", " (429)")
+	busy.retryAfter = 7 * time.Second
+	if a := apiError(fmt.Errorf("attempt 2: %w", busy)); a.Code != subjects.CodeAllReplicasBusy || a.RetryAfter != 7*time.Second || a.Message != "replica r2 turned the request away (429)" {
+		t.Errorf("apiError(wrapped busy) = %+v", a)
+	}
+	wire := subjects.NewError(400, "bad", "from the replica")
+	if a := apiError(wire); a == wire || a.Status != 400 || a.Code != "bad" || a.Message != wire.Message {
+		t.Errorf("apiError(a replica's error) = %+v, want a copy of %+v", a, wire)
+	}
+	if apiError(nil) != nil {
+		t.Error("apiError(nil) is not nil")
+	}
 }
