@@ -659,7 +659,8 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 	case reply.NoResponders:
 		return l.unanswered()
 	case reply.Head, reply.Data, reply.End, reply.Handover:
-		if f.Seq == l.next {
+		// One head, the first message after the accept.
+		if f.Seq == l.next && (f.Kind != reply.Head || l.phase == phaseAccepted) {
 			l.next++
 			l.heard()
 			return l.answer(f)
