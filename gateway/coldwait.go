@@ -118,15 +118,27 @@ func (g *Gateway) holdable(f reply.Frame) bool {
 	return mod != nil && mod.OnCold == table.OnColdWait
 }
 
-// hold waits until a replica of model is ready (true), or the load failed,
-// the deadline passed, the client left or no slot was free (false).
-func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
+// hold holds a request whose attempt ended cold (failCold: model_loading
+// for a model the table says to wait for) until a replica of the model is
+// ready (ready: the relay tries again). A hold that ends otherwise returns
+// its result for judge: the client gone (a keepalive could not be written,
+// or it left), else the rejection it would have got, as a stream's error
+// event once the hold began it (the load failed, the deadline passed, no
+// slot was free).
+func (g *Gateway) hold(ctx context.Context, out *response, cold result) (r result, ready bool) {
+	model := cold.rejection.Header.Get(subjects.HdrRouteModel)
+	refused := func(outcome string) (result, bool) {
+		c := cold
+		c.kind, c.wrote = failRejected, out.wrote
+		g.cold.ends.WithLabelValues(outcome).Inc()
+		return c, false
+	}
+	gone := result{kind: failClientGone, wrote: out.wrote}
 	c := g.cold
 	select {
 	case c.slots <- struct{}{}:
 	default:
-		c.ends.WithLabelValues("full").Inc()
-		return false
+		return refused("full")
 	}
 	defer func() { <-c.slots }()
 	c.waiting.Inc()
@@ -140,7 +152,7 @@ func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
 		if !out.wrote {
 			out.startHold()
 			if out.comment(": waiting for "+model+" to load") != nil {
-				return false
+				return gone, false
 			}
 		}
 		t := time.NewTicker(g.cfg.ColdKeepalive)
@@ -153,27 +165,29 @@ func (g *Gateway) hold(ctx context.Context, out *response, model string) bool {
 	for {
 		select {
 		case <-ctx.Done():
-			c.ends.WithLabelValues("deadline").Inc()
-			return false
+			if ctx.Err() == context.Canceled {
+				c.ends.WithLabelValues("deadline").Inc() // the request's context ended, by its client
+				return gone, false
+			}
+			return refused("deadline")
 		case <-keep:
 			// An SSE comment: proxies see traffic, clients ignore it.
 			if out.comment(": waiting for "+model+" to load") != nil {
-				return false
+				return gone, false
 			}
 		case <-poll.C:
 			switch c.phaseSince(model, since) {
 			case subjects.LoadFailed:
-				c.ends.WithLabelValues("failed").Inc()
-				return false
+				return refused("failed")
 			case subjects.LoadReady, subjects.LoadUnloaded:
 				// Ready: route it. Unloaded meanwhile: the next attempt
 				// asks for a new load.
 				c.ends.WithLabelValues("ready").Inc()
-				return true
+				return r, true
 			}
 			if g.replicaReady(model) {
 				c.ends.WithLabelValues("ready").Inc()
-				return true
+				return r, true
 			}
 		}
 	}

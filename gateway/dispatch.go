@@ -62,7 +62,8 @@ func (d *dispatcher) unregister(c *call) {
 	d.mu.Unlock()
 }
 
-// deliver hands m to the call as if it had come on the reply subject.
+// deliver hands m to the call: the non-blocking hand-off. A call whose
+// mailbox is full is told so (overflow), and m is dropped.
 func (c *call) deliver(m *nats.Msg) {
 	select {
 	case c.ch <- m:
@@ -85,11 +86,7 @@ func (d *dispatcher) onMsg(m *nats.Msg) {
 		}
 		return
 	}
-	select {
-	case c.ch <- m:
-	default:
-		c.once.Do(func() { close(c.overflow) })
-	}
+	c.deliver(m)
 }
 
 // disconnect tells every waiting call that the connection dropped, and

@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,89 +45,75 @@ type upstream struct {
 	// waiting for it (zero: it never waited).
 	linkBack time.Time
 	// busy is the last refusal of a replica that had no room for it.
-	busy *subjects.APIError
+	busy error
 }
 
-// relay sends the request through brokers: attempts until one answers or
-// judge says neither retry nor resume, then concludes.
+// relay sends the request through brokers. Each attempt's result goes to
+// judge, and the verdict says what comes next: a hold, a wait, a retry or
+// a resume makes another attempt; any other verdict ends the request, as
+// conclude writes it.
 func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 	g.budget.active.Add(1)
 	defer g.budget.active.Add(-1)
 	ctx, cancel := context.WithDeadline(r.Context(), u.deadline)
 	defer cancel()
 	out := &response{g: g, w: w, u: u}
+	b := budgets{retries: g.cfg.MaxRetries, resumes: maxResumes, shared: &g.budget}
+	resumed := "" // the cause of the failure a continuation resumed from
 	res := g.try(ctx, out)
-	retries, cause := 0, ""
 	for {
-		switch judge(res) {
+		switch v := judge(res, &b); v {
 		case hold:
 			// Held while its cold model loads, then tried again; a hold
-			// that ends otherwise is the rejection it would have got.
-			if g.hold(ctx, out, res.rejection.Header.Get(subjects.HdrRouteModel)) {
+			// that ends otherwise has a result of its own.
+			if held, ready := g.hold(ctx, out, res); ready {
 				res = g.try(ctx, out)
 			} else {
-				res.kind, res.wrote = failRejected, out.wrote
+				res = held
 			}
-			continue
+		case wait:
+			pause(ctx, offlinePoll)
+			res = g.try(ctx, out)
 		case retry:
-			if g.brokersBack(ctx, u, res) {
-				res = g.try(ctx, out)
-				continue
-			}
-			if retries >= g.cfg.MaxRetries || !g.budget.acquire() {
-				break
-			}
-			retries++
 			g.metrics.retries.Inc()
-			traced := g.traceAttempt(ctx, out.u, telemetry.EventRetry, res, 0)
+			traced := g.traceAttempt(ctx, u, telemetry.EventRetry, res, 0)
 			res = g.try(ctx, out)
 			traced()
-			g.budget.release()
-			continue
+			b.shared.release()
 		case resume:
-			// A resume must find the retry budget open, but does not hold
-			// it: it continues work already admitted, on the replica that
-			// takes over what the failed one no longer carries, so a drain
-			// can hand over every stream at once.
-			if !g.budget.acquire() {
-				g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
-				break
-			}
-			g.budget.release()
-			from := res.replica
-			if cause = res.kind.cause(); !out.resume(res) {
-				cause = ""
-				res.resumable = false
-				continue // judged again: the explicit error
-			}
-			g.resumedFrom(from, res.id)
-			g.log.InfoContext(telemetry.LogContext(ctx, out.u.hdr), "resuming", "from", from, "cause", res.kind.cause(), "tokens", out.carry.tokens,
-				"traceparent", out.u.hdr.Get(subjects.HdrTraceparent))
-			traced := g.traceAttempt(ctx, out.u, telemetry.EventResume, res, out.carry.tokens)
+			resumed = res.kind.cause()
+			out.resume(res)
+			g.resumedFrom(res.replica, res.id)
+			g.log.InfoContext(telemetry.LogContext(ctx, u.hdr), "resuming", "from", res.replica, "cause", resumed, "tokens", out.carry.tokens,
+				"traceparent", u.hdr.Get(subjects.HdrTraceparent))
+			traced := g.traceAttempt(ctx, u, telemetry.EventResume, res, out.carry.tokens)
 			res = g.try(ctx, out)
 			traced()
-			continue
 		default:
-			if res.kind.resumable() && res.accepted && cause == "" {
-				g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
-			}
+			g.countResume(resumed, res)
+			g.conclude(out, res, v)
+			return
 		}
-		break
 	}
-	if cause != "" {
-		outcome := "completed"
-		if res.kind != failNone {
-			outcome = "failed"
-		}
-		g.metrics.resumes.WithLabelValues(cause, outcome).Inc()
+}
+
+// countResume counts, for switchyard_gateway_resumes_total, how a
+// request's continuation ended (resumed: its cause), or that an answer that
+// failed mid-way could not continue.
+func (g *Gateway) countResume(resumed string, res result) {
+	switch {
+	case resumed != "" && res.kind == failNone:
+		g.metrics.resumes.WithLabelValues(resumed, "completed").Inc()
+	case resumed != "":
+		g.metrics.resumes.WithLabelValues(resumed, "failed").Inc()
+	case res.kind.resumable() && res.accepted:
+		g.metrics.resumes.WithLabelValues(res.kind.cause(), "impossible").Inc()
 	}
-	if r, ok := busyLeftNone(u, res); ok {
-		res = r
-	}
-	g.conclude(out, res)
 }
 
 // try makes one attempt, or says why none can be made, and settles it.
+// An answer that failed mid-way comes back with its continuation, when it
+// can have one, for judge to weigh.
 func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	id := nuid.Next()
 	defer func() {
@@ -140,7 +128,7 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 	if ctx.Err() != nil {
 		// The client left or the deadline passed: a new attempt would
 		// only start an engine call nobody waits for.
-		return ctxResult(ctx, "the request deadline passed before a replica answered")
+		return ctxResult(ctx, " before a replica answered")
 	}
 	under := out.u.tries > 0 // an attempt of it went out before
 	out.u.tries++
@@ -148,21 +136,17 @@ func (g *Gateway) try(ctx context.Context, out *response) (res result) {
 		out.u.linkBack = time.Now()
 	} else if !up {
 		if ctx.Err() != nil {
-			return ctxResult(ctx, "the request deadline passed while the gateway's NATS link was down")
+			return ctxResult(ctx, " while the gateway's NATS link was down")
 		}
-		e := errOffline()
 		if g.silent.Load() {
-			e = errSilent(g.cfg.LinkCheck)
+			return result{kind: failOffline, err: errLinkSilent.about(PongsToMiss, g.cfg.LinkCheck)}
 		}
-		if !under {
-			// Nothing of it went anywhere: another gateway may take it
-			// as it is (a load balancer retrying on this header).
-			e.Headers = map[string]string{HdrRetryElsewhere: "1"}
-		}
-		return result{kind: failOffline, err: e}
+		return result{kind: failOffline, err: errOffline}
 	}
 	res = g.attempt(ctx, out, id)
-	res.resumable = res.accepted && res.kind.resumable() && out.canResume()
+	if res.accepted && res.kind.resumable() {
+		res.cont = out.continuation(res)
+	}
 	return res
 }
 
@@ -208,21 +192,13 @@ func (g *Gateway) linkUp(ctx context.Context, wait bool) (ok, waited bool) {
 	}
 }
 
-// brokersBack reports whether res is a no-responders from the brokers'
-// queue group (no replica named) soon after the link came back for the
-// request: the brokers reconnect in their own time, so it is waited out
-// within the offline wait, a poll at a time, without spending a retry.
-func (g *Gateway) brokersBack(ctx context.Context, u *upstream, res result) bool {
-	if res.kind != failNoResponders || res.replica != "" || u.linkBack.IsZero() || time.Since(u.linkBack) >= g.cfg.OfflineWait {
-		return false
-	}
-	t := time.NewTimer(offlinePoll)
+// pause waits d, or less when ctx ends first.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false
 	case <-t.C:
-		return true
 	}
 }
 
@@ -232,23 +208,25 @@ func (g *Gateway) brokersBack(ctx context.Context, u *upstream, res result) bool
 // retriable-headers).
 const HdrRetryElsewhere = "X-Switchyard-Retry-Elsewhere"
 
-// offlinePoll is how often a request waiting for the link looks at it.
+// offlinePoll is how often a request waiting for the link, or for the
+// brokers after it, looks again.
 const offlinePoll = 20 * time.Millisecond
 
-// ctxResult is the result of an attempt whose context ended.
-func ctxResult(ctx context.Context, deadlineMsg string) result {
+// ctxResult is the result of an attempt whose context ended; detail
+// completes the message of a deadline.
+func ctxResult(ctx context.Context, detail string) result {
 	if ctx.Err() == context.DeadlineExceeded {
-		return result{kind: failDeadline, err: errDeadline(deadlineMsg)}
+		return result{kind: failDeadline, err: errDeadline.about(detail)}
 	}
 	return result{kind: failClientGone}
 }
 
-// attempt publishes the request with a fresh reply subject, waits for the
-// accept within the accept timeout, then relays head, data and end in
-// Llm-Seq order. It writes to the client only what the replica answered;
-// every failure is returned for judge. A copy that no broker speaks for
-// within the routed timeout is sent again (leg.resend); the result is the
-// copy's a broker spoke for first, and names its request id.
+// attempt decides and sends the request with a fresh reply subject (the
+// decide and send phases: publish), then its leg relays the reply. It
+// writes to the client only what the replica answered; every failure is
+// returned for judge. A copy that no broker speaks for within the routed
+// timeout is sent again (leg.sendCopy); the result is the copy's a broker
+// spoke for first, and names its request id.
 func (g *Gateway) attempt(ctx context.Context, out *response, id string) result {
 	u := out.u
 	c := g.disp.register(id)
@@ -270,26 +248,17 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 	g.cfg.Stages.Begin(id, u.bodyAt)
 	msg, toBrokers, err := g.publish(c, id, g.replyPfx+id, u, h, body)
 	if err != nil {
-		return result{kind: failLost, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "NATS unavailable: "+err.Error())}
+		return result{kind: failLost, err: errPublish.about(err)}
 	}
 	out.reset()
 	out.attempt = id
 
-	// The accept (or a rejection) within the accept timeout, then the
-	// replica's head, data and end within the idle timeout.
-	timer := time.NewTimer(g.cfg.AcceptTimeout)
-	defer timer.Stop()
-	l := leg{g: g, out: out, c: c, timer: timer, msg: msg, direct: !toBrokers, copies: []sentCopy{{id: id, at: time.Now()}}}
-	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout && toBrokers {
-		// Copies stand in for a request a broker lost; one the gateway
-		// decided itself went to its replica, whose accept timeout rules.
-		l.resend = time.NewTimer(rt)
-	}
+	l := g.newLeg(out, c, msg, !toBrokers, id)
 	defer l.stop()
 	r := l.run(ctx)
-	r.id = l.copies[l.chosen].id
-	for i, c := range l.copies {
-		if i != l.chosen {
+	r.id = l.send.copies[l.send.chosen].id
+	for i, c := range l.send.copies {
+		if i != l.send.chosen {
 			// The copies that lost end their stage records unrecorded:
 			// the chosen copy's marks are the request's.
 			g.cfg.Stages.End(c.id)
@@ -324,6 +293,19 @@ type sentCopy struct {
 	id string    // its request id, the last token of its reply subject
 	at time.Time // when it was published
 }
+
+// phase is where an attempt stands. It is decided and sent (attempt:
+// publish) before its leg begins; the leg then waits in phaseSent for the
+// routed notice and the accept (or a rejection), in phaseAccepted for the
+// head, and relays data in phaseStreaming until the end. Whatever ends it,
+// the result is settled (try) and judged (relay).
+type phase uint8
+
+const (
+	phaseSent phase = iota
+	phaseAccepted
+	phaseStreaming
+)
 
 // leg is one attempt's side of the reply protocol: it waits for the accept
 // (or a rejection), then relays the accepting replica's head, data and end
@@ -361,25 +343,53 @@ type leg struct {
 	g     *Gateway
 	out   *response
 	c     *call
+	phase phase
 	timer *time.Timer // the accept timer, then the idle timer: every message and keepalive resets it
-	probe *time.Timer // the silence probe (nil until the accept, and when off): reset with timer
 
-	msg    *nats.Msg   // the first copy, which the others repeat under their own ids
+	// phaseSent: the copies sent, the replica a broker's notice named,
+	// whether the client left before the request was routed, and the
+	// accept timeouts waited out because the routed replica looked alive.
+	send   sending
+	routed string
+	left   bool
+	waits  int
+
+	// phaseAccepted and phaseStreaming: the replica that accepted, the
+	// Llm-Seq expected next, and the probe of its silence.
+	replica string
+	next    int
+	watch   silence
+}
+
+// sending is the copies of an attempt's request sent so far.
+type sending struct {
+	msg    *nats.Msg   // the first, which the others repeat under their own ids
 	direct bool        // msg went to its replica (this gateway decided), not to the brokers
 	copies []sentCopy  // the copies sent, the first first
 	chosen int         // the copy a broker spoke for (the first until one did)
 	spoken bool        // a broker spoke for copies[chosen]
 	resend *time.Timer // the next copy's (nil when none will be sent)
 	budget bool        // a unit of the copies' budget is held
+}
 
-	routed   string // the replica the broker's notice named
-	left     bool   // the client left before the request was routed
-	accepted bool
-	replica  string // the replica that accepted
-	next     int    // the Llm-Seq expected next
-	missed   int    // probes in a row that found nothing on the replica's subjects
-	asked    bool   // a probe went out and no no-responders came for it yet
-	waits    int    // accept timeouts waited out because the routed replica looked alive
+// silence is the probe of an accepted replica's silence.
+type silence struct {
+	probe  *time.Timer // nil when off
+	missed int         // probes in a row that found nothing on the replica's subjects
+	asked  bool        // a probe went out and no no-responders came for it yet
+}
+
+// newLeg starts the leg of an attempt sent as msg (direct: to its
+// replica) under request id: the accept is due within the accept timeout.
+func (g *Gateway) newLeg(out *response, c *call, msg *nats.Msg, direct bool, id string) *leg {
+	l := &leg{g: g, out: out, c: c, timer: time.NewTimer(g.cfg.AcceptTimeout),
+		send: sending{msg: msg, direct: direct, copies: []sentCopy{{id: id, at: time.Now()}}}}
+	if rt := g.cfg.RoutedTimeout; rt > 0 && rt < g.cfg.AcceptTimeout && !direct {
+		// Copies stand in for a request a broker lost; one the gateway
+		// decided itself went to its replica, whose accept timeout rules.
+		l.send.resend = time.NewTimer(rt)
+	}
+	return l
 }
 
 // run waits for the attempt's reply until it ends or fails.
@@ -387,58 +397,33 @@ func (l *leg) run(ctx context.Context) result {
 	ctxDone := ctx.Done()
 	for {
 		var probe, resend <-chan time.Time
-		if l.probe != nil {
-			probe = l.probe.C
+		if l.watch.probe != nil {
+			probe = l.watch.probe.C
 		}
-		if l.resend != nil {
-			resend = l.resend.C
+		if l.send.resend != nil {
+			resend = l.send.resend.C
 		}
 		select {
 		case <-ctxDone:
-			if !l.accepted && ctx.Err() == context.Canceled && l.routed == "" {
+			if l.phase == phaseSent && ctx.Err() == context.Canceled && l.routed == "" {
 				l.left, ctxDone = true, nil
 				l.stopResending() // nobody waits for another copy
 				continue
 			}
-			r := ctxResult(ctx, "the request deadline passed")
-			r.replica, r.accepted = l.routed, l.accepted
-			if l.accepted {
-				r.replica = l.replica
-			}
-			return r
+			return l.failed(ctxResult(ctx, ""))
 		case <-l.c.overflow:
-			if !l.accepted {
-				return l.leave(result{kind: failOverflow, replica: l.routed,
-					err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply overflowed before the replica accepted")})
+			if l.phase == phaseSent {
+				return l.failed(result{kind: failOverflow, err: errEarlyFlood})
 			}
-			return l.fail(failOverflow, subjects.NewError(502, subjects.CodeUpstreamError, "the client read too slowly; the stream was cut"))
+			return l.failed(result{kind: failOverflow, err: errSlowClient})
 		case <-l.c.lost:
-			if !l.accepted {
-				return l.leave(result{kind: failLost, replica: l.routed, err: errLost()})
-			}
-			return l.fail(failLost, errLost())
+			return l.failed(result{kind: failLost, err: errLost})
 		case <-l.timer.C:
-			switch {
-			case l.accepted:
-				return l.fail(failSilence, errDeadline("replica "+l.replica+" went silent"))
-			case l.routed == "":
-				return l.leave(result{kind: failNotRouted, err: errDeadline("no broker routed the request in time")})
+			if r, over := l.timedOut(); over {
+				return r
 			}
-			if l.waitLonger() {
-				continue
-			}
-			// The broker chose a replica that did not accept: it is
-			// stopped, and the retry goes elsewhere if anywhere else
-			// is left (settle).
-			return result{kind: failAcceptTimeout, replica: l.routed,
-				err: errDeadline("replica " + l.routed + " did not accept the request in time")}
 		case <-probe:
-			if l.asked {
-				l.missed = 0 // the last probe found the adapter there
-			}
-			l.asked = true
-			l.g.probe(l.replica, l.reply())
-			l.probe.Reset(l.g.cfg.ProbeAfter)
+			l.askReplica()
 		case <-resend:
 			l.sendCopy()
 		case m := <-l.c.ch:
@@ -451,6 +436,34 @@ func (l *leg) run(ctx context.Context) result {
 			}
 		}
 	}
+}
+
+// failed is r, a failure of the attempt, with what its phase knows: the
+// replica it was routed to before the accept (unless the client left
+// meanwhile: leave), the replica that accepted after it.
+func (l *leg) failed(r result) result {
+	if l.phase == phaseSent {
+		r.replica = l.routed
+		return l.leave(r)
+	}
+	r.replica, r.accepted = l.replica, true
+	return r
+}
+
+// timedOut is the accept or the idle timer's end: the attempt fails,
+// unless the routed replica looks alive and the attempt waits longer.
+func (l *leg) timedOut() (r result, over bool) {
+	switch {
+	case l.phase != phaseSent:
+		return l.failed(result{kind: failSilence, err: errSilence.about(l.replica)}), true
+	case l.routed == "":
+		return l.failed(result{kind: failNotRouted, err: errNotRouted}), true
+	case l.waitLonger():
+		return r, false
+	}
+	// The broker chose a replica that did not accept: it is stopped, and
+	// the retry goes elsewhere if anywhere else is left (settle).
+	return l.failed(result{kind: failAcceptTimeout, err: errNotAccepted.about(l.routed)}), true
 }
 
 // AcceptWaits bounds how many accept timeouts an attempt of a gateway
@@ -480,11 +493,11 @@ func (l *leg) waitLonger() bool {
 	}
 	l.waits++
 	l.g.metrics.acceptWaits.Inc()
-	if l.direct {
+	if l.send.direct {
 		// The request once more, under the same id, in case the first
 		// was lost on the way (a route to a server that was cut): an
 		// adapter that has it already drops this one.
-		if err := l.g.nc.PublishMsg(l.msg); err == nil {
+		if err := l.g.nc.PublishMsg(l.send.msg); err == nil {
 			l.g.metrics.acceptResends.Inc()
 		}
 	}
@@ -509,41 +522,41 @@ func (g *Gateway) alive(replica, reply string, since time.Time) bool {
 }
 
 // reply is the reply subject of the attempt's copy.
-func (l *leg) reply() string { return l.g.replyPfx + l.copies[l.chosen].id }
+func (l *leg) reply() string { return l.g.replyPfx + l.send.copies[l.send.chosen].id }
 
 // sendCopy publishes another copy of the request, with a request id of its
 // own, while no broker has spoken for one; and sets the timer of the next.
 func (l *leg) sendCopy() {
-	l.resend = nil
-	if l.spoken || l.left {
+	l.send.resend = nil
+	if l.send.spoken || l.left {
 		return
 	}
-	if !l.budget {
+	if !l.send.budget {
 		if !l.g.budget.acquireCopy() {
 			return // too many attempts send copies: wait as before
 		}
-		l.budget = true
+		l.send.budget = true
 	}
 	id := nuid.Next()
-	h := make(nats.Header, len(l.msg.Header))
-	for k, v := range l.msg.Header {
+	h := make(nats.Header, len(l.send.msg.Header))
+	for k, v := range l.send.msg.Header {
 		h[k] = v
 	}
 	h[subjects.HdrRequestID] = []string{id}
 	l.g.disp.add(l.c, id)
-	l.g.cfg.Stages.Copy(l.copies[0].id, id)
+	l.g.cfg.Stages.Copy(l.send.copies[0].id, id)
 	l.g.cfg.Stages.Mark(id, stages.Published) // before the write, as publish
-	if err := l.g.nc.PublishMsg(&nats.Msg{Subject: l.msg.Subject, Reply: l.g.replyPfx + id, Header: h, Data: l.msg.Data}); err != nil {
+	if err := l.g.nc.PublishMsg(&nats.Msg{Subject: l.send.msg.Subject, Reply: l.g.replyPfx + id, Header: h, Data: l.send.msg.Data}); err != nil {
 		l.g.cfg.Stages.End(id)
 		return
 	}
-	l.copies = append(l.copies, sentCopy{id: id, at: time.Now()})
+	l.send.copies = append(l.send.copies, sentCopy{id: id, at: time.Now()})
 	l.g.metrics.resends.Inc()
 	// The next a routed timeout after this one was due, counted from
 	// the first: a timer late on a busy machine sends no fewer copies.
-	next := time.Duration(len(l.copies)) * l.g.cfg.RoutedTimeout
-	if len(l.copies) < MaxCopies && next < l.g.cfg.AcceptTimeout {
-		l.resend = time.NewTimer(time.Until(l.copies[0].at.Add(next)))
+	next := time.Duration(len(l.send.copies)) * l.g.cfg.RoutedTimeout
+	if len(l.send.copies) < MaxCopies && next < l.g.cfg.AcceptTimeout {
+		l.send.resend = time.NewTimer(time.Until(l.send.copies[0].at.Add(next)))
 	}
 }
 
@@ -553,27 +566,27 @@ func (l *leg) sendCopy() {
 // cancel it.
 func (l *leg) mine(subject string, f reply.Frame) bool {
 	id := subject[strings.LastIndexByte(subject, '.')+1:]
-	i := slices.IndexFunc(l.copies, func(c sentCopy) bool { return c.id == id })
+	i := slices.IndexFunc(l.send.copies, func(c sentCopy) bool { return c.id == id })
 	if i < 0 {
 		return false // a copy whose publication failed
 	}
-	if !l.spoken {
+	if !l.send.spoken {
 		if f.Kind == reply.Unknown || f.Kind == reply.Keepalive {
-			return i == l.chosen
+			return i == l.send.chosen
 		}
-		l.spoken, l.chosen = true, i
+		l.send.spoken, l.send.chosen = true, i
 		// The stages the gateway stamps from now on are the chosen
 		// copy's.
 		l.out.attempt = id
 		l.stopResending()
-		if i > 0 && !l.accepted {
+		if i > 0 && l.phase == phaseSent {
 			// Its accept is due an accept timeout after its own
 			// publication.
-			l.timer.Reset(time.Until(l.copies[i].at.Add(l.g.cfg.AcceptTimeout)))
+			l.timer.Reset(time.Until(l.send.copies[i].at.Add(l.g.cfg.AcceptTimeout)))
 		}
 		return true
 	}
-	if i == l.chosen {
+	if i == l.send.chosen {
 		return true
 	}
 	switch f.Kind {
@@ -590,92 +603,103 @@ func (l *leg) mine(subject string, f reply.Frame) bool {
 
 // stopResending sends no more copies and gives the copies' budget back.
 func (l *leg) stopResending() {
-	if l.resend != nil {
-		l.resend.Stop()
-		l.resend = nil
+	if l.send.resend != nil {
+		l.send.resend.Stop()
+		l.send.resend = nil
 	}
-	if l.budget {
+	if l.send.budget {
 		l.g.budget.releaseCopy()
-		l.budget = false
+		l.send.budget = false
 	}
 }
 
 // on handles one reply message; over reports that the attempt ended, and
-// r how.
+
+// on handles one reply frame in the attempt's phase; over reports that
+// the attempt ended, and r how.
 func (l *leg) on(f reply.Frame) (r result, over bool) {
-	switch f.Kind {
-	case reply.Routed:
-		if l.accepted {
-			return r, false // the broker's notice, overtaken by the accept
-		}
-		l.routed = f.Replica
-		if v := f.Header.Get(subjects.HdrRouteBudget); v != "" {
-			l.out.budgetLeft = v
-		}
-		if l.left {
-			return l.leave(result{replica: l.routed}), true
-		}
-		return r, false
-	case reply.Keepalive:
-		if l.accepted {
+	if f.Kind == reply.Keepalive {
+		if l.phase != phaseSent {
 			// A keepalive repeats the last seq sent: slow, not dead.
 			l.heard()
 		}
 		return r, false
-	case reply.NoResponders:
-		if !l.accepted && l.routed != "" {
-			// Nothing listens on the routed replica's subjects: the
-			// forward (or the probe of waitLonger) found it gone. A
-			// gateway that decides takes it out of its own candidates
-			// until its next heartbeat, if it is silent past dead_after
-			// (one kept by the panic threshold), so the next requests do
-			// not try it again.
-			if l.g.dec != nil {
-				l.g.dec.Router().MarkGone(l.routed, time.Now())
+	}
+	if l.phase == phaseSent {
+		switch f.Kind {
+		case reply.Routed:
+			l.routedTo(f.Replica, f.Header.Get(subjects.HdrRouteBudget))
+			if l.left {
+				return l.leave(result{replica: l.routed}), true
 			}
-			return l.leave(result{kind: failNoResponders, replica: l.routed, err: errGone(l.routed)}), true
-		}
-		if !l.accepted {
-			// No broker is listening.
-			return l.leave(result{kind: failNoResponders, err: subjects.NewError(503, subjects.CodeRouterUnavailable, "no broker is available")}), true
-		}
-		return l.noResponders()
-	case reply.Unknown:
-		if !l.accepted {
+			return r, false
+		case reply.NoResponders:
+			return l.noneListens(), true
+		case reply.Error:
+			return l.rejection(f), true
+		case reply.Accept:
+			return l.accept(f)
+		case reply.Unknown:
 			return r, false
 		}
-	case reply.Error:
-		if !l.accepted {
-			return l.rejection(f), true
-		}
-	case reply.Accept:
-		if !l.accepted {
-			return l.accept(f)
-		}
-	case reply.Head, reply.Data, reply.End, reply.Handover:
-		if f.Kind == reply.Head {
-			l.g.cfg.Stages.Mark(l.out.attempt, stages.GatewayFirstChunk)
-		}
-		if !l.accepted && f.Replica != "" {
-			// The accept rode on the head: the engine answered within the
-			// adapter's accept delay.
-			if r, over := l.accept(f); over {
-				return r, over
-			}
-		}
-		if !l.accepted {
+		if f.Replica == "" {
 			// A message from after the accept, without the accept: it
 			// was lost with a NATS connection. The rest is no answer.
-			return l.leave(result{kind: failSequenceGap, replica: l.routed, accepted: true, ended: f.End,
-				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply lost its accept (sequence gap)")}), true
+			return l.leave(result{kind: failSequenceGap, replica: l.routed, accepted: true, ended: f.End, err: errLostAccept}), true
 		}
-		if f.Seq == l.next {
+		// The accept rode on the head: the engine answered within the
+		// adapter's accept delay.
+		if r, over := l.accept(f); over {
+			return r, over
+		}
+	}
+	switch f.Kind {
+	case reply.Routed:
+		return r, false // the broker's notice, overtaken by the accept
+	case reply.NoResponders:
+		return l.unanswered()
+	case reply.Head, reply.Data, reply.End, reply.Handover:
+		// One head, the first message after the accept.
+		if f.Seq == l.next && (f.Kind != reply.Head || l.phase == phaseAccepted) {
 			l.next++
 			l.heard()
 			return l.answer(f)
 		}
 	}
-	return l.fail(failSequenceGap, subjects.NewError(502, subjects.CodeUpstreamError, "reply from "+l.replica+" lost a message (sequence gap)")), true
+	return l.fail(failSequenceGap, errSequenceGap.about(l.replica)), true
+}
+
+// routedTo takes the decision that routed the attempt to replica, and what
+// is left of the request's budget after its reservation ("" when it is
+// under none).
+func (l *leg) routedTo(replica, budgetLeft string) {
+	l.routed = replica
+	if budgetLeft != "" {
+		l.out.budgetLeft = budgetLeft
+	}
+}
+
+// noneListens is NATS's no-responders before the accept.
+func (l *leg) noneListens() result {
+	if l.routed != "" {
+		// Nothing listens on the routed replica's subjects: the forward
+		// (or the probe of waitLonger) found it gone. A gateway that
+		// decides takes it out of its own candidates until its next
+		// heartbeat, if it is silent past dead_after (one kept by the
+		// panic threshold), so the next requests do not try it again.
+		if l.g.dec != nil {
+			l.g.dec.Router().MarkGone(l.routed, time.Now())
+		}
+		return l.leave(result{kind: failNoResponders, replica: l.routed, err: errGone.about(l.routed)})
+	}
+	// No broker is listening. Soon after the gateway's link came back
+	// for the request, the brokers are reconnecting in their own time:
+	// the request waits for them (judge), within the offline wait.
+	kind := failNoResponders
+	if u := l.out.u; !u.linkBack.IsZero() && time.Since(u.linkBack) < l.g.cfg.OfflineWait {
+		kind = failBrokersBack
+	}
+	return l.leave(result{kind: kind, err: errNoBroker})
 }
 
 // leave is r, unless the client left while the request was being routed:
@@ -692,7 +716,7 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	if l.left {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}
-	l.accepted, l.replica, l.next = true, f.Replica, 1
+	l.phase, l.replica, l.next = phaseAccepted, f.Replica, 1
 	if u := l.out.u; u.admitted && !u.accepted {
 		// The router's part is over: the first attempt's time from
 		// going out to its accept, less what the adapter says it held the
@@ -701,7 +725,7 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 		// the whole time, is no sample.
 		if u.tries == 1 {
 			now := time.Now()
-			if rtt := now.Sub(l.copies[0].at); f.Held >= 0 && f.Held <= rtt {
+			if rtt := now.Sub(l.send.copies[0].at); f.Held >= 0 && f.Held <= rtt {
 				l.g.conc.observe(rtt-f.Held, now)
 			}
 		}
@@ -710,68 +734,96 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	}
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {
-		l.probe = time.NewTimer(p)
+		l.watch.probe = time.NewTimer(p)
 	}
 	return r, false
 }
 
 // stop stops the leg's timers and gives back what it holds.
 func (l *leg) stop() {
-	if l.probe != nil {
-		l.probe.Stop()
+	l.timer.Stop()
+	if l.watch.probe != nil {
+		l.watch.probe.Stop()
 	}
 	l.stopResending()
 }
 
-// rejection is the result of a broker's or an adapter's rejection: a cold
-// model to hold for, or what response.rejection makes of it.
+// rejection is the result of a broker's or an adapter's rejection f: a
+// cold model to hold for; a replica that turned the request away (full,
+// all_replicas_busy, or draining, no_replicas), to retry elsewhere; for a
+// continuation no broker could place, the failure it resumed from; else
+// the rejection for the client.
 func (l *leg) rejection(f reply.Frame) result {
 	if l.left {
 		return l.leave(result{ended: true}) // rejected: nothing started
 	}
-	if l.out.cont == nil && l.g.holdable(f) {
+	status := cmp.Or(f.Status, 502)
+	rep := f.Header.Get(subjects.HdrRouteReplica)
+	switch {
+	case l.out.cont == nil && l.g.holdable(f):
 		return result{kind: failCold, ended: true, rejection: &f, err: rejectionError(f)}
+	case rep != "" && (status == 429 || status == 503):
+		e := errBusy.about(rep, "")
+		if rejectionError(f).Code == subjects.CodeNoReplicas {
+			e = errDraining.about(rep)
+		}
+		e.retryAfter = retryAfter(f.Header)
+		return result{kind: failRefused, replica: rep, ended: true, err: e}
+	case l.out.cont != nil:
+		l.g.log.Info("cannot resume", "why", cmp.Or(rejectionError(f).Message, "status "+strconv.Itoa(status)))
+		return result{kind: failUnplaced, ended: true, err: cmp.Or(l.out.failed, error(errUnplaced))}
 	}
-	return l.out.rejection(f)
+	return result{kind: failRejected, ended: true, rejection: &f, err: rejectionError(f)}
 }
 
 // heard restarts the silence timers: the replica is alive.
 func (l *leg) heard() {
 	l.timer.Reset(l.g.cfg.IdleTimeout)
-	if l.probe != nil {
-		l.probe.Reset(l.g.cfg.ProbeAfter)
+	if l.watch.probe != nil {
+		l.watch.probe.Reset(l.g.cfg.ProbeAfter)
 	}
-	l.missed, l.asked = 0, false
+	l.watch.missed, l.watch.asked = 0, false
 }
 
 // probesToFail is how many probes in a row must find nothing on a silent
 // replica's subjects before its answer fails as gone.
 const probesToFail = 2
 
-// noResponders is NATS's no-responders to the silence probe: nothing
+// askReplica sends the silence probe.
+func (l *leg) askReplica() {
+	if l.watch.asked {
+		l.watch.missed = 0 // the last probe found the adapter there
+	}
+	l.watch.asked = true
+	l.g.probe(l.replica, l.reply())
+	l.watch.probe.Reset(l.g.cfg.ProbeAfter)
+}
+
+// unanswered is NATS's no-responders to the silence probe: nothing
 // listens on the replica's subjects. One that answers no probe says
 // nothing.
-func (l *leg) noResponders() (r result, over bool) {
-	if !l.asked {
+func (l *leg) unanswered() (r result, over bool) {
+	if !l.watch.asked {
 		return r, false
 	}
-	l.asked = false
-	if l.missed++; l.missed < probesToFail {
-		l.probe.Reset(l.g.cfg.ProbeAfter / 5)
+	l.watch.asked = false
+	if l.watch.missed++; l.watch.missed < probesToFail {
+		l.watch.probe.Reset(l.g.cfg.ProbeAfter / 5)
 		return r, false
 	}
-	return l.fail(failGone, errGone(l.replica)), true
+	return l.fail(failGone, errGone.about(l.replica)), true
 }
 
 // answer handles the accepted replica's next message in sequence.
 func (l *leg) answer(f reply.Frame) (r result, over bool) {
 	if f.Kind == reply.Handover {
 		// Handed back, with or without a head before it.
-		r = l.fail(failHandover, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+" drained before the answer ended"))
+		r = l.fail(failHandover, errHandover.about(l.replica))
 		r.ended = true
 		return r, true
 	}
 	if f.Kind == reply.Head {
+		l.g.cfg.Stages.Mark(l.out.attempt, stages.GatewayFirstChunk)
 		refused, err := l.out.head(f, l.replica)
 		switch {
 		case refused != nil:
@@ -785,14 +837,15 @@ func (l *leg) answer(f reply.Frame) (r result, over bool) {
 		}
 		// A head may carry the body and the end too: a non-streamed
 		// answer, or an adapter that failed before the engine answered.
+		l.phase = phaseStreaming
 	}
 	if len(f.Body) > 0 {
 		if err := l.out.data(f.Body); err != nil {
 			switch {
 			case errors.Is(err, errEngineEvent):
-				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response"))
+				r = l.fail(failEngine, errEngine.about(""))
 			case errors.Is(err, sse.ErrEventTooLarge):
-				r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "replica "+l.replica+": "+err.Error()))
+				r = l.fail(failEngine, errEventSize.about(l.replica, err))
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				// The client stopped reading (the write deadline passed)
 				// or went away: only its own stream ends.
@@ -808,7 +861,12 @@ func (l *leg) answer(f reply.Frame) (r result, over bool) {
 		return r, false
 	}
 	if f.Err != "" {
-		r = l.fail(failEngine, subjects.NewError(502, subjects.CodeUpstreamError, "engine failed mid-response: "+f.Err))
+		r = l.fail(failEngine, errEngine.about(": "+f.Err))
+	} else if held, ok := l.out.heldError(); ok {
+		// A held stream the replica answered with an error: it is
+		// rejected, in the stream's error event (judge).
+		r = l.fail(failRejected, rejectionError(held))
+		r.rejection = &held
 	} else {
 		l.out.finish()
 		r = result{replica: l.replica, accepted: true}
@@ -818,8 +876,8 @@ func (l *leg) answer(f reply.Frame) (r result, over bool) {
 }
 
 // fail is the result of a failure after the accept.
-func (l *leg) fail(kind failure, e *subjects.APIError) result {
-	return result{kind: kind, err: e, replica: l.replica, accepted: true}
+func (l *leg) fail(kind failure, err error) result {
+	return result{kind: kind, err: err, replica: l.replica, accepted: true}
 }
 
 // probe asks NATS whether anything still listens on replica's cancel

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -37,7 +39,7 @@ type response struct {
 	carry  *carry
 	cont   []byte
 	model  string
-	failed *subjects.APIError // the failure a continuation is resuming from
+	failed error // the failure a continuation is resuming from
 	// attempt is the request id of the attempt under way: the stage
 	// recorder's key.
 	attempt string
@@ -75,37 +77,19 @@ func (s *response) following() *carry {
 	return s.carry
 }
 
-// rejection is the result of a broker's or adapter's rejection: a refusal
-// to retry when a replica turned the request away while draining, the
-// failure a continuation resumed from when no broker could place it, else
-// the rejection for the client.
-func (s *response) rejection(f reply.Frame) result {
-	status := cmp.Or(f.Status, 502)
-	if rep := f.Header.Get(subjects.HdrRouteReplica); rep != "" && (status == 429 || status == 503) {
-		// A replica with no room says all_replicas_busy; one draining
-		// says no_replicas, and is not asked again (settle).
-		code := subjects.CodeAllReplicasBusy
-		if rejectionError(f).Code == subjects.CodeNoReplicas {
-			code = subjects.CodeNoReplicas
-		}
-		e := &subjects.APIError{Status: http.StatusServiceUnavailable, Code: code, Message: "replica " + rep + " turned the request away"}
-		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
-			e.RetryAfter = time.Duration(n) * time.Second
-		}
-		return result{kind: failRefused, replica: rep, ended: true, err: e}
+// retryAfter is the Retry-After a replica's frame carries, whole seconds
+// up to maxRetryAfter (0: none, or not a number in range).
+func retryAfter(h nats.Header) time.Duration {
+	n, err := strconv.Atoi(h.Get(subjects.HdrRetryAfter))
+	if err != nil || n <= 0 || n > maxRetryAfter {
+		return 0
 	}
-	if s.cont != nil {
-		// A continuation no broker could place (no other replica): the
-		// client gets the failure it would have had without one.
-		s.g.log.Info("cannot resume", "why", cmp.Or(rejectionError(f).Message, "status "+strconv.Itoa(status)))
-		e := s.failed
-		if e == nil {
-			e = subjects.NewError(502, subjects.CodeUpstreamError, "the answer could not continue on another replica")
-		}
-		return result{kind: failUnplaced, ended: true, err: e}
-	}
-	return result{kind: failRejected, ended: true, rejection: &f, err: rejectionError(f)}
+	return time.Duration(n) * time.Second
 }
+
+// maxRetryAfter bounds the Retry-After a replica may ask clients to wait,
+// in seconds: a day.
+const maxRetryAfter = 86400
 
 // rejectionError is the error a rejection's body says, for a stream that
 // must end with it as an event.
@@ -140,23 +124,23 @@ func (s *response) passRejection(f reply.Frame) {
 }
 
 // head handles seq 1. refused is set when the replica's engine turned the
-// request away (429/503); err when the client could not be written to.
-func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIError, err error) {
+// request away (429/503), or a continuation's replica did not continue the
+// stream; err when the client could not be written to.
+func (s *response) head(f reply.Frame, replica string) (refused, err error) {
 	status := cmp.Or(f.Status, 502)
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
 		// all_replicas_busy is a 503 whatever the engine said: the
-		// client's answer is about the replicas, not one engine's 429.
-		e := &subjects.APIError{Status: http.StatusServiceUnavailable, Code: subjects.CodeAllReplicasBusy, Message: "replica " + replica + " turned the request away (" + strconv.Itoa(status) + ")"}
-		if n, err := strconv.Atoi(f.Header.Get(subjects.HdrRetryAfter)); err == nil && n > 0 {
-			e.RetryAfter = time.Duration(n) * time.Second // the engine's hint, if retries run out
-		}
+		// client's answer is about the replicas, not one engine's 429;
+		// the engine's hint goes with it, if retries run out.
+		e := errBusy.about(replica, " ("+strconv.Itoa(status)+")")
+		e.retryAfter = retryAfter(f.Header)
 		return e, nil
 	}
 	ct := f.Header.Get(subjects.HdrContent)
 	if s.wrote && !s.held {
 		// A continuation of a stream the client has: it must be one too.
 		if status != http.StatusOK || !sse.IsEventStream(ct) {
-			return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" did not continue the stream (status "+strconv.Itoa(status)+")"), nil
+			return errNotContinued.about(replica, status), nil
 		}
 		return nil, nil
 	}
@@ -167,7 +151,7 @@ func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIErr
 	if s.held {
 		// The 200 and the SSE headers went out when the hold began: the
 		// answer goes on in that stream, a non-streamed one whole at its
-		// end (finish).
+		// end (finish), an error as the stream's error event (heldError).
 		if s.sse = status == http.StatusOK && sse.IsEventStream(ct); s.sse {
 			s.held = false
 			s.following()
@@ -193,15 +177,22 @@ func (s *response) head(f reply.Frame, replica string) (refused *subjects.APIErr
 	if !s.sse {
 		return nil, nil
 	}
+	s.startStream()
+	s.following()
+	s.firstByte()
+	return nil, s.rc.Flush()
+}
+
+// startStream sends the status and the headers of a server-sent event
+// stream (its Content-Type already set): from here on the client has bytes.
+func (s *response) startStream() {
+	hd := s.w.Header()
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
 	s.rc = http.NewResponseController(s.w)
-	s.following()
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 	s.w.WriteHeader(s.status)
 	s.wrote = true
-	s.firstByte()
-	return nil, s.rc.Flush()
 }
 
 // data relays one chunk: written and flushed for SSE, buffered otherwise so
@@ -237,17 +228,25 @@ func (s *response) event(ev []byte) error {
 	return err
 }
 
+// heldError is the rejection a held stream's answer is when its replica
+// answered with an error status: the relay ends the stream with it as an
+// error event (judge); ok is false for any other answer.
+func (s *response) heldError() (f reply.Frame, ok bool) {
+	if !s.held || s.status == http.StatusOK {
+		return f, false
+	}
+	s.held = false
+	s.firstByte()
+	return reply.Frame{Kind: reply.Error, Status: s.status, Body: s.buf.Bytes()}, true
+}
+
 // finish completes a whole answer: written at once when buffered.
 func (s *response) finish() {
 	if s.held {
-		// A held stream answered without one: an error becomes the
-		// stream's error event, anything else goes as it came.
+		// A held stream answered without one (a 200 that is not an
+		// event stream): it goes as it came, in the stream begun.
 		s.held = false
 		s.firstByte()
-		if s.status != http.StatusOK {
-			s.endStream(rejectionError(reply.Frame{Status: s.status, Body: s.buf.Bytes()}))
-			return
-		}
 		_ = s.rc.SetWriteDeadline(time.Now().Add(s.g.cfg.WriteTimeout))
 		_, _ = s.w.Write(s.buf.Bytes())
 		_ = s.rc.Flush()
@@ -282,13 +281,9 @@ func (s *response) endStream(e *subjects.APIError) {
 // its 200 and SSE headers go out with the first comment, so what the
 // relay writes later goes on in this one stream.
 func (s *response) startHold() {
-	h := s.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	s.w.WriteHeader(http.StatusOK)
-	s.rc = http.NewResponseController(s.w)
-	s.wrote, s.held, s.sse, s.status = true, true, false, http.StatusOK
+	s.w.Header().Set("Content-Type", "text/event-stream")
+	s.held, s.sse, s.status = true, false, http.StatusOK
+	s.startStream()
 }
 
 // comment writes an SSE comment: proxies see traffic, clients ignore it.

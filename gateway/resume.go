@@ -22,7 +22,7 @@ import (
 const MaxCarried = 256 << 10
 
 // maxResumes is how many times one request is continued on another
-// replica.
+// replica (judge's budgets).
 const maxResumes = 1
 
 // carry follows a streamed answer so it can continue on another replica:
@@ -331,16 +331,16 @@ func (c *carry) next(from string) {
 	c.from = from
 }
 
-// canResume reports whether the answer can continue on another replica.
-func (s *response) canResume() bool {
+// continuation is the body that continues the answer r failed in, or nil,
+// with the reason logged, when it cannot continue: the request does not
+// allow it, the answer so far cannot be carried or was whole, or the
+// continuation is over the body limit. Nothing is committed until the
+// relay resumes (resume).
+func (s *response) continuation(r result) []byte {
 	c := s.following()
-	return c.on && !c.finished && c.parts < maxResumes
-}
-
-// resume prepares the continuation of a failed part; false, with the
-// reason logged, when it cannot be built.
-func (s *response) resume(r result) bool {
-	c := s.carry
+	if !c.on || c.finished {
+		return nil
+	}
 	b, why := c.continuation(s.u.body)
 	if why == "" && int64(len(b)) > s.g.maxBody {
 		why = "the continuation is over the body limit"
@@ -348,11 +348,15 @@ func (s *response) resume(r result) bool {
 	if why != "" {
 		c.stop(why)
 		s.g.log.Info("cannot resume", "from", r.replica, "why", why)
-		return false
+		return nil
 	}
-	c.next(r.replica)
-	s.cont, s.failed = b, r.err
-	return true
+	return b
+}
+
+// resume makes r's continuation the body of the attempts to come.
+func (s *response) resume(r result) {
+	s.carry.next(r.replica)
+	s.cont, s.failed = r.cont, r.err
 }
 
 // continuationHeaders marks an attempt as a continuation: the replica it

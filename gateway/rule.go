@@ -1,9 +1,10 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/reply"
@@ -11,13 +12,15 @@ import (
 )
 
 // failure is how an attempt ended, failNone being a whole answer. Every
-// kind maps to one verdict by judge, the relay's only rule.
+// kind maps to one verdict by judge, the relay's only rule; TestJudge has
+// a row for each (TestJudgeRowsEveryKind reads this block).
 type failure uint8
 
 const (
-	failNone          failure = iota // the client has its answer (or a rejection copied whole)
+	failNone          failure = iota // the client has its answer
 	failOffline                      // the gateway is not connected to NATS: not even tried
-	failNoResponders                 // no broker listens on llm.route.<tenant>, or nothing on the routed replica's subjects
+	failNoResponders                 // no broker listens on llm.gw.<tenant>, or nothing on the routed replica's subjects
+	failBrokersBack                  // no broker listens yet, moments after the gateway's NATS link came back
 	failNotRouted                    // no broker routed the request within the accept timeout
 	failAcceptTimeout                // the routed replica did not accept within the accept timeout
 	failRefused                      // a replica or its engine turned the request away (429/503)
@@ -68,10 +71,13 @@ func (f failure) cause() string {
 	return ""
 }
 
-// result is what one attempt returns to the relay.
+// result is what one attempt, or a hold, returns to the relay.
 type result struct {
 	kind failure
-	err  *subjects.APIError // what the client is told, if anything
+	// err is what the client is told, if anything: one of the named
+	// errors below, or the refusal or rejection a replica or broker sent
+	// (*subjects.APIError).
+	err error
 	// replica is the replica the attempt reached ("" when none was named);
 	// it is cancelled unless ended, left out of a retry after a failure or
 	// a refusal, and tried again after an accept timeout only when no
@@ -80,9 +86,10 @@ type result struct {
 	accepted bool // the replica accepted: its reply is on the way
 	ended    bool // the reply's end (Llm-Eos) arrived: nothing left to cancel
 	wrote    bool // bytes reached the client
-	// resumable: the answer can continue on another replica (the request
-	// allows it and the resumes are not spent).
-	resumable bool
+	// cont is the body of the continuation when the answer can continue
+	// on another replica (nil: it cannot): the request allows it and the
+	// answer so far can be carried.
+	cont []byte
 	// rejection is the rejection of a failCold or failRejected, as the
 	// broker or replica sent it.
 	rejection *reply.Frame
@@ -103,46 +110,82 @@ const (
 	abandon                  // the client is gone: nothing left to tell it
 	hold                     // the model is loading: hold the request until it is ready
 	rejected                 // nothing reached the client: the rejection, copied whole
+	wait                     // the brokers are reconnecting: try again after a poll, spending no retry
 )
 
 func (v verdict) String() string {
-	return [...]string{"answered", "retry", "resume", "http_error", "end_stream", "abandon", "hold", "rejected"}[v]
+	return [...]string{"answered", "retry", "resume", "http_error", "end_stream", "abandon", "hold", "rejected", "wait"}[v]
+}
+
+// budgets is what a request may still spend on attempts after its first:
+// retries, at most MaxRetries, each holding a unit of the gateway's retry
+// budget (shared) for its try; and resumes, at most maxResumes, each
+// needing that budget open but not holding it (a resume continues work
+// already admitted, so a drain can hand over every stream at once). judge
+// takes from it; the relay gives a retry's unit back when its try is over.
+type budgets struct {
+	retries, resumes int
+	shared           *retryBudget
+}
+
+// retry takes a retry, if one is left.
+func (b *budgets) retry() bool {
+	if b.retries <= 0 || !b.shared.acquire() {
+		return false
+	}
+	b.retries--
+	return true
+}
+
+// resume takes a resume, if one is left and the retry budget is open.
+func (b *budgets) resume() bool {
+	if b.resumes <= 0 || !b.shared.acquire() {
+		return false
+	}
+	b.shared.release()
+	b.resumes--
+	return true
 }
 
 // judge is the relay's one rule, in one place as in httputil.ReverseProxy:
-// a failure before the replica did any work is retried on another replica
-// (a retry of a continuation is still a continuation); a replica that
-// failed mid-answer is resumed on another when the request allows it;
+// every result of an attempt or a hold comes here, and what it returns is
+// what the relay does. A failure before the replica did any work is
+// retried on another replica while the budgets allow (a retry of a
+// continuation is still a continuation); a replica that failed mid-answer
+// is resumed on another when the request allows it and the budgets do;
 // otherwise an HTTP error before the first byte, and after it the stream
 // ends with an explicit error event, never a silent truncation. A request
 // for a cold model that says to wait is held; a rejection the client gets
 // goes to it as it came, or as the error event of a stream already begun
 // (a held one).
-func judge(r result) verdict {
-	switch {
-	case r.kind == failNone:
-		return answered
-	case r.kind == failClientGone || r.kind == failClientWrite:
-		return abandon
-	}
+func judge(r result, b *budgets) verdict {
 	switch r.kind {
+	case failNone:
+		return answered
+	case failClientGone, failClientWrite:
+		return abandon
 	case failCold:
 		return hold
+	case failBrokersBack:
+		return wait
 	case failRejected:
 		if !r.wrote {
 			return rejected
 		}
 	case failNoResponders, failNotRouted, failAcceptTimeout, failRefused:
-		return retry
+		if b.retry() {
+			return retry
+		}
 	case failLost:
 		// Before the accept no replica has the request for sure; after
 		// it, a retry could run it twice.
-		if !r.accepted {
+		if !r.accepted && b.retry() {
 			return retry
 		}
-	}
-	if r.resumable && r.accepted && r.kind.resumable() {
-		return resume
+	default:
+		if r.accepted && r.kind.resumable() && r.cont != nil && b.resume() {
+			return resume
+		}
 	}
 	if r.wrote {
 		return endStream
@@ -186,10 +229,10 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		// is left out of the retry, so another replica, or the model's
 		// fallbacks, serve it. A full one is remembered: a request that
 		// then finds no replica left was refused for want of room, not
-		// of replicas (busyLeftNone).
+		// of replicas (conclude).
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
-			if r.err != nil && r.err.Code == subjects.CodeAllReplicasBusy {
+			if errors.Is(r.err, errBusy) {
 				u.busy = r.err
 			}
 		}
@@ -205,28 +248,8 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	}
 }
 
-// busyLeftNone is the refusal a request ends with when its last attempt
-// found no replica (no_replicas) only because the ones it tried were full:
-// all_replicas_busy, with the engine's Retry-After, says what happened;
-// "no replica is available" would blame replicas that are alive.
-func busyLeftNone(u *upstream, r result) (result, bool) {
-	if u.busy == nil || r.kind != failRejected || r.wrote || r.err == nil || r.err.Code != subjects.CodeNoReplicas {
-		return r, false
-	}
-	return result{kind: failRefused, err: u.busy, ended: true}, true
-}
-
-// conclude tells the client what the last attempt's verdict leaves to say.
-// A retry or resume left over (its budget spent) ends as an error, as
-// judge would have it with none left.
-func (g *Gateway) conclude(out *response, r result) {
-	v := judge(r)
-	if v == retry || v == resume {
-		v = httpError
-		if r.wrote {
-			v = endStream
-		}
-	}
+// conclude writes what the final verdict v on r leaves to say.
+func (g *Gateway) conclude(out *response, r result, v verdict) {
 	if out.budgetLeft != "" && !out.wrote {
 		// An answer under a budget says what is left of it, an error the
 		// replica or the gateway made included.
@@ -234,11 +257,25 @@ func (g *Gateway) conclude(out *response, r result) {
 	}
 	switch v {
 	case rejected:
+		if busy := out.u.busy; busy != nil && rejectionError(*r.rejection).Code == subjects.CodeNoReplicas {
+			// No replica was left only because the ones tried were
+			// full: all_replicas_busy, with the engine's Retry-After,
+			// says what happened; "no replica is available" would blame
+			// replicas that are alive.
+			g.fail(out.w, out.u, apiError(busy))
+			return
+		}
 		out.passRejection(*r.rejection)
 	case httpError:
-		g.fail(out.w, out.u, r.err)
+		e := apiError(r.err)
+		if r.kind == failOffline && out.u.tries == 1 {
+			// Nothing of it went anywhere: another gateway may take it
+			// as it is (a load balancer retrying on this header).
+			e.Headers = map[string]string{HdrRetryElsewhere: "1"}
+		}
+		g.fail(out.w, out.u, e)
 	case endStream:
-		out.endStream(r.err)
+		out.endStream(apiError(r.err))
 		if r.kind == failOverflow {
 			// A client that stopped reading would keep its connection
 			// for as long as it likes: once told of the cut (as far as
@@ -251,41 +288,75 @@ func (g *Gateway) conclude(out *response, r result) {
 	}
 }
 
-// Errors of the failures the gateway itself detects.
+// relayError is a failure the gateway names itself. The values below are
+// the names, compared with errors.Is; about makes one of them specific
+// (the replica it concerns), still Is the name. apiError renders it.
+type relayError struct {
+	status     int
+	code       string
+	msg        string        // what the client reads; a format for about where it has verbs
+	retryAfter time.Duration // the hint with it (0: none)
+	name       *relayError   // the named value this one is of (nil: it is one)
+}
+
+func (e *relayError) Error() string { return e.msg }
+
+// Is reports whether target is the named value e is of.
+func (e *relayError) Is(target error) bool { return e.name != nil && error(e.name) == target }
+
+// about is e with its message's format filled in.
+func (e *relayError) about(args ...any) *relayError {
+	c := *e
+	c.msg, c.name = fmt.Sprintf(e.msg, args...), e
+	return &c
+}
+
+// The failures the gateway names.
+var (
+	errOffline      = &relayError{status: 503, code: subjects.CodeRouterUnavailable, msg: "the gateway is not connected to NATS", retryAfter: time.Second}
+	errLinkSilent   = &relayError{status: 503, code: subjects.CodeRouterUnavailable, msg: "the gateway's NATS link is silent (no pong to %d pings in a row, %s apart)", retryAfter: time.Second}
+	errPublish      = &relayError{status: 503, code: subjects.CodeRouterUnavailable, msg: "NATS unavailable: %v"}
+	errLost         = &relayError{status: 503, code: subjects.CodeRouterUnavailable, msg: "the gateway lost its NATS connection while the request was in flight", retryAfter: time.Second}
+	errNoBroker     = &relayError{status: 503, code: subjects.CodeRouterUnavailable, msg: "no broker is available"}
+	errNotRouted    = &relayError{status: 504, code: subjects.CodeUpstreamTimeout, msg: "no broker routed the request in time"}
+	errNotAccepted  = &relayError{status: 504, code: subjects.CodeUpstreamTimeout, msg: "replica %s did not accept the request in time"}
+	errBusy         = &relayError{status: 503, code: subjects.CodeAllReplicasBusy, msg: "replica %s turned the request away%s"}
+	errDraining     = &relayError{status: 503, code: subjects.CodeNoReplicas, msg: "replica %s turned the request away"}
+	errLostAccept   = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "the reply lost its accept (sequence gap)"}
+	errSequenceGap  = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "reply from %s lost a message (sequence gap)"}
+	errSilence      = &relayError{status: 504, code: subjects.CodeUpstreamTimeout, msg: "replica %s went silent"}
+	errGone         = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "replica %s is gone (nothing listens on its subjects)"}
+	errEngine       = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "engine failed mid-response%s"}
+	errEventSize    = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "replica %s: %v"}
+	errHandover     = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "replica %s drained before the answer ended"}
+	errNotContinued = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "replica %s did not continue the stream (status %d)"}
+	errUnplaced     = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "the answer could not continue on another replica"}
+	errEarlyFlood   = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "the reply overflowed before the replica accepted"}
+	errSlowClient   = &relayError{status: 502, code: subjects.CodeUpstreamError, msg: "the client read too slowly; the stream was cut"}
+	errDeadline     = &relayError{status: http.StatusGatewayTimeout, code: subjects.CodeUpstreamTimeout, msg: "the request deadline passed%s"}
+)
+
+// apiError is what the client is told of err, in the OpenAI shape: a new
+// value, which the caller may add headers to. nil stays nil.
+func apiError(err error) *subjects.APIError {
+	var ae *subjects.APIError
+	if err == nil || errors.As(err, &ae) {
+		if ae != nil {
+			c := *ae
+			return &c
+		}
+		return nil
+	}
+	var re *relayError
+	if !errors.As(err, &re) {
+		return subjects.NewError(502, subjects.CodeUpstreamError, err.Error())
+	}
+	return &subjects.APIError{Status: re.status, Code: re.code, Message: re.msg, RetryAfter: re.retryAfter}
+}
 
 // errOverloaded refuses a request past the gateway's concurrency limit.
 func errOverloaded() *subjects.APIError {
 	e := subjects.NewError(503, subjects.CodeGatewayOverloaded, "The gateway is at its limit of open requests; retry later.")
 	e.RetryAfter = time.Second
 	return e
-}
-
-func errOffline() *subjects.APIError {
-	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway is not connected to NATS")
-	e.RetryAfter = time.Second
-	return e
-}
-
-// errSilent is the error of a request sent while the NATS link is silent.
-func errSilent(check time.Duration) *subjects.APIError {
-	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway's NATS link is silent (no pong to "+strconv.Itoa(PongsToMiss)+" pings in a row, "+check.String()+" apart)")
-	e.RetryAfter = time.Second
-	return e
-}
-
-// errLost is the error of a request whose replies may have been lost with
-// the NATS connection.
-func errLost() *subjects.APIError {
-	e := subjects.NewError(503, subjects.CodeRouterUnavailable, "the gateway lost its NATS connection while the request was in flight")
-	e.RetryAfter = time.Second
-	return e
-}
-
-// errGone is the error of a replica where nothing listens any more.
-func errGone(replica string) *subjects.APIError {
-	return subjects.NewError(502, subjects.CodeUpstreamError, "replica "+replica+" is gone (nothing listens on its subjects)")
-}
-
-func errDeadline(msg string) *subjects.APIError {
-	return subjects.NewError(http.StatusGatewayTimeout, subjects.CodeUpstreamTimeout, msg)
 }
