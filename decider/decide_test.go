@@ -224,44 +224,46 @@ func TestDecideInProcessAsABroker(t *testing.T) {
 	}
 }
 
-// BenchmarkDecideInProcess is a gateway's in-process decision per request: the
-// typed request decided, the features the replica reads and the route
-// headers written into the request's header; NATS I/O excluded. Set
-// beside BenchmarkRoutePath, the same request parsed from headers.
+// BenchmarkDecideInProcess is a gateway's decision per request, NATS I/O
+// excluded: typed, as a gateway that decides makes it (the features the
+// replica reads and the route headers written into the request's header),
+// and through headers, as it was made before and as a broker makes it (the
+// features encoded, Handle decoding them and writing the route headers).
 func BenchmarkDecideInProcess(b *testing.B) {
-	for _, n := range []int{8, 64, 1024} {
-		b.Run(fmt.Sprintf("candidates=%d", n), func(b *testing.B) {
-			now := time.Unix(1_800_000_000, 0)
-			dec := newTestBroker(b, n, now)
-			s := NewScratch()
-			sl := NewScratch()
-			// The features as the gateway's headers carry them, decoded once.
-			sent := gatewayHeaders()
-			if e := dec.fillRequest(sl, "default", false, sent, nil); e != nil {
-				b.Fatal(e)
-			}
-			in := &Request{Policy: sl.req, Reply: "_INBOX.gw.1", Body: []byte(`{"model":"chat-large"}`)}
-			in.Policy.Prompt = nil
-			h := nats.Header{subjects.HdrRequestID: {"req-1"}}
-			in.Header = h
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				in.Policy.Conversation = strconv.Itoa(i & 1023)
-				if _, e := dec.Decide(s, in); e != nil {
+	for _, via := range []string{"typed", "headers"} {
+		for _, n := range []int{8, 1024} {
+			b.Run(fmt.Sprintf("via=%s/candidates=%d", via, n), func(b *testing.B) {
+				now := time.Unix(1_800_000_000, 0)
+				dec := newTestBroker(b, n, now)
+				s := NewScratch()
+				sl := NewScratch()
+				// The features of the gateway's request, typed.
+				if e := dec.fillRequest(sl, "default", false, gatewayHeaders(), nil); e != nil {
 					b.Fatal(e)
 				}
-				// As in BenchmarkRoutePath, every header but the
-				// request id is new for each request.
-				for k := range h {
-					if k != subjects.HdrRequestID {
-						delete(h, k)
+				in := &Request{Policy: sl.req, Reply: "_INBOX.gw.1", Body: []byte(`{"model":"chat-large"}`)}
+				in.Policy.Prompt = nil
+				b.ReportAllocs()
+				for i := 0; b.Loop(); i++ {
+					// Each request's header is new, the request id in it.
+					h := nats.Header{subjects.HdrRequestID: {"req-1"}}
+					in.Policy.Conversation = strconv.Itoa(i & 1023)
+					if via == "typed" {
+						in.Header = h
+						if _, e := dec.Decide(s, in); e != nil {
+							b.Fatal(e)
+						}
+					} else {
+						in.Encode(h)
+						if a := dec.Handle(s, "llm.gw.default", in.Reply, h, in.Body); a.Do != DoForward {
+							b.Fatal(a.Err)
+						}
+					}
+					for len(dec.out) > 0 {
+						<-dec.out
 					}
 				}
-				for len(dec.out) > 0 {
-					<-dec.out
-				}
-			}
-		})
+			})
+		}
 	}
 }

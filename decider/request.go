@@ -57,7 +57,8 @@ type Route struct {
 // form a request takes to cross the network to a broker.
 func (q *Request) Encode(h nats.Header) {
 	p := &q.Policy
-	encodeReplica(h, p, nil)
+	var s Scratch
+	encodeReplica(h, p, &s)
 	if p.Conversation != "" {
 		h[subjects.HdrConversation] = []string{p.Conversation}
 	}
@@ -84,30 +85,27 @@ func (q *Request) Encode(h nats.Header) {
 // encodeReplica writes the features the replica's adapter reads from the
 // request's header (docs/protocol.md): the model asked for, endpoint,
 // priority, token counts, deadline, prefix blocks and the continuation.
-// With s, the values are cut from its arrays (setHeader).
+// The values are cut from s's arrays (setHeader).
 func encodeReplica(h nats.Header, p *policy.Request, s *Scratch) {
-	set := func(k, v string) { h[k] = []string{v} }
-	if s != nil {
-		set = func(k, v string) { s.setHeader(h, k, v) }
-	}
-	set(subjects.HdrModel, p.Model)
-	set(subjects.HdrEndpoint, p.Endpoint)
+	set := s.setHeader
+	set(h, subjects.HdrModel, p.Model)
+	set(h, subjects.HdrEndpoint, p.Endpoint)
 	if p.Priority != "" {
-		set(subjects.HdrPriority, p.Priority)
+		set(h, subjects.HdrPriority, p.Priority)
 	}
-	set(subjects.HdrPromptTokens, strconv.Itoa(p.PromptTokens))
+	set(h, subjects.HdrPromptTokens, strconv.Itoa(p.PromptTokens))
 	if p.MaxTokens > 0 {
-		set(subjects.HdrMaxTokens, strconv.Itoa(p.MaxTokens))
+		set(h, subjects.HdrMaxTokens, strconv.Itoa(p.MaxTokens))
 	}
 	if !p.Deadline.IsZero() {
-		set(subjects.HdrDeadline, strconv.FormatInt(p.Deadline.UnixMilli(), 10))
+		set(h, subjects.HdrDeadline, strconv.FormatInt(p.Deadline.UnixMilli(), 10))
 	}
 	if len(p.Prefix) > 0 {
-		set(subjects.HdrPrefix, features.FormatPrefixHeader(p.Prefix))
+		set(h, subjects.HdrPrefix, features.FormatPrefixHeader(p.Prefix))
 	}
 	if p.ResumeFrom != "" {
-		set(subjects.HdrResume, p.ResumeFrom)
-		set(subjects.HdrResumeTokens, strconv.Itoa(p.ResumeTokens))
+		set(h, subjects.HdrResume, p.ResumeFrom)
+		set(h, subjects.HdrResumeTokens, strconv.Itoa(p.ResumeTokens))
 	}
 }
 
