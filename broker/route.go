@@ -55,18 +55,20 @@ func (b *Broker) send(s *decider.Scratch, subject, reply string, h nats.Header, 
 			// (docs/architecture.md, "Decisions").
 			// A gateway hears it on its routed subject, where only
 			// brokers publish (subjects.RoutedFor).
-			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.Replica(), Header: s.NoticeHeader()}
+			notice := replyproto.Frame{Kind: replyproto.Routed, Replica: a.Route.Replica, Header: s.NoticeHeader()}
 			_ = b.nc.PublishMsg(notice.Msg(b.subj.RoutedFor(reply)))
 		}
-		if err := b.nc.PublishMsg(&a.Msg); err != nil && reply != "" {
-			b.dec.Reject(&a.Msg, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
-			_ = b.nc.PublishMsg(&a.Msg)
+		if err := b.nc.PublishMsg(&a.Route.Msg); err != nil && reply != "" {
+			var m nats.Msg
+			b.dec.Reject(&m, reply, subjects.NewError(503, subjects.CodeRouterUnavailable, "broker could not forward: "+err.Error()))
+			_ = b.nc.PublishMsg(&m)
 		}
 		b.cfg.Stages.Mark(b.stageID(h), stages.Forwarded)
 	case decider.DoRefuse:
 		if reply != "" {
-			b.dec.Reject(&a.Msg, reply, a.Err)
-			_ = b.nc.PublishMsg(&a.Msg)
+			var m nats.Msg
+			b.dec.Reject(&m, reply, a.Err)
+			_ = b.nc.PublishMsg(&m)
 		}
 	}
 	b.dec.Release(s)

@@ -14,7 +14,7 @@ import (
 // body. Every direct client's request comes here (fillRequest removed the
 // headers it may not set); the gateway always sets them, so its requests
 // never do.
-func (b *Decider) scanBody(s *Scratch, h nats.Header) *subjects.APIError {
+func (dec *Decider) scanBody(s *Scratch, h nats.Header) *subjects.APIError {
 	fr := features.Request{Prompt: s.prompt} // rendered into the pooled buffer
 	if err := features.ParseRequestInto(&fr, s.req.Endpoint, s.body); err != nil {
 		if pe, ok := err.(*features.ParseError); ok {
@@ -49,7 +49,7 @@ func (b *Decider) scanBody(s *Scratch, h nats.Header) *subjects.APIError {
 	}
 	s.prompt = fr.Prompt
 	if len(q.Prefix) == 0 {
-		if t := b.router.Table(); t != nil {
+		if t := dec.router.Table(); t != nil {
 			s.prefix = features.AppendPrefix(s.prefix[:0], s.prompt, t.Policy.PrefixBlockChars, t.Policy.PrefixMaxBlocks)
 			q.Prefix = s.prefix
 		}

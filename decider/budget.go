@@ -187,9 +187,9 @@ const defaultOutput = 4096
 // the answer carry (price, key id, remaining). A request under no budget,
 // or of a model without a price, reserves nothing. A continuation is
 // charged but never refused: it was admitted once.
-func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.APIError {
+func (dec *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.APIError {
 	d := &s.d
-	snap := b.router.Table()
+	snap := dec.router.Table()
 	delete(h, subjects.HdrRouteBudget)
 	delete(h, subjects.HdrPrice)
 	delete(h, subjects.HdrKeyID)
@@ -202,17 +202,14 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	}
 	var key *table.Key
 	var keyID string
-	if hash := h.Get(subjects.HdrKey); hash != "" {
-		// The key's hash goes no further than the decider: the replica
-		// and the ledger get its id.
-		delete(h, subjects.HdrKey)
+	if hash := s.key; hash != "" {
 		if k, ok := snap.Keys[hash]; ok && k.Tenant == tenant && len(hash) >= 12 {
 			key, keyID = &k, hash[:12]
 			s.setHeader(h, subjects.HdrKeyID, keyID)
 		}
 	}
 	model := snap.Models[d.Model]
-	pr := b.budgets.priceOf(model)
+	pr := dec.budgets.priceOf(model)
 	price := pr.price
 	t, rules := snap.TenantRules(tenant)
 	var needs [2]budget.Need
@@ -255,7 +252,7 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 			needs[i].Budget.AlertOnly = true
 		}
 	}
-	sp, err := b.budgets.spender(context.Background())
+	sp, err := dec.budgets.spender(context.Background())
 	var left budget.Micro
 	var ref *budget.Refusal
 	hold := budget.Hold{Amount: worst, Price: price, Batch: batch, Tenant: tenant, Model: d.Model}
@@ -269,10 +266,10 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 	if err != nil {
 		msg := "the spend of this request's budget could not be reached; try again"
 		if errors.Is(err, errNoBucket) {
-			msg = "this request is under a budget, and the budgets' bucket " + b.budgets.bucket + " does not exist (switchyard table init creates it)"
+			msg = "this request is under a budget, and the budgets' bucket " + dec.budgets.bucket + " does not exist (switchyard table init creates it)"
 		}
-		if _, logged := b.logged.LoadOrStore("budget-unavailable", true); !logged {
-			b.log.Warn("requests under a budget are refused: its spend cannot be reached (logged once)", "err", err)
+		if _, logged := dec.logged.LoadOrStore("budget-unavailable", true); !logged {
+			dec.log.Warn("requests under a budget are refused: its spend cannot be reached (logged once)", "err", err)
 		}
 		e := subjects.NewError(503, subjects.CodeRouterUnavailable, msg)
 		e.RetryAfter = time.Second
@@ -282,11 +279,11 @@ func (b *Decider) charge(s *Scratch, tenant string, h nats.Header) *subjects.API
 		// The policy charged the request's tokens to its quota and its
 		// pool's in flight: nothing will be served, so a usage of nothing
 		// settles them.
-		b.router.ObserveUsage(&subjects.Usage{RequestID: q.ID, Tenant: tenant}, s.start)
+		dec.router.ObserveUsage(&subjects.Usage{RequestID: q.ID, Tenant: tenant}, s.start)
 		return budgetRefusal(ref, worst, snap.Currency(), s.start)
 	}
 	if needs[0].Kind == budget.KindTenant {
-		b.budgets.left(tenant, left)
+		dec.budgets.left(tenant, left)
 	}
 	v := s.amount(left)
 	s.setHeader(h, subjects.HdrRouteBudget, v)
@@ -324,8 +321,8 @@ func budgetRefusal(r *budget.Refusal, worst budget.Micro, currency string, now t
 // cached part at the cached price) and the output. A usage claiming more
 // than twice the reservation is charged twice the reservation: only
 // adapters publish usage, but a claim is not a bill.
-func (b *Decider) settleBudget(u *subjects.Usage) {
-	sp := b.budgets.bound()
+func (dec *Decider) settleBudget(u *subjects.Usage) {
+	sp := dec.budgets.bound()
 	if sp == nil || u.RequestID == "" {
 		return
 	}
@@ -334,7 +331,7 @@ func (b *Decider) settleBudget(u *subjects.Usage) {
 		prompt = u.PromptTokens
 	}
 	if h, cost, ok := sp.SettleUsage(u.RequestID, prompt, u.CachedTokens, u.CompletionTokens); ok && cost > 0 {
-		b.budgets.spent(h.Tenant, h.Model, cost)
+		dec.budgets.spent(h.Tenant, h.Model, cost)
 	}
 }
 
@@ -352,15 +349,15 @@ type BudgetEvent struct {
 	At        int64   `json:"at_unix_ms"`
 }
 
-func (b *Decider) budgetCrossed(c budget.Crossing) {
+func (dec *Decider) budgetCrossed(c budget.Crossing) {
 	ev := &BudgetEvent{Tenant: c.Need.Tenant, Share: c.Share, Spent: c.Spent.Amount(), Limit: c.Need.Budget.Limit,
-		Period: c.Need.Budget.Period, AlertOnly: c.Need.Budget.AlertOnly, At: b.cfg.Now().UnixMilli()}
+		Period: c.Need.Budget.Period, AlertOnly: c.Need.Budget.AlertOnly, At: dec.cfg.Now().UnixMilli()}
 	if c.Need.Kind == budget.KindKey {
 		ev.Key = c.Need.Name
 	}
-	b.enqueue(b.subj.BudgetEvent(c.Need.Tenant), ev)
+	dec.enqueue(dec.subj.BudgetEvent(c.Need.Tenant), ev)
 }
 
 // Spender is the bound budget spender (nil until a request needed one),
 // for tests and the dashboard.
-func (b *Decider) Spender() *budget.Spender { return b.budgets.bound() }
+func (dec *Decider) Spender() *budget.Spender { return dec.budgets.bound() }

@@ -101,8 +101,8 @@ func TestHandleChargesTheBudget(t *testing.T) {
 		switch a.Do {
 		case DoForward:
 			forwarded++
-			if a.Msg.Header.Get(subjects.HdrRouteBudget) == "" || a.Msg.Header.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" {
-				t.Fatalf("forwarded without the budget's headers: %v", a.Msg.Header)
+			if a.Route.Msg.Header.Get(subjects.HdrRouteBudget) == "" || a.Route.Msg.Header.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" {
+				t.Fatalf("forwarded without the budget's headers: %v", a.Route.Msg.Header)
 			}
 		case DoRefuse:
 			refused = a.Err
@@ -152,7 +152,7 @@ func TestDirectClientCannotForgeThePriceTheKeyOrTheLedgerID(t *testing.T) {
 	if a.Do != DoForward {
 		t.Fatalf("not forwarded: %v", a.Err)
 	}
-	got := a.Msg.Header
+	got := a.Route.Msg.Header
 	if got.Get(subjects.HdrPrice) != "3000000,3000000,15000000,1000" || got.Get(subjects.HdrKey) != "" ||
 		got.Get(subjects.HdrKeyID) != "" || got.Get(subjects.HdrClientRequestID) != "" || got.Get(subjects.HdrRouteBudget) == "1000000" ||
 		len(got.Values(subjects.HdrBudgetHold)) != 1 || !strings.HasPrefix(got.Get(subjects.HdrBudgetHold), br.budgets.holder+" tenant.default.") {

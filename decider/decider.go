@@ -2,9 +2,10 @@
 // process: the load view built from heartbeats, the placements, quota
 // reservations and in-flight counts shared with every other decider, the
 // presence that divides quotas between them, and the request path that
-// turns a message's headers into a decision (broker/policy) and the
-// message for the chosen replica. Brokers and gateways both decide with
-// it; neither imports the other.
+// turns a request into a decision (broker/policy) and the message for the
+// chosen replica. A gateway decides a typed Request (Decide); a broker
+// decodes one from a message's headers first (Handle). Brokers and
+// gateways both decide with it; neither imports the other.
 package decider
 
 import (
@@ -143,7 +144,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 		cfg.Now = time.Now
 	}
 	subj := subjects.New(cfg.Prefix)
-	b := &Decider{
+	dec := &Decider{
 		nc:     nc,
 		cfg:    cfg,
 		subj:   subj,
@@ -155,64 +156,64 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
 		clock:  monotime.New(),
 	}
-	b.router = policy.New(policy.Config{Self: cfg.ID, Region: cfg.Region, OnEject: b.ejected})
-	b.metrics = newMetrics(cfg.Registerer, b)
-	b.scratch.New = func() any { return NewScratch() }
-	b.peers.init(cfg.ID, cfg.Component == "broker")
+	dec.router = policy.New(policy.Config{Self: cfg.ID, Region: cfg.Region, OnEject: dec.ejected})
+	dec.metrics = newMetrics(cfg.Registerer, dec)
+	dec.scratch.New = func() any { return NewScratch() }
+	dec.peers.init(cfg.ID, cfg.Component == "broker")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	b.budgets = newBudgets(js, &b.cfg, b.log, cfg.Registerer, b.budgetCrossed)
-	b.owners = cfg.Owners
-	if b.owners == nil {
-		b.owners = owners.NewReader(js, cfg.OwnersBucket)
+	dec.budgets = newBudgets(js, &dec.cfg, dec.log, cfg.Registerer, dec.budgetCrossed)
+	dec.owners = cfg.Owners
+	if dec.owners == nil {
+		dec.owners = owners.NewReader(js, cfg.OwnersBucket)
 	}
-	return b, nil
+	return dec, nil
 }
 
 // ID is this decider's id.
-func (b *Decider) ID() string { return b.cfg.ID }
+func (dec *Decider) ID() string { return dec.cfg.ID }
 
 // Router exposes the policy state (for the dashboard and tests).
-func (b *Decider) Router() *policy.Router { return b.router }
+func (dec *Decider) Router() *policy.Router { return dec.router }
 
 // Table returns the routing table in force (nil before the first load).
-func (b *Decider) Table() *table.Snapshot { return b.router.Table() }
+func (dec *Decider) Table() *table.Snapshot { return dec.router.Table() }
 
 // SetTable puts s in force; it is the table watcher's OnSnapshot.
-func (b *Decider) SetTable(s *table.Snapshot) {
-	b.router.SetTable(s)
-	b.metrics.tableLoaded(s, b.cfg.Now())
+func (dec *Decider) SetTable(s *table.Snapshot) {
+	dec.router.SetTable(s)
+	dec.metrics.tableLoaded(s, dec.cfg.Now())
 }
 
 // InvalidValue counts a table value refused as invalid; it is the table
 // watcher's OnInvalid.
-func (b *Decider) InvalidValue(key string, err error) { b.metrics.invalidValue(key, err) }
+func (dec *Decider) InvalidValue(key string, err error) { dec.metrics.invalidValue(key, err) }
 
 // Start opens the subscriptions every decider needs and starts publishing
 // (decisions, placements, presence) until ctx ends or Stop.
-func (b *Decider) Start(ctx context.Context) error {
+func (dec *Decider) Start(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	subs, err := b.subscribe()
-	b.runMu.Lock()
-	b.subs, b.cancel = subs, cancel
-	b.runMu.Unlock()
+	subs, err := dec.subscribe()
+	dec.runMu.Lock()
+	dec.subs, dec.cancel = subs, cancel
+	dec.runMu.Unlock()
 	if err != nil {
-		b.Stop()
+		dec.Stop()
 		return err
 	}
-	b.wg.Go(func() { b.publishLoop(ctx) })
-	b.wg.Go(func() { b.presenceLoop(ctx) })
-	b.wg.Go(func() { b.budgets.run(ctx) })
+	dec.wg.Go(func() { dec.publishLoop(ctx) })
+	dec.wg.Go(func() { dec.presenceLoop(ctx) })
+	dec.wg.Go(func() { dec.budgets.run(ctx) })
 	// A lost connection goes RECONNECTING (or DISCONNECTED first), then
 	// CONNECTED once back; the listener is registered before Start
 	// returns, so no reconnect after it goes unseen.
-	status := b.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED)
-	b.wg.Go(func() { b.watchConnection(ctx, status) })
+	status := dec.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED)
+	dec.wg.Go(func() { dec.watchConnection(ctx, status) })
 	// A decider that starts after the fleet asks the adapters with a
 	// KV-event feed for what their engines hold.
-	b.requestKVSync()
+	dec.requestKVSync()
 	return nil
 }
 
@@ -229,8 +230,8 @@ const lostWindow = 5 * time.Second
 // hold. The absence began when the decider last heard a heartbeat, at most
 // lostWindow before it noticed the loss: a fleet silent longer than that
 // before the loss was silent on its own, and its silence still counts.
-func (b *Decider) watchConnection(ctx context.Context, status chan nats.Status) {
-	defer b.nc.RemoveStatusListener(status)
+func (dec *Decider) watchConnection(ctx context.Context, status chan nats.Status) {
+	defer dec.nc.RemoveStatusListener(status)
 	var lost time.Time
 	for {
 		select {
@@ -242,55 +243,55 @@ func (b *Decider) watchConnection(ctx context.Context, status chan nats.Status) 
 			}
 			switch {
 			case st != nats.CONNECTED && lost.IsZero():
-				now := b.cfg.Now()
-				lost = b.router.LastHeard()
+				now := dec.cfg.Now()
+				lost = dec.router.LastHeard()
 				if lost.Before(now.Add(-lostWindow)) {
 					lost = now.Add(-lostWindow)
 				}
-				b.away.Store(lost.UnixNano())
+				dec.away.Store(lost.UnixNano())
 			case st == nats.CONNECTED && !lost.IsZero():
-				b.router.Reconnected(lost, b.cfg.Now())
+				dec.router.Reconnected(lost, dec.cfg.Now())
 				lost = time.Time{}
-				b.away.Store(0)
-				b.requestKVSync()
+				dec.away.Store(0)
+				dec.requestKVSync()
 			}
 		}
 	}
 }
 
 // Stop closes the subscriptions and waits for the publishers.
-func (b *Decider) Stop() {
-	b.runMu.Lock()
-	subs, cancel := b.subs, b.cancel
-	b.subs = nil
-	b.runMu.Unlock()
+func (dec *Decider) Stop() {
+	dec.runMu.Lock()
+	subs, cancel := dec.subs, dec.cancel
+	dec.subs = nil
+	dec.runMu.Unlock()
 	for _, s := range subs {
 		_ = s.Unsubscribe()
 	}
 	if cancel != nil {
 		cancel()
 	}
-	b.wg.Wait()
+	dec.wg.Wait()
 }
 
 // subscribe opens the plain subscriptions every decider needs: each must
 // see every heartbeat, load delta, placement and usage event, so none is a queue
 // subscription. The heartbeats' is the first (heartbeatsPending reads it).
-func (b *Decider) subscribe() ([]*nats.Subscription, error) {
+func (dec *Decider) subscribe() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
 	for _, s := range []struct {
 		subject string
 		h       nats.MsgHandler
 	}{
-		{b.subj.HeartbeatAll(), b.onHeartbeat},
-		{b.subj.LoadAll(), b.onLoad},
-		{b.subj.PlacementAll(), b.onPlacement},
-		{b.subj.UsageAll(), b.onUsage},
-		{b.subj.BrokerPresence(), b.onPresence},
-		{b.subj.ControlLoadStatus(), b.onLoadStatus},
-		{b.subj.KVAll(), b.onKV},
+		{dec.subj.HeartbeatAll(), dec.onHeartbeat},
+		{dec.subj.LoadAll(), dec.onLoad},
+		{dec.subj.PlacementAll(), dec.onPlacement},
+		{dec.subj.UsageAll(), dec.onUsage},
+		{dec.subj.BrokerPresence(), dec.onPresence},
+		{dec.subj.ControlLoadStatus(), dec.onLoadStatus},
+		{dec.subj.KVAll(), dec.onKV},
 	} {
-		sub, err := b.nc.Subscribe(s.subject, s.h)
+		sub, err := dec.nc.Subscribe(s.subject, s.h)
 		if err != nil {
 			return subs, err
 		}
@@ -301,30 +302,30 @@ func (b *Decider) subscribe() ([]*nats.Subscription, error) {
 }
 
 // publishLoop sends decisions and placements off the request path.
-func (b *Decider) publishLoop(ctx context.Context) {
+func (dec *Decider) publishLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-b.out:
+		case m := <-dec.out:
 			data, err := encode(m.data)
 			if err != nil {
-				b.log.Warn("encode", "subject", m.subject, "err", err)
+				dec.log.Warn("encode", "subject", m.subject, "err", err)
 				continue
 			}
 			msg := nats.NewMsg(m.subject)
-			msg.Header.Set(subjects.HdrBroker, b.cfg.ID)
+			msg.Header.Set(subjects.HdrBroker, dec.cfg.ID)
 			msg.Data = data
-			_ = b.nc.PublishMsg(msg)
+			_ = dec.nc.PublishMsg(msg)
 		}
 	}
 }
 
 // enqueue hands a message to publishLoop without blocking the request path.
-func (b *Decider) enqueue(subject string, v any) {
+func (dec *Decider) enqueue(subject string, v any) {
 	select {
-	case b.out <- outMsg{subject: subject, data: v}:
+	case dec.out <- outMsg{subject: subject, data: v}:
 	default:
-		b.metrics.publishDropped.Inc()
+		dec.metrics.publishDropped.Inc()
 	}
 }

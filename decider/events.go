@@ -13,74 +13,74 @@ import (
 
 func encode(v any) ([]byte, error) { return json.Marshal(v) }
 
-func (b *Decider) onHeartbeat(m *nats.Msg) {
+func (dec *Decider) onHeartbeat(m *nats.Msg) {
 	var hb subjects.Heartbeat
 	unhealthy, err := DecodeHeartbeat(m.Subject, m.Data, &hb)
 	if err != nil {
-		b.metrics.badMessages.WithLabelValues("heartbeat").Inc()
+		dec.metrics.badMessages.WithLabelValues("heartbeat").Inc()
 		return
 	}
 	// Only a replica registered in the table is routed to or measured:
 	// heartbeats of made-up replicas would otherwise grow the load view
 	// and the metric series without bound.
-	if t := b.router.Table(); t == nil || t.Replicas[hb.Replica] == nil {
-		b.refuseUnregistered("heartbeat", hb.Replica)
+	if t := dec.router.Table(); t == nil || t.Replicas[hb.Replica] == nil {
+		dec.refuseUnregistered("heartbeat", hb.Replica)
 		return
 	}
 	if unhealthy {
-		b.metrics.unhealthy.WithLabelValues(hb.Replica).Inc()
+		dec.metrics.unhealthy.WithLabelValues(hb.Replica).Inc()
 	}
 	// A replica that is not ready says nothing of its engine's health
 	// while it fails its scrapes (loading, draining): only a good scrape
 	// clears an exclusion.
-	if (unhealthy || hb.ScrapeOK) && b.health.changed(hb.Replica, unhealthy) {
+	if (unhealthy || hb.ScrapeOK) && dec.health.changed(hb.Replica, unhealthy) {
 		if unhealthy {
-			b.log.Warn("replica excluded: its engine fails health checks (scrape_ok=false)", "replica", hb.Replica)
+			dec.log.Warn("replica excluded: its engine fails health checks (scrape_ok=false)", "replica", hb.Replica)
 		} else {
-			b.log.Info("replica healthy again", "replica", hb.Replica)
+			dec.log.Info("replica healthy again", "replica", hb.Replica)
 		}
 	}
-	b.heard.add(hb.Replica)
-	now := b.cfg.Now()
-	b.router.ObserveHeartbeat(&hb, now)
-	if hb.KVEvents && !b.router.KVSynced(hb.Replica) {
+	dec.heard.add(hb.Replica)
+	now := dec.cfg.Now()
+	dec.router.ObserveHeartbeat(&hb, now)
+	if hb.KVEvents && !dec.router.KVSynced(hb.Replica) {
 		// A feed this decider does not hold exactly (it started late, or
 		// an update was refused): ask for it again, at most once a second.
-		b.requestKVSync()
+		dec.requestKVSync()
 	}
-	b.metrics.heartbeat(&hb, now)
+	dec.metrics.heartbeat(&hb, now)
 }
 
-func (b *Decider) onPlacement(m *nats.Msg) {
-	if m.Header.Get(subjects.HdrBroker) == b.cfg.ID {
+func (dec *Decider) onPlacement(m *nats.Msg) {
+	if m.Header.Get(subjects.HdrBroker) == dec.cfg.ID {
 		return
 	}
 	var p subjects.Placement
 	if err := json.Unmarshal(m.Data, &p); err != nil {
-		b.metrics.badMessages.WithLabelValues("placement").Inc()
+		dec.metrics.badMessages.WithLabelValues("placement").Inc()
 		return
 	}
-	b.router.ObservePlacement(&p)
+	dec.router.ObservePlacement(&p)
 }
 
-func (b *Decider) onUsage(m *nats.Msg) {
+func (dec *Decider) onUsage(m *nats.Msg) {
 	// Usage reserved by another broker is skipped before it is decoded.
-	if id := m.Header.Get(subjects.HdrBroker); id != "" && id != b.cfg.ID {
+	if id := m.Header.Get(subjects.HdrBroker); id != "" && id != dec.cfg.ID {
 		return
 	}
 	var u subjects.Usage
 	if len(m.Data) > maxUsageBytes || json.Unmarshal(m.Data, &u) != nil {
-		b.metrics.badMessages.WithLabelValues("usage").Inc()
+		dec.metrics.badMessages.WithLabelValues("usage").Inc()
 		return
 	}
-	if u.Broker != "" && u.Broker != b.cfg.ID {
+	if u.Broker != "" && u.Broker != dec.cfg.ID {
 		return
 	}
 	// Only a reservation this broker holds is settled, once, for its own
 	// tenant and at most what it reserved.
-	b.settleBudget(&u)
-	if !b.router.ObserveUsage(&u, b.cfg.Now()) {
-		b.refuse(refusedUsage, "usage without a reservation held by this broker ignored", "request", u.RequestID)
+	dec.settleBudget(&u)
+	if !dec.router.ObserveUsage(&u, dec.cfg.Now()) {
+		dec.refuse(refusedUsage, "usage without a reservation held by this broker ignored", "request", u.RequestID)
 	}
 }
 
@@ -174,8 +174,8 @@ func (p *presence) observeNew(a *subjects.Presence, now time.Time, ttl time.Dura
 
 // LiveBrokers is the number of live deciders (brokers and deciding
 // gateways) this one counts, itself included.
-func (b *Decider) LiveBrokers() int {
-	return b.peers.observe(nil, b.cfg.Now(), 3*b.cfg.PresenceEvery).live
+func (dec *Decider) LiveBrokers() int {
+	return dec.peers.observe(nil, dec.cfg.Now(), 3*dec.cfg.PresenceEvery).live
 }
 
 // decodePresence reads an announcement: a Presence, or a bare id (a
@@ -204,37 +204,37 @@ func decodePresence(data []byte) (*subjects.Presence, bool) {
 	return a, true
 }
 
-func (b *Decider) onPresence(m *nats.Msg) {
+func (dec *Decider) onPresence(m *nats.Msg) {
 	a, ok := decodePresence(m.Data)
 	if !ok {
-		b.refuse(refusedPresence, "presence with an invalid decider id, kind or size ignored")
+		dec.refuse(refusedPresence, "presence with an invalid decider id, kind or size ignored")
 		return
 	}
-	if a.ID == b.cfg.ID {
+	if a.ID == dec.cfg.ID {
 		// Its own presence come back: the bus carries to it.
-		b.selfHeard.Store(b.clock.Nanos(b.cfg.Now()))
+		dec.selfHeard.Store(dec.clock.Nanos(dec.cfg.Now()))
 	}
-	sh, ok := b.peers.observeNew(a, b.cfg.Now(), 3*b.cfg.PresenceEvery)
+	sh, ok := dec.peers.observeNew(a, dec.cfg.Now(), 3*dec.cfg.PresenceEvery)
 	if !ok {
-		b.refuse(refusedPresence, "presence beyond the decider limit ignored", "decider", a.ID)
+		dec.refuse(refusedPresence, "presence beyond the decider limit ignored", "decider", a.ID)
 	}
-	b.setShares(sh)
+	dec.setShares(sh)
 }
 
 // setShares puts the counted shares in force.
-func (b *Decider) setShares(sh shares) {
-	b.router.SetDeciders(sh.all, sh.per)
-	b.metrics.liveBrokers.Set(float64(sh.live))
+func (dec *Decider) setShares(sh shares) {
+	dec.router.SetDeciders(sh.all, sh.per)
+	dec.metrics.liveBrokers.Set(float64(sh.live))
 }
 
 // announcement is this decider's presence now: its kind and the tenants it
 // admitted within the last minute (a bucket holds a minute's share).
-func (b *Decider) announcement() []byte {
-	a := subjects.Presence{ID: b.cfg.ID, Kind: subjects.PresenceGateway}
-	if b.peers.broker {
+func (dec *Decider) announcement() []byte {
+	a := subjects.Presence{ID: dec.cfg.ID, Kind: subjects.PresenceGateway}
+	if dec.peers.broker {
 		a.Kind = subjects.PresenceBroker
 	}
-	a.Tenants = b.router.ChargedSince(b.cfg.Now().Add(-time.Minute), nil)
+	a.Tenants = dec.router.ChargedSince(dec.cfg.Now().Add(-time.Minute), nil)
 	if len(a.Tenants) > maxPresenceTenants {
 		a.Tenants = a.Tenants[:maxPresenceTenants]
 	}
@@ -242,19 +242,19 @@ func (b *Decider) announcement() []byte {
 	return data
 }
 
-func (b *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
-	t := time.NewTicker(b.cfg.PresenceEvery)
+func (dec *Decider) presenceLoop(ctx interface{ Done() <-chan struct{} }) {
+	t := time.NewTicker(dec.cfg.PresenceEvery)
 	defer t.Stop()
-	_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
+	_ = dec.nc.Publish(dec.subj.BrokerPresence(), dec.announcement())
 	var lag lagWatch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = b.nc.Publish(b.subj.BrokerPresence(), b.announcement())
-			b.setShares(b.peers.observe(nil, b.cfg.Now(), 3*b.cfg.PresenceEvery))
-			lag.check(b)
+			_ = dec.nc.Publish(dec.subj.BrokerPresence(), dec.announcement())
+			dec.setShares(dec.peers.observe(nil, dec.cfg.Now(), 3*dec.cfg.PresenceEvery))
+			lag.check(dec)
 		}
 	}
 }
@@ -272,45 +272,45 @@ const heartbeatsPendingHigh = 5000
 // and one log line per episode say so. Owned by presenceLoop.
 type lagWatch struct{ lagging bool }
 
-func (w *lagWatch) check(b *Decider) {
-	now := b.clock.Nanos(b.cfg.Now())
-	pending := b.heartbeatsPending()
-	echo := b.selfHeard.Load()
-	stale := echo != 0 && now-echo > int64(3*b.cfg.PresenceEvery)
+func (w *lagWatch) check(dec *Decider) {
+	now := dec.clock.Nanos(dec.cfg.Now())
+	pending := dec.heartbeatsPending()
+	echo := dec.selfHeard.Load()
+	stale := echo != 0 && now-echo > int64(3*dec.cfg.PresenceEvery)
 	lagging := stale || pending >= heartbeatsPendingHigh
-	b.router.SetLagging(lagging)
+	dec.router.SetLagging(lagging)
 	switch {
 	case lagging && !w.lagging:
-		b.metrics.observerLags.Inc()
-		b.log.Warn("this decider lags behind the bus: the replicas' silence meanwhile is taken as its own, and they are kept",
+		dec.metrics.observerLags.Inc()
+		dec.log.Warn("this decider lags behind the bus: the replicas' silence meanwhile is taken as its own, and they are kept",
 			"own_presence_age", time.Duration(now-echo).Round(time.Millisecond), "heartbeats_pending", pending)
 	case !lagging && w.lagging:
-		b.log.Info("this decider keeps up with the bus again")
+		dec.log.Info("this decider keeps up with the bus again")
 	}
 	w.lagging = lagging
 }
 
 // heartbeatsPending is the backlog on the heartbeat subscription (0
 // before Start and after Stop).
-func (b *Decider) heartbeatsPending() int {
-	b.runMu.Lock()
-	defer b.runMu.Unlock()
-	if len(b.subs) == 0 {
+func (dec *Decider) heartbeatsPending() int {
+	dec.runMu.Lock()
+	defer dec.runMu.Unlock()
+	if len(dec.subs) == 0 {
 		return 0
 	}
-	n, _, _ := b.subs[0].Pending()
+	n, _, _ := dec.subs[0].Pending()
 	return max(n, 0)
 }
 
 // onLoadStatus takes a loader's progress report on a cold model, so that
 // model_loading's Retry-After is the time the load has left.
-func (b *Decider) onLoadStatus(m *nats.Msg) {
+func (dec *Decider) onLoadStatus(m *nats.Msg) {
 	var st subjects.LoadStatus
 	if len(m.Data) > maxLoadStatusBytes || json.Unmarshal(m.Data, &st) != nil || len(st.Model) > subjects.MaxModelChars {
-		b.metrics.badMessages.WithLabelValues("load_status").Inc()
+		dec.metrics.badMessages.WithLabelValues("load_status").Inc()
 		return
 	}
-	b.router.ObserveLoad(&st, b.cfg.Now())
+	dec.router.ObserveLoad(&st, dec.cfg.Now())
 }
 
 // maxLoadStatusBytes bounds a load status (its error text included).
@@ -318,35 +318,35 @@ const maxLoadStatusBytes = 16 << 10
 
 // refuse counts a message refused for what it claims, and logs the first
 // of each kind: a flood of forgeries must not become a flood of log lines.
-func (b *Decider) refuse(kind, msg string, args ...any) {
-	b.metrics.refused.WithLabelValues(kind).Inc()
-	b.warnOnce(kind, msg, args...)
+func (dec *Decider) refuse(kind, msg string, args ...any) {
+	dec.metrics.refused.WithLabelValues(kind).Inc()
+	dec.warnOnce(kind, msg, args...)
 }
 
 // refuseUnregistered counts a message (what: heartbeat, load delta,
 // KV-cache update) of a replica not registered in the table, and logs the
 // first of a replica that stays unregistered past unregisteredGrace: a
 // new replica's messages may come before its registration.
-func (b *Decider) refuseUnregistered(what, replica string) {
-	b.metrics.refused.WithLabelValues(refusedReplica).Inc()
-	if waited, late := b.unregistered.late(replica, b.cfg.Now()); late {
-		b.warnOnce(refusedReplica, what+" of a replica not registered in the table ignored",
+func (dec *Decider) refuseUnregistered(what, replica string) {
+	dec.metrics.refused.WithLabelValues(refusedReplica).Inc()
+	if waited, late := dec.unregistered.late(replica, dec.cfg.Now()); late {
+		dec.warnOnce(refusedReplica, what+" of a replica not registered in the table ignored",
 			"replica", truncate(replica, 128), "unregistered_for", waited.Round(time.Second))
 	}
 }
 
 // warnOnce logs the first refusal of each kind.
-func (b *Decider) warnOnce(kind, msg string, args ...any) {
-	if _, logged := b.logged.LoadOrStore(kind, true); !logged {
-		b.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
+func (dec *Decider) warnOnce(kind, msg string, args ...any) {
+	if _, logged := dec.logged.LoadOrStore(kind, true); !logged {
+		dec.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
 	}
 }
 
 // RefuseReply counts, and logs once, a request dropped for a reply subject
 // outside the reply space: an attack, not a client.
-func (b *Decider) RefuseReply(reply string) {
-	b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+func (dec *Decider) RefuseReply(reply string) {
+	dec.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
 }
 
 // InReplySpace reports whether reply is a subject a decider may answer on.
-func (b *Decider) InReplySpace(reply string) bool { return b.subj.InReplySpace(reply) }
+func (dec *Decider) InReplySpace(reply string) bool { return dec.subj.InReplySpace(reply) }

@@ -185,8 +185,8 @@ func (h *heard) done() {
 // joined the queue group cold, or a gateway that decided cold, would answer
 // no_replicas to its requests until the first heartbeats came in (a rolling
 // restart would show them). It reports false when ctx ended.
-func (b *Decider) WarmUp(ctx context.Context, wait time.Duration) bool {
-	defer b.heard.done()
+func (dec *Decider) WarmUp(ctx context.Context, wait time.Duration) bool {
+	defer dec.heard.done()
 	if wait < 0 {
 		return true
 	}
@@ -195,14 +195,14 @@ func (b *Decider) WarmUp(ctx context.Context, wait time.Duration) bool {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if b.heard.all(b.router.Table()) {
+		if dec.heard.all(dec.router.Table()) {
 			return true
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
-			b.log.Warn("joining the queue group without a heartbeat from every ready replica", "waited", wait)
+			dec.log.Warn("joining the queue group without a heartbeat from every ready replica", "waited", wait)
 			return true
 		case <-tick.C:
 		}

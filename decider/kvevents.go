@@ -17,41 +17,41 @@ import (
 // let adapter-<replica> publish on llm.kv.<replica> alone), only for a
 // replica registered in the table, and only up to the capacity it declares
 // (docs/security.md, "Bounds").
-func (b *Decider) onKV(m *nats.Msg) {
+func (dec *Decider) onKV(m *nats.Msg) {
 	var u subjects.KVUpdate
 	if len(m.Data) > subjects.MaxKVUpdateBytes || json.Unmarshal(m.Data, &u) != nil {
-		b.metrics.badMessages.WithLabelValues("kv").Inc()
+		dec.metrics.badMessages.WithLabelValues("kv").Inc()
 		return
 	}
 	if i := strings.LastIndexByte(m.Subject, '.'); i < 0 || m.Subject[i+1:] != u.Replica {
-		b.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", truncate(u.Replica, 128))
+		dec.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", truncate(u.Replica, 128))
 		return
 	}
-	t := b.router.Table()
+	t := dec.router.Table()
 	if t == nil || t.Replicas[u.Replica] == nil {
-		b.refuseUnregistered("KV-cache update", u.Replica)
+		dec.refuseUnregistered("KV-cache update", u.Replica)
 		return
 	}
 	if r := t.Replicas[u.Replica]; u.Model != r.Model {
 		// The model is the index's key and a metric's label: a replica
 		// speaks only for the model it registered, or names would grow
 		// without bound.
-		b.refuse(refusedReplica, "KV-cache update for a model its replica does not serve ignored", "replica", u.Replica, "model", truncate(u.Model, 128))
+		dec.refuse(refusedReplica, "KV-cache update for a model its replica does not serve ignored", "replica", u.Replica, "model", truncate(u.Model, 128))
 		return
 	}
-	err := b.router.ObserveKV(&u)
+	err := dec.router.ObserveKV(&u)
 	switch {
 	case errors.Is(err, kvindex.ErrSeq):
 		// Updates were missed: ask the adapters to resend (at most once a
 		// second; each answers with a reset of its own replica).
-		b.metrics.kvRefused.WithLabelValues("sequence").Inc()
-		b.requestKVSync()
+		dec.metrics.kvRefused.WithLabelValues("sequence").Inc()
+		dec.requestKVSync()
 	case err != nil:
-		b.metrics.kvRefused.WithLabelValues("bounds").Inc()
+		dec.metrics.kvRefused.WithLabelValues("bounds").Inc()
 	}
-	b.router.PrefixIndexEntries(func(model string, n int) {
+	dec.router.PrefixIndexEntries(func(model string, n int) {
 		if model == u.Model {
-			b.metrics.prefixIndex.WithLabelValues(model).Set(float64(n))
+			dec.metrics.prefixIndex.WithLabelValues(model).Set(float64(n))
 		}
 	})
 }
@@ -59,11 +59,11 @@ func (b *Decider) onKV(m *nats.Msg) {
 // requestKVSync asks every adapter with a feed to resend what its engine
 // holds, at most once a second: a decider that starts late, or missed
 // updates, has the full index from the answers.
-func (b *Decider) requestKVSync() {
-	now := b.clock.Nanos(time.Now())
-	last := b.kvSyncAt.Load()
-	if now-last < int64(time.Second) || !b.kvSyncAt.CompareAndSwap(last, now) {
+func (dec *Decider) requestKVSync() {
+	now := dec.clock.Nanos(time.Now())
+	last := dec.kvSyncAt.Load()
+	if now-last < int64(time.Second) || !dec.kvSyncAt.CompareAndSwap(last, now) {
 		return
 	}
-	_ = b.nc.Publish(b.subj.KVSync(), nil)
+	_ = dec.nc.Publish(dec.subj.KVSync(), nil)
 }

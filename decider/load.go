@@ -170,24 +170,24 @@ func signed(v []byte) (int, bool) {
 // the predictions this decider made with the first tokens the replica
 // observed. Only a replica registered in the table is believed, as for
 // heartbeats.
-func (b *Decider) onLoad(m *nats.Msg) {
+func (dec *Decider) onLoad(m *nats.Msg) {
 	var d subjects.LoadDelta
 	switch err := DecodeLoadDelta(m.Subject, m.Data, &d); {
 	case errors.Is(err, errDeltaReplica):
-		b.refuse(refusedLoadReplica, "load delta naming another replica than its subject ignored", "subject", m.Subject)
+		dec.refuse(refusedLoadReplica, "load delta naming another replica than its subject ignored", "subject", m.Subject)
 		return
 	case err != nil:
-		b.metrics.badMessages.WithLabelValues("load_delta").Inc()
+		dec.metrics.badMessages.WithLabelValues("load_delta").Inc()
 		return
 	}
-	if t := b.router.Table(); t == nil || t.Replicas[d.Replica] == nil {
-		b.refuseUnregistered("load delta", d.Replica)
+	if t := dec.router.Table(); t == nil || t.Replicas[d.Replica] == nil {
+		dec.refuseUnregistered("load delta", d.Replica)
 		return
 	}
-	b.router.ObserveLoadDelta(&d, b.cfg.Now())
+	dec.router.ObserveLoadDelta(&d, dec.cfg.Now())
 	for _, s := range d.TTFT {
-		if s.Broker == b.cfg.ID {
-			b.metrics.ttftError.Observe((s.Observed - s.Predicted) / 1000)
+		if s.Broker == dec.cfg.ID {
+			dec.metrics.ttftError.Observe((s.Observed - s.Predicted) / 1000)
 		}
 	}
 }

@@ -98,7 +98,7 @@ func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
+func newMetrics(reg prometheus.Registerer, dec *Decider) *metrics {
 	m := &metrics{
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_panic_decisions_total", Help: "Decisions made in panic, by pool: fewer than the pool's panic_below of its ready replicas looked alive, and the choice was over all of them.",
@@ -125,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		invalidValues: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_table_invalid_values_total", Help: "Routing-table values rejected as invalid; the last good value stays in force.",
 		}, []string{"kind"}),
-		heartbeatAge: newAgeCollector(b.cfg.Now),
+		heartbeatAge: newAgeCollector(dec.cfg.Now),
 		replicaKV: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_broker_replica_kv_usage_ratio", Help: "KV-cache usage reported by each replica (0–1).",
 		}, []string{"replica"}),
@@ -201,21 +201,21 @@ func newMetrics(reg prometheus.Registerer, b *Decider) *metrics {
 		if m.loadedAt.IsZero() {
 			return 0
 		}
-		return b.cfg.Now().Sub(m.loadedAt).Seconds()
+		return dec.cfg.Now().Sub(m.loadedAt).Seconds()
 	})
 	observerLag := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_observer_lag_seconds",
 		Help: "How long this decider, lagging behind the bus (its own presence late, or heartbeats waiting), has heard no heartbeat from any replica: taken as its own silence, so its replicas are kept (0: it does not lag).",
-	}, func() float64 { return b.router.Deafness(b.cfg.Now()).Seconds() })
+	}, func() float64 { return dec.router.Deafness(dec.cfg.Now()).Seconds() })
 	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_heartbeats_pending",
 		Help: "Heartbeats received by this decider's connection and not yet handled: a backlog is the decider's own lag.",
-	}, func() float64 { return float64(b.heartbeatsPending()) })
+	}, func() float64 { return float64(dec.heartbeatsPending()) })
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_broker_ejected_replicas", Help: "Replicas out of rotation now for their engine failures (before the panic threshold).",
-	}, func() float64 { return float64(len(b.router.Ejected(b.cfg.Now()))) })
+	}, func() float64 { return float64(len(dec.router.Ejected(dec.cfg.Now()))) })
 	if reg != nil {
-		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": b.cfg.ID}, reg)
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": dec.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected, observerLag, pending)
 		reg.MustRegister(m.decisions, m.panics, m.spilled, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,

@@ -24,6 +24,7 @@ import (
 // the path allocates little.
 type Scratch struct {
 	req      policy.Request
+	key      string // the API key's hash whose budget is charged (Llm-Key)
 	d        policy.Decision
 	prefix   []uint64
 	features []string
@@ -55,6 +56,7 @@ func NewScratch() *Scratch {
 
 func (s *Scratch) reset() {
 	s.req = policy.Request{}
+	s.key = ""
 	s.prefix = s.prefix[:0]
 	s.features = s.features[:0]
 	s.exclude = s.exclude[:0]
@@ -78,7 +80,7 @@ const (
 // acts on it.
 type Action struct {
 	Do    Do
-	Msg   nats.Msg           // DoForward: the request for the replica, reply subject kept
+	Route Route              // DoForward: where the request goes, and the request for the replica (Route.Msg)
 	Err   *subjects.APIError // DoRefuse
 	Owner string             // DoReadOwner: the stored response's id
 }
@@ -95,52 +97,51 @@ func (s *Scratch) NoticeHeader() nats.Header {
 }
 
 // Get returns pooled working memory for one request; Release returns it.
-func (b *Decider) Get() *Scratch { return b.scratch.Get().(*Scratch) }
+func (dec *Decider) Get() *Scratch { return dec.scratch.Get().(*Scratch) }
 
 // Release returns s to the pool without the request's body (up to 8 MiB)
 // or an unusually large rendered prompt. The headers of the request s
 // decided may still be in use: they are the caller's.
-func (b *Decider) Release(s *Scratch) {
+func (dec *Decider) Release(s *Scratch) {
 	s.body = nil
 	if cap(s.prompt) > 64<<10 {
 		s.prompt = nil
 	}
-	b.scratch.Put(s)
+	dec.scratch.Put(s)
 }
 
 // Rejected counts a request refused outside the policy (an overloaded
 // owner lookup), as the policy's refusals are.
-func (b *Decider) Rejected(code string) { b.metrics.rejected(code) }
-
-// Replica is the replica a forwarded request goes to.
-func (a *Action) Replica() string { return a.Msg.Header.Get(subjects.HdrRouteReplica) }
+func (dec *Decider) Rejected(code string) { dec.metrics.rejected(code) }
 
 // Owned reads the owner of stored response id that Handle asked for, and
 // decides with it where handle stopped: a GET or DELETE of the stored
 // response goes to its replica; a turn continuing it is pinned there and
 // decided.
-func (b *Decider) Owned(s *Scratch, subject, reply string, h nats.Header, data []byte, id string) Action {
+func (dec *Decider) Owned(s *Scratch, subject, reply string, h nats.Header, data []byte, id string) Action {
 	tenant := subjects.TenantFromRoute(subject)
-	rec, e := b.readOwner(tenant, id)
+	rec, e := dec.readOwner(tenant, id)
 	if e != nil {
-		b.metrics.rejected(e.Code)
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	if h.Get(subjects.HdrMethod) != "" {
-		return b.storedAt(s, tenant, reply, h, id, rec)
+		return dec.storedAt(s, tenant, reply, h, id, rec)
 	}
-	b.pin(s, h, rec)
-	return b.decide(s, tenant, reply, h, data, s.start)
+	dec.pin(s, h, rec)
+	return dec.decide(s, tenant, reply, h, data, s.start)
 }
 
-// Handle decides what to do with one request: forward it to the chosen
+// Handle decides what to do with one request that came as a message (to a
+// broker, from a gateway, a direct client or the batcher), its features
+// in headers: forward it to the chosen
 // replica (body untouched, the sender's reply subject kept), refuse it, or
 // read the owner of the stored response it names first (owned goes on from
 // there). It does no I/O, so its cost is the broker's own per-request CPU;
 // what it learns on the way (the decision's sample, placement, cold load)
 // is queued for the publisher.
-func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data []byte) Action {
-	start := b.cfg.Now()
+func (dec *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data []byte) Action {
+	start := dec.cfg.Now()
 	if h == nil {
 		h = nats.Header{}
 	}
@@ -148,9 +149,9 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 	s.start = start
 	tenant := subjects.TenantFromRoute(subject)
 	if h.Get(subjects.HdrMethod) != "" {
-		return b.stored(tenant, h)
+		return dec.stored(tenant, h)
 	}
-	direct := strings.HasPrefix(subject, b.direct)
+	direct := strings.HasPrefix(subject, dec.direct)
 	if direct {
 		// The ledger keeps one record per client request id: a direct
 		// client's own would let it take another request's (the batcher's
@@ -160,7 +161,7 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 		delete(h, subjects.HdrClientRequestID)
 		delete(h, subjects.HdrKey)
 	}
-	if strings.HasPrefix(subject, b.batch) {
+	if strings.HasPrefix(subject, dec.batch) {
 		// A batch item: the subject's tenant is the batch record's (only
 		// the batcher publishes here), and it runs at batch priority
 		// whatever it says. Its body is a tenant's line, read as a direct
@@ -168,37 +169,37 @@ func (b *Decider) Handle(s *Scratch, subject, reply string, h nats.Header, data 
 		direct = true
 		s.setHeader(h, subjects.HdrPriority, subjects.PriorityBatch)
 	}
-	if e := b.fillRequest(s, tenant, direct, h, data); e != nil {
-		b.metrics.rejected(e.Code)
+	if e := dec.fillRequest(s, tenant, direct, h, data); e != nil {
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
-		return b.readOwnerFirst(id)
+		return dec.readOwnerFirst(id)
 	}
-	return b.decide(s, tenant, reply, h, data, start)
+	return dec.decide(s, tenant, reply, h, data, start)
 }
 
 // decide decides a request fillRequest read: forward or refuse.
-func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) Action {
-	s.d = b.router.Decide(&s.req, start, b.rng)
-	if b.cfg.Stages != nil {
-		b.cfg.Stages.Mark(h.Get(subjects.HdrRequestID), stages.Decided)
+func (dec *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data []byte, start time.Time) Action {
+	s.d = dec.router.Decide(&s.req, start, dec.rng)
+	if dec.cfg.Stages != nil {
+		dec.cfg.Stages.Mark(h.Get(subjects.HdrRequestID), stages.Decided)
 	}
 	d := &s.d
-	d.Duration = b.cfg.Now().Sub(start)
-	b.metrics.decided(d)
+	d.Duration = dec.cfg.Now().Sub(start)
+	dec.metrics.decided(d)
 	if d.ControlLoad {
-		b.enqueue(b.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
+		dec.enqueue(dec.subj.ControlLoad(), subjects.ControlLoad{Model: d.LoadModel, Version: d.LoadVersion, Tenant: tenant, Requested: start.UnixMilli()})
 	}
-	b.sample(&s.req, d, h, start)
-	if b.tracer != nil {
-		b.traceDecision(tenant, h, d, start)
+	dec.sample(&s.req, d, h, start)
+	if dec.tracer != nil {
+		dec.traceDecision(tenant, h, d, start)
 	}
 	if d.Err != nil {
 		return refuse(d.Err)
 	}
-	if e := b.charge(s, tenant, h); e != nil {
-		b.metrics.rejected(e.Code)
+	if e := dec.charge(s, tenant, h); e != nil {
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	// Every request sent is placed, blocks or none: the other deciders
@@ -207,7 +208,8 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	if d.Placement && len(s.req.Prefix) > 0 {
 		pl.Blocks = append([]uint64(nil), s.req.Prefix...)
 	}
-	b.enqueue(b.subj.Placement(d.Model), pl)
+	dec.enqueue(dec.subj.Placement(d.Model), pl)
+	route := Route{Replica: d.Replica, Pool: d.Pool, Reason: d.Reason, Decision: d, Placement: *pl}
 	s.setHeader(h, subjects.HdrRouteModel, d.Model)
 	s.setHeader(h, subjects.HdrRouteVersion, d.Version)
 	s.setHeader(h, subjects.HdrRoutePool, d.Pool)
@@ -228,7 +230,7 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	}
 	s.setHeader(h, subjects.HdrRouteTableRev, s.revText)
 	s.setHeader(h, subjects.HdrTenant, tenant)
-	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
+	s.setHeader(h, subjects.HdrBroker, dec.cfg.ID)
 	// The prediction travels with the request; the replica's adapter
 	// sends it back beside the first token it observed, and only to the
 	// decider it names (switchyard_broker_predicted_ttft_error_seconds).
@@ -245,11 +247,12 @@ func (b *Decider) decide(s *Scratch, tenant, reply string, h nats.Header, data [
 	} else {
 		delete(h, subjects.HdrMaxTokens)
 	}
-	return b.forwardTo(s, d.Replica, reply, h, data)
+	route.Budget = h.Get(subjects.HdrRouteBudget)
+	return dec.forwardTo(s, route, reply, h, data)
 }
 
-// forwardTo is the Action that forwards the request to replica.
-func (b *Decider) forwardTo(s *Scratch, replica, reply string, h nats.Header, data []byte) Action {
+// forwardTo is the Action that forwards the request on route.
+func (dec *Decider) forwardTo(s *Scratch, route Route, reply string, h nats.Header, data []byte) Action {
 	// A direct tenant's reply is a service-import reply (_R_.…), which the
 	// server refuses as a published reply: it travels in Llm-Reply. A
 	// sender's own Llm-Reply is never passed on.
@@ -259,7 +262,8 @@ func (b *Decider) forwardTo(s *Scratch, replica, reply string, h nats.Header, da
 	} else {
 		delete(h, subjects.HdrReply)
 	}
-	return Action{Do: DoForward, Msg: nats.Msg{Subject: b.subj.Replica(replica), Reply: reply, Header: h, Data: data}}
+	route.Msg = nats.Msg{Subject: dec.subj.Replica(route.Replica), Reply: reply, Header: h, Data: data}
+	return Action{Do: DoForward, Route: route}
 }
 
 // setHeader sets one value, reusing the slice already there. A header NATS
@@ -310,9 +314,9 @@ func (s *Scratch) setHeader(h nats.Header, k, v string) {
 // blocks and flags from the body itself, and ignores those headers and
 // Llm-Cold-Waited, which only a gateway holding the request may set. A
 // request that continues a stored response is pinned to its replica.
-func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Header, body []byte) *subjects.APIError {
-	if err := subjects.ValidToken(tenant); err != nil {
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "tenant: "+err.Error())
+func (dec *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Header, body []byte) *subjects.APIError {
+	if e := checkTenant(tenant); e != nil {
+		return e
 	}
 	if e := checkBounds(h); e != nil {
 		return e
@@ -339,10 +343,14 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 	q.Conversation = h.Get(subjects.HdrConversation)
 	q.Priority = h.Get(subjects.HdrPriority)
 	q.ID = h.Get(subjects.HdrRequestID)
-	switch q.Priority {
-	case "", subjects.PriorityInteractive, subjects.PriorityBatch:
-	default:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Priority must be interactive or batch")
+	if e := checkPriority(q.Priority); e != nil {
+		return e
+	}
+	if v := h.Get(subjects.HdrKey); v != "" {
+		// The key's hash goes no further than the decider: the replica
+		// and the ledger get its id (charge).
+		s.key = v
+		delete(h, subjects.HdrKey)
 	}
 	var err error
 	if q.PromptTokens, err = intHeader(h, subjects.HdrPromptTokens); err != nil {
@@ -393,12 +401,11 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 	s.body = body
 	q.Prompt = s.promptFn
 	if direct || q.Model == "" || h.Get(subjects.HdrPromptTokens) == "" {
-		if e := b.scanBody(s, h); e != nil {
+		// A body's model is bounded by its parse, as the header's is by
+		// checkBounds.
+		if e := dec.scanBody(s, h); e != nil {
 			return e
 		}
-	}
-	if len(q.Model) > subjects.MaxModelChars {
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
 	}
 	return nil
 }
@@ -421,7 +428,7 @@ func checkBounds(h nats.Header) *subjects.APIError {
 	}
 	switch {
 	case len(h.Get(subjects.HdrModel)) > subjects.MaxModelChars:
-		return subjects.NewError(400, subjects.CodeInvalidRequest, "model must be at most "+strconv.Itoa(subjects.MaxModelChars)+" characters")
+		return errModelLength()
 	case len(h.Get(subjects.HdrRequestID)) > subjects.MaxRequestIDChars:
 		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrRequestID+" must be at most "+strconv.Itoa(subjects.MaxRequestIDChars)+" characters")
 	case strings.Count(h.Get(subjects.HdrExclude), ",") >= subjects.MaxExclude:
@@ -470,8 +477,8 @@ func appendSplit(dst []string, v string) []string {
 // sample publishes the explained decision on llm.decision.<pool>, at the
 // table's decision_sample rate, drawn from the goroutine-safe global
 // source: the route and gateway endpoints call it at once.
-func (b *Decider) sample(q *policy.Request, d *policy.Decision, h nats.Header, decided time.Time) {
-	t := b.router.Table()
+func (dec *Decider) sample(q *policy.Request, d *policy.Decision, h nats.Header, decided time.Time) {
+	t := dec.router.Table()
 	rate := 1.0
 	if t != nil {
 		rate = t.Policy.DecisionSample
@@ -487,7 +494,7 @@ func (b *Decider) sample(q *policy.Request, d *policy.Decision, h nats.Header, d
 	if pool == "" {
 		pool = "none"
 	}
-	b.enqueue(b.subj.Decision(pool), &w)
+	dec.enqueue(dec.subj.Decision(pool), &w)
 }
 
 // traceID extracts the trace id of a W3C traceparent (version-traceid-spanid-flags).
@@ -500,7 +507,7 @@ func traceID(tp string) string {
 
 // Reject fills msg with a single rejection message for reply
 // (docs/protocol.md, "The reply protocol"); msg stays empty when there is no one to tell.
-func (b *Decider) Reject(msg *nats.Msg, reply string, e *subjects.APIError) {
+func (dec *Decider) Reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 	if reply == "" {
 		*msg = nats.Msg{}
 		return
@@ -513,7 +520,7 @@ func (b *Decider) Reject(msg *nats.Msg, reply string, e *subjects.APIError) {
 // the decision with its alternatives, nothing forwarded and nothing
 // committed. The request is given in headers, as for llm.route, or as a
 // JSON body {"model", "conversation", "prompt_tokens", ...}.
-func (b *Decider) Explain(subject string, h nats.Header, data []byte) (any, *subjects.APIError) {
+func (dec *Decider) Explain(subject string, h nats.Header, data []byte) (any, *subjects.APIError) {
 	s := NewScratch()
 	tenant := subjects.TenantFromRoute(subject)
 	if h == nil {
@@ -526,23 +533,23 @@ func (b *Decider) Explain(subject string, h nats.Header, data []byte) (any, *sub
 		}
 		x.toHeaders(h)
 	}
-	if apiErr := b.fillRequest(s, tenant, false, h, nil); apiErr != nil {
+	if apiErr := dec.fillRequest(s, tenant, false, h, nil); apiErr != nil {
 		return nil, apiErr
 	}
 	if id := h.Get(subjects.HdrPreviousResponse); id != "" {
 		e := checkResponseID(id)
 		var rec owners.Record
 		if e == nil {
-			rec, e = b.readOwner(tenant, id)
+			rec, e = dec.readOwner(tenant, id)
 		}
 		if e != nil {
 			return nil, e
 		}
-		b.pin(s, h, rec)
+		dec.pin(s, h, rec)
 	}
-	start := b.cfg.Now()
-	s.d = b.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)))
-	s.d.Duration = b.cfg.Now().Sub(start)
+	start := dec.cfg.Now()
+	s.d = dec.router.Explain(&s.req, start, rand.New(rand.NewPCG(uint64(start.UnixNano()), 1)))
+	s.d.Duration = dec.cfg.Now().Sub(start)
 	w := s.d.Wire(&s.req)
 	w.DecidedUnixMil = start.UnixMilli()
 	return w, nil

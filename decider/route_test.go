@@ -108,7 +108,7 @@ func handleInto(b *Decider, s *Scratch, subject, reply string, h nats.Header, da
 	}
 	switch a.Do {
 	case DoForward:
-		*msg = a.Msg
+		*msg = a.Route.Msg
 		return true
 	case DoRefuse:
 		b.Reject(msg, reply, a.Err)

@@ -29,13 +29,13 @@ func checkResponseID(id string) *subjects.APIError {
 // readOwnerFirst is the Action for a request naming stored response id:
 // read its owner (owned goes on), unless the id cannot be one or there is
 // no owners bucket to read.
-func (b *Decider) readOwnerFirst(id string) Action {
+func (dec *Decider) readOwnerFirst(id string) Action {
 	e := checkResponseID(id)
-	if e == nil && b.owners == nil {
+	if e == nil && dec.owners == nil {
 		e = errUnknownResponse(id)
 	}
 	if e != nil {
-		b.metrics.rejected(e.Code)
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	return Action{Do: DoReadOwner, Owner: id}
@@ -43,13 +43,13 @@ func (b *Decider) readOwnerFirst(id string) Action {
 
 // readOwner reads which replica holds stored response id for tenant.
 // Another tenant's response is as unknown as a missing one.
-func (b *Decider) readOwner(tenant, id string) (owners.Record, *subjects.APIError) {
-	if b.owners == nil {
+func (dec *Decider) readOwner(tenant, id string) (owners.Record, *subjects.APIError) {
+	if dec.owners == nil {
 		return owners.Record{}, errUnknownResponse(id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), OwnerTimeout)
 	defer cancel()
-	rec, err := b.owners.Get(ctx, id)
+	rec, err := dec.owners.Get(ctx, id)
 	switch {
 	case errors.Is(err, owners.ErrNotFound), err == nil && rec.Tenant != tenant:
 		return owners.Record{}, errUnknownResponse(id)
@@ -64,7 +64,7 @@ func (b *Decider) readOwner(tenant, id string) (owners.Record, *subjects.APIErro
 // pin makes a request that continues a stored response go to the replica
 // holding it, rec, and counts the stored conversation in its prompt: the
 // engine puts it before the new input.
-func (b *Decider) pin(s *Scratch, h nats.Header, rec owners.Record) {
+func (dec *Decider) pin(s *Scratch, h nats.Header, rec owners.Record) {
 	q := &s.req
 	q.Pin = rec.Replica
 	q.PromptTokens += max(rec.Tokens, 0)
@@ -73,9 +73,9 @@ func (b *Decider) pin(s *Scratch, h nats.Header, rec owners.Record) {
 
 // stored is the Action for a GET or DELETE of a stored response: read its
 // owner first (storedAt goes on), or refuse it.
-func (b *Decider) stored(tenant string, h nats.Header) Action {
+func (dec *Decider) stored(tenant string, h nats.Header) Action {
 	fail := func(e *subjects.APIError) Action {
-		b.metrics.rejected(e.Code)
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	if err := subjects.ValidToken(tenant); err != nil {
@@ -86,16 +86,16 @@ func (b *Decider) stored(tenant string, h nats.Header) Action {
 	default:
 		return fail(subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrMethod+" must be GET or DELETE"))
 	}
-	return b.readOwnerFirst(h.Get(subjects.HdrPreviousResponse))
+	return dec.readOwnerFirst(h.Get(subjects.HdrPreviousResponse))
 }
 
 // storedAt forwards a GET or DELETE of stored response id to the replica
 // holding it, rec, or answers 404 when that replica cannot serve.
-func (b *Decider) storedAt(s *Scratch, tenant, reply string, h nats.Header, id string, rec owners.Record) Action {
-	reg, ok := b.router.Live(rec.Replica, b.cfg.Now())
+func (dec *Decider) storedAt(s *Scratch, tenant, reply string, h nats.Header, id string, rec owners.Record) Action {
+	reg, ok := dec.router.Live(rec.Replica, dec.cfg.Now())
 	if !ok {
 		e := errOwnerGone(id, rec.Replica)
-		b.metrics.rejected(e.Code)
+		dec.metrics.rejected(e.Code)
 		return refuse(e)
 	}
 	s.setHeader(h, subjects.HdrEndpoint, subjects.EndpointResponses+"/"+id)
@@ -106,8 +106,8 @@ func (b *Decider) storedAt(s *Scratch, tenant, reply string, h nats.Header, id s
 	s.setHeader(h, subjects.HdrRouteReason, policy.ReasonResponse)
 	delete(h, subjects.HdrRoutePrefill)
 	s.setHeader(h, subjects.HdrTenant, tenant)
-	s.setHeader(h, subjects.HdrBroker, b.cfg.ID)
-	return b.forwardTo(s, rec.Replica, reply, h, nil)
+	s.setHeader(h, subjects.HdrBroker, dec.cfg.ID)
+	return dec.forwardTo(s, Route{Replica: rec.Replica, Pool: reg.Pool, Reason: policy.ReasonResponse}, reply, h, nil)
 }
 
 func errUnknownResponse(id string) *subjects.APIError {

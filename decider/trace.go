@@ -20,9 +20,9 @@ import (
 // context into h as the traceparent the replica's adapter continues
 // (docs/architecture.md, "Traces"). A refusal sets the span's status to its
 // code. It is called only when the broker has a tracer.
-func (b *Decider) traceDecision(tenant string, h nats.Header, d *policy.Decision, start time.Time) {
+func (dec *Decider) traceDecision(tenant string, h nats.Header, d *policy.Decision, start time.Time) {
 	ctx := telemetry.Extract(context.Background(), h)
-	ctx, span := b.tracer.Start(ctx, "switchyard.decide", trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
+	ctx, span := dec.tracer.Start(ctx, "switchyard.decide", trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
 	if span.IsRecording() {
 		span.SetAttributes(
 			telemetry.AttrModel.String(d.Model),
@@ -32,7 +32,7 @@ func (b *Decider) traceDecision(tenant string, h nats.Header, d *policy.Decision
 			telemetry.AttrReason.String(d.Reason),
 			telemetry.AttrTenant.String(tenant),
 			telemetry.AttrTableRevision.Int64(int64(d.TableRevision)),
-			attribute.String("switchyard.broker", b.cfg.ID),
+			attribute.String("switchyard.broker", dec.cfg.ID),
 		)
 		if d.Requested != "" && d.Requested != d.Model {
 			span.SetAttributes(attribute.String("switchyard.requested", d.Requested))
@@ -49,7 +49,7 @@ func (b *Decider) traceDecision(tenant string, h nats.Header, d *policy.Decision
 			span.SetAttributes(telemetry.AttrErrorType.String(d.Err.Code), telemetry.AttrHTTPStatus.Int(d.Err.Status))
 		}
 	}
-	span.End(trace.WithTimestamp(b.cfg.Now()))
+	span.End(trace.WithTimestamp(dec.cfg.Now()))
 	if d.Err == nil {
 		telemetry.Inject(ctx, h)
 	}

@@ -44,7 +44,7 @@ func TestDecisionSpan(t *testing.T) {
 	h := gatewayHeaders()
 	h[subjects.HdrTraceparent] = []string{clientTrace}
 	a := b.Handle(s, "llm.gw.default", "_INBOX.gw.1", h, nil)
-	msg := a.Msg
+	msg := a.Route.Msg
 	if a.Do != DoForward {
 		t.Fatalf("not forwarded: %+v", a)
 	}

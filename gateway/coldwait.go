@@ -145,7 +145,7 @@ func (g *Gateway) hold(ctx context.Context, out *response, cold result) (r resul
 	defer c.waiting.Dec()
 	u := out.u
 	// Its request quota was charged when the broker answered model_loading.
-	u.hdr[subjects.HdrColdWaited] = []string{"1"}
+	u.route.ColdWaited = true
 
 	var keep <-chan time.Time
 	if u.stream {

@@ -4,58 +4,48 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/decider"
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
+// sent is what publish did with one attempt.
+type sent struct {
+	msg       *nats.Msg // the message published (the one copies repeat); nil when refused
+	toBrokers bool      // msg went to the brokers, which answer with a routed notice
+	// replica and budget are the route this gateway decided: the replica
+	// msg went to, and what the request's budget has left after it.
+	replica, budget string
+	// refusal is this gateway's decision not to send the request.
+	refusal *subjects.APIError
+}
+
 // publish sends one attempt on its way: decided here and published once,
-// straight to the chosen replica, when the gateway decides; else to the
-// brokers on llm.gw.<tenant>.
-//
-// What the decision says reaches the attempt's mailbox as a broker's
-// answer would: the routed notice before the request goes out, or the
-// rejection instead of it. The leg reads both as it reads a broker's, so
-// retries, exclusions, cold holds and the reply protocol behave the same
-// whichever part decided.
+// straight to the chosen replica, when the gateway decides; else encoded
+// into headers and published to the brokers on llm.gw.<tenant>.
 //
 // A request naming a stored response goes to the brokers either way:
 // they read the owners bucket, which a gateway's identity may not.
 //
-// It returns the message published (the one copies repeat) and whether it
-// went to the brokers.
-//
 // The stage record's Published mark (request id) is taken as the message
 // is handed to NATS, before the write: a broker or replica can act on it
 // before this goroutine runs again.
-func (g *Gateway) publish(c *call, id, replyTo string, u *upstream, h nats.Header, body []byte) (msg *nats.Msg, toBrokers bool, err error) {
-	toBroker := func() (*nats.Msg, bool, error) {
-		m := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: replyTo, Header: h, Data: body}
+func (g *Gateway) publish(id string, u *upstream, in *decider.Request) (sent, error) {
+	h := in.Header
+	if g.dec == nil || h[subjects.HdrPreviousResponse] != nil {
+		if h[subjects.HdrMethod] == nil { // a stored response's GET or DELETE has no features
+			in.Encode(h)
+		}
+		m := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: in.Reply, Header: h, Data: in.Body}
 		g.cfg.Stages.Mark(id, stages.Published)
-		return m, true, g.nc.PublishMsg(m)
-	}
-	if g.dec == nil {
-		return toBroker()
+		return sent{msg: m, toBrokers: true}, g.nc.PublishMsg(m)
 	}
 	s := g.dec.Get()
 	defer g.dec.Release(s)
-	a := g.dec.Handle(s, g.subj.Gateway(u.tenant), replyTo, h, body)
-	switch a.Do {
-	case decider.DoForward:
-		notice := reply.Frame{Kind: reply.Routed, Replica: a.Replica(), Header: make(nats.Header, 1)}
-		if v := a.Msg.Header.Get(subjects.HdrRouteBudget); v != "" {
-			notice.Header[subjects.HdrRouteBudget] = []string{v}
-		}
-		c.deliver(notice.Msg(g.subj.RoutedFor(replyTo))) // where a broker would send it
-		m := a.Msg
-		g.cfg.Stages.Mark(id, stages.Published)
-		return &m, false, g.nc.PublishMsg(&m)
-	case decider.DoRefuse:
-		g.cfg.Stages.Mark(id, stages.Published)
-		m := new(nats.Msg)
-		g.dec.Reject(m, replyTo, a.Err)
-		c.deliver(m)
-		return m, false, nil
+	route, refusal := g.dec.Decide(s, in)
+	g.cfg.Stages.Mark(id, stages.Published)
+	if refusal != nil {
+		return sent{refusal: refusal}, nil
 	}
-	return toBroker()
+	m := route.Msg
+	return sent{msg: &m, replica: route.Replica, budget: route.Budget}, g.nc.PublishMsg(&m)
 }

@@ -4,19 +4,22 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/features"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )
 
 // serveInference handles the three OpenAI inference endpoints: validate
-// everything the gateway can tell, compute the features into headers and
-// relay through NATS.
+// everything the gateway can tell, compute the routing features and relay
+// the request through NATS.
 func (g *Gateway) serveInference(endpoint string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -95,17 +98,17 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		}
 		deadline = now.Add(time.Duration(secs * float64(time.Second)))
 	}
+	var objective time.Duration
 	if v := r.Header.Get("X-Switchyard-TTFT-Objective"); v != "" {
-		if _, ok := subjects.ParseTTFTObjective(v); !ok {
+		o, ok := subjects.ParseTTFTObjective(v)
+		if !ok {
 			return nil, badHeader("X-Switchyard-TTFT-Objective", "must be a duration from 1ms to 10m, such as 800ms or 2s")
 		}
-		h[subjects.HdrTTFTObjective] = []string{v}
+		objective = o
 	}
-	if v := r.Header.Get("X-Conversation-Id"); v != "" {
-		if !printable(v, 128) {
-			return nil, badHeader("X-Conversation-Id", "must be 1 to 128 printable ASCII characters")
-		}
-		h[subjects.HdrConversation] = []string{v}
+	conversation := r.Header.Get("X-Conversation-Id")
+	if conversation != "" && !printable(conversation, 128) {
+		return nil, badHeader("X-Conversation-Id", "must be 1 to 128 printable ASCII characters")
 	}
 	priority := subjects.PriorityInteractive
 	if v := r.Header.Get("X-Priority"); v != "" {
@@ -152,28 +155,24 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 		return nil, subjects.NewError(400, subjects.CodeInvalidRequest, perr.Error())
 	}
 
-	tokens := req.PromptTokens
-	maxTokens := 0
-	if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
+	// The routing features, typed: a gateway that decides hands them to
+	// its decider as they are; one that sends to the brokers encodes them
+	// into headers (decide.go).
+	q := policy.Request{
+		Tenant: tenant, Model: req.Model, Endpoint: endpoint, Conversation: conversation, Priority: priority,
+		PromptTokens: req.PromptTokens, Deadline: time.UnixMilli(deadline.UnixMilli()), TTFTObjective: objective,
 	}
-	h[subjects.HdrModel] = []string{req.Model}
-	h[subjects.HdrEndpoint] = []string{endpoint}
-	h[subjects.HdrPriority] = []string{priority}
-	h[subjects.HdrPromptTokens] = []string{strconv.Itoa(tokens)}
-	if maxTokens > 0 {
-		h[subjects.HdrMaxTokens] = []string{strconv.Itoa(maxTokens)}
+	if req.MaxTokens != nil && *req.MaxTokens > 0 {
+		q.MaxTokens = *req.MaxTokens
 	}
-	h[subjects.HdrDeadline] = []string{strconv.FormatInt(deadline.UnixMilli(), 10)}
 	if endpoint != subjects.EndpointEmbeddings {
 		pol := &t.Policy
-		prefix := features.AppendPrefix(pb.blocks[:0], req.Prompt, pol.PrefixBlockChars, pol.PrefixMaxBlocks)
-		if len(prefix) > 0 {
-			h[subjects.HdrPrefix] = []string{features.FormatPrefixHeader(prefix)}
+		if prefix := features.AppendPrefix(pb.blocks[:0], req.Prompt, pol.PrefixBlockChars, pol.PrefixMaxBlocks); len(prefix) > 0 {
+			q.Prefix = slices.Clone(prefix)
 		}
 	}
 	if f := features.Flags(req.Prompt); f != "" {
-		h[subjects.HdrFeatures] = []string{f}
+		q.Features = strings.Split(f, ",")
 	}
 	if req.Stream {
 		h[subjects.HdrStream] = []string{"1"}
@@ -184,10 +183,8 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	// The id the answer carries (the client's, else the gateway's) names
 	// the request on the wire too.
 	h[subjects.HdrClientRequestID] = []string{w.Header().Get("X-Request-Id")}
-	if _, hash, _ := g.keyOf(r, t); hash != "" {
-		// The decider charges the key's budget too.
-		h[subjects.HdrKey] = []string{hash}
-	}
+	// The decider charges the key's budget too.
+	_, key, _ := g.keyOf(r, t)
 	// A client's trace is continued only when its traceparent is valid W3C
 	// (anything else starts a new trace, as the spec says), and tracestate
 	// is bounded: an oversized header must not push a request past the
@@ -203,7 +200,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 	prepared = true
 	return &upstream{
 		tenant: tenant, endpoint: endpoint, dialect: dialectOf(endpoint), model: req.Model, stream: req.Stream,
-		body: body, hdr: h, deadline: deadline, bodyAt: bodyAt,
+		body: body, hdr: h, route: q, key: key, deadline: deadline, bodyAt: bodyAt,
 	}, nil
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/decider"
 	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/stages"
@@ -29,7 +31,9 @@ type upstream struct {
 	model    string
 	stream   bool
 	body     []byte
-	hdr      nats.Header // request headers, shared by every attempt
+	hdr      nats.Header    // request headers, shared by every attempt
+	route    policy.Request // the routing features, shared by every attempt
+	key      string         // the hash of the API key, whose budget the decider charges
 	deadline time.Time
 	exclude  []string // replicas that failed this request: not tried again
 	avoid    []string // replicas slow to accept it: tried again only when no other is left
@@ -234,28 +238,36 @@ func (g *Gateway) attempt(ctx context.Context, out *response, id string) result 
 
 	h := attemptHeader(u.hdr)
 	h[subjects.HdrRequestID] = []string{id}
-	if len(u.exclude) > 0 {
-		h[subjects.HdrExclude] = []string{strings.Join(u.exclude, ",")}
-	}
-	if len(u.avoid) > 0 {
-		h[subjects.HdrAvoid] = []string{strings.Join(u.avoid, ",")}
-	}
-	body := u.body
+	in := decider.Request{Policy: u.route, Key: u.key, Header: h, Reply: g.replyPfx + id, Body: u.body}
+	in.Policy.Exclude, in.Policy.Avoid = u.exclude, u.avoid
 	if out.cont != nil {
-		body = out.cont
-		out.continuationHeaders(h)
+		in.Body = out.cont
+		out.continueRequest(&in.Policy)
 	}
 	g.cfg.Stages.Begin(id, u.bodyAt)
-	msg, toBrokers, err := g.publish(c, id, g.replyPfx+id, u, h, body)
+	sent, err := g.publish(id, u, &in)
 	if err != nil {
 		return result{kind: failLost, err: errPublish.about(err)}
 	}
 	out.reset()
 	out.attempt = id
 
-	l := g.newLeg(out, c, msg, !toBrokers, id)
+	// The accept (or a rejection) within the accept timeout, then the
+	// replica's head, data and end within the idle timeout.
+	l := g.newLeg(out, c, sent.msg, !sent.toBrokers, id)
 	defer l.stop()
-	r := l.run(ctx)
+	var r result
+	switch {
+	case sent.refusal != nil:
+		r = l.rejection(reply.Rejection(sent.refusal))
+	default:
+		if sent.replica != "" {
+			// Decided here: the route is known before anything comes back.
+			l.routedTo(sent.replica, sent.budget)
+			l.send.spoken = true
+		}
+		r = l.run(ctx)
+	}
 	r.id = l.send.copies[l.send.chosen].id
 	for i, c := range l.send.copies {
 		if i != l.send.chosen {
@@ -278,7 +290,7 @@ func attemptHeader(hdr nats.Header) nats.Header {
 	for _, v := range hdr {
 		n += len(v)
 	}
-	h := make(nats.Header, len(hdr)+4)
+	h := make(nats.Header, len(hdr)+24) // room for the features and route headers
 	vals := make([]string, 0, n)
 	for k, v := range hdr {
 		i := len(vals)

@@ -6,8 +6,7 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/internal/chunk"
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/internal/sse"
@@ -359,16 +358,14 @@ func (s *response) resume(r result) {
 	s.cont, s.failed = r.cont, r.err
 }
 
-// continuationHeaders marks an attempt as a continuation: the replica it
-// resumes from, the tokens carried, and the max tokens left.
-func (s *response) continuationHeaders(h nats.Header) {
+// continueRequest marks an attempt as a continuation: the replica it
+// resumes from, the tokens carried (counted in the prompt), and the max
+// tokens left.
+func (s *response) continueRequest(q *policy.Request) {
 	c := s.carry
-	h[subjects.HdrResume] = []string{c.from}
-	h[subjects.HdrResumeTokens] = []string{strconv.Itoa(c.tokens)}
+	q.ResumeFrom, q.ResumeTokens = c.from, c.tokens
 	if c.maxTokens > 0 {
-		h[subjects.HdrMaxTokens] = []string{strconv.Itoa(max(c.maxTokens-c.tokens, 1))}
+		q.MaxTokens = max(c.maxTokens-c.tokens, 1)
 	}
-	if p, err := strconv.Atoi(h.Get(subjects.HdrPromptTokens)); err == nil {
-		h[subjects.HdrPromptTokens] = []string{strconv.Itoa(p + c.tokens)}
-	}
+	q.PromptTokens += c.tokens
 }
