@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // maxHold bounds how long a refused line stays away: its Retry-After, at

@@ -14,10 +14,10 @@ import (
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/features"
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // Scratch is the per-request working memory of the route path, pooled so

@@ -4,9 +4,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-llm/switchyard/decider"
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // publish sends one attempt on its way: decided here and published once,

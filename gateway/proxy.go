@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // upstream is one request on its way through NATS.

@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // failure is how an attempt ended, failNone being a whole answer. Every

@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // callEngine calls the engine and relays its answer, in three phases: the

@@ -15,9 +15,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // replyStream is a stream whose accept went out (the next message is the

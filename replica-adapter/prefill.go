@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // Disaggregated serving (docs/protocol.md, "Disaggregated serving"). The

@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // maxErrorBody bounds an engine error body read for translation.
