@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -328,7 +329,7 @@ func (b *Decider) refuse(kind, msg string, args ...any) {
 // RefuseReply counts, and logs once, a request dropped for a reply subject
 // outside the reply space: an attack, not a client.
 func (b *Decider) RefuseReply(reply string) {
-	b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+	b.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", clip.Text(reply, 128))
 }
 
 // InReplySpace reports whether reply is a subject a decider may answer on.

@@ -434,13 +434,6 @@ func checkBounds(h nats.Header) *subjects.APIError {
 	return nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
-
 func intHeader(h nats.Header, k string) (int, error) {
 	v := h.Get(k)
 	if v == "" {
