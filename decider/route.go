@@ -351,12 +351,9 @@ func (b *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.Hea
 	if q.MaxTokens, err = intHeader(h, subjects.HdrMaxTokens); err != nil {
 		return err.(*subjects.APIError)
 	}
-	if v := h.Get(subjects.HdrDeadline); v != "" {
-		ms, perr := strconv.ParseInt(v, 10, 64)
-		if perr != nil {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Deadline must be unix milliseconds")
-		}
-		q.Deadline = time.UnixMilli(ms)
+	var e *subjects.APIError
+	if q.Deadline, e = subjects.ParseDeadline(h.Get(subjects.HdrDeadline)); e != nil {
+		return e
 	}
 	if v := h.Get(subjects.HdrTTFTObjective); v != "" {
 		o, ok := subjects.ParseTTFTObjective(v)

@@ -165,9 +165,9 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)
 		return
 	}
-	if ms, err := strconv.ParseInt(h.Get(subjects.HdrDeadline), 10, 64); err == nil && ms > 0 {
+	if d, e := subjects.ParseDeadline(h.Get(subjects.HdrDeadline)); e == nil && !d.IsZero() {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
+		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
 	// The engine names the model as it serves it; the client gets the name
