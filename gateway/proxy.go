@@ -376,10 +376,10 @@ type leg struct {
 	left     bool   // the client left before the request was routed
 	accepted bool
 	replica  string // the replica that accepted
-	next     int    // the Llm-Seq expected next
 	missed   int    // probes in a row that found nothing on the replica's subjects
 	asked    bool   // a probe went out and no no-responders came for it yet
 	waits    int    // accept timeouts waited out because the routed replica looked alive
+	seq      reply.Sequence
 }
 
 // run waits for the attempt's reply until it ends or fails.
@@ -669,8 +669,7 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 			return l.leave(result{kind: failSequenceGap, replica: l.routed, accepted: true, ended: f.End,
 				err: subjects.NewError(502, subjects.CodeUpstreamError, "the reply lost its accept (sequence gap)")}), true
 		}
-		if f.Seq == l.next {
-			l.next++
+		if l.seq.Next(&f) {
 			l.heard()
 			return l.answer(f)
 		}
@@ -692,7 +691,8 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	if l.left {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}
-	l.accepted, l.replica, l.next = true, f.Replica, 1
+	l.accepted, l.replica = true, f.Replica
+	l.seq.Accept()
 	if u := l.out.u; u.admitted && !u.accepted {
 		// The router's part is over: the first attempt's time from
 		// going out to its accept is a sample of the limit's latency.
