@@ -106,7 +106,9 @@ func (b *brokerStandIn) serve(nc *nats.Conn) func(*nats.Msg) {
 			r.Header.Set(subjects.HdrRetryAfterMS, "20")
 			r.Data = subjects.NewError(503, subjects.CodeAllReplicasBusy, "busy").Body()
 		default:
+			// The accept rides on the head, as an engine's quick answer does.
 			r.Header.Set(subjects.HdrSeq, "1")
+			r.Header.Set(subjects.HdrAccepted, "r-1")
 			r.Header.Set(subjects.HdrStatus, "200")
 			r.Data = []byte(`{"object":"chat.completion","echo":` + fmt.Sprintf("%q", key) + `}`)
 		}

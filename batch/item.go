@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // maxHold bounds how long a refused line stays away: its Retry-After, at
@@ -196,7 +196,7 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 		return answer{status: 503, retryAfter: time.Second, from: refusedByBus}
 	}
 	var a answer
-	seq := -1
+	var seq replyproto.Sequence
 	maxBody := int(b.nc.MaxPayload()) - 4096
 	for {
 		mctx, cancel := context.WithTimeout(ctx, replyIdle)
@@ -215,8 +215,17 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 		switch f.Kind {
 		case replyproto.NoResponders:
 			return answer{status: 503, retryAfter: time.Second, from: refusedByBus} // no broker listens
-		case replyproto.Routed, replyproto.Keepalive, replyproto.Accept:
+		case replyproto.Routed, replyproto.Keepalive:
 			continue
+		case replyproto.Accept:
+			if !seq.Accepted() {
+				seq.Accept()
+				continue
+			}
+		case replyproto.Head:
+			if f.Replica != "" && !seq.Accepted() {
+				seq.Accept() // the accept rode on the head
+			}
 		case replyproto.Error:
 			// An adapter's rejection names its replica (it tells the
 			// gateway to try another); a broker's names none.
@@ -228,10 +237,9 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 		case replyproto.Unknown, replyproto.Handover:
 			return answer{err: errors.New("the answer broke off (" + f.Kind.String() + ")")}
 		}
-		if seq >= 0 && f.Seq != seq+1 {
+		if !seq.Next(&f) {
 			return answer{err: errors.New("the answer lost a message")}
 		}
-		seq = f.Seq
 		if f.Kind == replyproto.Head {
 			a.status, a.from = f.Status, refusedByEngine
 		}

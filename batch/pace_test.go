@@ -93,6 +93,9 @@ func (p *poolStandIn) take(nc *nats.Conn) func(*nats.Msg) {
 			p.loadDelta(nc)
 			p.mu.Unlock()
 			r.Header.Set(subjects.HdrSeq, "1")
+			if p.maxBatch == 0 {
+				r.Header.Set(subjects.HdrAccepted, "r-1") // no accept went alone: it rides on the head
+			}
 			r.Header.Set(subjects.HdrStatus, "200")
 			r.Data = []byte(`{"object":"chat.completion"}`)
 			_ = nc.PublishMsg(r)

@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/switchyard-llm/switchyard/decider"
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // route is the per-message hot path: headers in, one publish out.

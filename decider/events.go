@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -331,7 +332,7 @@ func (dec *Decider) refuseUnregistered(what, replica string) {
 	dec.metrics.refused.WithLabelValues(refusedReplica).Inc()
 	if waited, late := dec.unregistered.late(replica, dec.cfg.Now()); late {
 		dec.warnOnce(refusedReplica, what+" of a replica not registered in the table ignored",
-			"replica", truncate(replica, 128), "unregistered_for", waited.Round(time.Second))
+			"replica", clip.Text(replica, 128), "unregistered_for", waited.Round(time.Second))
 	}
 }
 
@@ -345,7 +346,7 @@ func (dec *Decider) warnOnce(kind, msg string, args ...any) {
 // RefuseReply counts, and logs once, a request dropped for a reply subject
 // outside the reply space: an attack, not a client.
 func (dec *Decider) RefuseReply(reply string) {
-	dec.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", truncate(reply, 128))
+	dec.refuse(refusedReply, "request with a reply subject outside the reply space dropped", "reply", clip.Text(reply, 128))
 }
 
 // InReplySpace reports whether reply is a subject a decider may answer on.

@@ -8,7 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -24,7 +25,7 @@ func (dec *Decider) onKV(m *nats.Msg) {
 		return
 	}
 	if i := strings.LastIndexByte(m.Subject, '.'); i < 0 || m.Subject[i+1:] != u.Replica {
-		dec.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", truncate(u.Replica, 128))
+		dec.refuse(refusedKVReplica, "KV-cache update speaking for another replica ignored", "subject", m.Subject, "replica", clip.Text(u.Replica, 128))
 		return
 	}
 	t := dec.router.Table()
@@ -36,7 +37,7 @@ func (dec *Decider) onKV(m *nats.Msg) {
 		// The model is the index's key and a metric's label: a replica
 		// speaks only for the model it registered, or names would grow
 		// without bound.
-		dec.refuse(refusedReplica, "KV-cache update for a model its replica does not serve ignored", "replica", u.Replica, "model", truncate(u.Model, 128))
+		dec.refuse(refusedReplica, "KV-cache update for a model its replica does not serve ignored", "replica", u.Replica, "model", clip.Text(u.Model, 128))
 		return
 	}
 	err := dec.router.ObserveKV(&u)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -65,7 +66,7 @@ func readLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
 		switch {
 		case k.Equal("replica"):
 			if len(v) < 2 || v[0] != '"' || string(v[1:len(v)-1]) != token {
-				return fmt.Errorf("%w: replica %s published on %q", errDeltaReplica, truncate(string(v), 80), subject)
+				return fmt.Errorf("%w: replica %s published on %q", errDeltaReplica, clip.Text(v, 80), subject)
 			}
 			d.Replica, named, ok = token, true, true
 		case k.Equal("hb_seq"):
@@ -86,7 +87,7 @@ func readLoadDelta(subject string, data []byte, d *subjects.LoadDelta) error {
 			ok = true
 		}
 		if !ok {
-			return fmt.Errorf("%w: member %s", errLoadDelta, truncate(string(k.Quoted), 64))
+			return fmt.Errorf("%w: member %s", errLoadDelta, clip.Text(k.Quoted, 64))
 		}
 	}
 	if end := m.End(); end < 0 || jsonscan.SkipSpace(data, end) != len(data) {

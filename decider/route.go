@@ -14,10 +14,10 @@ import (
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/budget"
 	"github.com/switchyard-llm/switchyard/features"
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/owners"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // Scratch is the per-request working memory of the route path, pooled so
@@ -359,12 +359,9 @@ func (dec *Decider) fillRequest(s *Scratch, tenant string, direct bool, h nats.H
 	if q.MaxTokens, err = intHeader(h, subjects.HdrMaxTokens); err != nil {
 		return err.(*subjects.APIError)
 	}
-	if v := h.Get(subjects.HdrDeadline); v != "" {
-		ms, perr := strconv.ParseInt(v, 10, 64)
-		if perr != nil {
-			return subjects.NewError(400, subjects.CodeInvalidRequest, "Llm-Deadline must be unix milliseconds")
-		}
-		q.Deadline = time.UnixMilli(ms)
+	var e *subjects.APIError
+	if q.Deadline, e = subjects.ParseDeadline(h.Get(subjects.HdrDeadline)); e != nil {
+		return e
 	}
 	if v := h.Get(subjects.HdrTTFTObjective); v != "" {
 		o, ok := subjects.ParseTTFTObjective(v)
@@ -439,13 +436,6 @@ func checkBounds(h nats.Header) *subjects.APIError {
 		return subjects.NewError(400, subjects.CodeInvalidRequest, subjects.HdrFeatures+" may name at most "+strconv.Itoa(subjects.MaxFeatures)+" flags")
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
 }
 
 func intHeader(h nats.Header, k string) (int, error) {

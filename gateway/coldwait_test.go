@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/gateway"
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // TestHeldStreamAnsweredWithAnError: a stream held while its cold model

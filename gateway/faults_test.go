@@ -23,11 +23,11 @@ import (
 
 	"github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/gateway"
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/batch"
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -162,7 +163,7 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request) {
 				name = "file.jsonl"
 			}
 			chk := batch.NewChecker(part, g.cfg.MaxFileBytes, g.cfg.MaxFileLines)
-			f, err := st.PutFile(r.Context(), tenant, truncate(name, 256), batch.PurposeBatch, chk)
+			f, err := st.PutFile(r.Context(), tenant, clip.Text(name, 256), batch.PurposeBatch, chk)
 			var ae *subjects.APIError
 			if errors.As(chk.Err(), &ae) {
 				ae.Param = "file"
@@ -282,11 +283,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }

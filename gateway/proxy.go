@@ -16,11 +16,11 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/decider"
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // upstream is one request on its way through NATS.
@@ -367,9 +367,9 @@ type leg struct {
 	waits  int
 
 	// phaseAccepted and phaseStreaming: the replica that accepted, the
-	// Llm-Seq expected next, and the probe of its silence.
+	// reply's Llm-Seq order, and the probe of its silence.
 	replica string
-	next    int
+	seq     reply.Sequence
 	watch   silence
 }
 
@@ -625,8 +625,6 @@ func (l *leg) stopResending() {
 	}
 }
 
-// on handles one reply message; over reports that the attempt ended, and
-
 // on handles one reply frame in the attempt's phase; over reports that
 // the attempt ended, and r how.
 func (l *leg) on(f reply.Frame) (r result, over bool) {
@@ -672,8 +670,7 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 		return l.unanswered()
 	case reply.Head, reply.Data, reply.End, reply.Handover:
 		// One head, the first message after the accept.
-		if f.Seq == l.next && (f.Kind != reply.Head || l.phase == phaseAccepted) {
-			l.next++
+		if (f.Kind != reply.Head || l.phase == phaseAccepted) && l.seq.Next(&f) {
 			l.heard()
 			return l.answer(f)
 		}
@@ -728,7 +725,8 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	if l.left {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}
-	l.phase, l.replica, l.next = phaseAccepted, f.Replica, 1
+	l.phase, l.replica = phaseAccepted, f.Replica
+	l.seq.Accept()
 	if u := l.out.u; u.admitted && !u.accepted {
 		// The router's part is over: the first attempt's time from
 		// going out to its accept, less what the adapter says it held the

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // failure is how an attempt ended, failNone being a whole answer. Every

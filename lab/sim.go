@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/enginesim"
-	"github.com/switchyard-llm/switchyard/internal/prefillfit"
+	"github.com/switchyard-llm/switchyard/replica-adapter/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

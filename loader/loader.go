@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/check"
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
@@ -310,7 +311,7 @@ func (l *Loader) Serving() bool { return l.serving.Load() }
 func (l *Loader) onLoad(m *nats.Msg) {
 	var req subjects.ControlLoad
 	if err := json.Unmarshal(m.Data, &req); err != nil || !table.ValidName(req.Model) || (req.Version != "" && !table.ValidName(req.Version)) {
-		l.log.Warn("ignoring a malformed load request", "data", truncate(m.Data, 200))
+		l.log.Warn("ignoring a malformed load request", "data", clip.Text(m.Data, 200))
 		return
 	}
 	now := time.Now()
@@ -442,11 +443,4 @@ func key(model, version string) string {
 		version = "_"
 	}
 	return model + "/" + version
-}
-
-func truncate(b []byte, n int) string {
-	if len(b) > n {
-		return string(b[:n]) + "…"
-	}
-	return string(b)
 }

@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // engineCall is one request's call to the engine, from the engine request

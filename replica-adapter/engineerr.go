@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -39,13 +39,13 @@ func engineError(status int, body []byte) *subjects.APIError {
 		e.Param = jsonString(obj["param"])
 		e.Code = jsonString(obj["code"])
 	} else {
-		e.Message = strings.TrimSpace(truncate(string(body), 512))
+		e.Message = strings.TrimSpace(clip.Text(body, 512))
 	}
 	if e.Message == "" {
 		e.Message = "engine answered " + httpStatusText(status)
 	}
 	// The message travels in one NATS message and ends up in a client's log.
-	e.Message = truncate(e.Message, 2048)
+	e.Message = clip.Text(e.Message, 2048)
 	if e.Code == "" {
 		e.Code = codeFor(status, e.Message)
 	}
@@ -89,16 +89,6 @@ func jsonString(raw json.RawMessage) string {
 		return ""
 	}
 	return s
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 func httpStatusText(status int) string {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
@@ -221,7 +222,7 @@ func notServed(req *http.Request, resp *http.Response) (_ *http.Response, gone b
 	}
 	resp.Body.Close()
 	return replaced(req, resp, "The engine does not serve the "+what+" this replica registered (404: "+
-		truncate(engineError(http.StatusNotFound, b).Message, 512)+"); the replica counts it as a failure."), true
+		clip.Text(engineError(http.StatusNotFound, b).Message, 512)+"); the replica counts it as a failure."), true
 }
 
 // notServing reads an engine's 404 body: what is missing, the model

@@ -7,15 +7,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // Disaggregated serving (docs/protocol.md, "Disaggregated serving"). The
@@ -195,8 +194,8 @@ func (a *Adapter) refuseLeg(reply string, e *subjects.APIError) {
 // legDeadline bounds a leg by the request's deadline, else maxPrefillWait.
 func legDeadline(ctx context.Context, h nats.Header) (context.Context, context.CancelFunc) {
 	at := time.Now().Add(maxPrefillWait)
-	if ms, err := strconv.ParseInt(h.Get(subjects.HdrDeadline), 10, 64); err == nil && ms > 0 && time.UnixMilli(ms).Before(at) {
-		at = time.UnixMilli(ms)
+	if d, e := subjects.ParseDeadline(h.Get(subjects.HdrDeadline)); e == nil && !d.IsZero() && d.Before(at) {
+		at = d
 	}
 	return context.WithDeadline(ctx, at)
 }

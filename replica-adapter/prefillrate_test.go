@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/prefillfit"
+	"github.com/switchyard-llm/switchyard/replica-adapter/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	replyproto "github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
 	"github.com/switchyard-llm/switchyard/subjects"
+	replyproto "github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // maxErrorBody bounds an engine error body read for translation.
@@ -115,9 +115,9 @@ func (a *Adapter) serve(ctx context.Context, c *call, id, reply string, h nats.H
 		a.log.WarnContext(telemetry.LogContext(ctx, h), "accept not sent", "request", id, "err", err)
 		return
 	}
-	if ms, err := strconv.ParseInt(h.Get(subjects.HdrDeadline), 10, 64); err == nil && ms > 0 {
+	if d, e := subjects.ParseDeadline(h.Get(subjects.HdrDeadline)); e == nil && !d.IsZero() {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
+		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
 	ec := &engineCall{a: a, ctx: spans.startEngine(ctx, a), st: st, h: h, body: body,

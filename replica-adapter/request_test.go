@@ -384,7 +384,7 @@ func TestBadRequest(t *testing.T) {
 		"body not a object": {subjects.EndpointChat, `[1,2]`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			h := chatHeaders("req-bad")
+			h := chatHeaders("req-bad-" + strings.ReplaceAll(name, " ", "-")) // an id of its own: the one before may still be in hand
 			h.Set(subjects.HdrEndpoint, tc.endpoint)
 			msgs := untilEnd(t, e.request("r-1", h, tc.body))
 			if len(msgs) != 2 || msgs[1].Header.Get(subjects.HdrStatus) != "400" || !strings.Contains(string(msgs[1].Data), subjects.CodeInvalidRequest) {

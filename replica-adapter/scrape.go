@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/switchyard-llm/switchyard/internal/prefillfit"
+	"github.com/switchyard-llm/switchyard/replica-adapter/prefillfit"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // tailWindow is how long before a lost connection a reply's end may have

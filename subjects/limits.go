@@ -1,6 +1,9 @@
 package subjects
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // Bounds on what a sender controls (docs/security.md, "Bounds"). A message
 // over one is refused with a 400 before any work in proportion to it.
@@ -53,3 +56,22 @@ func ParseTTFTObjective(s string) (time.Duration, bool) {
 // MaxAcceptHeld bounds Llm-Held: no adapter holds an accept longer (its
 // accept delay is at most a second).
 const MaxAcceptHeld = time.Second
+
+// MaxDeadlineMillis bounds Llm-Deadline: the last millisecond of the year
+// 9999 UTC, past any real deadline and far from where int64 arithmetic on
+// times overflows.
+const MaxDeadlineMillis = 253402300799999
+
+// ParseDeadline reads an Llm-Deadline value: unix milliseconds from 1 to
+// MaxDeadlineMillis. An empty value is no deadline (the zero time); any
+// other value out of that range is a 400 that names the header.
+func ParseDeadline(v string) (time.Time, *APIError) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 1 || ms > MaxDeadlineMillis {
+		return time.Time{}, NewError(400, CodeInvalidRequest, HdrDeadline+" must be unix milliseconds from 1 to "+strconv.Itoa(MaxDeadlineMillis))
+	}
+	return time.UnixMilli(ms), nil
+}

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -53,6 +54,97 @@ func TestOneOfEachKind(t *testing.T) {
 	}
 	if files < 100 {
 		t.Fatalf("read %d Go files under %s: not the repository", files, root)
+	}
+}
+
+// TestInternalImportsOnlyInternal holds the packages under internal/ to
+// building blocks: none imports a package of this module outside
+// internal/ (the wire contract, a part, the policy), tests included. What
+// such a package needs of them is passed in, or the package lives beside
+// what it serves.
+func TestInternalImportsOnlyInternal(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var module string
+	for l := range strings.Lines(string(gomod)) {
+		if m, ok := strings.CutPrefix(strings.TrimSpace(l), "module "); ok {
+			module = strings.Trim(strings.TrimSpace(m), `"`)
+			break
+		}
+	}
+	if module == "" {
+		t.Fatal("go.mod names no module")
+	}
+	fset := token.NewFileSet()
+	files := 0
+	err = filepath.WalkDir(filepath.Join(root, "internal"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		files++
+		rel, _ := filepath.Rel(root, path)
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if outsideInternal(module, p) {
+				t.Errorf("%s:%d: imports %s, outside %s/internal", filepath.ToSlash(rel), fset.Position(imp.Pos()).Line, p, module)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 20 {
+		t.Fatalf("read %d Go files under %s/internal: not the repository's", files, root)
+	}
+}
+
+// outsideInternal reports whether import path p is a package of module
+// outside its internal/ tree.
+func outsideInternal(module, p string) bool {
+	if p != module && !strings.HasPrefix(p, module+"/") {
+		return false // the standard library or another module
+	}
+	return p != module+"/internal" && !strings.HasPrefix(p, module+"/internal/")
+}
+
+func TestOutsideInternal(t *testing.T) {
+	const m = "example.com/mod"
+	for p, want := range map[string]bool{
+		"strings":                           false,
+		"github.com/nats-io/nats.go":        false,
+		"example.com/module/subjects":       false, // another module that shares a prefix
+		"example.com/mod/internal/sse":      false,
+		"example.com/mod/internal/sse/more": false,
+		"example.com/mod/internal":          false,
+		"example.com/mod":                   true,
+		"example.com/mod/subjects":          true,
+		"example.com/mod/subjects/reply":    true,
+		"example.com/mod/internalish":       true,
+		"example.com/mod/broker/internal/x": true,
+	} {
+		if got := outsideInternal(m, p); got != want {
+			t.Errorf("outsideInternal(%q) = %v, want %v", p, got, want)
+		}
 	}
 }
 

@@ -8,12 +8,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // The dashboard's cached blocks per replica come from an exact prefix
-// index of its own (internal/kvindex, the one every decider keeps), fed
+// index of its own (broker/policy/kvindex, the one every decider keeps), fed
 // by the adapters' KV-cache key updates on llm.kv.<replica> and believed
 // as a broker believes them: only for the replica the subject names, only
 // for the model its registration serves, and only up to the capacity it

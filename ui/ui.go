@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/features"
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

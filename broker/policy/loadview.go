@@ -5,7 +5,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/table"
 )
 

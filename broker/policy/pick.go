@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 )
 
 // pick is the replica choice of one decision: the candidates of the group

@@ -3,7 +3,7 @@ package policy
 import (
 	"slices"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 )

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

@@ -3,8 +3,8 @@ package reply_test
 import (
 	"testing"
 
-	"github.com/switchyard-llm/switchyard/internal/reply"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/subjects/reply"
 )
 
 // TestLeg: a prefill leg's answer reads back as a whole answer with the

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/switchyard-llm/switchyard/internal/kvindex"
+	"github.com/switchyard-llm/switchyard/broker/policy/kvindex"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 

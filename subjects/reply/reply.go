@@ -2,7 +2,8 @@
 // reply protocol"): the messages a broker and an adapter send on a
 // request's reply subject, and the gateway reads there. Each message is a
 // Frame of one Kind; Decode reads a NATS message as one, and Encode writes
-// one's headers, so the spelling of the protocol lives here alone.
+// one's headers, so the spelling of the protocol lives here alone. A
+// Sequence holds an accepted reply to its order, for every reader of one.
 package reply
 
 import (
@@ -227,4 +228,33 @@ func held(d time.Duration) string {
 
 func set(h nats.Header, k, v string) {
 	h[k] = append(h[k][:0], v)
+}
+
+// Sequence holds an accepted reply to Llm-Seq order (docs/protocol.md,
+// "The reply protocol"): the accept is 0, the head 1, each data frame one
+// more, and the end or handover the next. A keepalive repeats the last
+// number and is not counted. A frame out of order means a message was
+// lost: what follows it is no answer.
+//
+// The zero Sequence is before the accept: no frame is in order until
+// Accept is called.
+type Sequence struct {
+	next int // the Llm-Seq expected next; 0 until the accept
+}
+
+// Accept starts the sequence at the accept, alone (seq 0) or riding on the
+// head (seq 1): the head is next.
+func (s *Sequence) Accept() { s.next = 1 }
+
+// Accepted reports whether Accept was called.
+func (s *Sequence) Accepted() bool { return s.next > 0 }
+
+// Next reports whether f, a head, data, end or handover frame, is the one
+// expected next, and counts it when it is.
+func (s *Sequence) Next(f *Frame) bool {
+	if s.next == 0 || f.Seq != s.next {
+		return false
+	}
+	s.next++
+	return true
 }
