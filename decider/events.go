@@ -325,20 +325,25 @@ func (dec *Decider) refuse(kind, msg string, args ...any) {
 }
 
 // refuseUnregistered counts a message (what: heartbeat, load delta,
-// KV-cache update) of a replica not registered in the table, and logs the
-// first of a replica that stays unregistered past unregisteredGrace: a
-// new replica's messages may come before its registration.
+// KV-cache update) of a replica not registered in the table, and logs, once
+// a process as every refusal kind, the first replica that stays
+// unregistered past unregisteredGrace: a new replica's messages may come
+// before its registration. Its own log key keeps another refusal counted
+// under the same metric label from silencing it.
 func (dec *Decider) refuseUnregistered(what, replica string) {
 	dec.metrics.refused.WithLabelValues(refusedReplica).Inc()
 	if waited, late := dec.unregistered.late(replica, dec.cfg.Now()); late {
-		dec.warnOnce(refusedReplica, what+" of a replica not registered in the table ignored",
+		dec.warnOnceAs("unregistered", refusedReplica, what+" of a replica not registered in the table ignored",
 			"replica", clip.Text(replica, 128), "unregistered_for", waited.Round(time.Second))
 	}
 }
 
 // warnOnce logs the first refusal of each kind.
-func (dec *Decider) warnOnce(kind, msg string, args ...any) {
-	if _, logged := dec.logged.LoadOrStore(kind, true); !logged {
+func (dec *Decider) warnOnce(kind, msg string, args ...any) { dec.warnOnceAs(kind, kind, msg, args...) }
+
+// warnOnceAs logs the first refusal under key, labelled kind.
+func (dec *Decider) warnOnceAs(key, kind, msg string, args ...any) {
+	if _, logged := dec.logged.LoadOrStore(key, true); !logged {
 		dec.log.Warn(msg+" (logged once; see switchyard_broker_refused_messages_total)", append(args, "kind", kind)...)
 	}
 }

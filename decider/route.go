@@ -71,7 +71,7 @@ type Do uint8
 
 // What to do with a message.
 const (
-	DoForward   Do = iota + 1 // publish Msg, the request for the chosen replica
+	DoForward   Do = iota + 1 // publish Route.Msg, the request for the chosen replica
 	DoRefuse                  // answer the reply subject with Err
 	DoReadOwner               // read the owner of stored response Owner, then decide (Owned)
 )

@@ -42,10 +42,10 @@ func (g *Gateway) publish(id string, u *upstream, in *decider.Request) (sent, er
 	s := g.dec.Get()
 	defer g.dec.Release(s)
 	route, refusal := g.dec.Decide(s, in)
-	g.cfg.Stages.Mark(id, stages.Published)
 	if refusal != nil {
 		return sent{refusal: refusal}, nil
 	}
+	g.cfg.Stages.Mark(id, stages.Published)
 	m := route.Msg
 	return sent{msg: &m, replica: route.Replica, budget: route.Budget}, g.nc.PublishMsg(&m)
 }

@@ -300,6 +300,45 @@ func TestSequenceGapEndsTheResponseExplicitly(t *testing.T) {
 	}
 }
 
+// One head a reply: a second one in the middle of the stream (an accept
+// riding on a head again) is a gap, never relayed as data.
+func TestASecondHeadIsASequenceGap(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.accept("r-0")
+		r.head(200, "text/event-stream")
+		r.send(nil, "data: {\"i\":0}\n\n")
+		r.send(nats.Header{subjects.HdrAccepted: {"r-0"}, subjects.HdrStatus: {"200"}, subjects.HdrContent: {"text/event-stream"}}, "data: {\"i\":9}\n\n")
+		r.send(nil, "data: [DONE]\n\n")
+		r.end("")
+	})
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, `{"i":0}`) || strings.Contains(s.body, `{"i":9}`) ||
+		sseError(s.body) != subjects.CodeUpstreamError || strings.Contains(s.body, "[DONE]") {
+		t.Errorf("stream with a second head: %d %q; want the first chunk, then an SSE error event, nothing of the second head", s.status, s.body)
+	}
+}
+
+// An accept whose replica is no subject token names no replica: it is not
+// taken, and the attempt goes on to the accept that follows.
+func TestAnAcceptNamingNoReplicaIsIgnored(t *testing.T) {
+	u := newUpstream(t, gateway.Config{}, func(r *reply, _ int) {
+		r.routed("r-0")
+		r.send(nats.Header{subjects.HdrAccepted: {"r-0.>"}}, `{"replica":"r-0.>"}`)
+		r.seq = 0
+		r.accept("r-0")
+		r.head(200, "application/json")
+		r.send(nil, `{"choices":[{}]}`)
+		r.end("")
+	})
+	ns := u.post(false)
+	if ns.status != 200 || !strings.Contains(ns.body, `"choices"`) {
+		t.Errorf("answer after a malformed accept: %d %q %s, want the 200 that followed", ns.status, ns.code, ns.body)
+	}
+	if n := u.attempts.Load(); n != 1 {
+		t.Errorf("%d attempts, want 1", n)
+	}
+}
+
 // A reply whose accept was lost with a NATS connection is no answer: the
 // messages after it fail the request explicitly, never a bare 502.
 func TestLostAcceptIsASequenceGap(t *testing.T) {

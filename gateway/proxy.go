@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	"github.com/switchyard-llm/switchyard/decider"
+	"github.com/switchyard-llm/switchyard/internal/clip"
 	"github.com/switchyard-llm/switchyard/internal/sse"
 	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/internal/telemetry"
@@ -720,8 +721,14 @@ func (l *leg) leave(r result) result {
 	return r
 }
 
-// accept starts the relay of the replica that accepted.
+// accept starts the relay of the replica that accepted. An accept that
+// does not name a replica as a subject token can name none: it is no
+// accept, and the attempt waits on for one.
 func (l *leg) accept(f reply.Frame) (r result, over bool) {
+	if subjects.ValidToken(f.Replica) != nil {
+		l.g.log.Debug("accept naming no valid replica ignored", "replica", clip.Text(f.Replica, 64))
+		return r, false
+	}
 	if l.left {
 		return l.leave(result{replica: f.Replica, accepted: true, ended: f.End}), true
 	}

@@ -333,11 +333,12 @@ func (c *carry) next(from string) {
 // continuation is the body that continues the answer r failed in, or nil,
 // with the reason logged, when it cannot continue: the request does not
 // allow it, the answer so far cannot be carried or was whole, or the
-// continuation is over the body limit. Nothing is committed until the
-// relay resumes (resume).
+// continuation is over the body limit; nil without a word when the
+// request already used its resumes (judge would not take it). Nothing is
+// committed until the relay resumes (resume).
 func (s *response) continuation(r result) []byte {
 	c := s.following()
-	if !c.on || c.finished {
+	if !c.on || c.finished || c.parts >= maxResumes {
 		return nil
 	}
 	b, why := c.continuation(s.u.body)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -267,7 +268,13 @@ func (a *Adapter) prefillLeg(ctx context.Context, h nats.Header, body []byte) []
 		}
 		return nil
 	}
-	switch status := replyproto.Decode(resp).Status; status {
+	status := replyproto.Decode(resp).Status
+	if status == 0 {
+		// A prefill replica of an earlier version answers with Llm-Status
+		// alone, no Llm-Seq: read it as it was sent.
+		status, _ = strconv.Atoi(resp.Header.Get(subjects.HdrStatus))
+	}
+	switch status {
 	case http.StatusOK:
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		a.servedWhole(h, wholeRefused)
