@@ -186,3 +186,74 @@ func TestARequestWaitsForTheLinkAndGoesThrough(t *testing.T) {
 		t.Errorf("offline waits %v, want the retry to have waited for the link", n)
 	}
 }
+
+// A request in flight when the gateway's NATS connection drops and does
+// not come back within --offline-wait is answered 503 router_unavailable;
+// when no replica accepted any attempt of it, with
+// X-Switchyard-Retry-Elsewhere, so a load balancer gives it to another
+// gateway (this one would have sent it again through its own link). Once a
+// replica accepted it, the header is not sent: it may be running there.
+func TestALostLinkSendsAnUnacceptedRequestElsewhere(t *testing.T) {
+	for _, accepted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before-any-accept", true: "after-an-accept"}[accepted], func(t *testing.T) {
+			u := newUpstream(t, gateway.Config{OfflineWait: 300 * time.Millisecond, ProbeAfter: 50 * time.Millisecond, IdleTimeout: time.Minute},
+				func(r *reply, _ int) {
+					if accepted {
+						r.accept("r-0") // and nothing more: the server goes
+					}
+				})
+			// The gateway probes a silent accepted replica: a probe says
+			// it took the accept. (Subscribed, the replica is there: no
+			// no-responders.)
+			probed := make(chan struct{}, 1)
+			if _, err := u.nc.Subscribe(subjects.New("").ReplicaCancel("r-0"), func(*nats.Msg) {
+				select {
+				case probed <- struct{}{}:
+				default:
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			_ = u.nc.Flush()
+			type answer struct {
+				status int
+				h      http.Header
+				body   string
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, err := http.Post(u.gw+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`))
+				if err != nil {
+					done <- answer{body: err.Error()}
+					return
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				done <- answer{resp.StatusCode, resp.Header, string(b)}
+			}()
+			testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, testkit.Cond("the attempt published", func() bool { return u.attempts.Load() == 1 }))
+			if accepted {
+				select {
+				case <-probed:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the gateway never probed the replica that accepted")
+				}
+			}
+			u.srv.Shutdown()
+			var a answer
+			select {
+			case a = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the request was never answered")
+			}
+			if a.status != 503 || !strings.Contains(a.body, subjects.CodeRouterUnavailable) || a.h.Get("Retry-After") == "" {
+				t.Errorf("%d Retry-After %q: %s; want 503 router_unavailable with Retry-After", a.status, a.h.Get("Retry-After"), a.body)
+			}
+			want := map[bool]string{false: "1", true: ""}[accepted]
+			if got := a.h.Get(gateway.HdrRetryElsewhere); got != want {
+				t.Errorf("%s = %q, want %q", gateway.HdrRetryElsewhere, got, want)
+			}
+		})
+	}
+}

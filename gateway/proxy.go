@@ -42,8 +42,9 @@ type upstream struct {
 	bodyAt   int64 // the body's arrival on the stage recorder's clock (0: not recording)
 	// tries counts the attempts made (try); admitted says the request
 	// holds a place under the concurrency limit, accepted that a
-	// replica accepted one of its attempts (the place is then no longer
-	// pending: overload.go).
+	// replica accepted one of its attempts (an admitted request's place
+	// is then no longer pending: overload.go; and a link lost after it
+	// no longer sends it to another gateway: conclude).
 	tries              int
 	admitted, accepted bool
 	// linkBack is when an attempt of it found the NATS link back after
@@ -734,20 +735,23 @@ func (l *leg) accept(f reply.Frame) (r result, over bool) {
 	}
 	l.phase, l.replica = phaseAccepted, f.Replica
 	l.seq.Accept()
-	if u := l.out.u; u.admitted && !u.accepted {
-		// The router's part is over: the first attempt's time from
-		// going out to its accept, less what the adapter says it held the
-		// accept back for its engine's head (Llm-Held), is a sample of the
-		// limit's latency. An accept that does not say, or says more than
-		// the whole time, is no sample.
-		if u.tries == 1 {
-			now := time.Now()
-			if rtt := now.Sub(l.send.copies[0].at); f.Held >= 0 && f.Held <= rtt {
-				l.g.conc.observe(rtt-f.Held, now)
-			}
-		}
-		l.g.conc.accepted(u.tenant)
+	if u := l.out.u; !u.accepted {
 		u.accepted = true
+		if u.admitted {
+			// The router's part is over: the first attempt's time
+			// from going out to its accept, less what the adapter says
+			// it held the accept back for its engine's head
+			// (Llm-Held), is a sample of the limit's latency. An accept
+			// that does not say, or says more than the whole time, is
+			// no sample.
+			if u.tries == 1 {
+				now := time.Now()
+				if rtt := now.Sub(l.send.copies[0].at); f.Held >= 0 && f.Held <= rtt {
+					l.g.conc.observe(rtt-f.Held, now)
+				}
+			}
+			l.g.conc.accepted(u.tenant)
+		}
 	}
 	l.timer.Reset(l.g.cfg.IdleTimeout)
 	if p := l.g.cfg.ProbeAfter; p > 0 && p < l.g.cfg.IdleTimeout {

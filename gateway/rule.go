@@ -268,9 +268,11 @@ func (g *Gateway) conclude(out *response, r result, v verdict) {
 		out.passRejection(*r.rejection)
 	case httpError:
 		e := apiError(r.err)
-		if r.kind == failOffline && out.u.tries == 1 {
-			// Nothing of it went anywhere: another gateway may take it
-			// as it is (a load balancer retrying on this header).
+		if (r.kind == failOffline || r.kind == failLost) && !out.u.accepted {
+			// The gateway's link is down and no replica accepted any
+			// attempt of it: as judge lets this gateway send it again
+			// (failLost), another gateway may take it as it is (a load
+			// balancer retrying on this header).
 			e.Headers = map[string]string{HdrRetryElsewhere: "1"}
 		}
 		g.fail(out.w, out.u, e)
