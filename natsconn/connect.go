@@ -142,6 +142,7 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 		nats.PingInterval(pingInterval),
 		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.FlusherTimeout(writeTimeout),
+		nats.SetCustomDialer(live.dial),
 		nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			log.Info("NATS connected", "url", nc.ConnectedUrlRedacted())

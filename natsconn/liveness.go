@@ -2,7 +2,9 @@ package natsconn
 
 import (
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,20 +23,27 @@ const (
 )
 
 // liveness watches one connection. Every interval it notes whether the
-// server gave a sign of life since the last tick: a message received on
-// the connection, or the answer to the ping it sent then. Traffic counts as
-// proof of life as it does for the server, so a loaded machine whose pongs
-// queue behind a stream of messages raises no false alarm. After maxOut
-// intervals in a row without a sign, it forces a reconnect, which tries the
-// other servers first.
+// server gave a sign of life since the last tick: bytes read from the
+// server's socket (a message, a pong, the server's own ping). Traffic
+// counts as proof of life as it does for the server, so a loaded machine
+// whose pongs queue behind a stream of messages raises no false alarm; a
+// ping is sent each tick so that an idle connection has a pong to show.
+// After maxOut intervals in a row without a sign, it closes the socket,
+// and the client library reconnects, trying the other servers first.
+//
+// The check counts and closes the socket itself (dialer), never waiting on
+// the client library's lock: a write into a cut link whose socket buffer is
+// full holds that lock for up to writeTimeout (5 s), and the library's own
+// ForceReconnect flushes into the same socket before it closes it. Closing
+// the socket fails that write at once. (A connection the library made
+// without the dialer, in process, is checked through the library's counts
+// and ForceReconnect.)
 //
 // The client library's own pings (pingInterval, maxPingsOut) stay as a
-// backstop: they take only a pong as proof and are slower. A write the
-// server does not take holds the connection's lock for up to writeTimeout;
-// the check waits behind it, so a cut link whose socket buffer is full is
-// left at the write timeout (5 s), not within 2 s.
+// backstop: they take only a pong as proof and are slower.
 type liveness struct {
 	nc       *nats.Conn
+	dial     *dialer
 	interval time.Duration
 	maxOut   int
 	log      *slog.Logger
@@ -43,11 +52,24 @@ type liveness struct {
 }
 
 func newLiveness(interval time.Duration, maxOut int, log *slog.Logger) *liveness {
-	return &liveness{interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{})}
+	return &liveness{dial: &dialer{Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}, interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{})}
 }
 
 // closed stops the check: the connection's closed handler calls it.
 func (l *liveness) closed() { l.once.Do(func() { close(l.stop) }) }
+
+// sign is what the check reads at a tick: the socket in use (nil: none
+// dialed, or the library's in-process connection), whether the connection
+// is up, and its count of reads.
+func (l *liveness) sign() (w *watched, up bool, reads uint64, closed bool) {
+	if w = l.dial.cur.Load(); w != nil {
+		return w, !w.closed.Load(), w.reads.Load(), false
+	}
+	if l.nc.IsClosed() {
+		return nil, false, 0, true
+	}
+	return nil, l.nc.IsConnected(), l.nc.Stats().InMsgs, false
+}
 
 // run checks until the connection closes. Its probes (one ping in flight at
 // a time) end before it returns.
@@ -61,6 +83,7 @@ func (l *liveness) run() {
 			<-answer
 		}
 	}()
+	var last *watched
 	var lastIn uint64
 	answered, misses := false, 0
 	for {
@@ -69,7 +92,8 @@ func (l *liveness) run() {
 			return
 		case <-t.C:
 		}
-		if l.nc.IsClosed() {
+		w, up, in, closed := l.sign()
+		if closed {
 			return
 		}
 		if probing {
@@ -79,11 +103,11 @@ func (l *liveness) run() {
 			default:
 			}
 		}
-		in := l.nc.Stats().InMsgs
-		alive := in != lastIn || answered
-		lastIn, answered = in, false
+		// A socket new since the last tick is a fresh start.
+		alive := in != lastIn || w != last || answered
+		last, lastIn, answered = w, in, false
 		switch {
-		case !l.nc.IsConnected():
+		case !up:
 			misses = 0 // reconnecting: the library's own wait and retries apply
 		case alive:
 			misses = 0
@@ -91,15 +115,59 @@ func (l *liveness) run() {
 			misses++
 		}
 		if misses >= l.maxOut {
-			l.log.Warn("NATS server silent: reconnecting to another", "url", l.nc.ConnectedUrlRedacted(),
-				"silent_for", (time.Duration(misses) * l.interval).String())
 			misses = 0
+			if w != nil {
+				l.log.Warn("NATS server silent: reconnecting to another", "addr", w.RemoteAddr().String(),
+					"silent_for", (time.Duration(l.maxOut) * l.interval).String())
+				_ = w.Close()
+				continue
+			}
+			l.log.Warn("NATS server silent: reconnecting to another", "url", l.nc.ConnectedUrlRedacted(),
+				"silent_for", (time.Duration(l.maxOut) * l.interval).String())
 			_ = l.nc.ForceReconnect()
 			continue
 		}
-		if !probing && l.nc.IsConnected() {
+		if !probing && up {
 			probing = true
 			go func() { answer <- l.nc.FlushTimeout(time.Duration(l.maxOut) * l.interval) }()
 		}
 	}
+}
+
+// dialer dials the connection's servers (nats.SetCustomDialer) and keeps
+// the newest socket for the check.
+type dialer struct {
+	net.Dialer
+	cur atomic.Pointer[watched]
+}
+
+func (d *dialer) Dial(network, address string) (net.Conn, error) {
+	c, err := d.Dialer.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	w := &watched{Conn: c}
+	d.cur.Store(w)
+	return w, nil
+}
+
+// watched is a socket to a server that counts its reads that returned
+// bytes, and says when it was closed.
+type watched struct {
+	net.Conn
+	reads  atomic.Uint64
+	closed atomic.Bool
+}
+
+func (w *watched) Read(b []byte) (int, error) {
+	n, err := w.Conn.Read(b)
+	if n > 0 {
+		w.reads.Add(1)
+	}
+	return n, err
+}
+
+func (w *watched) Close() error {
+	w.closed.Store(true)
+	return w.Conn.Close()
 }

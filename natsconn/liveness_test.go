@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +102,69 @@ func TestASilentServerIsLeftWithinTwoSeconds(t *testing.T) {
 		t.Errorf("no warning of the silent server in:\n%s", logs.String())
 	}
 	t.Logf("requests carried by the other server %v after the first went silent", moved.Round(time.Millisecond))
+}
+
+// A link cut under a stream of publishes (a relay that stops carrying: the
+// sockets stay open, the client's send buffer fills and its write blocks,
+// holding the client library's lock) is left within the liveness check's
+// 2 s as a silent server is: the check closes the socket, which fails the
+// blocked write, rather than waiting on the lock for the write timeout and
+// then on ForceReconnect's flush into the same socket (5 s each).
+func TestACutLinkUnderWritesIsLeftWithinTwoSeconds(t *testing.T) {
+	isolate(t)
+	bin := natsServer(t)
+	_, first := testkit.StartNATSServer(t, bin)
+	_, second := testkit.StartNATSServer(t, bin)
+	rl := testkit.NewRelay(t, strings.TrimPrefix(first, "nats://"))
+
+	var logs testkit.SyncBuffer
+	nc, err := natsconn.Connect(context.Background(), natsconn.Options{URL: rl.URL() + "," + second, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		nats.DontRandomize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := natsconn.WaitConnected(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if got := nc.ConnectedUrl(); got != rl.URL() {
+		t.Fatalf("connected to %s, want the relayed server %s", got, rl.URL())
+	}
+	// 64 KiB a millisecond: the socket buffers fill soon after the cut.
+	stop := make(chan struct{})
+	var writing sync.WaitGroup
+	writing.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		payload := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_ = nc.Publish("fill", payload)
+		}
+	})
+	defer func() { close(stop); writing.Wait() }()
+
+	rl.Cut()
+	cut := time.Now()
+	var moved time.Duration
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if got := nc.ConnectedUrl(); got != second {
+			return fmt.Errorf("still on %q", got)
+		}
+		moved = time.Since(cut)
+		return nil
+	})
+	if moved > 4*time.Second {
+		t.Errorf("moved to the other server %v after the cut, want within the check's 2 s (and well before the 5 s write timeout)", moved.Round(time.Millisecond))
+	}
+	if !strings.Contains(logs.String(), "NATS server silent") {
+		t.Errorf("no warning of the silent server in:\n%s", logs.String())
+	}
+	t.Logf("on the other server %v after the cut", moved.Round(time.Millisecond))
 }
 
 // Values the liveness check cannot work with are refused, not bent into
