@@ -108,6 +108,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			}
 		}
 		t.Logf("%s: routing normal %v after %s", cur.name, d.Round(time.Millisecond), after)
+
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}
 	var cuts []time.Time // when the scenario cut a link (failures classified)

@@ -390,13 +390,12 @@ type clusterLoad struct {
 	gateways                               []string
 	total, ok, failed, lost, hung, retried atomic.Int64
 	markFailed, markRetried                atomic.Int64
-	canary                                 atomic.Int64    // answers from v1.6.0
-	stopping                               atomic.Int64    // 1 + the index of the gateway being stopped, or 0
-	code                                   bool            // every tenth request asks for `code`, served at the GPU site
-	lastOK                                 [2]atomic.Int64 // unix nanos of each gateway's last success
-	out                                    [2]atomic.Bool  // the balancer took the gateway out of the rotation
-	held                                   atomic.Int64    // requests held while no gateway was in the rotation
-	heldLongest                            atomic.Int64    // the longest such hold, nanoseconds
+	canary                                 atomic.Int64   // answers from v1.6.0
+	stopping                               atomic.Int64   // 1 + the index of the gateway being stopped, or 0
+	code                                   bool           // every tenth request asks for `code`, served at the GPU site
+	out                                    [2]atomic.Bool // the balancer took the gateway out of the rotation
+	held                                   atomic.Int64   // requests held while no gateway was in the rotation
+	heldLongest                            atomic.Int64   // the longest such hold, nanoseconds
 
 	mu   sync.Mutex
 	reqs []sent
@@ -446,7 +445,6 @@ func (l *clusterLoad) run(ctx context.Context, w int) {
 		switch {
 		case o.status == 200 && o.done:
 			l.ok.Add(1)
-			l.lastOK[g].Store(time.Now().UnixNano())
 			if version == "v1.6.0" {
 				l.canary.Add(1)
 			}
@@ -730,30 +728,76 @@ func (l *clusterLoad) since() (failed, retried int64) {
 	return l.failed.Load() + l.lost.Load() + l.hung.Load() - l.markFailed.Load(), l.retried.Load() - l.markRetried.Load()
 }
 
-// normal waits until both gateways answered a request that started after
-// now, and returns how long that took.
+// probeEvery is how often normal sends each gateway a new probe while it
+// has not answered one.
+const probeEvery = 100 * time.Millisecond
+
+// normal waits until routing is normal again: from now, every probeEvery
+// each gateway that has not yet answered one gets a new short request
+// (`auto`, 4 tokens, not streamed, each on its own, so one that waits does
+// not hold back the next), and routing is normal once both answered one
+// that started after now. It returns how long after now the second
+// gateway's answer came. The load's own requests are not the measure: they
+// run in step, and a long-context one started just after a fault would
+// count its seconds of prefill as the time to recover.
 func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
 	from := time.Now()
-	took, err := testkit.Poll(bound, 20*time.Millisecond, testkit.Cond("both gateways answering", func() bool {
-		return l.okSince(0, from) && l.okSince(1, from)
-	}))
-	return took, err == nil
-}
-
-// okSince reports whether a request through gateway g that started after
-// from completed.
-func (l *clusterLoad) okSince(g int, from time.Time) bool {
-	if l.lastOK[g].Load() < from.UnixNano() {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i := len(l.reqs) - 1; i >= 0 && l.reqs[i].end.After(from); i-- {
-		if r := l.reqs[i]; r.gateway == g && r.start.After(from) && r.o.status == 200 && r.o.done {
-			return true
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	var probes sync.WaitGroup
+	defer func() { cancel(); probes.Wait() }()
+	var mu sync.Mutex
+	answered := make([]time.Duration, len(l.gateways)) // 0: not yet
+	all := make(chan struct{})
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	for {
+		for g, gw := range l.gateways {
+			mu.Lock()
+			got := answered[g] != 0
+			mu.Unlock()
+			if got {
+				continue
+			}
+			probes.Go(func() {
+				if !probe(ctx, gw) {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if answered[g] != 0 {
+					return
+				}
+				answered[g] = time.Since(from)
+				if !slices.Contains(answered, 0) {
+					close(all)
+				}
+			})
+		}
+		select {
+		case <-all:
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Max(answered), true
+		case <-ctx.Done():
+			return bound, false
+		case <-tick.C:
 		}
 	}
-	return false
+}
+
+// probe reports whether gateway answers a short chat request in full
+// before ctx ends.
+func probe(ctx context.Context, gateway string) bool {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions",
+		strings.NewReader(`{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"Hello"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	o := readAnswer(resp)
+	return o.status == 200 && o.done
 }
 
 func (l *clusterLoad) totals() (total, ok, failed, lost, hung int64) {
