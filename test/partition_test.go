@@ -156,6 +156,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			t.Fatalf("leader %q", leader)
 		}
 		cur.note = leader
+		onIt := gatewaysOn(monitors[i])
 		// The table is written through the two others.
 		majority := c.connect(strings.Join(slices.Delete(slices.Clone(nodes), i, i+1), ","), nats.IgnoreDiscoveredServers())
 		mjs, _ := jetstream.New(majority)
@@ -188,8 +189,8 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			t.Errorf("%s: the servers' copies of %s still differ %v after the heal: %v", cur.name, subjects.DefaultBucket, routingBound, err)
 		}
 		cur.divergent, cur.compared = len(diff), true
-		cur.note += fmt.Sprintf(" cut for %v; every key at the same revision and value on the three servers %v after the heal",
-			healed.Sub(cutAt).Round(time.Second), time.Since(healed).Round(100*time.Millisecond))
+		cur.note += fmt.Sprintf(" cut for %v, %s on it; every key at the same revision and value on the three servers %v after the heal",
+			healed.Sub(cutAt).Round(time.Second), onIt, time.Since(healed).Round(100*time.Millisecond))
 	})
 
 	scenario("the GPU site's leaf link cut", func(r *sent) bool { return r.model == "code" || r.o.replica == siteReplica }, func() {
@@ -676,4 +677,31 @@ func (l *clusterLoad) slowSince(from time.Time, d time.Duration) []string {
 		}
 	}
 	return out
+}
+
+// gatewaysOn says how many gateways are connected to the server whose
+// monitoring endpoint is monitor ("no gateway", "1 gateway", "2 gateways"):
+// a cut of a server a gateway is on is the slower to recover from.
+func gatewaysOn(monitor string) string {
+	var connz struct {
+		Connections []struct {
+			Name string `json:"name"`
+		} `json:"connections"`
+	}
+	if !getJSON(monitor+"/connz?limit=1024", &connz) {
+		return "gateways unknown"
+	}
+	n := 0
+	for _, c := range connz.Connections {
+		if c.Name == "switchyard-gateway" {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return "no gateway"
+	case 1:
+		return "1 gateway"
+	}
+	return fmt.Sprintf("%d gateways", n)
 }

@@ -225,7 +225,13 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		leader := s.CachedInfo().Cluster.Leader
-		cur.note = leader + " frozen: its connections stay open and carry nothing"
+		on := "gateways unknown"
+		if i := slices.Index([]string{"nats-1", "nats-2", "nats-3"}, leader); i >= 0 {
+			if monitors := strings.Split(c.printed["monitor"], ","); i < len(monitors) {
+				on = gatewaysOn(monitors[i])
+			}
+		}
+		cur.note = leader + " frozen (" + on + " on it): its connections stay open and carry nothing"
 		frozen := time.Now()
 		step("stop " + leader)
 		cur.writable = writable(frozen)
