@@ -114,10 +114,13 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 	var cuts []time.Time // when the scenario cut a link (failures classified)
 	command := func(cmd string) {
 		t.Helper()
+		c.command(cmd)
 		if strings.HasPrefix(cmd, "cut ") {
+			// The instant the cut is surely in force: a request that
+			// started while the launcher set the link down was in flight
+			// at it.
 			cuts = append(cuts, time.Now())
 		}
-		c.command(cmd)
 	}
 	// scenario runs one partition; onPath says whether a request's path
 	// went through the part it cut (nil: none a request needs).
@@ -137,6 +140,9 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		cur.codes = l.failures(from)
 		cur.class = l.classify(from, cur.requests, cuts, onPath)
 		t.Logf("%s: %s", name, cur.class)
+		for _, f := range cur.class.seen {
+			t.Logf("%s: avoidable: %s", name, f)
+		}
 		for code, msg := range l.failureSamples(from) {
 			t.Logf("%s: %s: %s", name, code, msg)
 		}

@@ -75,11 +75,14 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	// or kills a part (failures classified).
 	command := func(cmd string) {
 		t.Helper()
+		c.command(cmd)
 		switch verb, _, _ := strings.Cut(cmd, " "); verb {
 		case "kill", "stop", "cut": // a SIGTERM drains: it cuts nothing
+			// The instant the fault is surely in force: a request that
+			// started while the launcher carried it out was in flight at
+			// it.
 			cur.cuts = append(cur.cuts, time.Now())
 		}
-		c.command(cmd)
 	}
 	// step carries out one action of a fault and waits for routing to be
 	// normal again; a fault's figure is its slowest step.
@@ -106,6 +109,9 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 			cur.note = strings.TrimPrefix(cur.note+"; failed: "+codes, "; ")
 		}
 		t.Logf("%s: %s", name, cur.class)
+		for _, f := range cur.class.seen {
+			t.Logf("%s: avoidable: %s", name, f)
+		}
 	}
 
 	writable := func(since time.Time) time.Duration {
@@ -662,7 +668,13 @@ func pathCut(o outcome) bool {
 
 // failureClass is one fault's requests and explicit failures, the
 // avoidable ones apart.
-type failureClass struct{ requests, failed, avoidable int64 }
+type failureClass struct {
+	requests, failed, avoidable int64
+	// seen describes the first avoidable failures: when each request
+	// started and ended against the fault's first cut, its gateway, model
+	// and error, for the log.
+	seen []string
+}
 
 // String is the reports' line: "avoidable failures: N of M requests (P%)".
 func (c failureClass) String() string {
@@ -699,6 +711,14 @@ func (l *clusterLoad) classify(from time.Time, requests int64, cuts []time.Time,
 		}
 		if !unavoidable {
 			c.avoidable++
+			if len(c.seen) < 10 {
+				at := from
+				if len(cuts) > 0 {
+					at = cuts[0]
+				}
+				c.seen = append(c.seen, fmt.Sprintf("gateway %d %s started %+v, ended %+v after the first cut: %d %s %s",
+					r.gateway+1, r.model, r.start.Sub(at).Round(time.Millisecond), r.end.Sub(at).Round(time.Millisecond), r.o.status, r.o.code, r.o.msg))
+			}
 		}
 	}
 	return c
