@@ -208,10 +208,12 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// HdrRetryElsewhere marks a 503 the gateway answered without sending the
-// request anywhere, because its NATS link is down: a load balancer may send
-// the same request to another gateway (Envoy: retry_on
-// retriable-headers).
+// HdrRetryElsewhere marks a 503 the gateway answered because its NATS
+// link is down, for a request no replica's accept reached it for: sent
+// nowhere, or lost with the link before an accept came back (a replica whose
+// accept was lost may still run it, as one does when judge retries it
+// through the gateway's own link). A load balancer may send the same
+// request to another gateway (Envoy: retry_on retriable-headers).
 const HdrRetryElsewhere = "X-Switchyard-Retry-Elsewhere"
 
 // offlinePoll is how often a request waiting for the link, or for the

@@ -269,10 +269,10 @@ func (g *Gateway) conclude(out *response, r result, v verdict) {
 	case httpError:
 		e := apiError(r.err)
 		if (r.kind == failOffline || r.kind == failLost) && !out.u.accepted {
-			// The gateway's link is down and no replica accepted any
-			// attempt of it: as judge lets this gateway send it again
-			// (failLost), another gateway may take it as it is (a load
-			// balancer retrying on this header).
+			// The gateway's link is down and no replica's accept of
+			// any attempt reached it: as judge lets this gateway send it
+			// again (failLost), another gateway may take it as it is (a
+			// load balancer retrying on this header).
 			e.Headers = map[string]string{HdrRetryElsewhere: "1"}
 		}
 		g.fail(out.w, out.u, e)

@@ -45,7 +45,8 @@ type Options struct {
 	// Logger receives connection events (nil: discarded).
 	Logger *slog.Logger
 	// PingInterval and MaxPingsOut tune the liveness check: a server that
-	// gives no sign of life (a message, or the answer to a ping) for
+	// gives no sign of life (nothing from it on its socket: no message, no
+	// answer to a ping) for
 	// MaxPingsOut intervals in a row is given up for another. Zero takes
 	// DefaultPingInterval and DefaultMaxPingsOut; values outside
 	// [MinPingInterval, MaxPingInterval] and [1, MaxMaxPingsOut] are
@@ -142,15 +143,17 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 		nats.PingInterval(pingInterval),
 		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.FlusherTimeout(writeTimeout),
-		nats.SetCustomDialer(live.dial),
 		nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(nc *nats.Conn) {
+			live.up.Store(true)
 			log.Info("NATS connected", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			live.up.Store(false)
 			log.Warn("NATS disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			live.up.Store(true)
 			log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
@@ -166,6 +169,19 @@ func Connect(ctx context.Context, opts Options, extra ...nats.Option) (*nats.Con
 		}),
 	)
 	nopts = append(nopts, extra...)
+	// The liveness check dials through whatever dialer these options
+	// choose, counting what the server sends on each socket.
+	o := nats.GetDefaultOptions()
+	for _, opt := range nopts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
+		}
+	}
+	live.dial.wrap(&o)
+	nopts = append(nopts, nats.SetCustomDialer(live.dial))
 
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {

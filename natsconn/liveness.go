@@ -23,8 +23,8 @@ const (
 )
 
 // liveness watches one connection. Every interval it notes whether the
-// server gave a sign of life since the last tick: bytes read from the
-// server's socket (a message, a pong, the server's own ping). Traffic
+// server gave a sign of life since the last tick: bytes from the server on
+// its socket (a message, a pong, the server's own ping). Traffic
 // counts as proof of life as it does for the server, so a loaded machine
 // whose pongs queue behind a stream of messages raises no false alarm; a
 // ping is sent each tick so that an idle connection has a pong to show.
@@ -42,8 +42,13 @@ const (
 // The client library's own pings (pingInterval, maxPingsOut) stay as a
 // backstop: they take only a pong as proof and are slower.
 type liveness struct {
-	nc       *nats.Conn
-	dial     *dialer
+	nc   *nats.Conn
+	dial *dialer
+	// up is whether the library has the connection up: set by its
+	// connected and reconnected handlers, cleared by its disconnected one,
+	// so that a socket left open by a handshake that failed is not taken
+	// for the connection.
+	up       atomic.Bool
 	interval time.Duration
 	maxOut   int
 	log      *slog.Logger
@@ -52,7 +57,7 @@ type liveness struct {
 }
 
 func newLiveness(interval time.Duration, maxOut int, log *slog.Logger) *liveness {
-	return &liveness{dial: &dialer{Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}, interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{})}
+	return &liveness{dial: &dialer{}, interval: interval, maxOut: maxOut, log: log, stop: make(chan struct{})}
 }
 
 // closed stops the check: the connection's closed handler calls it.
@@ -60,13 +65,18 @@ func (l *liveness) closed() { l.once.Do(func() { close(l.stop) }) }
 
 // sign is what the check reads at a tick: the socket in use (nil: none
 // dialed, or the library's in-process connection), whether the connection
-// is up, and its count of reads.
-func (l *liveness) sign() (w *watched, up bool, reads uint64, closed bool) {
-	if w = l.dial.cur.Load(); w != nil {
-		return w, !w.closed.Load(), w.reads.Load(), false
+// is up, a count that grows with what the server sends, and whether the
+// connection is closed for good. The library is asked nothing while a
+// socket is open: a write blocked in it holds the library's lock.
+func (l *liveness) sign() (w *watched, up bool, received uint64, closed bool) {
+	if w = l.dial.cur.Load(); w != nil && !w.closed.Load() {
+		return w, l.up.Load(), w.received(), false
 	}
 	if l.nc.IsClosed() {
-		return nil, false, 0, true
+		return w, false, 0, true
+	}
+	if w != nil {
+		return w, false, 0, false // between sockets: reconnecting
 	}
 	return nil, l.nc.IsConnected(), l.nc.Stats().InMsgs, false
 }
@@ -134,15 +144,31 @@ func (l *liveness) run() {
 	}
 }
 
-// dialer dials the connection's servers (nats.SetCustomDialer) and keeps
-// the newest socket for the check.
+// dialer dials the connection's servers (nats.SetCustomDialer) through
+// the dialer the options chose (a context's SOCKS proxy, a caller's own,
+// else one with the options' timeout), and keeps the newest socket for the
+// check.
 type dialer struct {
-	net.Dialer
-	cur atomic.Pointer[watched]
+	inner nats.CustomDialer
+	cur   atomic.Pointer[watched]
+}
+
+// wrap makes d dial through what o, the connection's options, would have
+// dialled with.
+func (d *dialer) wrap(o *nats.Options) {
+	switch {
+	case o.CustomDialer != nil:
+		d.inner = o.CustomDialer
+	case o.Dialer != nil:
+		c := *o.Dialer
+		d.inner = &c
+	default:
+		d.inner = &net.Dialer{Timeout: o.Timeout}
+	}
 }
 
 func (d *dialer) Dial(network, address string) (net.Conn, error) {
-	c, err := d.Dialer.Dial(network, address)
+	c, err := d.inner.Dial(network, address)
 	if err != nil {
 		return nil, err
 	}
@@ -151,12 +177,31 @@ func (d *dialer) Dial(network, address string) (net.Conn, error) {
 	return w, nil
 }
 
+// SkipTLSHandshake passes on the inner dialer's answer (nats.go asks a
+// custom dialer whether it does TLS itself).
+func (d *dialer) SkipTLSHandshake() bool {
+	s, ok := d.inner.(interface{ SkipTLSHandshake() bool })
+	return ok && s.SkipTLSHandshake()
+}
+
 // watched is a socket to a server that counts its reads that returned
 // bytes, and says when it was closed.
 type watched struct {
 	net.Conn
 	reads  atomic.Uint64
 	closed atomic.Bool
+}
+
+// received grows with what the server sent: the reads that returned bytes,
+// plus, where the system tells (kernelReceived), the bytes the kernel took
+// in on the socket, which count also while the library's reader waits on
+// its lock behind a blocked write.
+func (w *watched) received() uint64 {
+	n := w.reads.Load()
+	if k, ok := kernelReceived(w.Conn); ok {
+		n += k
+	}
+	return n
 }
 
 func (w *watched) Read(b []byte) (int, error) {

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -117,9 +119,12 @@ func TestACutLinkUnderWritesIsLeftWithinTwoSeconds(t *testing.T) {
 	_, second := testkit.StartNATSServer(t, bin)
 	rl := testkit.NewRelay(t, strings.TrimPrefix(first, "nats://"))
 
+	// The caller's own dialer (as a context's SOCKS proxy is) is still
+	// the one that dials: the check wraps it.
+	own := &countingDialer{}
 	var logs testkit.SyncBuffer
 	nc, err := natsconn.Connect(context.Background(), natsconn.Options{URL: rl.URL() + "," + second, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		nats.DontRandomize())
+		nats.DontRandomize(), nats.SetCustomDialer(own))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +134,9 @@ func TestACutLinkUnderWritesIsLeftWithinTwoSeconds(t *testing.T) {
 	}
 	if got := nc.ConnectedUrl(); got != rl.URL() {
 		t.Fatalf("connected to %s, want the relayed server %s", got, rl.URL())
+	}
+	if own.dials.Load() == 0 {
+		t.Fatal("the caller's dialer was not used")
 	}
 	// 64 KiB a millisecond: the socket buffers fill soon after the cut.
 	stop := make(chan struct{})
@@ -165,6 +173,14 @@ func TestACutLinkUnderWritesIsLeftWithinTwoSeconds(t *testing.T) {
 		t.Errorf("no warning of the silent server in:\n%s", logs.String())
 	}
 	t.Logf("on the other server %v after the cut", moved.Round(time.Millisecond))
+}
+
+// countingDialer dials as the library does and counts its dials.
+type countingDialer struct{ dials atomic.Int64 }
+
+func (d *countingDialer) Dial(network, address string) (net.Conn, error) {
+	d.dials.Add(1)
+	return (&net.Dialer{Timeout: 2 * time.Second}).Dial(network, address)
 }
 
 // Values the liveness check cannot work with are refused, not bent into

@@ -755,8 +755,13 @@ func (l *clusterLoad) since() (failed, retried int64) {
 }
 
 // probeEvery is how often normal sends each gateway a new probe while it
-// has not answered one.
-const probeEvery = 100 * time.Millisecond
+// has not answered one, with at most maxProbes under way at a gateway (a
+// gateway waiting for its NATS link holds them, and they would all arrive
+// at once when it is back).
+const (
+	probeEvery = 100 * time.Millisecond
+	maxProbes  = 10
+)
 
 // normal waits until routing is normal again: from now, every probeEvery
 // each gateway that has not yet answered one gets a new short request
@@ -773,23 +778,29 @@ func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
 	defer func() { cancel(); probes.Wait() }()
 	var mu sync.Mutex
 	answered := make([]time.Duration, len(l.gateways)) // 0: not yet
+	open := make([]int, len(l.gateways))               // probes under way
 	all := make(chan struct{})
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
 	for {
 		for g, gw := range l.gateways {
 			mu.Lock()
-			got := answered[g] != 0
+			skip := answered[g] != 0 || open[g] >= maxProbes
+			if !skip {
+				open[g]++
+			}
 			mu.Unlock()
-			if got {
+			if skip {
 				continue
 			}
 			probes.Go(func() {
-				if !probe(ctx, gw) {
-					return
-				}
+				ok := probe(ctx, gw)
 				mu.Lock()
 				defer mu.Unlock()
+				open[g]--
+				if !ok {
+					return
+				}
 				if answered[g] != 0 {
 					return
 				}

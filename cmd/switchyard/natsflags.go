@@ -33,9 +33,9 @@ func (f *natsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.opts.TLSKey, "tlskey", "", "TLS client key")
 	fs.StringVar(&f.opts.TLSCA, "tlsca", "", "TLS CA certificate")
 	fs.DurationVar(&f.opts.PingInterval, "nats-ping-interval", natsconn.DefaultPingInterval,
-		"how often each NATS connection checks its server for a sign of life: a message received, or the answer to a ping (100ms to 1m)")
+		"how often each NATS connection checks its server for a sign of life: anything from it on the socket (a message, the answer to a ping) (100ms to 1m)")
 	fs.IntVar(&f.opts.MaxPingsOut, "nats-max-pings-out", natsconn.DefaultMaxPingsOut,
-		"intervals in a row without a message or an answered ping after which the server is given up for another (1 to 100)")
+		"intervals in a row with nothing from the server after which it is given up for another (1 to 100)")
 	fs.StringVar(&f.prefix, "prefix", "llm", "subject prefix")
 	fs.StringVar(&f.bucket, "bucket", "llm-routing", "routing-table KV bucket")
 }
