@@ -228,3 +228,75 @@ func createBatch(ctx context.Context, t *testing.T, st *batch.Store, in string) 
 	}
 	return rec
 }
+
+// TestAStreamThatSaysNoItemIsLeftDoesNotCompleteTheBatch: when the items
+// stream says none of a batch's items is left while lines lack their
+// results (as stream information read during a leader change can), the
+// batch is not completed with lines it never ran; here the items are gone
+// for good (purged), so it runs to its window and expires, every line an
+// error that says so.
+func TestAStreamThatSaysNoItemIsLeftDoesNotCompleteTheBatch(t *testing.T) {
+	// The pool takes lines and never answers them: they stay in flight.
+	g := newBatchRig(t, 60*time.Second, func(*nats.Conn) func(*nats.Msg) { return func(*nats.Msg) {} })
+	ctx, st := g.ctx, g.st
+	const lines = 20
+	in := chatLines(lines)
+	f, err := st.PutFile(ctx, "acme", "in.jsonl", batch.PurposeBatch, batch.NewChecker(strings.NewReader(in), 1<<20, 100_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, requests, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions")
+	if apiErr != nil {
+		t.Fatalf("check input: %v", apiErr)
+	}
+	now := time.Now()
+	exp := now.Add(4 * time.Second).Unix()
+	rec := &batch.Record{Batch: batch.Batch{ID: batch.NewBatchID(now), Object: "batch", Endpoint: "/v1/chat/completions",
+		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &exp,
+		RequestCounts: batch.RequestCounts{Total: requests}}, Tenant: "acme", Lines: n}
+	if err := st.CreateBatch(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, RequestTimeout: time.Minute})
+	js, _ := jetstream.New(g.nc)
+	items, err := js.Stream(ctx, subjects.ItemsStream)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if err != nil {
+			items, err = js.Stream(ctx, subjects.ItemsStream)
+			return err
+		}
+		info, ierr := items.Info(ctx)
+		if ierr != nil {
+			return ierr
+		}
+		if info.State.Msgs != lines {
+			return fmt.Errorf("%d items in the stream, want %d", info.State.Msgs, lines)
+		}
+		return nil
+	})
+	if err := items.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got *batch.Record
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() (err error) {
+		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
+			return err
+		}
+		switch got.Status {
+		case batch.StatusCompleted, batch.StatusExpired, batch.StatusFailed, batch.StatusCancelled:
+			return nil
+		}
+		return fmt.Errorf("status %s", got.Status)
+	})
+	if got.Status != batch.StatusExpired {
+		t.Fatalf("the batch ended %s with %+v; want expired at its window, not completed with lines it never ran", got.Status, got.RequestCounts)
+	}
+	if got.ErrorFileID == nil {
+		t.Fatal("no error file")
+	}
+	for _, l := range readLines(t, st, *got.ErrorFileID) {
+		if l.Error == nil || l.Error.Code != batch.CodeBatchExpired {
+			t.Errorf("line %s: %+v, want %s", l.CustomID, l.Error, batch.CodeBatchExpired)
+		}
+	}
+}

@@ -28,6 +28,24 @@ func (b *Batcher) finish(ctx context.Context, rec *Record, ending string) {
 	if ending == "" {
 		ending = StatusCompleted
 	}
+	if ending == StatusCompleted && rec.Status == StatusInProgress {
+		// The items stream says none is left: believed only when every
+		// line has its result. Stream information read during a leader
+		// change can say none is left of items that are there; the
+		// batch goes on, and is finalized at the next pass that finds
+		// every result (or expires at its window if items were truly
+		// lost), never completed with lines it did not run.
+		results, err := b.collect(ctx, rec.ID)
+		if err != nil {
+			b.log.Warn("finalize: read results", "batch", rec.ID, "err", err)
+			return
+		}
+		if len(results) < rec.RequestCounts.Total {
+			b.log.Warn("no item left in the stream, but lines lack their results: not finalized yet",
+				"batch", rec.ID, "results", len(results), "lines", rec.RequestCounts.Total)
+			return
+		}
+	}
 	now := b.cfg.Now()
 	rec = b.claim(ctx, rec, func(r *Record) error {
 		r.Ending = ending

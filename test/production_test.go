@@ -230,6 +230,15 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 		}
 		switch got.Status {
 		case "completed", "failed", "expired", "cancelled":
+			if got.ErrorFileID != "" {
+				n := 0
+				for id, l := range fileLines(t, c, got.ErrorFileID) {
+					if n++; n > 3 {
+						break
+					}
+					t.Logf("error line %s: %v", id, l)
+				}
+			}
 			t.Fatalf("the batch ended %s with %+v before 300 lines were answered", got.Status, got.RequestCounts)
 		}
 		if got.RequestCounts.Completed < 300 {
