@@ -210,6 +210,12 @@ func chatLines(n int) string {
 // gateway does.
 func createBatch(ctx context.Context, t *testing.T, st *batch.Store, in string) *batch.Record {
 	t.Helper()
+	return createBatchUntil(ctx, t, st, in, time.Now().Add(time.Hour))
+}
+
+// createBatchUntil is createBatch with the batch's window ending at exp.
+func createBatchUntil(ctx context.Context, t *testing.T, st *batch.Store, in string, exp time.Time) *batch.Record {
+	t.Helper()
 	f, err := st.PutFile(ctx, "acme", "in.jsonl", batch.PurposeBatch, batch.NewChecker(strings.NewReader(in), 1<<20, 100_000))
 	if err != nil {
 		t.Fatal(err)
@@ -219,9 +225,9 @@ func createBatch(ctx context.Context, t *testing.T, st *batch.Store, in string) 
 		t.Fatalf("check input: %v", apiErr)
 	}
 	now := time.Now()
-	exp := now.Add(time.Hour).Unix()
+	expires := exp.Unix()
 	rec := &batch.Record{Batch: batch.Batch{ID: batch.NewBatchID(now), Object: "batch", Endpoint: "/v1/chat/completions",
-		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &exp,
+		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &expires,
 		RequestCounts: batch.RequestCounts{Total: requests}}, Tenant: "acme", Lines: lines}
 	if err := st.CreateBatch(ctx, rec); err != nil {
 		t.Fatal(err)
@@ -240,23 +246,7 @@ func TestAStreamThatSaysNoItemIsLeftDoesNotCompleteTheBatch(t *testing.T) {
 	g := newBatchRig(t, 60*time.Second, func(*nats.Conn) func(*nats.Msg) { return func(*nats.Msg) {} })
 	ctx, st := g.ctx, g.st
 	const lines = 20
-	in := chatLines(lines)
-	f, err := st.PutFile(ctx, "acme", "in.jsonl", batch.PurposeBatch, batch.NewChecker(strings.NewReader(in), 1<<20, 100_000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, requests, apiErr := st.CheckInput(ctx, "acme", f.ID, "/v1/chat/completions")
-	if apiErr != nil {
-		t.Fatalf("check input: %v", apiErr)
-	}
-	now := time.Now()
-	exp := now.Add(4 * time.Second).Unix()
-	rec := &batch.Record{Batch: batch.Batch{ID: batch.NewBatchID(now), Object: "batch", Endpoint: "/v1/chat/completions",
-		InputFileID: f.ID, CompletionWindow: "24h", Status: batch.StatusValidating, CreatedAt: now.Unix(), ExpiresAt: &exp,
-		RequestCounts: batch.RequestCounts{Total: requests}}, Tenant: "acme", Lines: n}
-	if err := st.CreateBatch(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := createBatchUntil(ctx, t, st, chatLines(lines), time.Now().Add(4*time.Second))
 	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, RequestTimeout: time.Minute})
 	js, _ := jetstream.New(g.nc)
 	items, err := js.Stream(ctx, subjects.ItemsStream)

@@ -126,15 +126,7 @@ func (l *liveness) run() {
 		}
 		if misses >= l.maxOut {
 			misses = 0
-			if w != nil {
-				l.log.Warn("NATS server silent: reconnecting to another", "addr", w.RemoteAddr().String(),
-					"silent_for", (time.Duration(l.maxOut) * l.interval).String())
-				_ = w.Close()
-				continue
-			}
-			l.log.Warn("NATS server silent: reconnecting to another", "url", l.nc.ConnectedUrlRedacted(),
-				"silent_for", (time.Duration(l.maxOut) * l.interval).String())
-			_ = l.nc.ForceReconnect()
+			l.leave(w)
 			continue
 		}
 		if !probing && up {
@@ -142,6 +134,23 @@ func (l *liveness) run() {
 			go func() { answer <- l.nc.FlushTimeout(time.Duration(l.maxOut) * l.interval) }()
 		}
 	}
+}
+
+// leave gives up the silent server: it closes w, the socket, and the
+// library reconnects (without a socket of the check's, the library is
+// asked to).
+func (l *liveness) leave(w *watched) {
+	where := "in process"
+	if w != nil {
+		where = w.RemoteAddr().String()
+	}
+	l.log.Warn("NATS server silent: reconnecting to another", "addr", where,
+		"silent_for", (time.Duration(l.maxOut) * l.interval).String())
+	if w != nil {
+		_ = w.Close()
+		return
+	}
+	_ = l.nc.ForceReconnect()
 }
 
 // dialer dials the connection's servers (nats.SetCustomDialer) through

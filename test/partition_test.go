@@ -139,10 +139,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		cur.resumed = resumed() - res0
 		cur.codes = l.failures(from)
 		cur.class = l.classify(from, cur.requests, cuts, onPath)
-		t.Logf("%s: %s", name, cur.class)
-		for _, f := range cur.class.seen {
-			t.Logf("%s: avoidable: %s", name, f)
-		}
+		cur.class.log(t, name)
 		for code, msg := range l.failureSamples(from) {
 			t.Logf("%s: %s: %s", name, code, msg)
 		}
@@ -162,7 +159,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			t.Fatalf("leader %q", leader)
 		}
 		cur.note = leader
-		onIt := gatewaysOn(monitors[i])
+		onIt := gatewaysOn(monitors, leader)
 		// The table is written through the two others.
 		majority := c.connect(strings.Join(slices.Delete(slices.Clone(nodes), i, i+1), ","), nats.IgnoreDiscoveredServers())
 		mjs, _ := jetstream.New(majority)
@@ -685,16 +682,18 @@ func (l *clusterLoad) slowSince(from time.Time, d time.Duration) []string {
 	return out
 }
 
-// gatewaysOn says how many gateways are connected to the server whose
-// monitoring endpoint is monitor ("no gateway", "1 gateway", "2 gateways"):
-// a cut of a server a gateway is on is the slower to recover from.
-func gatewaysOn(monitor string) string {
+// gatewaysOn says how many gateways are connected to node (nats-1 …
+// nats-3, whose monitoring endpoints are monitors in that order): "no
+// gateway", "1 gateway", "2 gateways". A cut of a server a gateway is on
+// is the slower to recover from.
+func gatewaysOn(monitors []string, node string) string {
 	var connz struct {
 		Connections []struct {
 			Name string `json:"name"`
 		} `json:"connections"`
 	}
-	if !getJSON(monitor+"/connz?limit=1024", &connz) {
+	i := slices.Index([]string{"nats-1", "nats-2", "nats-3"}, node)
+	if i < 0 || i >= len(monitors) || !getJSON(monitors[i]+"/connz?limit=1024", &connz) {
 		return "gateways unknown"
 	}
 	n := 0

@@ -108,10 +108,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		if codes := l.failures(from); codes != "" {
 			cur.note = strings.TrimPrefix(cur.note+"; failed: "+codes, "; ")
 		}
-		t.Logf("%s: %s", name, cur.class)
-		for _, f := range cur.class.seen {
-			t.Logf("%s: avoidable: %s", name, f)
-		}
+		cur.class.log(t, name)
 	}
 
 	writable := func(since time.Time) time.Duration {
@@ -231,12 +228,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		leader := s.CachedInfo().Cluster.Leader
-		on := "gateways unknown"
-		if i := slices.Index([]string{"nats-1", "nats-2", "nats-3"}, leader); i >= 0 {
-			if monitors := strings.Split(c.printed["monitor"], ","); i < len(monitors) {
-				on = gatewaysOn(monitors[i])
-			}
-		}
+		on := gatewaysOn(strings.Split(c.printed["monitor"], ","), leader)
 		cur.note = leader + " frozen (" + on + " on it): its connections stay open and carry nothing"
 		frozen := time.Now()
 		step("stop " + leader)
@@ -683,6 +675,15 @@ func (c failureClass) String() string {
 		p = 100 * float64(c.avoidable) / float64(c.requests)
 	}
 	return fmt.Sprintf("avoidable failures: %d of %d requests (%.2f%%)", c.avoidable, c.requests, p)
+}
+
+// log writes the fault's line and its first avoidable failures.
+func (c failureClass) log(t *testing.T, fault string) {
+	t.Helper()
+	t.Logf("%s: %s", fault, c)
+	for _, f := range c.seen {
+		t.Logf("%s: avoidable: %s", fault, f)
+	}
 }
 
 // classify classifies the explicit failures of the requests that ended
