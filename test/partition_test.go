@@ -82,7 +82,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 		load.Go(func() { l.run(ctx, w) })
 	}
 	defer func() { stopLoad(); load.Wait() }()
-	if _, ok := l.normal(routingBound); !ok {
+	if _, ok, _ := l.normal(routingBound); !ok {
 		t.Fatalf("routing not normal %v after the start", routingBound)
 	}
 	resumed := func() float64 {
@@ -100,7 +100,7 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 	normal := func(after string) {
 		t.Helper()
 		from := time.Now()
-		d, ok := l.normal(routingBound)
+		d, ok, rec := l.normal(routingBound)
 		if !ok {
 			t.Errorf("%s: routing not normal within %v after %s", cur.name, routingBound, after)
 			for _, r := range l.slowSince(from, 5*time.Second) {
@@ -108,6 +108,9 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 			}
 		}
 		t.Logf("%s: routing normal %v after %s", cur.name, d.Round(time.Millisecond), after)
+		if d > recoverBound {
+			t.Logf("%s: %v", cur.name, rec)
+		}
 
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}

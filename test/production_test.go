@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -200,15 +201,41 @@ func TestProductionShapeSurvivesAKilledEngine(t *testing.T) {
 	t.Logf("engine of %s SIGKILLed under a non-streamed reading: the client got it whole", killed)
 }
 
+// logBatchState logs what a stuck batch's lines wait in: the items
+// stream's consumers (pending, delivered and not acknowledged, pull
+// requests waiting) and the end of the batcher's log.
+func logBatchState(t *testing.T, run *clusterRun, js jetstream.JetStream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if s, err := js.Stream(ctx, subjects.ItemsStream); err != nil {
+		t.Logf("%s: %v", subjects.ItemsStream, err)
+	} else {
+		t.Logf("%s: %d messages, leader %s", subjects.ItemsStream, s.CachedInfo().State.Msgs, s.CachedInfo().Cluster.Leader)
+		for ci := range s.ListConsumers(ctx).Info() {
+			t.Logf("consumer %s: leader %s, pending %d, ack pending %d, redelivered %d, waiting pulls %d, delivered %d, ack floor %d",
+				ci.Name, ci.Cluster.Leader, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting,
+				ci.Delivered.Stream, ci.AckFloor.Stream)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(run.dir, "logs", "batcher-1.log"))
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	t.Logf("the last lines of batcher-1's log:\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+}
+
 // clusterBatchPhase runs a 2,000-line batch through the production shape
 // (gateway is a gateway's URL) and, mid-batch, SIGKILLs the NATS node
 // leading the items stream and broker-1, restarting both: the batch
 // completes with exactly 2,000 results, no custom_id twice. `make
 // test-cluster` runs it after the other faults; it returns the fault
 // table's note.
-func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, command func(string)) string {
+func clusterBatchPhase(t *testing.T, run *clusterRun, js jetstream.JetStream, command func(string)) string {
 	t.Helper()
-	oc := openai.NewClient(option.WithBaseURL(gateway+"/v1/"), option.WithAPIKey("sk-acme-dev"), option.WithMaxRetries(3))
+	oc := openai.NewClient(option.WithBaseURL(run.gateways[0]+"/v1/"), option.WithAPIKey("sk-acme-dev"), option.WithMaxRetries(3))
 	c := &oc
 	// The phase follows a frozen NATS node: until JetStream has settled,
 	// the Files and Batch APIs answer 503 with Retry-After, as they
@@ -271,7 +298,21 @@ func clusterBatchPhase(t *testing.T, gateway string, js jetstream.JetStream, com
 	command("kill broker-1")
 	command("start " + leader)
 	command("start broker-1")
-	b = awaitBatch(t, c, b.ID, 5*time.Minute)
+	var err error
+	if _, perr := testkit.Poll(5*time.Minute, 200*time.Millisecond, func() error {
+		if b, err = c.Batches.Get(context.Background(), b.ID); err != nil {
+			return err
+		}
+		switch b.Status {
+		case "completed", "failed", "expired", "cancelled":
+			return nil
+		}
+		return fmt.Errorf("status %s, %d of %d done", b.Status, b.RequestCounts.Completed+b.RequestCounts.Failed, b.RequestCounts.Total)
+	}); perr != nil {
+		t.Errorf("the batch 5 minutes after the faults: %v", perr)
+		logBatchState(t, run, js)
+		return "batch not completed"
+	}
 	if b.Status != "completed" || b.RequestCounts.Completed+b.RequestCounts.Failed != 2000 {
 		t.Errorf("the batch after the faults: %s %+v", b.Status, b.RequestCounts)
 		return "batch not completed"

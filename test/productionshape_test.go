@@ -57,7 +57,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		load.Go(func() { l.run(ctx, w) })
 	}
 	defer func() { stopLoad(); load.Wait() }()
-	if _, ok := l.normal(routingBound); !ok {
+	if _, ok, _ := l.normal(routingBound); !ok {
 		t.Fatalf("routing not normal %v after the start", routingBound)
 	}
 
@@ -89,9 +89,12 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	step := func(c string) {
 		t.Helper()
 		command(c)
-		d, ok := l.normal(routingBound)
+		d, ok, rec := l.normal(routingBound)
 		if !ok {
 			t.Errorf("%s: routing not normal within %v after %q", cur.fault, routingBound, c)
+		}
+		if d > recoverBound {
+			t.Logf("%s: routing normal %v after %q: %v", cur.fault, d.Round(time.Millisecond), c, rec)
 		}
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}
@@ -214,7 +217,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		if _, err := kv.Put(context.Background(), "aliases.chat-large", orig.Value()); err != nil {
 			t.Fatal(err)
 		}
-		d, ok := l.normal(routingBound)
+		d, ok, _ := l.normal(routingBound)
 		if !ok {
 			t.Errorf("routing not normal %v after the rollback", routingBound)
 		}
@@ -239,7 +242,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 
 	// Right after fault 6's frozen node, as a batch may meet one.
 	fault("7. a 2,000-line batch: SIGKILL the NATS node leading its items and broker-1; restart them", anyPath, func() {
-		cur.note = clusterBatchPhase(t, gateways[0], js, command)
+		cur.note = clusterBatchPhase(t, c, js, command)
 	})
 
 	stopLoad()
@@ -275,6 +278,7 @@ type clusterRun struct {
 	gateways []string          // public URLs
 	admins   []string          // admin URLs (/metrics)
 	printed  map[string]string // "NATS", "CA", "creds", "monitor" → the value printed
+	dir      string            // the launcher's -dir: the parts' logs are in dir/logs
 	stdin    io.WriteCloser
 	lines    chan string
 }
@@ -288,6 +292,11 @@ func startCluster(t *testing.T, args ...string) *clusterRun {
 		t.Fatalf("build cmd/cluster: %v", err)
 	}
 	dir := t.TempDir()
+	for i, a := range args {
+		if a == "-dir" && i+1 < len(args) {
+			dir = args[i+1] // the flag's last value is the launcher's
+		}
+	}
 	cmd := exec.Command(launcher, append([]string{"-faults", "-dir", dir, "-root", repoRoot(),
 		"-switchyard", binary(t), "-nats-server", natsServerBinary(t)}, args...)...)
 	cmd.Stderr = os.Stderr
@@ -300,7 +309,7 @@ func startCluster(t *testing.T, args ...string) *clusterRun {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	})
-	c := &clusterRun{t: t, printed: map[string]string{}, stdin: stdin, lines: make(chan string, 64)}
+	c := &clusterRun{t: t, printed: map[string]string{}, dir: dir, stdin: stdin, lines: make(chan string, 64)}
 	go func() { // ends with the launcher's stdout
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -769,24 +778,25 @@ const (
 // (`auto`, 4 tokens, not streamed, each on its own, so one that waits does
 // not hold back the next), and routing is normal once both answered one
 // that started after now. It returns how long after now the second
-// gateway's answer came. The load's own requests are not the measure: they
-// run in step, and a long-context one started just after a fault would
-// count its seconds of prefill as the time to recover.
-func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
+// gateway's answer came, and what each gateway's probes met on the way
+// (logged when recovery was slow). The load's own requests are not the
+// measure: they run in step, and a long-context one started just after a
+// fault would count its seconds of prefill as the time to recover.
+func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool, recovery) {
 	from := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	var probes sync.WaitGroup
 	defer func() { cancel(); probes.Wait() }()
 	var mu sync.Mutex
-	answered := make([]time.Duration, len(l.gateways)) // 0: not yet
-	open := make([]int, len(l.gateways))               // probes under way
+	rec := make(recovery, len(l.gateways))
+	open := make([]int, len(l.gateways)) // probes under way
 	all := make(chan struct{})
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
 	for {
 		for g, gw := range l.gateways {
 			mu.Lock()
-			skip := answered[g] != 0 || open[g] >= maxProbes
+			skip := rec[g].answered != 0 || open[g] >= maxProbes
 			if !skip {
 				open[g]++
 			}
@@ -795,18 +805,23 @@ func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
 				continue
 			}
 			probes.Go(func() {
-				ok := probe(ctx, gw)
+				start := time.Since(from)
+				o := probe(ctx, gw)
 				mu.Lock()
 				defer mu.Unlock()
 				open[g]--
-				if !ok {
+				r := &rec[g]
+				if !o.done || o.status != 200 {
+					if ctx.Err() == nil {
+						r.note(time.Since(from), o)
+					}
 					return
 				}
-				if answered[g] != 0 {
+				if r.answered != 0 {
 					return
 				}
-				answered[g] = time.Since(from)
-				if !slices.Contains(answered, 0) {
+				r.answered, r.started = time.Since(from), start
+				if !slices.ContainsFunc(rec, func(p gatewayProbes) bool { return p.answered == 0 }) {
 					close(all)
 				}
 			})
@@ -815,27 +830,84 @@ func (l *clusterLoad) normal(bound time.Duration) (time.Duration, bool) {
 		case <-all:
 			mu.Lock()
 			defer mu.Unlock()
-			return slices.Max(answered), true
+			return rec.slowest(), true, slices.Clone(rec)
 		case <-ctx.Done():
-			return bound, false
+			mu.Lock()
+			defer mu.Unlock()
+			return bound, false, slices.Clone(rec)
 		case <-tick.C:
 		}
 	}
 }
 
-// probe reports whether gateway answers a short chat request in full
-// before ctx ends.
-func probe(ctx context.Context, gateway string) bool {
+// recoverBound is how soon after a fault routing should be normal again
+// (the failures issue's bound); a slower recovery logs what the probes met.
+const recoverBound = 3 * time.Second
+
+// recovery is what normal's probes met, per gateway.
+type recovery []gatewayProbes
+
+// gatewayProbes is one gateway's probes: when the first answer came (and when
+// that probe started), and how the others ended, by outcome.
+type gatewayProbes struct {
+	answered, started time.Duration
+	failed            map[string]int
+	firstFail         time.Duration // when the first failed probe ended
+	lastFail          time.Duration // when the last one ended
+}
+
+func (r *gatewayProbes) note(end time.Duration, o outcome) {
+	if r.failed == nil {
+		r.failed = map[string]int{}
+		r.firstFail = end
+	}
+	why := fmt.Sprintf("%d %s", o.status, o.code)
+	if o.err != nil {
+		why = "error: " + o.err.Error()
+	}
+	r.failed[why]++
+	r.lastFail = end
+}
+
+func (rec recovery) slowest() time.Duration {
+	var d time.Duration
+	for _, r := range rec {
+		d = max(d, r.answered)
+	}
+	return d
+}
+
+// String says, per gateway, when its first answer came and what its probes
+// met before.
+func (rec recovery) String() string {
+	var b strings.Builder
+	for g, r := range rec {
+		if g > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "gateway-%d answered %v (probe started %v)", g+1, r.answered.Round(time.Millisecond), r.started.Round(time.Millisecond))
+		if len(r.failed) > 0 {
+			fmt.Fprintf(&b, ", failed probes ended %v–%v:", r.firstFail.Round(time.Millisecond), r.lastFail.Round(time.Millisecond))
+			for _, why := range slices.Sorted(maps.Keys(r.failed)) {
+				fmt.Fprintf(&b, " %s ×%d", why, r.failed[why])
+			}
+		}
+	}
+	return b.String()
+}
+
+// probe sends gateway a short chat request and reads its answer before
+// ctx ends.
+func probe(ctx context.Context, gateway string) outcome {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions",
 		strings.NewReader(`{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"Hello"}]}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return false
+		return outcome{err: err}
 	}
 	defer resp.Body.Close()
-	o := readAnswer(resp)
-	return o.status == 200 && o.done
+	return readAnswer(resp)
 }
 
 func (l *clusterLoad) totals() (total, ok, failed, lost, hung int64) {
