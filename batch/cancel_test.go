@@ -267,17 +267,7 @@ func TestAStreamThatSaysNoItemIsLeftDoesNotCompleteTheBatch(t *testing.T) {
 	if err := items.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var got *batch.Record
-	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() (err error) {
-		if got, err = st.Batch(ctx, "acme", rec.ID); err != nil {
-			return err
-		}
-		switch got.Status {
-		case batch.StatusCompleted, batch.StatusExpired, batch.StatusFailed, batch.StatusCancelled:
-			return nil
-		}
-		return fmt.Errorf("status %s", got.Status)
-	})
+	got := awaitDone(ctx, t, st, rec.ID)
 	if got.Status != batch.StatusExpired {
 		t.Fatalf("the batch ended %s with %+v; want expired at its window, not completed with lines it never ran", got.Status, got.RequestCounts)
 	}
@@ -289,4 +279,54 @@ func TestAStreamThatSaysNoItemIsLeftDoesNotCompleteTheBatch(t *testing.T) {
 			t.Errorf("line %s: %+v, want %s", l.CustomID, l.Error, batch.CodeBatchExpired)
 		}
 	}
+}
+
+// TestAnItemWithoutItsBatchIsDroppedOnTheLeadersWord: an item whose batch
+// has no record (the bucket's leader says so, not only a replica's read)
+// is taken off the stream unanswered, and a batch created after it runs.
+func TestAnItemWithoutItsBatchIsDroppedOnTheLeadersWord(t *testing.T) {
+	g := newBatchRig(t, 60*time.Second, (&brokerStandIn{tries: map[string]int{}}).serve)
+	ctx, st := g.ctx, g.st
+	g.run(t, batch.Config{ID: "b1", SuperviseEvery: 50 * time.Millisecond, RequestTimeout: time.Minute})
+	rec := createBatch(ctx, t, st, chatLines(3))
+	js, _ := jetstream.New(g.nc)
+	stray := batch.NewBatchID(time.Now())
+	if _, err := js.Publish(ctx, subjects.New("").BatchItems("acme", stray), []byte(`{"line":1,"custom_id":"x","body":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	got := awaitDone(ctx, t, st, rec.ID)
+	if got.Status != batch.StatusCompleted || got.RequestCounts.Completed != 3 {
+		t.Fatalf("the batch beside the stray item: %s %+v", got.Status, got.RequestCounts)
+	}
+	items, err := js.Stream(ctx, subjects.ItemsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		info, err := items.Info(ctx, jetstream.WithSubjectFilter(subjects.New("").BatchItems("acme", stray)))
+		if err != nil {
+			return err
+		}
+		if n := info.State.Subjects[subjects.New("").BatchItems("acme", stray)]; n != 0 {
+			return fmt.Errorf("the item of a batch never created is still in the stream (%d)", n)
+		}
+		return nil
+	})
+}
+
+// awaitDone waits up to 20 s for acme's batch id to end, whichever way.
+func awaitDone(ctx context.Context, t *testing.T, st *batch.Store, id string) *batch.Record {
+	t.Helper()
+	var got *batch.Record
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() (err error) {
+		if got, err = st.Batch(ctx, "acme", id); err != nil {
+			return err
+		}
+		switch got.Status {
+		case batch.StatusCompleted, batch.StatusExpired, batch.StatusFailed, batch.StatusCancelled:
+			return nil
+		}
+		return fmt.Errorf("status %s", got.Status)
+	})
+	return got
 }

@@ -50,7 +50,15 @@ func (b *Batcher) runnable(ctx context.Context, tenant string, msg jetstream.Msg
 	batchID := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
 	rec, err := b.records.get(ctx, b, tenant, batchID)
 	if errors.Is(err, ErrNotFound) {
-		_ = msg.Term() // no record: nothing to answer it for
+		// No record: nothing to answer it for, once the bucket's leader
+		// says so. The read is a direct get, which a replica behind (a
+		// server just restarted) can miss; dropping the item on its word
+		// would lose the line.
+		if has, known := b.store.leaderHasRecord(ctx, tenant, batchID); known && !has {
+			_ = msg.Term()
+		} else {
+			_ = msg.NakWithDelay(time.Second)
+		}
 		return nil
 	}
 	if err != nil {

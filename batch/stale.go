@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -50,24 +51,52 @@ func (s *Store) unlessStale(ctx context.Context, name string, read func() error)
 	return err
 }
 
-// leaderHas asks the files stream's leader (a message get, which only the
-// leader answers) whether name's metadata is there and not deleted; known
-// is false when it gave no answer (no leader, JetStream unavailable).
+// leaderHas asks the files stream's leader whether name's metadata is
+// there and not deleted; known is false when it gave no answer (no
+// leader, JetStream unavailable).
 func (s *Store) leaderHas(ctx context.Context, name string) (has, known bool) {
+	return s.leaderLast(ctx, "OBJ_"+subjects.FilesBucket, "$O."+subjects.FilesBucket+".M."+base64.URLEncoding.EncodeToString([]byte(name)),
+		func(_, data []byte) bool {
+			var info struct {
+				Deleted bool `json:"deleted"`
+			}
+			return json.Unmarshal(data, &info) == nil && !info.Deleted
+		})
+}
+
+// leaderHasRecord asks the batches bucket's leader whether tenant's batch
+// id has a record: a KV read is a direct get too, and an item whose batch
+// a lagging replica does not show yet is not to be dropped for it.
+func (s *Store) leaderHasRecord(ctx context.Context, tenant, id string) (has, known bool) {
+	bucket := s.batches.Bucket()
+	return s.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+recordKey(tenant, id),
+		func(hdr, _ []byte) bool { return !bytes.Contains(hdr, []byte(kvOperation)) })
+}
+
+// kvOperation is the header JetStream's KV puts on a delete or purge
+// marker (a put has none).
+const kvOperation = "KV-Operation"
+
+// leaderLast asks stream's leader (a message get, which only the leader
+// answers) for subject's last message and whether present says it is
+// there (headers and data as stored); known is false when it gave no
+// answer.
+func (s *Store) leaderLast(ctx context.Context, stream, subject string, present func(hdr, data []byte) bool) (has, known bool) {
 	prefix := s.js.Options().APIPrefix
 	if prefix == "" {
 		prefix = jetstream.DefaultAPIPrefix
 	}
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$O." + subjects.FilesBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	msg, err := s.js.Conn().RequestWithContext(ctx, strings.TrimSuffix(prefix, ".")+".STREAM.MSG.GET.OBJ_"+subjects.FilesBucket, req)
+	msg, err := s.js.Conn().RequestWithContext(ctx, strings.TrimSuffix(prefix, ".")+".STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return false, false
 	}
 	var resp struct {
 		Message *struct {
-			Data []byte `json:"data"`
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
@@ -77,11 +106,8 @@ func (s *Store) leaderHas(ctx context.Context, name string) (has, known bool) {
 	if resp.Error != nil {
 		return false, resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound
 	}
-	var info struct {
-		Deleted bool `json:"deleted"`
-	}
-	if resp.Message == nil || json.Unmarshal(resp.Message.Data, &info) != nil {
+	if resp.Message == nil {
 		return false, false
 	}
-	return !info.Deleted, true
+	return present(resp.Message.Header, resp.Message.Data), true
 }

@@ -106,3 +106,28 @@ func TestAGarbledReadOfAStoredFileIsNotTheClients400(t *testing.T) {
 		t.Errorf("the 503 does not say the read failed its digest: %q", apiErr.Message)
 	}
 }
+
+// The leader's answer on a batch record: there once written, not once
+// deleted, not for a batch never created. An item is dropped for want of
+// its batch only on this answer.
+func TestLeaderHasARecordOnlyWhileItIsThere(t *testing.T) {
+	ctx, _, st := testStore(t)
+	if _, err := st.batches.Put(ctx, recordKey("acme", "batch_one"), []byte(`{"id":"batch_one","tenant":"acme"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if has, known := st.leaderHasRecord(ctx, "acme", "batch_one"); !has || !known {
+		t.Errorf("the leader does not have the record just written")
+	}
+	if has, known := st.leaderHasRecord(ctx, "acme", "batch_never"); has || !known {
+		t.Errorf("the leader has a record never written")
+	}
+	if has, known := st.leaderHasRecord(ctx, "umbrella", "batch_one"); has || !known {
+		t.Errorf("the leader has another tenant's record")
+	}
+	if err := st.batches.Delete(ctx, recordKey("acme", "batch_one")); err != nil {
+		t.Fatal(err)
+	}
+	if has, known := st.leaderHasRecord(ctx, "acme", "batch_one"); has || !known {
+		t.Errorf("the leader still has the deleted record")
+	}
+}
