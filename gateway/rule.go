@@ -198,10 +198,10 @@ func judge(r result, b *budgets) verdict {
 // failed or turned the request away, the avoidance of one that was slow to
 // accept, and the metrics. Slow is not dead: a replica that did not accept in time is a
 // candidate still, behind every other (Llm-Avoid), so a request whose only
-// replica is slow goes to it again instead of failing no_replicas. Where
-// this gateway decides and the replica's heartbeats stopped too (none
-// within the last two accept timeouts: cut off, frozen), it is not slow
-// but silent, and is excluded, so the request goes to the fallbacks.
+// replica is slow goes to it again instead of failing no_replicas; the
+// decider, which reads the heartbeats, leaves it out when they stopped too
+// (policy.SilentAfter: cut off, frozen), so the request goes to the
+// fallbacks.
 func (g *Gateway) settle(u *upstream, id string, r result) {
 	g.cfg.Stages.End(id)
 	if r.kind == failNone {
@@ -213,11 +213,7 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	switch r.kind {
 	case failAcceptTimeout:
 		g.metrics.acceptTimeouts.Inc()
-		switch {
-		case r.replica == "":
-		case g.dec != nil && !g.dec.Router().HeardSince(r.replica, time.Now().Add(-2*g.cfg.AcceptTimeout), time.Now()):
-			u.exclude = append(u.exclude, r.replica)
-		case !slices.Contains(u.avoid, r.replica):
+		if r.replica != "" && !slices.Contains(u.avoid, r.replica) {
 			u.avoid = append(u.avoid, r.replica)
 		}
 	case failNoResponders:

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -132,25 +133,37 @@ func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Excl
 // (Llm-Avoid: they were slow to accept it) while any other is left. Slow
 // is not dead: unlike an excluded replica, an avoided one stays the
 // candidate of last resort, so a request whose only replica is slow goes
-// to it again instead of failing no_replicas.
+// to it again instead of failing no_replicas. An avoided replica not heard
+// from for SilentAfter (this router's own deafness not counted) is not
+// slow but silent, cut off or frozen: it is left out like an excluded one,
+// so the request goes to the model's fallbacks.
+// SilentAfter is how long an avoided replica may go unheard and still be
+// taken as slow (two heartbeats, two of the gateway's accept timeouts by
+// default).
+const SilentAfter = 2 * time.Second
+
 func (p *pick) preferNotAvoided(cands []cand) []cand {
 	if len(p.req.Avoid) == 0 {
 		return cands
 	}
-	k := 0
+	k, silent := 0, 0
 	for i := range cands {
-		if !slices.Contains(p.req.Avoid, cands[i].x.id) {
+		switch x := cands[i].x; {
+		case !slices.Contains(p.req.Avoid, x.id):
 			k++
+		case p.nowNano-x.hbNano >= int64(SilentAfter)+p.deaf:
+			silent++
 		}
 	}
-	if k == 0 || k == len(cands) {
+	if k == len(cands) || k == 0 && silent == 0 {
 		return cands
 	}
+	keepAvoided := k == 0 // only avoided ones: those heard stay, the last resort
 	k = 0
 	p.nfresh, p.nfull = 0, 0
 	for i := range cands {
 		c := cands[i]
-		if slices.Contains(p.req.Avoid, c.x.id) {
+		if slices.Contains(p.req.Avoid, c.x.id) && (!keepAvoided || p.nowNano-c.x.hbNano >= int64(SilentAfter)+p.deaf) {
 			c.x.mark = 0 // not a candidate of this decision
 			continue
 		}

@@ -43,7 +43,8 @@ func (st *decision) candidates(model, version, pool string) bool {
 	p.release, p.saturation = st.snap.PoolOverrides(pool)
 	// A lagging router's silence from every replica is its own, not
 	// theirs (deafness): a stalled observer keeps its replicas.
-	p.dead, p.stale = int64(pol.DeadAfter)+r.deafness(p.nowNano), int64(pol.StaleAfter)
+	p.deaf = r.deafness(p.nowNano)
+	p.dead, p.stale = int64(pol.DeadAfter)+p.deaf, int64(pol.StaleAfter)
 	if p.panicked = p.panics(list, st.snap.PanicBelow(pool)); p.panicked {
 		p.dead = math.MaxInt64 // live keeps every ready replica, heard or not
 	}

@@ -38,6 +38,7 @@ type pick struct {
 	nfresh, nfull       int
 	release, saturation float64
 	dead, stale         int64 // dead_after, stale_after in ns (dead: no limit when panicked)
+	deaf                int64 // this router's own deafness in ns (Router.deafness)
 	// panicked: fewer than the pool's panic_below of the group's ready
 	// replicas look alive (panics).
 	panicked bool
