@@ -121,3 +121,44 @@ func TestTheWinningCopysStagesAreRecorded(t *testing.T) {
 		t.Errorf("the record holds the first copy's %q: %+v", stages.Decided, sum.Stages)
 	}
 }
+
+// An attempt no broker spoke for by the accept timeout (each copy went to
+// a cut broker) waits another accept timeout and sends copies on, without
+// a retry: a retry costs the retries' budget, which a cut that loses many
+// requests' copies at once runs out of. Here the first six copies are
+// lost and the seventh, sent in the second accept timeout, is routed.
+func TestCopiesGoOnPastTheAcceptTimeoutUntilABrokerRoutes(t *testing.T) {
+	const acceptTimeout, routedTimeout = 400 * time.Millisecond, 100 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout, RoutedTimeout: routedTimeout}, func(r *reply, attempt int) {
+		if attempt == 7 {
+			r.stream("r-0", 3)
+		}
+	})
+	res := u.post(true)
+	if res.status != 200 {
+		t.Fatalf("six copies lost, the seventh routed: %+v; want 200", res)
+	}
+	if n := u.counter("switchyard_gateway_retries_total", nil); n != 0 {
+		t.Errorf("retries = %v, want 0: the copies go on within one attempt", n)
+	}
+	if n := u.counter("switchyard_gateway_route_waits_total", nil); n != 1 {
+		t.Errorf("route waits = %v, want 1", n)
+	}
+	if n := u.attempts.Load(); n < 7 {
+		t.Errorf("%d copies reached the brokers, want at least 7", n)
+	}
+}
+
+// Past AcceptWaitsUnseen accept timeouts without a broker's word, the
+// attempt fails: the request is not held for ever by copies nobody routes.
+func TestCopiesEndAfterTheWaitsNoBrokerAnswers(t *testing.T) {
+	const acceptTimeout, routedTimeout = 200 * time.Millisecond, 50 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout, RoutedTimeout: routedTimeout, MaxRetries: -1}, func(*reply, int) {})
+	res := u.post(false)
+	if res.status != 504 || res.code != subjects.CodeUpstreamTimeout {
+		t.Fatalf("no broker routes any copy: %+v; want 504 %s", res, subjects.CodeUpstreamTimeout)
+	}
+	if n := u.counter("switchyard_gateway_route_waits_total", nil); n != gateway.AcceptWaitsUnseen-1 {
+		t.Errorf("route waits = %v, want %d", n, gateway.AcceptWaitsUnseen-1)
+	}
+}

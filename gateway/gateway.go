@@ -128,9 +128,10 @@ type Config struct {
 	// cut off or stalled, which the server keeps in the group until its
 	// pings give the connection up. Each copy has a request id of its own;
 	// the first a broker speaks for is the attempt's, and a replica routed
-	// another copy is told to cancel it. Copies are sent only within the
-	// accept timeout (at most MaxCopies), by half the active requests at
-	// most (at least 16).
+	// another copy is told to cancel it. Copies are sent within the accept
+	// timeout, and within up to AcceptWaitsUnseen of them while no broker
+	// spoke for any (leg.copyLonger), at most MaxCopies, by half the
+	// active requests at most (at least 16).
 	RoutedTimeout time.Duration
 	// IdleTimeout fails a reply silent for this long (default 60s; keepalives reset it).
 	IdleTimeout time.Duration

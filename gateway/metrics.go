@@ -24,6 +24,7 @@ type metrics struct {
 	silences       prometheus.Counter
 	acceptTimeouts prometheus.Counter
 	acceptWaits    prometheus.Counter
+	routeWaits     prometheus.Counter
 	streamErrors   *prometheus.CounterVec
 	clientGone     prometheus.Counter
 	openConns      prometheus.Gauge
@@ -69,6 +70,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		acceptTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_accept_timeouts_total", Help: "Attempts whose routed replica did not accept within the accept timeouts waited; the retry tries it again only when no other replica is left.",
+		}),
+		routeWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_route_waits_total", Help: "Accept timeouts an attempt no broker had routed waited out, sending copies on (copies' budget, not a retry).",
 		}),
 		acceptWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_accept_waits_total", Help: "Accept timeouts the gateway waited out because the routed replica looked alive (slow is not dead).",
@@ -116,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits, m.acceptResends)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.routeWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits, m.acceptResends)
 	}
 	return m
 }

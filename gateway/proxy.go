@@ -472,6 +472,8 @@ func (l *leg) timedOut() (r result, over bool) {
 	switch {
 	case l.phase != phaseSent:
 		return l.failed(result{kind: failSilence, err: errSilence.about(l.replica)}), true
+	case l.routed == "" && l.copyLonger():
+		return r, false
 	case l.routed == "":
 		return l.failed(result{kind: failNotRouted, err: errNotRouted}), true
 	case l.waitLonger():
@@ -485,7 +487,8 @@ func (l *leg) timedOut() (r result, over bool) {
 // AcceptWaits bounds how many accept timeouts an attempt of a gateway
 // that decides waits for the accept of a replica that looks alive, before
 // the retry; AcceptWaitsUnseen bounds those of a gateway that does not,
-// which has no heartbeats to tell a frozen replica from a slow one.
+// which has no heartbeats to tell a frozen replica from a slow one, and
+// those an attempt waits for any broker's word (copyLonger).
 const (
 	AcceptWaits       = 8
 	AcceptWaitsUnseen = 4
@@ -537,6 +540,28 @@ func (g *Gateway) alive(replica, reply string, since time.Time) bool {
 	return true
 }
 
+// copyLonger reports whether an attempt no broker spoke for waits another
+// accept timeout, sending copies on meanwhile. NATS hands each copy to a
+// queue member of its choice, and after a NATS server is cut the cut
+// server's brokers stay members at the others until their routes give up
+// (seconds): with two brokers, one of them cut, the four copies of one
+// accept timeout all go to it for one request in sixteen. Waiting on is a
+// retry that costs no replica any work, so it takes copies' budget, not
+// the retries': up to AcceptWaitsUnseen accept timeouts in all, and only
+// while the attempt holds a unit of the copies' budget.
+func (l *leg) copyLonger() bool {
+	if !l.send.budget || l.send.spoken || l.left || l.waits+1 >= AcceptWaitsUnseen {
+		return false
+	}
+	l.waits++
+	l.g.metrics.routeWaits.Inc()
+	l.timer.Reset(l.g.cfg.AcceptTimeout)
+	if l.send.resend == nil {
+		l.send.resend = time.NewTimer(0)
+	}
+	return true
+}
+
 // reply is the reply subject of the attempt's copy.
 func (l *leg) reply() string { return l.g.replyPfx + l.send.copies[l.send.chosen].id }
 
@@ -571,7 +596,7 @@ func (l *leg) sendCopy() {
 	// The next a routed timeout after this one was due, counted from
 	// the first: a timer late on a busy machine sends no fewer copies.
 	next := time.Duration(len(l.send.copies)) * l.g.cfg.RoutedTimeout
-	if len(l.send.copies) < MaxCopies && next < l.g.cfg.AcceptTimeout {
+	if len(l.send.copies) < MaxCopies && next < time.Duration(l.waits+1)*l.g.cfg.AcceptTimeout {
 		l.send.resend = time.NewTimer(time.Until(l.send.copies[0].at.Add(next)))
 	}
 }
