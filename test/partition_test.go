@@ -114,15 +114,13 @@ func TestProductionShapeSurvivesPartitions(t *testing.T) {
 
 		cur.routing = max(cur.routing, d.Round(time.Millisecond))
 	}
-	var cuts []time.Time // when the scenario cut a link (failures classified)
+	var cuts []faultSpan // when the scenario cut a link (failures classified)
 	command := func(cmd string) {
 		t.Helper()
+		from := time.Now()
 		c.command(cmd)
 		if strings.HasPrefix(cmd, "cut ") {
-			// The instant the cut is surely in force: a request that
-			// started while the launcher set the link down was in flight
-			// at it.
-			cuts = append(cuts, time.Now())
+			cuts = append(cuts, faultSpan{from, time.Now()})
 		}
 	}
 	// scenario runs one partition; onPath says whether a request's path

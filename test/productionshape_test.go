@@ -67,7 +67,7 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 		routing, writable time.Duration
 		note              string
 		class             failureClass
-		cuts              []time.Time // when the fault cut or killed a part
+		cuts              []faultSpan // when the fault cut or killed a part
 	}
 	var rows []row
 	var cur *row
@@ -75,13 +75,11 @@ func TestProductionShapeSurvivesLosingAnyProcess(t *testing.T) {
 	// or kills a part (failures classified).
 	command := func(cmd string) {
 		t.Helper()
+		from := time.Now()
 		c.command(cmd)
 		switch verb, _, _ := strings.Cut(cmd, " "); verb {
 		case "kill", "stop", "cut": // a SIGTERM drains: it cuts nothing
-			// The instant the fault is surely in force: a request that
-			// started while the launcher carried it out was in flight at
-			// it.
-			cur.cuts = append(cur.cuts, time.Now())
+			cur.cuts = append(cur.cuts, faultSpan{from, time.Now()})
 		}
 	}
 	// step carries out one action of a fault and waits for routing to be
@@ -695,12 +693,18 @@ func (c failureClass) log(t *testing.T, fault string) {
 	}
 }
 
+// faultSpan is when the launcher carried out a command that cut or killed a
+// part: the fault came into force at an instant within it, which one the
+// test cannot tell, so a request under way at any time within it may have
+// been in flight at the fault.
+type faultSpan struct{ from, to time.Time }
+
 // classify classifies the explicit failures of the requests that ended
-// after from, out of requests: one is unavoidable when the request was in
-// flight at one of the instants cuts (when the fault cut or killed a
+// after from, out of requests: one is unavoidable when the request was
+// under way within one of the spans cuts (when the fault cut or killed a
 // part), onPath says that part was on its path (nil: the fault cut no
 // part a request's path needs), and its failure says its path was cut.
-func (l *clusterLoad) classify(from time.Time, requests int64, cuts []time.Time, onPath func(*sent) bool) failureClass {
+func (l *clusterLoad) classify(from time.Time, requests int64, cuts []faultSpan, onPath func(*sent) bool) failureClass {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := failureClass{requests: requests}
@@ -713,7 +717,7 @@ func (l *clusterLoad) classify(from time.Time, requests int64, cuts []time.Time,
 		unavoidable := false
 		if onPath != nil && pathCut(r.o) && onPath(r) {
 			for _, at := range cuts {
-				if !r.start.After(at) && r.end.After(at) {
+				if !r.start.After(at.to) && r.end.After(at.from) {
 					unavoidable = true
 					break
 				}
@@ -724,7 +728,7 @@ func (l *clusterLoad) classify(from time.Time, requests int64, cuts []time.Time,
 			if len(c.seen) < 10 {
 				at := from
 				if len(cuts) > 0 {
-					at = cuts[0]
+					at = cuts[0].to
 				}
 				c.seen = append(c.seen, fmt.Sprintf("gateway %d %s started %+v, ended %+v after the first cut: %d %s %s",
 					r.gateway+1, r.model, r.start.Sub(at).Round(time.Millisecond), r.end.Sub(at).Round(time.Millisecond), r.o.status, r.o.code, r.o.msg))
