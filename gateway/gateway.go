@@ -526,7 +526,9 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	// Replies sent while the connection is down are lost, so a gap would
 	// only show at the idle timeout: every request in flight fails now.
-	status := g.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	// A reconnect is a server's answer on the new link: the link check's
+	// misses on the old one no longer count.
+	status := g.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED, nats.CONNECTED)
 	wg.Go(func() {
 		defer g.nc.RemoveStatusListener(status)
 		for {
@@ -534,6 +536,12 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 			case <-ctx.Done():
 				return
 			case st := <-status:
+				if st == nats.CONNECTED {
+					g.probeMu.Lock()
+					g.pongLocked()
+					g.probeMu.Unlock()
+					continue
+				}
 				if n := g.disp.disconnect(); n > 0 {
 					g.log.Warn("NATS connection lost; requests in flight fail", "status", st.String(), "requests", n)
 				}
@@ -643,6 +651,10 @@ func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
 			case ctx.Err() != nil:
 			case err == nil:
 				g.pongLocked()
+			case errors.Is(err, nats.ErrConnectionClosed) && !g.nc.IsClosed():
+				// The connection was given up under the ping and is
+				// being replaced: the ping says nothing of the link the
+				// next one will use (the reconnect says it answers).
 			case !p.missed:
 				g.missLocked(p, err)
 			}

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -255,5 +256,38 @@ func TestALostLinkSendsAnUnacceptedRequestElsewhere(t *testing.T) {
 				t.Errorf("%s = %q, want %q", gateway.HdrRetryElsewhere, got, want)
 			}
 		})
+	}
+}
+
+// A link check's ping under way when the connection is given up and
+// replaced (a silent server left for another) is no miss: the new link
+// answered the reconnect. With one miss counted on the cut link, the
+// reconnect leaves the gateway ready and serving, never silent.
+func TestAPingCutShortByAReconnectIsNoMiss(t *testing.T) {
+	var rl *testkit.Relay
+	u := newUpstreamVia(t, gateway.Config{LinkCheck: 400 * time.Millisecond},
+		func(r *reply, _ int) { r.stream("r-0", 2) },
+		func(url string) string {
+			rl = testkit.NewRelay(t, strings.TrimPrefix(url, "nats://"))
+			return rl.URL()
+		})
+	if r := u.post(true); r.status != 200 {
+		t.Fatalf("before the cut: %+v", r)
+	}
+	rl.Cut()
+	testkit.CheckFor(t, 5*time.Second, 2*time.Millisecond, testkit.Cond("a pong missed on the cut link", func() bool {
+		return u.counter("switchyard_gateway_nats_link_missed_pongs_total", nil) >= 1
+	}))
+	// The next ping went out with the miss: the connection is given up
+	// under it.
+	rl.Drop()
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if r := u.post(true); r.status != 200 {
+			return fmt.Errorf("after the reconnect: %+v", r)
+		}
+		return nil
+	})
+	if n := u.counter("switchyard_gateway_nats_link_silences_total", nil); n != 0 {
+		t.Errorf("the link was called silent %v times; a ping cut short by a reconnect is no miss", n)
 	}
 }

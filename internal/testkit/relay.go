@@ -115,3 +115,20 @@ func (r *Relay) Heal() {
 		r.healed = nil
 	}
 }
+
+// Drop heals the relay and closes every connection it carried so far, as a
+// client that gives its server up does: the client reconnects through the
+// relay, to a link that carries.
+func (r *Relay) Drop() {
+	r.mu.Lock()
+	conns := r.conns
+	r.conns = nil
+	if r.healed != nil {
+		close(r.healed)
+		r.healed = nil
+	}
+	r.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
