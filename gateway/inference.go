@@ -77,6 +77,34 @@ func (g *Gateway) serveStored(w http.ResponseWriter, r *http.Request) {
 		hdr: h, deadline: deadline, started: start})
 }
 
+// A request refused before its body was read keeps its connection when
+// its body, of a declared length up to refusedDrain, arrives within
+// refusedWait of the answer being ready (letGo): a client sends it with its
+// headers, and a new connection for each refusal would cost the overloaded
+// gateway far more than that read.
+const (
+	refusedDrain = 64 << 10
+	refusedWait  = 2 * time.Millisecond
+)
+
+// refuseUnread readies the connection of an HTTP/1 request refused before
+// its body was read: net/http reads what is left of a body before it
+// answers, so a body that is not there within refusedWait closes the
+// connection and the client that sent only its headers has its answer
+// all the same. A longer or unknown body closes it at once. An HTTP/2
+// stream is reset on its own (closing would end the client's other
+// streams).
+func refuseUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 {
+		return
+	}
+	if b, ok := r.Body.(*watchedBody); ok && r.ContentLength >= 0 && r.ContentLength <= refusedDrain {
+		b.drainFor = refusedWait
+		return
+	}
+	w.Header().Set("Connection", "close")
+}
+
 // prepare turns the HTTP request into an upstream request, or the 4xx that
 // it deserves without ever reaching a broker.
 //
@@ -124,13 +152,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, t *table.Snaps
 
 	if !g.conc.admit(tenant, priority == subjects.PriorityBatch, time.Now()) {
 		g.metrics.overloaded.WithLabelValues(priority).Inc()
-		if r.ProtoMajor == 1 {
-			// The body is never read, so the connection cannot carry
-			// another request: closing it also spares net/http reading
-			// the body before it answers. (An HTTP/2 stream is reset on
-			// its own; closing would end the client's other streams.)
-			w.Header().Set("Connection", "close")
-		}
+		refuseUnread(w, r)
 		return nil, errOverloaded()
 	}
 	prepared := false

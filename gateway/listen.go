@@ -204,6 +204,10 @@ const drainGrace = 500 * time.Millisecond
 type watchedBody struct {
 	io.ReadCloser
 	ended atomic.Bool
+	// drainFor, when set, is how long net/http may wait for the rest of
+	// the body once the answer is ready (refuseUnread), instead of
+	// letGo's bound. Set and read by the handler's goroutine.
+	drainFor time.Duration
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
@@ -220,9 +224,9 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 // the connection, and with no deadline of its own: a client that never
 // sends it would hold the connection, and its --max-conns slot, for as
 // long as it likes. letGo ends that read at the body's own deadline, and
-// no sooner than drainGrace from now; a body that is not in by then closes
-// the connection (HTTP/1; an HTTP/2 stream is reset when its handler
-// returns).
+// no sooner than drainGrace from now (refuseUnread asks for less); a body
+// that is not in by then closes the connection (HTTP/1; an HTTP/2 stream
+// is reset when its handler returns).
 func (g *Gateway) letGo(w http.ResponseWriter, b *watchedBody, start time.Time) {
 	if b.ended.Load() {
 		return
@@ -230,6 +234,9 @@ func (g *Gateway) letGo(w http.ResponseWriter, b *watchedBody, start time.Time) 
 	deadline := start.Add(g.cfg.BodyTimeout)
 	if soonest := time.Now().Add(drainGrace); deadline.Before(soonest) {
 		deadline = soonest
+	}
+	if b.drainFor > 0 {
+		deadline = time.Now().Add(b.drainFor)
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(deadline)
 }

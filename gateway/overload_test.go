@@ -2,9 +2,12 @@ package gateway_test
 
 import (
 	"bufio"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +22,9 @@ import (
 // The places come back when the requests end.
 func TestPastTheLimitIsRefusedBeforeTheBody(t *testing.T) {
 	release := make(chan struct{})
+	var released sync.Once
+	free := func() { released.Do(func() { close(release) }) }
+	defer free() // a failure below must not leave the admitted requests waiting
 	u := newUpstream(t, gateway.Config{MaxInflight: 2}, func(r *reply, _ int) {
 		r.accept("r-0")
 		r.head(200, "text/event-stream")
@@ -61,7 +67,44 @@ func TestPastTheLimitIsRefusedBeforeTheBody(t *testing.T) {
 		t.Errorf("%d requests reached the bus, want the 2 admitted", n)
 	}
 
-	close(release)
+	// A whole request refused keeps its connection: the next request on
+	// it is answered too, with no new connection; one announcing more
+	// than refusedDrain closes it.
+	kept, err := net.Dial("tcp", strings.TrimPrefix(u.gw, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	_ = kept.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(kept)
+	small := `{"model":"chat-small","messages":[{"role":"user","content":"hi"}]}`
+	for i, big := range []bool{false, false, true} {
+		length := len(small)
+		if big {
+			length = 1 << 20 // announced, never sent
+		}
+		req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", length)
+		if !big {
+			req += small
+		}
+		if _, err := kept.Write([]byte(req)); err != nil {
+			t.Fatalf("request %d on the kept connection: %v", i+1, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the kept connection: no answer: %v", i+1, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != 503 || resp.Close == !big {
+			t.Errorf("request %d (body announced %d bytes): %d, connection closed %v; want 503, closed only past the drain", i+1, length, resp.StatusCode, resp.Close)
+		}
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the refusal of a long body: %v, want the connection closed", err)
+	}
+
+	free()
 	for range 2 {
 		if s := <-done; s.status != 200 {
 			t.Errorf("an admitted request got %d %s", s.status, s.code)
