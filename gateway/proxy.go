@@ -85,7 +85,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			traced := g.traceAttempt(ctx, u, telemetry.EventRetry, res, 0)
 			res = g.try(ctx, out)
 			traced()
-			b.shared.release()
+			b.release()
 		case resume:
 			resumed = res.kind.cause()
 			out.resume(res)

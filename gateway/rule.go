@@ -119,13 +119,16 @@ func (v verdict) String() string {
 
 // budgets is what a request may still spend on attempts after its first:
 // retries, at most MaxRetries, each holding a unit of the gateway's retry
-// budget (shared) for its try; and resumes, at most maxResumes, each
+// budget (shared) for its try, but for the retry of an attempt nothing
+// listened for (retryUnheard); and resumes, at most maxResumes, each
 // needing that budget open but not holding it (a resume continues work
 // already admitted, so a drain can hand over every stream at once). judge
-// takes from it; the relay gives a retry's unit back when its try is over.
+// takes from it; the relay gives a retry's unit back when its try is over
+// (held).
 type budgets struct {
 	retries, resumes int
 	shared           *retryBudget
+	held             bool // the retry under way holds a unit of shared
 }
 
 // retry takes a retry, if one is left.
@@ -134,7 +137,32 @@ func (b *budgets) retry() bool {
 		return false
 	}
 	b.retries--
+	b.held = true
 	return true
+}
+
+// retryUnheard takes a retry for an attempt nothing listened for (NATS
+// answered no-responders): no replica has the request, so its retry adds
+// no work to any, and it spends the request's own retries only. The
+// shared budget is for retries that may double a replica's work; a loss
+// that strikes many requests at once (a site's replicas gone from the
+// bus under a burst of requests to them) would run it out, and the
+// requests would fail although the model's fallbacks could serve them.
+func (b *budgets) retryUnheard() bool {
+	if b.retries <= 0 {
+		return false
+	}
+	b.retries--
+	b.held = false
+	return true
+}
+
+// release gives back the unit the retry under way holds, if it holds one.
+func (b *budgets) release() {
+	if b.held {
+		b.shared.release()
+		b.held = false
+	}
 }
 
 // resume takes a resume, if one is left and the retry budget is open.
@@ -172,7 +200,11 @@ func judge(r result, b *budgets) verdict {
 		if !r.wrote {
 			return rejected
 		}
-	case failNoResponders, failNotRouted, failAcceptTimeout, failRefused:
+	case failNoResponders:
+		if b.retryUnheard() {
+			return retry
+		}
+	case failNotRouted, failAcceptTimeout, failRefused:
 		if b.retry() {
 			return retry
 		}

@@ -86,8 +86,8 @@ func TestJudge(t *testing.T) {
 }
 
 // TestJudgeSharedBudget: a retry holds a unit of the gateway's retry
-// budget and is refused when it is full; a resume needs it open but holds
-// none.
+// budget and is refused when it is full, but for one after no-responders;
+// a resume needs it open but holds none.
 func TestJudgeSharedBudget(t *testing.T) {
 	shared := &retryBudget{ratio: 0.2} // at least 3 at once
 	b := budgets{retries: 5, resumes: 1, shared: shared}
@@ -99,6 +99,19 @@ func TestJudgeSharedBudget(t *testing.T) {
 	}
 	if v := judge(refused, &b); v != httpError {
 		t.Errorf("a retry with the budget full: %s, want http_error", v)
+	}
+	// An attempt nothing listened for reached no replica: its retry adds
+	// no work, and spends the request's retries but no unit.
+	unheard := budgets{retries: 1, shared: shared}
+	if v := judge(result{kind: failNoResponders}, &unheard); v != retry || unheard.held {
+		t.Errorf("a retry after no-responders with the budget full: %s, holding a unit %v; want retry, holding none", v, unheard.held)
+	}
+	if v := judge(result{kind: failNoResponders}, &unheard); v != httpError {
+		t.Errorf("a second retry after no-responders, the request's one spent: %s, want http_error", v)
+	}
+	unheard.release()
+	if n := shared.retrying.Load(); n != 3 {
+		t.Errorf("%d units held after a retry that holds none ended, want the 3 retries'", n)
 	}
 	silent := result{kind: failSilence, accepted: true, wrote: true, cont: []byte(`{}`)}
 	if v := judge(silent, &b); v != endStream {
