@@ -259,6 +259,7 @@ type Gateway struct {
 	probeMu    sync.Mutex
 	ping       *linkPing       // the link check's ping under way; nil: none
 	misses     int             // pings in a row without a pong in time (probeMu)
+	lastPong   atomic.Int64    // unix ns of the link's last pong (or reconnect)
 	probeWG    *sync.WaitGroup // the owner of the pings: serve's
 	probeCtx   context.Context // ends the pings: serve's
 	readyMu    sync.Mutex
@@ -636,6 +637,28 @@ type linkPing struct {
 // says the link answers.
 func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
 	g.probeMu.Lock()
+	p := g.pingLocked(ctx, timeout)
+	g.probeMu.Unlock()
+	if p == nil {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+	case <-t.C:
+		g.probeMu.Lock()
+		if !p.missed {
+			g.missLocked(p, fmt.Errorf("no pong within %v", timeout))
+		}
+		g.probeMu.Unlock()
+	}
+}
+
+// pingLocked sends a ping, or returns the one under way (nil when ctx
+// is over). probeMu must be held.
+func (g *Gateway) pingLocked(ctx context.Context, timeout time.Duration) *linkPing {
 	if (g.ping == nil || g.ping.missed) && ctx.Err() == nil {
 		p := &linkPing{done: make(chan struct{})}
 		g.ping = p
@@ -662,23 +685,23 @@ func (g *Gateway) awaitPong(ctx context.Context, timeout time.Duration) {
 			close(p.done)
 		})
 	}
-	p := g.ping
-	g.probeMu.Unlock()
-	if p == nil {
-		return
+	return g.ping
+}
+
+// linkAnsweredSince reports whether the NATS link answered (a link-check
+// pong, or a reconnect) at or after t. If it did not, a ping goes out
+// now, unless one is under way, so that the link's next word comes
+// within a link check.
+func (g *Gateway) linkAnsweredSince(t time.Time) bool {
+	if g.lastPong.Load() >= t.UnixNano() {
+		return true
 	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-p.done:
-	case <-ctx.Done():
-	case <-t.C:
+	if g.probeCtx != nil {
 		g.probeMu.Lock()
-		if !p.missed {
-			g.missLocked(p, fmt.Errorf("no pong within %v", timeout))
-		}
+		g.pingLocked(g.probeCtx, g.cfg.LinkCheck)
 		g.probeMu.Unlock()
 	}
+	return false
 }
 
 // missLocked counts a ping without a pong in time; the PongsToMiss-th in a
@@ -695,6 +718,7 @@ func (g *Gateway) missLocked(p *linkPing, err error) {
 
 // pongLocked records a pong: the link answers. probeMu must be held.
 func (g *Gateway) pongLocked() {
+	g.lastPong.Store(time.Now().UnixNano())
 	g.misses = 0
 	if g.silent.Swap(false) {
 		g.log.Info("NATS link answers again")

@@ -500,14 +500,25 @@ const (
 // the same work again. It waits while the replica looks alive (alive: a
 // heartbeat within the last two accept timeouts, where this gateway
 // decides), up to AcceptWaits (AcceptWaitsUnseen) accept timeouts in all,
-// and within the request's deadline (run's context).
+// and within the request's deadline (run's context). A gateway that
+// decides and whose own link has not answered since the request went out
+// waits too: the silence may be its own.
 func (l *leg) waitLonger() bool {
 	limit := AcceptWaits
 	if l.g.dec == nil {
 		limit = AcceptWaitsUnseen
 	}
 	since := time.Now().Add(-2 * l.g.cfg.AcceptTimeout)
-	if l.waits+1 >= limit || l.left || !l.g.alive(l.routed, l.reply(), since) {
+	if l.waits+1 >= limit || l.left {
+		return false
+	}
+	if !l.g.alive(l.routed, l.reply(), since) && (l.g.dec == nil || l.g.linkAnsweredSince(l.send.copies[0].at)) {
+		// Silent, and not for want of this gateway's own link: where it
+		// decides, a replica unheard while the link itself has not
+		// answered since the request went out (cut, its server frozen:
+		// every heartbeat stops) is waited on until the link says which,
+		// and a link given up fails the request as lost, for another
+		// gateway to take.
 		return false
 	}
 	l.waits++

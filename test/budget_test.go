@@ -94,6 +94,13 @@ func gatewayOnStack(t *testing.T, st *devstack.Stack, cfg gateway.Config) (*gate
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
+	return gatewayOnConn(t, nc, cfg)
+}
+
+// gatewayOnConn serves a gateway of cfg on nc until the test ends, and
+// returns it with its URL.
+func gatewayOnConn(t *testing.T, nc *nats.Conn, cfg gateway.Config) (*gateway.Gateway, string) {
+	t.Helper()
 	g, err := gateway.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
