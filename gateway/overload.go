@@ -26,18 +26,21 @@ const (
 	// connection limit's default, so a gateway that is not slow refuses
 	// nothing the listener would take.
 	InitialInflightLimit = DefaultMaxConns
-	// MinInflightLimit is the limit's floor.
-	MinInflightLimit = 64
+	// MinInflightLimit is the limit's floor: 16 requests waiting for an
+	// accept, which at the accept's usual millisecond is thousands a
+	// second (docs/benchmarks.md, "Slow is not dead", has the floor and
+	// slack measured against 64 and 10 ms).
+	MinInflightLimit = 16
 	// limitWindow is how often the limit moves, given limitSamples
 	// accepts in the window at least.
 	limitWindow  = 500 * time.Millisecond
 	limitSamples = 16
 	// limitSlack is the latency above the minimum that does not count as
-	// slower: a quarter of it, and 10 ms, the scheduling and collection
+	// slower: a quarter of it, and 5 ms, the scheduling and collection
 	// pauses of a busy but healthy process (the router's part of an accept
 	// takes well under a millisecond on loopback).
 	limitSlackShare = 0.25
-	limitSlack      = 10 * time.Millisecond
+	limitSlack      = 5 * time.Millisecond
 	// minRTTBuckets × minRTTBucket is the memory of the minimum: each
 	// bucket keeps its windows' lowest median, and the minimum is the
 	// lowest bucket, so a minimum measured under a load that has gone

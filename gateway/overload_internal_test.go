@@ -129,9 +129,9 @@ func TestConcurrencyLimitFollowsLatency(t *testing.T) {
 	// Jitter within the slack (a pause of a busy process) is not slower;
 	// past it is.
 	c.peak = 3000
-	window(9 * time.Millisecond)
+	window(6 * time.Millisecond)
 	if c.Limit() < before {
-		t.Errorf("limit fell %v → %v on 9 ms accepts: within the slack", before, c.Limit())
+		t.Errorf("limit fell %v → %v on 6 ms accepts: within the slack", before, c.Limit())
 	}
 	before = c.Limit()
 	c.peak = 3000
