@@ -150,9 +150,12 @@ func TestCopiesGoOnPastTheAcceptTimeoutUntilABrokerRoutes(t *testing.T) {
 }
 
 // Past AcceptWaitsUnseen accept timeouts without a broker's word, the
-// attempt fails: the request is not held for ever by copies nobody routes.
+// attempt fails: the request is not held for ever by copies nobody routes,
+// and no more than MaxCopies are sent.
 func TestCopiesEndAfterTheWaitsNoBrokerAnswers(t *testing.T) {
-	const acceptTimeout, routedTimeout = 200 * time.Millisecond, 50 * time.Millisecond
+	// Ten copies an accept timeout: the waits reach MaxCopies, and no more
+	// go out.
+	const acceptTimeout, routedTimeout = 200 * time.Millisecond, 20 * time.Millisecond
 	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout, RoutedTimeout: routedTimeout, MaxRetries: -1}, func(*reply, int) {})
 	res := u.post(false)
 	if res.status != 504 || res.code != subjects.CodeUpstreamTimeout {
@@ -160,5 +163,8 @@ func TestCopiesEndAfterTheWaitsNoBrokerAnswers(t *testing.T) {
 	}
 	if n := u.counter("switchyard_gateway_route_waits_total", nil); n != gateway.AcceptWaitsUnseen-1 {
 		t.Errorf("route waits = %v, want %d", n, gateway.AcceptWaitsUnseen-1)
+	}
+	if n := u.attempts.Load(); n != gateway.MaxCopies {
+		t.Errorf("%d copies reached the brokers, want MaxCopies (%d)", n, gateway.MaxCopies)
 	}
 }

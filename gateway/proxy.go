@@ -386,6 +386,7 @@ type sending struct {
 	spoken bool        // a broker spoke for copies[chosen]
 	resend *time.Timer // the next copy's (nil when none will be sent)
 	budget bool        // a unit of the copies' budget is held
+	waits  int         // accept timeouts waited out with no broker's word (copyLonger)
 }
 
 // silence is the probe of an accepted replica's silence.
@@ -487,8 +488,9 @@ func (l *leg) timedOut() (r result, over bool) {
 // AcceptWaits bounds how many accept timeouts an attempt of a gateway
 // that decides waits for the accept of a replica that looks alive, before
 // the retry; AcceptWaitsUnseen bounds those of a gateway that does not,
-// which has no heartbeats to tell a frozen replica from a slow one, and
-// those an attempt waits for any broker's word (copyLonger).
+// which has no heartbeats to tell a frozen replica from a slow one, and,
+// counted apart, those an attempt waits for any broker's word
+// (copyLonger).
 const (
 	AcceptWaits       = 8
 	AcceptWaitsUnseen = 4
@@ -561,13 +563,13 @@ func (g *Gateway) alive(replica, reply string, since time.Time) bool {
 // the retries': up to AcceptWaitsUnseen accept timeouts in all, and only
 // while the attempt holds a unit of the copies' budget.
 func (l *leg) copyLonger() bool {
-	if !l.send.budget || l.send.spoken || l.left || l.waits+1 >= AcceptWaitsUnseen {
+	if !l.send.budget || l.send.spoken || l.left || l.send.waits+1 >= AcceptWaitsUnseen {
 		return false
 	}
-	l.waits++
+	l.send.waits++
 	l.g.metrics.routeWaits.Inc()
 	l.timer.Reset(l.g.cfg.AcceptTimeout)
-	if l.send.resend == nil {
+	if l.send.resend == nil && len(l.send.copies) < MaxCopies {
 		l.send.resend = time.NewTimer(0)
 	}
 	return true
@@ -607,7 +609,7 @@ func (l *leg) sendCopy() {
 	// The next a routed timeout after this one was due, counted from
 	// the first: a timer late on a busy machine sends no fewer copies.
 	next := time.Duration(len(l.send.copies)) * l.g.cfg.RoutedTimeout
-	if len(l.send.copies) < MaxCopies && next < time.Duration(l.waits+1)*l.g.cfg.AcceptTimeout {
+	if len(l.send.copies) < MaxCopies && next < time.Duration(l.send.waits+1)*l.g.cfg.AcceptTimeout {
 		l.send.resend = time.NewTimer(time.Until(l.send.copies[0].at.Add(next)))
 	}
 }
