@@ -65,12 +65,17 @@ func (s *Store) leaderHas(ctx context.Context, name string) (has, known bool) {
 }
 
 // leaderHasRecord asks the batches bucket's leader whether tenant's batch
-// id has a record: a KV read is a direct get too, and an item whose batch
-// a lagging replica does not show yet is not to be dropped for it.
+// id has a record, one that getRecord takes as it (not deleted, and naming
+// that tenant and batch): a KV read is a direct get too, and an item whose
+// batch a lagging replica does not show yet is not to be dropped for it.
 func (s *Store) leaderHasRecord(ctx context.Context, tenant, id string) (has, known bool) {
 	bucket := s.batches.Bucket()
 	return s.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+recordKey(tenant, id),
-		func(hdr, _ []byte) bool { return !bytes.Contains(hdr, []byte(kvOperation)) })
+		func(hdr, data []byte) bool {
+			var rec Record
+			return !bytes.Contains(hdr, []byte(kvOperation)) && json.Unmarshal(data, &rec) == nil &&
+				rec.Tenant == tenant && rec.ID == id
+		})
 }
 
 // kvOperation is the header JetStream's KV puts on a delete or purge

@@ -124,6 +124,14 @@ func TestLeaderHasARecordOnlyWhileItIsThere(t *testing.T) {
 	if has, known := st.leaderHasRecord(ctx, "umbrella", "batch_one"); has || !known {
 		t.Errorf("the leader has another tenant's record")
 	}
+	// A record under the key that names another batch is none of it (as
+	// getRecord reads it): its item is not held back for ever.
+	if _, err := st.batches.Put(ctx, recordKey("acme", "batch_two"), []byte(`{"id":"batch_one","tenant":"acme"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if has, known := st.leaderHasRecord(ctx, "acme", "batch_two"); has || !known {
+		t.Errorf("the leader has a record for batch_two that names batch_one")
+	}
 	if err := st.batches.Delete(ctx, recordKey("acme", "batch_one")); err != nil {
 		t.Fatal(err)
 	}
