@@ -91,14 +91,17 @@ const (
 // its body was read: net/http reads what is left of a body before it
 // answers, so a body that is not there within refusedWait closes the
 // connection and the client that sent only its headers has its answer
-// all the same. A longer or unknown body closes it at once. An HTTP/2
+// all the same. A longer or unknown body, or one awaiting a 100 Continue,
+// closes it at once; none at all keeps it. An HTTP/2
 // stream is reset on its own (closing would end the client's other
 // streams).
 func refuseUnread(w http.ResponseWriter, r *http.Request) {
-	if r.ProtoMajor != 1 {
+	if r.ProtoMajor != 1 || r.ContentLength == 0 {
 		return
 	}
-	if b, ok := r.Body.(*watchedBody); ok && r.ContentLength >= 0 && r.ContentLength <= refusedDrain {
+	// A client that asked to be told to send its body (Expect:
+	// 100-continue) sends none unasked.
+	if b, ok := r.Body.(*watchedBody); ok && r.ContentLength > 0 && r.ContentLength <= refusedDrain && r.Header.Get("Expect") == "" {
 		b.drainFor = refusedWait
 		return
 	}

@@ -28,8 +28,7 @@ const (
 	InitialInflightLimit = DefaultMaxConns
 	// MinInflightLimit is the limit's floor: 16 requests waiting for an
 	// accept, which at the accept's usual millisecond is thousands a
-	// second (docs/benchmarks.md, "Slow is not dead", has the floor and
-	// slack measured against 64 and 10 ms).
+	// second.
 	MinInflightLimit = 16
 	// limitWindow is how often the limit moves, given limitSamples
 	// accepts in the window at least.
