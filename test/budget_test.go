@@ -200,20 +200,23 @@ func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
 		for _, tb := range [...]func() bool{
 			func() bool {
 				t := st.Gateway().Table()
-				return t != nil && len(t.Keys) > 0 && t.Tenants["spender"] != nil
+				return t != nil && hasKeys(t.Keys, tenantKey, keyed) && t.Tenants["spender"] != nil
 			},
-			func() bool { t := g2.Table(); return t != nil && t.Tenants["spender"] != nil && hasKeys(t.Keys, 2) },
+			func() bool {
+				t := g2.Table()
+				return t != nil && t.Tenants["spender"] != nil && hasKeys(t.Keys, tenantKey, keyed)
+			},
 			func() bool {
 				t := st.Broker(0).Table()
-				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, tenantKey, keyed)
 			},
 			func() bool {
 				t := st.Broker(1).Table()
-				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+				return t.Tenants["spender"] != nil && t.Models[budgetModel].Price != nil && hasKeys(t.Keys, tenantKey, keyed)
 			},
 			func() bool {
 				t := g2.Decider().Table()
-				return t.Models[budgetModel].Price != nil && hasKeys(t.Keys, 2)
+				return t.Models[budgetModel].Price != nil && hasKeys(t.Keys, tenantKey, keyed)
 			},
 		} {
 			if !tb() {
@@ -281,7 +284,18 @@ func TestBudgetHoldsUnderConcurrencyAcrossDeciders(t *testing.T) {
 	})
 }
 
-func hasKeys[K comparable, V any](m map[K]V, atLeast int) bool { return len(m) >= atLeast }
+// hasKeys reports whether a table's keys (by sha256 hex) hold every API
+// key given: a part reads a key written a moment ago only once its table
+// has it.
+func hasKeys[V any](m map[string]V, keys ...string) bool {
+	for _, k := range keys {
+		sum := sha256.Sum256([]byte(k))
+		if _, ok := m[hex.EncodeToString(sum[:])]; !ok {
+			return false
+		}
+	}
+	return true
+}
 
 // A broker SIGKILLed with reservations open loses none of the money: the
 // requests it admitted are served and recorded in the ledger by their
@@ -847,7 +861,7 @@ func TestBatchLinesAreChargedAndALineOverBudgetFails(t *testing.T) {
 			}
 			testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, testkit.Cond("the budget in force", func() bool {
 				tb := st.Broker(0).Table()
-				return tb.Tenants["acme"].Budget != nil && tb.Models[budgetModel].Price != nil && (keyID == "" || hasKeys(tb.Keys, 2) && hasKeys(st.Gateway().Table().Keys, 2))
+				return tb.Tenants["acme"].Budget != nil && tb.Models[budgetModel].Price != nil && (keyID == "" || hasKeys(tb.Keys, key) && hasKeys(st.Gateway().Table().Keys, key))
 			}))
 			sum := sha256.Sum256([]byte(key))
 			creator := hex.EncodeToString(sum[:])[:12] // every line's record names the key

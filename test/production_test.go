@@ -211,10 +211,16 @@ func logBatchState(t *testing.T, run *clusterRun, js jetstream.JetStream) {
 	if s, err := js.Stream(ctx, subjects.ItemsStream); err != nil {
 		t.Logf("%s: %v", subjects.ItemsStream, err)
 	} else {
-		t.Logf("%s: %d messages, leader %s", subjects.ItemsStream, s.CachedInfo().State.Msgs, s.CachedInfo().Cluster.Leader)
+		leader := func(c *jetstream.ClusterInfo) string {
+			if c == nil {
+				return "(not clustered)"
+			}
+			return c.Leader
+		}
+		t.Logf("%s: %d messages, leader %s", subjects.ItemsStream, s.CachedInfo().State.Msgs, leader(s.CachedInfo().Cluster))
 		for ci := range s.ListConsumers(ctx).Info() {
 			t.Logf("consumer %s: leader %s, pending %d, ack pending %d, redelivered %d, waiting pulls %d, delivered %d, ack floor %d",
-				ci.Name, ci.Cluster.Leader, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting,
+				ci.Name, leader(ci.Cluster), ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting,
 				ci.Delivered.Stream, ci.AckFloor.Stream)
 		}
 	}

@@ -129,6 +129,11 @@ func (p *pick) excludeOn([]*replica) bool { return len(p.req.Exclude) > 0 }
 
 func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Exclude, x.id) }
 
+// SilentAfter is how long an avoided replica may go unheard and still be
+// taken as slow (two heartbeats, two of the gateway's accept timeouts by
+// default).
+const SilentAfter = 2 * time.Second
+
 // preferNotAvoided leaves out the candidates the request avoids
 // (Llm-Avoid: they were slow to accept it) while any other is left. Slow
 // is not dead: unlike an excluded replica, an avoided one stays the
@@ -137,11 +142,6 @@ func (p *pick) notExcluded(x *replica) bool { return !slices.Contains(p.req.Excl
 // from for SilentAfter (this router's own deafness not counted) is not
 // slow but silent, cut off or frozen: it is left out like an excluded one,
 // so the request goes to the model's fallbacks.
-// SilentAfter is how long an avoided replica may go unheard and still be
-// taken as slow (two heartbeats, two of the gateway's accept timeouts by
-// default).
-const SilentAfter = 2 * time.Second
-
 func (p *pick) preferNotAvoided(cands []cand) []cand {
 	if len(p.req.Avoid) == 0 {
 		return cands
