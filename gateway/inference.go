@@ -92,9 +92,8 @@ const (
 // answers, so a body that is not there within refusedWait closes the
 // connection and the client that sent only its headers has its answer
 // all the same. A longer or unknown body, or one awaiting a 100 Continue,
-// closes it at once; none at all keeps it. An HTTP/2
-// stream is reset on its own (closing would end the client's other
-// streams).
+// closes it at once; none at all keeps it. An HTTP/2 stream is reset on
+// its own (closing would end the client's other streams).
 func refuseUnread(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor != 1 || r.ContentLength == 0 {
 		return

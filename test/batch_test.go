@@ -71,18 +71,23 @@ func createBatch(c *openai.Client, lines string) (*openai.Batch, error) {
 func awaitBatch(t *testing.T, c *openai.Client, id string, within time.Duration) *openai.Batch {
 	t.Helper()
 	var b *openai.Batch
-	testkit.CheckFor(t, within, 200*time.Millisecond, func() error {
-		var err error
-		if b, err = c.Batches.Get(context.Background(), id); err != nil {
+	testkit.CheckFor(t, within, 200*time.Millisecond, batchEnded(c, id, &b))
+	return b
+}
+
+// batchEnded is a poll's check that the batch id reached a final status,
+// keeping its last reading in *b.
+func batchEnded(c *openai.Client, id string, b **openai.Batch) func() error {
+	return func() (err error) {
+		if *b, err = c.Batches.Get(context.Background(), id); err != nil {
 			return err
 		}
-		switch b.Status {
+		switch (*b).Status {
 		case "completed", "failed", "expired", "cancelled":
 			return nil
 		}
-		return fmt.Errorf("status %s, %d of %d done", b.Status, b.RequestCounts.Completed+b.RequestCounts.Failed, b.RequestCounts.Total)
-	})
-	return b
+		return fmt.Errorf("status %s, %d of %d done", (*b).Status, (*b).RequestCounts.Completed+(*b).RequestCounts.Failed, (*b).RequestCounts.Total)
+	}
 }
 
 // fileLines reads a file's content as output lines by custom_id, failing

@@ -3,8 +3,6 @@ package test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -49,17 +47,12 @@ func TestADecidingGatewaysOwnSilentLinkIsNotTheReplicas(t *testing.T) {
 
 	rl.Cut()
 	start := time.Now()
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	status, h, b := chatOnce(t, url, body, nil)
 	took := time.Since(start)
-	if resp.StatusCode != 503 || !strings.Contains(string(b), subjects.CodeRouterUnavailable) || resp.Header.Get(gateway.HdrRetryElsewhere) != "1" {
+	if status != 503 || !strings.Contains(b, subjects.CodeRouterUnavailable) || h.Get(gateway.HdrRetryElsewhere) != "1" {
 		t.Errorf("a request sent into the gateway's silent link: %d %s %s=%q after %v; want 503 %s with %s: 1",
-			resp.StatusCode, b, gateway.HdrRetryElsewhere, resp.Header.Get(gateway.HdrRetryElsewhere), took.Round(time.Millisecond),
+			status, b, gateway.HdrRetryElsewhere, h.Get(gateway.HdrRetryElsewhere), took.Round(time.Millisecond),
 			subjects.CodeRouterUnavailable, gateway.HdrRetryElsewhere)
 	}
-	t.Logf("answered %d after %v", resp.StatusCode, took.Round(time.Millisecond))
+	t.Logf("answered %d after %v", status, took.Round(time.Millisecond))
 }

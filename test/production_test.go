@@ -234,7 +234,7 @@ func logBatchState(t *testing.T, run *clusterRun, js jetstream.JetStream) {
 }
 
 // clusterBatchPhase runs a 2,000-line batch through the production shape
-// (gateway is a gateway's URL) and, mid-batch, SIGKILLs the NATS node
+// (run's first gateway) and, mid-batch, SIGKILLs the NATS node
 // leading the items stream and broker-1, restarting both: the batch
 // completes with exactly 2,000 results, no custom_id twice. `make
 // test-cluster` runs it after the other faults; it returns the fault
@@ -304,17 +304,7 @@ func clusterBatchPhase(t *testing.T, run *clusterRun, js jetstream.JetStream, co
 	command("kill broker-1")
 	command("start " + leader)
 	command("start broker-1")
-	var err error
-	if _, perr := testkit.Poll(5*time.Minute, 200*time.Millisecond, func() error {
-		if b, err = c.Batches.Get(context.Background(), b.ID); err != nil {
-			return err
-		}
-		switch b.Status {
-		case "completed", "failed", "expired", "cancelled":
-			return nil
-		}
-		return fmt.Errorf("status %s, %d of %d done", b.Status, b.RequestCounts.Completed+b.RequestCounts.Failed, b.RequestCounts.Total)
-	}); perr != nil {
+	if _, perr := testkit.Poll(5*time.Minute, 200*time.Millisecond, batchEnded(c, b.ID, &b)); perr != nil {
 		t.Errorf("the batch 5 minutes after the faults: %v", perr)
 		logBatchState(t, run, js)
 		return "batch not completed"

@@ -151,7 +151,7 @@ func (p *pick) preferNotAvoided(cands []cand) []cand {
 		switch x := cands[i].x; {
 		case !slices.Contains(p.req.Avoid, x.id):
 			k++
-		case p.nowNano-x.hbNano >= int64(SilentAfter)+p.deaf:
+		case p.silent(x):
 			silent++
 		}
 	}
@@ -163,7 +163,7 @@ func (p *pick) preferNotAvoided(cands []cand) []cand {
 	p.nfresh, p.nfull = 0, 0
 	for i := range cands {
 		c := cands[i]
-		if slices.Contains(p.req.Avoid, c.x.id) && (!keepAvoided || p.nowNano-c.x.hbNano >= int64(SilentAfter)+p.deaf) {
+		if slices.Contains(p.req.Avoid, c.x.id) && (!keepAvoided || p.silent(c.x)) {
 			c.x.mark = 0 // not a candidate of this decision
 			continue
 		}
@@ -179,6 +179,10 @@ func (p *pick) preferNotAvoided(cands []cand) []cand {
 	}
 	return cands[:k]
 }
+
+// silent: x has not been heard from for SilentAfter, this router's own
+// deafness not counted.
+func (p *pick) silent(x *replica) bool { return p.nowNano-x.hbNano >= int64(SilentAfter)+p.deaf }
 
 // pinOn: a request continuing a stored response has the replica holding it
 // as its only possible candidate.

@@ -77,4 +77,18 @@ func TestAnAvoidedSilentReplicaGivesWayToTheFallback(t *testing.T) {
 	if d := e.decide(q); d.Replica != "coder-gen-0" {
 		t.Errorf("not avoided, silent for %v: %s (%s), want coder-gen-0", policy.SilentAfter, d.Replica, d.Reason)
 	}
+
+	// A router that lags and has heard nobody for 3 s takes that silence
+	// as its own: the avoided replica, unheard for 1.5 s before that
+	// (4.5 s in all), is slow still.
+	beatAllBut("")
+	e.now = e.now.Add(1500 * time.Millisecond)
+	beatAllBut("coder-gen-0")
+	e.r.SetLagging(true)
+	e.now = e.now.Add(3 * time.Second)
+	q = chat("code")
+	q.Avoid = []string{"coder-gen-0"}
+	if d := e.decide(q); d.Err != nil || d.Replica != "coder-gen-0" {
+		t.Errorf("a lagging router, deaf for 3 s: %s %v (%s), want coder-gen-0 again", d.Replica, d.Err, d.Reason)
+	}
 }
