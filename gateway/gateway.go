@@ -103,7 +103,9 @@ type Config struct {
 	// link to carry again (reconnected, not silent) before it is answered
 	// 503 router_unavailable (default DefaultOfflineWait; negative: not at
 	// all). Within it, the request goes through the new connection. A new
-	// request on a link that is down is answered at once.
+	// request on a link that is down is answered at once. A request whose
+	// replicas left the bus under it waits as long after the first it found
+	// gone, for them to reconnect to another server (replicasBack).
 	OfflineWait time.Duration
 	// MaxInflight is a hard ceiling on open inference requests, accepted
 	// or not, over the adaptive limit on those not yet accepted (0: the

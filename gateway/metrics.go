@@ -32,6 +32,7 @@ type metrics struct {
 	resumes        *prometheus.CounterVec
 	overloaded     *prometheus.CounterVec
 	offlineWaits   prometheus.Counter
+	replicaWaits   prometheus.Counter
 	acceptResends  prometheus.Counter
 
 	mu     sync.Mutex
@@ -105,6 +106,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_gateway_offline_waits_total",
 			Help: "Attempts that found the gateway's NATS link down (disconnected or silent) and waited up to --offline-wait for it to carry again.",
 		}),
+		replicaWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_gateway_replica_waits_total",
+			Help: "Attempts that found the request's replicas gone from the bus (nothing listening on their subjects) moments after it met the first of them, and waited for them to reconnect, up to --offline-wait.",
+		}),
 		models: map[string]struct{}{},
 	}
 	m.overloaded.WithLabelValues("interactive")
@@ -120,7 +125,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.routeWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits, m.acceptResends)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.resends, m.lateRoutes, m.refusedNotices, m.missedPongs, m.silences, m.acceptTimeouts, m.acceptWaits, m.routeWaits, m.streamErrors, m.clientGone, m.openConns, m.refusedConns, m.resumes, m.overloaded, m.offlineWaits, m.replicaWaits, m.acceptResends)
 	}
 	return m
 }

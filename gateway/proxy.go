@@ -50,6 +50,10 @@ type upstream struct {
 	// linkBack is when an attempt of it found the NATS link back after
 	// waiting for it (zero: it never waited).
 	linkBack time.Time
+	// gone are the replicas on whose subjects nothing listened for it,
+	// the first at goneAt (zero: none).
+	gone   []string
+	goneAt time.Time
 	// busy is the last refusal of a replica that had no room for it.
 	busy error
 }
@@ -738,10 +742,23 @@ func (l *leg) noneListens() result {
 		// decides takes it out of its own candidates until its next
 		// heartbeat, if it is silent past dead_after (one kept by the
 		// panic threshold), so the next requests do not try it again.
+		now := time.Now()
 		if l.g.dec != nil {
-			l.g.dec.Router().MarkGone(l.routed, time.Now())
+			l.g.dec.Router().MarkGone(l.routed, now)
 		}
-		return l.leave(result{kind: failNoResponders, replica: l.routed, err: errGone.about(l.routed)})
+		// The first replica gone is retried elsewhere; another, moments
+		// later, says the replicas are leaving the bus together (their
+		// NATS server died), and they reconnect to another in their own
+		// time: the request waits for them (replicasBack).
+		kind, u := failNoResponders, l.out.u
+		if u.replicasBack(l.g.cfg.OfflineWait, now) {
+			kind = failReplicasBack
+		}
+		if u.goneAt.IsZero() {
+			u.goneAt = now
+		}
+		u.gone = append(u.gone, l.routed)
+		return l.leave(result{kind: kind, replica: l.routed, err: errGone.about(l.routed)})
 	}
 	// No broker is listening. Soon after the gateway's link came back
 	// for the request, the brokers are reconnecting in their own time:
@@ -751,6 +768,13 @@ func (l *leg) noneListens() result {
 		kind = failBrokersBack
 	}
 	return l.leave(result{kind: kind, err: errNoBroker})
+}
+
+// replicasBack reports whether the request met a replica gone from the bus
+// less than wait ago: its replicas may be reconnecting to another NATS
+// server. It waits for them as long as for its own link (OfflineWait).
+func (u *upstream) replicasBack(wait time.Duration, now time.Time) bool {
+	return !u.goneAt.IsZero() && now.Sub(u.goneAt) < wait
 }
 
 // leave is r, unless the client left while the request was being routed:
@@ -833,6 +857,10 @@ func (l *leg) rejection(f reply.Frame) result {
 	case l.out.cont != nil:
 		l.g.log.Info("cannot resume", "why", cmp.Or(rejectionError(f).Message, "status "+strconv.Itoa(status)))
 		return result{kind: failUnplaced, ended: true, err: cmp.Or(l.out.failed, error(errUnplaced))}
+	case rejectionError(f).Code == subjects.CodeNoReplicas && l.out.u.replicasBack(l.g.cfg.OfflineWait, time.Now()):
+		// None is left because the ones that left the bus moments ago
+		// were left out: the request waits for them.
+		return result{kind: failReplicasBack, ended: true, err: rejectionError(f)}
 	}
 	return result{kind: failRejected, ended: true, rejection: &f, err: rejectionError(f)}
 }

@@ -21,6 +21,7 @@ const (
 	failOffline                      // the gateway is not connected to NATS: not even tried
 	failNoResponders                 // no broker listens on llm.gw.<tenant>, or nothing on the routed replica's subjects
 	failBrokersBack                  // no broker listens yet, moments after the gateway's NATS link came back
+	failReplicasBack                 // the request's replicas left the bus moments ago: they may be reconnecting
 	failNotRouted                    // no broker routed the request within the accept timeout
 	failAcceptTimeout                // the routed replica did not accept within the accept timeout
 	failRefused                      // a replica or its engine turned the request away (429/503)
@@ -194,7 +195,7 @@ func judge(r result, b *budgets) verdict {
 		return abandon
 	case failCold:
 		return hold
-	case failBrokersBack:
+	case failBrokersBack, failReplicasBack:
 		return wait
 	case failRejected:
 		if !r.wrote {
@@ -251,6 +252,17 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 	case failNoResponders:
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
+		}
+	case failReplicasBack:
+		// Another replica gone from the bus is left out like the first;
+		// when none is left (no_replicas), the gone ones are candidates
+		// again for the next attempt, which finds them reconnected or
+		// waits on.
+		g.metrics.replicaWaits.Inc()
+		if r.replica != "" {
+			u.exclude = append(u.exclude, r.replica)
+		} else {
+			u.exclude = slices.DeleteFunc(u.exclude, func(id string) bool { return slices.Contains(u.gone, id) })
 		}
 	case failRefused:
 		// A replica that turned the request away (full, or draining)

@@ -40,6 +40,7 @@ func judgeRows() []judgeRow {
 		{failOffline, map[when]verdict{routing: httpError, routing.res(): httpError, begun: endStream}},
 		{failNoResponders, map[when]verdict{routing: retry, routing.spend(): httpError, routing.res(): retry, begun: retry, begun.spend(): endStream}},
 		{failBrokersBack, map[when]verdict{routing: wait, routing.spend(): wait, routing.res(): wait, begun: wait}},
+		{failReplicasBack, map[when]verdict{routing: wait, routing.spend(): wait, routing.res(): wait, begun: wait}},
 		{failNotRouted, map[when]verdict{routing: retry, routing.spend(): httpError, routing.res(): retry, begun.spend(): endStream}},
 		{failAcceptTimeout, map[when]verdict{routing: retry, routing.spend(): httpError, routing.res(): retry, begun.spend(): endStream}},
 		{failRefused, map[when]verdict{routing: retry, accepted: retry, accepted.res(): retry, accepted.spend(): httpError, streaming: retry, streaming.spend(): endStream}},

@@ -14,6 +14,7 @@ type Relay struct {
 	to     string
 	mu     sync.Mutex
 	healed chan struct{} // nil while the link carries; closed by heal
+	down   bool          // every connection closed, new ones refused: Down
 	conns  []net.Conn
 	wg     sync.WaitGroup
 }
@@ -59,8 +60,12 @@ func (r *Relay) accept() {
 			return
 		}
 		r.mu.Lock()
-		to := r.to
+		to, down := r.to, r.down
 		r.mu.Unlock()
+		if down {
+			_ = c.Close()
+			continue
+		}
 		s, err := net.Dial("tcp", to)
 		if err != nil {
 			_ = c.Close()
@@ -106,10 +111,12 @@ func (r *Relay) Cut() {
 	}
 }
 
-// Heal carries bytes again, what was held first.
+// Heal carries bytes again, what was held first, and takes connections
+// again after Down.
 func (r *Relay) Heal() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.down = false
 	if r.healed != nil {
 		close(r.healed)
 		r.healed = nil
@@ -119,8 +126,15 @@ func (r *Relay) Heal() {
 // Drop heals the relay and closes every connection it carried so far, as a
 // client that gives its server up does: the client reconnects through the
 // relay, to a link that carries.
-func (r *Relay) Drop() {
+func (r *Relay) Drop() { r.closeAll(false) }
+
+// Down closes every connection it carried so far and refuses new ones until
+// Heal, as a server that died does: the client's reconnects fail until then.
+func (r *Relay) Down() { r.closeAll(true) }
+
+func (r *Relay) closeAll(down bool) {
 	r.mu.Lock()
+	r.down = down
 	conns := r.conns
 	r.conns = nil
 	if r.healed != nil {
