@@ -223,7 +223,7 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 		switch f.Kind {
 		case replyproto.NoResponders:
 			return answer{status: 503, retryAfter: time.Second, from: refusedByBus} // no broker listens
-		case replyproto.Routed, replyproto.Keepalive:
+		case replyproto.Routed, replyproto.Keepalive, replyproto.Present:
 			continue
 		case replyproto.Accept:
 			if !seq.Accepted() {

@@ -622,6 +622,130 @@ func TestFullReplicasLeftNoneIsAllReplicasBusy(t *testing.T) {
 	}
 }
 
+// present answers the probes on replica's cancel subject as a live adapter
+// does, and passes the cancels (which name a request) to cancels, when set.
+func (u *upstream) present(t *testing.T, replica string, cancels chan<- string) {
+	t.Helper()
+	if _, err := u.nc.Subscribe("llm.replica."+replica+".cancel", func(m *nats.Msg) {
+		if m.Header.Get(subjects.HdrRequestID) == "" {
+			f := replyproto.Frame{Kind: replyproto.Present, Replica: replica}
+			_ = u.nc.PublishMsg(f.Msg(m.Reply))
+			return
+		}
+		if cancels != nil {
+			cancels <- m.Subject
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = u.nc.Flush()
+}
+
+// TestAcceptTimeoutAvoidsTheRoutedReplica: a routed replica that looks
+// alive (it answers each probe present) but does not accept is waited for
+// AcceptWaitsUnseen accept timeouts, then cancelled, and the retry carries
+// it in Llm-Avoid (behind every other replica), not in Llm-Exclude. One
+// that answers no probe (cut off with its NATS server, or frozen: its
+// subscriptions stay at the other servers for seconds) is waited for once,
+// then avoided the same way.
+func TestAcceptTimeoutAvoidsTheRoutedReplica(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		answers bool
+		waits   float64
+	}{{"answering probes", true, gateway.AcceptWaitsUnseen - 1}, {"answering none", false, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			cancels := make(chan string, 4*gateway.AcceptWaits)
+			u := newUpstream(t, gateway.Config{AcceptTimeout: 50 * time.Millisecond}, func(r *reply, attempt int) {
+				if attempt == 1 {
+					r.routed("r-stuck") // the broker chose it; it never accepts
+					return
+				}
+				r.stream("r-1", 2)
+			})
+			if c.answers {
+				u.present(t, "r-stuck", cancels)
+			} else if _, err := u.nc.Subscribe("llm.replica.r-stuck.cancel", func(m *nats.Msg) {
+				if m.Header.Get(subjects.HdrRequestID) != "" { // a probe names no request, and has no answer
+					cancels <- m.Subject
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			_ = u.nc.Flush()
+			s := u.post(true)
+			if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+				t.Fatalf("got %d %q", s.status, s.body)
+			}
+			if ex, av := u.excluded(), u.avoided(); len(av) != 2 || av[1] != "r-stuck" || ex[1] != "" {
+				t.Errorf("Llm-Avoid per attempt = %q, Llm-Exclude %q; want r-stuck avoided, not excluded, on the retry", av, ex)
+			}
+			select {
+			case c := <-cancels:
+				if c != "llm.replica.r-stuck.cancel" {
+					t.Errorf("cancel sent to %s", c)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("no cancel sent to the replica that did not accept")
+			}
+			if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 1 {
+				t.Errorf("accept timeouts counted %v, want 1", n)
+			}
+			if n := u.counter("switchyard_gateway_accept_waits_total", nil); n != c.waits {
+				t.Errorf("accept timeouts waited out %v, want %v", n, c.waits)
+			}
+		})
+	}
+}
+
+// TestRoutedReplicaWithNothingListeningIsExcluded: a routed replica where
+// nothing listens (NATS answers the probe no-responders) is gone, not
+// slow: the retry excludes it, without waiting out the accept timeouts.
+func TestRoutedReplicaWithNothingListeningIsExcluded(t *testing.T) {
+	const acceptTimeout = 200 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
+		if attempt == 1 {
+			r.routed("r-dead")
+			return
+		}
+		r.stream("r-1", 2)
+	})
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+		t.Fatalf("got %d %q", s.status, s.body)
+	}
+	if ex := u.excluded(); len(ex) != 2 || ex[1] != "r-dead" {
+		t.Errorf("Llm-Exclude per attempt = %q, want r-dead excluded on the retry", ex)
+	}
+	if n := u.counter("switchyard_gateway_accept_timeouts_total", nil); n != 0 {
+		t.Errorf("accept timeouts counted %v, want 0 (the replica was gone, not slow)", n)
+	}
+}
+
+// TestSlowReplicaPastTheAcceptTimeoutServes: slow is not dead. The only
+// replica accepts three accept timeouts late, answering the probes
+// meanwhile: the gateway waits for it and the request is served in one
+// attempt, never 503 no_replicas.
+func TestSlowReplicaPastTheAcceptTimeoutServes(t *testing.T) {
+	const acceptTimeout = 100 * time.Millisecond
+	u := newUpstream(t, gateway.Config{AcceptTimeout: acceptTimeout}, func(r *reply, attempt int) {
+		r.routed("r-slow")
+		time.Sleep(3 * acceptTimeout)
+		r.stream("r-slow", 2)
+	})
+	u.present(t, "r-slow", nil)
+	s := u.post(true)
+	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
+		t.Fatalf("a slow only replica: %d %s %q; want it served", s.status, s.code, s.body)
+	}
+	if n := u.attempts.Load(); n != 1 {
+		t.Errorf("%d attempts, want 1: the gateway waited for the slow accept", n)
+	}
+	if n := u.counter("switchyard_gateway_accept_waits_total", nil); n < 2 {
+		t.Errorf("accept timeouts waited out %v, want at least 2", n)
+	}
+}
+
 func TestRetriesStopAtTwo(t *testing.T) {
 	u := newUpstream(t, gateway.Config{}, func(r *reply, attempt int) {
 		r.accept("r-" + strconv.Itoa(attempt))

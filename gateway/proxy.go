@@ -393,11 +393,13 @@ type sending struct {
 	waits  int         // accept timeouts waited out with no broker's word (copyLonger)
 }
 
-// silence is the probe of an accepted replica's silence.
+// silence is the probe of an accepted replica's silence, and of a routed
+// replica's before its accept where the gateway does not decide.
 type silence struct {
 	probe  *time.Timer // nil when off
 	missed int         // probes in a row that found nothing on the replica's subjects
 	asked  bool        // a probe went out and no no-responders came for it yet
+	absent bool        // a probe of the routed replica went out and no present came back yet
 }
 
 // newLeg starts the leg of an attempt sent as msg (direct: to its
@@ -518,7 +520,7 @@ func (l *leg) waitLonger() bool {
 	if l.waits+1 >= limit || l.left {
 		return false
 	}
-	if !l.g.alive(l.routed, l.reply(), since) && (l.g.dec == nil || l.g.linkAnsweredSince(l.send.copies[0].at)) {
+	if !l.routedAlive(since) && (l.g.dec == nil || l.g.linkAnsweredSince(l.send.copies[0].at)) {
 		// Silent, and not for want of this gateway's own link: where it
 		// decides, a replica unheard while the link itself has not
 		// answered since the request went out (cut, its server frozen:
@@ -541,19 +543,27 @@ func (l *leg) waitLonger() bool {
 	return true
 }
 
-// alive reports whether replica looks alive. A gateway that decides reads
-// its heartbeats: alive is ready and heard since since (a frozen replica's
-// heartbeats stop; a starved one's come late but come). Otherwise it has
-// no heartbeats to read, and sends NATS a probe instead: an empty cancel
-// on the replica's cancel subject, with the attempt's reply subject, which
-// a live adapter ignores and to which the server answers no-responders
-// when nothing listens there (on then fails the attempt as gone); until
-// such an answer it takes the replica as alive.
-func (g *Gateway) alive(replica, reply string, since time.Time) bool {
-	if g.dec != nil {
-		return g.dec.Router().HeardSince(replica, since, time.Now())
+// routedAlive reports whether the routed replica looks alive. A gateway
+// that decides reads its heartbeats: alive is ready and heard since since
+// (a frozen replica's heartbeats stop; a starved one's come late but
+// come). Otherwise it has no heartbeats to read, and sends a probe
+// instead: an empty cancel on the replica's cancel subject, with the
+// attempt's reply subject, which a live adapter answers present, and to
+// which the server answers no-responders when nothing listens there (on
+// then fails the attempt as gone). The replica is taken as alive until the
+// next accept timeout, when a probe that had no answer by then says it is
+// cut off or frozen, not slow: a replica whose server was cut stays
+// subscribed at the others until their routes give it up (seconds), and
+// the request forwarded to it meanwhile is lost.
+func (l *leg) routedAlive(since time.Time) bool {
+	if l.g.dec != nil {
+		return l.g.dec.Router().HeardSince(l.routed, since, time.Now())
 	}
-	g.probe(replica, reply)
+	if l.watch.absent {
+		return false
+	}
+	l.watch.absent = true
+	l.g.probe(l.routed, l.reply())
 	return true
 }
 
@@ -629,7 +639,7 @@ func (l *leg) mine(subject string, f reply.Frame) bool {
 		return false // a copy whose publication failed
 	}
 	if !l.send.spoken {
-		if f.Kind == reply.Unknown || f.Kind == reply.Keepalive {
+		if f.Kind == reply.Unknown || f.Kind == reply.Keepalive || f.Kind == reply.Present {
 			return i == l.send.chosen
 		}
 		l.send.spoken, l.send.chosen = true, i
@@ -674,10 +684,18 @@ func (l *leg) stopResending() {
 // on handles one reply frame in the attempt's phase; over reports that
 // the attempt ended, and r how.
 func (l *leg) on(f reply.Frame) (r result, over bool) {
-	if f.Kind == reply.Keepalive {
+	switch f.Kind {
+	case reply.Keepalive:
 		if l.phase != phaseSent {
 			// A keepalive repeats the last seq sent: slow, not dead.
 			l.heard()
+		}
+		return r, false
+	case reply.Present:
+		// The routed replica answered a probe: it is on the bus. That
+		// is no progress of an answer, which only its frames show.
+		if l.phase == phaseSent && f.Replica == l.routed {
+			l.watch.absent = false
 		}
 		return r, false
 	}

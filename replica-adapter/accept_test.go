@@ -194,3 +194,36 @@ func TestTheSameRequestTwiceIsServedOnce(t *testing.T) {
 		t.Errorf("engine got %d requests, %d accepts in the reply; want the request served once", n, accepts)
 	}
 }
+
+// TestAProbeIsAnsweredPresent: an empty message on the replica's cancel
+// subject with a reply subject is a gateway's probe; the adapter answers it
+// present, naming itself, and publishes nothing for a reply outside the
+// reply space.
+func TestAProbeIsAnsweredPresent(t *testing.T) {
+	e := newEnv(t)
+	e.start(e.config())
+	e.waitReady("r-1")
+	cancel := subjects.New("").ReplicaCancel("r-1")
+	for _, c := range []struct {
+		reply   string
+		answers bool
+	}{{"llm.reply.gw-1.probe-1", true}, {"llm.elsewhere.probe-2", false}} {
+		sub, err := e.nc.SubscribeSync(c.reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.nc.PublishMsg(&nats.Msg{Subject: cancel, Reply: c.reply}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := sub.NextMsg(time.Second)
+		switch {
+		case c.answers && err != nil:
+			t.Errorf("no answer to a probe on %s: %v", c.reply, err)
+		case c.answers && (m.Header.Get(subjects.HdrPresent) != "r-1" || m.Header.Get(subjects.HdrSeq) != "" || len(m.Data) != 0):
+			t.Errorf("answer to a probe: %v %q, want Llm-Present: r-1 alone", m.Header, m.Data)
+		case !c.answers && err == nil:
+			t.Errorf("a probe with the reply %s outside the reply space answered: %v", c.reply, m.Header)
+		}
+		_ = sub.Unsubscribe()
+	}
+}

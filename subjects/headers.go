@@ -138,7 +138,12 @@ const (
 	// forwarded, naming the chosen replica. It is outside the adapter's
 	// sequence; a gateway uses it to exclude a replica that never accepts.
 	HdrRouted = "Llm-Routed"
-	HdrError  = "Llm-Error"
+	// HdrPresent marks an adapter's answer to a probe (an empty message on
+	// its replica's cancel subject with a reply subject), naming the
+	// replica: it is on the bus. Like the routed notice it is outside the
+	// sequence, and it says nothing of any request.
+	HdrPresent = "Llm-Present"
+	HdrError   = "Llm-Error"
 	// HdrHandover on an end (with Llm-Error) says the replica drained
 	// before the answer was over and hands it back: the gateway continues
 	// it on another replica.

@@ -29,9 +29,10 @@ const (
 	Handover                 // the end of an answer the adapter hands back while draining
 	Error                    // a rejection: status and OpenAI error body, the whole reply (seq 0)
 	NoResponders             // NATS's own answer: nothing listens on the subject published to
+	Present                  // an adapter's answer to a probe, naming its replica, no Llm-Seq
 )
 
-var kindNames = [...]string{"unknown", "routed", "accept", "head", "data", "keepalive", "end", "handover", "error", "no-responders"}
+var kindNames = [...]string{"unknown", "routed", "accept", "head", "data", "keepalive", "end", "handover", "error", "no-responders", "present"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -42,7 +43,9 @@ func (k Kind) String() string {
 
 // Kinds are the kinds a broker or an adapter sends: the ones
 // docs/protocol.md lists.
-func Kinds() []Kind { return []Kind{Routed, Accept, Head, Data, Keepalive, End, Handover, Error} }
+func Kinds() []Kind {
+	return []Kind{Routed, Accept, Head, Data, Keepalive, End, Handover, Error, Present}
+}
 
 // Headers are the protocol headers a frame of kind k may carry, as Encode
 // writes them (Error's also carry the pass-through headers of its
@@ -53,6 +56,8 @@ func (k Kind) Headers() []string {
 	case Routed:
 		// The decider adds the budget's remainder under a budget.
 		return []string{subjects.HdrRouted, subjects.HdrRouteBudget}
+	case Present:
+		return []string{subjects.HdrPresent}
 	case Accept:
 		return []string{subjects.HdrSeq, subjects.HdrAccepted, subjects.HdrHeld}
 	case Head:
@@ -77,8 +82,9 @@ type Frame struct {
 	Kind Kind
 	// Seq is Llm-Seq, -1 when absent or not a number.
 	Seq int
-	// Replica is the routed replica of a Routed frame, and the accepting
-	// one of an Accept or of a Head that carries the accept.
+	// Replica is the routed replica of a Routed frame, the accepting one
+	// of an Accept or of a Head that carries the accept, and the probed
+	// one of a Present.
 	Replica string
 	// Held is Llm-Held on a frame that carries the accept: how long the
 	// adapter held the accept back (-1 when absent or out of range when
@@ -108,6 +114,10 @@ func Decode(m *nats.Msg) Frame {
 	f := Frame{Seq: -1, Header: h, Body: m.Data}
 	if r := h.Get(subjects.HdrRouted); r != "" {
 		f.Kind, f.Replica = Routed, r
+		return f
+	}
+	if r := h.Get(subjects.HdrPresent); r != "" {
+		f.Kind, f.Replica = Present, r
 		return f
 	}
 	if h.Get("Status") == "503" && len(m.Data) == 0 {
@@ -170,8 +180,12 @@ func (f *Frame) Encode() nats.Header {
 		f.Header = make(nats.Header, 4)
 	}
 	h := f.Header
-	if f.Kind == Routed {
+	switch f.Kind {
+	case Routed:
 		set(h, subjects.HdrRouted, f.Replica)
+		return h
+	case Present:
+		set(h, subjects.HdrPresent, f.Replica)
 		return h
 	}
 	set(h, subjects.HdrSeq, strconv.Itoa(max(f.Seq, 0)))
