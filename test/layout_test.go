@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -241,4 +242,62 @@ func callee(c *ast.CallExpr) (pkg, fn string) {
 		return "", ""
 	}
 	return id.Name, sel.Sel.Name
+}
+
+// TestDocsCiteTestsThatExist: every test the docs name as the proof of a
+// rule (a `TestName` in backquotes in docs/ or the README) is a test
+// function of the repository, so a test removed or renamed cannot leave a
+// rule proved by nothing.
+func TestDocsCiteTestsThatExist(t *testing.T) {
+	citedTest := regexp.MustCompile("`(Test[A-Z][A-Za-z0-9_]*)")
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") {
+				have[fn.Name.Name] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	docs = append(docs, filepath.Join(root, "README.md"))
+	cited := 0
+	for _, doc := range docs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range citedTest.FindAllStringSubmatch(string(b), -1) {
+			cited++
+			if !have[m[1]] {
+				t.Errorf("%s cites %s, which no _test.go file defines", filepath.Base(doc), m[1])
+			}
+		}
+	}
+	if cited < 50 {
+		t.Fatalf("found %d tests cited in the docs: not the docs", cited)
+	}
 }
