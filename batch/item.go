@@ -217,7 +217,7 @@ func (b *Batcher) send(ctx context.Context, rec *Record, it *Item, onAccept func
 			return answer{err: errors.New("no answer for " + replyIdle.String())}
 		}
 		f := replyproto.Decode(r)
-		if f.Replica != "" {
+		if f.Replica != "" && f.Kind != replyproto.Present {
 			onAccept(f.Replica)
 		}
 		switch f.Kind {

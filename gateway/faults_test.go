@@ -627,7 +627,7 @@ func TestFullReplicasLeftNoneIsAllReplicasBusy(t *testing.T) {
 func (u *upstream) present(t *testing.T, replica string, cancels chan<- string) {
 	t.Helper()
 	if _, err := u.nc.Subscribe("llm.replica."+replica+".cancel", func(m *nats.Msg) {
-		if m.Header.Get(subjects.HdrRequestID) == "" {
+		if m.Header.Get(subjects.HdrRequestID) == "" && m.Header.Get(subjects.HdrProbe) != "" {
 			f := replyproto.Frame{Kind: replyproto.Present, Replica: replica}
 			_ = u.nc.PublishMsg(f.Msg(m.Reply))
 			return

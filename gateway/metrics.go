@@ -108,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		replicaWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_gateway_replica_waits_total",
-			Help: "Attempts that found the request's replicas gone from the bus (nothing listening on their subjects) moments after it met the first of them, and waited for them to reconnect, up to --offline-wait.",
+			Help: "Requests that found their replicas gone from the bus (nothing listening on their subjects) and waited for them to reconnect, up to --offline-wait after the first.",
 		}),
 		models: map[string]struct{}{},
 	}

@@ -50,10 +50,14 @@ type upstream struct {
 	// linkBack is when an attempt of it found the NATS link back after
 	// waiting for it (zero: it never waited).
 	linkBack time.Time
-	// gone are the replicas on whose subjects nothing listened for it,
-	// the first at goneAt (zero: none).
-	gone   []string
-	goneAt time.Time
+	// gone are the replicas on whose subjects nothing listened for it
+	// (and that failed it no other way), the first at goneAt (zero:
+	// none), the last at goneLast; goneWaits counts its waits for them
+	// (awaitGone).
+	gone             []string
+	goneAt, goneLast time.Time
+	goneWaits        int
+	goneWaited       bool // counted in switchyard_gateway_replica_waits_total
 	// busy is the last refusal of a replica that had no room for it.
 	busy error
 }
@@ -82,7 +86,11 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 				res = held
 			}
 		case wait:
-			pause(ctx, offlinePoll)
+			if res.kind == failReplicasBack && res.replica == "" {
+				g.awaitGone(ctx, out.u)
+			} else {
+				pause(ctx, offlinePoll)
+			}
 			res = g.try(ctx, out)
 		case retry:
 			g.metrics.retries.Inc()
@@ -354,7 +362,8 @@ const (
 // subjects.KeepaliveEvery while its engine is silent, so a reply silent
 // for ProbeAfter is suspect: the leg publishes, with its own reply
 // subject, an empty cancel on the replica's cancel subject, which a live
-// adapter takes and ignores. When nothing subscribes there any more (the
+// adapter answers present (no progress of the answer: it resets no
+// timer). When nothing subscribes there any more (the
 // adapter died, or lost NATS), the server answers the gateway "no
 // responders" at once; a second probe, a fifth of ProbeAfter later, must
 // find nothing too (a reconnecting adapter is back within that), and the
@@ -775,7 +784,10 @@ func (l *leg) noneListens() result {
 		if u.goneAt.IsZero() {
 			u.goneAt = now
 		}
-		u.gone = append(u.gone, l.routed)
+		u.goneLast = now
+		if !slices.Contains(u.gone, l.routed) {
+			u.gone = append(u.gone, l.routed)
+		}
 		return l.leave(result{kind: kind, replica: l.routed, err: errGone.about(l.routed)})
 	}
 	// No broker is listening. Soon after the gateway's link came back
@@ -790,9 +802,69 @@ func (l *leg) noneListens() result {
 
 // replicasBack reports whether the request met a replica gone from the bus
 // less than wait ago: its replicas may be reconnecting to another NATS
-// server. It waits for them as long as for its own link (OfflineWait).
+// server. It waits for them as long as for its own link (OfflineWait),
+// and not past its deadline, so a request that cannot wait gets the
+// failure it has.
 func (u *upstream) replicasBack(wait time.Duration, now time.Time) bool {
-	return !u.goneAt.IsZero() && now.Sub(u.goneAt) < wait
+	return !u.goneAt.IsZero() && now.Before(u.goneEnd(wait))
+}
+
+// excludeFailed leaves replica out of the request's next attempts for a
+// failure of its own: it is no longer one of the gone, which a wait for
+// them makes candidates again.
+func (u *upstream) excludeFailed(replica string) {
+	u.exclude = append(u.exclude, replica)
+	u.gone = slices.DeleteFunc(u.gone, func(id string) bool { return id == replica })
+}
+
+// goneEnd is when the request stops waiting for its gone replicas.
+func (u *upstream) goneEnd(wait time.Duration) time.Time {
+	end := u.goneAt.Add(wait)
+	if last := u.deadline.Add(-offlinePoll); last.Before(end) {
+		end = last
+	}
+	return end
+}
+
+// awaitGone holds a request that found no replica left once its gone ones
+// were left out (replicasBack), until one of them may be back, and makes
+// them candidates again. A gateway that decides reads their heartbeats
+// (an adapter back on a server sends one at once): it waits, looking every
+// offlinePoll, for one heard since the last was found gone, so the
+// request is decided again only when it can go somewhere, and spends no
+// quota or budget on decisions meanwhile. One that does not sees no
+// heartbeats, and asks the brokers again after a pause that doubles from
+// twice offlinePoll. The wait ends with the window (goneEnd) or the
+// request's context.
+func (g *Gateway) awaitGone(ctx context.Context, u *upstream) {
+	end := u.goneEnd(g.cfg.OfflineWait)
+	if g.dec == nil {
+		u.goneWaits++
+		pause(ctx, min(offlinePoll<<min(u.goneWaits, 6), max(time.Until(end), 0)))
+	} else {
+		poll := time.NewTicker(offlinePoll)
+		defer poll.Stop()
+		for !g.goneHeard(u) && time.Now().Before(end) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-poll.C:
+			}
+		}
+	}
+	u.exclude = slices.DeleteFunc(u.exclude, func(id string) bool { return slices.Contains(u.gone, id) })
+}
+
+// goneHeard reports whether the deciding gateway heard a heartbeat of one
+// of the request's gone replicas since the last was found gone.
+func (g *Gateway) goneHeard(u *upstream) bool {
+	now := time.Now()
+	for _, id := range u.gone {
+		if g.dec.Router().HeardSince(id, u.goneLast, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // leave is r, unless the client left while the request was being routed:
@@ -987,12 +1059,12 @@ func (l *leg) fail(kind failure, err error) result {
 	return result{kind: kind, err: err, replica: l.replica, accepted: true}
 }
 
-// probe asks NATS whether anything still listens on replica's cancel
-// subject: an empty cancel (no request id) with the attempt's reply
-// subject, which a live adapter ignores, and to which the server answers
-// no-responders when the adapter is gone (relay).
+// probe asks whether anything still listens on replica's cancel subject:
+// an empty cancel (no request id) with the attempt's reply subject and
+// Llm-Probe, which a live adapter answers present, and to which the server
+// answers no-responders when the adapter is gone (relay).
 func (g *Gateway) probe(replica, reply string) {
-	_ = g.nc.PublishMsg(&nats.Msg{Subject: g.subj.ReplicaCancel(replica), Reply: reply})
+	_ = g.nc.PublishMsg(&nats.Msg{Subject: g.subj.ReplicaCancel(replica), Reply: reply, Header: nats.Header{subjects.HdrProbe: {"1"}}})
 }
 
 // lateRoute takes a message on a reply subject no attempt waits for: a

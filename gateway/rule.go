@@ -255,14 +255,14 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		}
 	case failReplicasBack:
 		// Another replica gone from the bus is left out like the first;
-		// when none is left (no_replicas), the gone ones are candidates
-		// again for the next attempt, which finds them reconnected or
-		// waits on.
-		g.metrics.replicaWaits.Inc()
+		// when none is left (no_replicas), the relay waits for the gone
+		// ones and makes them candidates again (awaitGone).
+		if !u.goneWaited {
+			u.goneWaited = true
+			g.metrics.replicaWaits.Inc()
+		}
 		if r.replica != "" {
 			u.exclude = append(u.exclude, r.replica)
-		} else {
-			u.exclude = slices.DeleteFunc(u.exclude, func(id string) bool { return slices.Contains(u.gone, id) })
 		}
 	case failRefused:
 		// A replica that turned the request away (full, or draining)
@@ -271,14 +271,14 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		// then finds no replica left was refused for want of room, not
 		// of replicas (conclude).
 		if r.replica != "" {
-			u.exclude = append(u.exclude, r.replica)
+			u.excludeFailed(r.replica)
 			if errors.Is(r.err, errBusy) {
 				u.busy = r.err
 			}
 		}
 	case failSequenceGap, failSilence, failGone, failEngine, failHandover:
 		if r.replica != "" {
-			u.exclude = append(u.exclude, r.replica)
+			u.excludeFailed(r.replica)
 		}
 	case failClientGone:
 		g.metrics.clientGone.Inc()

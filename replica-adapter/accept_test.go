@@ -196,9 +196,10 @@ func TestTheSameRequestTwiceIsServedOnce(t *testing.T) {
 }
 
 // TestAProbeIsAnsweredPresent: an empty message on the replica's cancel
-// subject with a reply subject is a gateway's probe; the adapter answers it
-// present, naming itself, and publishes nothing for a reply outside the
-// reply space.
+// subject with a reply subject and Llm-Probe is a gateway's probe; the
+// adapter answers it present, naming itself. It publishes nothing for a
+// reply outside the reply space, nor for a probe that does not ask (an
+// earlier gateway's, which would read the answer as a sequence gap).
 func TestAProbeIsAnsweredPresent(t *testing.T) {
 	e := newEnv(t)
 	e.start(e.config())
@@ -206,13 +207,18 @@ func TestAProbeIsAnsweredPresent(t *testing.T) {
 	cancel := subjects.New("").ReplicaCancel("r-1")
 	for _, c := range []struct {
 		reply   string
+		ask     bool
 		answers bool
-	}{{"llm.reply.gw-1.probe-1", true}, {"llm.elsewhere.probe-2", false}} {
+	}{{"llm.reply.gw-1.probe-1", true, true}, {"llm.elsewhere.probe-2", true, false}, {"llm.reply.gw-1.probe-3", false, false}} {
 		sub, err := e.nc.SubscribeSync(c.reply)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.nc.PublishMsg(&nats.Msg{Subject: cancel, Reply: c.reply}); err != nil {
+		probe := &nats.Msg{Subject: cancel, Reply: c.reply, Header: nats.Header{}}
+		if c.ask {
+			probe.Header.Set(subjects.HdrProbe, "1")
+		}
+		if err := e.nc.PublishMsg(probe); err != nil {
 			t.Fatal(err)
 		}
 		m, err := sub.NextMsg(time.Second)
@@ -222,7 +228,7 @@ func TestAProbeIsAnsweredPresent(t *testing.T) {
 		case c.answers && (m.Header.Get(subjects.HdrPresent) != "r-1" || m.Header.Get(subjects.HdrSeq) != "" || len(m.Data) != 0):
 			t.Errorf("answer to a probe: %v %q, want Llm-Present: r-1 alone", m.Header, m.Data)
 		case !c.answers && err == nil:
-			t.Errorf("a probe with the reply %s outside the reply space answered: %v", c.reply, m.Header)
+			t.Errorf("a probe (reply %s, asking %v) answered: %v", c.reply, c.ask, m.Header)
 		}
 		_ = sub.Unsubscribe()
 	}

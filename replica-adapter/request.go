@@ -67,12 +67,13 @@ func (a *Adapter) onRequest(r micro.Request) {
 }
 
 // onCancel cancels the engine call of the request named by Llm-Request-Id.
-// One that names none, with a reply subject, is a gateway's probe: it is
-// answered present, there being something listening here.
+// One that names none, with a reply subject, is a gateway's probe: when it
+// asks (Llm-Probe), it is answered present, there being something
+// listening here.
 func (a *Adapter) onCancel(r micro.Request) {
 	id := r.Headers().Get(subjects.HdrRequestID)
 	if id == "" {
-		if reply := r.Reply(); reply != "" && a.subj.InReplySpace(reply) {
+		if reply := r.Reply(); reply != "" && r.Headers().Get(subjects.HdrProbe) != "" && a.subj.InReplySpace(reply) {
 			f := replyproto.Frame{Kind: replyproto.Present, Replica: a.cfg.Replica}
 			_ = a.nc.PublishMsg(f.Msg(reply))
 		}

@@ -143,7 +143,11 @@ const (
 	// replica: it is on the bus. Like the routed notice it is outside the
 	// sequence, and it says nothing of any request.
 	HdrPresent = "Llm-Present"
-	HdrError   = "Llm-Error"
+	// HdrProbe on an empty cancel asks the adapter to answer present: a
+	// probe without it (a gateway of an earlier version, which would read
+	// the answer as a sequence gap) is not answered.
+	HdrProbe = "Llm-Probe"
+	HdrError = "Llm-Error"
 	// HdrHandover on an end (with Llm-Error) says the replica drained
 	// before the answer was over and hands it back: the gateway continues
 	// it on another replica.

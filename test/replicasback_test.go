@@ -23,7 +23,10 @@ import (
 // nothing listening on the replica's subjects; it is neither failed 502
 // (the replica gone) nor 503 no_replicas (none left once it is left out):
 // it waits for the replica's return, within --offline-wait, and is served.
-// Both ways a gateway decides.
+// Both ways a gateway decides. The wait is not a loop of decisions (each
+// takes quota and budget): a gateway that decides decides again only once
+// it hears the replica back, one that does not asks the brokers again
+// after a pause that doubles.
 func TestARequestWaitsForItsReplicasToReconnect(t *testing.T) {
 	st := startStack(t, devstack.Config{Replicas: devstack.ReplicasNamed("l70-gen-0")})
 	// The one replica of llama-3-8b-instruct (chat-small), its adapter
@@ -68,12 +71,13 @@ func TestARequestWaitsForItsReplicasToReconnect(t *testing.T) {
 	_, viaBroker := gatewayOnConn(t, gnc, gateway.Config{Decide: gateway.DecideBroker, AcceptTimeout: 200 * time.Millisecond, Registerer: brokerReg})
 	body := `{"model":"chat-small","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tt := range []struct {
-		name string
-		url  string
-		reg  prometheus.Gatherer
+		name      string
+		url       string
+		reg       prometheus.Gatherer
+		decisions float64 // at most, for the request
 	}{
-		{"deciding gateway", st.GatewayURL(), st.Registry()},
-		{"through a broker", viaBroker, brokerReg},
+		{"deciding gateway", st.GatewayURL(), st.Registry(), 3},
+		{"through a broker", viaBroker, brokerReg, 6},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
@@ -83,6 +87,7 @@ func TestARequestWaitsForItsReplicasToReconnect(t *testing.T) {
 				return nil
 			})
 			waits := testkit.Sum(tt.reg, "switchyard_gateway_replica_waits_total", nil)
+			decided := testkit.Sum(st.Registry(), "switchyard_broker_decisions_total", nil)
 			const away = 600 * time.Millisecond
 			rl.Down()
 			healed := time.AfterFunc(away, rl.Heal)
@@ -99,7 +104,11 @@ func TestARequestWaitsForItsReplicasToReconnect(t *testing.T) {
 			if n := testkit.Sum(tt.reg, "switchyard_gateway_replica_waits_total", nil); n <= waits {
 				t.Errorf("switchyard_gateway_replica_waits_total %v, was %v: no wait counted", n, waits)
 			}
-			t.Logf("answered 200 after %v", took.Round(time.Millisecond))
+			n := testkit.Sum(st.Registry(), "switchyard_broker_decisions_total", nil) - decided
+			if n > tt.decisions {
+				t.Errorf("%v decisions for the one request, want at most %v: the wait decided again and again", n, tt.decisions)
+			}
+			t.Logf("answered 200 after %v, %v decisions", took.Round(time.Millisecond), n)
 		})
 	}
 }

@@ -69,7 +69,7 @@ func protocolTable(t *testing.T) []docRow {
 
 // TestProtocolTable holds docs/protocol.md and the codec together: every
 // kind of the table is a kind of the codec and the other way round, each
-// with the same headers, and only the routed notice goes without Llm-Seq.
+// with the same headers, and only the routed notice and present go without Llm-Seq.
 func TestProtocolTable(t *testing.T) {
 	rows := protocolTable(t)
 	byName := map[string]reply.Kind{}
@@ -121,6 +121,7 @@ func TestRoundTrip(t *testing.T) {
 		RetryAfter: 1500e6, Headers: map[string]string{subjects.HdrRateLimitRemainingRequests: "0"}})
 	tests := []reply.Frame{
 		{Kind: reply.Routed, Seq: -1, Replica: "r1"},
+		{Kind: reply.Present, Seq: -1, Replica: "r1"},
 		{Kind: reply.Accept, Seq: 0, Replica: "r1", Held: 1500 * time.Microsecond, Body: []byte(`{"replica":"r1"}`)},
 		{Kind: reply.Head, Seq: 1, Status: 200},
 		{Kind: reply.Head, Seq: 1, Status: 200, Replica: "r1", Held: 40 * time.Millisecond, End: true, Body: []byte("{}")},
