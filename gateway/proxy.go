@@ -801,12 +801,13 @@ func (l *leg) noneListens() result {
 }
 
 // replicasBack reports whether the request met a replica gone from the bus
-// less than wait ago: its replicas may be reconnecting to another NATS
+// less than wait ago, and one still counts as gone (none failed it
+// otherwise since): its replicas may be reconnecting to another NATS
 // server. It waits for them as long as for its own link (OfflineWait),
 // and not past its deadline, so a request that cannot wait gets the
 // failure it has.
 func (u *upstream) replicasBack(wait time.Duration, now time.Time) bool {
-	return !u.goneAt.IsZero() && now.Before(u.goneEnd(wait))
+	return len(u.gone) > 0 && now.Before(u.goneEnd(wait))
 }
 
 // excludeFailed leaves replica out of the request's next attempts for a

@@ -202,3 +202,31 @@ func TestNamedErrors(t *testing.T) {
 		t.Error("apiError(nil) is not nil")
 	}
 }
+
+// TestReplicasBackWindow: a request waits for its gone replicas only
+// within the offline wait after the first, before its deadline, and while
+// one of them still counts as gone: one excluded since for a failure of
+// its own is no reason to wait.
+func TestReplicasBackWindow(t *testing.T) {
+	now := time.Now()
+	const wait = 3 * time.Second
+	fresh := func() *upstream {
+		return &upstream{gone: []string{"r-0"}, goneAt: now.Add(-time.Second), deadline: now.Add(time.Minute)}
+	}
+	if u := fresh(); !u.replicasBack(wait, now) {
+		t.Error("a replica gone a second ago: no wait, want one")
+	}
+	if u := fresh(); u.replicasBack(wait, now.Add(2*time.Second)) {
+		t.Error("past the offline wait after the first gone: a wait, want none")
+	}
+	u := fresh()
+	u.deadline = now.Add(offlinePoll / 2)
+	if u.replicasBack(wait, now) {
+		t.Error("the deadline within a poll: a wait, want none")
+	}
+	u = fresh()
+	u.excludeFailed("r-0")
+	if u.replicasBack(wait, now) || len(u.exclude) != 1 {
+		t.Errorf("the gone replica since excluded for a failure of its own: wait %v, exclude %q; want no wait, it excluded", u.replicasBack(wait, now), u.exclude)
+	}
+}
