@@ -116,16 +116,21 @@ func Decode(m *nats.Msg) Frame {
 		f.Kind, f.Replica = Routed, r
 		return f
 	}
-	if r := h.Get(subjects.HdrPresent); r != "" {
-		f.Kind, f.Replica = Present, r
-		return f
-	}
 	if h.Get("Status") == "503" && len(m.Data) == 0 {
 		// NATS no-responders: the server's status, not a sender's.
 		f.Kind = NoResponders
 		return f
 	}
-	if n, err := strconv.Atoi(h.Get(subjects.HdrSeq)); err == nil && n >= 0 {
+	seq := h.Get(subjects.HdrSeq)
+	if seq == "" {
+		// Outside the sequence: a present (a data frame, the common
+		// case, pays no lookup for it).
+		if r := h.Get(subjects.HdrPresent); r != "" {
+			f.Kind, f.Replica = Present, r
+			return f
+		}
+	}
+	if n, err := strconv.Atoi(seq); err == nil && n >= 0 {
 		f.Seq = n
 	}
 	if h.Get(subjects.HdrKeepalive) != "" {
