@@ -622,14 +622,18 @@ func TestFullReplicasLeftNoneIsAllReplicasBusy(t *testing.T) {
 	}
 }
 
-// present answers the probes on replica's cancel subject as a live adapter
-// does, and passes the cancels (which name a request) to cancels, when set.
-func (u *upstream) present(t *testing.T, replica string, cancels chan<- string) {
+// listen subscribes to replica's cancel subject as its adapter does: the
+// probes (which name no request) it answers present when answers is set,
+// as a live adapter does, and ignores otherwise, as one cut off from the
+// gateway does; the cancels it passes to cancels, when set.
+func (u *upstream) listen(t *testing.T, replica string, answers bool, cancels chan<- string) {
 	t.Helper()
 	if _, err := u.nc.Subscribe("llm.replica."+replica+".cancel", func(m *nats.Msg) {
-		if m.Header.Get(subjects.HdrRequestID) == "" && m.Header.Get(subjects.HdrProbe) != "" {
-			f := replyproto.Frame{Kind: replyproto.Present, Replica: replica}
-			_ = u.nc.PublishMsg(f.Msg(m.Reply))
+		if m.Header.Get(subjects.HdrRequestID) == "" {
+			if answers && m.Header.Get(subjects.HdrProbe) != "" {
+				f := replyproto.Frame{Kind: replyproto.Present, Replica: replica}
+				_ = u.nc.PublishMsg(f.Msg(m.Reply))
+			}
 			return
 		}
 		if cancels != nil {
@@ -663,16 +667,7 @@ func TestAcceptTimeoutAvoidsTheRoutedReplica(t *testing.T) {
 				}
 				r.stream("r-1", 2)
 			})
-			if c.answers {
-				u.present(t, "r-stuck", cancels)
-			} else if _, err := u.nc.Subscribe("llm.replica.r-stuck.cancel", func(m *nats.Msg) {
-				if m.Header.Get(subjects.HdrRequestID) != "" { // a probe names no request, and has no answer
-					cancels <- m.Subject
-				}
-			}); err != nil {
-				t.Fatal(err)
-			}
-			_ = u.nc.Flush()
+			u.listen(t, "r-stuck", c.answers, cancels)
 			s := u.post(true)
 			if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
 				t.Fatalf("got %d %q", s.status, s.body)
@@ -733,7 +728,7 @@ func TestSlowReplicaPastTheAcceptTimeoutServes(t *testing.T) {
 		time.Sleep(3 * acceptTimeout)
 		r.stream("r-slow", 2)
 	})
-	u.present(t, "r-slow", nil)
+	u.listen(t, "r-slow", true, nil)
 	s := u.post(true)
 	if s.status != 200 || !strings.Contains(s.body, "[DONE]") {
 		t.Fatalf("a slow only replica: %d %s %q; want it served", s.status, s.code, s.body)

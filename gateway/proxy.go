@@ -50,14 +50,8 @@ type upstream struct {
 	// linkBack is when an attempt of it found the NATS link back after
 	// waiting for it (zero: it never waited).
 	linkBack time.Time
-	// gone are the replicas on whose subjects nothing listened for it
-	// (and that failed it no other way), the first at goneAt (zero:
-	// none), the last at goneLast; goneWaits counts its waits for them
-	// (awaitGone).
-	gone             []string
-	goneAt, goneLast time.Time
-	goneWaits        int
-	goneWaited       bool // counted in switchyard_gateway_replica_waits_total
+	// gone are its replicas that left the bus under it.
+	gone goneReplicas
 	// busy is the last refusal of a replica that had no room for it.
 	busy error
 }
@@ -87,6 +81,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, u *upstream) {
 			}
 		case wait:
 			if res.kind == failReplicasBack && res.replica == "" {
+				// None left once the gone ones were left out; another
+				// gone one (named) is only left out, and the next
+				// attempt, a poll later, may find a live one.
 				g.awaitGone(ctx, out.u)
 			} else {
 				pause(ctx, offlinePoll)
@@ -781,13 +778,7 @@ func (l *leg) noneListens() result {
 		if u.replicasBack(l.g.cfg.OfflineWait, now) {
 			kind = failReplicasBack
 		}
-		if u.goneAt.IsZero() {
-			u.goneAt = now
-		}
-		u.goneLast = now
-		if !slices.Contains(u.gone, l.routed) {
-			u.gone = append(u.gone, l.routed)
-		}
+		u.gone.met(l.routed, now)
 		return l.leave(result{kind: kind, replica: l.routed, err: errGone.about(l.routed)})
 	}
 	// No broker is listening. Soon after the gateway's link came back
@@ -800,6 +791,27 @@ func (l *leg) noneListens() result {
 	return l.leave(result{kind: kind, err: errNoBroker})
 }
 
+// goneReplicas are a request's replicas on whose subjects nothing
+// listened for it, and that failed it no other way since: the first was
+// found gone at first, the last at last (zero: none yet).
+type goneReplicas struct {
+	ids         []string
+	first, last time.Time
+	waits       int  // the waits for them (awaitGone)
+	counted     bool // the request is counted in switchyard_gateway_replica_waits_total
+}
+
+// met records replica found gone at now.
+func (g *goneReplicas) met(replica string, now time.Time) {
+	if g.first.IsZero() {
+		g.first = now
+	}
+	g.last = now
+	if !slices.Contains(g.ids, replica) {
+		g.ids = append(g.ids, replica)
+	}
+}
+
 // replicasBack reports whether the request met a replica gone from the bus
 // less than wait ago, and one still counts as gone (none failed it
 // otherwise since): its replicas may be reconnecting to another NATS
@@ -807,7 +819,7 @@ func (l *leg) noneListens() result {
 // and not past its deadline, so a request that cannot wait gets the
 // failure it has.
 func (u *upstream) replicasBack(wait time.Duration, now time.Time) bool {
-	return len(u.gone) > 0 && now.Before(u.goneEnd(wait))
+	return len(u.gone.ids) > 0 && now.Before(u.goneEnd(wait))
 }
 
 // excludeFailed leaves replica out of the request's next attempts for a
@@ -815,12 +827,12 @@ func (u *upstream) replicasBack(wait time.Duration, now time.Time) bool {
 // them makes candidates again.
 func (u *upstream) excludeFailed(replica string) {
 	u.exclude = append(u.exclude, replica)
-	u.gone = slices.DeleteFunc(u.gone, func(id string) bool { return id == replica })
+	u.gone.ids = slices.DeleteFunc(u.gone.ids, func(id string) bool { return id == replica })
 }
 
 // goneEnd is when the request stops waiting for its gone replicas.
 func (u *upstream) goneEnd(wait time.Duration) time.Time {
-	end := u.goneAt.Add(wait)
+	end := u.gone.first.Add(wait)
 	if last := u.deadline.Add(-offlinePoll); last.Before(end) {
 		end = last
 	}
@@ -840,8 +852,8 @@ func (u *upstream) goneEnd(wait time.Duration) time.Time {
 func (g *Gateway) awaitGone(ctx context.Context, u *upstream) {
 	end := u.goneEnd(g.cfg.OfflineWait)
 	if g.dec == nil {
-		u.goneWaits++
-		pause(ctx, min(offlinePoll<<min(u.goneWaits, 6), max(time.Until(end), 0)))
+		u.gone.waits++
+		pause(ctx, min(offlinePoll<<min(u.gone.waits, 6), max(time.Until(end), 0)))
 	} else {
 		poll := time.NewTicker(offlinePoll)
 		defer poll.Stop()
@@ -853,15 +865,15 @@ func (g *Gateway) awaitGone(ctx context.Context, u *upstream) {
 			}
 		}
 	}
-	u.exclude = slices.DeleteFunc(u.exclude, func(id string) bool { return slices.Contains(u.gone, id) })
+	u.exclude = slices.DeleteFunc(u.exclude, func(id string) bool { return slices.Contains(u.gone.ids, id) })
 }
 
 // goneHeard reports whether the deciding gateway heard a heartbeat of one
 // of the request's gone replicas since the last was found gone.
 func (g *Gateway) goneHeard(u *upstream) bool {
 	now := time.Now()
-	for _, id := range u.gone {
-		if g.dec.Router().HeardSince(id, u.goneLast, now) {
+	for _, id := range u.gone.ids {
+		if g.dec.Router().HeardSince(id, u.gone.last, now) {
 			return true
 		}
 	}

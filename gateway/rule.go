@@ -257,8 +257,8 @@ func (g *Gateway) settle(u *upstream, id string, r result) {
 		// Another replica gone from the bus is left out like the first;
 		// when none is left (no_replicas), the relay waits for the gone
 		// ones and makes them candidates again (awaitGone).
-		if !u.goneWaited {
-			u.goneWaited = true
+		if !u.gone.counted {
+			u.gone.counted = true
 			g.metrics.replicaWaits.Inc()
 		}
 		if r.replica != "" {

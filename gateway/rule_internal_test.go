@@ -211,7 +211,9 @@ func TestReplicasBackWindow(t *testing.T) {
 	now := time.Now()
 	const wait = 3 * time.Second
 	fresh := func() *upstream {
-		return &upstream{gone: []string{"r-0"}, goneAt: now.Add(-time.Second), deadline: now.Add(time.Minute)}
+		u := &upstream{deadline: now.Add(time.Minute)}
+		u.gone.met("r-0", now.Add(-time.Second))
+		return u
 	}
 	if u := fresh(); !u.replicasBack(wait, now) {
 		t.Error("a replica gone a second ago: no wait, want one")
