@@ -43,8 +43,9 @@ type Config struct {
 	// Prefix is the subject prefix (default "llm").
 	Prefix string
 	// Region is the region this broker decides in (--region): it chooses
-	// among that region's replicas first (broker/policy, "Regions").
-	// Empty: no region, every replica alike.
+	// among that region's replicas first (broker/policy, "Regions"), and
+	// reads the routing table from the region's copy of Bucket when there
+	// is one (kv.Config.Region). Empty: no region, every replica alike.
 	Region string
 	// Bucket is the routing-table KV bucket (default "llm-routing").
 	Bucket string
@@ -172,6 +173,7 @@ func New(nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	b.watcher = kv.New(js, kv.Config{
 		Bucket:     cfg.Bucket,
+		Region:     cfg.Region,
 		StateDir:   cfg.StateDir,
 		Logger:     b.log,
 		OnSnapshot: dec.SetTable,

@@ -170,7 +170,9 @@ type Config struct {
 	// llm.gw.<tenant> for the brokers, as direct tenants' requests go.
 	Decide string
 	// Region is the region a gateway deciding locally decides in: its
-	// replicas first (broker/policy, "Regions"). Empty: no region.
+	// replicas first (broker/policy, "Regions"). The gateway reads the
+	// routing table from the region's copy of Bucket when there is one
+	// (kv.Config.Region). Empty: no region.
 	Region string
 	// WarmUp bounds how long a gateway deciding locally waits, after it
 	// starts, for a heartbeat from every replica its table has ready
@@ -555,6 +557,7 @@ func (g *Gateway) start(ctx context.Context, wg *sync.WaitGroup) error {
 	wg.Go(func() { g.checkLink(ctx) })
 	kcfg := kv.Config{
 		Bucket:     g.cfg.Bucket,
+		Region:     g.cfg.Region,
 		StateDir:   g.cfg.StateDir,
 		Logger:     g.log,
 		OnSnapshot: func(s *table.Snapshot) { g.table.Store(s) },

@@ -17,11 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/budget"
+	"github.com/switchyard-llm/switchyard/subjects"
 	"github.com/switchyard-llm/switchyard/table"
 	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
-const tableUsage = "usage: switchyard table init [--replicas N] [--ledger-max-age 400d] | get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE [--replicas N] | export | validate FILE | history KEY | rollback KEY REV"
+const tableUsage = "usage: switchyard table init [--replicas N] [--ledger-max-age 400d] | copy REGION [--replicas N] | get KEY | put KEY [FILE|-] | edit KEY | watch [PREFIX] | import FILE [--replicas N] | export | validate FILE | history KEY | rollback KEY REV"
 
 // errCheckFailed is a failed check (exit 1) whose details were printed.
 var errCheckFailed = errors.New("check failed")
@@ -30,7 +31,7 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("table", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
-	replicas := fs.Int("replicas", 0, "replicas of the bucket when init or import creates it (1-5; default 1)")
+	replicas := fs.Int("replicas", 0, "replicas of the bucket when init, import or copy creates it (1-5; default 1)")
 	ledgerAge := fs.String("ledger-max-age", "", "how long the LEDGER stream keeps a record, in days (400d) or as a duration (init; default 400d)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -46,14 +47,14 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("%s", tableUsage)
 	}
 	verb, rest := pos[0], pos[1:]
-	want := map[string][2]int{"init": {0, 0}, "get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1},
+	want := map[string][2]int{"init": {0, 0}, "copy": {1, 1}, "get": {1, 1}, "put": {1, 2}, "watch": {0, 1}, "import": {1, 1}, "export": {0, 0}, "validate": {1, 1},
 		"edit": {1, 1}, "history": {1, 1}, "rollback": {2, 2}}
 	n, ok := want[verb]
 	if !ok || len(rest) < n[0] || len(rest) > n[1] {
 		return usagef("%s", tableUsage)
 	}
-	if *replicas != 0 && verb != "init" && verb != "import" {
-		return usagef("--replicas applies to init and import only")
+	if *replicas != 0 && verb != "init" && verb != "import" && verb != "copy" {
+		return usagef("--replicas applies to init, import and copy only")
 	}
 	maxAge := budget.DefaultLedgerMaxAge
 	if *ledgerAge != "" {
@@ -69,6 +70,9 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if verb == "init" {
 		return tableInit(ctx, &nf, max(*replicas, 1), maxAge, stdout)
+	}
+	if verb == "copy" {
+		return tableCopy(ctx, &nf, rest[0], max(*replicas, 1), stdout)
 	}
 	var flat map[string]json.RawMessage
 	if verb == "import" { // a bad file is refused before anything connects
@@ -152,6 +156,35 @@ func runTable(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cancel()
 		return tableEdit(ctx, bucket, rest[0], stdout, stderr)
 	}
+	return nil
+}
+
+// tableCopy makes region's copy of the routing table (kv.EnsureCopy): a
+// mirror of the bucket placed in the NATS cluster named region, which the
+// region's brokers and gateways (--region) read. It never changes an
+// existing copy.
+func tableCopy(ctx context.Context, nf *natsFlags, region string, replicas int, stdout io.Writer) error {
+	if err := subjects.ValidToken(region); err != nil {
+		return usagef("REGION %q: %v", region, err)
+	}
+	_, js, closeConn, err := nf.openBucket(ctx, "switchyard-table")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := kv.EnsureCopy(cctx, js, nf.bucket, region, replicas)
+	if err != nil {
+		return fmt.Errorf("region %s's copy of %s: %w", region, nf.bucket, err)
+	}
+	info := s.CachedInfo()
+	cluster := ""
+	if info.Cluster != nil {
+		cluster = info.Cluster.Name
+	}
+	fmt.Fprintf(stdout, "%s: region %s's copy of %s (in cluster %s, %d replicas, %d messages)\n",
+		kv.CopyName(nf.bucket, region), region, nf.bucket, cluster, info.Config.Replicas, info.State.Msgs)
 	return nil
 }
 

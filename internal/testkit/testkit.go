@@ -90,6 +90,15 @@ func IgnoreObjectPutRace() goleak.Option {
 	return goleak.IgnoreAnyFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect")
 }
 
+// IgnoreSourceCleanup is the goleak option for the goroutine nats-server
+// (v2.15.2) starts when a mirror or source stream is deleted: it asks the
+// origin to delete the stream's consumer there and waits up to 10 s for an
+// answer, whatever the server's shutdown. Packages whose tests delete a
+// mirror pass it to Main.
+func IgnoreSourceCleanup() goleak.Option {
+	return goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*stream).tryDeleteSourcingConsumer.func1")
+}
+
 // NoGoroutinesLeft fails t at cleanup when a goroutine started after the
 // call is still running: the parts the test started and stopped left
 // nothing behind. Cleanups run last-registered first, so where it is called

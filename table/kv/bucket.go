@@ -3,6 +3,8 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -55,4 +57,50 @@ func allowAtomic(ctx context.Context, js jetstream.JetStream, bucket string) {
 	}
 	cfg.AllowAtomicPublish = true
 	_, _ = js.UpdateStream(ctx, cfg)
+}
+
+// CopyName is the bucket that holds region's copy of bucket: bucket-region.
+func CopyName(bucket, region string) string { return bucket + "-" + region }
+
+// CopyQuiet is how long a region's copy may go without hearing from the
+// primary bucket before the primary counts as out of reach. JetStream's
+// mirror hears from its origin about once a second while the link holds,
+// messages or not.
+const CopyQuiet = 5 * time.Second
+
+// ErrNotACopy is returned by EnsureCopy when a bucket of the copy's name
+// exists but is not a mirror of the primary.
+var ErrNotACopy = errors.New("the bucket exists but does not mirror the routing table's")
+
+// EnsureCopy opens region's copy of bucket (CopyName), creating it when it
+// is absent: a JetStream mirror of bucket placed in the NATS cluster named
+// region (each region of a supercluster is a cluster named after it), so the
+// region's deciders read the routing table from their own region and keep
+// it while the link to the primary is down. Writes go to the primary; the
+// mirror follows it.
+func EnsureCopy(ctx context.Context, js jetstream.JetStream, bucket, region string, replicas int) (jetstream.Stream, error) {
+	name := CopyName(bucket, region)
+	s, err := js.Stream(ctx, streamPrefix+name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      name,
+			Description: "Switchyard routing table, region " + region + "'s copy",
+			History:     History,
+			Replicas:    replicas,
+			Storage:     jetstream.FileStorage,
+			Mirror:      &jetstream.StreamSource{Name: bucket},
+			Placement:   &jetstream.Placement{Cluster: region},
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
+			return nil, err
+		}
+		s, err = js.Stream(ctx, streamPrefix+name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m := s.CachedInfo().Config.Mirror; m == nil || m.Name != streamPrefix+bucket {
+		return nil, fmt.Errorf("bucket %s: %w %s", name, ErrNotACopy, bucket)
+	}
+	return s, nil
 }

@@ -6,5 +6,6 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
-// TestMain fails the package when a goroutine outlives the tests.
-func TestMain(m *testing.M) { testkit.Main(m) }
+// TestMain fails the package when a goroutine outlives the tests (a
+// region's copy is a mirror, and one is deleted).
+func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreSourceCleanup()) }

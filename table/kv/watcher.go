@@ -36,6 +36,12 @@ const (
 // errBehind ends a watch that missed what the bucket holds (see CheckEvery).
 var errBehind = errors.New("the watch is behind the bucket: a message was lost on the way")
 
+// errSwitch ends a watch of a region's copy that stopped hearing from the
+// primary while the primary answers (the link is back, the copy's mirror
+// not yet), or of the primary once the copy hears from it again: the next
+// watch reads the fresher of the two (Watcher.open).
+var errSwitch = errors.New("switching between the region's copy and the bucket")
+
 // ErrRunning is returned by a second call to Run.
 var ErrRunning = errors.New("watcher already running")
 
@@ -43,6 +49,11 @@ var ErrRunning = errors.New("watcher already running")
 type Config struct {
 	// Bucket is the KV bucket (default subjects.DefaultBucket).
 	Bucket string
+	// Region, when set, is the region the watcher reads in: it reads its
+	// region's copy of Bucket (CopyName, made by EnsureCopy) when there is
+	// one, else Bucket itself. While the copy stops hearing from Bucket
+	// (CopyQuiet), Unreachable counts: the copy's table is the last good one.
+	Region string
 	// StateDir keeps the last good snapshot in StateDir/table.json. Empty
 	// means no persistence.
 	StateDir string
@@ -79,9 +90,13 @@ type Watcher struct {
 	snap   atomic.Pointer[table.Snapshot]
 	source atomic.Pointer[string]
 	since  atomic.Int64 // unix nanoseconds the snapshot in force is from
-	// unreachable is since when (unix ns) the bucket has been out of
-	// reach, 0 while it is in reach (see Unreachable).
+	// unreachable is since when the bucket has been out of reach, in ns
+	// after epoch (at least 1), 0 while it is in reach (see Unreachable):
+	// measured on the monotonic clock, which a step of the wall clock
+	// leaves alone.
 	unreachable atomic.Int64
+	epoch       time.Time
+	copyLogged  bool // owned by the Run goroutine
 	ready       chan struct{}
 	running     atomic.Bool
 	readyDone   bool // owned by the Run goroutine
@@ -109,7 +124,7 @@ func New(js jetstream.JetStream, cfg Config) *Watcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Watcher{js: js, cfg: cfg, log: log.With("bucket", cfg.Bucket), ready: make(chan struct{})}
+	return &Watcher{js: js, cfg: cfg, log: log.With("bucket", cfg.Bucket), ready: make(chan struct{}), epoch: time.Now()}
 }
 
 // Snapshot is the table in force: nil until Ready is closed, never nil after.
@@ -130,23 +145,24 @@ func (w *Watcher) Source() string {
 }
 
 // Unreachable is how long the bucket has been out of reach, the table in
-// force staying: since a watch broke, or since a check of the bucket
-// (CheckEvery) failed, as in a region cut off from the bucket's; 0 while
-// the bucket is in reach.
+// force staying: since a watch broke, since a check of the bucket
+// (CheckEvery) failed, as in a region cut off from the bucket's, or, read
+// through a region's copy, since the copy last heard from the bucket; 0
+// while the bucket is in reach.
 func (w *Watcher) Unreachable() time.Duration {
 	if n := w.unreachable.Load(); n != 0 {
-		return max(time.Since(time.Unix(0, n)), time.Nanosecond)
+		return max(time.Since(w.epoch)-time.Duration(n), time.Nanosecond)
 	}
 	return 0
 }
 
-// reach records whether the bucket was in reach.
-func (w *Watcher) reach(ok bool) {
-	if ok {
-		w.unreachable.Store(0)
-	} else {
-		w.unreachable.CompareAndSwap(0, time.Now().UnixNano())
-	}
+// reach records that the bucket is in reach.
+func (w *Watcher) reach() { w.unreachable.Store(0) }
+
+// away records that the bucket is out of reach, for already so far: the
+// first record of a spell sets its start.
+func (w *Watcher) away(already time.Duration) {
+	w.unreachable.CompareAndSwap(0, max(int64(time.Since(w.epoch)-already), 1))
 }
 
 // Age is how long ago the snapshot in force was built from the bucket (for a
@@ -174,9 +190,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if synced {
 			retry = w.cfg.MinRetry
 		}
+		if errors.Is(err, errSwitch) {
+			continue // the table in force stays until the next watch has it all
+		}
 		w.log.Warn("routing table watch unavailable; keeping the table in force", "err", err, "retry_in", retry)
 		if !errors.Is(err, errBehind) {
-			w.reach(false)
+			w.away(0)
 		}
 		w.fallBack()
 		t := time.NewTimer(retry)
@@ -212,10 +231,11 @@ type update struct {
 func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	openCtx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout)
 	defer cancel()
-	stream, err := w.js.Stream(openCtx, streamPrefix+w.cfg.Bucket)
+	stream, isCopy, err := w.open(openCtx)
 	if err != nil {
 		return false, fmt.Errorf("opening bucket: %w", err)
 	}
+	// A copy keeps the primary's subjects.
 	pre := subjectPrefix + w.cfg.Bucket + "."
 	cons, err := stream.OrderedConsumer(openCtx, jetstream.OrderedConsumerConfig{
 		FilterSubjects:   []string{pre + ">"},
@@ -259,7 +279,7 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 		// The server would drop the consumer only after minutes idle.
 		if info := cons.CachedInfo(); info != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = w.js.DeleteConsumer(dctx, streamPrefix+w.cfg.Bucket, info.Name)
+			_ = w.js.DeleteConsumer(dctx, stream.CachedInfo().Config.Name, info.Name)
 			cancel()
 		}
 	}()
@@ -283,7 +303,7 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	changed := false
 	done := func() {
 		seen = max(seen, openedAt)
-		w.reach(true)
+		w.reach()
 		synced = true
 		initial.Stop()
 		w.publish(next, SourceKV)
@@ -305,8 +325,18 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 			if !synced {
 				continue
 			}
-			last, ok := w.lastSeq(ctx, stream)
-			w.reach(ok)
+			last, away, ok := w.check(ctx, stream)
+			switch {
+			case !ok:
+				w.away(0)
+			case away > 0:
+				w.away(away)
+			default:
+				w.reach()
+			}
+			if w.cfg.Region != "" && ok && w.switchTo(ctx, isCopy, away > 0, seen) {
+				return synced, errSwitch
+			}
 			switch {
 			case !ok || last <= seen:
 				behindAt = 0
@@ -332,16 +362,104 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	}
 }
 
-// lastSeq is the last sequence of the bucket's stream; ok is false when it
-// cannot be read (the bucket out of reach: nothing to compare).
-func (w *Watcher) lastSeq(ctx context.Context, stream jetstream.Stream) (uint64, bool) {
+// open is the stream the watch reads: the region's copy of the bucket when
+// there is one, else the bucket's. A copy that has not heard from the
+// bucket within CopyQuiet gives way to the bucket while the bucket answers:
+// after a cut the copy's mirror may take a while to start again (JetStream
+// backs off its retries), the bucket is read at once.
+func (w *Watcher) open(ctx context.Context) (s jetstream.Stream, isCopy bool, err error) {
+	if w.cfg.Region != "" {
+		name := CopyName(w.cfg.Bucket, w.cfg.Region)
+		s, err := w.js.Stream(ctx, streamPrefix+name)
+		if err == nil {
+			if !w.copyLogged {
+				w.copyLogged = true
+				w.log.Info("routing table read from the region's copy", "region", w.cfg.Region, "copy", name)
+			}
+			if caughtUp(s.CachedInfo(), 0) {
+				return s, true, nil
+			}
+			pctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+			p, err := w.js.Stream(pctx, streamPrefix+w.cfg.Bucket)
+			cancel()
+			if err == nil {
+				w.log.Info("the region's copy has not heard from the bucket lately; reading the bucket", "region", w.cfg.Region)
+				return p, false, nil
+			}
+			if m := s.CachedInfo().Mirror; m != nil && m.Active < 0 {
+				// Empty, not a last good table.
+				return nil, false, fmt.Errorf("region %s's copy has never heard from the bucket, and the bucket: %w", w.cfg.Region, err)
+			}
+			return s, true, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, false, err
+		}
+		if !w.copyLogged {
+			w.copyLogged = true
+			w.log.Info("no copy of the routing table in the region; reading the bucket itself (switchyard table copy makes one)",
+				"region", w.cfg.Region, "copy", name)
+		}
+	}
+	s, err = w.js.Stream(ctx, streamPrefix+w.cfg.Bucket)
+	return s, false, err
+}
+
+// switchTo says whether the watch should move: from a copy that is away
+// (not hearing from the bucket) to the bucket when the bucket answers, or
+// from the bucket to the region's copy once the copy hears from it again
+// and holds what the watch has seen (a copy keeps the bucket's sequence
+// numbers).
+func (w *Watcher) switchTo(ctx context.Context, isCopy, away bool, seen uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+	defer cancel()
+	if isCopy {
+		if !away {
+			return false
+		}
+		_, err := w.js.Stream(ctx, streamPrefix+w.cfg.Bucket)
+		return err == nil
+	}
+	s, err := w.js.Stream(ctx, streamPrefix+CopyName(w.cfg.Bucket, w.cfg.Region))
+	return err == nil && caughtUp(s.CachedInfo(), seen)
+}
+
+// caughtUp says whether a copy can be read in place of the bucket: it hears
+// from the bucket, was not behind it when it last did, and holds sequence
+// seen.
+func caughtUp(info *jetstream.StreamInfo, seen uint64) bool {
+	return quiet(info) == 0 && info.Mirror != nil && info.Mirror.Lag == 0 && info.State.LastSeq >= seen
+}
+
+// quiet is how long a copy's mirror has not heard from its origin when that
+// is past CopyQuiet, when it reports an error, or when it never heard from
+// it (then: since the copy was made); 0 otherwise, and for a stream that is
+// not a copy.
+func quiet(info *jetstream.StreamInfo) time.Duration {
+	m := info.Mirror
+	switch {
+	case m == nil:
+		return 0
+	case m.Active < 0:
+		return max(time.Since(info.Created), time.Nanosecond)
+	case m.Active > CopyQuiet || m.Error != nil:
+		return max(m.Active, time.Nanosecond)
+	}
+	return 0
+}
+
+// check reads the watched stream's last sequence; ok is false when it
+// cannot be read (the bucket out of reach: nothing to compare). For a
+// region's copy, away is how long the copy has not heard from the primary
+// when that is past CopyQuiet, or when its mirror reports an error.
+func (w *Watcher) check(ctx context.Context, stream jetstream.Stream) (last uint64, away time.Duration, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout)
 	defer cancel()
 	info, err := stream.Info(ctx)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	return info.State.LastSeq, true
+	return info.State.LastSeq, quiet(info), true
 }
 
 // resetAttempts bounds how often the ordered consumer recreates itself
