@@ -56,6 +56,7 @@ type nsRegions struct {
 	ns    [2]string // their namespaces
 	addr  [2]string // each server's address on its link to the host
 	hc    *http.Client
+	t     *testing.T // the test Cut and Heal fail when ip does
 }
 
 // needNamespacedRegions skips t unless SWITCHYARD_SUPERCLUSTER=1 (`make
@@ -84,7 +85,7 @@ func needNamespacedRegions(t *testing.T) {
 func netnsRegions(t *testing.T, a, b string) *nsRegions {
 	t.Helper()
 	bin := natsServerBinary(t)
-	r := &nsRegions{names: [2]string{a, b}, hc: &http.Client{Timeout: 2 * time.Second}}
+	r := &nsRegions{names: [2]string{a, b}, hc: &http.Client{Timeout: 2 * time.Second}, t: t}
 	for i := range 2 {
 		r.ns[i] = regionNamespace(i)
 		r.addr[i] = regionHostNet(i) + "2"
@@ -258,6 +259,35 @@ gateway {
 	})
 }
 
+// linkStats is what each end of the link between the regions has
+// received, and dropped of what it was given to send.
+type linkStats struct{ received, dropped [2]uint64 }
+
+func (r *nsRegions) linkStats() (linkStats, error) {
+	var st linkStats
+	for i := range 2 {
+		out, err := exec.Command("ip", "-n", r.ns[i], "-j", "-s", "link", "show", "dev", regionLinkEnd(i)).Output()
+		if err != nil {
+			return st, fmt.Errorf("ip -s link show %s in %s: %w", regionLinkEnd(i), r.ns[i], err)
+		}
+		var links []struct {
+			Stats struct {
+				RX struct {
+					Packets uint64 `json:"packets"`
+				} `json:"rx"`
+				TX struct {
+					Dropped uint64 `json:"dropped"`
+				} `json:"tx"`
+			} `json:"stats64"`
+		}
+		if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+			return st, fmt.Errorf("ip -s link show %s in %s: %v: %s", regionLinkEnd(i), r.ns[i], err, out)
+		}
+		st.received[i], st.dropped[i] = links[0].Stats.RX.Packets, links[0].Stats.TX.Dropped
+	}
+	return st, nil
+}
+
 // URL is region i's client URL (0: a, 1: b), reachable from the host's
 // namespace whether the regions are cut apart or not.
 func (r *nsRegions) URL(i int) string {
@@ -267,14 +297,15 @@ func (r *nsRegions) URL(i int) string {
 // Cut sets the link between the regions down: its packets are dropped both
 // ways (a's end down, b's end without a carrier), the gateway connections
 // stay open and carry nothing until their pings give them up.
-func (r *nsRegions) Cut() { r.setLink("down") }
+func (r *nsRegions) Cut() { r.t.Helper(); r.setLink("down") }
 
 // Heal sets the link between the regions up again.
-func (r *nsRegions) Heal() { r.setLink("up") }
+func (r *nsRegions) Heal() { r.t.Helper(); r.setLink("up") }
 
 func (r *nsRegions) setLink(state string) {
+	r.t.Helper()
 	if err := runIP([][]string{{"-n", r.ns[0], "link", "set", regionLinkEnd(0), state}}); err != nil {
-		panic(err) // the namespaces are the harness's own; ip failing here is a broken machine
+		r.t.Fatal(err)
 	}
 }
 
@@ -436,6 +467,9 @@ func TestNamespacedRegionsCutAndHeal(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if l, err := r.metaLeader(0); err == nil {
+		t.Logf("the JetStream meta leader before the cut: %s", l)
+	}
 	cutAt := time.Now()
 	r.Cut()
 	cutSeen := testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, testkit.Cond("neither region's gateway to the other up", r.Unlinked))
@@ -451,20 +485,36 @@ func TestNamespacedRegionsCutAndHeal(t *testing.T) {
 	if err := localBoth(); err != nil {
 		t.Errorf("each region answering its own while cut apart: %v", err)
 	}
+	// Nothing crosses the cut either way: neither end of the link
+	// receives a packet while it is down, though both servers keep trying.
+	cutStats, err := r.linkStats()
+	if err != nil {
+		t.Fatal(err)
+	}
 	// JetStream's meta group spans both regions: two servers, a quorum of
 	// two, so neither side keeps a meta leader while cut apart.
-	lost, err := testkit.Poll(20*time.Second, 100*time.Millisecond, func() error {
+	var noLeader [2]time.Duration
+	_, err = testkit.Poll(30*time.Second, 100*time.Millisecond, func() error {
+		var errs []error
 		for i := range 2 {
-			if l, err := r.metaLeader(i); err != nil || l != "" {
-				return fmt.Errorf("region %s's meta leader: %q, %v", r.names[i], l, err)
+			if noLeader[i] > 0 {
+				continue
 			}
+			if l, err := r.metaLeader(i); err != nil || l != "" {
+				errs = append(errs, fmt.Errorf("region %s's meta leader: %q, %v", r.names[i], l, err))
+				continue
+			}
+			noLeader[i] = time.Since(cutAt)
 		}
-		return nil
+		return errors.Join(errs...)
 	})
+	for i := range 2 {
+		if noLeader[i] > 0 {
+			t.Logf("cut: region %s has no JetStream meta leader %v after the cut", r.names[i], noLeader[i].Round(time.Millisecond))
+		}
+	}
 	if err != nil {
-		t.Logf("cut: a JetStream meta leader still known %v after the cut: %v", lost.Round(time.Millisecond), err)
-	} else {
-		t.Logf("cut: neither region has a JetStream meta leader %v after the cut", time.Since(cutAt).Round(time.Millisecond))
+		t.Logf("cut: %v %v after the cut", err, time.Since(cutAt).Round(time.Millisecond))
 	}
 	getCtx, getCancel := context.WithTimeout(ctx, 2*time.Second)
 	e, err := kvA.Get(getCtx, "k")
@@ -478,6 +528,15 @@ func TestNamespacedRegionsCutAndHeal(t *testing.T) {
 	v, err := getB(getCtx)
 	getCancel()
 	t.Logf("cut: region b reading region a's bucket: %q, %v", v, err)
+
+	st, err := r.linkStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.received != cutStats.received {
+		t.Errorf("packets crossed the cut: received by each end %v once the cut was seen, %v before healing", cutStats.received, st.received)
+	}
+	t.Logf("cut: packets received by each end of the link %v over %v, dropped sending %v", st.received, time.Since(cutAt).Round(time.Millisecond), [2]uint64{st.dropped[0] - cutStats.dropped[0], st.dropped[1] - cutStats.dropped[1]})
 
 	healAt := time.Now()
 	r.Heal()
