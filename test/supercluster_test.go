@@ -3,10 +3,12 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -30,9 +32,12 @@ import (
 // regionSite is one region's parts on its own NATS server: a simulated
 // engine and an adapter per replica, and a gateway deciding in the region.
 type regionSite struct {
-	name string
-	gw   *gateway.Gateway
-	url  string
+	name    string
+	natsURL string
+	gw      *gateway.Gateway
+	url     string
+	ctx     context.Context
+	wg      *sync.WaitGroup
 }
 
 // startRegion runs region name's parts against the server at natsURL,
@@ -41,47 +46,69 @@ func startRegion(t *testing.T, natsURL, name string, replicas ...string) *region
 	t.Helper()
 	ln := testkit.Listen(t) // closed after the parts stop: cleanups run last first
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	conn := func(what string) *nats.Conn {
-		nc, err := nats.Connect(natsURL, nats.Name(what), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	run := func(what string, f func(context.Context) error) {
-		wg.Go(func() {
-			if err := f(ctx); err != nil && ctx.Err() == nil {
-				t.Errorf("%s: %v", what, err)
-			}
-		})
-	}
+	s := &regionSite{name: name, natsURL: natsURL, ctx: ctx, wg: &sync.WaitGroup{}, url: "http://" + ln.Addr().String()}
+	t.Cleanup(func() { cancel(); s.wg.Wait() })
 	for _, id := range replicas {
-		eng := enginesim.NewServer(enginesim.ServerConfig{Engine: enginesim.Config{Model: "llama-3-8b-instruct"}, Speed: 4})
-		run("engine "+id, eng.Run)
-		hs := httptest.NewServer(eng.Handler())
-		t.Cleanup(hs.Close)
-		a, err := adapter.New(conn("adapter-"+id), adapter.Config{
-			Replica: id, Model: "llama-3-8b-instruct", Version: "v1.0.0", Pool: "general", Region: name,
-			Flavor: adapter.FlavorVLLM, EngineURL: hs.URL, HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run("adapter "+id, a.Run)
+		s.addReplica(t, id)
 	}
-	g, err := gateway.New(conn("gateway-"+name), gateway.Config{ID: "gw-" + name, Region: name})
+	g, err := gateway.New(s.conn(t, "gateway-"+name), gateway.Config{ID: "gw-" + name, Region: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Go(func() {
+	s.gw = g
+	s.wg.Go(func() {
 		if err := g.Serve(ctx, ln); err != nil && ctx.Err() == nil {
 			t.Errorf("gateway %s: %v", name, err)
 		}
 	})
-	return &regionSite{name: name, gw: g, url: "http://" + ln.Addr().String()}
+	return s
+}
+
+// conn is a connection of part what to the region's server.
+func (s *regionSite) conn(t *testing.T, what string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.natsURL, nats.Name(what), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// addReplica runs a simulated engine and its adapter, replica id of the
+// region.
+func (s *regionSite) addReplica(t *testing.T, id string) {
+	t.Helper()
+	run := func(what string, f func(context.Context) error) {
+		s.wg.Go(func() {
+			if err := f(s.ctx); err != nil && s.ctx.Err() == nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		})
+	}
+	eng := enginesim.NewServer(enginesim.ServerConfig{Engine: enginesim.Config{Model: "llama-3-8b-instruct"}, Speed: 4})
+	run("engine "+id, eng.Run)
+	hs := httptest.NewServer(eng.Handler())
+	t.Cleanup(hs.Close)
+	a, err := adapter.New(s.conn(t, "adapter-"+id), adapter.Config{
+		Replica: id, Model: "llama-3-8b-instruct", Version: "v1.0.0", Pool: "general", Region: s.name,
+		Flavor: adapter.FlavorVLLM, EngineURL: hs.URL, HeartbeatEvery: 100 * time.Millisecond, ScrapeEvery: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("adapter "+id, a.Run)
+}
+
+// regionPair is a supercluster of two regions whose link a test cuts:
+// natstest.Regions (in process, the link a relay gone silent) or nsRegions
+// (a nats-server per region in a network namespace, the link set down).
+type regionPair interface {
+	URL(i int) string
+	Cut()
+	Heal()
+	Linked() bool
+	Unlinked() bool
 }
 
 // TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
@@ -92,7 +119,15 @@ func startRegion(t *testing.T, natsURL, name string, replicas ...string) *region
 // reach), none lost; a table write made in a during the cut reaches b once
 // the link heals, and both regions then hold the same table.
 func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
-	sc := natstest.TwoRegions(t, "a", "b")
+	var sc regionPair
+	link := "a loopback relay gone silent"
+	if os.Getenv("SWITCHYARD_SUPERCLUSTER") == "1" {
+		needNamespacedRegions(t)
+		sc, link = netnsRegions(t, "a", "b"), "a veth between two network namespaces set down"
+	} else {
+		sc = natstest.TwoRegions(t, "a", "b")
+	}
+	t.Logf("the link between the regions: %s", link)
 	ctx := context.Background()
 	// The buckets are made from region a, so JetStream places them there.
 	seed, err := nats.Connect(sc.URL(0))
@@ -120,6 +155,11 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	pol["regions"] = map[string]any{"a": map[string]any{"spill": []string{"b"}}, "b": map[string]any{"spill": []string{"a"}}}
 	flat["policy"] = jsonMarshal(pol)
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
+		t.Fatal(err)
+	}
+	// Region b's copy of the table, in b (switchyard table copy b).
+	copyB, err := kv.EnsureCopy(ctx, js, subjects.DefaultBucket, "b", 1)
+	if err != nil {
 		t.Fatal(err)
 	}
 
@@ -161,6 +201,14 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	if ra, rb := send4(a, 20), send4(b, 20); ra.local != 20 || rb.local != 20 {
 		t.Fatalf("linked: from a %v, from b %v; want every request served in its region", ra, rb)
 	}
+	// b's gateway reads its region's copy: its watch is the copy's consumer.
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		info, err := copyB.Info(ctx)
+		if err != nil || info.State.Consumers == 0 {
+			return fmt.Errorf("no watch on region b's copy (%v)", err)
+		}
+		return nil
+	})
 
 	sc.Cut()
 	cut := time.Now()
@@ -201,6 +249,13 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	if ra, rb := send4(a, 10), send4(b, 10); ra.local != 10 || rb.local != 10 {
 		t.Errorf("cut, later: from a %v, from b %v; want every request served in its own region", ra, rb)
 	}
+	// An adapter of b that starts during the cut cannot register (the
+	// table's bucket is in a); it registers once the link heals.
+	b.addReplica(t, "l8-b-2")
+	regionOf["l8-b-2"] = "b"
+	if _, ok := b.gw.Table().Replicas["l8-b-2"]; ok {
+		t.Errorf("a replica of b registered during the cut")
+	}
 
 	sc.Heal()
 	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, testkit.Cond("the link up again", sc.Linked))
@@ -208,6 +263,11 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 		ta, tb := a.gw.Table(), b.gw.Table()
 		return ta != nil && tb != nil && maps.EqualFunc(ta.Raw, tb.Raw, func(x, y json.RawMessage) bool { return string(x) == string(y) }) &&
 			time.Duration(tb.Policy.Regions["a"].Penalty) == 70*time.Millisecond
+	}))
+	registered := testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, testkit.Cond("the adapter started during the cut registered, in both regions' tables", func() bool {
+		_, ina := a.gw.Table().Replicas["l8-b-2"]
+		_, inb := b.gw.Table().Replicas["l8-b-2"]
+		return ina && inb
 	}))
 	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, testkit.Cond("neither /readyz to say the bucket is out of reach", func() bool {
 		ca, ba := readyz(a)
@@ -221,7 +281,8 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 		}
 	}
 	ra, rb = send4(a, 20), send4(b, 20)
-	t.Logf("healed: the table converged %v after the heal, %d divergent keys; from a %v; from b %v", converged.Round(time.Millisecond), divergent, ra, rb)
+	t.Logf("healed: the table converged %v after the heal, %d divergent keys; the adapter started during the cut registered %v after the heal; from a %v; from b %v",
+		converged.Round(time.Millisecond), divergent, (converged + registered).Round(time.Millisecond), ra, rb)
 	if ra.local != 20 || rb.local != 20 {
 		t.Errorf("healed: from a %v, from b %v; want every request served in its region", ra, rb)
 	}
