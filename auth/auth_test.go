@@ -231,3 +231,47 @@ func TestRoles(t *testing.T) {
 		t.Errorf("Open of an empty directory: %v", err)
 	}
 }
+
+// TestDecidersPingTheAdapters: a broker and a deciding gateway may ping the
+// adapters' micro service, and only that of $SRV (they time the answers by
+// region); a relaying gateway may not.
+func TestDecidersPingTheAdapters(t *testing.T) {
+	dir := t.TempDir()
+	store, err := auth.Init(dir, auth.Config{Replicas: []string{"r1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(dir, "creds")
+	if err := store.WriteAllCreds(creds, []string{"r1"}); err != nil {
+		t.Fatal(err)
+	}
+	url := serveConfig(t, dir)
+	file := func(name string) string { return filepath.Join(creds, name+".creds") }
+	adapter := connect(t, url, file("adapter-r1"))
+	ping := "$SRV.PING." + subjects.AdapterService
+	for _, s := range []string{ping, "$SRV.INFO." + subjects.AdapterService} {
+		if _, err := adapter.Subscribe(s, func(m *nats.Msg) { _ = m.Respond([]byte("{}")) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := adapter.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		role    string
+		subject string
+		ok      bool
+	}{
+		{"broker", ping, true},
+		{"gateway", ping, true},
+		{"gateway-relay", ping, false},
+		{"broker", "$SRV.INFO." + subjects.AdapterService, false},
+		{"gateway", "$SRV.PING", false},
+	} {
+		nc := connect(t, url, file(tc.role))
+		_, err := nc.Request(tc.subject, nil, time.Second)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s asking %s: %v, want answered %v", tc.role, tc.subject, err, tc.ok)
+		}
+	}
+}
