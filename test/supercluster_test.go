@@ -84,18 +84,13 @@ func startRegion(t *testing.T, natsURL, name string, replicas ...string) *region
 	return &regionSite{name: name, gw: g, url: "http://" + ln.Addr().String()}
 }
 
-// TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
-// supercluster (a server per region, joined by gateways), the routing
-// table's bucket in region a. With the link between them cut, each region
-// serves its own clients from its own replicas on the table it holds
-// (region b's copy is its deciders' last good one: the bucket is out of its
-// reach), none lost; a table write made in a during the cut reaches b once
-// the link heals, and both regions then hold the same table.
-func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
-	sc := natstest.TwoRegions(t, "a", "b")
+// seedTwoRegions makes the owners and table buckets on the server at url
+// and seeds the example table, regions a and b spilling to each other; it
+// returns the table's bucket and its policy.
+func seedTwoRegions(t *testing.T, url string) (jetstream.KeyValue, map[string]any) {
+	t.Helper()
 	ctx := context.Background()
-	// The buckets are made from region a, so JetStream places them there.
-	seed, err := nats.Connect(sc.URL(0))
+	seed, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +117,21 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
 		t.Fatal(err)
 	}
+	return bucket, pol
+}
+
+// TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
+// supercluster (a server per region, joined by gateways), the routing
+// table's bucket in region a. With the link between them cut, each region
+// serves its own clients from its own replicas on the table it holds
+// (region b's copy is its deciders' last good one: the bucket is out of its
+// reach), none lost; a table write made in a during the cut reaches b once
+// the link heals, and both regions then hold the same table.
+func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
+	sc := natstest.TwoRegions(t, "a", "b")
+	ctx := context.Background()
+	// The buckets are made from region a, so JetStream places them there.
+	bucket, pol := seedTwoRegions(t, sc.URL(0))
 
 	a := startRegion(t, sc.URL(0), "a", "l8-a-0", "l8-a-1")
 	b := startRegion(t, sc.URL(1), "b", "l8-b-0", "l8-b-1")
@@ -169,7 +179,7 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	// A table write in a, the primary, during the cut.
 	pol["regions"] = map[string]any{"a": map[string]any{"spill": []string{"b"}, "penalty": "70ms"}, "b": map[string]any{"spill": []string{"a"}}}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = bucket.Put(wctx, "policy", jsonMarshal(pol))
+	_, err := bucket.Put(wctx, "policy", jsonMarshal(pol))
 	cancel()
 	if err != nil {
 		t.Errorf("a table write in the primary region during the cut: %v", err)
