@@ -94,7 +94,7 @@ func seedTwoRegions(t *testing.T, url string) (jetstream.KeyValue, map[string]an
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer seed.Close()
+	t.Cleanup(seed.Close) // the bucket returned writes through it
 	js, err := jetstream.New(seed)
 	if err != nil {
 		t.Fatal(err)
