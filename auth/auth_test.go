@@ -33,6 +33,23 @@ func serveConfig(t *testing.T, dir string) string {
 	return natstest.RunServer(t, opts).ClientURL()
 }
 
+// serveInit runs Init with cfg, writes every identity's creds and starts
+// a server from the configuration; it returns the server's URL and the
+// path of an identity's creds file by its name.
+func serveInit(t *testing.T, cfg auth.Config) (string, func(name string) string) {
+	t.Helper()
+	dir := t.TempDir()
+	store, err := auth.Init(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(dir, "creds")
+	if err := store.WriteAllCreds(creds, cfg.Replicas); err != nil {
+		t.Fatal(err)
+	}
+	return serveConfig(t, dir), func(name string) string { return filepath.Join(creds, name+".creds") }
+}
+
 func connect(t *testing.T, url, creds string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
@@ -49,17 +66,7 @@ func connect(t *testing.T, url, creds string) *nats.Conn {
 // cannot be a forwarded message's reply, so it travels in Llm-Reply and the
 // adapter streams to it.
 func TestServerConfigAndTheDirectPath(t *testing.T) {
-	dir := t.TempDir()
-	store, err := auth.Init(dir, auth.Config{Tenants: []string{"acme", "trial"}, Replicas: []string{"r1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds := filepath.Join(dir, "creds")
-	if err := store.WriteAllCreds(creds, []string{"r1"}); err != nil {
-		t.Fatal(err)
-	}
-	url := serveConfig(t, dir)
-	file := func(name string) string { return filepath.Join(creds, name+".creds") }
+	url, file := serveInit(t, auth.Config{Tenants: []string{"acme", "trial"}, Replicas: []string{"r1"}})
 
 	if nc, err := nats.Connect(url); err == nil {
 		nc.Close()
@@ -229,5 +236,39 @@ func TestRoles(t *testing.T) {
 	}
 	if _, err := auth.Open(t.TempDir()); !errors.Is(err, auth.ErrNoAuth) {
 		t.Errorf("Open of an empty directory: %v", err)
+	}
+}
+
+// TestDecidersPingTheAdapters: a broker and a deciding gateway may ping the
+// adapters' micro service, and only that of $SRV (they time the answers by
+// region); a relaying gateway may not.
+func TestDecidersPingTheAdapters(t *testing.T) {
+	url, file := serveInit(t, auth.Config{Replicas: []string{"r1"}})
+	adapter := connect(t, url, file("adapter-r1"))
+	ping := "$SRV.PING." + subjects.AdapterService
+	for _, s := range []string{ping, "$SRV.INFO." + subjects.AdapterService} {
+		if _, err := adapter.Subscribe(s, func(m *nats.Msg) { _ = m.Respond([]byte("{}")) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := adapter.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		role    string
+		subject string
+		ok      bool
+	}{
+		{"broker", ping, true},
+		{"gateway", ping, true},
+		{"gateway-relay", ping, false},
+		{"broker", "$SRV.INFO." + subjects.AdapterService, false},
+		{"gateway", "$SRV.PING", false},
+	} {
+		nc := connect(t, url, file(tc.role))
+		_, err := nc.Request(tc.subject, nil, time.Second)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s asking %s: %v, want answered %v", tc.role, tc.subject, err, tc.ok)
+		}
 	}
 }

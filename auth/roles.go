@@ -231,7 +231,9 @@ func permissions(r Role, prefix, bucket string) grants {
 
 // deciderPub is what every decider publishes: the request for the chosen
 // replica, placements, sampled decisions, cold-load requests, its
-// presence, ejections, the KV-cache resend, budget events, and the spend
+// presence, ejections, the KV-cache resend, budget events, the ping of
+// the adapters' micro service (it times the answers by region: the spill
+// penalty, README "Regions"; never another $SRV subject), and the spend
 // of the budgets (their bucket's keys, compare-and-set: never the
 // bucket's creation or purge, and never the ledger, which adapters write).
 // It reads the ledger: the records of a dead decider's requests correct
@@ -240,6 +242,7 @@ func deciderPub(p string) []string {
 	return append(append([]string{
 		p + "replica.*", p + "placement.*", p + "decision.>", p + "control.load", p + "broker.presence",
 		p + "eject.*", p + "kvsync", p + "events.budget.*", "$KV." + subjects.BudgetsBucket + ".>",
+		"$SRV.PING." + subjects.AdapterService,
 	}, budgetsRead()...), ledgerRead()...)
 }
 

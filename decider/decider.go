@@ -206,6 +206,9 @@ func (dec *Decider) Start(ctx context.Context) error {
 	dec.wg.Go(func() { dec.publishLoop(ctx) })
 	dec.wg.Go(func() { dec.presenceLoop(ctx) })
 	dec.wg.Go(func() { dec.budgets.run(ctx) })
+	if dec.cfg.Region != "" {
+		dec.wg.Go(func() { dec.rttLoop(ctx) })
+	}
 	// A lost connection goes RECONNECTING (or DISCONNECTED first), then
 	// CONNECTED once back; the listener is registered before Start
 	// returns, so no reconnect after it goes unseen.

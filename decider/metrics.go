@@ -18,6 +18,7 @@ type metrics struct {
 	decisions      *prometheus.CounterVec
 	panics         *prometheus.CounterVec
 	spilled        *prometheus.CounterVec
+	regionRTT      *prometheus.GaugeVec
 	rejections     *prometheus.CounterVec
 	duration       prometheus.Histogram
 	tableRevision  prometheus.Gauge
@@ -106,6 +107,9 @@ func newMetrics(reg prometheus.Registerer, dec *Decider) *metrics {
 		spilled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_spilled_total", Help: "Decisions sent out of the decider's region, by its region and the replica's: every candidate of its own was saturated or none was live (policy.regions.<from>.spill).",
 		}, []string{"from", "to"}),
+		regionRTT: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_broker_region_rtt_seconds", Help: "Round trip measured from the decider's region to each other region the table names, by region: the spill penalty of a region whose policy.regions.<from>.penalty is unset.",
+		}, []string{"to"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_broker_decisions_total", Help: "Routing decisions that chose a replica, by pool and reason.",
 		}, []string{"pool", "reason"}),
@@ -217,7 +221,7 @@ func newMetrics(reg prometheus.Registerer, dec *Decider) *metrics {
 	if reg != nil {
 		reg = prometheus.WrapRegistererWith(prometheus.Labels{"broker": dec.cfg.ID}, reg)
 		reg.MustRegister(tableAge, ejected, observerLag, pending)
-		reg.MustRegister(m.decisions, m.panics, m.spilled, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
+		reg.MustRegister(m.decisions, m.panics, m.spilled, m.regionRTT, m.rejections, m.duration, m.tableRevision, m.tableLoadedAt, m.invalidValues,
 			m.heartbeatAge, m.replicaKV, m.replicaWaiting, m.replicaRunning, m.badMessages, m.refused, m.unhealthy, m.ejections, m.publishDropped, m.liveBrokers, m.kvRefused, m.prefixIndex,
 			m.loadViewAge, m.ttftError, m.observerLags)
 	}
@@ -240,6 +244,15 @@ func (m *metrics) decided(d *policy.Decision) {
 		m.spilled.WithLabelValues(d.Region, d.ReplicaRegion).Inc()
 	}
 	m.loadViewAge.Observe(d.LoadViewAge.Seconds())
+}
+
+// regionsMeasured sets the region round trips to rtt's: a region no
+// longer measured has no series.
+func (m *metrics) regionsMeasured(rtt map[string]time.Duration) {
+	m.regionRTT.Reset()
+	for to, d := range rtt {
+		m.regionRTT.WithLabelValues(to).Set(d.Seconds())
+	}
 }
 
 func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc() }

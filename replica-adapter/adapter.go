@@ -434,6 +434,9 @@ func (a *Adapter) startService(flavor string) (micro.Service, error) {
 			"version": a.cfg.Version,
 			"pool":    a.cfg.Pool,
 			"flavor":  flavor,
+			// The deciders time the answers to their pings by region
+			// (README, "Regions").
+			"region": a.cfg.Region,
 		},
 	})
 	if err != nil {

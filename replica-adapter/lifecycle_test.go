@@ -314,14 +314,16 @@ func TestHeartbeatFlavors(t *testing.T) {
 	}
 }
 
-// TestDiscoveryAndMetrics checks the micro service's identity and the
-// adapter's Prometheus series.
+// TestDiscoveryAndMetrics checks the micro service's identity (its
+// metadata names its region, which the deciders time their pings by) and
+// the adapter's Prometheus series.
 func TestDiscoveryAndMetrics(t *testing.T) {
 	e := newEnv(t)
 	e.eng.handle(streamSSE(t))
 	reg := prometheus.NewRegistry()
 	cfg := e.config()
 	cfg.Registerer = reg
+	cfg.Region = "eu-west"
 	e.start(cfg)
 	e.waitReady("r-1")
 
@@ -333,7 +335,7 @@ func TestDiscoveryAndMetrics(t *testing.T) {
 	if err := json.Unmarshal(resp.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	for k, want := range map[string]string{"replica": "r-1", "model": "sim-model", "version": "v1", "pool": "general", "flavor": "vllm"} {
+	for k, want := range map[string]string{"replica": "r-1", "model": "sim-model", "version": "v1", "pool": "general", "flavor": "vllm", "region": "eu-west"} {
 		if info.Metadata[k] != want {
 			t.Errorf("metadata %s = %q, want %q", k, info.Metadata[k], want)
 		}

@@ -381,10 +381,16 @@ type Decision struct {
 	Score     float64 `json:"score"`
 	// Region is the deciding broker's or gateway's region, ReplicaRegion
 	// the chosen replica's (both empty without regions); Spilled says the
-	// request was sent out of the decider's region (reason spill).
-	Region        string `json:"region,omitempty"`
-	ReplicaRegion string `json:"replica_region,omitempty"`
-	Spilled       bool   `json:"spilled,omitempty"`
+	// request was sent out of the decider's region (reason spill), and
+	// SpillPenaltyMillis what the spill added to that region's predicted
+	// TTFTs, SpillPenaltySource where that came from: "table"
+	// (policy.regions.<from>.penalty), "measured" (the round trip the
+	// decider measured to the region) or "default".
+	Region             string  `json:"region,omitempty"`
+	ReplicaRegion      string  `json:"replica_region,omitempty"`
+	Spilled            bool    `json:"spilled,omitempty"`
+	SpillPenaltyMillis float64 `json:"spill_penalty_ms,omitempty"`
+	SpillPenaltySource string  `json:"spill_penalty_source,omitempty"`
 	// PredictedTTFTMillis is the chosen replica's predicted time to
 	// first token.
 	PredictedTTFTMillis float64       `json:"predicted_ttft_ms,omitempty"`

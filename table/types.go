@@ -110,7 +110,8 @@ type Policy struct {
 
 // RegionPolicy is policy.regions.<from>: the regions a decider of <from>
 // spills to, in order, and the penalty added to a remote candidate's
-// predicted time to first token (0: DefaultSpillPenalty).
+// predicted time to first token (0: the round trip the decider measured
+// to the candidate's region, DefaultSpillPenalty until it has).
 type RegionPolicy struct {
 	Spill   []string `json:"spill"`
 	Penalty Duration `json:"penalty,omitempty"`
@@ -121,10 +122,11 @@ type RegionPolicy struct {
 const (
 	MaxSpillRegions = 16
 	MaxSpillPenalty = 10 * time.Second
-	// DefaultSpillPenalty is the penalty of a region that sets none: the
-	// round trip between two regions of one continent, as a cloud
-	// provider's inter-region latency tables give it. Switchyard does not
-	// measure the round trip between regions.
+	// DefaultSpillPenalty is the penalty of a spill from a region that
+	// sets none to a region whose round trip its decider has not measured
+	// yet (decider, "Region round trips"): the round trip between two
+	// regions of one continent, as a cloud provider's inter-region
+	// latency tables give it.
 	DefaultSpillPenalty = 50 * time.Millisecond
 	// MaxRegions bounds the regions a table names (policy.regions and the
 	// tenants' regions together, with the deciders' own).

@@ -111,30 +111,17 @@ type regionPair interface {
 	Unlinked() bool
 }
 
-// TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
-// supercluster (a server per region, joined by gateways), the routing
-// table's bucket in region a. With the link between them cut, each region
-// serves its own clients from its own replicas on the table it holds
-// (region b's copy is its deciders' last good one: the bucket is out of its
-// reach), none lost; a table write made in a during the cut reaches b once
-// the link heals, and both regions then hold the same table.
-func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
-	var sc regionPair
-	link := "a loopback relay gone silent"
-	if os.Getenv("SWITCHYARD_SUPERCLUSTER") == "1" {
-		needNamespacedRegions(t)
-		sc, link = netnsRegions(t, "a", "b"), "a veth between two network namespaces set down"
-	} else {
-		sc = natstest.TwoRegions(t, "a", "b")
-	}
-	t.Logf("the link between the regions: %s", link)
+// seedTwoRegions makes the owners and table buckets on the server at url
+// and seeds the example table, regions a and b spilling to each other; it
+// returns the table's bucket and its policy.
+func seedTwoRegions(t *testing.T, url string) (jetstream.KeyValue, map[string]any) {
+	t.Helper()
 	ctx := context.Background()
-	// The buckets are made from region a, so JetStream places them there.
-	seed, err := nats.Connect(sc.URL(0))
+	seed, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer seed.Close()
+	t.Cleanup(seed.Close) // the bucket returned writes through it
 	js, err := jetstream.New(seed)
 	if err != nil {
 		t.Fatal(err)
@@ -155,6 +142,38 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	pol["regions"] = map[string]any{"a": map[string]any{"spill": []string{"b"}}, "b": map[string]any{"spill": []string{"a"}}}
 	flat["policy"] = jsonMarshal(pol)
 	if _, err := kv.Seed(ctx, bucket, flat); err != nil {
+		t.Fatal(err)
+	}
+	return bucket, pol
+}
+
+// TestRegionsKeepServingWhenTheLinkIsCut: two regions of a real NATS
+// supercluster (a server per region, joined by gateways), the routing
+// table's bucket in region a. With the link between them cut, each region
+// serves its own clients from its own replicas on the table it holds
+// (region b's copy is its deciders' last good one: the bucket is out of its
+// reach), none lost; a table write made in a during the cut reaches b once
+// the link heals, and both regions then hold the same table.
+func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
+	var sc regionPair
+	link := "a loopback relay gone silent"
+	if os.Getenv("SWITCHYARD_SUPERCLUSTER") == "1" {
+		needNamespacedRegions(t)
+		sc, link = netnsRegions(t, "a", "b"), "a veth between two network namespaces set down"
+	} else {
+		sc = natstest.TwoRegions(t, "a", "b")
+	}
+	t.Logf("the link between the regions: %s", link)
+	ctx := context.Background()
+	// The buckets are made from region a, so JetStream places them there.
+	bucket, pol := seedTwoRegions(t, sc.URL(0))
+	seed, err := nats.Connect(sc.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	js, err := jetstream.New(seed)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Region b's copy of the table, in b (switchyard table copy b).

@@ -134,7 +134,7 @@ func (st *decision) run() {
 	p.ttftObjective = st.objective()
 	d.TTFTObjective = p.ttftObjective
 	p.fair = fairCheck{pool: res.pool, flight: st.r.fair.pools[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
-		weight: res.tenant.Weight(), shedAfter: float64(st.snap.ShedAfter(res.pool)) / float64(time.Millisecond)}
+		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
 		if st.r.view.kv.Len() > 0 {
@@ -178,6 +178,7 @@ func (st *decision) run() {
 	d.ReplicaRegion = c.x.hb.Region
 	if p.region.to != regionNone {
 		d.Spilled, d.Reason = true, p.region.reason+d.Reason
+		d.SpillPenalty, d.SpillPenaltySource = p.region.spillPenalty()
 	}
 	p.alternatives(d)
 	if st.commit {

@@ -105,9 +105,14 @@ type Decision struct {
 
 	// Region is the router's region (Config.Region), ReplicaRegion the
 	// chosen replica's (its heartbeat's); Spilled says the choice left the
-	// router's region (README, "Regions").
+	// router's region (README, "Regions"), SpillPenalty what it added to
+	// the predicted TTFT of that region's candidates and
+	// SpillPenaltySource where that came from (PenaltyTable,
+	// PenaltyMeasured, PenaltyDefault).
 	Region, ReplicaRegion string
 	Spilled               bool
+	SpillPenalty          time.Duration
+	SpillPenaltySource    string
 
 	Score float64 // the chosen replica's score (the default profile's: its load_score, saturation penalty included)
 	// PredictedTTFT is the chosen replica's predicted time to first token
@@ -218,6 +223,8 @@ func (d *Decision) Wire(req *Request) subjects.Decision {
 		Region:              d.Region,
 		ReplicaRegion:       d.ReplicaRegion,
 		Spilled:             d.Spilled,
+		SpillPenaltyMillis:  ms(d.SpillPenalty),
+		SpillPenaltySource:  d.SpillPenaltySource,
 		PredictedTTFTMillis: d.PredictedTTFT,
 		Alternatives:        slices.Clone(d.Alternatives()),
 		PromptTokens:        req.PromptTokens,

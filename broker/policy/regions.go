@@ -23,6 +23,15 @@ const (
 	// name: never local, never spilled to, never allowed by residency.
 	regionOther uint8 = 1
 	firstRegion uint8 = 2
+	// regionIDs bounds the ids: the two above and table.MaxRegions.
+	regionIDs = int(firstRegion) + table.MaxRegions
+)
+
+// Where a spill's penalty came from (Decision.SpillPenaltySource).
+const (
+	PenaltyTable    = "table"    // policy.regions.<from>.penalty
+	PenaltyMeasured = "measured" // the round trip the decider measured to the region (SetRegionRTT)
+	PenaltyDefault  = "default"  // table.DefaultSpillPenalty: neither set nor measured yet
 )
 
 // anyRegion is the residency mask of a tenant without regions.
@@ -35,14 +44,19 @@ type regionIndex struct {
 	names []string         // by id
 	local uint8            // the router's region, regionNone without one
 	// spill is the local region's spill list (policy.regions.<local>),
-	// ids in order, with the reason prefix of each ("spill:eu->us+") and
-	// the penalty in ms added to a remote candidate's predicted TTFT.
+	// ids in order, with the reason prefix of each ("spill:eu->us+").
 	spill   []uint8
 	reasons []string
-	penalty float64
+	// explicit is the table's penalty for the local region in ms (0:
+	// none set); penalty, by region id, is the one added to a candidate of
+	// that region's predicted TTFT when the decision spills there, and
+	// source says where it came from (setPenalties).
+	explicit float64
+	penalty  [regionIDs]float64
+	source   [regionIDs]string
 }
 
-func newRegionIndex(local string, s *table.Snapshot) regionIndex {
+func newRegionIndex(local string, s *table.Snapshot, measured map[string]time.Duration) regionIndex {
 	ix := regionIndex{ids: map[string]uint8{}}
 	ix.names = []string{regionNone: "", regionOther: "other"}
 	add := func(name string) {
@@ -67,14 +81,9 @@ func newRegionIndex(local string, s *table.Snapshot) regionIndex {
 	if local == "" {
 		return ix
 	}
-	ix.penalty = float64(table.DefaultSpillPenalty) / float64(time.Millisecond)
-	rp, ok := s.Policy.Regions[local]
-	if !ok {
-		return ix
-	}
-	if rp.Penalty > 0 {
-		ix.penalty = float64(rp.Penalty) / float64(time.Millisecond)
-	}
+	rp := s.Policy.Regions[local]
+	ix.explicit = ms(time.Duration(rp.Penalty))
+	ix.setPenalties(measured)
 	for _, to := range rp.Spill {
 		if id := ix.of(to); id >= firstRegion {
 			ix.spill = append(ix.spill, id)
@@ -83,6 +92,25 @@ func newRegionIndex(local string, s *table.Snapshot) regionIndex {
 	}
 	return ix
 }
+
+// setPenalties sets each region's spill penalty: the table's when it sets
+// one, else the round trip measured to the region (measured, by name),
+// else table.DefaultSpillPenalty.
+func (ix *regionIndex) setPenalties(measured map[string]time.Duration) {
+	for id := range ix.names {
+		switch rtt, ok := measured[ix.names[id]]; {
+		case ix.explicit > 0:
+			ix.penalty[id], ix.source[id] = ix.explicit, PenaltyTable
+		case ok && id >= int(firstRegion):
+			ix.penalty[id], ix.source[id] = ms(rtt), PenaltyMeasured
+		default:
+			ix.penalty[id], ix.source[id] = ms(table.DefaultSpillPenalty), PenaltyDefault
+		}
+	}
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // of is the id of region name.
 func (ix *regionIndex) of(name string) uint8 {
@@ -225,7 +253,7 @@ func (p *pick) regional(cands []cand) []cand {
 	f.to = id
 	kept := p.keepRegion(cands, 1<<id)
 	for i := range kept {
-		kept[i].ttft += f.ix.penalty
+		kept[i].ttft += f.ix.penalty[id]
 	}
 	return kept
 }
@@ -282,13 +310,22 @@ func (p *pick) keepRegion(cands []cand, mask uint64) []cand {
 	return cands[:k]
 }
 
+// spillPenalty is the penalty of the decision's spill and where it came
+// from; zero and "" when it did not spill.
+func (f *regionFilter) spillPenalty() (time.Duration, string) {
+	if f.to == regionNone {
+		return 0, ""
+	}
+	return millis(f.ix.penalty[f.to]), f.ix.source[f.to]
+}
+
 // spilledPenalty is what the region step adds to a candidate's predicted
 // TTFT: the spill penalty when the candidates are another region's.
 func (p *pick) spilledPenalty() float64 {
 	if p.region.to == regionNone {
 		return 0
 	}
-	return p.region.ix.penalty
+	return p.region.ix.penalty[p.region.to]
 }
 
 // errResidency is the refusal of a request whose tenant's regions have no

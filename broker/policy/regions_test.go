@@ -4,10 +4,12 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	examples "github.com/switchyard-llm/switchyard/deploy/examples"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table"
 )
 
 // Two regions of llama-3-8b-instruct's general pool: l8-gen-0 and -1 in
@@ -210,4 +212,63 @@ func TestRegions(t *testing.T) {
 		q.Tenant = "eu-only"
 		mustReject(t, e.decide(q), 503, subjects.CodeNoReplicas)
 	})
+}
+
+// TestSpillPenaltySource: a spill's penalty is the table's
+// policy.regions.<from>.penalty when set; else the round trip measured to
+// the region (SetRegionRTT), per region; else table.DefaultSpillPenalty,
+// until a measurement. The decision says which, and adds it to the
+// remote candidates' predicted TTFT.
+func TestSpillPenaltySource(t *testing.T) {
+	spill := func(e *env) *policy.Decision {
+		t.Helper()
+		q := chat("chat-small")
+		q.Exclude = []string{"l8-gen-2", "l8-gen-3"} // us has none left: spill to eu
+		d := e.decide(q)
+		mustRoute(t, d)
+		if !d.Spilled || d.ReplicaRegion != "eu" {
+			t.Fatalf("spilled %v to %q (%s), want eu", d.Spilled, d.ReplicaRegion, d.Reason)
+		}
+		return d
+	}
+	// us sets no penalty (twoRegions), eu sets 80 ms.
+	e := newRegionEnv(t, "us", twoRegions)
+	d := spill(e)
+	if d.SpillPenalty != table.DefaultSpillPenalty || d.SpillPenaltySource != policy.PenaltyDefault {
+		t.Errorf("before a measurement: penalty %v (%s), want the default %v", d.SpillPenalty, d.SpillPenaltySource, table.DefaultSpillPenalty)
+	}
+	e.r.SetRegionRTT(map[string]time.Duration{"eu": 120 * time.Millisecond, "ap": time.Millisecond})
+	d = spill(e)
+	if d.SpillPenalty != 120*time.Millisecond || d.SpillPenaltySource != policy.PenaltyMeasured {
+		t.Errorf("measured 120ms to eu: penalty %v (%s)", d.SpillPenalty, d.SpillPenaltySource)
+	}
+	// The heartbeat's TTFT is 50 ms, the measured penalty 120 ms.
+	if d.PredictedTTFT < 170 {
+		t.Errorf("predicted TTFT %v ms, want the measured 120 ms on top of 50 ms", d.PredictedTTFT)
+	}
+	// The measurement outlives a new table.
+	e.r.SetTable(e.r.Table())
+	if p, src := e.r.SpillPenalty("eu"); p != 120*time.Millisecond || src != policy.PenaltyMeasured {
+		t.Errorf("after SetTable: penalty to eu %v (%s), want the measured 120ms", p, src)
+	}
+	// A region no longer measured goes back to the default.
+	e.r.SetRegionRTT(map[string]time.Duration{})
+	if d = spill(e); d.SpillPenaltySource != policy.PenaltyDefault {
+		t.Errorf("measurement gone: penalty %v (%s), want the default", d.SpillPenalty, d.SpillPenaltySource)
+	}
+
+	// eu's table penalty wins over a measurement.
+	e = newRegionEnv(t, "eu", twoRegions)
+	e.r.SetRegionRTT(map[string]time.Duration{"us": 5 * time.Millisecond})
+	if p, src := e.r.SpillPenalty("us"); p != 80*time.Millisecond || src != policy.PenaltyTable {
+		t.Errorf("table 80ms, measured 5ms: penalty %v (%s), want the table's", p, src)
+	}
+	e.regionBeat("l8-gen-0", 0.97)
+	e.regionBeat("l8-gen-1", 0.99)
+	if d := e.decide(chat("chat-small")); d.SpillPenalty != 80*time.Millisecond || d.SpillPenaltySource != policy.PenaltyTable {
+		t.Errorf("spill from eu: penalty %v (%s), want the table's 80ms", d.SpillPenalty, d.SpillPenaltySource)
+	}
+	if w := e.decide(chat("chat-small")).Wire(chat("chat-small")); w.SpillPenaltyMillis != 80 || w.SpillPenaltySource != "table" {
+		t.Errorf("wire: penalty %v ms (%s), want 80 (table)", w.SpillPenaltyMillis, w.SpillPenaltySource)
+	}
 }

@@ -68,8 +68,10 @@ type Router struct {
 	// replica look dead or fresh.
 	clock monotime.Scale
 	// regions are the table's regions and the router's, interned by
-	// SetTable.
-	regions regionIndex
+	// SetTable; measured is the round trip to each region, by name, as
+	// SetRegionRTT last gave it.
+	regions  regionIndex
+	measured map[string]time.Duration
 }
 
 type groupKey struct{ model, version, pool string }
@@ -332,7 +334,7 @@ func New(cfg Config) *Router {
 		rng:      rand.New(rand.NewPCG(1, 2)),
 		profiles: newProfiles(table.NewSnapshot()),
 		clock:    monotime.New(),
-		regions:  newRegionIndex(cfg.Region, table.NewSnapshot()),
+		regions:  newRegionIndex(cfg.Region, table.NewSnapshot(), nil),
 	}
 }
 
@@ -367,7 +369,7 @@ func (r *Router) SetTable(s *table.Snapshot) {
 		}
 		byModel[reg.Model] = append(byModel[reg.Model], x)
 	}
-	r.regions = newRegionIndex(r.cfg.Region, s)
+	r.regions = newRegionIndex(r.cfg.Region, s, r.measured)
 	for id, x := range r.view.replicas {
 		if x.reg == nil && !x.hasHB {
 			delete(r.view.replicas, id)
@@ -378,6 +380,44 @@ func (r *Router) SetTable(s *table.Snapshot) {
 	}
 	r.view.groups, r.view.byModel = groups, byModel
 	r.profiles = newProfiles(s)
+}
+
+// SetRegionRTT sets the round trip measured from the router's region to
+// each region of rtt (by name; a region absent is not measured): the
+// spill penalty of a region whose table sets none. rtt is kept; the
+// caller must not modify it afterwards.
+func (r *Router) SetRegionRTT(rtt map[string]time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.measured = rtt
+	if r.regions.local != regionNone {
+		r.regions.setPenalties(rtt)
+	}
+}
+
+// SpillPenalty is the penalty a spill to region would add to its
+// candidates' predicted TTFT, and where it comes from (PenaltyTable,
+// PenaltyMeasured, PenaltyDefault); "" for a router without a region.
+func (r *Router) SpillPenalty(region string) (time.Duration, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.regions.local == regionNone {
+		return 0, ""
+	}
+	id := r.regions.of(region)
+	return millis(r.regions.penalty[id]), r.regions.source[id]
+}
+
+// Regions are the regions the router knows, its own first: its region,
+// the table's policy.regions and the tenants' residency lists. Nil for
+// a router without a region.
+func (r *Router) Regions() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.regions.local == regionNone {
+		return nil
+	}
+	return slices.Clone(r.regions.names[firstRegion:])
 }
 
 // ObserveHeartbeat records a replica's load as of now and resets this

@@ -243,7 +243,8 @@ func TestExplainShowsTheScorers(t *testing.T) {
 }
 
 // A decision made in a region says where it was made and where its replica
-// is; one that left the region says it spilled.
+// is; one that left the region says it spilled, and with what penalty
+// from where.
 func TestExplainShowsTheRegions(t *testing.T) {
 	d := decisionAt(0)
 	d.Replica, d.Reason, d.Region, d.ReplicaRegion, d.Spilled = "l8-us-0", "spill:eu->us+power-of-two", "eu", "us", true
@@ -251,6 +252,13 @@ func TestExplainShowsTheRegions(t *testing.T) {
 	printDecision(&b, &d)
 	if !strings.Contains(b.String(), "region    decided in eu, replica in us (spilled)") {
 		t.Errorf("regions explained as:\n%s", b.String())
+	}
+	// The spill's penalty, and where it came from.
+	d.SpillPenaltyMillis, d.SpillPenaltySource = 41.25, "measured"
+	b.Reset()
+	printDecision(&b, &d)
+	if !strings.Contains(b.String(), "region    decided in eu, replica in us (spilled; penalty 41.3ms, measured)") {
+		t.Errorf("a spill's penalty explained as:\n%s", b.String())
 	}
 	d = decisionAt(0)
 	b.Reset()

@@ -115,7 +115,10 @@ func printDecision(w io.Writer, d *subjects.Decision) {
 		d.Pool, d.Replica, d.Score, d.Reason, d.TableRevision, time.Duration(d.DurationNanos))
 	if d.Region != "" || d.ReplicaRegion != "" {
 		fmt.Fprintf(w, "region    decided in %s, replica in %s", cmp.Or(d.Region, "(none)"), cmp.Or(d.ReplicaRegion, "(none)"))
-		if d.Spilled {
+		switch {
+		case d.Spilled && d.SpillPenaltySource != "":
+			fmt.Fprintf(w, " (spilled; penalty %v, %s)", time.Duration(d.SpillPenaltyMillis*float64(time.Millisecond)).Round(100*time.Microsecond), d.SpillPenaltySource)
+		case d.Spilled:
 			fmt.Fprintf(w, " (spilled)")
 		}
 		fmt.Fprintln(w)

@@ -1,22 +1,33 @@
 package testkit
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Relay carries TCP connections to a server (a NATS server) and can go
 // silent: cut, it stops carrying bytes either way and closes nothing, as a
-// network link set down does; healed, it carries on with what it held.
+// network link set down does; healed, it carries on with what it held. It
+// can also be slow one way (Delay), as a long link is.
 type Relay struct {
 	ln     net.Listener
 	to     string
 	mu     sync.Mutex
 	healed chan struct{} // nil while the link carries; closed by heal
 	down   bool          // every connection closed, new ones refused: Down
+	delay  time.Duration // what the server sends is held this long: Delay
 	conns  []net.Conn
 	wg     sync.WaitGroup
+}
+
+// chunk is what one read took from a connection, and when it is due at
+// the other end.
+type chunk struct {
+	data []byte
+	due  time.Time
 }
 
 // NewRelay listens on a loopback port and carries each connection to to,
@@ -74,32 +85,63 @@ func (r *Relay) accept() {
 		r.mu.Lock()
 		r.conns = append(r.conns, c, s)
 		r.mu.Unlock()
-		r.wg.Go(func() { r.pipe(s, c) })
-		r.wg.Go(func() { r.pipe(c, s) })
+		r.wg.Go(func() { r.pipe(s, c, false) })
+		r.wg.Go(func() { r.pipe(c, s, true) })
 	}
 }
 
-// pipe copies src to dst, holding each read while the link is cut.
-func (r *Relay) pipe(dst, src net.Conn) {
-	defer dst.Close()
+// pipe copies src to dst, holding each read while the link is cut, and
+// what goes to the client (toClient) for the relay's delay.
+func (r *Relay) pipe(dst, src net.Conn, toClient bool) {
+	chunks := make(chan chunk, 64)
+	r.wg.Go(func() { deliver(dst, src, chunks) })
+	defer close(chunks)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		r.mu.Lock()
-		healed := r.healed
+		healed, delay := r.healed, r.delay
 		r.mu.Unlock()
 		if healed != nil {
 			<-healed
 		}
+		if !toClient {
+			delay = 0
+		}
 		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+			chunks <- chunk{data: bytes.Clone(buf[:n]), due: time.Now().Add(delay)}
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// deliver writes the chunks to dst, each when it is due, in order, and
+// closes dst when they end; a write that fails closes src too, which ends
+// its reader.
+func deliver(dst, src net.Conn, chunks <-chan chunk) {
+	defer dst.Close()
+	failed := false
+	for c := range chunks {
+		if failed {
+			continue
+		}
+		time.Sleep(time.Until(c.due))
+		if _, err := dst.Write(c.data); err != nil {
+			failed = true
+			_ = src.Close()
+		}
+	}
+}
+
+// Delay holds what the server sends for d before carrying it to the
+// client, from now on: a one-way latency d on every connection, the
+// order of the bytes kept. 0 carries it at once again.
+func (r *Relay) Delay(d time.Duration) {
+	r.mu.Lock()
+	r.delay = d
+	r.mu.Unlock()
 }
 
 // Cut stops carrying bytes, either way, and closes nothing.

@@ -2,7 +2,10 @@ package testkit_test
 
 import (
 	"errors"
+	"io"
+	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,5 +157,57 @@ func TestSumAddsTheMatchingSeries(t *testing.T) {
 		if got := testkit.Sum(reg, tc.name, tc.want); got != tc.sum {
 			t.Errorf("Sum(%s, %v) = %v, want %v", tc.name, tc.want, got, tc.sum)
 		}
+	}
+}
+
+// TestRelayDelaysWhatTheServerSends: a relay's delay holds the server's
+// bytes for it, in order; what the client sends is not held.
+func TestRelayDelaysWhatTheServerSends(t *testing.T) {
+	ln := testkit.Listen(t)
+	var echoed sync.WaitGroup
+	t.Cleanup(echoed.Wait) // after the relay closed its connections
+	echoed.Go(func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	})
+	t.Cleanup(func() { ln.Close() })
+	r := testkit.NewRelay(t, ln.Addr().String())
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	trip := func(msgs ...string) (string, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		want := 0
+		for _, m := range msgs {
+			if _, err := c.Write([]byte(m)); err != nil {
+				t.Fatal(err)
+			}
+			want += len(m)
+		}
+		buf := make([]byte, want)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+		return string(buf), time.Since(start)
+	}
+	if got, _ := trip("hello"); got != "hello" {
+		t.Fatalf("echoed %q", got)
+	}
+	const delay = 60 * time.Millisecond
+	r.Delay(delay)
+	got, took := trip("a", "b", "c")
+	if got != "abc" || took < delay || took > delay+5*time.Second {
+		t.Errorf("delayed %v: echoed %q after %v, want abc after about %v", delay, got, took, delay)
+	}
+	r.Delay(0)
+	if got, _ := trip("d"); got != "d" {
+		t.Errorf("delay 0 again: echoed %q", got)
 	}
 }
