@@ -8,4 +8,6 @@ import (
 
 // TestMain fails the package when a goroutine outlives the tests (a
 // region's copy is a mirror, and one is deleted).
-func TestMain(m *testing.M) { testkit.Main(m, testkit.IgnoreSourceCleanup(), testkit.IgnoreMirrorSetup()) }
+func TestMain(m *testing.M) {
+	testkit.Main(m, testkit.IgnoreSourceCleanup(), testkit.IgnoreMirrorSetup())
+}
