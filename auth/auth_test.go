@@ -1,6 +1,7 @@
 package auth_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/auth"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
@@ -269,6 +271,69 @@ func TestDecidersPingTheAdapters(t *testing.T) {
 		_, err := nc.Request(tc.subject, nil, time.Second)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s asking %s: %v, want answered %v", tc.role, tc.subject, err, tc.ok)
+		}
+	}
+}
+
+// TestARegionsDecidersReadItsCopyOfTheTable: a broker's or gateway's creds
+// made for a region may read that region's copy of the routing table, and
+// not another region's; creds without a region read neither.
+func TestARegionsDecidersReadItsCopyOfTheTable(t *testing.T) {
+	dir := t.TempDir()
+	store, err := auth.Init(dir, auth.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(dir, "creds")
+	if err := store.WriteAllCreds(creds, nil); err != nil {
+		t.Fatal(err)
+	}
+	url := serveConfig(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(connect(t, url, filepath.Join(creds, "operator.creds")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subjects.DefaultBucket}); err != nil {
+		t.Fatal(err)
+	}
+	for _, region := range []string{"europe-west-4b", "c"} {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subjects.TableCopy(subjects.DefaultBucket, region),
+			Mirror: &jetstream.StreamSource{Name: subjects.DefaultBucket}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := (auth.Role{Kind: auth.RoleObserver}).InRegion("europe-west-4b"); !errors.Is(err, auth.ErrRole) {
+		t.Errorf("an observer in a region: %v, want ErrRole", err)
+	}
+	for _, kind := range []string{auth.RoleBroker, auth.RoleGateway, auth.RoleGatewayRelay} {
+		role, err := auth.Role{Kind: kind}.InRegion("europe-west-4b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		file, err := store.WriteCreds(t.TempDir(), role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			file, region string
+			ok           bool
+		}{
+			{file, "europe-west-4b", true},
+			{file, "c", false},
+			{filepath.Join(creds, kind+".creds"), "europe-west-4b", false},
+		} {
+			js, err := jetstream.New(connect(t, url, tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err = js.Stream(sctx, "KV_"+subjects.TableCopy(subjects.DefaultBucket, tc.region))
+			cancel()
+			if (err == nil) != tc.ok {
+				t.Errorf("%s (%s) reading region %s's copy: %v, want read %v", kind, filepath.Base(tc.file), tc.region, err, tc.ok)
+			}
 		}
 	}
 }

@@ -45,6 +45,26 @@ const (
 type Role struct {
 	Kind string
 	ID   string // replica for RoleAdapter, tenant for RoleTenant
+	// Region is the region of a gateway or broker run with --region: it
+	// may also read that region's copy of the routing table
+	// (subjects.TableCopy). Empty: the table's bucket only.
+	Region string
+}
+
+// InRegion is r with region set, for the roles that read the routing table
+// in a region (gateway, gateway-relay, broker); an error for the others or
+// a bad region.
+func (r Role) InRegion(region string) (Role, error) {
+	switch r.Kind {
+	case RoleGateway, RoleGatewayRelay, RoleBroker:
+	default:
+		return Role{}, fmt.Errorf("%w: role %s takes no --region", ErrRole, r.Kind)
+	}
+	if err := subjects.ValidToken(region); err != nil {
+		return Role{}, fmt.Errorf("%w: --region %q: %v", ErrRole, region, err)
+	}
+	r.Region = region
+	return r, nil
 }
 
 // ParseRole validates a kind and its id.
@@ -97,6 +117,9 @@ func permissions(r Role, prefix, bucket string) grants {
 	p := prefix + "."
 	kv := "$KV." + bucket + "."
 	tableRead := bucketRead(bucket)
+	if r.Region != "" {
+		tableRead = append(tableRead, copyRead("KV_"+subjects.TableCopy(bucket, r.Region))...)
+	}
 	inbox := "_INBOX.>"
 	srv := func(service string) []string {
 		return []string{"$SRV.*", "$SRV.*." + service, "$SRV.*." + service + ".>"}
@@ -265,6 +288,15 @@ func budgetsRead() []string {
 // bucketRead are the JetStream API subjects that read a KV bucket: bind it,
 // watch it (an ordered push consumer with flow control), get keys directly.
 func bucketRead(bucket string) []string { return streamRead("KV_" + bucket) }
+
+// copyRead are the subjects that watch a region's copy of the routing
+// table: its stream's info, and its consumers (create, info, delete, next:
+// CONSUMER.* over the copy's stream alone). Fewer and wider than
+// streamRead's, so that a deciding gateway's credentials stay within the
+// server's 4 KB control line.
+func copyRead(stream string) []string {
+	return []string{"$JS.API.STREAM.INFO." + stream, "$JS.API.CONSUMER.*." + stream + ".>", "$JS.API.CONSUMER.MSG.NEXT." + stream + ".>"}
+}
 
 // streamRead are the JetStream API subjects that read a stream.
 func streamRead(stream string) []string {

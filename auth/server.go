@@ -14,7 +14,8 @@ import (
 )
 
 // writeServerConfig writes the nats-server configuration fragment: the
-// operator, the system account and a memory resolver preloaded with every
+// operator, the system account, the control line the credentials need
+// (natsconn.MaxControlLine) and a memory resolver preloaded with every
 // account JWT. deploy/nats/nats-server.conf includes it.
 func (s *Store) writeServerConfig(operatorJWT, sysPub string) error {
 	jwts, err := s.AccountJWTs()
@@ -31,6 +32,9 @@ func (s *Store) writeServerConfig(operatorJWT, sysPub string) error {
 	fmt.Fprintf(&b, "# `switchyard auth init` (more tenants) or `switchyard auth revoke` instead.\n")
 	fmt.Fprintf(&b, "operator: %s\n", operatorJWT)
 	fmt.Fprintf(&b, "system_account: %s\n", sysPub)
+	// A client's CONNECT line carries its user JWT, permissions and all:
+	// a deciding gateway's, with a region, is longer than the default 4 KB.
+	fmt.Fprintf(&b, "max_control_line: %d\n", natsconn.MaxControlLine)
 	// A memory resolver holds the preloaded JWTs; `switchyard auth revoke
 	// --nats` pushes a changed one to running servers, and this file,
 	// rewritten with it, carries it across a restart.

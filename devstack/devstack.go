@@ -291,7 +291,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 
 	// A gateway that decides through the brokers connects with a relay's
 	// creds: none of a decider's subjects (docs/security.md).
-	gwRole := auth.Role{Kind: auth.RoleGateway}
+	gwRole := auth.Role{Kind: auth.RoleGateway, Region: cfg.Gateway.Region}
 	if cfg.Gateway.Decide == gateway.DecideBroker {
 		gwRole.Kind = auth.RoleGatewayRelay
 	}

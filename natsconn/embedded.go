@@ -125,8 +125,16 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	return e, nil
 }
 
+// MaxControlLine is the control line a server with Switchyard's
+// authorization accepts (nats-server's default is 4 KB). A client sends its
+// user JWT, which carries its permissions, in its CONNECT line: a deciding
+// gateway's, with a region's copy of the routing table (--region), is
+// longer than 4 KB.
+const MaxControlLine = 16 << 10
+
 // Apply puts the authorization into server options: the trusted operator,
-// the system account and a memory resolver preloaded with the accounts.
+// the system account, a memory resolver preloaded with the accounts, and
+// MaxControlLine.
 func (t *Trust) Apply(opts *server.Options) error {
 	resolver := &server.MemAccResolver{}
 	for pub, token := range t.Accounts {
@@ -137,6 +145,7 @@ func (t *Trust) Apply(opts *server.Options) error {
 	opts.TrustedOperators = []*jwt.OperatorClaims{t.Operator}
 	opts.SystemAccount = t.SystemAccount
 	opts.AccountResolver = resolver
+	opts.MaxControlLine = max(opts.MaxControlLine, MaxControlLine)
 	return nil
 }
 

@@ -294,3 +294,7 @@ func ModelToken(model string) string {
 	}
 	return strings.ReplaceAll(model, ".", "_")
 }
+
+// TableCopy is the bucket holding region's copy of the routing table's
+// bucket: bucket-region (switchyard table copy).
+func TableCopy(bucket, region string) string { return bucket + "-" + region }

@@ -85,7 +85,7 @@ func secondGateway(t *testing.T, st *devstack.Stack, decide string) (*gateway.Ga
 // its way of deciding needs, until the test ends, and returns its URL.
 func gatewayOnStack(t *testing.T, st *devstack.Stack, cfg gateway.Config) (*gateway.Gateway, string) {
 	t.Helper()
-	role := auth.Role{Kind: auth.RoleGateway}
+	role := auth.Role{Kind: auth.RoleGateway, Region: cfg.Region}
 	if cfg.Decide == gateway.DecideBroker {
 		role.Kind = auth.RoleGatewayRelay
 	}

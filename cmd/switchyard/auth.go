@@ -87,13 +87,14 @@ func authInit(dir string, cfg auth.Config, stdout io.Writer) error {
 	return nil
 }
 
-// roleFlags are --role, --replica and --tenant.
-type roleFlags struct{ kind, replica, tenant string }
+// roleFlags are --role, --replica, --tenant and --region.
+type roleFlags struct{ kind, replica, tenant, region string }
 
 func (r *roleFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.kind, "role", "", "gateway (deciding, gateway --decide local), gateway-relay (gateway --decide broker), broker, operator, observer, loader, batcher, adapter or tenant")
 	fs.StringVar(&r.replica, "replica", "", "replica id (role adapter)")
 	fs.StringVar(&r.tenant, "tenant", "", "tenant (role tenant)")
+	fs.StringVar(&r.region, "region", "", "region of a gateway, gateway-relay or broker run with --region: it may also read the region's copy of the routing table")
 }
 
 func (r *roleFlags) role() (auth.Role, error) {
@@ -105,6 +106,9 @@ func (r *roleFlags) role() (auth.Role, error) {
 		id = r.tenant
 	}
 	role, err := auth.ParseRole(r.kind, id)
+	if err == nil && r.region != "" {
+		role, err = role.InRegion(r.region)
+	}
 	if err != nil {
 		return auth.Role{}, usageError{err}
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-llm/switchyard/subjects"
 )
 
 // History is how many values of each key the bucket keeps
@@ -59,8 +61,9 @@ func allowAtomic(ctx context.Context, js jetstream.JetStream, bucket string) {
 	_, _ = js.UpdateStream(ctx, cfg)
 }
 
-// CopyName is the bucket that holds region's copy of bucket: bucket-region.
-func CopyName(bucket, region string) string { return bucket + "-" + region }
+// CopyName is the bucket that holds region's copy of bucket
+// (subjects.TableCopy).
+func CopyName(bucket, region string) string { return subjects.TableCopy(bucket, region) }
 
 // CopyQuiet is how long a region's copy may go without hearing from the
 // primary bucket before the primary counts as out of reach. JetStream's

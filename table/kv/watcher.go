@@ -370,7 +370,9 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 func (w *Watcher) open(ctx context.Context) (s jetstream.Stream, isCopy bool, err error) {
 	if w.cfg.Region != "" {
 		name := CopyName(w.cfg.Bucket, w.cfg.Region)
-		s, err := w.js.Stream(ctx, streamPrefix+name)
+		cctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+		s, err := w.js.Stream(cctx, streamPrefix+name)
+		cancel()
 		if err == nil {
 			if !w.copyLogged {
 				w.copyLogged = true
@@ -392,13 +394,12 @@ func (w *Watcher) open(ctx context.Context) (s jetstream.Stream, isCopy bool, er
 			}
 			return s, true, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, false, err
-		}
 		if !w.copyLogged {
+			// Not made, or not readable with this part's credentials
+			// (switchyard auth creds --region): the bucket serves.
 			w.copyLogged = true
-			w.log.Info("no copy of the routing table in the region; reading the bucket itself (switchyard table copy makes one)",
-				"region", w.cfg.Region, "copy", name)
+			w.log.Info("the region's copy of the routing table cannot be read; reading the bucket itself (switchyard table copy makes one)",
+				"region", w.cfg.Region, "copy", name, "err", err)
 		}
 	}
 	s, err = w.js.Stream(ctx, streamPrefix+w.cfg.Bucket)
