@@ -41,7 +41,7 @@ cluster: build $(NATS_SERVER)
 # Two regions of one bus on this machine (scripts/supercluster.sh): a
 # nats-server per region joined by a NATS gateway, and in each region a
 # broker, a gateway and two simulated engines with their adapters, all with
-# --region; the table in region a, spilling a -> b and b -> a. Prints each
+# --region; the table in region a (its copy in b), spilling a -> b and b -> a. Prints each
 # region's gateway URL; Ctrl-C stops everything. Ports from
 # SUPERCLUSTER_PORT (default 14000) and the 16 above it.
 SUPERCLUSTER_DIR ?= .cache/supercluster
@@ -84,22 +84,23 @@ test-liveness: $(NATS_SERVER)
 	SWITCHYARD_LIVENESS=1 LIVENESS_DURATION=$(LIVENESS_DURATION) LIVENESS_BUSY=$(LIVENESS_BUSY) NATS_SERVER=$(NATS_SERVER) \
 	  $(GO) test -count=1 -run '^TestNoFalseReconnectsUnderLoad$$' -v -timeout 20m ./test
 
-# Regions, in process (docs/reliability.md, "Regions"): two regions on one
-# embedded bus (local first, spill when saturated, fail over, residency, a
-# bad spill list refused), then two regions of a real NATS supercluster (a
-# JetStream server per region joined by gateways through loopback relays)
-# with the link between them cut and healed. Fails on a request lost or
-# hung (the timeout) or an expectation missed. Both tests also run in `make
-# test`; this target runs them alone, with their figures (-v). Then the
-# supercluster with a real link (TestNamespacedRegionsCutAndHeal): a
-# nats-server process per region in a network namespace of its own, the
-# gateway over a link between the namespaces set down and up. That needs
-# root and network namespaces; without them it says why and fails, unless
-# SUPERCLUSTER_SKIP_OK=1.
+# Regions (docs/reliability.md, "Regions"): two regions on one embedded bus
+# (TestRegionsOnOneBus: local first, spill when saturated, fail over,
+# residency, a bad spill list refused); the spill penalty measured
+# (TestSpillPenaltyIsTheMeasuredRoundTrip); then a real supercluster with
+# the link between its regions cut: TestNamespacedRegionsCutAndHeal and
+# TestRegionsKeepServingWhenTheLinkIsCut run a nats-server process per
+# region in a network namespace of its own, the gateway between them over a
+# veth set down and up, region b reading its copy of the table. Fails on a
+# request lost or hung (the timeout), an avoidable failure or an
+# expectation missed; prints each scenario's row (-v). The namespaces need
+# root; without them it says why and fails, unless SUPERCLUSTER_SKIP_OK=1.
+# `make test` runs the same tests with the link a loopback relay. About 3
+# minutes on 2 cores.
 SUPERCLUSTER_SKIP_OK ?=
 test-supercluster: $(NATS_SERVER) partition-deps
 	SWITCHYARD_SUPERCLUSTER=1 NATS_SERVER=$(NATS_SERVER) SUPERCLUSTER_SKIP_OK=$(SUPERCLUSTER_SKIP_OK) \
-	  $(GO) test -race -count=1 -run '^(TestRegionsOnOneBus|TestRegionsKeepServingWhenTheLinkIsCut|TestNamespacedRegionsCutAndHeal)$$' -v -timeout 10m ./test
+	  $(GO) test -race -count=1 -run '^(TestRegionsOnOneBus|TestSpillPenaltyIsTheMeasuredRoundTrip|TestRegionsKeepServingWhenTheLinkIsCut|TestNamespacedRegionsCutAndHeal)$$' -v -timeout 10m ./test
 
 partition-deps:
 	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || (apt-get update && apt-get install -y iproute2)

@@ -4,8 +4,9 @@
 # by a NATS gateway), and in each region a broker, a gateway deciding there
 # and two simulated engines with their adapters, all with --region. The
 # routing table (deploy/examples/table.json with policy.regions a -> [b],
-# b -> [a]) lives in region a. Prints each region's gateway URL; Ctrl-C
-# stops everything. `make supercluster` runs it.
+# b -> [a]) lives in region a, with a copy in region b. Prints each
+# region's gateway URL; Ctrl-C stops everything. `make supercluster` runs
+# it.
 #
 #   scripts/supercluster.sh DIR SWITCHYARD NATS_SERVER
 #
@@ -83,6 +84,8 @@ wait_for "the JetStream of region a" "$sy" table init
 "$sy" table import "$root/deploy/examples/table.json" >/dev/null
 echo '{"allow_anonymous": true, "dead_after": "3s", "regions": {"a": {"spill": ["b"]}, "b": {"spill": ["a"]}}}' |
 	"$sy" table put policy - >/dev/null
+# Region b's copy of the table, in b's cluster: b's broker and gateway read it.
+"$sy" table copy b
 
 port=$((base + 6))
 for r in 0 1; do
