@@ -176,8 +176,17 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Region b's copy of the table, in b (switchyard table copy b).
-	copyB, err := kv.EnsureCopy(ctx, js, subjects.DefaultBucket, "b", 1)
+	// Region b's copy of the table, in b's cluster, made as an operator
+	// does; a second run finds it; a bad region is refused.
+	for range 2 {
+		if out, errOut, code := sy(t, nil, "", "table", "copy", "--nats", sc.URL(1), "b"); code != 0 || !strings.Contains(out, "in cluster b") {
+			t.Fatalf("switchyard table copy b: exit %d, %q %q", code, out, errOut)
+		}
+	}
+	if _, errOut, code := sy(t, nil, "", "table", "copy", "--nats", sc.URL(1), "b.c"); code != 2 || !strings.Contains(errOut, "REGION") {
+		t.Errorf("switchyard table copy b.c: exit %d, %q; want a usage error naming REGION", code, errOut)
+	}
+	copyB, err := js.Stream(ctx, "KV_"+subjects.TableCopy(subjects.DefaultBucket, "b"))
 	if err != nil {
 		t.Fatal(err)
 	}
