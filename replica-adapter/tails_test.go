@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
 )
@@ -65,6 +67,13 @@ func TestEndsBeforeALostConnectionAreMarked(t *testing.T) {
 	if err := observer.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// The adapter's subscription reaches the observer's server over a
+	// route, after the adapter started: a request sent before it would be
+	// dropped.
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, testkit.Cond("the observer's server to know the replica's subject", func() bool {
+		acc, err := c.Servers()[1].LookupAccount(server.DEFAULT_GLOBAL_ACCOUNT)
+		return err == nil && acc.Interest(subjects.New("").Replica("r-1")) > 0
+	}))
 	if err := observer.PublishMsg(&nats.Msg{Subject: subjects.New("").Replica("r-1"), Reply: inbox, Header: chatHeaders("q-1"), Data: []byte(`{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
 		t.Fatal(err)
 	}
