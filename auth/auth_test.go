@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/auth"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 	"github.com/switchyard-llm/switchyard/natsconn/natstest"
 	"github.com/switchyard-llm/switchyard/subjects"
+	"github.com/switchyard-llm/switchyard/table/kv"
 )
 
 // serveConfig starts a nats-server from a configuration that includes the
@@ -40,6 +42,13 @@ func serveConfig(t *testing.T, dir string) string {
 // path of an identity's creds file by its name.
 func serveInit(t *testing.T, cfg auth.Config) (string, func(name string) string) {
 	t.Helper()
+	url, file, _ := serveStore(t, cfg)
+	return url, file
+}
+
+// serveStore is serveInit that also returns the store, to mint more creds.
+func serveStore(t *testing.T, cfg auth.Config) (string, func(name string) string, *auth.Store) {
+	t.Helper()
 	dir := t.TempDir()
 	store, err := auth.Init(dir, cfg)
 	if err != nil {
@@ -49,7 +58,7 @@ func serveInit(t *testing.T, cfg auth.Config) (string, func(name string) string)
 	if err := store.WriteAllCreds(creds, cfg.Replicas); err != nil {
 		t.Fatal(err)
 	}
-	return serveConfig(t, dir), func(name string) string { return filepath.Join(creds, name+".creds") }
+	return serveConfig(t, dir), func(name string) string { return filepath.Join(creds, name+".creds") }, store
 }
 
 func connect(t *testing.T, url, creds string) *nats.Conn {
@@ -279,19 +288,10 @@ func TestDecidersPingTheAdapters(t *testing.T) {
 // made for a region may read that region's copy of the routing table, and
 // not another region's; creds without a region read neither.
 func TestARegionsDecidersReadItsCopyOfTheTable(t *testing.T) {
-	dir := t.TempDir()
-	store, err := auth.Init(dir, auth.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds := filepath.Join(dir, "creds")
-	if err := store.WriteAllCreds(creds, nil); err != nil {
-		t.Fatal(err)
-	}
-	url := serveConfig(t, dir)
+	url, file, store := serveStore(t, auth.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(connect(t, url, filepath.Join(creds, "operator.creds")))
+	js, err := jetstream.New(connect(t, url, file("operator")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +312,7 @@ func TestARegionsDecidersReadItsCopyOfTheTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		file, err := store.WriteCreds(t.TempDir(), role)
+		regionFile, err := store.WriteCreds(t.TempDir(), role)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,9 +320,9 @@ func TestARegionsDecidersReadItsCopyOfTheTable(t *testing.T) {
 			file, region string
 			ok           bool
 		}{
-			{file, "europe-west-4b", true},
-			{file, "c", false},
-			{filepath.Join(creds, kind+".creds"), "europe-west-4b", false},
+			{regionFile, "europe-west-4b", true},
+			{regionFile, "c", false},
+			{file(kind), "europe-west-4b", false},
 		} {
 			js, err := jetstream.New(connect(t, url, tc.file))
 			if err != nil {
@@ -334,6 +334,28 @@ func TestARegionsDecidersReadItsCopyOfTheTable(t *testing.T) {
 			if (err == nil) != tc.ok {
 				t.Errorf("%s (%s) reading region %s's copy: %v, want read %v", kind, filepath.Base(tc.file), tc.region, err, tc.ok)
 			}
+		}
+		// A watcher of the region on these creds watches the copy: the
+		// grants cover its consumer.
+		rjs, err := jetstream.New(connect(t, url, regionFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := kv.New(rjs, kv.Config{Bucket: subjects.DefaultBucket, Region: "europe-west-4b"})
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(wctx) }()
+		copyStream := "KV_" + subjects.TableCopy(subjects.DefaultBucket, "europe-west-4b")
+		testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			s, err := js.Stream(ctx, copyStream)
+			if err != nil || s.CachedInfo().State.Consumers != 1 {
+				return fmt.Errorf("%s's watcher not on the copy (%v)", kind, err)
+			}
+			return nil
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("%s's watcher: %v", kind, err)
 		}
 	}
 }

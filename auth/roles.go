@@ -290,12 +290,15 @@ func budgetsRead() []string {
 func bucketRead(bucket string) []string { return streamRead("KV_" + bucket) }
 
 // copyRead are the subjects that watch a region's copy of the routing
-// table: its stream's info, and its consumers (create, info, delete, next:
-// CONSUMER.* over the copy's stream alone). Fewer and wider than
-// streamRead's, so that a deciding gateway's credentials stay within the
-// server's 4 KB control line.
+// table: its stream's info and the watch's consumer (create, info, delete,
+// next). Fewer than streamRead's: a deciding gateway's JWT is near the
+// server's default 4 KB control line, which natsconn.MaxControlLine raises.
 func copyRead(stream string) []string {
-	return []string{"$JS.API.STREAM.INFO." + stream, "$JS.API.CONSUMER.*." + stream + ".>", "$JS.API.CONSUMER.MSG.NEXT." + stream + ".>"}
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>", "$JS.API.CONSUMER.INFO." + stream + ".>", "$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+	}
 }
 
 // streamRead are the JetStream API subjects that read a stream.

@@ -41,20 +41,26 @@ func TestSpillPenaltyIsTheMeasuredRoundTrip(t *testing.T) {
 		_, errB := measured(b, "a")
 		return errors.Join(errA, errB)
 	})
-	toB, _ := measured(a, "b")
-	toA, _ := measured(b, "a")
-	t.Logf("measured: a to b %v, b to a %v", toB, toA)
 	// The ping reaches b's adapter 40 ms late; the answer comes back at
-	// once. Generous bounds: the machine may be busy.
-	if toB < oneWay*3/4 || toB > oneWay+time.Second {
-		t.Errorf("a measured %v to b, want about %v", toB, oneWay)
+	// once. b's gateway hears every answer 40 ms late, its own region's
+	// twice that (the ping to them is late too): its own hop taken out, a
+	// is no farther than b. Each is the quickest of the last rounds, so a
+	// round slowed by a busy machine is outdone by the next ones.
+	var toB, toA time.Duration
+	if _, err := testkit.Poll(15*time.Second, 50*time.Millisecond, func() error {
+		toB, _ = measured(a, "b")
+		toA, _ = measured(b, "a")
+		if toB < oneWay*3/4 || toB > oneWay+time.Second {
+			return fmt.Errorf("a measured %v to b, want about %v", toB, oneWay)
+		}
+		if toA > oneWay/2 {
+			return fmt.Errorf("b measured %v to a, want its own slow hop taken out", toA)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
-	// b's gateway hears every answer 40 ms late, its own region's twice
-	// that (the ping to them is late too): its own hop taken out, a is no
-	// farther than b.
-	if toA > oneWay/2 {
-		t.Errorf("b measured %v to a, want its own slow hop taken out", toA)
-	}
+	t.Logf("measured: a to b %v, b to a %v", toB, toA)
 
 	// a's replica refused the request already: spill to b, with the
 	// measured penalty, explained.

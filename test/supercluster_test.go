@@ -279,8 +279,19 @@ func TestRegionsKeepServingWhenTheLinkIsCut(t *testing.T) {
 	}
 	// An adapter of b that starts during the cut cannot register (the
 	// table's bucket is in a); it registers once the link heals.
+	hb, err := b.conn(t, "heartbeats").SubscribeSync(subjects.New("").Heartbeat("l8-b-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.addReplica(t, "l8-b-2")
 	regionOf["l8-b-2"] = "b"
+	// Running (its heartbeats are out), and a few scrapes, each of which
+	// tries to register it.
+	for range 3 {
+		if _, err := hb.NextMsg(10 * time.Second); err != nil {
+			t.Fatalf("no heartbeat of the adapter started during the cut: %v", err)
+		}
+	}
 	if _, ok := b.gw.Table().Replicas["l8-b-2"]; ok {
 		t.Errorf("a replica of b registered during the cut")
 	}

@@ -16,6 +16,7 @@ import (
 
 const authUsage = `usage: switchyard auth init DIR [--tenants a,b] [--replicas x,y]
        switchyard auth creds DIR --role gateway|gateway-relay|broker|operator|observer|loader|batcher [--out FILE]
+       switchyard auth creds DIR --role gateway|gateway-relay|broker --region R [--out FILE]
        switchyard auth creds DIR --role adapter --replica ID [--out FILE]
        switchyard auth creds DIR --role tenant --tenant T [--out FILE]
        switchyard auth revoke DIR --role ROLE [--replica ID | --tenant T] [--nats URL]`
@@ -61,6 +62,11 @@ func runAuth(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return authCreds(dir, role, *out, stdout)
 	case "revoke":
+		if rf.region != "" {
+			// A role's user key is one for every region: revoking it
+			// revokes them all.
+			return usagef("--region applies to creds only: revoke --role %s revokes that role's creds in every region", rf.kind)
+		}
 		role, err := rf.role()
 		if err != nil {
 			return err

@@ -60,7 +60,9 @@ func TestARegionReadsItsCopyOfTheTable(t *testing.T) {
 	cut := time.Now()
 	put(t, primary, "models.m", `{"tier":"cold"}`)
 	testkit.CheckFor(t, 3*kv.CopyQuiet, 50*time.Millisecond, testkit.Cond("the primary said out of reach", func() bool { return w.Unreachable() > 0 }))
-	if d, since := w.Unreachable(), time.Since(cut); d > since+time.Second || d < kv.CopyQuiet-time.Second {
+	// Backdated to the copy's last word from the primary, about a second
+	// before the cut.
+	if d, since := w.Unreachable(), time.Since(cut); d > since+2*time.Second || d < kv.CopyQuiet-time.Second {
 		t.Errorf("out of reach for %v, %v after the cut", d, since)
 	}
 	if got := string(w.Snapshot().Raw["models.m"]); got != `{"tier":"hot"}` {
@@ -70,7 +72,18 @@ func TestARegionReadsItsCopyOfTheTable(t *testing.T) {
 	sc.Heal()
 	snapshotHas(t, w, "models.m", `{"tier":"cold"}`)
 	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, testkit.Cond("the primary in reach again", func() bool { return w.Unreachable() == 0 }))
-	t.Logf("the write made during the cut read %v after the cut", time.Since(cut).Round(time.Millisecond))
+	got := time.Since(cut)
+	// Whether it read the write through the primary meanwhile or not, the
+	// watcher ends on the copy (JetStream's mirror backs its retries off
+	// after a cut: up to a minute here).
+	back := testkit.CheckFor(t, 90*time.Second, 100*time.Millisecond, func() error {
+		info, err := cp.Info(ctxT(t))
+		if err != nil || info.State.Consumers != 1 {
+			return fmt.Errorf("no watch on the copy (%v)", err)
+		}
+		return nil
+	})
+	t.Logf("the write made during the cut read %v after the cut; the watcher on the copy %v later", got.Round(time.Millisecond), back.Round(time.Millisecond))
 }
 
 // TestALaggingCopyGivesWayToTheBucket: a region's copy that does not hear
@@ -124,8 +137,8 @@ func TestALaggingCopyGivesWayToTheBucket(t *testing.T) {
 }
 
 // TestACopyIsAMirrorOrRefused: a bucket of the copy's name that does not
-// mirror the primary is refused, not read as the copy; a watcher of a
-// region with no copy reads the primary.
+// mirror the primary is refused by EnsureCopy and not read as the copy by a
+// watcher; a watcher of a region with no copy reads the primary.
 func TestACopyIsAMirrorOrRefused(t *testing.T) {
 	e := newEnv(t)
 	put(t, e.kv, "models.m", `{}`)
@@ -133,11 +146,25 @@ func TestACopyIsAMirrorOrRefused(t *testing.T) {
 	waitReady(t, w)
 	snapshotHas(t, w, "models.m", `{}`)
 
-	if _, err := e.js.CreateKeyValue(ctxT(t), jetstream.KeyValueConfig{Bucket: kv.CopyName(bucket, "y")}); err != nil {
+	// A mirror, but of another bucket.
+	other, err := e.js.CreateKeyValue(ctxT(t), jetstream.KeyValueConfig{Bucket: "other"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err := kv.EnsureCopy(context.Background(), e.js, bucket, "y", 1)
+	if _, err := other.Put(ctxT(t), "models.other", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.CreateKeyValue(ctxT(t), jetstream.KeyValueConfig{Bucket: kv.CopyName(bucket, "y"), Mirror: &jetstream.StreamSource{Name: "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kv.EnsureCopy(context.Background(), e.js, bucket, "y", 1)
 	if !errors.Is(err, kv.ErrNotACopy) {
 		t.Fatalf("EnsureCopy over a bucket that is no mirror: %v, want ErrNotACopy", err)
+	}
+	wy, _ := startWatcher(t, e.js, kv.Config{Region: "y"})
+	waitReady(t, wy)
+	snapshotHas(t, wy, "models.m", `{}`)
+	if raw := wy.Snapshot().Raw; len(raw) != 1 {
+		t.Errorf("a watcher of region y read %v: the bucket's one key, not another bucket's mirror", raw)
 	}
 }

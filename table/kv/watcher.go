@@ -80,6 +80,16 @@ type Config struct {
 	CheckEvery time.Duration
 }
 
+// epochBack is how far before New a Watcher's epoch lies (see
+// Watcher.unreachable).
+const epochBack = 10 * 365 * 24 * time.Hour
+
+// copyPause is how long a region's copy that could not be read or watched
+// is left alone, the bucket read instead: credentials without the region
+// (switchyard auth creds --region) are refused every time, and each try
+// costs a timeout and an error in the log.
+const copyPause = time.Minute
+
 // Watcher keeps the routing table of one bucket. Snapshot is safe for
 // concurrent use; Run owns the watch.
 type Watcher struct {
@@ -96,11 +106,15 @@ type Watcher struct {
 	// leaves alone.
 	unreachable atomic.Int64
 	epoch       time.Time
-	copyLogged  bool // owned by the Run goroutine
-	ready       chan struct{}
-	running     atomic.Bool
-	readyDone   bool // owned by the Run goroutine
-	stateRead   bool // owned by the Run goroutine
+	// copyNote is the last thing logged of the region's copy, and
+	// copyPaused until when the copy is left alone (it could not be read
+	// or watched); both owned by the Run goroutine.
+	copyNote   string
+	copyPaused time.Time
+	ready      chan struct{}
+	running    atomic.Bool
+	readyDone  bool // owned by the Run goroutine
+	stateRead  bool // owned by the Run goroutine
 }
 
 // New returns a Watcher of cfg.Bucket; call Run to start it.
@@ -124,7 +138,9 @@ func New(js jetstream.JetStream, cfg Config) *Watcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Watcher{js: js, cfg: cfg, log: log.With("bucket", cfg.Bucket), ready: make(chan struct{}), epoch: time.Now()}
+	// The epoch lies well before any spell out of reach, so that one
+	// backdated to before this process started is measured in full.
+	return &Watcher{js: js, cfg: cfg, log: log.With("bucket", cfg.Bucket), ready: make(chan struct{}), epoch: time.Now().Add(-epochBack)}
 }
 
 // Snapshot is the table in force: nil until Ready is closed, never nil after.
@@ -242,6 +258,9 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 		DeliverPolicy:    jetstream.DeliverLastPerSubjectPolicy,
 		MaxResetAttempts: resetAttempts,
 	})
+	if err != nil && isCopy {
+		w.pauseCopy("the region's copy of the routing table cannot be watched", err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("watching bucket: %w", err)
 	}
@@ -303,7 +322,11 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	changed := false
 	done := func() {
 		seen = max(seen, openedAt)
-		w.reach()
+		if q := quiet(stream.CachedInfo()); isCopy && q > 0 {
+			w.away(q) // the copy's table, the bucket out of reach
+		} else {
+			w.reach()
+		}
 		synced = true
 		initial.Stop()
 		w.publish(next, SourceKV)
@@ -362,48 +385,88 @@ func (w *Watcher) watch(ctx context.Context) (synced bool, err error) {
 	}
 }
 
-// open is the stream the watch reads: the region's copy of the bucket when
-// there is one, else the bucket's. A copy that has not heard from the
-// bucket within CopyQuiet gives way to the bucket while the bucket answers:
-// after a cut the copy's mirror may take a while to start again (JetStream
-// backs off its retries), the bucket is read at once.
-func (w *Watcher) open(ctx context.Context) (s jetstream.Stream, isCopy bool, err error) {
-	if w.cfg.Region != "" {
-		name := CopyName(w.cfg.Bucket, w.cfg.Region)
-		cctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
-		s, err := w.js.Stream(cctx, streamPrefix+name)
-		cancel()
-		if err == nil {
-			if !w.copyLogged {
-				w.copyLogged = true
-				w.log.Info("routing table read from the region's copy", "region", w.cfg.Region, "copy", name)
-			}
-			if caughtUp(s.CachedInfo(), 0) {
-				return s, true, nil
-			}
-			pctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
-			p, err := w.js.Stream(pctx, streamPrefix+w.cfg.Bucket)
-			cancel()
-			if err == nil {
-				w.log.Info("the region's copy has not heard from the bucket lately; reading the bucket", "region", w.cfg.Region)
-				return p, false, nil
-			}
-			if m := s.CachedInfo().Mirror; m != nil && m.Active < 0 {
-				// Empty, not a last good table.
-				return nil, false, fmt.Errorf("region %s's copy has never heard from the bucket, and the bucket: %w", w.cfg.Region, err)
-			}
-			return s, true, nil
-		}
-		if !w.copyLogged {
-			// Not made, or not readable with this part's credentials
-			// (switchyard auth creds --region): the bucket serves.
-			w.copyLogged = true
-			w.log.Info("the region's copy of the routing table cannot be read; reading the bucket itself (switchyard table copy makes one)",
-				"region", w.cfg.Region, "copy", name, "err", err)
-		}
+// open is the stream the watch reads, and whether it is the region's copy:
+// the copy when it mirrors the bucket, hears from it and holds the table in
+// force; else the bucket, while it answers (after a cut the copy's mirror
+// may take a while to start again: JetStream backs off its retries); else,
+// the bucket out of reach, the copy when it holds the table in force; else
+// nothing, and the table in force stays. A watch never goes back to an
+// older revision than the one in force.
+func (w *Watcher) open(ctx context.Context) (jetstream.Stream, bool, error) {
+	var have uint64
+	if s := w.snap.Load(); s != nil {
+		have = s.Revision
 	}
-	s, err = w.js.Stream(ctx, streamPrefix+w.cfg.Bucket)
-	return s, false, err
+	cp := w.regionCopy(ctx)
+	if cp != nil && caughtUp(cp.CachedInfo(), have) {
+		return cp, true, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+	p, err := w.js.Stream(pctx, streamPrefix+w.cfg.Bucket)
+	cancel()
+	if err == nil {
+		if cp != nil {
+			w.noteCopy("the region's copy of the routing table is quiet or behind; reading the bucket", nil)
+		}
+		return p, false, nil
+	}
+	if cp != nil {
+		info := cp.CachedInfo()
+		if info.Mirror.Active >= 0 && info.State.LastSeq >= have {
+			return cp, true, nil
+		}
+		return nil, false, fmt.Errorf("region %s's copy is behind the table in force (revision %d of %d), and the bucket: %w",
+			w.cfg.Region, info.State.LastSeq, have, err)
+	}
+	return nil, false, err
+}
+
+// regionCopy is the region's copy of the bucket when there is one to read:
+// nil without a region, while the copy is paused (copyPause), when none was
+// made, when it cannot be read, or when it does not mirror the bucket.
+func (w *Watcher) regionCopy(ctx context.Context) jetstream.Stream {
+	if w.cfg.Region == "" || time.Now().Before(w.copyPaused) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+	defer cancel()
+	s, err := w.js.Stream(ctx, streamPrefix+CopyName(w.cfg.Bucket, w.cfg.Region))
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		w.noteCopy("no copy of the routing table in the region; reading the bucket (switchyard table copy makes one)", nil)
+		return nil
+	case err != nil:
+		// Credentials without the region (switchyard auth creds
+		// --region) are refused: a timeout, or a permissions error.
+		w.pauseCopy("the region's copy of the routing table cannot be read", err)
+		return nil
+	}
+	if m := s.CachedInfo().Config.Mirror; m == nil || m.Name != streamPrefix+w.cfg.Bucket {
+		w.pauseCopy("the region's copy of the routing table is not a mirror of the bucket; reading the bucket", ErrNotACopy)
+		return nil
+	}
+	w.noteCopy("routing table read from the region's copy", nil)
+	return s
+}
+
+// noteCopy logs what the watcher does with the region's copy when that
+// changed.
+func (w *Watcher) noteCopy(what string, err error) {
+	if what == w.copyNote {
+		return
+	}
+	w.copyNote = what
+	log := w.log.Info
+	if err != nil {
+		log = w.log.Warn
+	}
+	log(what, "region", w.cfg.Region, "copy", CopyName(w.cfg.Bucket, w.cfg.Region), "err", err)
+}
+
+// pauseCopy leaves the region's copy alone for copyPause.
+func (w *Watcher) pauseCopy(what string, err error) {
+	w.copyPaused = time.Now().Add(copyPause)
+	w.noteCopy(what, err)
 }
 
 // switchTo says whether the watch should move: from a copy that is away
@@ -412,17 +475,17 @@ func (w *Watcher) open(ctx context.Context) (s jetstream.Stream, isCopy bool, er
 // and holds what the watch has seen (a copy keeps the bucket's sequence
 // numbers).
 func (w *Watcher) switchTo(ctx context.Context, isCopy, away bool, seen uint64) bool {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
-	defer cancel()
 	if isCopy {
 		if !away {
 			return false
 		}
+		ctx, cancel := context.WithTimeout(ctx, w.cfg.InitialTimeout/2)
+		defer cancel()
 		_, err := w.js.Stream(ctx, streamPrefix+w.cfg.Bucket)
 		return err == nil
 	}
-	s, err := w.js.Stream(ctx, streamPrefix+CopyName(w.cfg.Bucket, w.cfg.Region))
-	return err == nil && caughtUp(s.CachedInfo(), seen)
+	s := w.regionCopy(ctx)
+	return s != nil && caughtUp(s.CachedInfo(), seen)
 }
 
 // caughtUp says whether a copy can be read in place of the bucket: it hears
