@@ -20,11 +20,18 @@ import (
 // is the link's own round trip. The round trip to region X is that of X's
 // adapters less that of its own region's, which takes out its own hop to
 // its server; without an answer from its own region, X's as it is.
+//
+// An answer counts only for a replica the router has heard, in the region
+// its heartbeat names (which only the replica's own identity may publish),
+// once per round: an adapter's answer in another replica's name, or naming
+// a region its replica's heartbeat does not, is not counted.
 const (
 	// rttEvery is the time between rounds; rttEarly between the first
-	// rounds, until one brings an answer from another region.
-	rttEvery = 10 * time.Second
-	rttEarly = time.Second
+	// rounds (at most rttEarlyRounds of them), until one brings an answer
+	// from another region.
+	rttEvery       = 10 * time.Second
+	rttEarly       = time.Second
+	rttEarlyRounds = 10
 	// rttWait is how long a round collects answers: an answer later than
 	// that is not counted.
 	rttWait = 2 * time.Second
@@ -47,12 +54,17 @@ type rttProbe struct {
 	// (the router's: another region's answers are not kept).
 	round map[string]time.Duration
 	known map[string]bool
+	// regionOf is the region a replica's heartbeat names (false: not
+	// heard); seen the replicas answered this round.
+	regionOf func(replica string) (string, bool)
+	seen     map[string]bool
 }
 
 // start begins a round counting the regions known.
 func (p *rttProbe) start(known []string) {
 	p.round = make(map[string]time.Duration, len(known))
 	p.known = make(map[string]bool, len(known))
+	p.seen = map[string]bool{}
 	for _, r := range known {
 		p.known[r] = true
 	}
@@ -60,8 +72,9 @@ func (p *rttProbe) start(known []string) {
 
 // answer counts one answer to the round's ping, received rtt after it was
 // sent; it reports whether it was counted. An answer that is not an
-// adapter's ping response, names no region the round counts, or comes
-// back outside (0, rttWait] is not.
+// adapter's ping response, names no region the round counts, speaks for a
+// replica not heard in that region or already counted this round, or
+// comes back outside (0, rttWait] is not.
 func (p *rttProbe) answer(data []byte, rtt time.Duration) bool {
 	if len(data) > rttMaxBytes || rtt <= 0 || rtt > rttWait {
 		return false
@@ -70,10 +83,14 @@ func (p *rttProbe) answer(data []byte, rtt time.Duration) bool {
 	if json.Unmarshal(data, &ping) != nil || ping.Type != micro.PingResponseType || ping.Name != subjects.AdapterService {
 		return false
 	}
-	r := ping.Metadata["region"]
-	if subjects.ValidToken(r) != nil || !p.known[r] {
+	r, replica := ping.Metadata["region"], ping.Metadata["replica"]
+	if subjects.ValidToken(r) != nil || !p.known[r] || subjects.ValidToken(replica) != nil || p.seen[replica] {
 		return false
 	}
+	if heard, ok := p.regionOf(replica); !ok || heard != r {
+		return false
+	}
+	p.seen[replica] = true
 	if d, ok := p.round[r]; !ok || rtt < d {
 		p.round[r] = rtt
 	}
@@ -85,7 +102,7 @@ func (p *rttProbe) answer(data []byte, rtt time.Duration) bool {
 func (p *rttProbe) end() map[string]time.Duration {
 	p.rounds[p.next] = p.round
 	p.next = (p.next + 1) % rttRounds
-	p.round, p.known = nil, nil
+	p.round, p.known, p.seen = nil, nil, nil
 	least := map[string]time.Duration{}
 	for _, round := range p.rounds {
 		for r, d := range round {
@@ -113,8 +130,8 @@ func (p *rttProbe) end() map[string]time.Duration {
 // and hands each measurement to the router (the spill penalty of a region
 // whose table sets none) and the metrics.
 func (dec *Decider) rttLoop(ctx context.Context) {
-	p := rttProbe{local: dec.cfg.Region}
-	wait := time.Duration(0)
+	p := rttProbe{local: dec.cfg.Region, regionOf: dec.router.HeardRegion}
+	wait, early := time.Duration(0), 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -133,8 +150,9 @@ func (dec *Decider) rttLoop(ctx context.Context) {
 		rtt := p.end()
 		dec.router.SetRegionRTT(rtt)
 		dec.metrics.regionsMeasured(rtt)
-		if wait = rttEvery; len(rtt) == 0 {
+		if wait = rttEvery; len(rtt) == 0 && early < rttEarlyRounds {
 			wait = rttEarly
+			early++
 		}
 	}
 }

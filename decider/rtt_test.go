@@ -3,6 +3,7 @@ package decider
 import (
 	"encoding/json"
 	"maps"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +13,11 @@ import (
 	"github.com/switchyard-llm/switchyard/subjects"
 )
 
-// pingAnswer is an adapter's answer to a ping, from region.
-func pingAnswer(t *testing.T, region string) []byte {
+// pingAnswer is replica's adapter's answer to a ping, naming region.
+func pingAnswer(t *testing.T, replica, region string) []byte {
 	t.Helper()
 	b, err := json.Marshal(micro.Ping{Type: micro.PingResponseType, ServiceIdentity: micro.ServiceIdentity{
-		Name: subjects.AdapterService, ID: "x", Version: "1", Metadata: map[string]string{"region": region}}})
+		Name: subjects.AdapterService, ID: "x", Version: "1", Metadata: map[string]string{"replica": replica, "region": region}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,15 +30,21 @@ const ms = time.Millisecond
 // rounds, the least; the round trip to a region is its adapters' less the
 // decider's own region's, or its adapters' as they are without an answer
 // from its own. An answer that is not an adapter's, names no known
-// region, or comes back out of range is not counted.
+// region, speaks for a replica not heard there or twice, or comes back out
+// of range is not counted.
 func TestRegionRTT(t *testing.T) {
-	p := rttProbe{local: "eu"}
+	// The router has heard replicas <region>-<n> in their regions.
+	heard := func(replica string) (string, bool) {
+		r, _, ok := strings.Cut(replica, "-")
+		return r, ok && r != "mars"
+	}
+	p := rttProbe{local: "eu", regionOf: heard}
 	known := []string{"eu", "us", "ap"}
 	round := func(answers map[string][]time.Duration) map[string]time.Duration {
 		p.start(known)
 		for r, ds := range answers {
-			for _, d := range ds {
-				if !p.answer(pingAnswer(t, r), d) {
+			for i, d := range ds {
+				if !p.answer(pingAnswer(t, r+"-"+strconv.Itoa(i), r), d) {
 					t.Fatalf("an answer from %s after %v not counted", r, d)
 				}
 			}
@@ -70,24 +77,31 @@ func TestRegionRTT(t *testing.T) {
 
 	// What a sender could lie about.
 	p.start(known)
+	if !p.answer(pingAnswer(t, "us-0", "us"), 50*ms) {
+		t.Fatal("us-0's answer not counted")
+	}
 	lies := map[string][]byte{
-		"no region":       pingAnswer(t, ""),
-		"a bad token":     pingAnswer(t, "us.>"),
-		"an unknown one":  pingAnswer(t, "mars"),
-		"another service": []byte(`{"type": "io.nats.micro.v1.ping_response", "name": "switchyard-broker", "metadata": {"region": "us"}}`),
-		"another type":    []byte(`{"type": "io.nats.micro.v1.info_response", "name": "switchyard-adapter", "metadata": {"region": "us"}}`),
-		"not JSON":        []byte(`us`),
-		"too large":       append(pingAnswer(t, "us"), []byte(strings.Repeat(" ", rttMaxBytes))...),
+		"no region":                                  pingAnswer(t, "us-1", ""),
+		"a bad token":                                pingAnswer(t, "us-1", "us.>"),
+		"an unknown one":                             pingAnswer(t, "mars-1", "mars"),
+		"no replica":                                 pingAnswer(t, "", "us"),
+		"a replica heard in another region":          pingAnswer(t, "eu-1", "us"),
+		"a replica the router has not heard":         pingAnswer(t, "mars-2", "us"),
+		"a replica that answered already this round": pingAnswer(t, "us-0", "us"),
+		"another service":                            []byte(`{"type": "io.nats.micro.v1.ping_response", "name": "switchyard-broker", "metadata": {"region": "us"}}`),
+		"another type":                               []byte(`{"type": "io.nats.micro.v1.info_response", "name": "switchyard-adapter", "metadata": {"region": "us"}}`),
+		"not JSON":                                   []byte(`us`),
+		"too large":                                  append(pingAnswer(t, "us-1", "us"), []byte(strings.Repeat(" ", rttMaxBytes))...),
 	}
 	for what, data := range lies {
 		if p.answer(data, 10*ms) {
 			t.Errorf("an answer with %s counted", what)
 		}
 	}
-	if p.answer(pingAnswer(t, "us"), rttWait+ms) || p.answer(pingAnswer(t, "us"), 0) {
+	if p.answer(pingAnswer(t, "us-2", "us"), rttWait+ms) || p.answer(pingAnswer(t, "us-3", "us"), 0) {
 		t.Error("an answer out of (0, rttWait] counted")
 	}
-	if got := p.end(); len(got) != 0 {
-		t.Errorf("lies measured %v", got)
+	if got := p.end(); got["us"] != 50*ms {
+		t.Errorf("lies measured %v, want us-0's 50ms alone", got)
 	}
 }

@@ -420,6 +420,19 @@ func (r *Router) Regions() []string {
 	return slices.Clone(r.regions.names[firstRegion:])
 }
 
+// HeardRegion is the region replica id's last heartbeat named, and whether
+// the router knows the replica (registered, heard): what only the replica's
+// own identity may publish.
+func (r *Router) HeardRegion(id string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := r.view.replicas[id]
+	if x == nil || x.hbNano == 0 {
+		return "", false
+	}
+	return x.hb.Region, true
+}
+
 // ObserveHeartbeat records a replica's load as of now and resets this
 // broker's in-flight count for it. hb must not be modified afterwards (its
 // slices are kept).
