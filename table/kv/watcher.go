@@ -50,8 +50,9 @@ type Config struct {
 	// Bucket is the KV bucket (default subjects.DefaultBucket).
 	Bucket string
 	// Region, when set, is the region the watcher reads in: it reads its
-	// region's copy of Bucket (CopyName, made by EnsureCopy) when there is
-	// one, else Bucket itself. While the copy stops hearing from Bucket
+	// region's copy of Bucket (CopyName, made by EnsureCopy) when the copy
+	// is up to date, else Bucket while it answers (Watcher.open has the
+	// rule). While the copy it reads stops hearing from Bucket
 	// (CopyQuiet), Unreachable counts: the copy's table is the last good one.
 	Region string
 	// StateDir keeps the last good snapshot in StateDir/table.json. Empty
