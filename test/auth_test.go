@@ -618,8 +618,11 @@ func TestAuthCommands(t *testing.T) {
 		}
 	}
 	conf, _ := os.ReadFile(dir + "/server.conf")
-	if !strings.Contains(string(conf), "operator:") || !strings.Contains(string(conf), "resolver_preload") {
+	if !strings.Contains(string(conf), "operator:") || !strings.Contains(string(conf), "resolver_preload") || !strings.Contains(string(conf), "max_control_line: 16384") {
 		t.Errorf("server.conf:\n%s", conf)
+	}
+	if out, errOut, code := sy(t, nil, "", "auth", "creds", dir, "--role", "broker", "--region", "eu"); code != 0 || !strings.Contains(out, "BEGIN NATS USER JWT") {
+		t.Errorf("auth creds --region: exit %d: %s %s", code, out, errOut)
 	}
 	out, _, code = sy(t, nil, "", "auth", "creds", dir, "--role", "tenant", "--tenant", "acme")
 	if code != 0 || !strings.Contains(out, "BEGIN NATS USER JWT") || !strings.Contains(out, "BEGIN USER NKEY SEED") {
@@ -629,6 +632,9 @@ func TestAuthCommands(t *testing.T) {
 		{"auth", "creds", dir, "--role", "adapter"},
 		{"auth", "creds", dir, "--role", "root"},
 		{"auth", "creds", dir, "--role", "gateway", "--tenant", "acme"},
+		{"auth", "creds", dir, "--role", "observer", "--region", "eu"},
+		{"auth", "creds", dir, "--role", "broker", "--region", "e.u"},
+		{"auth", "revoke", dir, "--role", "broker", "--region", "eu"},
 		{"auth", "frobnicate"},
 	} {
 		if _, _, code := sy(t, nil, "", args...); code != 2 {

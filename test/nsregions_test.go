@@ -1,12 +1,10 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-llm/switchyard/internal/iproute"
 	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
@@ -52,10 +51,9 @@ const (
 // heals them. Clients and monitoring reach each server from the host's
 // namespace over a link of its own, which a cut leaves up.
 type nsRegions struct {
-	names [2]string // the regions, which name the servers, clusters and gateways
-	ns    [2]string // their namespaces
-	addr  [2]string // each server's address on its link to the host
-	hc    *http.Client
+	names [2]string  // the regions, which name the servers, clusters and gateways
+	ns    [2]string  // their namespaces
+	addr  [2]string  // each server's address on its link to the host
 	t     *testing.T // the test Cut and Heal fail when ip does
 }
 
@@ -85,7 +83,7 @@ func needNamespacedRegions(t *testing.T) {
 func netnsRegions(t *testing.T, a, b string) *nsRegions {
 	t.Helper()
 	bin := natsServerBinary(t)
-	r := &nsRegions{names: [2]string{a, b}, hc: &http.Client{Timeout: 2 * time.Second}, t: t}
+	r := &nsRegions{names: [2]string{a, b}, t: t}
 	for i := range 2 {
 		r.ns[i] = regionNamespace(i)
 		r.addr[i] = regionHostNet(i) + "2"
@@ -95,7 +93,6 @@ func netnsRegions(t *testing.T, a, b string) *nsRegions {
 	}
 	// Registered first, so it runs last: after the servers are gone.
 	t.Cleanup(func() {
-		r.hc.CloseIdleConnections()
 		if err := cleanRegions(); err != nil {
 			t.Errorf("removing the namespaces: %v", err)
 		}
@@ -146,7 +143,7 @@ func setupRegions(ns [2]string) error {
 			[]string{"-n", ns[i], "addr", "add", fmt.Sprintf("%s%d/24", regionLinkNet, i+1), "dev", regionLinkEnd(i)},
 			[]string{"-n", ns[i], "link", "set", regionLinkEnd(i), "up"})
 	}
-	return runIP(cmds)
+	return iproute.Run(cmds)
 }
 
 // cleanRegions kills what runs in the regions' namespaces (a server an
@@ -167,7 +164,7 @@ func cleanRegions() error {
 	for i := range 2 {
 		ns := regionNamespace(i)
 		if exec.Command("ip", "link", "show", "dev", ns).Run() == nil {
-			errs = append(errs, runIP([][]string{{"link", "del", ns}}))
+			errs = append(errs, iproute.Run([][]string{{"link", "del", ns}}))
 		}
 		if !have[ns] {
 			continue
@@ -181,22 +178,11 @@ func cleanRegions() error {
 			}
 		}
 		if exec.Command("ip", "-n", ns, "link", "show", "dev", regionLinkEnd(i)).Run() == nil {
-			errs = append(errs, runIP([][]string{{"-n", ns, "link", "del", regionLinkEnd(i)}}))
+			errs = append(errs, iproute.Run([][]string{{"-n", ns, "link", "del", regionLinkEnd(i)}}))
 		}
-		errs = append(errs, runIP([][]string{{"netns", "del", ns}}))
+		errs = append(errs, iproute.Run([][]string{{"netns", "del", ns}}))
 	}
 	return errors.Join(errs...)
-}
-
-// runIP runs ip with each argument list in turn, stopping at the first
-// failure.
-func runIP(cmds [][]string) error {
-	for _, args := range cmds {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-		}
-	}
-	return nil
 }
 
 // start runs region i's server in its namespace with a configuration
@@ -304,7 +290,7 @@ func (r *nsRegions) Heal() { r.t.Helper(); r.setLink("up") }
 
 func (r *nsRegions) setLink(state string) {
 	r.t.Helper()
-	if err := runIP([][]string{{"-n", r.ns[0], "link", "set", regionLinkEnd(0), state}}); err != nil {
+	if err := iproute.Run([][]string{{"-n", r.ns[0], "link", "set", regionLinkEnd(0), state}}); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -378,15 +364,10 @@ func (r *nsRegions) agreedLeader() error {
 // monitor decodes the JSON region i's server serves on its monitoring
 // path.
 func (r *nsRegions) monitor(i int, path string, v any) error {
-	resp, err := r.hc.Get(fmt.Sprintf("http://%s:%d%s", r.addr[i], regionMonitorPort, path))
-	if err != nil {
-		return err
+	if !getJSON(fmt.Sprintf("http://%s:%d%s", r.addr[i], regionMonitorPort, path), v) {
+		return fmt.Errorf("%s of region %s not read", path, r.names[i])
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s of region %s: %s", path, r.names[i], resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return nil
 }
 
 // TestNamespacedRegionsCutAndHeal runs the namespaced supercluster and

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,15 @@ func TestSpillPenaltyIsTheMeasuredRoundTrip(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("measured: a to b %v, b to a %v", toB, toA)
+	// The metric shows what the router uses (the next round may have
+	// moved both).
+	testkit.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		got := testkit.Sum(a.reg, "switchyard_broker_region_rtt_seconds", map[string]string{"to": "b"})
+		if p, _ := measured(a, "b"); math.Abs(got-p.Seconds()) > 1e-6 {
+			return fmt.Errorf("switchyard_broker_region_rtt_seconds{to=b} %v, the router's penalty %v", got, p)
+		}
+		return nil
+	})
 
 	// a's replica refused the request already: spill to b, with the
 	// measured penalty, explained.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/broker/policy"
 	examples "github.com/switchyard-llm/switchyard/deploy/examples"
@@ -36,6 +37,7 @@ type regionSite struct {
 	natsURL string
 	gw      *gateway.Gateway
 	url     string
+	reg     *prometheus.Registry // the gateway's metrics
 	ctx     context.Context
 	wg      *sync.WaitGroup
 }
@@ -46,12 +48,12 @@ func startRegion(t *testing.T, natsURL, name string, replicas ...string) *region
 	t.Helper()
 	ln := testkit.Listen(t) // closed after the parts stop: cleanups run last first
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &regionSite{name: name, natsURL: natsURL, ctx: ctx, wg: &sync.WaitGroup{}, url: "http://" + ln.Addr().String()}
+	s := &regionSite{name: name, natsURL: natsURL, ctx: ctx, wg: &sync.WaitGroup{}, url: "http://" + ln.Addr().String(), reg: prometheus.NewRegistry()}
 	t.Cleanup(func() { cancel(); s.wg.Wait() })
 	for _, id := range replicas {
 		s.addReplica(t, id)
 	}
-	g, err := gateway.New(s.conn(t, "gateway-"+name), gateway.Config{ID: "gw-" + name, Region: name})
+	g, err := gateway.New(s.conn(t, "gateway-"+name), gateway.Config{ID: "gw-" + name, Region: name, Registerer: s.reg})
 	if err != nil {
 		t.Fatal(err)
 	}

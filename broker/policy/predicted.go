@@ -170,7 +170,7 @@ func (p *pick) credit(ci, held int) {
 	c := &p.cands[ci]
 	if u := max(clamp32(p.req.PromptTokens)-int32(held)*p.blockTokens, 0); u < c.uncached {
 		c.uncached = u
-		c.ttft = c.x.predict(c.uncached, c.slotsAhead) + p.spilledPenalty()
+		c.ttft = c.x.predict(c.uncached, c.slotsAhead) + p.region.penalty()
 	}
 }
 

@@ -253,7 +253,7 @@ func (p *pick) regional(cands []cand) []cand {
 	f.to = id
 	kept := p.keepRegion(cands, 1<<id)
 	for i := range kept {
-		kept[i].ttft += f.ix.penalty[id]
+		kept[i].ttft += f.penalty()
 	}
 	return kept
 }
@@ -310,22 +310,23 @@ func (p *pick) keepRegion(cands []cand, mask uint64) []cand {
 	return cands[:k]
 }
 
+// penalty is what the region step adds to a candidate's predicted TTFT,
+// in ms: the spill penalty of the region the candidates were taken from
+// when it is not the router's own, else 0.
+func (f *regionFilter) penalty() float64 {
+	if f.to == regionNone {
+		return 0
+	}
+	return f.ix.penalty[f.to]
+}
+
 // spillPenalty is the penalty of the decision's spill and where it came
 // from; zero and "" when it did not spill.
 func (f *regionFilter) spillPenalty() (time.Duration, string) {
 	if f.to == regionNone {
 		return 0, ""
 	}
-	return millis(f.ix.penalty[f.to]), f.ix.source[f.to]
-}
-
-// spilledPenalty is what the region step adds to a candidate's predicted
-// TTFT: the spill penalty when the candidates are another region's.
-func (p *pick) spilledPenalty() float64 {
-	if p.region.to == regionNone {
-		return 0
-	}
-	return p.region.ix.penalty[p.region.to]
+	return millis(f.penalty()), f.ix.source[f.to]
 }
 
 // errResidency is the refusal of a request whose tenant's regions have no

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/switchyard-llm/switchyard/internal/iproute"
 )
 
 // network puts parts in Linux network namespaces of their own (-netns),
@@ -69,7 +71,7 @@ func setupNetwork(prefix string, parts []string) (*network, error) {
 	n := &network{prefix: prefix, parts: map[string]*nsPart{}}
 	for i, br := range []string{n.backBridge(), n.frontBridge()} {
 		addr := fmt.Sprintf("%s1/24", []string{backNet, frontNet}[i])
-		if err := ipAll([][]string{
+		if err := iproute.Run([][]string{
 			{"link", "add", br, "type", "bridge"},
 			{"addr", "add", addr, "dev", br},
 			{"link", "set", br, "up"},
@@ -99,7 +101,7 @@ func setupNetwork(prefix string, parts []string) (*network, error) {
 		if p.front != "" {
 			link(p.fend, "front", n.frontBridge(), p.front)
 		}
-		if err := ipAll(cmds); err != nil {
+		if err := iproute.Run(cmds); err != nil {
 			return nil, err
 		}
 	}
@@ -120,7 +122,7 @@ func (n *network) setLink(part, state string) error {
 	if !ok {
 		return fmt.Errorf("no part %q in a namespace", part)
 	}
-	return ipAll([][]string{{"link", "set", p.back, state}})
+	return iproute.Run([][]string{{"link", "set", p.back, state}})
 }
 
 // cleanNetwork deletes the namespaces and links named with prefix (the
@@ -130,7 +132,7 @@ func cleanNetwork(prefix string) error {
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, l := range strings.Split(string(out), "\n") {
 			if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], prefix+"-") {
-				errs = append(errs, ipAll([][]string{{"netns", "del", f[0]}}))
+				errs = append(errs, iproute.Run([][]string{{"netns", "del", f[0]}}))
 			}
 		}
 	} else {
@@ -145,7 +147,7 @@ func cleanNetwork(prefix string) error {
 			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
 			if ownLink(prefix, name) {
 				// A veth may have gone with its namespace meanwhile.
-				if err := ipAll([][]string{{"link", "del", name}}); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+				if err := iproute.Run([][]string{{"link", "del", name}}); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
 					errs = append(errs, err)
 				}
 			}
@@ -187,15 +189,4 @@ func ownLink(prefix, name string) bool {
 		}
 	}
 	return true
-}
-
-// ipAll runs ip with each argument list in turn, stopping at the first
-// failure.
-func ipAll(cmds [][]string) error {
-	for _, args := range cmds {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-		}
-	}
-	return nil
 }
