@@ -197,7 +197,7 @@ func TestPrefixAffinity(t *testing.T) {
 			t.Fatalf("second time: %s matched %d placement %v", d.Replica, d.PrefixMatched, d.Placement)
 		}
 	})
-	t.Run("ties go to the lowest kv", func(t *testing.T) {
+	t.Run("of two holders the lighter wins", func(t *testing.T) {
 		e := newEnv(t)
 		place(e, "l8-gen-0", 10)
 		place(e, "l8-gen-1", 10)
@@ -251,6 +251,45 @@ func TestPrefixAffinity(t *testing.T) {
 		e.beat("l8-gen-1", 0.6, 4, 0) // 0.18 lower
 		if d := e.explain(req()); d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPowerOfTwo {
 			t.Fatalf("%s (%s), want released to l8-gen-1", d.Replica, d.Reason)
+		}
+	})
+	t.Run("a holder below the threshold is weighed against the draw", func(t *testing.T) {
+		e := newEnv(t)
+		place(e, "l8-gen-0", 4) // 4/32 of the prefix: worth 0.125
+		e.beat("l8-gen-0", 0.8, 4, 0)
+		e.beat("l8-gen-1", 0.4, 4, 0) // 0.24 lower
+		d := e.explain(req())
+		if d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPowerOfTwo {
+			t.Fatalf("%s (%s), want released to l8-gen-1", d.Replica, d.Reason)
+		}
+		if alts := d.Alternatives(); len(alts) != 1 || alts[0].Why != policy.WhyOutweighed {
+			t.Fatalf("alternatives %+v, want l8-gen-0 %q", alts, policy.WhyOutweighed)
+		}
+		place(e, "l8-gen-0", 32) // the whole prefix: worth 1
+		if d := e.explain(req()); d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPrefix {
+			t.Fatalf("%s (%s), want l8-gen-0 kept for its whole prefix", d.Replica, d.Reason)
+		}
+	})
+	// Between two heartbeats every holder's kv stays as reported: taking
+	// the lowest kv of a prefix every replica holds would send every
+	// request to one replica until the next heartbeat.
+	t.Run("a prefix held everywhere does not herd onto the lowest kv", func(t *testing.T) {
+		e := newEnv(t, `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
+			"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`)
+		for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+			place(e, id, 32)
+			e.beat(id, 0.30+0.01*float64(i), 4, 0)
+		}
+		got := map[string]int{}
+		for range 40 {
+			d := e.decide(req())
+			if d.Reason != policy.ReasonPrefix {
+				t.Fatalf("%s (%s), want prefix affinity", d.Replica, d.Reason)
+			}
+			got[d.Replica]++
+		}
+		if len(got) < 3 || got["l8-gen-0"] > 20 {
+			t.Fatalf("40 requests went %v, want them spread over the holders", got)
 		}
 	})
 	t.Run("prefixes are per model", func(t *testing.T) {

@@ -39,7 +39,7 @@ func (p *pick) session() bool {
 		p.chosen = best
 		return true
 	}
-	p.released = best
+	p.released, p.releasedWhy = best, WhyReleased
 	return false
 }
 
@@ -131,30 +131,42 @@ type prefixStep struct {
 	matched int
 	exact   bool
 	// The walk over one level: the deepest holder whatever its kv (hot, at
-	// hotLvl) and the lowest-kv holder below the release threshold (best).
+	// hotLvl) and the usable holder it takes (best), below the release
+	// threshold.
 	hot, hotLvl, best int
+	// Without predicted-ttft, best is the lighter of two usable holders
+	// drawn at random (a reservoir of two: usable counts them).
+	usable int
+	draw   [2]int
 }
 
-// prefix picks the replica holding the longest chain of the request's prefix
-// blocks, among candidates below the release threshold; ties go to the
-// lowest kv_usage. Chained hashes make presence monotone in the chain (a
-// block is stored with every block before it), so a binary search finds the
-// longest stored level in O(log n) lookups; the walk down from there only
-// continues while that level's replicas are not usable.
+// prefix picks a replica holding the longest chain of the request's prefix
+// blocks among the usable holders, those below the release threshold.
+// Chained hashes make presence monotone in the chain (a block is stored
+// with every block before it), so a binary search finds the longest stored
+// level in O(log n) lookups; the walk down from there only continues while
+// that level's holders are not usable.
+//
+// Among a level's usable holders the lighter of two drawn at random wins
+// (with predicted-ttft, the lowest prediction): the lowest kv_usage of all,
+// read from heartbeats up to a second old, would be the same replica for
+// every request until the next heartbeat. Without predicted-ttft the
+// holder is then weighed against the lighter replica of the power-of-two
+// pair (outweighed): it keeps the request unless that replica's load_score
+// is lower by more than the cached prefix is worth. A prefix held everywhere (a shared system prompt) thus
+// keeps requests on its holders only while they are about as light as any.
 //
 // Two sources say who holds a block: the exact index, for replicas whose
 // adapter's KV-event feed is live (what their engines hold, evictions
 // included), and the placement map, this broker's and its peers' guesses,
 // for the others. A mixed fleet reads each replica from its own source.
 //
-// When every holder is above the threshold, releasing only helps if it finds
-// a lighter replica: the request leaves its warm cache for the winner of the
-// power-of-two pair only if that one's load_score is lower by more than the
-// cached prefix is worth (prefixWorth × the matched share of the prefix);
-// the power-of-two step then decides, with the same pair. Near saturation
-// every replica is above the threshold, and a plain release there only
-// trades a cache hit for a miss, a longer prefill, and more load: the
-// cascade the lab's prefix benchmark showed.
+// When no holder is usable, the deepest holder (hot) is weighed the same
+// way rather than dropped: near saturation every replica is above the
+// threshold, and a plain release there only trades a cache hit for a
+// miss, a longer prefill, and more load: the cascade the lab's prefix
+// benchmark showed. When it gives way, the power-of-two step decides, with
+// the same pair.
 func (p *pick) prefix() bool {
 	m := p.holders
 	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
@@ -173,7 +185,7 @@ func (p *pick) prefix() bool {
 	w := &p.warm
 	w.hot, w.hotLvl = -1, -1
 	for lvl := top; lvl >= 0; lvl-- {
-		w.best = -1
+		w.best, w.usable = -1, 0
 		if m != nil {
 			if e := m.get(blocks[lvl]); e != nil {
 				for _, x := range e.reps {
@@ -193,10 +205,17 @@ func (p *pick) prefix() bool {
 				}
 			}
 		}
+		if !p.prof.byTTFT {
+			w.drawn(p)
+		}
 		if w.best >= 0 {
 			p.credit(w.best, lvl+1)
 			if p.queuedOut(w.best) {
 				return false // predicted-ttft decides; the holder loses on its prediction
+			}
+			if !p.prof.byTTFT && p.outweighed(w.best, lvl+1) {
+				p.released, p.releasedWhy = w.best, WhyOutweighed
+				return false // power of two decides, with the same pair
 			}
 			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
 			return true
@@ -208,15 +227,31 @@ func (p *pick) prefix() bool {
 	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
 	}
-	lighter := p.twoOf()[0]
-	h, a := &p.cands[hot], &p.cands[lighter]
-	if lighter == hot || a.load+prefixWorth*float64(hotLvl+1)/float64(len(blocks)) >= h.load {
+	if h := &p.cands[hot]; !p.outweighed(hot, hotLvl+1) {
 		p.chosen, w.matched, w.exact = hot, hotLvl+1, h.x.kvLive
 		p.credit(hot, hotLvl+1)
 		return true
 	}
-	p.released = hot
+	p.released, p.releasedWhy = hot, WhyReleased
 	return false
+}
+
+// outweighed reports whether the warm candidate ci, holding matched of
+// the request's prefix blocks, gives way to the lighter replica of the
+// power-of-two pair: when that replica's load_score is lower by more than
+// the cached prefix is worth (prefixWorth × the matched share of the
+// prefix). Weighing
+// needs fresh load data and a choice; without them ci keeps the request.
+func (p *pick) outweighed(ci, matched int) bool {
+	if len(p.cands) == 1 || p.nfresh == 0 {
+		return false
+	}
+	lighter := p.twoOf()[0]
+	if lighter == ci {
+		return false
+	}
+	h, a := &p.cands[ci], &p.cands[lighter]
+	return a.load+prefixWorth*float64(matched)/float64(len(p.req.Prefix)) < h.load
 }
 
 // queuedOut reports whether, with policy.replica_choice predicted-ttft,
@@ -259,8 +294,31 @@ func (p *pick) considerHolder(ci, lvl int) {
 	} else if w.hotLvl == lvl && c.x.kv < p.cands[w.hot].x.kv {
 		w.hot = ci
 	}
-	if c.x.kv < p.release && (w.best < 0 || c.x.kv < p.cands[w.best].x.kv) {
-		w.best = ci
+	if c.x.kv < p.release {
+		switch w.usable++; {
+		case w.usable <= 2:
+			w.draw[w.usable-1] = ci
+		default:
+			if k := p.rng.IntN(w.usable); k < 2 {
+				w.draw[k] = ci
+			}
+		}
+	}
+}
+
+// drawn makes best the lighter of the two usable holders drawn at the
+// level (the only one when one is usable): the lowest kv of all would be
+// the same replica for every decision until its next heartbeat.
+func (w *prefixStep) drawn(p *pick) {
+	switch {
+	case w.usable == 1:
+		w.best = w.draw[0]
+	case w.usable > 1:
+		a, b := w.draw[0], w.draw[1]
+		if p.cands[b].load < p.cands[a].load {
+			a = b
+		}
+		w.best = a
 	}
 }
 
@@ -289,10 +347,38 @@ func (p *pick) holderByTTFT(ci, lvl int) {
 const prefixWorth = 1.0
 
 func (p *pick) whyPrefix(i int) string {
-	if p.cands[i].x.kv >= p.release {
+	switch w := &p.warm; {
+	case p.cands[i].x.kv >= p.release:
 		return WhyReleased
+	case !p.prof.byTTFT && w.matched > 0 && p.holdsBlock(i, w.matched-1):
+		return WhyNotDrawnHolder
 	}
 	return WhyShorterPrefix
+}
+
+// holdsBlock reports whether candidate ci holds the request's prefix block
+// lvl, by the source prefix read it from (an explanation's question, off
+// the decision's path).
+func (p *pick) holdsBlock(ci, lvl int) bool {
+	x, b := p.cands[ci].x, p.req.Prefix[lvl]
+	if x.kvLive {
+		if p.kv == nil {
+			return false
+		}
+		hs := p.kv.Lookup(p.kvModel, b)
+		for k := range hs.Len() {
+			if id := int(hs.At(k)); id < len(p.byKV) && p.byKV[id] == x {
+				return true
+			}
+		}
+		return false
+	}
+	if p.holders != nil {
+		if e := p.holders.get(b); e != nil {
+			return slices.Contains(e.reps[:], x)
+		}
+	}
+	return false
 }
 
 func (p *pick) reportPrefix(d *Decision) {

@@ -80,22 +80,25 @@ const (
 
 // Why a candidate lost (Alternative.Why).
 const (
-	WhyHigherLoad    = "higher load_score"
-	WhyHigherScore   = "higher score" // the profile weighs more than load_score
-	WhySaturated     = "saturated"
-	WhyReleased      = "above release threshold"
-	WhyNotAffine     = "not session-affine"
-	WhyNoAdapter     = "adapter not loaded"
-	WhyNoAdapterSlot = "no free adapter slot"
-	WhyShorterPrefix = "shorter prefix match"
-	WhyNotSampled    = "not sampled by power-of-two"
-	WhyNotDrawn      = "not drawn (stale load data)"
-	WhyDeadline      = "estimated wait beyond the deadline"
-	WhyNoBatchRoom   = "no room for batch work"
-	WhyObjective     = "predicted TTFT beyond the objective"
-	WhyHigherTTFT    = "higher predicted TTFT"
-	WhyShedAfter     = "predicted TTFT above the pool's shed_after"
-	WhyNotWeighed    = "neither a prefix holder nor sampled"
+	WhyHigherLoad     = "higher load_score"
+	WhyHigherScore    = "higher score" // the profile weighs more than load_score
+	WhySaturated      = "saturated"
+	WhyReleased       = "above release threshold"
+	WhyQueued         = "requests wait there" // an affinity step let it go: a request would wait there
+	WhyNotDrawnHolder = "not drawn among the prefix's holders"
+	WhyOutweighed     = "a lighter replica outweighs its prefix" // prefix affinity let it go for the power-of-two pair's lighter replica
+	WhyNotAffine      = "not session-affine"
+	WhyNoAdapter      = "adapter not loaded"
+	WhyNoAdapterSlot  = "no free adapter slot"
+	WhyShorterPrefix  = "shorter prefix match"
+	WhyNotSampled     = "not sampled by power-of-two"
+	WhyNotDrawn       = "not drawn (stale load data)"
+	WhyDeadline       = "estimated wait beyond the deadline"
+	WhyNoBatchRoom    = "no room for batch work"
+	WhyObjective      = "predicted TTFT beyond the objective"
+	WhyHigherTTFT     = "higher predicted TTFT"
+	WhyShedAfter      = "predicted TTFT above the pool's shed_after"
+	WhyNotWeighed     = "neither a prefix holder nor sampled"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes

@@ -44,10 +44,12 @@ type pick struct {
 	panicked bool
 
 	// The outcome.
-	chosen   int   // the candidate chosen, -1 before a step chose
-	released int   // the candidate an affinity step let go (the release valve), -1 when none
-	step     *step // the step that chose
-	switched uint8 // bit k: checks[k] switched the replica
+	chosen   int // the candidate chosen, -1 before a step chose
+	released int // the candidate an affinity step let go (the release valve), -1 when none
+	// releasedWhy is why it was let go (Alternative.Why).
+	releasedWhy string
+	step        *step // the step that chose
+	switched    uint8 // bit k: checks[k] switched the replica
 
 	// The rows' own state.
 	endpoint endpointFilter

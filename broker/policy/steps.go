@@ -219,7 +219,7 @@ func (p *pick) why(i int) string {
 		}
 	}
 	if i == p.released {
-		return WhyReleased
+		return p.releasedWhy
 	}
 	if p.step.why != nil {
 		if w := p.step.why(p, i); w != "" {
