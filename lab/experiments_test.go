@@ -112,8 +112,11 @@ func TestLabThresholdValve(t *testing.T) {
 	if lo.HitRate >= hi.HitRate {
 		t.Errorf("hit rate at 0.5 (%.3f) not below 1.0 (%.3f)", lo.HitRate, hi.HitRate)
 	}
-	if mid.P99*3 > hi.P99 {
-		t.Errorf("p99 at 0.85 is %.0f ms and at 1.0 %.0f ms: want the never-releasing valve ≥ 3× worse", mid.P99, hi.P99)
+	// At 1.0 the threshold never opens; prefix affinity's weighing against
+	// the power-of-two draw still moves the popular prefix off a replica
+	// that saturates (without it, p99 at 1.0 was over 30× the 0.85's).
+	if hi.P99 > 2*mid.P99 {
+		t.Errorf("p99 at 0.85 is %.0f ms and at 1.0 %.0f ms: want the weighing to hold the tail where the threshold never opens", mid.P99, hi.P99)
 	}
 }
 

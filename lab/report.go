@@ -121,13 +121,15 @@ const policyNotes = `## What this says about the policy
   data (section 3), and in the least-loaded baseline, which counts in-flight requests the same way,
   as imbalance even with one router (section 6); power of two's sampling is what keeps the policy
   balanced.
-- **The release valve watches kv_usage only** (sections 1, 5 and 12). A replica with a long queue but
-  kv below the threshold keeps its affinity traffic; at a threshold of 1.0 the valve never opens.
-  Replaying conversation traces shows what it costs: the default profile keeps each conversation
-  on the replica of its first turn while that replica queues, and trails power of two and every
-  peer's router by an order of magnitude in p90 TTFT below capacity; predicted TTFT, which weighs a
-  warm replica's queue against the power-of-two pair, does not.
-  Adapter affinity likewise raises the load imbalance, since an adapter stays where it runs.
+- **The release threshold watches kv_usage only; prefix affinity weighs load at any kv** (sections 1,
+  5 and 12). A replica with a long queue but kv below the threshold keeps its session and adapter
+  traffic (at a threshold of 1.0 that valve never opens). Prefix affinity draws two of a level's
+  holders and keeps the lighter, and gives the request to the power-of-two pair's lighter replica
+  when that one's load_score is lower by more than the matched share of the prefix is worth: on the
+  conversation trace that takes the default from an order of magnitude behind power of two in p90
+  TTFT to below it at every load up to capacity, still behind the peers' routers, which weigh queued
+  work in time. Adapter affinity likewise raises the load imbalance, since an adapter stays where it
+  runs.
 - **Prefix affinity on placements is approximate, and its map is small** (section 8). Weighing a
   warm prefix against load above the release threshold, instead of dropping it, keeps the prefix
   benchmark from collapsing near saturation; the engines' KV-cache events remove the map's

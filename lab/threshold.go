@@ -126,9 +126,10 @@ func (r *ThresholdResult) Section() *Section {
 		head = append(head, fmt.Sprintf("%.2f at %.1f req/s (p99 %s ms; 1.0: %s ms)", b.Threshold, b.Rate, ms(b.P99), ms(hi.P99)))
 	}
 	text := fmt.Sprintf(`**Question.** Affinity keeps a request on its warm replica while that replica's kv_usage is below
-`+"`affinity_release_threshold`"+`; above it, prefix affinity weighs the warm cache against load. Too high
-and a popular prefix overloads one replica; too low and requests leave warm caches. Where is the
-optimum?
+`+"`affinity_release_threshold`"+`, and prefix affinity weighs the warm cache against load at any
+threshold. Too high a threshold and a popular prefix could overload one replica; too low and requests
+leave warm caches. Where is the optimum, and does the weighing alone protect the replica at 1.0,
+where the threshold never opens?
 
 **Setup.** 4 replicas; single requests, each opening with one of 48 system prompts of 2000 tokens
 chosen with Zipf(1.5) popularity (the most popular is about 40%% of the traffic), then a 100-token
@@ -143,16 +144,17 @@ first of a prefix.
 **Findings.**
 
 %s
-Prefix affinity weighs a warm replica above the threshold instead of dropping it: the request
-stays unless the power-of-two draw finds a replica whose load_score is lower by more than the
-matched share of the prefix (a full match is worth the saturation penalty). So below 1.0 the
-threshold moves the hit rate and the tail little; the popular prefix leaves its replica when that
-replica saturates (kv ≥ saturation_kv adds 1.0 to its load_score), and the prefix map then knows a
-second warm replica for it, so prefix affinity splits it between the two (ties go to the lower
-kv). At 1.0 the weighing never starts (kv_usage does not reach 1.0), so the popular prefix stays on
-one replica whatever its queue: the explosion at the right edge. Before the weighing, a low
-threshold released often and spread every prefix (at 8.5 req/s and 0.5, 88%% hits and 84%% of
-requests placed by power of two, against 93%% and 2%% at 0.85).
+Prefix affinity weighs the warm replica it takes against the power-of-two draw at any threshold:
+the request stays unless the draw finds a replica whose load_score is lower by more than the
+matched share of the prefix (a full match is worth the saturation penalty). So the threshold moves
+the hit rate and the tail little, even at 1.0, where the valve never opens (kv_usage does not reach
+1.0): the popular prefix leaves its replica when that replica saturates (kv ≥ saturation_kv adds 1.0
+to its load_score), and the prefix map then knows a second warm replica for it, so prefix affinity
+splits it between the two (two holders drawn, the lighter kept). When the weighing applied only
+above the threshold, 1.0 kept the popular prefix on one replica whatever its queue (p99 7.7 s at
+6.5 req/s and 48 s at 8.5 req/s); before the weighing, a low threshold released often and spread
+every prefix (at 8.5 req/s and 0.5, 88%% hits and 84%% of requests placed by power of two, against
+93%% and 2%% at 0.85).
 `, img(hitChart), img(ttftChart), md.String(), find.String())
 	return &Section{
 		Name: "threshold", Title: "1. Affinity release threshold", Text: text,
