@@ -109,8 +109,10 @@ func TestLabThresholdValve(t *testing.T) {
 	if lo.Threshold != 0.5 || mid.Threshold != 0.85 || hi.Threshold != 1.0 {
 		t.Fatalf("thresholds %v, %v, %v", lo.Threshold, mid.Threshold, hi.Threshold)
 	}
-	if lo.HitRate >= hi.HitRate {
-		t.Errorf("hit rate at 0.5 (%.3f) not below 1.0 (%.3f)", lo.HitRate, hi.HitRate)
+	// Prefix affinity weighs its holder at any kv: the threshold moves the
+	// hit rate little.
+	if d := lo.HitRate - hi.HitRate; d > 0.01 || d < -0.01 {
+		t.Errorf("hit rate at 0.5 %.3f and at 1.0 %.3f: want within a point", lo.HitRate, hi.HitRate)
 	}
 	// At 1.0 the threshold never opens; prefix affinity's weighing against
 	// the power-of-two draw still moves the popular prefix off a replica

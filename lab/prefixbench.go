@@ -390,25 +390,32 @@ const prefixBenchNotes = `
    above it, so affinity switched itself off exactly when cache hits matter most and the hit rate
    collapsed (quick run: 32% at 24 req/s, p90 26.3 s, 50× the oracle). The policy now weighs a warm
    prefix instead: the request leaves its warm replica only for a power-of-two draw lighter by more
-   than the matched share of the prefix. That kept 77% of the hits (quick run: 2.0 s, 3.8×).
+   than the matched share of the prefix. That kept 77% of the hits (quick run, then: 2.2 s, 4.2×).
+   The weighing now applies below the threshold too, and a level's holders are drawn two at a
+   time (section 12 has why): placements are guesses, and weighing them gives up hits, so the arm
+   without the feed has a p90 7–60% higher at every step of the full run but the top (1.22× →
+   1.95× the oracle's at 12 req/s, 2.52× → 2.93× at 21; 1.38× → 1.21× at the top; quick run's
+   top step 2.0 s, 76.0% of the hits, 3.9×); the arm with KV events moves by up to a tenth
+   either way below the full run's top step (0.94× → 1.02× at 3 req/s, 1.20× → 1.09× at 21) and
+   from 0.95× to 1.29× at it.
 2. *The prefix map's capacity.* A broker remembers 8192 block hashes per model; 150 prompts of 64
    router blocks need 9600, so CLOCK eviction forgets some tenants and their next request is
    placed by power of two, a miss. The engines' KV-cache events remove the guess: *Switchyard with
    KV events* matches the oracle's hit rate at every step of both runs (within 1 point up to the
-   knee) and its p90 within 1.06× below the top of the quick run and 1.19× below the top of the
+   knee) and its p90 within 1.06× below the top of the quick run and 1.09× below the top of the
    full run, without sizing any map. The lab's model of the feed also found a fault in the
    adapter: when an engine evicted a block, the adapter forgot which text keys it ended, so a
    request learned while the block was cached and queued in the engine while it was evicted
    stored it again unseen, and its keys stayed missing from every broker. The adapter keeps them
    now (bounded as before).
-3. *Balance near saturation.* At the top of the quick run the policy with KV events is at 2.8 s
-   against the oracle's 0.5 s (5.3×), as the large map is: with every prompt found, tenants stay
+3. *Balance near saturation.* At the top of the quick run the policy with KV events is at 1.7 s
+   against the oracle's 0.5 s (3.2×), as the large map is: with every prompt found, tenants stay
    where they were first placed, and the busiest replicas queue. That step turns on whether a
    queue spirals: over seeds 1 to 5 the oracle's p90 there goes from 0.5 to 7.6 s and the policy's
-   with KV events from 2.4 to 3.4 s (1.3 to 3.5 s before prefix affinity drew two holders and
-   weighed a holder below the threshold too; with placements 2.0 to 4.2 s, as before). At the top
+   with KV events from 1.3 to 3.4 s (1.3 to 3.5 s before prefix affinity drew two holders and
+   weighed a holder below the threshold too; with placements 2.0 to 4.3 s, 1.8 to 4.4 s before). At the top
    of the full run the oracle saturates too (2.6 s) and gives up cache hits to balance (78% against
-   83% with KV events, whose p90 is 0.91× the oracle's there).
+   83% with KV events, whose p90 is 1.29× the oracle's there).
 
 **Predicted TTFT.** As first built, the ` + "`predicted-ttft`" + ` choice ran before prefix affinity and its
 estimate was wrong twice over. The adapter learned the prefill rate as a request's prompt tokens
@@ -469,8 +476,8 @@ The arm with the feed is now within 1.11× of the oracle at every step of the fu
 1.02× below the top of the quick run; at the quick run's top step it is 1.98× (1.05 s against
 0.53 s). What it costs: its hit rate is 2 points below the oracle's at the quick run's first step
 (64.5% against 66.5%), and the arm without the feed, which learns the same rate but weighs no
-holder, trails power of two (the *Switchyard* arm) at five of the full run's eight steps, where
-it trailed at three (the widest gap at 18 req/s, 1.64× the oracle's p90 against 1.39×). The top
+holder, trails power of two (the *Switchyard* arm) at one of the full run's eight steps, by
+little (1.96× the oracle's p90 against 1.92× at 3 req/s). The top
 step is past the knee, where the p90 turns on whether a queue spirals somewhere:
 with seeds 2–5 (` + "`switchyard lab prefix-bench --quick --seed N`" + `, not kept here) the oracle's own p90
 there is 0.8–7.6 s, and the arm with the feed 0.19–1.56× of it, and 0.87–1.10× at every other

@@ -715,6 +715,7 @@ on a holder below the release threshold whatever that holder's load. On this tra
 p90 TTFT was then 550 ms, 35.9 s and 59.7 s at 2.1×, 3.2× and 4.3× (power of two: 607, 760 and
 924 ms), 367 requests refused at capacity; on Mooncake's conversation slice 16.5 s, 32.6 s and
 159 s at 0.86×, 1.3× and 1.7× (power of two: 6.5, 8.1 and 69.4 s).
+
 **The public traces.** The lab's trace has the shape of Mooncake's conversation trace (shared
 system prompts, conversations growing turn by turn) with prompts of a few thousand tokens. Slices of
 Mooncake's own conversation and synthetic traces (FAST '25, Apache-2.0, the first 3000 requests of

@@ -126,10 +126,11 @@ const policyNotes = `## What this says about the policy
   traffic (at a threshold of 1.0 that valve never opens). Prefix affinity draws two of a level's
   holders and keeps the lighter, and gives the request to the power-of-two pair's lighter replica
   when that one's load_score is lower by more than the matched share of the prefix is worth: on the
-  conversation trace that takes the default from an order of magnitude behind power of two in p90
-  TTFT to below it at every load up to capacity, still behind the peers' routers, which weigh queued
-  work in time. Adapter affinity likewise raises the load imbalance, since an adapter stays where it
-  runs.
+  lab's conversation trace that takes the default from 47× and 65× power of two's p90 TTFT at three
+  quarters of capacity and at capacity to below it at every load up to capacity, ahead of
+  dynamo-kv but behind llm-d's and SGLang's routers, which weigh queued work in time; on
+  Mooncake's own conversation slice it still trails power of two (section 12). Adapter affinity
+  likewise raises the load imbalance, since an adapter stays where it runs.
 - **Prefix affinity on placements is approximate, and its map is small** (section 8). Weighing a
   warm prefix against load above the release threshold, instead of dropping it, keeps the prefix
   benchmark from collapsing near saturation; the engines' KV-cache events remove the map's

@@ -119,7 +119,7 @@ func (r *ThresholdResult) Section() *Section {
 		}
 		fmt.Fprintf(&find, "- At %.1f req/s the lowest p99 TTFT is at a threshold of **%.2f** (p99 %s ms, hit rate %s). "+
 			"The design's default 0.85 gives %s ms (%.2f× the optimum). At %.2f, %s of the requests go to power of two and the "+
-			"hit rate falls to %s (p99 %s ms, %.2f×); at %.2f p99 TTFT is %s ms (%.0f×).\n",
+			"hit rate is %s (p99 %s ms, %.2f×); at %.2f p99 TTFT is %s ms (%.2f×).\n",
 			b.Rate, b.Threshold, ms(b.P99), pct(b.HitRate), ms(def.P99), def.P99/b.P99,
 			lo.Threshold, pct(lo.Released), pct(lo.HitRate), ms(lo.P99), lo.P99/b.P99,
 			hi.Threshold, ms(hi.P99), hi.P99/b.P99)
@@ -147,7 +147,7 @@ first of a prefix.
 Prefix affinity weighs the warm replica it takes against the power-of-two draw at any threshold:
 the request stays unless the draw finds a replica whose load_score is lower by more than the
 matched share of the prefix (a full match is worth the saturation penalty). So the threshold moves
-the hit rate and the tail little, even at 1.0, where the valve never opens (kv_usage does not reach
+the hit rate and the tail by little more than noise, even at 1.0, where the valve never opens (kv_usage does not reach
 1.0): the popular prefix leaves its replica when that replica saturates (kv ≥ saturation_kv adds 1.0
 to its load_score), and the prefix map then knows a second warm replica for it, so prefix affinity
 splits it between the two (two holders drawn, the lighter kept). When the weighing applied only

@@ -198,13 +198,18 @@ func TestPrefixAffinity(t *testing.T) {
 		}
 	})
 	t.Run("of two holders the lighter wins", func(t *testing.T) {
-		e := newEnv(t)
-		place(e, "l8-gen-0", 10)
-		place(e, "l8-gen-1", 10)
-		e.beat("l8-gen-0", 0.3, 0, 0)
-		e.beat("l8-gen-1", 0.2, 0, 0)
-		if d := e.explain(req()); d.Replica != "l8-gen-1" || d.PrefixMatched != 10 {
-			t.Fatalf("%s matched %d, want l8-gen-1 (lower kv)", d.Replica, d.PrefixMatched)
+		// Either order of placement: the holders are read most recent
+		// first.
+		for _, light := range []string{"l8-gen-0", "l8-gen-1"} {
+			e := newEnv(t)
+			place(e, "l8-gen-0", 10)
+			place(e, "l8-gen-1", 10)
+			e.beat("l8-gen-0", 0.3, 0, 0)
+			e.beat("l8-gen-1", 0.3, 0, 0)
+			e.beat(light, 0.2, 0, 0)
+			if d := e.explain(req()); d.Replica != light || d.PrefixMatched != 10 {
+				t.Fatalf("%s matched %d, want %s (lighter)", d.Replica, d.PrefixMatched, light)
+			}
 		}
 	})
 	t.Run("warm replica above the threshold is passed over", func(t *testing.T) {
@@ -272,24 +277,82 @@ func TestPrefixAffinity(t *testing.T) {
 	})
 	// Between two heartbeats every holder's kv stays as reported: taking
 	// the lowest kv of a prefix every replica holds would send every
-	// request to one replica until the next heartbeat.
+	// request to one replica until the next heartbeat. Explain leaves the
+	// loads as they are, so what spreads the requests is the draw.
+	four := `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
+		"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`
+	ids := []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"}
 	t.Run("a prefix held everywhere does not herd onto the lowest kv", func(t *testing.T) {
-		e := newEnv(t, `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
-			"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`)
-		for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+		e := newEnv(t, four)
+		for i, id := range ids {
 			place(e, id, 32)
 			e.beat(id, 0.30+0.01*float64(i), 4, 0)
 		}
 		got := map[string]int{}
-		for range 40 {
-			d := e.decide(req())
+		for range 200 {
+			d := e.explain(req())
+			if d.Reason != policy.ReasonPrefix {
+				t.Fatalf("%s (%s), want prefix affinity", d.Replica, d.Reason)
+			}
+			got[d.Replica]++
+			// Of the other holders, the one drawn with it lost on load,
+			// the others were not drawn.
+			drawn, undrawn := 0, 0
+			for _, a := range d.Alternatives() {
+				switch a.Why {
+				case policy.WhyHigherLoad:
+					drawn++
+					if a.Score <= d.Score {
+						t.Fatalf("%s lost to %s on load with score %v against %v", a.Replica, d.Replica, a.Score, d.Score)
+					}
+				case policy.WhyNotDrawnHolder:
+					undrawn++
+				default:
+					t.Fatalf("alternative %+v: want %q or %q", a, policy.WhyHigherLoad, policy.WhyNotDrawnHolder)
+				}
+			}
+			if drawn != 1 || undrawn != 2 {
+				t.Fatalf("alternatives %+v: want one drawn and two not", d.Alternatives())
+			}
+		}
+		// The lighter of two drawn: the lightest wins half the time, the
+		// heaviest never.
+		if got["l8-gen-0"] < 70 || got["l8-gen-0"] > 130 || got["l8-gen-3"] != 0 || len(got) != 3 {
+			t.Fatalf("200 requests went %v, want about 100, 67 and 33 over the three lightest", got)
+		}
+	})
+	t.Run("holders as light as each other share the requests", func(t *testing.T) {
+		e := newEnv(t, four)
+		for _, id := range ids[:3] {
+			place(e, id, 32)
+			e.beat(id, 0.3, 4, 0)
+		}
+		got := map[string]int{}
+		for range 300 {
+			got[e.explain(req()).Replica]++
+		}
+		for _, id := range ids[:3] {
+			if got[id] < 60 {
+				t.Fatalf("300 requests went %v, want about a third to each holder", got)
+			}
+		}
+	})
+	t.Run("holders above the threshold are drawn too", func(t *testing.T) {
+		e := newEnv(t, four)
+		for i, id := range ids {
+			place(e, id, 32)
+			e.beat(id, 0.86+0.01*float64(i), 4, 0)
+		}
+		got := map[string]int{}
+		for range 200 {
+			d := e.explain(req())
 			if d.Reason != policy.ReasonPrefix {
 				t.Fatalf("%s (%s), want prefix affinity", d.Replica, d.Reason)
 			}
 			got[d.Replica]++
 		}
-		if len(got) < 3 || got["l8-gen-0"] > 20 {
-			t.Fatalf("40 requests went %v, want them spread over the holders", got)
+		if len(got) != 3 || got["l8-gen-3"] != 0 {
+			t.Fatalf("200 requests went %v, want them over the three lightest", got)
 		}
 	})
 	t.Run("prefixes are per model", func(t *testing.T) {

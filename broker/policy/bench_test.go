@@ -40,15 +40,25 @@ func BenchmarkDecide(b *testing.B) {
 	// 64 candidates are eu's; with 64 more in us, the region step leaves
 	// those out.
 	const regions = `{"policy": {"regions": {"eu": {"spill": ["us", "ap"], "penalty": "40ms"}, "us": {"spill": ["eu"]}}}}`
-	b.Run("regions/candidates=64", func(b *testing.B) { benchDecideIn(b, 64, 0, regions) })
-	b.Run("regions/candidates=64+64-remote", func(b *testing.B) { benchDecideIn(b, 64, 64, regions) })
+	b.Run("regions/candidates=64", func(b *testing.B) { benchDecideIn(b, 64, 0, regions, false) })
+	b.Run("regions/candidates=64+64-remote", func(b *testing.B) { benchDecideIn(b, 64, 64, regions, false) })
+	// Every replica feeds its engine's KV-cache events and holds every
+	// system prompt: prefix affinity draws among all the holders of a
+	// level.
+	for _, n := range []int{64, 1024} {
+		b.Run("kv-events-everywhere/candidates="+strconv.Itoa(n), func(b *testing.B) {
+			benchDecideIn(b, n, -1, `{"policy": {}}`, true)
+		})
+	}
 }
 
-func benchDecide(b *testing.B, n int, policyJSON string) { benchDecideIn(b, n, -1, policyJSON) }
+func benchDecide(b *testing.B, n int, policyJSON string) { benchDecideIn(b, n, -1, policyJSON, false) }
 
 // benchDecideIn is benchDecide with regions when remote ≥ 0: the router
-// and the n general replicas in eu, and remote more general replicas in us.
-func benchDecideIn(b *testing.B, n, remote int, policyJSON string) {
+// and the n general replicas in eu, and remote more general replicas in
+// us; with kvEverywhere, every replica's KV-event feed says it holds every
+// request's prefix.
+func benchDecideIn(b *testing.B, n, remote int, policyJSON string, kvEverywhere bool) {
 	var sb strings.Builder
 	sb.WriteString(`{
 	"aliases.chat": {"targets": [{"model": "m", "version": "v1", "weight": 95}, {"model": "m", "version": "v2", "weight": 5}]},
@@ -89,6 +99,11 @@ func benchDecideIn(b *testing.B, n, remote int, policyJSON string) {
 			}
 		}
 	}
+	if kvEverywhere {
+		for _, hb := range heartbeats {
+			hb.KVEvents, hb.KVBlocks, hb.BlockSize = true, 1<<20, 16
+		}
+	}
 	deltas := make([]subjects.LoadDelta, len(heartbeats))
 	for i, hb := range heartbeats {
 		deltas[i] = subjects.LoadDelta{Replica: hb.Replica, Inflight: rng.IntN(80), QueuedPrefillTokens: rng.IntN(20000)}
@@ -112,6 +127,17 @@ func benchDecideIn(b *testing.B, n, remote int, policyJSON string) {
 		}
 		if i%2 == 0 {
 			reqs[i].Conversation = "conversation-" + strconv.Itoa(i)
+		}
+	}
+	if kvEverywhere {
+		var stored []uint64
+		for i := range 16 {
+			stored = append(stored, reqs[i].Prefix...)
+		}
+		for _, hb := range heartbeats {
+			if err := r.ObserveKV(&subjects.KVUpdate{Replica: hb.Replica, Model: "m", Seq: 1, Reset: true, KVBlocks: 1 << 20, Stored: stored}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	var d policy.Decision

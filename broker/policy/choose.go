@@ -134,10 +134,13 @@ type prefixStep struct {
 	// hotLvl) and the usable holder it takes (best), below the release
 	// threshold.
 	hot, hotLvl, best int
-	// Without predicted-ttft, best is the lighter of two usable holders
-	// drawn at random (a reservoir of two: usable counts them).
-	usable int
-	draw   [2]int
+	// Without predicted-ttft, best is the lighter of two of its level's
+	// usable holders drawn at random (draw), and hot of two of the deepest
+	// level's holders (hotDraw). Each keeps the two holders of highest
+	// mix64(seed ^ replica id hash), seed drawn once per decision: a
+	// uniformly random pair, at a hash per holder.
+	seed          uint64
+	draw, hotDraw drawTwo
 }
 
 // prefix picks a replica holding the longest chain of the request's prefix
@@ -153,16 +156,18 @@ type prefixStep struct {
 // every request until the next heartbeat. Without predicted-ttft the
 // holder is then weighed against the lighter replica of the power-of-two
 // pair (outweighed): it keeps the request unless that replica's load_score
-// is lower by more than the cached prefix is worth. A prefix held everywhere (a shared system prompt) thus
-// keeps requests on its holders only while they are about as light as any.
+// is lower by more than the cached prefix is worth. A prefix held
+// everywhere (a shared system prompt) thus keeps requests on its holders
+// only while they are about as light as any.
 //
 // Two sources say who holds a block: the exact index, for replicas whose
 // adapter's KV-event feed is live (what their engines hold, evictions
 // included), and the placement map, this broker's and its peers' guesses,
 // for the others. A mixed fleet reads each replica from its own source.
 //
-// When no holder is usable, the deepest holder (hot) is weighed the same
-// way rather than dropped: near saturation every replica is above the
+// When no holder is usable, the deepest holder (hot; of that level's
+// holders, the lighter of two drawn) is weighed the same way rather than
+// dropped: near saturation every replica is above the
 // threshold, and a plain release there only trades a cache hit for a
 // miss, a longer prefill, and more load: the cascade the lab's prefix
 // benchmark showed. When it gives way, the power-of-two step decides, with
@@ -183,9 +188,12 @@ func (p *pick) prefix() bool {
 		}
 	}
 	w := &p.warm
-	w.hot, w.hotLvl = -1, -1
+	w.hot, w.hotLvl, w.hotDraw.n = -1, -1, 0
+	if !p.prof.byTTFT {
+		w.seed = p.rng.Uint64()
+	}
 	for lvl := top; lvl >= 0; lvl-- {
-		w.best, w.usable = -1, 0
+		w.best, w.draw.n = -1, 0
 		if m != nil {
 			if e := m.get(blocks[lvl]); e != nil {
 				for _, x := range e.reps {
@@ -205,8 +213,8 @@ func (p *pick) prefix() bool {
 				}
 			}
 		}
-		if !p.prof.byTTFT {
-			w.drawn(p)
+		if !p.prof.byTTFT && w.draw.n > 0 {
+			w.best = p.lighter(&w.draw)
 		}
 		if w.best >= 0 {
 			p.credit(w.best, lvl+1)
@@ -223,6 +231,9 @@ func (p *pick) prefix() bool {
 	}
 	// Weighing needs fresh load data and a choice: otherwise the next
 	// steps decide, as they would have.
+	if w.hot >= 0 && !p.prof.byTTFT {
+		w.hot = p.lighter(&w.hotDraw)
+	}
 	hot, hotLvl := w.hot, w.hotLvl
 	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
@@ -240,8 +251,8 @@ func (p *pick) prefix() bool {
 // the request's prefix blocks, gives way to the lighter replica of the
 // power-of-two pair: when that replica's load_score is lower by more than
 // the cached prefix is worth (prefixWorth × the matched share of the
-// prefix). Weighing
-// needs fresh load data and a choice; without them ci keeps the request.
+// prefix). Weighing needs fresh load data and a choice; without them ci
+// keeps the request.
 func (p *pick) outweighed(ci, matched int) bool {
 	if len(p.cands) == 1 || p.nfresh == 0 {
 		return false
@@ -285,48 +296,69 @@ func (p *pick) queuedOut(ci int) bool {
 // in the walk.
 func (p *pick) considerHolder(ci, lvl int) {
 	w, c := &p.warm, &p.cands[ci]
+	if c.held == 0 {
+		c.held = int32(lvl + 1) // the walk goes down: the first level is the deepest
+	}
 	if p.prof.byTTFT {
 		p.holderByTTFT(ci, lvl)
 		return
 	}
 	if w.hot < 0 {
 		w.hot, w.hotLvl = ci, lvl
-	} else if w.hotLvl == lvl && c.x.kv < p.cands[w.hot].x.kv {
-		w.hot = ci
+	}
+	pri := mix64(w.seed ^ c.x.idHash)
+	if lvl == w.hotLvl {
+		w.hotDraw.offer(ci, pri)
 	}
 	if c.x.kv < p.release {
-		switch w.usable++; {
-		case w.usable <= 2:
-			w.draw[w.usable-1] = ci
-		default:
-			if k := p.rng.IntN(w.usable); k < 2 {
-				w.draw[k] = ci
-			}
-		}
+		w.draw.offer(ci, pri)
 	}
 }
 
-// drawn makes best the lighter of the two usable holders drawn at the
-// level (the only one when one is usable): the lowest kv of all would be
-// the same replica for every decision until its next heartbeat.
-func (w *prefixStep) drawn(p *pick) {
-	switch {
-	case w.usable == 1:
-		w.best = w.draw[0]
-	case w.usable > 1:
-		a, b := w.draw[0], w.draw[1]
-		if p.cands[b].load < p.cands[a].load {
-			a = b
-		}
-		w.best = a
+// drawTwo keeps the two candidates of highest priority among those
+// offered (n), the higher first.
+type drawTwo struct {
+	n   int
+	idx [2]int
+	pri [2]uint64
+}
+
+func (d *drawTwo) offer(ci int, pri uint64) {
+	switch d.n++; {
+	case d.n == 1:
+		d.idx[0], d.pri[0] = ci, pri
+		return
+	case d.n == 2 || pri > d.pri[1]:
+		d.idx[1], d.pri[1] = ci, pri
+	default:
+		return
 	}
+	if d.pri[1] > d.pri[0] {
+		d.idx[0], d.idx[1] = d.idx[1], d.idx[0]
+		d.pri[0], d.pri[1] = d.pri[1], d.pri[0]
+	}
+}
+
+// lighter is the lighter of the two drawn (n offered; the only one when
+// one was), ties at random: the lowest kv of all, read from heartbeats up
+// to a second old, would be the same replica for every decision until its
+// next heartbeat.
+func (p *pick) lighter(d *drawTwo) int {
+	if d.n < 2 {
+		return d.idx[0]
+	}
+	a, b := d.idx[0], d.idx[1]
+	if lb, la := p.cands[b].load, p.cands[a].load; lb < la || lb == la && p.rng.IntN(2) == 0 {
+		return b
+	}
+	return a
 }
 
 // holderByTTFT is considerHolder with policy.replica_choice predicted-ttft:
 // among the holders of one level, the one with the lowest predicted TTFT
-// (its held blocks cached) wins instead of the lowest kv_usage. A prefix
-// held by two replicas then splits its requests by their queues, where
-// kv_usage, full of cached blocks on both, says little.
+// (its held blocks cached) wins instead of the lighter of two drawn. A
+// prefix held by two replicas then splits its requests by their queues,
+// where kv_usage, full of cached blocks on both, says little.
 func (p *pick) holderByTTFT(ci, lvl int) {
 	w := &p.warm
 	p.credit(ci, lvl+1)
@@ -347,38 +379,16 @@ func (p *pick) holderByTTFT(ci, lvl int) {
 const prefixWorth = 1.0
 
 func (p *pick) whyPrefix(i int) string {
-	switch w := &p.warm; {
-	case p.cands[i].x.kv >= p.release:
+	w, c := &p.warm, &p.cands[i]
+	switch {
+	case c.x.kv >= p.release:
 		return WhyReleased
-	case !p.prof.byTTFT && w.matched > 0 && p.holdsBlock(i, w.matched-1):
-		return WhyNotDrawnHolder
+	case p.prof.byTTFT || int(c.held) != w.matched || w.draw.n < 2:
+		return WhyShorterPrefix
+	case i == w.draw.idx[0] || i == w.draw.idx[1]:
+		return p.prof.whyHigher // drawn with the chosen one, and heavier
 	}
-	return WhyShorterPrefix
-}
-
-// holdsBlock reports whether candidate ci holds the request's prefix block
-// lvl, by the source prefix read it from (an explanation's question, off
-// the decision's path).
-func (p *pick) holdsBlock(ci, lvl int) bool {
-	x, b := p.cands[ci].x, p.req.Prefix[lvl]
-	if x.kvLive {
-		if p.kv == nil {
-			return false
-		}
-		hs := p.kv.Lookup(p.kvModel, b)
-		for k := range hs.Len() {
-			if id := int(hs.At(k)); id < len(p.byKV) && p.byKV[id] == x {
-				return true
-			}
-		}
-		return false
-	}
-	if p.holders != nil {
-		if e := p.holders.get(b); e != nil {
-			return slices.Contains(e.reps[:], x)
-		}
-	}
-	return false
+	return WhyNotDrawnHolder
 }
 
 func (p *pick) reportPrefix(d *Decision) {

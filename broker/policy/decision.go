@@ -84,7 +84,6 @@ const (
 	WhyHigherScore    = "higher score" // the profile weighs more than load_score
 	WhySaturated      = "saturated"
 	WhyReleased       = "above release threshold"
-	WhyQueued         = "requests wait there" // an affinity step let it go: a request would wait there
 	WhyNotDrawnHolder = "not drawn among the prefix's holders"
 	WhyOutweighed     = "a lighter replica outweighs its prefix" // prefix affinity let it go for the power-of-two pair's lighter replica
 	WhyNotAffine      = "not session-affine"

@@ -29,6 +29,9 @@ type cand struct {
 	// slotsAhead is the requests that wait for a batch slot there, this
 	// one included (0: its batch has room; more: it is full).
 	slotsAhead int32
+	// held is the prefix blocks prefix affinity's walk found it holding
+	// (0: not a holder, or not walked).
+	held int32
 }
 
 // candidates makes the candidates of (model, version, pool): the
@@ -111,7 +114,7 @@ next:
 		c := &cands[k]
 		c.x, c.load, c.uncached = x, v.load, uncached
 		c.fresh = max(p.nowNano-x.dataNano, 0) < p.stale
-		c.saturated, c.slotsAhead = v.saturated, v.slotsAhead
+		c.saturated, c.slotsAhead, c.held = v.saturated, v.slotsAhead, 0
 		c.full = c.fresh && v.capacity
 		c.ttft = max(v.before+float64(uncached)*v.perToken, v.floor)
 		if c.fresh {

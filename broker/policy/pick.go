@@ -45,7 +45,7 @@ type pick struct {
 
 	// The outcome.
 	chosen   int // the candidate chosen, -1 before a step chose
-	released int // the candidate an affinity step let go (the release valve), -1 when none
+	released int // the candidate an affinity step let go (the release valve, or prefix affinity's weighing), -1 when none
 	// releasedWhy is why it was let go (Alternative.Why).
 	releasedWhy string
 	step        *step // the step that chose

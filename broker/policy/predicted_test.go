@@ -215,7 +215,7 @@ func TestPredictedTTFTLeavesWaitingBatchLinesOut(t *testing.T) {
 }
 
 // Among the holders of a prefix, predicted-ttft sends the request to the
-// one with the shorter predicted TTFT, not the lower kv_usage: a prefix
+// one with the shorter predicted TTFT, not the lighter load_score: a prefix
 // held by two replicas splits its requests by their queues.
 func TestPredictedTTFTWeighsThePrefixHolders(t *testing.T) {
 	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
@@ -223,7 +223,7 @@ func TestPredictedTTFTWeighsThePrefixHolders(t *testing.T) {
 	for _, tt := range []struct {
 		name, table, want string
 	}{
-		{"power of two: the lower kv_usage", `{}`, "l8-gen-0"},
+		{"power of two: the lighter load_score", `{}`, "l8-gen-0"},
 		{"predicted-ttft: the shorter queue", predictedTTFT, "l8-gen-1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

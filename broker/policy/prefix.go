@@ -2,7 +2,7 @@ package policy
 
 // prefixWays is how many replicas one block hash remembers, most recent
 // first: several brokers may have placed the same prefix on different
-// replicas, and prefix affinity breaks ties between them by kv_usage.
+// replicas, and prefix affinity draws two of them and takes the lighter.
 const prefixWays = 4
 
 // prefixMap maps block hashes to the replicas that last received them, for

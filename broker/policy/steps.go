@@ -39,8 +39,8 @@ type step struct {
 // Each affinity step keeps its replica only while its kv_usage is below
 // the pool's release threshold: the valve that stops one popular
 // conversation, adapter or prefix from overloading a replica. Prefix
-// affinity weighs a warm replica above the threshold against the
-// power-of-two pair instead of dropping it (see prefix).
+// affinity also weighs the warm replica it takes, above the threshold or
+// not, against the power-of-two pair (see prefix).
 var steps = [...]step{
 	newStep(ReasonResponse, (*pick).pinned, nil, nil),
 	newStep(ReasonSession, (*pick).session, (*pick).whySession, nil),
