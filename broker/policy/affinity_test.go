@@ -282,11 +282,13 @@ func TestPrefixAffinity(t *testing.T) {
 	four := `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
 		"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`
 	ids := []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"}
-	t.Run("a prefix held everywhere does not herd onto the lowest kv", func(t *testing.T) {
+	// spread places the prefix on the four replicas, kv base, base+0.01,
+	// …, and counts where 200 explained requests go, each passed to check.
+	spread := func(t *testing.T, base float64, check func(d *policy.Decision)) map[string]int {
 		e := newEnv(t, four)
 		for i, id := range ids {
 			place(e, id, 32)
-			e.beat(id, 0.30+0.01*float64(i), 4, 0)
+			e.beat(id, base+0.01*float64(i), 4, 0)
 		}
 		got := map[string]int{}
 		for range 200 {
@@ -295,6 +297,12 @@ func TestPrefixAffinity(t *testing.T) {
 				t.Fatalf("%s (%s), want prefix affinity", d.Replica, d.Reason)
 			}
 			got[d.Replica]++
+			check(d)
+		}
+		return got
+	}
+	t.Run("a prefix held everywhere does not herd onto the lowest kv", func(t *testing.T) {
+		got := spread(t, 0.30, func(d *policy.Decision) {
 			// Of the other holders, the one drawn with it lost on load,
 			// the others were not drawn.
 			drawn, undrawn := 0, 0
@@ -314,7 +322,7 @@ func TestPrefixAffinity(t *testing.T) {
 			if drawn != 1 || undrawn != 2 {
 				t.Fatalf("alternatives %+v: want one drawn and two not", d.Alternatives())
 			}
-		}
+		})
 		// The lighter of two drawn: the lightest wins half the time, the
 		// heaviest never.
 		if got["l8-gen-0"] < 70 || got["l8-gen-0"] > 130 || got["l8-gen-3"] != 0 || len(got) != 3 {
@@ -338,19 +346,7 @@ func TestPrefixAffinity(t *testing.T) {
 		}
 	})
 	t.Run("holders above the threshold are drawn too", func(t *testing.T) {
-		e := newEnv(t, four)
-		for i, id := range ids {
-			place(e, id, 32)
-			e.beat(id, 0.86+0.01*float64(i), 4, 0)
-		}
-		got := map[string]int{}
-		for range 200 {
-			d := e.explain(req())
-			if d.Reason != policy.ReasonPrefix {
-				t.Fatalf("%s (%s), want prefix affinity", d.Replica, d.Reason)
-			}
-			got[d.Replica]++
-		}
+		got := spread(t, 0.86, func(*policy.Decision) {})
 		if len(got) != 3 || got["l8-gen-3"] != 0 {
 			t.Fatalf("200 requests went %v, want them over the three lightest", got)
 		}
