@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-llm/switchyard/subjects"
@@ -24,7 +25,8 @@ const (
 // EnsureBucket opens bucket, creating it with History values per key and the
 // given number of replicas when it is absent. It also turns on atomic batch
 // publishing on the bucket's stream, which Import uses (when the server is
-// too old for it, Import falls back to writing key by key).
+// too old for it, Import falls back to writing key by key). It returns once
+// the bucket answers a read (readable).
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -43,7 +45,40 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, re
 		return nil, err
 	}
 	allowAtomic(ctx, js, bucket)
+	if err := readable(ctx, kv); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", bucket, err)
+	}
 	return kv, nil
+}
+
+// readTimeout bounds how long readable waits for a bucket to answer.
+const readTimeout = 10 * time.Second
+
+// readable waits until the bucket answers a read. Just after its stream is
+// created or its configuration updated, the stream's replicas set up the
+// direct-get subscriptions that reads go to a moment later; a read in
+// between finds no responders. `switchyard table init` is usually followed
+// at once by `table import`, whose first read must not land in that gap.
+func readable(ctx context.Context, kv jetstream.KeyValue) error {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no answer to a read within %s: %w", readTimeout, context.Cause(ctx))
+		case <-retry.C:
+		}
+		_, err := kv.Get(ctx, "policy")
+		if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		retry.Reset(50 * time.Millisecond)
+	}
 }
 
 // allowAtomic sets AllowAtomicPublish on the bucket's stream. It is best
