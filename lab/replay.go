@@ -706,8 +706,8 @@ func ReplayGenerated(o Options) *ReplayResult {
 	return r
 }
 
-// replayGeneratedNote is the lab's own trace's section's history and pointer to the
-// public traces' reports.
+// replayGeneratedNote is the lab's own trace's section's history and
+// pointer to the public traces' reports.
 const replayGeneratedNote = `
 **Before the draw and the weighing.** Prefix affinity used to take the lowest kv_usage among a
 level's holders, the same replica for every decision until the next heartbeat, and kept a request

@@ -137,8 +137,15 @@ func TestLabReplayGeneratedTrace(t *testing.T) {
 			t.Errorf("%s hits %.3f, round robin %.3f", a, h, rr)
 		}
 	}
+	// The default profile is at or below power of two at every speedup up
+	// to capacity: prefix affinity draws among a prefix's holders and
+	// weighs the one it takes, so a conversation does not stay on a
+	// replica whose queue grows.
 	for _, c := range r.Checks() {
 		t.Logf("%v× %s: %v (%s)", c.Speedup, c.What, c.Met, c.Detail)
+		if c.What == "Switchyard p90 ≤ power-of-two" && !c.Met {
+			t.Errorf("%v×: the default's p90 is above power of two's (%s)", c.Speedup, c.Detail)
+		}
 	}
 }
 

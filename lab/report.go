@@ -128,7 +128,8 @@ const policyNotes = `## What this says about the policy
   when that one's load_score is lower by more than the matched share of the prefix is worth: on the
   lab's conversation trace that takes the default from 47× and 65× power of two's p90 TTFT at three
   quarters of capacity and at capacity to below it at every load up to capacity, ahead of
-  dynamo-kv but behind llm-d's and SGLang's routers, which weigh queued work in time; on
+  dynamo-kv but behind llm-d-sticky and SGLang's router at every load and llm-d-precise at most,
+  which weigh queued work in time; on
   Mooncake's own conversation slice it still trails power of two (section 12). Adapter affinity
   likewise raises the load imbalance, since an adapter stays where it runs.
 - **Prefix affinity on placements is approximate, and its map is small** (section 8). Weighing a

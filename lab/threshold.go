@@ -147,10 +147,11 @@ first of a prefix.
 Prefix affinity weighs the warm replica it takes against the power-of-two draw at any threshold:
 the request stays unless the draw finds a replica whose load_score is lower by more than the
 matched share of the prefix (a full match is worth the saturation penalty). So the threshold moves
-the hit rate and the tail by little more than noise, even at 1.0, where the valve never opens (kv_usage does not reach
-1.0): the popular prefix leaves its replica when that replica saturates (kv ≥ saturation_kv adds 1.0
-to its load_score), and the prefix map then knows a second warm replica for it, so prefix affinity
-splits it between the two (two holders drawn, the lighter kept). When the weighing applied only
+the hit rate and the tail by little more than noise, even at 1.0, where the valve never opens
+(kv_usage does not reach 1.0): the popular prefix leaves its replica when that replica saturates
+(kv ≥ saturation_kv adds 1.0 to its load_score), and the prefix map then knows a second warm
+replica for it, so prefix affinity splits it between the two (two holders drawn, the lighter
+kept). When the weighing applied only
 above the threshold, 1.0 kept the popular prefix on one replica whatever its queue (p99 7.7 s at
 6.5 req/s and 48 s at 8.5 req/s); before the weighing, a low threshold released often and spread
 every prefix (at 8.5 req/s and 0.5, 88%% hits and 84%% of requests placed by power of two, against

@@ -167,10 +167,9 @@ type prefixStep struct {
 //
 // When no holder is usable, the deepest holder (hot; of that level's
 // holders, the lighter of two drawn) is weighed the same way rather than
-// dropped: near saturation every replica is above the
-// threshold, and a plain release there only trades a cache hit for a
-// miss, a longer prefill, and more load: the cascade the lab's prefix
-// benchmark showed. When it gives way, the power-of-two step decides, with
+// dropped: near saturation every replica is above the threshold, and a
+// plain release there only trades a cache hit for a miss, a longer
+// prefill, and more load: the cascade the lab's prefix benchmark showed. When it gives way, the power-of-two step decides, with
 // the same pair.
 func (p *pick) prefix() bool {
 	m := p.holders
@@ -229,11 +228,11 @@ func (p *pick) prefix() bool {
 			return true
 		}
 	}
-	// Weighing needs fresh load data and a choice: otherwise the next
-	// steps decide, as they would have.
 	if w.hot >= 0 && !p.prof.byTTFT {
 		w.hot = p.lighter(&w.hotDraw)
 	}
+	// Weighing needs fresh load data and a choice: otherwise the next
+	// steps decide, as they would have.
 	hot, hotLvl := w.hot, w.hotLvl
 	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
