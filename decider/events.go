@@ -224,7 +224,7 @@ func (dec *Decider) onPresence(m *nats.Msg) {
 
 // setShares puts the counted shares in force.
 func (dec *Decider) setShares(sh shares) {
-	dec.router.SetDeciders(sh.all, sh.per)
+	dec.router.SetDeciders(sh.live, sh.all, sh.per)
 	dec.metrics.liveBrokers.Set(float64(sh.live))
 }
 

@@ -472,15 +472,15 @@ two's (by up to 0.013, with 4 routers, in a run not kept here; section 6 has the
 The holders keep the quarter: with 0.4 for them too, requests leave their cached prefix and the
 arm with the feed went from about 1.0× to 1.4–2× the oracle's p90 (in a run not kept here).
 
-The arm with the feed is now within 1.11× of the oracle at every step of the full run and within
-1.02× below the top of the quick run; at the quick run's top step it is 1.98× (1.05 s against
-0.53 s). What it costs: its hit rate is 2 points below the oracle's at the quick run's first step
-(64.5% against 66.5%), and the arm without the feed, which learns the same rate but weighs no
-holder, trails power of two (the *Switchyard* arm) at one of the full run's eight steps, by
-little (1.96× the oracle's p90 against 1.92× at 3 req/s). The top
+The arm with the feed, its decider alone, chooses over every replica by prefill work ahead
+(section 12 says why): it is within 1.08× of the oracle at every step of the full run and within
+1.09× below the top of the quick run; at the quick run's top step it is 3.87× (2.05 s against
+0.53 s). Its hit rate is at or above the oracle's at every step of the quick run. The arm without
+the feed, which learns the same rate but weighs no holder and samples as before, trails power of
+two (the *Switchyard* arm) at one of the full run's eight steps, by little (1.96× the oracle's p90
+against 1.92× at 3 req/s). The top
 step is past the knee, where the p90 turns on whether a queue spirals somewhere:
 with seeds 2–5 (` + "`switchyard lab prefix-bench --quick --seed N`" + `, not kept here) the oracle's own p90
-there is 0.8–7.6 s, and the arm with the feed 0.19–1.56× of it, and 0.87–1.10× at every other
-step; pooling four repetitions of the quick run, it was within 1.03× of the oracle at every step
-(0.94× at the top).
+there is 0.8–7.6 s, and the arm with the feed 0.40–2.08× of it, and 0.83–1.17× at every other
+step.
 `

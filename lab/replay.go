@@ -687,8 +687,9 @@ replica of its earlier turns until the power-of-two pair's lighter replica is li
 the matched share of the prompt is worth, in load_score, which counts a queue lightly (0.3 × waiting
 / max_queue by default): a warm replica's queue grows further before a request leaves it than under
 the peer arms, which weigh queued work in time (dynamo-kv's cost counts the prefill queued there,
-llm-d's queue scorer and TTFT gate, SGLang's imbalance check). Switchyard best weighs a warm
-replica's predicted TTFT against the power-of-two pair.`
+llm-d's queue scorer and TTFT gate, SGLang's imbalance check). Switchyard best, its decider alone
+and reading the KV-event feed, chooses over every replica by the prefill work ahead of the first
+token, keeping a request among the replicas holding 80% of its prefix as llm-d-sticky does.`
 
 // ReplayGenerated replays the lab's own conversation-shaped trace
 // (ConversationTrace) through every arm: `switchyard lab replay` without
@@ -709,6 +710,13 @@ func ReplayGenerated(o Options) *ReplayResult {
 // replayGeneratedNote is the lab's own trace's section's history and
 // pointer to the public traces' reports.
 const replayGeneratedNote = `
+**Switchyard best before the choice over every replica.** Its decider weighed the prefix holders
+and a sampled pair by each replica's own predicted TTFT, ties within a quarter going by
+load_score. On this trace its p90 TTFT was then 289, 320 and 352 ms at 2.1×, 3.2× and 4.3×, behind
+llm-d-sticky (286, 288, 310 ms) at each; it met 4 of 21 targets on Mooncake's conversation slice
+and 8 of 21 on the synthetic one. Replayed with one rate for the pool, the learned rates followed
+cost 14–86% at some speedups and the base TTFTs up to 83%: alike replicas differ in them by noise.
+
 **Before the draw and the weighing.** Prefix affinity used to take the lowest kv_usage among a
 level's holders, the same replica for every decision until the next heartbeat, and kept a request
 on a holder below the release threshold whatever that holder's load. On this trace the default's

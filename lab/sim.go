@@ -224,6 +224,11 @@ func Run(sc *Scenario) *Result {
 		if er, ok := p.(engineReader); ok {
 			er.readEngines(s.engines)
 		}
+		if sw, ok := p.(*Switchyard); ok {
+			// The routers are brokers of one queue group: each hears the
+			// others' presence, as brokers do.
+			sw.r.SetLiveBrokers(sc.Routers)
+		}
 		s.routers = append(s.routers, p)
 		s.rngs = append(s.rngs, rand.New(rand.NewPCG(sc.Seed, uint64(i)+1)))
 	}

@@ -50,6 +50,13 @@ func BenchmarkDecide(b *testing.B) {
 			benchDecideIn(b, n, -1, `{"policy": {}}`, true)
 		})
 	}
+	// The same with predicted TTFT, the router alone: it weighs every
+	// candidate, each credited the blocks it holds.
+	for _, n := range []int{64, 1024} {
+		b.Run("predicted-ttft/kv-events-everywhere/candidates="+strconv.Itoa(n), func(b *testing.B) {
+			benchDecideIn(b, n, -1, `{"policy": {"replica_choice": "predicted-ttft"}}`, true)
+		})
+	}
 }
 
 func benchDecide(b *testing.B, n int, policyJSON string) { benchDecideIn(b, n, -1, policyJSON, false) }

@@ -173,8 +173,8 @@ type prefixStep struct {
 // the same pair.
 func (p *pick) prefix() bool {
 	m := p.holders
-	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
-		return false
+	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 || p.weighAll() {
+		return false // predicted-ttft weighs the holders with every candidate
 	}
 	blocks := p.req.Prefix
 	top := -1

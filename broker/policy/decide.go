@@ -46,9 +46,9 @@ func (st *decision) start(r *Router, req *Request, now time.Time, rng *rand.Rand
 // scratch, so it keeps nothing of the request alive and the next start
 // need not clear it.
 func (st *decision) finish() {
-	m, v := st.pick.peer.matched[:0], st.pick.peer.vals[:0] // the peers' scratch, kept as cands is
+	v := st.pick.peer.vals[:0] // the peers' scratch, kept as cands is
 	*st = decision{cands: st.cands[:0]}
-	st.pick.peer.matched, st.pick.peer.vals = m, v
+	st.pick.peer.vals = v
 }
 
 // run is the pipeline the package README describes, step by step.
@@ -63,6 +63,7 @@ func (st *decision) run() {
 	res, p := &st.res, &st.pick
 	res.start(st.snap, req, st.rng)
 	p.start(req, st.rng, st.now, st.r.clock.Nanos(st.now))
+	p.alone = st.r.deciders <= 1
 	p.region.start(&st.r.regions, res.tenant)
 	d.Region = st.r.cfg.Region
 	p.eject.horizon = st.r.view.ejectHorizon
@@ -135,9 +136,10 @@ func (st *decision) run() {
 	d.TTFTObjective = p.ttftObjective
 	p.fair = fairCheck{pool: res.pool, flight: st.r.fair.pools[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
 		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
+	p.indexed = st.r.view.kv.Len() > 0
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
-		if st.r.view.kv.Len() > 0 {
+		if p.indexed {
 			p.kv, p.kvModel, p.byKV = st.r.view.kv, res.target.Model, st.r.view.byKV
 		}
 	}

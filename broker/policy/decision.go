@@ -98,6 +98,8 @@ const (
 	WhyHigherTTFT     = "higher predicted TTFT"
 	WhyShedAfter      = "predicted TTFT above the pool's shed_after"
 	WhyNotWeighed     = "neither a prefix holder nor sampled"
+	WhyMoreWork       = "more prefill work ahead"
+	WhyStaleLoad      = "stale load data"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes

@@ -29,8 +29,8 @@ type cand struct {
 	// slotsAhead is the requests that wait for a batch slot there, this
 	// one included (0: its batch has room; more: it is full).
 	slotsAhead int32
-	// held is the prefix blocks prefix affinity's walk found it holding
-	// (0: not a holder, or not walked).
+	// held is the prefix blocks prefix affinity's walk, or matchAll, found
+	// it holding (0: not a holder, or not walked).
 	held int32
 }
 

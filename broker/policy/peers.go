@@ -88,10 +88,9 @@ const (
 )
 
 // peerState is what a dynamic profile's pre-pass (rescore) found for the
-// decision: each candidate's held prefix blocks, the queue bounds, and the
-// sticky set.
+// decision: the scorer values, the queue bounds, and the sticky set. Each
+// candidate's held prefix blocks are its cand.held (matchAll).
 type peerState struct {
-	matched            []int32 // by candidate: the request's prefix blocks it holds
 	vals               [][table.MaxScorers]float64
 	minWait, maxWait   int32
 	nsticky            int
@@ -104,12 +103,10 @@ type peerState struct {
 func (p *pick) rescore() {
 	s := &p.peer
 	n := len(p.cands)
-	if cap(s.matched) < n {
-		s.matched = make([]int32, 2*n)
+	if cap(s.vals) < n {
 		s.vals = make([][table.MaxScorers]float64, 2*n)
 	}
-	s.matched, s.vals = s.matched[:n], s.vals[:n]
-	clear(s.matched)
+	s.vals = s.vals[:n]
 	p.matchAll()
 	s.minWait, s.maxWait = math.MaxInt32, math.MinInt32
 	for i := range p.cands {
@@ -133,8 +130,8 @@ func (p *pick) rescore() {
 }
 
 // matchAll finds how many of the request's prefix blocks each candidate
-// holds, deepest first (a chained block is held with every block before
-// it), and credits them: they cost no prefill.
+// holds (cand.held), deepest first (a chained block is held with every
+// block before it), and credits them: they cost no prefill.
 func (p *pick) matchAll() {
 	m := p.holders
 	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
@@ -144,8 +141,8 @@ func (p *pick) matchAll() {
 	top := p.deepestHeld(blocks)
 	left := len(p.cands)
 	mark := func(x *replica, lvl int) {
-		if x != nil && x.mark == p.epoch && p.peer.matched[x.ci] == 0 {
-			p.peer.matched[x.ci] = int32(lvl + 1)
+		if x != nil && x.mark == p.epoch && p.cands[x.ci].held == 0 {
+			p.cands[x.ci].held = int32(lvl + 1)
 			p.credit(int(x.ci), lvl+1)
 			left--
 		}
@@ -212,7 +209,7 @@ func prefixCache(p *pick, i int) float64 {
 	if n == 0 {
 		return 1
 	}
-	return 1 - float64(p.peer.matched[i])/float64(n)
+	return 1 - float64(p.cands[i].held)/float64(n)
 }
 
 // queueScore is 1 − llm-d's queue score: the replica's waiting requests,
@@ -269,7 +266,7 @@ func (p *pick) lowestScore() bool {
 // threshold of the request's prefix.
 func (p *pick) sticky(i int) bool {
 	n := len(p.req.Prefix)
-	return n > 0 && float64(p.peer.matched[i])/float64(n) >= LLMDAffinityThreshold
+	return n > 0 && float64(p.cands[i].held)/float64(n) >= LLMDAffinityThreshold
 }
 
 // ttftGate is the load gate of llm-d's prefix-cache-affinity filter: when
@@ -346,8 +343,8 @@ func (p *pick) fewest() int {
 func (p *pick) cacheMatch() bool {
 	best := -1
 	for i := range p.cands {
-		m := p.peer.matched[i]
-		if m > 0 && (best < 0 || m > p.peer.matched[best] || m == p.peer.matched[best] && p.cands[i].load < p.cands[best].load) {
+		m := p.cands[i].held
+		if m > 0 && (best < 0 || m > p.cands[best].held || m == p.cands[best].held && p.cands[i].load < p.cands[best].load) {
 			best = i
 		}
 	}
@@ -358,7 +355,7 @@ func (p *pick) cacheMatch() bool {
 	// header stops at prefix_max_blocks: what lies past it is unknown, as
 	// if unmatched would wrongly be).
 	covered := min(max(p.req.PromptTokens, 1), len(p.req.Prefix)*int(p.blockTokens))
-	rate := min(1, float64(p.peer.matched[best])*float64(p.blockTokens)/float64(covered))
+	rate := min(1, float64(p.cands[best].held)*float64(p.blockTokens)/float64(covered))
 	if rate <= SGLangCacheThreshold {
 		return false
 	}
@@ -367,7 +364,7 @@ func (p *pick) cacheMatch() bool {
 }
 
 func (p *pick) whyCacheMatch(i int) string {
-	if p.peer.matched[i] < p.peer.matched[p.chosen] {
+	if p.cands[i].held < p.cands[p.chosen].held {
 		return WhyShorterPrefix
 	}
 	return ""
@@ -381,7 +378,7 @@ func (p *pick) shortestQueue() bool {
 
 // reportPeer reports the prefix blocks the chosen replica holds.
 func (p *pick) reportPeer(d *Decision) {
-	d.PrefixMatched = int(p.peer.matched[p.chosen])
+	d.PrefixMatched = int(p.cands[p.chosen].held)
 }
 
 // valuesOf is candidate i's scorer values: worked out for this request

@@ -23,6 +23,9 @@ type pick struct {
 	kv      *kvindex.Index
 	kvModel string
 	byKV    []*replica
+	// indexed: the exact index holds some key (the engines' KV-event
+	// feed is on), whether the request has a prefix or not.
+	indexed bool
 	// ttftObjective is the objective in force (the request's, the
 	// tenant's or the model's), 0 when none.
 	ttftObjective time.Duration
@@ -42,6 +45,11 @@ type pick struct {
 	// panicked: fewer than the pool's panic_below of the group's ready
 	// replicas look alive (panics).
 	panicked bool
+	// alone: no other decider is live (Router.SetDeciders): nothing
+	// herds with this one's choices. overAll caches weighAll (0: not
+	// worked out yet, 1 yes, 2 no).
+	alone   bool
+	overAll int8
 
 	// The outcome.
 	chosen   int // the candidate chosen, -1 before a step chose
@@ -70,7 +78,7 @@ type pick struct {
 // start readies p for a decision of req.
 func (p *pick) start(req *Request, rng *rand.Rand, now time.Time, nowNano int64) {
 	p.req, p.rng, p.now, p.nowNano = req, rng, now, nowNano
-	p.chosen, p.released = -1, -1
+	p.chosen, p.released, p.overAll = -1, -1, 0
 	p.endpoint.start(req)
 }
 

@@ -11,6 +11,15 @@ import "math"
 // small sample of the pool (the power-of-two pair). Sampling, not the global minimum: every decider
 // sending to the one least loaded replica between two heartbeats is the
 // herd the seed warns about.
+//
+// A decider that is alone (no other decider live: Router.SetDeciders)
+// herds with nobody: its own sends since each heartbeat are counted in
+// what it sees. When it also reads the engines' KV-event feed (weighAll),
+// it chooses over every candidate with
+// fresh load data (predictedAlone), and prefix affinity leaves the choice
+// to it. From placements, guesses of what each replica holds, the sampled
+// choice stays: weighing every replica on them loses the cache hits the
+// prefix benchmark's placements arm keeps (docs/lab/report.md, section 8).
 
 // predictedHolders bounds the prefix holders weighed, and predictedLevels
 // the prefix levels walked down from the deepest held one to find them.
@@ -37,6 +46,19 @@ const predictedTie = 0.25
 // the prefix benchmark falls behind the oracle (section 8).
 const predictedPairTie = 0.4
 
+// predictedSticky is the share of the request's prefix blocks a replica
+// holds for the request to stay among such replicas when the decider is
+// alone, and predictedReleaseWork how much less prefill work, in prompt
+// tokens, the lightest replica of all must have to take it from them. Both
+// are llm-d's prefix-cache-affinity filter's (its affinity threshold, and
+// its maximum TTFT penalty of 18 s at its peak prefill rate of 15 928
+// tokens/s: peers.go): a conversation stays with its cached turns until
+// its replica is far behind.
+const (
+	predictedSticky      = LLMDAffinityThreshold
+	predictedReleaseWork = LLMDMaxTTFTPenaltyMs / 1000 * LLMDPeakPrefillPerSec
+)
+
 // predictedStep is the predicted-ttft step's state.
 type predictedStep struct {
 	// The holders weighed (candidate index and blocks held) and the
@@ -46,6 +68,11 @@ type predictedStep struct {
 	nholders int
 	pair     [2]int
 	matched  int // blocks the chosen replica holds, 0 when not a holder
+	// alone: predictedAlone chose; sticky is its choice among the
+	// sticky holders (-1: none), released whether it gave way.
+	alone    bool
+	sticky   int
+	released bool
 }
 
 // predicted chooses the lowest predicted TTFT among the prefix holders and
@@ -53,9 +80,12 @@ type predictedStep struct {
 // choice is power of two, with one candidate, or without fresh load data.
 func (p *pick) predicted() bool {
 	s := &p.pt
-	s.nholders, s.matched = 0, 0
+	s.nholders, s.matched, s.alone = 0, 0, false
 	if len(p.cands) == 1 || p.nfresh == 0 {
 		return false
+	}
+	if p.weighAll() {
+		return p.predictedAlone()
 	}
 	p.weighHolders()
 	s.pair = p.twoOf()
@@ -174,8 +204,89 @@ func (p *pick) credit(ci, held int) {
 	}
 }
 
+// weighAll reports whether predicted-ttft chooses over every candidate:
+// the decider is alone and reads the engines' KV-event feed (the exact
+// index holds some key).
+func (p *pick) weighAll() bool {
+	if p.overAll == 0 {
+		p.overAll = 2
+		if p.alone && p.prof.byTTFT && p.indexed && len(p.cands) > 1 {
+			p.overAll = 1
+		}
+	}
+	return p.overAll == 1
+}
+
+// predictedAlone chooses, over every candidate with fresh load data, the
+// least prefill work ahead of the request's first token (work): among the
+// replicas holding at least predictedSticky of its prefix when there are
+// some, unless the lightest replica of all has less work than the
+// lightest of them by more than predictedReleaseWork. Equal work goes to
+// the lower load_score (a saturated replica's is higher), then at random.
+func (p *pick) predictedAlone() bool {
+	s := &p.pt
+	s.alone, s.released = true, false
+	p.matchAll()
+	sticky := float64(len(p.req.Prefix)) * predictedSticky
+	best, bestSticky, ties, tiesSticky := -1, -1, 0, 0
+	for i := range p.cands {
+		c := &p.cands[i]
+		if !c.fresh {
+			continue
+		}
+		best, ties = p.lessWork(i, best, ties)
+		if len(p.req.Prefix) > 0 && float64(c.held) >= sticky {
+			bestSticky, tiesSticky = p.lessWork(i, bestSticky, tiesSticky)
+		}
+	}
+	s.sticky, p.chosen = bestSticky, best
+	if bestSticky >= 0 {
+		if p.work(bestSticky)-p.work(best) <= predictedReleaseWork {
+			p.chosen = bestSticky
+		} else {
+			s.released = true
+		}
+	}
+	s.matched = int(p.cands[p.chosen].held)
+	return true
+}
+
+// work is candidate i's prefill work ahead of the request's first token,
+// in prompt tokens: what its heartbeat reported queued, what was sent since,
+// and the request's own uncached tokens. The replicas are weighed at one
+// rate: their learned rates and base TTFTs differ by noise that, followed,
+// costs more than it tells (the lab's trace replay, docs/lab/report.md,
+// section 12).
+func (p *pick) work(i int) float64 {
+	c := &p.cands[i]
+	return c.x.inFlightTokens() + float64(c.uncached)
+}
+
+// lessWork returns i when it has less work than best (-1: none yet), or as
+// much and a lower load_score; equal candidates share the choice at
+// random, ties counting them.
+func (p *pick) lessWork(i, best, ties int) (int, int) {
+	if best < 0 {
+		return i, 1
+	}
+	a, b := &p.cands[i], &p.cands[best]
+	switch wa, wb := p.work(i), p.work(best); {
+	case wa < wb, wa == wb && a.load < b.load:
+		return i, 1
+	case wa > wb || a.load != b.load:
+		return best, ties
+	}
+	if ties++; p.rng.IntN(ties) == 0 {
+		return i, ties
+	}
+	return best, ties
+}
+
 func (p *pick) whyPredicted(i int) string {
 	s := &p.pt
+	if s.alone {
+		return p.whyAlone(i)
+	}
 	inPair := func(j int) bool { return j == s.pair[0] || j == s.pair[1] }
 	weighed := inPair(i)
 	for k := range s.nholders {
@@ -193,6 +304,20 @@ func (p *pick) whyPredicted(i int) string {
 		return p.prof.whyHigher
 	}
 	return WhyHigherTTFT
+}
+
+// whyAlone is why candidate i lost to predictedAlone's choice.
+func (p *pick) whyAlone(i int) string {
+	s, c := &p.pt, &p.cands[i]
+	switch {
+	case !c.fresh:
+		return WhyStaleLoad
+	case s.sticky >= 0 && !s.released && float64(c.held) < float64(len(p.req.Prefix))*predictedSticky:
+		return WhyNotSticky
+	case s.released && i == s.sticky:
+		return WhyOutweighed
+	}
+	return WhyMoreWork
 }
 
 // reportPredicted reports the prefix blocks the chosen replica holds.

@@ -22,10 +22,20 @@ func prefill(rate float64, queued int) func(*subjects.Heartbeat) {
 	}
 }
 
+// newSampledEnv is newEnv with another decider live: predicted-ttft then
+// weighs the prefix holders and a sampled pair by each replica's own
+// prediction (the tests below). A decider alone chooses over every
+// replica by prefill work (TestPredictedAlone…).
+func newSampledEnv(t testing.TB, extra ...string) *env {
+	e := newEnv(t, extra...)
+	e.r.SetLiveBrokers(2)
+	return e
+}
+
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
 
 func TestPredictedTTFTChoosesTheLowestPrediction(t *testing.T) {
-	e := newEnv(t, predictedTTFT)
+	e := newSampledEnv(t, predictedTTFT)
 	// l8-gen-0 has 10 s of prefill queued; its load_score is the lower.
 	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 10000))
 	e.beat("l8-gen-1", 0.5, 8, 0, prefill(1000, 0))
@@ -52,7 +62,7 @@ func TestPredictedTTFTChoosesTheLowestPrediction(t *testing.T) {
 // Predictions within a quarter of each other are a tie: load_score
 // decides, as power of two would.
 func TestPredictedTTFTCloseCallsGoByLoad(t *testing.T) {
-	e := newEnv(t, predictedTTFT)
+	e := newSampledEnv(t, predictedTTFT)
 	// 450 ms against 550 ms: within a quarter; l8-gen-1's load is lower.
 	e.beat("l8-gen-0", 0.1, 8, 0, prefill(1000, 0))
 	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 100))
@@ -80,7 +90,7 @@ func TestPredictedTTFTDefaultIsPowerOfTwo(t *testing.T) {
 func TestPredictedTTFTCachedBlocksCostNothing(t *testing.T) {
 	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
 	blocks := features.AppendPrefix(nil, prompt, 256, 32) // 32 blocks of 64 tokens
-	e := newEnv(t, predictedTTFT)
+	e := newSampledEnv(t, predictedTTFT)
 	e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-0", Blocks: blocks})
 	// The holder has 4000 tokens queued; the other none. Without the
 	// prefix the holder's 2048 + 4000 tokens lose to 2048. Below the
@@ -102,7 +112,7 @@ func TestPredictedTTFTCachedBlocksCostNothing(t *testing.T) {
 }
 
 func TestPredictedTTFTCountsWhatThisBrokerSent(t *testing.T) {
-	e := newEnv(t, predictedTTFT)
+	e := newSampledEnv(t, predictedTTFT)
 	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 0))
 	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 0))
 	q := chat("chat-small")
@@ -153,7 +163,7 @@ func decode(ms float64) func(*subjects.Heartbeat) {
 // frees every decode_ms / max_batch, and the prediction counts the slots
 // it waits for, itself included.
 func TestPredictedTTFTCountsTheWaitForABatchSlot(t *testing.T) {
-	e := newEnv(t, predictedTTFT)
+	e := newSampledEnv(t, predictedTTFT)
 	// l8-gen-0: 2 waiting behind a full batch of 32, a slot every 1000 ms:
 	// 3 slots, 3000 ms. l8-gen-1: 10 waiting (the higher load_score), a
 	// slot every 10 ms: 11 slots, 110 ms.
@@ -200,7 +210,7 @@ func TestPredictedTTFTLeavesWaitingBatchLinesOut(t *testing.T) {
 		{"first come, first served", "", 50 + 400 + 900},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, predictedTTFT)
+			e := newSampledEnv(t, predictedTTFT)
 			e.beat("l8-gen-0", 0.1, 32, 8, prefill(1000, 0), decode(3200), batchWaiting(6, tt.scheduling))
 			e.beat("l8-gen-1", 0.1, 32, 60, prefill(1000, 0), decode(3200))
 			q := chat("chat-small")
@@ -227,7 +237,7 @@ func TestPredictedTTFTWeighsThePrefixHolders(t *testing.T) {
 		{"predicted-ttft: the shorter queue", predictedTTFT, "l8-gen-1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, tt.table)
+			e := newSampledEnv(t, tt.table)
 			for _, id := range []string{"l8-gen-0", "l8-gen-1"} {
 				e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: id, Blocks: blocks})
 			}
@@ -277,7 +287,7 @@ func TestPredictedTTFTWeighsAnExactHolderAgainstThePair(t *testing.T) {
 		{"a long queue at the holder", 8000, 0.1, true, "l8-gen-1", policy.ReasonPredicted, policy.WhyHigherTTFT},
 		{"a long queue at a placements holder", 8000, 0.1, false, "l8-gen-0", policy.ReasonPrefix, ""},
 	} {
-		e := newEnv(t, predictedTTFT)
+		e := newSampledEnv(t, predictedTTFT)
 		if c.exact {
 			e.beat("l8-gen-0", c.kv, 0, 0, prefill(1000, c.queued), feed)
 			if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: model, Seq: 1, Reset: true, KVBlocks: 1000, Stored: blocks}); err != nil {
@@ -298,5 +308,157 @@ func TestPredictedTTFTWeighsAnExactHolderAgainstThePair(t *testing.T) {
 				t.Errorf("%s: alternatives %+v, want l8-gen-0 lost for %q", c.name, a, c.why)
 			}
 		}
+	}
+}
+
+// fourReplicas adds l8-gen-2 and l8-gen-3 to the dev table's two general
+// replicas of llama-3-8b-instruct.
+const fourReplicas = `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
+	"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`
+
+// kvFeed marks a heartbeat's replica as one whose adapter sends the
+// engine's KV events.
+func kvFeed(hb *subjects.Heartbeat) { hb.KVEvents, hb.KVBlocks, hb.BlockSize = true, 1000, 64 }
+
+// holds tells e's exact index that replica's engine holds blocks.
+func holds(t *testing.T, e *env, replica string, blocks []uint64) {
+	t.Helper()
+	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: replica, Model: "llama-3-8b-instruct", Seq: 1, Reset: true, KVBlocks: 1000, Stored: blocks}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A decider alone that reads the KV-event feed chooses over every replica: the least prefill work
+// ahead, here the replica with the highest load_score, every time. With
+// another decider live it samples, and the others get some of the
+// requests.
+func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
+	counts := func(e *env) map[string]int {
+		for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+			// l8-gen-3: the least prefill queued, the most running.
+			e.beat(id, 0.1, 2+4*i, 0, prefill(1000, 3000-1000*i), kvFeed)
+		}
+		holds(t, e, "l8-gen-0", []uint64{42}) // the exact index is live
+		got := map[string]int{}
+		for range 200 {
+			q := chat("chat-small")
+			q.PromptTokens = 400
+			d := e.explain(q)
+			mustRoute(t, d)
+			got[d.Replica]++
+			if d.Reason != policy.ReasonPredicted {
+				t.Fatalf("%s (%s), want predicted-ttft", d.Replica, d.Reason)
+			}
+		}
+		return got
+	}
+	e := newEnv(t, predictedTTFT, fourReplicas)
+	if got := counts(e); got["l8-gen-3"] != 200 {
+		t.Fatalf("alone: %v, want every request on l8-gen-3", got)
+	}
+	q := chat("chat-small")
+	q.PromptTokens = 400
+	for _, a := range e.explain(q).Alternatives() {
+		if a.Why != policy.WhyMoreWork {
+			t.Fatalf("alternative %s lost for %q, want %q", a.Replica, a.Why, policy.WhyMoreWork)
+		}
+	}
+	if got := counts(newSampledEnv(t, predictedTTFT, fourReplicas)); got["l8-gen-3"] == 200 {
+		t.Fatalf("with another decider: %v, want the sampled pair to spread them", got)
+	}
+}
+
+// Alone, reading the feed, a replica holding at least 80% of the request's prefix keeps it
+// until the lightest replica has 286 704 prompt tokens (llm-d's 18 s at
+// 15 928 tokens/s) less work; a replica holding less is not sticky but
+// its blocks still cost nothing.
+func TestPredictedAloneKeepsAPrefixOnItsHolders(t *testing.T) {
+	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
+	blocks := features.AppendPrefix(nil, prompt, 256, 32) // 32 blocks of 64 tokens
+	req := func() *policy.Request {
+		q := chat("chat-small")
+		q.PromptTokens, q.Prefix = 2048, blocks
+		return q
+	}
+	setup := func(holderQueued int) *env {
+		e := newEnv(t, predictedTTFT, fourReplicas)
+		e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, holderQueued), kvFeed)
+		holds(t, e, "l8-gen-0", blocks)
+		for _, id := range []string{"l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+			e.beat(id, 0.1, 0, 0, prefill(1000, 0), kvFeed)
+		}
+		return e
+	}
+
+	d := setup(200000).explain(req())
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPredicted || d.PrefixMatched != 32 {
+		t.Fatalf("200 000 tokens queued at the holder: %s (%s) matched %d, want l8-gen-0 with 32 blocks", d.Replica, d.Reason, d.PrefixMatched)
+	}
+	for _, a := range d.Alternatives() {
+		if a.Why != policy.WhyNotSticky {
+			t.Fatalf("alternative %s lost for %q, want %q", a.Replica, a.Why, policy.WhyNotSticky)
+		}
+	}
+
+	d = setup(300000).explain(req())
+	mustRoute(t, d)
+	if d.Replica == "l8-gen-0" || d.PrefixMatched != 0 {
+		t.Fatalf("300 000 tokens queued at the holder: %s matched %d, want another replica", d.Replica, d.PrefixMatched)
+	}
+	var why string
+	for _, a := range d.Alternatives() {
+		if a.Replica == "l8-gen-0" {
+			why = a.Why
+		}
+	}
+	if why != policy.WhyOutweighed {
+		t.Fatalf("the released holder lost for %q, want %q", why, policy.WhyOutweighed)
+	}
+
+	// Half the prefix (1 024 of 2 048 tokens cached) is below the
+	// threshold, but credited: 1 000 queued + 1 024 uncached beats 2 048.
+	e := newEnv(t, predictedTTFT, fourReplicas)
+	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 1000), kvFeed)
+	holds(t, e, "l8-gen-1", blocks[:16])
+	for _, id := range []string{"l8-gen-0", "l8-gen-2", "l8-gen-3"} {
+		e.beat(id, 0.1, 0, 0, prefill(1000, 0), kvFeed)
+	}
+	if d = e.explain(req()); d.Replica != "l8-gen-1" || d.PrefixMatched != 16 {
+		t.Fatalf("half the prefix held: %s matched %d, want l8-gen-1 with 16 blocks", d.Replica, d.PrefixMatched)
+	}
+	// From placements alone the sampled choice stays: prefix affinity
+	// keeps the holder below the release threshold.
+	e = newEnv(t, predictedTTFT, fourReplicas)
+	e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-1", Blocks: blocks})
+	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 1000))
+	for _, id := range []string{"l8-gen-0", "l8-gen-2", "l8-gen-3"} {
+		e.beat(id, 0.1, 0, 0, prefill(1000, 0))
+	}
+	if d = e.explain(req()); d.Replica != "l8-gen-1" || d.Reason != policy.ReasonPrefix {
+		t.Fatalf("from placements: %s (%s), want l8-gen-1 by prefix affinity", d.Replica, d.Reason)
+	}
+}
+
+// Alone, equal work goes to the lower load_score, and among equals at
+// random.
+func TestPredictedAloneTiesGoByLoadThenAtRandom(t *testing.T) {
+	e := newEnv(t, predictedTTFT, fourReplicas)
+	for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+		e.beat(id, 0.1+0.1*float64(i), 0, 0, prefill(1000, 0), kvFeed)
+	}
+	holds(t, e, "l8-gen-0", []uint64{42})
+	if d := e.explain(chat("chat-small")); d.Replica != "l8-gen-0" {
+		t.Fatalf("%s (%s), want l8-gen-0, the lowest load_score", d.Replica, d.Reason)
+	}
+	for _, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
+		e.beat(id, 0.1, 0, 0, prefill(1000, 0), kvFeed)
+	}
+	got := map[string]int{}
+	for range 200 {
+		got[e.explain(chat("chat-small")).Replica]++
+	}
+	if len(got) != 4 {
+		t.Fatalf("equal replicas: %v, want all four chosen", got)
 	}
 }

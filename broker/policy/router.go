@@ -72,6 +72,10 @@ type Router struct {
 	// SetRegionRTT last gave it.
 	regions  regionIndex
 	measured map[string]time.Duration
+	// deciders is how many deciders are live, this one included
+	// (SetDeciders; 1 until told otherwise): predicted-ttft chooses over
+	// every candidate only while it is the one.
+	deciders int
 }
 
 type groupKey struct{ model, version, pool string }
@@ -579,11 +583,13 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 	return *x.reg, true
 }
 
-// SetLiveBrokers sets how many brokers share every tenant quota: each
-// enforces limit ÷ n.
-func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, nil) }
+// SetLiveBrokers sets how many brokers are live and share every tenant
+// quota: each enforces limit ÷ n.
+func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, n, nil) }
 
-// SetDeciders sets how many deciders share each tenant quota: all share
+// SetDeciders sets how many deciders are live (live, this one included:
+// the deciders that send to the same replicas) and how many share each
+// tenant quota: all share
 // every tenant's (this decider and, beside a broker, the other brokers: the
 // queue group spreads any tenant's requests evenly over them), and per[key]
 // more share the quota of tenant key (the other deciders that admitted its
@@ -591,9 +597,10 @@ func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, nil) }
 // quota, so a gateway holding all of a tenant's HTTP traffic enforces all
 // of it, and two deciders that both see its requests half each. per is
 // the router's from then on.
-func (r *Router) SetDeciders(all int, per map[string]int) {
+func (r *Router) SetDeciders(live, all int, per map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.deciders = max(live, 1)
 	r.quotas.brokers, r.quotas.sharing = max(all, 1), per
 }
 
