@@ -397,25 +397,27 @@ const prefixBenchNotes = `
    1.95× the oracle's at 12 req/s, 2.52× → 2.93× at 21; 1.38× → 1.21× at the top; quick run's
    top step 2.0 s, 76.0% of the hits, 3.9×); the arm with KV events moves by up to a tenth
    either way below the full run's top step (0.94× → 1.02× at 3 req/s, 1.20× → 1.09× at 21) and
-   from 0.95× to 1.29× at it.
+   from 0.95× to 1.29× at it. Weighing a holder the exact index names by its prefill work too
+   (section 12 has why) moved that arm by at most 0.02 below the full run's top step and from
+   1.29× to 0.58× at it.
 2. *The prefix map's capacity.* A broker remembers 8192 block hashes per model; 150 prompts of 64
    router blocks need 9600, so CLOCK eviction forgets some tenants and their next request is
    placed by power of two, a miss. The engines' KV-cache events remove the guess: *Switchyard with
    KV events* matches the oracle's hit rate at every step of both runs (within 1 point up to the
-   knee) and its p90 within 1.06× below the top of the quick run and 1.09× below the top of the
+   knee) and its p90 within 1.06× below the top of the quick run and 1.07× below the top of the
    full run, without sizing any map. The lab's model of the feed also found a fault in the
    adapter: when an engine evicted a block, the adapter forgot which text keys it ended, so a
    request learned while the block was cached and queued in the engine while it was evicted
    stored it again unseen, and its keys stayed missing from every broker. The adapter keeps them
    now (bounded as before).
-3. *Balance near saturation.* At the top of the quick run the policy with KV events is at 1.7 s
-   against the oracle's 0.5 s (3.2×), as the large map is: with every prompt found, tenants stay
-   where they were first placed, and the busiest replicas queue. That step turns on whether a
-   queue spirals: over seeds 1 to 5 the oracle's p90 there goes from 0.5 to 7.6 s and the policy's
-   with KV events from 1.3 to 3.4 s (1.3 to 3.5 s before prefix affinity drew two holders and
-   weighed a holder below the threshold too; with placements 2.0 to 4.3 s, 1.8 to 4.4 s before). At the top
-   of the full run the oracle saturates too (2.6 s) and gives up cache hits to balance (78% against
-   83% with KV events, whose p90 is 1.29× the oracle's there).
+3. *Balance near saturation.* At the top of the quick run the policy with KV events is at 1.2 s
+   against the oracle's 0.5 s (2.2×), the large map at 2.9×: with every prompt found, tenants
+   stay where they were first placed, and the busiest replicas queue. That step turns on whether
+   a queue spirals: over seeds 1 to 5 the oracle's p90 there goes from 0.5 to 7.6 s and the
+   policy's with KV events from 1.2 to 2.0 s (1.3 to 3.4 s before a holder the exact index names
+   was weighed by its prefill work; with placements 2.0 to 4.3 s). At the top of the full run the
+   oracle saturates too (2.6 s) and gives up cache hits to balance (78% against 82% with KV
+   events, whose p90 is 0.58× the oracle's there).
 
 **Predicted TTFT.** As first built, the ` + "`predicted-ttft`" + ` choice ran before prefix affinity and its
 estimate was wrong twice over. The adapter learned the prefill rate as a request's prompt tokens

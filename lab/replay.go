@@ -684,10 +684,11 @@ func (r *ReplayResult) trails() string {
 // replayTrailWhy says why the default trails where it does.
 const replayTrailWhy = `Prefix affinity keeps a conversation on the
 replica of its earlier turns until the power-of-two pair's lighter replica is lighter by more than
-the matched share of the prompt is worth, in load_score, which counts a queue lightly (0.3 × waiting
-/ max_queue by default): a warm replica's queue grows further before a request leaves it than under
-the peer arms, which weigh queued work in time (dynamo-kv's cost counts the prefill queued there,
-llm-d's queue scorer and TTFT gate, SGLang's imbalance check). Switchyard best, its decider alone
+the matched share of the prompt is worth in load_score, which counts a queue lightly (0.3 × waiting
+/ max_queue by default), or, for a holder the KV-event feed names, has less prefill work ahead by
+more than twice the prompt: a warm replica's queue grows further before a request leaves it than
+under the peer arms, which weigh queued work in time and look at every replica (dynamo-kv's cost
+counts the prefill queued there, llm-d's queue scorer and TTFT gate, SGLang's imbalance check). Switchyard best, its decider alone
 and reading the KV-event feed, chooses over every replica by the prefill work ahead of the first
 token, keeping a request among the replicas holding 80% of its prefix as llm-d-sticky does.`
 
@@ -716,6 +717,11 @@ load_score. On this trace its p90 TTFT was then 289, 320 and 352 ms at 2.1×, 3.
 llm-d-sticky (286, 288, 310 ms) at each; it met 4 of 21 targets on Mooncake's conversation slice
 and 8 of 21 on the synthetic one. Replayed with one rate for the pool, the learned rates followed
 cost 14–86% at some speedups and the base TTFTs up to 83%: alike replicas differ in them by noise.
+
+**The default before the weighing by prefill work.** A holder the feed names was weighed by
+load_score alone. On this trace the default's p90 TTFT was then 394, 421 and 531 ms at 2.1×, 3.2×
+and 4.3×; on Mooncake's conversation slice 6 984, 8 659 and 79 682 ms at 0.86×, 1.3× and 1.7×,
+above power of two's at each (6 471, 8 140, 69 404 ms).
 
 **Before the draw and the weighing.** Prefix affinity used to take the lowest kv_usage among a
 level's holders, the same replica for every decision until the next heartbeat, and kept a request

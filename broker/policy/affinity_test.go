@@ -484,3 +484,44 @@ func TestLoadAware(t *testing.T) {
 		}
 	})
 }
+
+// A warm replica the exact index names gives a request up when its prefill
+// work ahead exceeds the power-of-two pair's lighter replica's by more than
+// twice the request's prompt, though load_score alone would keep it there;
+// a holder named by placements, a guess, keeps it.
+func TestPrefixAffinityWeighsAnExactHolderByPrefillWork(t *testing.T) {
+	blocks, req := promptOf2048()
+	for _, c := range []struct {
+		name   string
+		exact  bool
+		queued int
+		want   string
+		reason string
+	}{
+		{"exact, 4 000 tokens more", true, 4000, "l8-gen-0", policy.ReasonPrefix},
+		{"exact, 8 000 tokens more", true, 8000, "l8-gen-1", policy.ReasonPowerOfTwo},
+		{"placements, 8 000 tokens more", false, 8000, "l8-gen-0", policy.ReasonPrefix},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			if c.exact {
+				e.beat("l8-gen-0", 0.3, 4, 0, prefill(1000, c.queued), kvFeed)
+				holds(t, e, "l8-gen-0", blocks)
+			} else {
+				e.beat("l8-gen-0", 0.3, 4, 0, prefill(1000, c.queued))
+				e.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-0", Blocks: blocks})
+			}
+			e.beat("l8-gen-1", 0.25, 4, 0, prefill(1000, 0), kvFeed) // the pair's lighter
+			d := e.explain(req())
+			mustRoute(t, d)
+			if d.Replica != c.want || d.Reason != c.reason {
+				t.Fatalf("%s (%s), want %s (%s)", d.Replica, d.Reason, c.want, c.reason)
+			}
+			if c.want == "l8-gen-1" {
+				if a := d.Alternatives(); len(a) != 1 || a[0].Why != policy.WhyOutweighed {
+					t.Fatalf("alternatives %+v, want l8-gen-0 lost for %q", a, policy.WhyOutweighed)
+				}
+			}
+		})
+	}
+}

@@ -316,6 +316,18 @@ func TestPredictedTTFTWeighsAnExactHolderAgainstThePair(t *testing.T) {
 const fourReplicas = `{"replicas.l8-gen-2": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"},
 	"replicas.l8-gen-3": {"model": "llama-3-8b-instruct", "version": "v1.0.0", "pool": "general", "state": "ready"}}`
 
+// promptOf2048 is a prefix of 32 blocks of 64 tokens and a chat request
+// of 2 048 prompt tokens carrying it.
+func promptOf2048() ([]uint64, func() *policy.Request) {
+	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
+	blocks := features.AppendPrefix(nil, prompt, 256, 32)
+	return blocks, func() *policy.Request {
+		q := chat("chat-small")
+		q.PromptTokens, q.Prefix = 2048, blocks
+		return q
+	}
+}
+
 // kvFeed marks a heartbeat's replica as one whose adapter sends the
 // engine's KV events.
 func kvFeed(hb *subjects.Heartbeat) { hb.KVEvents, hb.KVBlocks, hb.BlockSize = true, 1000, 64 }
@@ -373,13 +385,7 @@ func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
 // 15 928 tokens/s) less work; a replica holding less is not sticky but
 // its blocks still cost nothing.
 func TestPredictedAloneKeepsAPrefixOnItsHolders(t *testing.T) {
-	prompt := []byte(strings.Repeat("You are a helpful assistant. ", 300))
-	blocks := features.AppendPrefix(nil, prompt, 256, 32) // 32 blocks of 64 tokens
-	req := func() *policy.Request {
-		q := chat("chat-small")
-		q.PromptTokens, q.Prefix = 2048, blocks
-		return q
-	}
+	blocks, req := promptOf2048()
 	setup := func(holderQueued int) *env {
 		e := newEnv(t, predictedTTFT, fourReplicas)
 		e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, holderQueued), kvFeed)
