@@ -157,6 +157,7 @@ func New(nc *nats.Conn, cfg Config) (*Decider, error) {
 		clock:  monotime.New(),
 	}
 	dec.router = policy.New(policy.Config{Self: cfg.ID, Region: cfg.Region, OnEject: dec.ejected})
+	dec.router.SetDeciders(0, 1, nil) // alone or not, presence will tell (setShares)
 	dec.metrics = newMetrics(cfg.Registerer, dec)
 	dec.scratch.New = func() any { return NewScratch() }
 	dec.peers.init(cfg.ID, cfg.Component == "broker")
@@ -254,6 +255,10 @@ func (dec *Decider) watchConnection(ctx context.Context, status chan nats.Status
 				dec.away.Store(lost.UnixNano())
 			case st == nats.CONNECTED && !lost.IsZero():
 				dec.router.Reconnected(lost, dec.cfg.Now())
+				// The others' presence comes back over a second or so: not
+				// alone until it had the time to.
+				dec.peers.rewatch()
+				dec.setShares(dec.peers.observe(nil, dec.cfg.Now(), 3*dec.cfg.PresenceEvery))
 				lost = time.Time{}
 				dec.away.Store(0)
 				dec.requestKVSync()

@@ -95,6 +95,9 @@ type presence struct {
 	self   string
 	broker bool // this decider is a broker, in the queue group
 	seen   map[string]peer
+	// aloneSince is when the deciders counted last fell to this one (zero
+	// while others are live, or since rewatch).
+	aloneSince time.Time
 }
 
 // peer is what another decider said in its last announcement.
@@ -113,9 +116,12 @@ func (p *presence) init(self string, broker bool) {
 
 // shares are the counts a decider divides quotas by.
 type shares struct {
-	live int            // deciders seen within the ttl, this one included
-	all  int            // deciders sharing every tenant's quota, this one included
-	per  map[string]int // more deciders sharing one tenant's quota
+	live int // deciders seen within the ttl, this one included
+	// alone: no other decider was seen for a whole ttl, the time every
+	// live decider announces itself in.
+	alone bool
+	all   int            // deciders sharing every tenant's quota, this one included
+	per   map[string]int // more deciders sharing one tenant's quota
 }
 
 // observe records a (nil: none) and counts the deciders seen within ttl.
@@ -147,7 +153,22 @@ func (p *presence) observe(a *subjects.Presence, now time.Time, ttl time.Duratio
 			sh.per[t]++
 		}
 	}
+	switch {
+	case sh.live > 1:
+		p.aloneSince = time.Time{}
+	case p.aloneSince.IsZero():
+		p.aloneSince = now
+	}
+	sh.alone = sh.live == 1 && now.Sub(p.aloneSince) >= ttl
 	return sh
+}
+
+// rewatch forgets that no other decider was seen (after a reconnect, the
+// others' announcements are yet to come).
+func (p *presence) rewatch() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.aloneSince = time.Time{}
 }
 
 // maxBrokers bounds the deciders counted, and maxPresenceTenants the
@@ -224,7 +245,11 @@ func (dec *Decider) onPresence(m *nats.Msg) {
 
 // setShares puts the counted shares in force.
 func (dec *Decider) setShares(sh shares) {
-	dec.router.SetDeciders(sh.live, sh.all, sh.per)
+	live := sh.live
+	if live == 1 && !sh.alone {
+		live = 0 // not known yet: the others may not have announced themselves
+	}
+	dec.router.SetDeciders(live, sh.all, sh.per)
 	dec.metrics.liveBrokers.Set(float64(sh.live))
 }
 

@@ -518,8 +518,8 @@ func TestPrefixAffinityWeighsAnExactHolderByPrefillWork(t *testing.T) {
 				t.Fatalf("%s (%s), want %s (%s)", d.Replica, d.Reason, c.want, c.reason)
 			}
 			if c.want == "l8-gen-1" {
-				if a := d.Alternatives(); len(a) != 1 || a[0].Why != policy.WhyOutweighed {
-					t.Fatalf("alternatives %+v, want l8-gen-0 lost for %q", a, policy.WhyOutweighed)
+				if a := d.Alternatives(); len(a) != 1 || a[0].Why != policy.WhyMoreWork {
+					t.Fatalf("alternatives %+v, want l8-gen-0 lost for %q", a, policy.WhyMoreWork)
 				}
 			}
 		})

@@ -220,9 +220,11 @@ func (p *pick) prefix() bool {
 			if p.queuedOut(w.best) {
 				return false // predicted-ttft decides; the holder loses on its prediction
 			}
-			if !p.prof.byTTFT && p.outweighed(w.best, lvl+1) {
-				p.released, p.releasedWhy = w.best, WhyOutweighed
-				return false // power of two decides, with the same pair
+			if !p.prof.byTTFT {
+				if why := p.outweighed(w.best, lvl+1); why != "" {
+					p.released, p.releasedWhy = w.best, why
+					return false // power of two decides, with the same pair
+				}
 			}
 			p.chosen, w.matched, w.exact = w.best, lvl+1, p.cands[w.best].x.kvLive
 			return true
@@ -237,34 +239,42 @@ func (p *pick) prefix() bool {
 	if hot < 0 || len(p.cands) == 1 || p.nfresh == 0 {
 		return false
 	}
-	if h := &p.cands[hot]; !p.outweighed(hot, hotLvl+1) {
+	why := p.outweighed(hot, hotLvl+1)
+	if h := &p.cands[hot]; why == "" {
 		p.chosen, w.matched, w.exact = hot, hotLvl+1, h.x.kvLive
 		p.credit(hot, hotLvl+1)
 		return true
 	}
 	p.released, p.releasedWhy = hot, WhyReleased
+	if why == WhyMoreWork {
+		p.releasedWhy = why
+	}
 	return false
 }
 
-// outweighed reports whether the warm candidate ci, holding matched of
-// the request's prefix blocks, gives way to the lighter replica of the
-// power-of-two pair: when that replica's load_score is lower by more than
-// the cached prefix is worth (prefixWorth × the matched share of the
-// prefix). Weighing needs fresh load data and a choice; without them ci
-// keeps the request.
-func (p *pick) outweighed(ci, matched int) bool {
+// outweighed says why the warm candidate ci, holding matched of the
+// request's prefix blocks, gives way to the lighter replica of the
+// power-of-two pair ("" when it keeps the request): WhyOutweighed when that
+// replica's load_score is lower by more than the cached prefix is worth
+// (prefixWorth × the matched share of the prefix), WhyMoreWork when ci is
+// named by the exact index and has more prefill work (outworked). Weighing
+// needs fresh load data and a choice; without them ci keeps the request.
+func (p *pick) outweighed(ci, matched int) string {
 	if len(p.cands) == 1 || p.nfresh == 0 {
-		return false
+		return ""
 	}
 	lighter := p.twoOf()[0]
 	if lighter == ci {
-		return false
+		return ""
 	}
 	h, a := &p.cands[ci], &p.cands[lighter]
-	if a.load+prefixWorth*float64(matched)/float64(len(p.req.Prefix)) < h.load {
-		return true
+	switch {
+	case a.load+prefixWorth*float64(matched)/float64(len(p.req.Prefix)) < h.load:
+		return WhyOutweighed
+	case h.x.kvLive && p.outworked(h, a, matched):
+		return WhyMoreWork
 	}
-	return h.x.kvLive && p.outworked(h, a, matched)
+	return ""
 }
 
 // outworked reports whether the warm candidate h, holding matched of the
@@ -279,7 +289,7 @@ func (p *pick) outweighed(ci, matched int) bool {
 // a placements holder, a guess, loses the prefix benchmark's cache hits at
 // its top steps (section 8).
 func (p *pick) outworked(h, a *cand, matched int) bool {
-	prompt := float64(max(p.req.PromptTokens, 1))
+	prompt := float64(max(p.req.PromptTokens, int(p.blockTokens)))
 	hw := h.x.inFlightTokens() + max(prompt-float64(matched)*float64(p.blockTokens), 0)
 	aw := a.x.inFlightTokens() + float64(a.uncached)
 	return hw-aw > prefixWorkMargin*prompt

@@ -63,7 +63,7 @@ func (st *decision) run() {
 	res, p := &st.res, &st.pick
 	res.start(st.snap, req, st.rng)
 	p.start(req, st.rng, st.now, st.r.clock.Nanos(st.now))
-	p.alone = st.r.deciders <= 1
+	p.alone = st.r.deciders == 1
 	p.region.start(&st.r.regions, res.tenant)
 	d.Region = st.r.cfg.Region
 	p.eject.horizon = st.r.view.ejectHorizon
@@ -136,10 +136,9 @@ func (st *decision) run() {
 	d.TTFTObjective = p.ttftObjective
 	p.fair = fairCheck{pool: res.pool, flight: st.r.fair.pools[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
 		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
-	p.indexed = st.r.view.kv.Len() > 0
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
-		if p.indexed {
+		if st.r.view.kv.Len() > 0 {
 			p.kv, p.kvModel, p.byKV = st.r.view.kv, res.target.Model, st.r.view.byKV
 		}
 	}

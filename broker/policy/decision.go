@@ -98,7 +98,7 @@ const (
 	WhyHigherTTFT     = "higher predicted TTFT"
 	WhyShedAfter      = "predicted TTFT above the pool's shed_after"
 	WhyNotWeighed     = "neither a prefix holder nor sampled"
-	WhyMoreWork       = "more prefill work ahead"
+	WhyMoreWork       = "more prefill work ahead" // than the replica chosen (predicted-ttft alone), or than the pair's lighter one (prefix affinity let it go)
 	WhyStaleLoad      = "stale load data"
 )
 

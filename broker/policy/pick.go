@@ -23,9 +23,6 @@ type pick struct {
 	kv      *kvindex.Index
 	kvModel string
 	byKV    []*replica
-	// indexed: the exact index holds some key (the engines' KV-event
-	// feed is on), whether the request has a prefix or not.
-	indexed bool
 	// ttftObjective is the objective in force (the request's, the
 	// tenant's or the model's), 0 when none.
 	ttftObjective time.Duration

@@ -205,19 +205,22 @@ func (p *pick) credit(ci, held int) {
 }
 
 // weighAll reports whether predicted-ttft chooses over every candidate:
-// the decider is alone and reads the engines' KV-event feed (the exact
-// index holds some key).
+// the decider is alone, every candidate's load data is fresh and the pool
+// is not in panic (a replica heard from again, or kept while silent, would
+// look free), and the request has a prefix and the exact index holds some
+// key (the engines' KV-event feed is on). Holders of a replica without the
+// feed are still read from the placements (matchAll).
 func (p *pick) weighAll() bool {
 	if p.overAll == 0 {
 		p.overAll = 2
-		if p.alone && p.prof.byTTFT && p.indexed && len(p.cands) > 1 {
+		if p.alone && p.prof.byTTFT && !p.panicked && p.kv != nil && len(p.cands) > 1 && p.nfresh == len(p.cands) {
 			p.overAll = 1
 		}
 	}
 	return p.overAll == 1
 }
 
-// predictedAlone chooses, over every candidate with fresh load data, the
+// predictedAlone chooses, over every candidate, the
 // least prefill work ahead of the request's first token (work): among the
 // replicas holding at least predictedSticky of its prefix when there are
 // some, unless the lightest replica of all has less work than the
@@ -230,12 +233,8 @@ func (p *pick) predictedAlone() bool {
 	sticky := float64(len(p.req.Prefix)) * predictedSticky
 	best, bestSticky, ties, tiesSticky := -1, -1, 0, 0
 	for i := range p.cands {
-		c := &p.cands[i]
-		if !c.fresh {
-			continue
-		}
 		best, ties = p.lessWork(i, best, ties)
-		if len(p.req.Prefix) > 0 && float64(c.held) >= sticky {
+		if p.keeps(i, sticky) {
 			bestSticky, tiesSticky = p.lessWork(i, bestSticky, tiesSticky)
 		}
 	}
@@ -249,6 +248,18 @@ func (p *pick) predictedAlone() bool {
 	}
 	s.matched = int(p.cands[p.chosen].held)
 	return true
+}
+
+// keeps reports whether candidate i holds at least the share of the
+// request's prefix (share, in blocks) that keeps a request with it, and is
+// not at capacity (its queue full with its batch or KV cache): a full
+// holder is a candidate like any other. The release threshold on kv_usage
+// does not apply here: replaying Mooncake's traces, whose long prompts keep
+// kv_usage high, applying it cost 26% of p90 TTFT at capacity; the work
+// weighed already counts a holder's queue.
+func (p *pick) keeps(i int, share float64) bool {
+	c := &p.cands[i]
+	return len(p.req.Prefix) > 0 && float64(c.held) >= share && !c.full
 }
 
 // work is candidate i's prefill work ahead of the request's first token,
@@ -306,16 +317,19 @@ func (p *pick) whyPredicted(i int) string {
 	return WhyHigherTTFT
 }
 
-// whyAlone is why candidate i lost to predictedAlone's choice.
+// whyAlone is why candidate i lost to predictedAlone's choice; "" when it
+// had as much work as the replica it lost to (load_score or the draw
+// decided).
 func (p *pick) whyAlone(i int) string {
-	s, c := &p.pt, &p.cands[i]
+	s := &p.pt
+	share := float64(len(p.req.Prefix)) * predictedSticky
 	switch {
-	case !c.fresh:
-		return WhyStaleLoad
-	case s.sticky >= 0 && !s.released && float64(c.held) < float64(len(p.req.Prefix))*predictedSticky:
-		return WhyNotSticky
 	case s.released && i == s.sticky:
 		return WhyOutweighed
+	case s.sticky >= 0 && !s.released && !p.keeps(i, share):
+		return WhyNotSticky
+	case p.work(i) == p.work(p.chosen):
+		return ""
 	}
 	return WhyMoreWork
 }
@@ -323,6 +337,12 @@ func (p *pick) whyAlone(i int) string {
 // reportPredicted reports the prefix blocks the chosen replica holds.
 func (p *pick) reportPredicted(d *Decision) {
 	d.PrefixMatched = p.pt.matched
+	if p.pt.alone && p.pt.matched > 0 {
+		d.PrefixSource = PrefixPlacements
+		if p.cands[p.chosen].x.kvLive {
+			d.PrefixSource = PrefixKVEvents
+		}
+	}
 }
 
 // deepestHeld is the index of the deepest of blocks some replica holds (-1:

@@ -340,11 +340,13 @@ func holds(t *testing.T, e *env, replica string, blocks []uint64) {
 	}
 }
 
-// A decider alone that reads the KV-event feed chooses over every replica: the least prefill work
+// A decider alone that reads the KV-event feed chooses over every replica
+// for a request with a prefix: the least prefill work
 // ahead, here the replica with the highest load_score, every time. With
 // another decider live it samples, and the others get some of the
 // requests.
 func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
+	_, req := promptOf2048() // a prefix no replica holds
 	counts := func(e *env) map[string]int {
 		for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
 			// l8-gen-3: the least prefill queued, the most running.
@@ -353,9 +355,7 @@ func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
 		holds(t, e, "l8-gen-0", []uint64{42}) // the exact index is live
 		got := map[string]int{}
 		for range 200 {
-			q := chat("chat-small")
-			q.PromptTokens = 400
-			d := e.explain(q)
+			d := e.explain(req())
 			mustRoute(t, d)
 			got[d.Replica]++
 			if d.Reason != policy.ReasonPredicted {
@@ -368,9 +368,7 @@ func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
 	if got := counts(e); got["l8-gen-3"] != 200 {
 		t.Fatalf("alone: %v, want every request on l8-gen-3", got)
 	}
-	q := chat("chat-small")
-	q.PromptTokens = 400
-	for _, a := range e.explain(q).Alternatives() {
+	for _, a := range e.explain(req()).Alternatives() {
 		if a.Why != policy.WhyMoreWork {
 			t.Fatalf("alternative %s lost for %q, want %q", a.Replica, a.Why, policy.WhyMoreWork)
 		}
@@ -398,8 +396,9 @@ func TestPredictedAloneKeepsAPrefixOnItsHolders(t *testing.T) {
 
 	d := setup(200000).explain(req())
 	mustRoute(t, d)
-	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPredicted || d.PrefixMatched != 32 {
-		t.Fatalf("200 000 tokens queued at the holder: %s (%s) matched %d, want l8-gen-0 with 32 blocks", d.Replica, d.Reason, d.PrefixMatched)
+	if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPredicted || d.PrefixMatched != 32 || d.PrefixSource != policy.PrefixKVEvents {
+		t.Fatalf("200 000 tokens queued at the holder: %s (%s) matched %d from %q, want l8-gen-0 with 32 blocks from the KV events",
+			d.Replica, d.Reason, d.PrefixMatched, d.PrefixSource)
 	}
 	for _, a := range d.Alternatives() {
 		if a.Why != policy.WhyNotSticky {
@@ -422,9 +421,22 @@ func TestPredictedAloneKeepsAPrefixOnItsHolders(t *testing.T) {
 		t.Fatalf("the released holder lost for %q, want %q", why, policy.WhyOutweighed)
 	}
 
+	// A holder at capacity (its batch and queue full) is a candidate like
+	// any other: 3 000 tokens queued there lose to 2 048 uncached
+	// elsewhere.
+	e := setup(3000)
+	e.beat("l8-gen-0", 0.5, 32, 128, prefill(1000, 3000), kvFeed)
+	if d = e.explain(req()); d.Replica == "l8-gen-0" {
+		t.Fatalf("a full holder: %s, want another replica", d.Replica)
+	}
+	e.beat("l8-gen-0", 0.5, 32, 0, prefill(1000, 3000), kvFeed)
+	if d = e.explain(req()); d.Replica != "l8-gen-0" {
+		t.Fatalf("the holder with room in its queue: %s, want it", d.Replica)
+	}
+
 	// Half the prefix (1 024 of 2 048 tokens cached) is below the
 	// threshold, but credited: 1 000 queued + 1 024 uncached beats 2 048.
-	e := newEnv(t, predictedTTFT, fourReplicas)
+	e = newEnv(t, predictedTTFT, fourReplicas)
 	e.beat("l8-gen-1", 0.1, 0, 0, prefill(1000, 1000), kvFeed)
 	holds(t, e, "l8-gen-1", blocks[:16])
 	for _, id := range []string{"l8-gen-0", "l8-gen-2", "l8-gen-3"} {
@@ -449,20 +461,29 @@ func TestPredictedAloneKeepsAPrefixOnItsHolders(t *testing.T) {
 // Alone, equal work goes to the lower load_score, and among equals at
 // random.
 func TestPredictedAloneTiesGoByLoadThenAtRandom(t *testing.T) {
+	_, req := promptOf2048() // a prefix no replica holds
 	e := newEnv(t, predictedTTFT, fourReplicas)
 	for i, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
 		e.beat(id, 0.1+0.1*float64(i), 0, 0, prefill(1000, 0), kvFeed)
 	}
 	holds(t, e, "l8-gen-0", []uint64{42})
-	if d := e.explain(chat("chat-small")); d.Replica != "l8-gen-0" {
-		t.Fatalf("%s (%s), want l8-gen-0, the lowest load_score", d.Replica, d.Reason)
+	for range 50 {
+		d := e.explain(req())
+		if d.Replica != "l8-gen-0" || d.Reason != policy.ReasonPredicted {
+			t.Fatalf("%s (%s), want l8-gen-0, the lowest load_score, by predicted-ttft", d.Replica, d.Reason)
+		}
+		for _, a := range d.Alternatives() {
+			if a.Why != policy.WhyHigherLoad {
+				t.Fatalf("alternative %s lost for %q, want %q (as much work)", a.Replica, a.Why, policy.WhyHigherLoad)
+			}
+		}
 	}
 	for _, id := range []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"} {
 		e.beat(id, 0.1, 0, 0, prefill(1000, 0), kvFeed)
 	}
 	got := map[string]int{}
 	for range 200 {
-		got[e.explain(chat("chat-small")).Replica]++
+		got[e.explain(req()).Replica]++
 	}
 	if len(got) != 4 {
 		t.Fatalf("equal replicas: %v, want all four chosen", got)

@@ -72,9 +72,10 @@ type Router struct {
 	// SetRegionRTT last gave it.
 	regions  regionIndex
 	measured map[string]time.Duration
-	// deciders is how many deciders are live, this one included
-	// (SetDeciders; 1 until told otherwise): predicted-ttft chooses over
-	// every candidate only while it is the one.
+	// deciders is how many deciders are live, this one included, 0 when
+	// not known (SetDeciders; 1 until told otherwise, for a router on its
+	// own): predicted-ttft chooses over every candidate only while it is
+	// the one.
 	deciders int
 }
 
@@ -334,6 +335,7 @@ func New(cfg Config) *Router {
 		cfg:      cfg,
 		view:     newLoadView(cfg.PrefixEntries),
 		quotas:   quotas{tenants: map[string]*tenantQuota{}, brokers: 1},
+		deciders: 1,
 		fair:     newFairShares(),
 		rng:      rand.New(rand.NewPCG(1, 2)),
 		profiles: newProfiles(table.NewSnapshot()),
@@ -588,8 +590,9 @@ func (r *Router) Live(id string, now time.Time) (table.Replica, bool) {
 func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, n, nil) }
 
 // SetDeciders sets how many deciders are live (live, this one included:
-// the deciders that send to the same replicas) and how many share each
-// tenant quota: all share
+// the deciders that send to the same replicas; 0 when not known yet, which
+// counts as others being live) and how many share each tenant quota: all
+// share
 // every tenant's (this decider and, beside a broker, the other brokers: the
 // queue group spreads any tenant's requests evenly over them), and per[key]
 // more share the quota of tenant key (the other deciders that admitted its
@@ -600,7 +603,7 @@ func (r *Router) SetLiveBrokers(n int) { r.SetDeciders(n, n, nil) }
 func (r *Router) SetDeciders(live, all int, per map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.deciders = max(live, 1)
+	r.deciders = max(live, 0)
 	r.quotas.brokers, r.quotas.sharing = max(all, 1), per
 }
 
