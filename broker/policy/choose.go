@@ -271,7 +271,7 @@ func (p *pick) outweighed(ci, matched int) string {
 	switch {
 	case a.load+prefixWorth*float64(matched)/float64(len(p.req.Prefix)) < h.load:
 		return WhyOutweighed
-	case h.x.kvLive && p.outworked(h, a, matched):
+	case h.x.kvLive && p.outworked(ci, lighter, matched):
 		return WhyMoreWork
 	}
 	return ""
@@ -280,19 +280,18 @@ func (p *pick) outweighed(ci, matched int) string {
 // outworked reports whether the warm candidate h, holding matched of the
 // request's prefix blocks, has more prefill work ahead of the request's
 // first token (the prompt tokens queued and sent there, and the request's
-// uncached ones) than a by more than prefixWorkMargin times the request's
-// prompt. load_score counts a queue by
+// uncached ones: work, its matched blocks credited) than candidate a by
+// more than prefixWorkMargin times the request's prompt. load_score counts a queue by
 // its requests, not its tokens: a warm replica queueing long prompts keeps
 // its requests by load_score alone until they wait for seconds (Mooncake's
 // conversation slice in the lab's trace replay, docs/lab/report.md,
 // section 12). Only a holder the exact index names is weighed so: releasing
 // a placements holder, a guess, loses the prefix benchmark's cache hits at
 // its top steps (section 8).
-func (p *pick) outworked(h, a *cand, matched int) bool {
+func (p *pick) outworked(h, a, matched int) bool {
 	prompt := float64(max(p.req.PromptTokens, int(p.blockTokens)))
-	hw := h.x.inFlightTokens() + max(prompt-float64(matched)*float64(p.blockTokens), 0)
-	aw := a.x.inFlightTokens() + float64(a.uncached)
-	return hw-aw > prefixWorkMargin*prompt
+	hw := p.cands[h].x.inFlightTokens() + max(prompt-float64(matched)*float64(p.blockTokens), 0)
+	return hw-p.work(a) > prefixWorkMargin*prompt
 }
 
 // prefixWorkMargin is how much more prefill work, in prompts of the

@@ -43,10 +43,8 @@ type pick struct {
 	// replicas look alive (panics).
 	panicked bool
 	// alone: no other decider is live (Router.SetDeciders): nothing
-	// herds with this one's choices. overAll caches weighAll (0: not
-	// worked out yet, 1 yes, 2 no).
-	alone   bool
-	overAll int8
+	// herds with this one's choices.
+	alone bool
 
 	// The outcome.
 	chosen   int // the candidate chosen, -1 before a step chose
@@ -75,7 +73,7 @@ type pick struct {
 // start readies p for a decision of req.
 func (p *pick) start(req *Request, rng *rand.Rand, now time.Time, nowNano int64) {
 	p.req, p.rng, p.now, p.nowNano = req, rng, now, nowNano
-	p.chosen, p.released, p.overAll = -1, -1, 0
+	p.chosen, p.released = -1, -1
 	p.endpoint.start(req)
 }
 

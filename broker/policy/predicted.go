@@ -211,13 +211,7 @@ func (p *pick) credit(ci, held int) {
 // key (the engines' KV-event feed is on). Holders of a replica without the
 // feed are still read from the placements (matchAll).
 func (p *pick) weighAll() bool {
-	if p.overAll == 0 {
-		p.overAll = 2
-		if p.alone && p.prof.byTTFT && !p.panicked && p.kv != nil && len(p.cands) > 1 && p.nfresh == len(p.cands) {
-			p.overAll = 1
-		}
-	}
-	return p.overAll == 1
+	return p.alone && p.prof.byTTFT && !p.panicked && p.kv != nil && len(p.cands) > 1 && p.nfresh == len(p.cands)
 }
 
 // predictedAlone chooses, over every candidate, the
@@ -230,11 +224,10 @@ func (p *pick) predictedAlone() bool {
 	s := &p.pt
 	s.alone, s.released = true, false
 	p.matchAll()
-	sticky := float64(len(p.req.Prefix)) * predictedSticky
 	best, bestSticky, ties, tiesSticky := -1, -1, 0, 0
 	for i := range p.cands {
 		best, ties = p.lessWork(i, best, ties)
-		if p.keeps(i, sticky) {
+		if p.keeps(i) {
 			bestSticky, tiesSticky = p.lessWork(i, bestSticky, tiesSticky)
 		}
 	}
@@ -251,15 +244,15 @@ func (p *pick) predictedAlone() bool {
 }
 
 // keeps reports whether candidate i holds at least the share of the
-// request's prefix (share, in blocks) that keeps a request with it, and is
+// request's prefix that keeps a request with it (predictedSticky), and is
 // not at capacity (its queue full with its batch or KV cache): a full
 // holder is a candidate like any other. The release threshold on kv_usage
 // does not apply here: replaying Mooncake's traces, whose long prompts keep
 // kv_usage high, applying it cost 26% of p90 TTFT at capacity; the work
 // weighed already counts a holder's queue.
-func (p *pick) keeps(i int, share float64) bool {
+func (p *pick) keeps(i int) bool {
 	c := &p.cands[i]
-	return len(p.req.Prefix) > 0 && float64(c.held) >= share && !c.full
+	return len(p.req.Prefix) > 0 && float64(c.held) >= predictedSticky*float64(len(p.req.Prefix)) && !c.full
 }
 
 // work is candidate i's prefill work ahead of the request's first token,
@@ -322,11 +315,10 @@ func (p *pick) whyPredicted(i int) string {
 // decided).
 func (p *pick) whyAlone(i int) string {
 	s := &p.pt
-	share := float64(len(p.req.Prefix)) * predictedSticky
 	switch {
 	case s.released && i == s.sticky:
 		return WhyOutweighed
-	case s.sticky >= 0 && !s.released && !p.keeps(i, share):
+	case s.sticky >= 0 && !s.released && !p.keeps(i):
 		return WhyNotSticky
 	case p.work(i) == p.work(p.chosen):
 		return ""
