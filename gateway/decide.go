@@ -37,6 +37,7 @@ func (g *Gateway) publish(id string, u *upstream, in *decider.Request) (sent, er
 		}
 		m := &nats.Msg{Subject: g.subj.Gateway(u.tenant), Reply: in.Reply, Header: h, Data: in.Body}
 		g.cfg.Stages.Mark(id, stages.Published)
+		g.cfg.Stages.RequestLeg(id, m)
 		return sent{msg: m, toBrokers: true}, g.nc.PublishMsg(m)
 	}
 	s := g.dec.Get()
@@ -47,5 +48,6 @@ func (g *Gateway) publish(id string, u *upstream, in *decider.Request) (sent, er
 	}
 	g.cfg.Stages.Mark(id, stages.Published)
 	m := route.Msg
+	g.cfg.Stages.RequestLeg(id, &m)
 	return sent{msg: &m, replica: route.Replica, budget: route.Budget}, g.nc.PublishMsg(&m)
 }

@@ -1098,6 +1098,7 @@ func (g *Gateway) lateRoute(id string, m *nats.Msg) {
 // it learned (docs/security.md). Such a notice is dropped (ok false) and
 // counted.
 func (g *Gateway) decode(m *nats.Msg) (f reply.Frame, ok bool) {
+	g.cfg.Stages.ReplyLeg(m)
 	f = reply.Decode(m)
 	if f.Kind == reply.Routed && !strings.HasPrefix(m.Subject, g.routedPfx) {
 		g.metrics.refusedNotices.Inc()

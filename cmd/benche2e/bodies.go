@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/sse"
+	"github.com/switchyard-llm/switchyard/internal/stages"
 	"github.com/switchyard-llm/switchyard/loadgen"
 )
 
@@ -27,7 +28,12 @@ type bodySize struct {
 	Bytes  int                    `json:"bytes"`
 	Rounds int                    `json:"rounds"`
 	Paths  map[string]pathSummary `json:"paths"`
-	Load   float64                `json:"loadavg_start"`
+	// Floor is the nats-floor role's round with the legs of this size,
+	// one after each round of the paths (zero when it did not run).
+	Floor pathSummary `json:"floor"`
+	Load  float64     `json:"loadavg_start"`
+	// Stages is the stage table of Switchyard's requests of this size.
+	Stages *stages.Summary `json:"stages,omitempty"`
 }
 
 // concPhase is the closed-loop result at a fixed concurrency.
@@ -138,7 +144,24 @@ func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
 		var samples []sample
 		load := b.settle(ctx)
 		const warm = 3
+		floor := len(pathNames) // the floor's sample index
 		for r := -warm; r < b.cfg.bodyRounds; r++ {
+			if r == 0 {
+				b.resetStages(ctx, b.ctlURL)
+			}
+			if r == 0 && b.floorURL != "" {
+				// The last warm round's Switchyard request is the shape.
+				if err := b.floorLegs(ctx); err != nil {
+					return nil, err
+				}
+			}
+			if r >= 0 && b.floorURL != "" {
+				d, err := b.floorOnce(ctx)
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				samples = append(samples, sample{path: floor, d: d, err: errString(err)})
+			}
 			for k := range pathNames {
 				i := (k + max(r, 0)) % len(pathNames)
 				d, err := b.once(ctx, b.urls[i], body, false)
@@ -150,10 +173,14 @@ func (b *bench) bodySizes(ctx context.Context) ([]bodySize, error) {
 				}
 			}
 		}
-		bs := bodySize{KB: kb, Bytes: len(body), Rounds: b.cfg.bodyRounds, Paths: summarize(samples), Load: load}
+		bs := bodySize{KB: kb, Bytes: len(body), Rounds: b.cfg.bodyRounds, Paths: summarize(samples), Floor: summarizeOne(samples, floor), Load: load,
+			Stages: b.stageTable(ctx, b.ctlURL)}
 		for _, p := range pathNames {
 			s := bs.Paths[p]
 			fmt.Fprintf(os.Stderr, "   %-10s p50 %7.3fms p90 %7.3fms errors %d %s\n", p, s.P50.Ms(), s.P90.Ms(), s.Errors, s.Err)
+		}
+		if s := bs.Floor; b.floorURL != "" {
+			fmt.Fprintf(os.Stderr, "   %-10s p50 %7.3fms p90 %7.3fms errors %d %s\n", "nats-floor", s.P50.Ms(), s.P90.Ms(), s.Errors, s.Err)
 		}
 		out = append(out, bs)
 	}
@@ -212,28 +239,33 @@ func errString(err error) string {
 func summarize(samples []sample) map[string]pathSummary {
 	out := map[string]pathSummary{}
 	for i, p := range pathNames {
-		var ds []time.Duration
-		var s pathSummary
-		for _, x := range samples {
-			switch {
-			case x.path != i:
-			case x.err != "":
-				s.Errors++
-				if s.Err == "" {
-					s.Err = x.err
-				}
-			default:
-				ds = append(ds, x.d)
-			}
-		}
-		slices.Sort(ds)
-		s.OK = len(ds)
-		s.P50 = loadgen.Dur(loadgen.Percentile(ds, 50))
-		s.P90 = loadgen.Dur(loadgen.Percentile(ds, 90))
-		s.P99 = loadgen.Dur(loadgen.Percentile(ds, 99))
-		out[p] = s
+		out[p] = summarizeOne(samples, i)
 	}
 	return out
+}
+
+// summarizeOne is the summary of the samples of path i.
+func summarizeOne(samples []sample, i int) pathSummary {
+	var ds []time.Duration
+	var s pathSummary
+	for _, x := range samples {
+		switch {
+		case x.path != i:
+		case x.err != "":
+			s.Errors++
+			if s.Err == "" {
+				s.Err = x.err
+			}
+		default:
+			ds = append(ds, x.d)
+		}
+	}
+	slices.Sort(ds)
+	s.OK = len(ds)
+	s.P50 = loadgen.Dur(loadgen.Percentile(ds, 50))
+	s.P90 = loadgen.Dur(loadgen.Percentile(ds, 90))
+	s.P99 = loadgen.Dur(loadgen.Percentile(ds, 99))
+	return s
 }
 
 // parseKB reads a comma-separated list of sizes in KB.
@@ -254,11 +286,22 @@ func added(m map[string]pathSummary, path string) loadgen.Dur {
 	return m[path].P50 - m["direct"].P50
 }
 
-// bodyTarget is the most Switchyard may add at one size: twice what the
-// reverse proxy adds, or the proxy's plus half a millisecond, whichever is
-// more.
-func bodyTarget(proxyAdds loadgen.Dur) loadgen.Dur {
-	return max(2*proxyAdds, proxyAdds+loadgen.Dur(500*time.Microsecond))
+// bodyTarget is the most Switchyard may add at one size: what the reverse
+// proxy adds (0 when it adds less than nothing), plus the bus floor's round
+// at the same size, plus 0.2 ms: a proxy with a bus, and no more.
+func bodyTarget(proxyAdds, floor loadgen.Dur) loadgen.Dur {
+	return max(proxyAdds, 0) + floor + loadgen.Dur(200*time.Microsecond)
+}
+
+// bodyVerdict judges one size: ok, and the line's text.
+func bodyVerdict(bs *bodySize) (ok bool, line string) {
+	px, sy := added(bs.Paths, "proxy"), added(bs.Paths, "switchyard")
+	if bs.Floor.OK == 0 {
+		return false, fmt.Sprintf("one at a time, %d KB: Switchyard adds %s ms; no floor measured", bs.KB, signed(sy))
+	}
+	t := bodyTarget(px, bs.Floor.P50)
+	return sy <= t, fmt.Sprintf("one at a time, %d KB: Switchyard adds %s ms, at most the proxy's %s + the floor's %s + 0.200 = %s ms",
+		bs.KB, signed(sy), signed(px), f3(bs.Floor.P50), f3(t))
 }
 
 // concTarget is the most Switchyard may add to p50 TTFT in the concurrency
@@ -269,22 +312,25 @@ func renderBodies(p func(string, ...any), r *results) {
 	if len(r.Bodies) > 0 {
 		p("### Long prompts, one request at a time\n\n")
 		p("Non-streamed chat requests whose one user message is a pasted document, each size sent %d times down each path after 3 unmeasured rounds, "+
-			"one request at a time, the three paths taking turns (the order rotating each round). Median latency in milliseconds; "+
-			"the target for Switchyard is at most twice what the proxy adds, or the proxy's addition + 0.5 ms, whichever is more.\n\n", r.Bodies[0].Rounds)
-		p("| body | load at start | direct p50 | proxy p50 | switchyard p50 | proxy adds | Switchyard adds | target | met | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
-		for _, bs := range r.Bodies {
+			"one request at a time, the three paths taking turns (the order rotating each round), then one round of the bus floor (`nats-floor`: "+
+			"a nats.go client and responder through Switchyard's NATS server over TCP, under a gateway's and an adapter's identities, sending the request "+
+			"and reply messages of the last Switchyard request of that size, header lines and bodies of the same sizes, timed by the floor). "+
+			"Median latency in milliseconds; the target for Switchyard is at most what the proxy adds (0 if less), plus the floor's round, plus 0.2 ms.\n\n", r.Bodies[0].Rounds)
+		p("| body | load at start | direct p50 | proxy p50 | switchyard p50 | nats-floor p50 | proxy adds | Switchyard adds | target | met | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+		for i := range r.Bodies {
+			bs := &r.Bodies[i]
 			px, sy := added(bs.Paths, "proxy"), added(bs.Paths, "switchyard")
-			t := bodyTarget(px)
-			errs := bs.Paths["direct"].Errors + bs.Paths["proxy"].Errors + bs.Paths["switchyard"].Errors
-			met := yes(sy <= t)
+			ok, _ := bodyVerdict(bs)
+			errs := bs.Paths["direct"].Errors + bs.Paths["proxy"].Errors + bs.Paths["switchyard"].Errors + bs.Floor.Errors
+			met := yes(ok)
 			if bs.Load > indicativeLoad {
 				met += " (indicative)"
 			}
-			p("| %d KB | %.2f | %s | %s | %s | %s | %s | ≤ %s | %s | %d |\n", bs.KB, bs.Load, f3(bs.Paths["direct"].P50), f3(bs.Paths["proxy"].P50),
-				f3(bs.Paths["switchyard"].P50), signed(px), signed(sy), f3(t), met, errs)
+			p("| %d KB | %.2f | %s | %s | %s | %s | %s | %s | ≤ %s | %s | %d |\n", bs.KB, bs.Load, f3(bs.Paths["direct"].P50), f3(bs.Paths["proxy"].P50),
+				f3(bs.Paths["switchyard"].P50), f3(bs.Floor.P50), signed(px), signed(sy), f3(bodyTarget(px, bs.Floor.P50)), met, errs)
 		}
 		p("\n")
-		renderStages(p, "all body sizes together", r.BodiesStages)
+		renderBodyStages(p, r.Bodies)
 	}
 	if c := r.Concurrency; c != nil {
 		p("### Long prompts, %d at a time\n\n", c.Concurrency)
@@ -310,4 +356,52 @@ func yes(ok bool) string {
 		return "yes"
 	}
 	return "**no**"
+}
+
+// renderBodyStages is the stage table of each size side by side (p50,
+// milliseconds), against the floor's round of the same size.
+func renderBodyStages(p func(string, ...any), bodies []bodySize) {
+	var order []string
+	for _, bs := range bodies {
+		if bs.Stages == nil {
+			return
+		}
+		for _, st := range bs.Stages.Stages {
+			if !slices.Contains(order, st.Stage) {
+				order = append(order, st.Stage)
+			}
+		}
+	}
+	if len(order) == 0 {
+		return
+	}
+	p("Where Switchyard's time goes at each size: the stage table of its requests (p50 of each stage, the time since the stage before it, milliseconds), " +
+		"against the floor. The request leg is the hop to \"adapter received\", the reply leg the hop to \"gateway first chunk received\"; " +
+		"the client's figure above also holds the body's upload before \"gateway body received\" and the answer's download after the first byte.\n\n")
+	p("| stage |")
+	for _, bs := range bodies {
+		p(" %d KB |", bs.KB)
+	}
+	p("\n|---|%s\n", strings.Repeat("---:|", len(bodies)))
+	row := func(name string, v func(*bodySize) string) {
+		p("| %s |", name)
+		for i := range bodies {
+			p(" %s |", v(&bodies[i]))
+		}
+		p("\n")
+	}
+	for _, name := range order {
+		row(name, func(bs *bodySize) string {
+			for _, st := range bs.Stages.Stages {
+				if st.Stage == name {
+					return fmt.Sprintf("%.3f", st.P50)
+				}
+			}
+			return "—"
+		})
+	}
+	row("**body received → first byte to the client**", func(bs *bodySize) string { return fmt.Sprintf("%.3f", bs.Stages.Total.P50) })
+	row("nats-floor round (request, then every reply)", func(bs *bodySize) string { return f3(bs.Floor.P50) })
+	row("bare NATS request and reply (256 B)", func(bs *bodySize) string { return fmt.Sprintf("%.3f", bs.Stages.BusFloor.P50) })
+	p("\n")
 }

@@ -140,6 +140,7 @@ func render(r *results) string {
 		"and the load generator (`loadgen`, as in `switchyard bench`). Open loop: every request is sent at its scheduled time however slow the "+
 		"answers, and latency counts from the scheduled time. Requests: model `%s`, max_tokens %d, one short message.\n\n",
 		c.TTFT.D(), c.MaxTokens, c.ITL.D(), c.Model, c.MaxTokens)
+	renderVerdicts(p, verdicts(r))
 
 	if ns := r.NonStream; ns != nil {
 		p("### %g requests/s per path, non-stream, %s\n\n", c.Rate, c.Duration.D())
@@ -150,6 +151,13 @@ func render(r *results) string {
 			addOK := sy[1].Latency.P50 <= 2*sy[0].Latency.P50
 			p("Targets: Switchyard's added p50 at most 2 × the proxy's (%s: %s); CPU per request at most 1.5 × the proxy's (×%.2f: %s)%s.\n\n",
 				signed(sy[1].Latency.P50), yes(addOK), cpuRatio, yes(cpuRatio <= 1.5), indicativeNote(ns.Load))
+		}
+		if fl := ns.Floor; fl != nil && fl.Run.Requests > 0 {
+			p("The bus floor (`nats-floor`, the legs of the phase's last Switchyard request) alone at %g/s after the paths (%s): %d rounds, %d errors, "+
+				"p50 %s ms, p99 %s ms; CPU per round %d µs: its process %s, the NATS server's share %s (Switchyard's process, idle but for the server then). "+
+				"Target: Switchyard's CPU per request at most the proxy's plus %.1f × the floor's (see the verdicts).\n\n",
+				c.Rate, loadNote(fl.Load), fl.Run.Requests, fl.Run.Errors, f3(fl.Run.P50), f3(fl.Run.P99), fl.perRequest().Microseconds(),
+				perRequest(fl.CPU, float64(fl.Run.Requests)), perRequest(fl.ServerCPU, float64(fl.Run.Requests)), cpuFloorFactor)
 		}
 		renderStages(p, "non-stream at the fixed rate", ns.Stages)
 	}

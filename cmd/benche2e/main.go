@@ -49,6 +49,7 @@ type config struct {
 	concWarmup   time.Duration
 	many         manyConfig
 	onlyMany     bool
+	decidePkg    string
 	settleMax    time.Duration
 }
 
@@ -66,8 +67,9 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("benche2e", flag.ContinueOnError)
 	var cfg config
 	var rc roleConfig
-	role := fs.String("role", "", "internal: run one process of the benchmark (engine, proxy or stack)")
+	role := fs.String("role", "", "internal: run one process of the benchmark (engine, proxy, stack, nats-floor or busy)")
 	fs.StringVar(&rc.engineURL, "engine", "", "internal: the engine's URL, for the proxy and stack roles")
+	fs.StringVar(&rc.floor, "floor", "", "internal: where the nats-floor role connects (JSON, from the stack role's /floor)")
 	fs.StringVar(&cfg.out, "out", "docs/benchmarks.md", "Markdown file whose bench-e2e section is (re)written")
 	fs.StringVar(&cfg.jsonOut, "json", "", "also write every raw report as JSON here")
 	fromJSON := fs.String("from-json", "", "measure nothing: rewrite the section of --out from a --json file of an earlier run")
@@ -104,6 +106,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.many.busy, "many-busy", 3, "after the rates, the last rate once more with this many busy loops (a process of their own) spinning beside the stack for the whole step (0: no such step)")
 	fs.IntVar(&cfg.many.capacity, "many-capacity", 8192, "max_batch and max_queue of the replica in the many-streams phase")
 	fs.DurationVar(&cfg.settleMax, "settle", 3*time.Minute, "before each phase, wait up to this long for the 1-minute load average to fall to 1.0, so the bench's own previous phase does not make the next one indicative (0: do not wait)")
+	fs.StringVar(&cfg.decidePkg, "decide-bench", "", "first run BenchmarkDecide/candidates=64 of this package with `go test` ($GO), five times, and judge it (empty: skip)")
 	fs.BoolVar(&cfg.onlyMany, "only-many", false, "run the many-streams phase alone: rewrite its own section of --out (and its part of --json)")
 	if err := fs.Parse(args); err != nil {
 		return err

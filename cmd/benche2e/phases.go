@@ -35,6 +35,9 @@ type fixedPhase struct {
 	// stage table.
 	Load   float64         `json:"loadavg_start"`
 	Stages *stages.Summary `json:"stages,omitempty"`
+	// Floor is the nats-floor role alone at the same rate, after the
+	// paths (non-stream only).
+	Floor *floorPhase `json:"floor,omitempty"`
 }
 
 // step is one path alone at one rate.
@@ -58,8 +61,6 @@ type results struct {
 	Concurrency *concPhase  `json:"concurrency,omitempty"`
 	Steps       []step      `json:"steps"`
 	StepsLoad   float64     `json:"steps_loadavg_start"`
-	// BodiesStages is the stage table of the one-at-a-time phase.
-	BodiesStages *stages.Summary `json:"bodies_stages,omitempty"`
 	// MaxHeld is the highest step each path held (0: none); StepsEnded
 	// says why stepping stopped early for a path, if it did.
 	MaxHeld map[string]float64 `json:"max_held"`
@@ -69,7 +70,9 @@ type results struct {
 	Many         *manyPhase        `json:"many,omitempty"`
 	ProfileTop   string            `json:"profile_top,omitempty"`
 	ProfileParts []profilePart     `json:"profile_parts,omitempty"`
-	Elapsed      loadgen.Dur       `json:"elapsed_ms"`
+	// Decide is BenchmarkDecide/candidates=64 (--decide-bench).
+	Decide  *decideBench `json:"decide,omitempty"`
+	Elapsed loadgen.Dur  `json:"elapsed_ms"`
 }
 
 type configJSON struct {
@@ -88,13 +91,16 @@ type configJSON struct {
 }
 
 type bench struct {
-	cfg     config
-	start   time.Time
-	client  *http.Client
-	urls    []string // per path
-	procs   map[string]*child
-	ctlURL  string
-	results results
+	cfg    config
+	start  time.Time
+	client *http.Client
+	urls   []string // per path
+	procs  map[string]*child
+	ctlURL string
+	// floorURL is the nats-floor role's control ("" when the stack
+	// serves no control listener).
+	floorURL string
+	results  results
 }
 
 func orchestrate(ctx context.Context, cfg config) (err error) {
@@ -133,7 +139,13 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 				return err
 			}
 		}
+		printVerdicts(&b.results)
 		return writeManySection(cfg.out, b.results.Many)
+	}
+	if cfg.decidePkg != "" {
+		if b.results.Decide, err = b.runDecideBench(ctx, cfg.decidePkg); err != nil {
+			return err
+		}
 	}
 	if err := b.startPaths(ctx); err != nil {
 		return err
@@ -144,15 +156,18 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	if b.results.NonStream, err = b.fixed(ctx, false, cfg.cpuProfile); err != nil {
 		return err
 	}
+	if b.floorURL != "" {
+		if b.results.NonStream.Floor, err = b.floorFixed(ctx); err != nil {
+			return err
+		}
+	}
 	if b.results.Stream, err = b.fixed(ctx, true, ""); err != nil {
 		return err
 	}
 	if len(cfg.bodyKB) > 0 {
-		b.resetStages(ctx, b.ctlURL)
 		if b.results.Bodies, err = b.bodySizes(ctx); err != nil {
 			return err
 		}
-		b.results.BodiesStages = b.stageTable(ctx, b.ctlURL)
 	}
 	if cfg.concurrency > 0 {
 		if b.results.Concurrency, err = b.concurrent(ctx); err != nil {
@@ -195,6 +210,7 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 	if err := writeSection(cfg.out, render(&b.results)); err != nil {
 		return err
 	}
+	printVerdicts(&b.results)
 	if b.results.Many != nil {
 		if err := writeManySection(cfg.out, b.results.Many); err != nil {
 			return err
@@ -227,7 +243,10 @@ func (b *bench) startPaths(ctx context.Context) error {
 	if len(b.procs["stack"].urls) > 1 {
 		b.ctlURL = b.procs["stack"].urls[1]
 	}
-	fmt.Fprintf(os.Stderr, "engine %s, proxy %s, switchyard %s\n", b.urls[0], b.urls[1], b.urls[2])
+	if err := b.startFloor(ctx, exe); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "engine %s, proxy %s, switchyard %s, nats-floor %s\n", b.urls[0], b.urls[1], b.urls[2], b.floorURL)
 	return nil
 }
 

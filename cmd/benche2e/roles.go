@@ -32,8 +32,9 @@ type roleConfig struct {
 	engineURL          string
 	model              string
 	ttft, itl          time.Duration
-	maxBatch, maxQueue int // the capacity Switchyard's replica declares
-	busyLoops          int // the busy role's spinning goroutines
+	maxBatch, maxQueue int    // the capacity Switchyard's replica declares
+	busyLoops          int    // the busy role's spinning goroutines
+	floor              string // the nats-floor role's floorAccess, JSON
 }
 
 func runRole(ctx context.Context, role string, rc roleConfig) error {
@@ -50,6 +51,8 @@ func runRole(ctx context.Context, role string, rc roleConfig) error {
 		return serveProxy(ctx, rc)
 	case "stack":
 		return serveStack(ctx, rc)
+	case "nats-floor":
+		return serveFloor(ctx, rc)
 	case "busy":
 		return spin(ctx, rc.busyLoops)
 	}
@@ -173,6 +176,7 @@ func serveStack(ctx context.Context, rc roleConfig) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /cpu", cpuProfile)
 	stageHandlers(mux, st, rec)
+	floorHandlers(mux, st, rec)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("READY %s http://%s\n", st.GatewayURL(), ln.Addr())
 	err = serveUntil(ctx, hs, ln)

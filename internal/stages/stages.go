@@ -67,10 +67,13 @@ type Recorder struct {
 	every uint64
 	seen  atomic.Uint64
 
-	mu   sync.Mutex // guards open, done, next
+	mu   sync.Mutex // guards open, done, next, legsReply, legs
 	open map[string]*record
 	done []record
 	next int // where the next finished record goes once done is full
+
+	legsReply string // the reply subject of the legs recorded (legs.go)
+	legs      Legs
 }
 
 // record is one request's stages: nanoseconds since the recorder's base,
