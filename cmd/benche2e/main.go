@@ -4,7 +4,11 @@
 // it, each in its own process, then loads the three paths from this
 // process: at a fixed rate, interleaved, streamed and not; with long
 // prompts, one at a time over body sizes and many at once; then step by
-// step to find the highest rate each holds. It writes its section of
+// step to find the highest rate each holds. Beside them the bus floor
+// (the nats-floor role, floor.go) sends the same messages as Switchyard's
+// two legs through the same NATS server and does nothing else: what the
+// bus itself costs, which Switchyard's figures are judged against. It
+// prints one verdict line per target, and writes its section of
 // docs/benchmarks.md between markers, leaving the rest of the file alone.
 //
 // `make bench-e2e` runs it (scripts/bench-e2e.sh).
