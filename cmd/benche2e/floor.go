@@ -31,9 +31,15 @@ import (
 // use (a gateway's and an adapter's), sending messages of the shapes
 // Switchyard's legs had (stages.Legs: the same header lines, key and
 // value lengths, and body sizes): the request, then the reply messages
-// in order, the client taking them on one wildcard reply subscription as
-// the gateway does. Nothing else runs in it: no engine, no HTTP on the
-// measured path, no decision. The orchestrator gives it the shapes
+// in order. The client is as lean as nats.go allows for each use: rounds
+// one at a time take their replies on one synchronous subscription with
+// NextMsg (the library's read loop hands each straight to the waiting
+// goroutine); rounds at a fixed rate, many under way at once, share one
+// wildcard subscription whose handler passes each reply to its round by
+// the subject's last token, as nats.go's own request multiplexer does (a
+// subscription per round costs the server and the client twice the CPU).
+// Nothing else runs in it: no engine, no HTTP on the measured path, no
+// decision. The orchestrator gives it the shapes
 // (POST /legs) and asks it for one round (GET /once) or a fixed rate
 // (GET /run); it times the rounds itself.
 
@@ -147,12 +153,16 @@ type floor struct {
 	client, responder *nats.Conn
 	subject, replyPfx string
 
+	// onceMu makes rounds one at a time; onceSub takes their replies.
+	onceMu  sync.Mutex
+	onceSub *nats.Subscription
+
 	mu   sync.Mutex // guards msgs and waiting
 	msgs *floorMsgs
-	// waiting holds each round under way by its reply token: the channel
-	// its replies go to.
+	// waiting holds each round of a run under way by its reply token: the
+	// channel its replies go to.
 	waiting map[string]chan struct{}
-	next    atomic.Uint64
+	next    atomic.Uint64 // the last round's number: its reply subject's last token
 }
 
 func serveFloor(ctx context.Context, rc roleConfig) error {
@@ -191,7 +201,10 @@ func newFloor(a floorAccess) (*floor, error) {
 		return nil, err
 	}
 	if _, err = f.responder.Subscribe(f.subject, f.respond); err == nil {
-		_, err = f.client.Subscribe(f.replyPfx+"*", f.take)
+		_, err = f.client.Subscribe(f.replyPfx+"run.*", f.take)
+	}
+	if err == nil {
+		f.onceSub, err = f.client.SubscribeSync(f.replyPfx + "once")
 	}
 	if err == nil {
 		err = errors.Join(f.client.Flush(), f.responder.Flush())
@@ -227,19 +240,6 @@ func (f *floor) respond(m *nats.Msg) {
 	}
 }
 
-// take hands a reply to its round, by the reply subject's last token.
-func (f *floor) take(m *nats.Msg) {
-	f.mu.Lock()
-	ch := f.waiting[m.Subject[len(f.replyPfx):]]
-	f.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- struct{}{}:
-		default: // a round takes no more than its replies
-		}
-	}
-}
-
 func (f *floor) setLegs(w http.ResponseWriter, r *http.Request) {
 	var l stages.Legs
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&l); err != nil {
@@ -262,6 +262,49 @@ func (f *floor) setMsgs(msgs *floorMsgs) {
 
 // once sends one request and waits for all its replies: the time between.
 func (f *floor) once() (time.Duration, error) {
+	f.onceMu.Lock()
+	defer f.onceMu.Unlock()
+	f.mu.Lock()
+	msgs := f.msgs
+	f.mu.Unlock()
+	for { // what a round that timed out left behind
+		if n, _, err := f.onceSub.Pending(); err != nil || n == 0 {
+			break
+		}
+		_, _ = f.onceSub.NextMsg(time.Millisecond)
+	}
+	out := *msgs.request
+	out.Subject, out.Reply = f.subject, f.onceSub.Subject
+	deadline := time.Now().Add(5 * time.Second)
+	start := time.Now()
+	if err := f.client.PublishMsg(&out); err != nil {
+		return 0, err
+	}
+	for range msgs.replies {
+		if _, err := f.onceSub.NextMsg(time.Until(deadline)); err != nil {
+			return 0, fmt.Errorf("the replies did not all come: %w", err)
+		}
+	}
+	return time.Since(start), nil
+}
+
+// take hands a reply to its round of a run, by the reply subject's last
+// token.
+func (f *floor) take(m *nats.Msg) {
+	f.mu.Lock()
+	ch := f.waiting[m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]]
+	f.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default: // a round takes no more than its replies
+		}
+	}
+}
+
+// round is one round of a run: as once, its replies on the shared
+// subscription.
+func (f *floor) round() (time.Duration, error) {
 	f.mu.Lock()
 	msgs := f.msgs
 	token := strconv.FormatUint(f.next.Add(1), 36)
@@ -274,7 +317,7 @@ func (f *floor) once() (time.Duration, error) {
 		f.mu.Unlock()
 	}()
 	out := *msgs.request
-	out.Subject, out.Reply = f.subject, f.replyPfx+token
+	out.Subject, out.Reply = f.subject, f.replyPfx+"run."+token
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()
 	start := time.Now()
@@ -357,7 +400,7 @@ func (f *floor) serveRun(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		wg.Go(func() {
-			d, err := f.once()
+			d, err := f.round()
 			mu.Lock()
 			defer mu.Unlock()
 			run.Requests++
