@@ -26,9 +26,18 @@ type engineHTTP struct {
 	chunk   int
 }
 
-// sseChunkSize is the read buffer of an SSE stream: the engine
-// connection's own buffered reader is 4 KiB, so a larger one rarely fills.
-const sseChunkSize = 4 << 10
+// sseChunkSize is the read buffer of an SSE stream, as large as the engine
+// connection's own buffered reader (engineBufferSize), so a larger one
+// would rarely fill.
+const sseChunkSize = engineBufferSize
+
+// engineBufferSize is the read and the write buffer of each engine
+// connection (net/http's default is 4 KiB each). Every open stream holds
+// its connection, so at thousands of streams the buffers are tens of MiB;
+// an SSE event of a chat chunk is a few hundred bytes, a read larger than
+// the buffer bypasses it, and a request body past the headers goes to the
+// socket without it.
+const engineBufferSize = 2 << 10
 
 // init sets e up to call the engine with client (nil: a client
 // of its own, engineTransport) and to relay its answers on a NATS server
@@ -72,5 +81,7 @@ func engineTransport() *http.Transport {
 		MaxIdleConnsPerHost: 4096,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		ReadBufferSize:      engineBufferSize,
+		WriteBufferSize:     engineBufferSize,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,9 @@ type manyStep struct {
 	// stage table of Switchyard's streams at this rate.
 	Load   float64         `json:"loadavg_start"`
 	Stages *stages.Summary `json:"stages,omitempty"`
+	// Goroutines are the Switchyard process's goroutines halfway through
+	// the rate, by the part that started them.
+	Goroutines map[string]int `json:"goroutines,omitempty"`
 }
 
 type manyPhase struct {
@@ -133,12 +137,35 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 		b.resetStages(ctx, ctl)
 		before := cpuOf(procs)
 		stopRSS := sampleRSS(procs, &s.RSS)
+		var wg sync.WaitGroup
+		mid, cancelMid := context.WithCancel(ctx)
+		if ctl != "" {
+			wg.Go(func() {
+				select {
+				case <-mid.Done():
+					return
+				case <-time.After(mc.warmup + mc.duration/2):
+				}
+				if err := b.getJSON(mid, ctl+"/goroutines", &s.Goroutines); err != nil {
+					fmt.Fprintln(os.Stderr, "goroutines:", err)
+				}
+				if b.cfg.cpuProfile != "" {
+					// Beside the CPU profile: the heap at this moment.
+					path := filepath.Join(filepath.Dir(b.cfg.cpuProfile), fmt.Sprintf("many-%s.heap.pprof", strings.ReplaceAll(rateLabel(s), " ", "-")))
+					if err := fetchTo(mid, ctl+"/heap", path); err != nil {
+						fmt.Fprintln(os.Stderr, "heap profile:", err)
+					}
+				}
+			})
+		}
 		rep, err := loadgen.Run(ctx, loadgen.Config{
 			Targets: urls, Names: names, Rate: rate, Duration: mc.duration, Warmup: mc.warmup,
 			Stream: true, MaxTokens: mc.tokens, Model: b.cfg.model,
 			Timeout: mc.ttft + time.Duration(mc.tokens)*mc.itl + 30*time.Second, Client: b.client,
 		})
 		stopRSS()
+		cancelMid()
+		wg.Wait()
 		if busy != nil {
 			_ = busy.stop()
 		}
@@ -319,6 +346,12 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 			failures = "NOT met"
 		}
 		p("- %s/s (~%d open)%s, %s: %s%s; Switchyard's failures %s: %s.\n", rateLabel(s), s.Open, lag, loadNote(s.Load), verdict, indicativeNote(s.Load), s.Failures, failures)
+	}
+	p("\n")
+	for _, s := range ph.Steps {
+		if len(s.Goroutines) > 0 {
+			p("- %s/s: Switchyard's goroutines halfway through (~%d streams open), by the part that started them: %s.\n", rateLabel(s), s.Open, perStream(s.Goroutines, s.Open))
+		}
 	}
 	p("\n")
 	for _, s := range ph.Steps {

@@ -427,7 +427,12 @@ func judge(rate float64, path string, t *loadgen.TargetReport, limit time.Durati
 }
 
 func fetchProfile(ctx context.Context, ctlURL string, secs int, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/cpu?seconds=%d", ctlURL, secs), nil)
+	return fetchTo(ctx, fmt.Sprintf("%s/cpu?seconds=%d", ctlURL, secs), path)
+}
+
+// fetchTo writes what url answers to path.
+func fetchTo(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}

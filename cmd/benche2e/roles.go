@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	httppprof "net/http/pprof"
 	"net/url"
 	"os"
 	"runtime"
@@ -175,6 +176,8 @@ func serveStack(ctx context.Context, rc roleConfig) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /cpu", cpuProfile)
+	mux.HandleFunc("GET /goroutines", serveGoroutines)
+	mux.Handle("GET /heap", httppprof.Handler("heap"))
 	stageHandlers(mux, st, rec)
 	floorHandlers(mux, st, rec)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
