@@ -166,10 +166,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 # Direct vs. httputil.ReverseProxy vs. Switchyard in front of one fixed-latency
-# engine, open loop, on this machine, then thousands of open streams through
-# the proxy and Switchyard side by side; rewrites the bench-e2e sections of
-# docs/benchmarks.md (about 5 minutes). BENCH_E2E_FLAGS go to cmd/benche2e
-# (-only-many reruns the many-streams phase alone).
+# engine, open loop, on this machine, beside the bus floor (nats-floor: the
+# same messages through the same NATS server, nothing else), then thousands
+# of open streams through the proxy and Switchyard side by side; prints one
+# verdict line per target and rewrites the bench-e2e sections of
+# docs/benchmarks.md (about 10 minutes on a quiet machine, at most 20).
+# BENCH_E2E_FLAGS go to cmd/benche2e (-only-many reruns the many-streams
+# phase alone).
 bench-e2e:
 	GO=$(GO) ./scripts/bench-e2e.sh $(BENCH_E2E_FLAGS)
 
