@@ -153,8 +153,10 @@ type Config struct {
 	RetryBudget float64
 	// ShutdownGrace lets in-flight requests finish on shutdown (default 30s).
 	ShutdownGrace time.Duration
-	// WriteTimeout bounds each write to a streaming client (default 10s): a
-	// client that stops reading fails its own stream, never the others.
+	// WriteTimeout bounds each write to a streaming client (default 10s;
+	// the deadline is renewed once less than three quarters of it remain,
+	// so a write has from ¾ of it to all of it): a client that stops
+	// reading fails its own stream, never the others.
 	WriteTimeout time.Duration
 	// HandoffDepth is the per-request buffer between the NATS reply
 	// subscription and the HTTP writer (default 256 messages); a client

@@ -150,10 +150,14 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 					fmt.Fprintln(os.Stderr, "goroutines:", err)
 				}
 				if b.cfg.cpuProfile != "" {
-					// Beside the CPU profile: the heap at this moment.
-					path := filepath.Join(filepath.Dir(b.cfg.cpuProfile), fmt.Sprintf("many-%s.heap.pprof", strings.ReplaceAll(rateLabel(s), " ", "-")))
-					if err := fetchTo(mid, ctl+"/heap", path); err != nil {
+					// Beside the fixed phase's CPU profile: the heap at
+					// this moment, then five seconds of CPU.
+					name := filepath.Join(filepath.Dir(b.cfg.cpuProfile), "many-"+strings.ReplaceAll(rateLabel(s), " ", "-"))
+					if err := fetchTo(mid, ctl+"/heap", name+".heap.pprof"); err != nil {
 						fmt.Fprintln(os.Stderr, "heap profile:", err)
+					}
+					if err := fetchTo(mid, ctl+"/cpu?seconds=5", name+".cpu.pprof"); err != nil {
+						fmt.Fprintln(os.Stderr, "cpu profile:", err)
 					}
 				}
 			})
