@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net"
 
 	"github.com/switchyard-llm/switchyard/internal/jsonscan"
 )
@@ -22,11 +23,26 @@ type bodyField struct {
 }
 
 // setFields returns body with fields set, and the values of the top-level
-// keys named in watch (read, not changed), in one pass over the body. It
-// rewrites only the set values' bytes: the rest of the body, which can be
-// megabytes of prompt, is copied, never decoded. The body is returned
-// unchanged when it already holds every value.
+// keys named in watch (read, not changed), in one pass over the body: the
+// parts of setParts joined.
 func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]byte, error) {
+	parts, watched, err := setParts(body, fields, watch...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(parts) == 1 {
+		return parts[0], watched, nil
+	}
+	return bytes.Join(parts, nil), watched, nil
+}
+
+// setParts returns body with fields set as the parts that, written in
+// order, make it, and the values of the top-level keys named in watch
+// (read, not changed), in one pass over the body. Only the set values are
+// new bytes: the rest of the body, which can be megabytes of prompt, is
+// parts of body itself, never decoded nor copied. The body is the one part
+// when it already holds every value.
+func setParts(body []byte, fields []bodyField, watch ...string) (net.Buffers, [][]byte, error) {
 	keys := make([]string, 0, 2*len(fields)+len(watch))
 	owner := make([]int, 0, cap(keys))
 	for i, f := range fields {
@@ -66,30 +82,30 @@ func setFields(body []byte, fields []bodyField, watch ...string) ([]byte, [][]by
 		}
 	}
 	if same && len(missing) == 0 {
-		return body, watched, nil
+		return net.Buffers{body}, watched, nil
 	}
-	out := make([]byte, 0, len(body)+64)
+	parts := make(net.Buffers, 0, 2*len(spans)+3)
 	prev := 0
 	for _, s := range spans {
-		out = append(out, body[prev:s.from]...)
-		out = append(out, fields[owner[s.key]].value...)
+		parts = append(parts, body[prev:s.from], fields[owner[s.key]].value)
 		prev = s.to
 	}
-	out = append(out, body[prev:end]...)
+	parts = append(parts, body[prev:end])
 	// Insert before the closing brace; an empty object takes no comma.
 	empty := bytes.TrimSpace(body[:end])
 	comma := empty[len(empty)-1] != '{'
+	var added []byte
 	for _, f := range missing {
 		if comma {
-			out = append(out, ',')
+			added = append(added, ',')
 		}
 		comma = true
 		q, _ := json.Marshal(f.keys[0])
-		out = append(out, q...)
-		out = append(out, ':')
-		out = append(out, f.value...)
+		added = append(added, q...)
+		added = append(added, ':')
+		added = append(added, f.value...)
 	}
-	return append(out, body[end:]...), watched, nil
+	return append(parts, added, body[end:]), watched, nil
 }
 
 // span is the value of a top-level key: keys[key] at body[from:to].
@@ -121,3 +137,19 @@ func topLevel(b []byte, keys []string) (spans []span, end int, err error) {
 
 // quote quotes s as a JSON string (a string always marshals).
 func quote(s string) ([]byte, error) { return json.Marshal(s) }
+
+// partsReader reads parts in order without consuming the caller's slice
+// of them (a net.Buffers is consumed as it is read).
+func partsReader(parts net.Buffers) *net.Buffers {
+	r := append(net.Buffers(nil), parts...)
+	return &r
+}
+
+// partsLen is the length of the body parts make.
+func partsLen(parts net.Buffers) int64 {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	return int64(n)
+}

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -105,4 +106,60 @@ func rewriteModel(body []byte, name string) ([]byte, error) {
 	quoted, _ := quote(name)
 	out, _, err := setFields(body, []bodyField{{keys: []string{"model"}, value: quoted}})
 	return out, err
+}
+
+// The engine's body goes out as parts: the prompt is the request
+// message's own bytes, not a copy, and the parts make exactly what
+// setFields returns whole.
+func TestSetPartsKeepsThePromptInPlace(t *testing.T) {
+	prompt := strings.Repeat("a long pasted document ", 4096)
+	body := []byte(`{"model":"alias","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":9}`)
+	fields := []bodyField{{keys: []string{"model"}, value: []byte(`"served"`)},
+		{keys: []string{"max_tokens"}, value: []byte("4")}, {keys: []string{"priority"}, value: []byte("2")}}
+	parts, _, err := setParts(body, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, _, err := setFields(body, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if joined := bytes.Join(parts, nil); !bytes.Equal(joined, whole) || partsLen(parts) != int64(len(whole)) {
+		t.Fatalf("parts make %q (%d bytes), setFields %q", joined, partsLen(parts), whole)
+	}
+	want := `{"model":"served","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":4,"priority":2}`
+	if string(whole) != want {
+		t.Fatalf("body %.80q…, want %.80q…", whole, want)
+	}
+	inPlace := false
+	for _, p := range parts {
+		if len(p) > len(prompt) && &p[0] == &body[bytes.Index(body, []byte(`","messages"`))+1] {
+			inPlace = true
+		}
+	}
+	if !inPlace {
+		t.Error("the prompt was copied: no part is the request body's own bytes")
+	}
+	// Read twice (a retry on a dead connection): each reader starts over.
+	for range 2 {
+		var got bytes.Buffer
+		if _, err := got.ReadFrom(partsReader(parts)); err != nil || !bytes.Equal(got.Bytes(), whole) {
+			t.Fatalf("read %d bytes (%v), want %d", got.Len(), err, len(whole))
+		}
+	}
+}
+
+// BenchmarkSetPartsLong is what engineBody costs on the same long body as
+// BenchmarkRewriteModelLong, with the body left in parts.
+func BenchmarkSetPartsLong(b *testing.B) {
+	body := []byte(`{"model":"alias","stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat(`A long document line with an \"escaped quote\" and a break.\n`, 4400) + `"}]}`)
+	fields := []bodyField{{keys: []string{"model"}, value: []byte(`"llama-3-8b-instruct"`)}}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := setParts(body, fields); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -1,10 +1,10 @@
 package adapter
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -95,6 +95,7 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		return nil, errNotServed(endpoint)
 	}
 	var rd io.Reader
+	var body net.Buffers
 	if method == "" {
 		method = http.MethodPost
 		// kv_transfer_params is the adapters' to write: a client's own
@@ -109,13 +110,20 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		if e != nil {
 			return nil, e
 		}
-		rd = bytes.NewReader(b)
+		body = b
+		rd = partsReader(body)
 	}
 	req, err := http.NewRequestWithContext(c.ctx, method, a.cfg.EngineURL+endpoint, rd)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
 	}
 	if rd != nil {
+		// The body goes out part by part, the prompt from the request
+		// message itself, never copied into one buffer; its length is
+		// known, and a connection found dead before a byte of the answer
+		// came may send it again (GetBody).
+		req.ContentLength = partsLen(body)
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(partsReader(body)), nil }
 		req.Header.Set("Content-Type", "application/json")
 	}
 	a.continueTrace(c.ctx, h, req)

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"bytes"
+	"net"
 	"net/http"
 	"strconv"
 
@@ -38,10 +39,11 @@ func answerLimits(endpoint string) answerBounds {
 	return answerBounds{} // embeddings: no answer to bound
 }
 
-// engineBody is the body sent to the engine: the model set to the served
-// name, and the reserved max_tokens written in, whatever the body said. A
+// engineBody is the body sent to the engine, as the parts that make it
+// (setParts): the model set to the served name, and the reserved
+// max_tokens written in, whatever the body said. A
 // body asking for more than one answer is refused: the quota reserved one.
-func engineBody(ep answerBounds, body []byte, model, reservedMax string, extra ...bodyField) ([]byte, *subjects.APIError) {
+func engineBody(ep answerBounds, body []byte, model, reservedMax string, extra ...bodyField) (net.Buffers, *subjects.APIError) {
 	quoted, _ := quote(model)
 	fields := append([]bodyField{{keys: []string{"model"}, value: quoted}}, extra...)
 	if reservedMax != "" && len(ep.maxTokens) > 0 {
@@ -56,7 +58,7 @@ func engineBody(ep answerBounds, body []byte, model, reservedMax string, extra .
 	if ep.choices {
 		watch = []string{"n", "best_of"}
 	}
-	out, answers, err := setFields(body, fields, watch...)
+	out, answers, err := setParts(body, fields, watch...)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
 	}
