@@ -170,7 +170,8 @@ bench:
 # same messages through the same NATS server, nothing else), then thousands
 # of open streams through the proxy and Switchyard side by side; prints one
 # verdict line per target and rewrites the bench-e2e sections of
-# docs/benchmarks.md (about 10 minutes on a quiet machine, at most 20).
+# docs/benchmarks.md (about 10 minutes on a quiet machine; each phase first
+# waits up to -settle for the load average to fall to 1.0).
 # BENCH_E2E_FLAGS go to cmd/benche2e (-only-many reruns the many-streams
 # phase alone).
 bench-e2e:

@@ -695,6 +695,7 @@ func (l *leg) on(f reply.Frame) (r result, over bool) {
 		if l.phase != phaseSent {
 			// A keepalive repeats the last seq sent: slow, not dead.
 			l.heard()
+			l.out.alive()
 		}
 		return r, false
 	case reply.Present:

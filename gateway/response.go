@@ -63,6 +63,15 @@ func (s *response) renew() {
 	_ = s.rc.SetWriteDeadline(s.until)
 }
 
+// alive renews a begun stream's write deadline before a write, or while
+// its engine is silent (a keepalive came): over HTTP/2 a passed deadline
+// resets the stream even with no write waiting.
+func (s *response) alive() {
+	if s.rc != nil {
+		s.renew()
+	}
+}
+
 // firstByte counts the time to the client's first byte, and stamps it.
 func (s *response) firstByte() {
 	s.g.metrics.firstByte(s.u, time.Since(s.u.started))
@@ -275,6 +284,7 @@ func (s *response) finish() {
 	// The engine may have ended without a blank line after its last
 	// event: it is whole all the same.
 	s.written = 0
+	s.alive()
 	if _ = s.events.End(s.event); s.written > 0 {
 		_ = s.rc.Flush()
 	}

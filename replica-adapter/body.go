@@ -138,6 +138,13 @@ func topLevel(b []byte, keys []string) (spans []span, end int, err error) {
 // quote quotes s as a JSON string (a string always marshals).
 func quote(s string) ([]byte, error) { return json.Marshal(s) }
 
+// joinBelow is the body length up to which the engine's body is joined
+// into one buffer: net/http writes the headers and a body it knows to be
+// in memory (a bytes.Reader) together, and any other body after flushing
+// the headers alone, a write more. Past it the copy costs more than that
+// write.
+const joinBelow = 32 << 10
+
 // partsReader reads parts in order without consuming the caller's slice
 // of them (a net.Buffers is consumed as it is read).
 func partsReader(parts net.Buffers) *net.Buffers {

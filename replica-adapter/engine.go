@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -110,20 +111,26 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		if e != nil {
 			return nil, e
 		}
-		body = b
-		rd = partsReader(body)
+		if partsLen(b) <= joinBelow {
+			rd = bytes.NewReader(bytes.Join(b, nil))
+		} else {
+			body = b
+			rd = partsReader(body)
+		}
 	}
 	req, err := http.NewRequestWithContext(c.ctx, method, a.cfg.EngineURL+endpoint, rd)
 	if err != nil {
 		return nil, subjects.NewError(http.StatusBadRequest, subjects.CodeInvalidRequest, err.Error())
 	}
-	if rd != nil {
-		// The body goes out part by part, the prompt from the request
-		// message itself, never copied into one buffer; its length is
-		// known, and a connection found dead before a byte of the answer
-		// came may send it again (GetBody).
+	if body != nil {
+		// A long body goes out part by part, the prompt read from the
+		// request message itself rather than joined into a copy first;
+		// its length is known, and a reused connection found dead before
+		// any of the request was written may send it again (GetBody).
 		req.ContentLength = partsLen(body)
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(partsReader(body)), nil }
+	}
+	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	a.continueTrace(c.ctx, h, req)

@@ -154,10 +154,11 @@ func render(r *results) string {
 		}
 		if fl := ns.Floor; fl != nil && fl.Run.Requests > 0 {
 			p("The bus floor (`nats-floor`, the legs of the phase's last Switchyard request) alone at %g/s after the paths (%s): %d rounds, %d errors, "+
-				"p50 %s ms, p99 %s ms; CPU per round %d µs: its process %s, the NATS server's share %s (Switchyard's process, idle but for the server then). "+
+				"p50 %s ms, p99 %s ms; CPU per round %d µs: its process %s, the NATS server's share %s (Switchyard's process over the run, less its CPU at rest read for %s before it, %s scaled to the run). "+
 				"Target: Switchyard's CPU per request at most the proxy's plus %.1f × the floor's (see the verdicts).\n\n",
 				c.Rate, loadNote(fl.Load), fl.Run.Requests, fl.Run.Errors, f3(fl.Run.P50), f3(fl.Run.P99), fl.perRequest().Microseconds(),
-				perRequest(fl.CPU, float64(fl.Run.Requests)), perRequest(fl.ServerCPU, float64(fl.Run.Requests)), cpuFloorFactor)
+				perRequest(fl.CPU, float64(fl.Run.Requests)), perRequest(fl.ServerCPU, float64(fl.Run.Requests)), floorIdle,
+				fmt.Sprintf("%.0f ms", fl.IdleCPU.total().Seconds()*1000), cpuFloorFactor)
 		}
 		renderStages(p, "non-stream at the fixed rate", ns.Stages)
 	}

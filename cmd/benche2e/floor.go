@@ -79,12 +79,18 @@ func writeJSONTo(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Bounds of the shapes a floor takes: no message over 8 MiB, no more
-// replies than the recorder keeps.
+// Bounds of what a floor takes: no message body over 8 MiB, no more
+// replies than the recorder keeps, no round over 32 MiB in all; a run of
+// at most a million rounds, at most 4096 of them under way at once (a
+// round past that fails, as an open loop counts a request it could not
+// send).
 const (
-	maxFloorBody    = 8 << 20
-	maxFloorHeaders = 64
-	maxFloorReplies = 4096
+	maxFloorBody     = 8 << 20
+	maxFloorHeaders  = 64
+	maxFloorReplies  = 4096
+	maxFloorRound    = 32 << 20
+	maxFloorRounds   = 1_000_000
+	maxFloorInFlight = 4096
 )
 
 // floorMsgs are the messages one round sends: built once per shape.
@@ -114,6 +120,16 @@ func build(l stages.Legs) (*floorMsgs, error) {
 			m.Header.Add(headerKey(i, kv[0]), strings.Repeat("v", kv[1]))
 		}
 		return m, nil
+	}
+	total := 0
+	for _, m := range append([]stages.MsgShape{l.Request}, l.Replies...) {
+		total += max(m.Body, 0)
+		for _, kv := range m.Header {
+			total += max(kv[0], 0) + max(kv[1], 0)
+		}
+	}
+	if total > maxFloorRound {
+		return nil, fmt.Errorf("a round of %d bytes, more than %d", total, maxFloorRound)
 	}
 	var out floorMsgs
 	var err error
@@ -157,8 +173,9 @@ type floor struct {
 	onceMu  sync.Mutex
 	onceSub *nats.Subscription
 
-	mu   sync.Mutex // guards msgs and waiting
-	msgs *floorMsgs
+	msgs atomic.Pointer[floorMsgs] // what a round sends (nil: no legs set)
+
+	mu sync.Mutex // guards waiting
 	// waiting holds each round of a run under way by its reply token: the
 	// channel its replies go to.
 	waiting map[string]chan struct{}
@@ -204,7 +221,7 @@ func newFloor(a floorAccess) (*floor, error) {
 		_, err = f.client.Subscribe(f.replyPfx+"run.*", f.take)
 	}
 	if err == nil {
-		f.onceSub, err = f.client.SubscribeSync(f.replyPfx + "once")
+		f.onceSub, err = f.client.SubscribeSync(f.replyPfx + "once.*")
 	}
 	if err == nil {
 		err = errors.Join(f.client.Flush(), f.responder.Flush())
@@ -225,9 +242,7 @@ func (f *floor) close() {
 // request's reply subject. PublishMsg has written a message by the time
 // it returns, so the shared messages are only read.
 func (f *floor) respond(m *nats.Msg) {
-	f.mu.Lock()
-	msgs := f.msgs
-	f.mu.Unlock()
+	msgs := f.msgs.Load()
 	if msgs == nil || !strings.HasPrefix(m.Reply, f.replyPfx) {
 		return
 	}
@@ -254,35 +269,30 @@ func (f *floor) setLegs(w http.ResponseWriter, r *http.Request) {
 	f.setMsgs(msgs)
 }
 
-func (f *floor) setMsgs(msgs *floorMsgs) {
-	f.mu.Lock()
-	f.msgs = msgs
-	f.mu.Unlock()
-}
+func (f *floor) setMsgs(msgs *floorMsgs) { f.msgs.Store(msgs) }
 
 // once sends one request and waits for all its replies: the time between.
+// Its reply subject ends in a token of its own: a reply of an earlier
+// round that gave up is skipped, not counted.
 func (f *floor) once() (time.Duration, error) {
 	f.onceMu.Lock()
 	defer f.onceMu.Unlock()
-	f.mu.Lock()
-	msgs := f.msgs
-	f.mu.Unlock()
-	for { // what a round that timed out left behind
-		if n, _, err := f.onceSub.Pending(); err != nil || n == 0 {
-			break
-		}
-		_, _ = f.onceSub.NextMsg(time.Millisecond)
-	}
+	msgs := f.msgs.Load()
+	reply := f.replyPfx + "once." + strconv.FormatUint(f.next.Add(1), 36)
 	out := *msgs.request
-	out.Subject, out.Reply = f.subject, f.onceSub.Subject
+	out.Subject, out.Reply = f.subject, reply
 	deadline := time.Now().Add(5 * time.Second)
 	start := time.Now()
 	if err := f.client.PublishMsg(&out); err != nil {
 		return 0, err
 	}
-	for range msgs.replies {
-		if _, err := f.onceSub.NextMsg(time.Until(deadline)); err != nil {
+	for got := 0; got < len(msgs.replies); {
+		m, err := f.onceSub.NextMsg(time.Until(deadline))
+		if err != nil {
 			return 0, fmt.Errorf("the replies did not all come: %w", err)
+		}
+		if m.Subject == reply {
+			got++
 		}
 	}
 	return time.Since(start), nil
@@ -305,10 +315,14 @@ func (f *floor) take(m *nats.Msg) {
 // round is one round of a run: as once, its replies on the shared
 // subscription.
 func (f *floor) round() (time.Duration, error) {
-	f.mu.Lock()
-	msgs := f.msgs
+	msgs := f.msgs.Load()
 	token := strconv.FormatUint(f.next.Add(1), 36)
 	ch := make(chan struct{}, len(msgs.replies))
+	f.mu.Lock()
+	if len(f.waiting) >= maxFloorInFlight {
+		f.mu.Unlock()
+		return 0, errors.New("too many rounds under way")
+	}
 	f.waiting[token] = ch
 	f.mu.Unlock()
 	defer func() {
@@ -335,9 +349,7 @@ func (f *floor) round() (time.Duration, error) {
 }
 
 func (f *floor) ready(w http.ResponseWriter) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.msgs == nil {
+	if f.msgs.Load() == nil {
 		http.Error(w, "no legs set (POST /legs)", http.StatusConflict)
 		return false
 	}
@@ -379,11 +391,11 @@ func (f *floor) serveRun(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rate, err1 := strconv.ParseFloat(q.Get("rate"), 64)
 	d, err2 := time.ParseDuration(q.Get("duration"))
-	if err1 != nil || err2 != nil || rate <= 0 || rate > 100000 || d <= 0 || d > 10*time.Minute {
-		http.Error(w, "?rate= (0–100000) and ?duration= (up to 10m) are needed", http.StatusBadRequest)
+	n := int(rate * d.Seconds())
+	if err1 != nil || err2 != nil || rate <= 0 || rate > 100000 || d <= 0 || d > 10*time.Minute || n > maxFloorRounds {
+		http.Error(w, fmt.Sprintf("?rate= (0–100000) and ?duration= (up to 10m) are needed, for at most %d rounds", maxFloorRounds), http.StatusBadRequest)
 		return
 	}
-	n := int(rate * d.Seconds())
 	var mu sync.Mutex
 	var run floorRun
 	var ds []time.Duration
@@ -478,23 +490,41 @@ func (b *bench) floorOnce(ctx context.Context) (time.Duration, error) {
 	return time.Duration(r.NS), err
 }
 
+// floorIdle is how long the stack's idle CPU (heartbeats, JetStream, the
+// dashboard) is read before the floor's run, to be taken out of the NATS
+// server's share.
+const floorIdle = 5 * time.Second
+
 // floorFixed runs the floor alone at the fixed rate, reading the CPU time
 // of the floor and of the stack (whose NATS server carries the floor's
-// messages, and which is otherwise idle then) around it.
+// messages) around it; the stack's CPU at rest, read just before, is
+// taken out of the server's share.
 func (b *bench) floorFixed(ctx context.Context) (*floorPhase, error) {
 	if err := b.floorLegs(ctx); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(os.Stderr, "== nats-floor alone at %g/s, %s\n", b.cfg.rate, b.cfg.duration)
 	fp := &floorPhase{Load: b.settle(ctx)}
+	rest := b.cpu()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(floorIdle):
+	}
 	before := b.cpu()
+	start := time.Now()
 	err := b.getJSON(ctx, fmt.Sprintf("%s/run?rate=%g&duration=%s", b.floorURL, b.cfg.rate, b.cfg.duration), &fp.Run)
+	took := time.Since(start)
 	after := b.cpu()
 	if err != nil {
 		return nil, err
 	}
 	fp.CPU = after["nats-floor"].minus(before["nats-floor"])
-	fp.ServerCPU = after["stack"].minus(before["stack"])
+	idle := before["stack"].minus(rest["stack"])
+	scale := func(d loadgen.Dur) loadgen.Dur { return loadgen.Dur(float64(d) * took.Seconds() / floorIdle.Seconds()) }
+	fp.IdleCPU = cpuUse{User: scale(idle.User), Sys: scale(idle.Sys)}
+	fp.ServerCPU = after["stack"].minus(before["stack"]).minus(fp.IdleCPU)
+	fp.ServerCPU.User, fp.ServerCPU.Sys = max(fp.ServerCPU.User, 0), max(fp.ServerCPU.Sys, 0)
 	fmt.Fprintf(os.Stderr, "   nats-floor %d rounds, %d errors %s, p50 %.3fms p99 %.3fms, CPU/request %s + server %s\n",
 		fp.Run.Requests, fp.Run.Errors, fp.Run.Err, fp.Run.P50.Ms(), fp.Run.P99.Ms(),
 		perRequest(fp.CPU, float64(fp.Run.Requests)), perRequest(fp.ServerCPU, float64(fp.Run.Requests)))
@@ -502,11 +532,13 @@ func (b *bench) floorFixed(ctx context.Context) (*floorPhase, error) {
 }
 
 // floorPhase is the floor alone at the fixed rate: its rounds, its own
-// CPU and the stack process's (the NATS server's share) over them.
+// CPU and the stack process's over them less what it uses at rest (the
+// NATS server's share), and that rest, scaled to the run.
 type floorPhase struct {
 	Run       floorRun `json:"run"`
 	CPU       cpuUse   `json:"cpu"`
 	ServerCPU cpuUse   `json:"server_cpu"`
+	IdleCPU   cpuUse   `json:"stack_idle_cpu"`
 	Load      float64  `json:"loadavg_start"`
 }
 

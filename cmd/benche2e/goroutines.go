@@ -37,7 +37,8 @@ func partOf(fn string) string {
 		return "nats-server"
 	case strings.HasPrefix(fn, "github.com/nats-io/nats.go"), strings.HasPrefix(fn, "github.com/nats-io/nats%2ego"):
 		return "nats.go"
-	case strings.HasPrefix(fn, "net/http.(*conn)"), strings.HasPrefix(fn, "net/http.(*connReader)"), strings.HasPrefix(fn, "net/http.(*Server)"):
+	case strings.HasPrefix(fn, "net/http.(*conn)"), strings.HasPrefix(fn, "net/http.(*connReader)"), strings.HasPrefix(fn, "net/http.(*Server)"),
+		strings.HasPrefix(fn, "net/http.(*http2serverConn)"), strings.HasPrefix(fn, "net/http.(*http2Server)"):
 		return "net/http server"
 	case strings.HasPrefix(fn, "net/http."):
 		return "net/http client"
@@ -55,8 +56,8 @@ func partOf(fn string) string {
 
 // goroutineParts counts the goroutines of a goroutine profile in pprof's
 // debug=1 text ("N @ pcs" then one "#" line a frame, innermost first) by
-// part.
-func goroutineParts(profile []byte) map[string]int {
+// part; a line it cannot read is an error.
+func goroutineParts(profile []byte) (map[string]int, error) {
 	parts := map[string]int{}
 	sc := bufio.NewScanner(bytes.NewReader(profile))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -83,7 +84,7 @@ func goroutineParts(profile []byte) map[string]int {
 		}
 	}
 	flush()
-	return parts
+	return parts, sc.Err()
 }
 
 // serveGoroutines answers GET /goroutines with the process's goroutines by
@@ -94,7 +95,12 @@ func serveGoroutines(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	writeJSONTo(w, goroutineParts(b.Bytes()))
+	parts, err := goroutineParts(b.Bytes())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	writeJSONTo(w, parts)
 }
 
 // perStream renders goroutines by part, per open stream when open > 0.

@@ -20,6 +20,9 @@ func TestGoroutineParts(t *testing.T) {
 #	0x43d	net/http.(*connReader).backgroundRead+0x1	/go/src/net/http/server.go:1
 
 1 @ 0x43e
+#	0x43d	net/http.(*http2serverConn).serve+0x1	/go/src/net/http/h2_bundle.go:1
+
+1 @ 0x43e
 #	0x43d	github.com/nats-io/nats%2ego.(*Conn).readLoop+0x1	/x:1
 
 1 @ 0x43e
@@ -28,8 +31,11 @@ func TestGoroutineParts(t *testing.T) {
 1 @ 0x43e
 #	0x43d	main.main+0x1	/x/main.go:1
 `)
-	got := goroutineParts(profile)
-	want := map[string]int{"net/http client": 3, "replica-adapter": 2, "net/http server": 2, "nats.go": 1, "nats-server": 1, "main": 1}
+	got, err := goroutineParts(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"net/http client": 3, "replica-adapter": 2, "net/http server": 3, "nats.go": 1, "nats-server": 1, "main": 1}
 	if len(got) != len(want) {
 		t.Fatalf("parts %v, want %v", got, want)
 	}

@@ -149,9 +149,10 @@ func (b *bench) many(ctx context.Context, exe string) (*manyPhase, error) {
 				if err := b.getJSON(mid, ctl+"/goroutines", &s.Goroutines); err != nil {
 					fmt.Fprintln(os.Stderr, "goroutines:", err)
 				}
-				if b.cfg.cpuProfile != "" {
+				if b.cfg.cpuProfile != "" && i > 0 {
 					// Beside the fixed phase's CPU profile: the heap at
-					// this moment, then five seconds of CPU.
+					// this moment, then five seconds of CPU. Not in the
+					// first rate, whose figures the targets judge.
 					name := filepath.Join(filepath.Dir(b.cfg.cpuProfile), "many-"+strings.ReplaceAll(rateLabel(s), " ", "-"))
 					if err := fetchTo(mid, ctl+"/heap", name+".heap.pprof"); err != nil {
 						fmt.Fprintln(os.Stderr, "heap profile:", err)

@@ -42,30 +42,35 @@ func ShapeOf(m *nats.Msg) MsgShape {
 
 // RequestLeg records m, the request leg of sampled request id, as the
 // legs' request and forgets the replies of any earlier one: the legs are
-// the last sampled request's (meant for requests sent one at a time).
+// the last sampled request's (meant for requests sent one at a time). The
+// shape is worked out outside the recorder's lock.
 func (r *Recorder) RequestLeg(id string, m *nats.Msg) {
-	if r == nil || m.Reply == "" {
+	if r == nil || m.Reply == "" || !r.Sampled(id) {
 		return
 	}
+	shape, reply := ShapeOf(m), m.Reply
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.open[id] == nil {
-		return
-	}
-	r.legsReply = m.Reply
-	r.legs = Legs{Request: ShapeOf(m)}
+	r.legsReply.Store(&reply)
+	r.legs = Legs{Request: shape}
 }
 
 // ReplyLeg records m when it came on the reply subject of the last
-// request leg recorded.
+// request leg recorded. Any other message costs an atomic load and a
+// comparison: no lock.
 func (r *Recorder) ReplyLeg(m *nats.Msg) {
 	if r == nil {
 		return
 	}
+	p := r.legsReply.Load()
+	if p == nil || *p != m.Subject {
+		return
+	}
+	shape := ShapeOf(m)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if m.Subject == r.legsReply && len(r.legs.Replies) < maxReplies {
-		r.legs.Replies = append(r.legs.Replies, ShapeOf(m))
+	if r.legsReply.Load() == p && len(r.legs.Replies) < maxReplies {
+		r.legs.Replies = append(r.legs.Replies, shape)
 	}
 }
 

@@ -67,12 +67,14 @@ type Recorder struct {
 	every uint64
 	seen  atomic.Uint64
 
-	mu   sync.Mutex // guards open, done, next, legsReply, legs
+	mu   sync.Mutex // guards open, done, next, legs
 	open map[string]*record
 	done []record
 	next int // where the next finished record goes once done is full
 
-	legsReply string // the reply subject of the legs recorded (legs.go)
+	// legsReply is the reply subject of the legs recorded (legs.go), read
+	// without the lock by every reply message.
+	legsReply atomic.Pointer[string]
 	legs      Legs
 }
 
