@@ -355,7 +355,7 @@ func renderMany(b *strings.Builder, ph *manyPhase) {
 	p("\n")
 	for _, s := range ph.Steps {
 		if len(s.Goroutines) > 0 {
-			p("- %s/s: Switchyard's goroutines halfway through (~%d streams open), by the part that started them: %s.\n", rateLabel(s), s.Open, perStream(s.Goroutines, s.Open))
+			p("- %s/s: Switchyard's goroutines halfway through (~%d streams open), by the part whose function they run: %s.\n", rateLabel(s), s.Open, perStream(s.Goroutines, s.Open))
 		}
 	}
 	p("\n")
