@@ -467,20 +467,11 @@ func (b *bench) floorLegs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.floorURL+"/legs", bytes.NewReader(body))
+	rc, err := fetch(ctx, http.MethodPost, b.floorURL+"/legs", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("floor /legs: %s %s", resp.Status, bytes.TrimSpace(msg))
-	}
-	return nil
+	return rc.Close()
 }
 
 // floorOnce is one round of the floor, timed by the floor.
@@ -553,18 +544,30 @@ func (fp *floorPhase) perRequest() time.Duration {
 func (b *bench) getJSON(ctx context.Context, url string, v any) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	rc, err := fetch(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
+	}
+	defer rc.Close()
+	return json.NewDecoder(rc).Decode(v)
+}
+
+// fetch sends a request to one of the bench's own processes and returns
+// the body of its 200 answer; any other status is an error that says what
+// the answer said.
+func fetch(ctx context.Context, method, url string, body io.Reader) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s %s", url, resp.Status, bytes.TrimSpace(msg))
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s %s: %s %s", method, url, resp.Status, bytes.TrimSpace(msg))
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return resp.Body, nil
 }

@@ -437,23 +437,16 @@ func fetchProfile(ctx context.Context, ctlURL string, secs int, path string) err
 
 // fetchTo writes what url answers to path.
 func fetchTo(ctx context.Context, url, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	rc, err := fetch(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("profile: %s", resp.Status)
-	}
+	defer rc.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(f, resp.Body)
+	_, err = io.Copy(f, rc)
 	return errors.Join(err, f.Close())
 }
 
