@@ -37,11 +37,11 @@ import (
 // goroutine); rounds at a fixed rate, many under way at once, share one
 // wildcard subscription whose handler passes each reply to its round by
 // the subject's last token, as nats.go's own request multiplexer does (a
-// subscription per round costs the server and the client twice the CPU).
-// Nothing else runs in it: no engine, no HTTP on the measured path, no
-// decision. The orchestrator gives it the shapes
-// (POST /legs) and asks it for one round (GET /once) or a fixed rate
-// (GET /run); it times the rounds itself.
+// subscription per round cost the server and the client about twice the
+// CPU). Nothing else runs in it: no engine, no HTTP on the measured path,
+// no decision. The orchestrator gives it the shapes (POST /legs) and asks
+// it for one round (GET /once) or a fixed rate (GET /run); it times the
+// rounds itself.
 
 // floorReplica is the adapter identity the responder runs under: a
 // replica id the stack's table does not have, so no decider sends it
