@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/devstack"
 	"github.com/switchyard-llm/switchyard/internal/stages"
+	"github.com/switchyard-llm/switchyard/internal/testkit"
 )
 
 // sortedLines is a shape's header lines as a multiset.
@@ -142,16 +144,15 @@ func TestFloorSendsTheLegsOfASwitchyardRequest(t *testing.T) {
 	if got := <-reqSeen; !sameShape(got, legs.Request) {
 		t.Errorf("the floor's request %+v, Switchyard's %+v", got, legs.Request)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// The tap may take the last reply after the floor's client did.
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		mu.Lock()
-		n := len(seen)
-		mu.Unlock()
-		if n >= len(legs.Replies) || time.Now().After(deadline) {
-			break
+		defer mu.Unlock()
+		if len(seen) < len(legs.Replies) {
+			return fmt.Errorf("the tap saw %d of %d replies", len(seen), len(legs.Replies))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	mu.Lock()
 	if len(seen) != len(legs.Replies) {
 		t.Fatalf("the floor sent %d replies, Switchyard %d", len(seen), len(legs.Replies))
