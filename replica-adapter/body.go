@@ -141,8 +141,9 @@ func quote(s string) ([]byte, error) { return json.Marshal(s) }
 // joinBelow is the body length up to which the engine's body is joined
 // into one buffer: net/http writes the headers and a body it knows to be
 // in memory (a bytes.Reader) together, and any other body after flushing
-// the headers alone, a write more. Past it the copy costs more than that
-// write.
+// the headers alone, a write more. The bound is chosen, not measured: at
+// 32 KiB both the copy and the write are a few microseconds, and past it
+// the copy grows with the body while the write does not.
 const joinBelow = 32 << 10
 
 // partsReader reads parts in order without consuming the caller's slice

@@ -96,7 +96,8 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		return nil, errNotServed(endpoint)
 	}
 	var rd io.Reader
-	var body net.Buffers
+	var body net.Buffers // a long body's parts, sent as they are
+	var n int64          // the body's length
 	if method == "" {
 		method = http.MethodPost
 		// kv_transfer_params is the adapters' to write: a client's own
@@ -111,9 +112,12 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		if e != nil {
 			return nil, e
 		}
-		if partsLen(b) <= joinBelow {
+		switch n = partsLen(b); {
+		case len(b) == 1: // the body as it came
+			rd = bytes.NewReader(b[0])
+		case n <= joinBelow:
 			rd = bytes.NewReader(bytes.Join(b, nil))
-		} else {
+		default:
 			body = b
 			rd = partsReader(body)
 		}
@@ -127,7 +131,7 @@ func (c *engineCall) request() (*http.Request, *subjects.APIError) {
 		// request message itself rather than joined into a copy first;
 		// its length is known, and a reused connection found dead before
 		// any of the request was written may send it again (GetBody).
-		req.ContentLength = partsLen(body)
+		req.ContentLength = n
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(partsReader(body)), nil }
 	}
 	if rd != nil {

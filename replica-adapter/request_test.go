@@ -453,3 +453,32 @@ func TestReplyInHeader(t *testing.T) {
 	default:
 	}
 }
+
+// A body past the length joined into one buffer goes to the engine part by
+// part, and arrives whole: every member rewritten or kept, its length
+// declared (not chunked).
+func TestALongBodyReachesTheEngineWhole(t *testing.T) {
+	e := newEnv(t)
+	e.eng.handle(streamSSE(t))
+	e.start(e.config())
+	e.waitReady("r-1")
+	prompt := strings.Repeat("a long pasted document, ", 4096) // ~96 KiB
+	h := chatHeaders("req-long")
+	h.Set(subjects.HdrMaxTokens, "20")
+	untilEnd(t, e.request("r-1", h, `{"model":"chat-small","stream":true,"messages":[{"role":"user","content":"`+prompt+`"}],"max_tokens":900}`))
+	got := e.eng.requests()
+	if len(got) != 1 {
+		t.Fatalf("engine saw %d requests", len(got))
+	}
+	b := got[0].Body
+	msgs, _ := b["messages"].([]any)
+	if len(msgs) != 1 || msgs[0].(map[string]any)["content"] != prompt {
+		t.Fatalf("the prompt did not arrive whole (%d messages)", len(msgs))
+	}
+	if b["max_tokens"] != float64(20) || b["stream"] != true || b["model"] == "chat-small" {
+		t.Errorf("engine got model %v, max_tokens %v, stream %v", b["model"], b["max_tokens"], b["stream"])
+	}
+	if cl := got[0].Header.Get("Content-Length"); cl == "" || got[0].Header.Get("Transfer-Encoding") != "" {
+		t.Errorf("Content-Length %q, Transfer-Encoding %q: want the length declared", cl, got[0].Header.Get("Transfer-Encoding"))
+	}
+}

@@ -266,10 +266,8 @@ func (f *floor) setLegs(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	f.setMsgs(msgs)
+	f.msgs.Store(msgs)
 }
-
-func (f *floor) setMsgs(msgs *floorMsgs) { f.msgs.Store(msgs) }
 
 // once sends one request and waits for all its replies: the time between.
 // Its reply subject ends in a token of its own: a reply of an earlier

@@ -99,7 +99,7 @@ func TestFloorSendsTheLegsOfASwitchyardRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.setMsgs(msgs)
+	f.msgs.Store(msgs)
 
 	// The tap: the replies as a second connection under the client's
 	// identity sees them, the request as a second subscription of the

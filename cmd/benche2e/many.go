@@ -56,7 +56,7 @@ type manyStep struct {
 	Load   float64         `json:"loadavg_start"`
 	Stages *stages.Summary `json:"stages,omitempty"`
 	// Goroutines are the Switchyard process's goroutines halfway through
-	// the rate, by the part that started them.
+	// the rate, by the part whose function they run (goroutines.go).
 	Goroutines map[string]int `json:"goroutines,omitempty"`
 }
 

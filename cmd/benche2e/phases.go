@@ -139,7 +139,8 @@ func orchestrate(ctx context.Context, cfg config) (err error) {
 				return err
 			}
 		}
-		printVerdicts(&b.results)
+		// The phase's own verdicts: the others' are the earlier run's.
+		printVerdicts(&results{Many: b.results.Many})
 		return writeManySection(cfg.out, b.results.Many)
 	}
 	if cfg.decidePkg != "" {
