@@ -99,7 +99,6 @@ const (
 	WhyShedAfter      = "predicted TTFT above the pool's shed_after"
 	WhyNotWeighed     = "neither a prefix holder nor sampled"
 	WhyMoreWork       = "more prefill work ahead" // than the replica chosen (predicted-ttft alone), or than the pair's lighter one (prefix affinity let it go)
-	WhyStaleLoad      = "stale load data"
 )
 
 // Decision is one explained routing decision. The caller owns it and passes
