@@ -690,7 +690,9 @@ more than twice the prompt: a warm replica's queue grows further before a reques
 under the peer arms, which weigh queued work in time and look at every replica (dynamo-kv's cost
 counts the prefill queued there, llm-d's queue scorer and TTFT gate, SGLang's imbalance check). Switchyard best, its decider alone
 and reading the KV-event feed, chooses over every replica by the prefill work ahead of the first
-token, keeping a request among the replicas holding 80% of its prefix as llm-d-sticky does.`
+token, keeping a request among the replicas holding 65% of its prefix (llm-d-sticky: 80% of what it
+routed), counting as held both what the engines report and what it sent that their engines have
+not reported yet.`
 
 // ReplayGenerated replays the lab's own conversation-shaped trace
 // (ConversationTrace) through every arm: `switchyard lab replay` without
@@ -717,6 +719,13 @@ load_score. On this trace its p90 TTFT was then 289, 320 and 352 ms at 2.1×, 3.
 llm-d-sticky (286, 288, 310 ms) at each; it met 4 of 21 targets on Mooncake's conversation slice
 and 8 of 21 on the synthetic one. Replayed with one rate for the pool, the learned rates followed
 cost 14–86% at some speedups and the base TTFTs up to 83%: alike replicas differ in them by noise.
+
+**Switchyard best before its pending blocks.** Its decider alone read a replica with the feed
+from the KV events only, so the blocks of a request still queued there, sent but not yet
+computed, counted as held nowhere, and a request kept the replicas holding 80% of its prefix. At
+capacity on Mooncake's slices it then trailed llm-d-sticky on the conversation slice (43.2 s
+against 41.1 s p90 TTFT at 1.7×, hit rate 7.9% against 9.0%) and sglang-cache-aware on the
+synthetic one (10.3 s against 8.9 s at 1.6×, 1.36× the oracle's): 20 of 21 and 18 of 21 targets.
 
 **The default before the weighing by prefill work.** A holder the feed names was weighed by
 load_score alone. On this trace the default's p90 TTFT was then 394, 421 and 531 ms at 2.1×, 3.2×

@@ -194,3 +194,38 @@ func TestLabReplayBestMeetsTheTargets(t *testing.T) {
 		t.Fatalf("%d checks of Switchyard best, want 6 at each of 3 speedups", n)
 	}
 }
+
+// TestLabReplayMooncakeBestMeetsTheTargets replays the slices of
+// Mooncake's conversation and synthetic traces as make lab-replay does
+// (quick scale, seed 1): Switchyard best meets its 18 targets on each, the
+// speedup at capacity too, where it trailed llm-d-sticky and
+// sglang-cache-aware before its pending blocks.
+func TestLabReplayMooncakeBestMeetsTheTargets(t *testing.T) {
+	heavy(t)
+	for _, f := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
+		t.Run(f, func(t *testing.T) {
+			b, err := os.ReadFile("testdata/mooncake/" + f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := lab.Options{Scale: lab.Quick, Seed: 1}
+			cfg := lab.ReplayConfig{Name: f, R: bytes.NewReader(b)}
+			tr, err := lab.LoadTrace(cfg, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, c := range lab.Replay(o, tr, cfg).Checks() {
+				if strings.HasPrefix(c.What, "Switchyard best") {
+					n++
+					if !c.Met {
+						t.Errorf("%v×: %s: %s", c.Speedup, c.What, c.Detail)
+					}
+				}
+			}
+			if n != 18 {
+				t.Fatalf("%d checks of Switchyard best, want 6 at each of 3 speedups", n)
+			}
+		})
+	}
+}

@@ -131,13 +131,16 @@ func (st *decision) run() {
 
 	// Which replica?
 	p.adapter = res.adapter
-	p.holders = nil
+	p.holders, p.pending = nil, nil
 	p.ttftObjective = st.objective()
 	d.TTFTObjective = p.ttftObjective
 	p.fair = fairCheck{pool: res.pool, flight: st.r.fair.pools[shareKey{res.target.Model, res.pool}], tenant: res.tenantKey,
 		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
+		if p.alone && p.prof.byTTFT {
+			p.pending = st.r.view.pending[res.target.Model]
+		}
 		if st.r.view.kv.Len() > 0 {
 			p.kv, p.kvModel, p.byKV = st.r.view.kv, res.target.Model, st.r.view.byKV
 		}
@@ -220,6 +223,14 @@ func (st *decision) commitTo(x *replica) {
 				m.remember(st.req.Prefix, y)
 			}
 			st.d.Placement = m.remember(st.req.Prefix, x)
+		}
+		// A decider alone with predicted-ttft (which may choose over every
+		// replica) keeps the blocks sent to a replica with the feed as
+		// held there until its engine reports them.
+		if st.pick.alone && st.pick.prof.byTTFT && x.kvLive {
+			if m := st.r.view.pendingMap(st.res.target.Model, st.snap); m != nil {
+				m.remember(st.req.Prefix, x)
+			}
 		}
 	}
 }

@@ -64,6 +64,26 @@ func TestPrefixMapWays(t *testing.T) {
 	}
 }
 
+func TestPrefixMapForget(t *testing.T) {
+	x := []*replica{{id: "0"}, {id: "1"}, {id: "2"}}
+	m := newPrefixMap(8)
+	for _, r := range x {
+		m.put(1, r)
+	}
+	m.put(2, x[0])
+	m.forget(1, x[1])
+	if e := m.get(1); e.reps != [prefixWays]*replica{x[2], x[0]} {
+		t.Fatalf("ways after forgetting 1 %v, want the others in order", e.reps)
+	}
+	m.forget(1, x[1]) // not there: nothing changes
+	m.forget(9, x[0]) // no such block
+	m.forget(1, x[2])
+	m.forget(1, x[0])
+	if m.get(1) != nil || m.len() != 1 || m.get(2) == nil {
+		t.Fatalf("block 1 with no replica left is still there (%d entries)", m.len())
+	}
+}
+
 // TestPrefixMapAgainstReference drives the table with colliding keys and
 // compares it with a plain map of what it should hold.
 func TestPrefixMapAgainstReference(t *testing.T) {

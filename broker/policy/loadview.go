@@ -22,7 +22,12 @@ type loadView struct {
 	groups   map[groupKey][]*replica
 	byModel  map[string][]*replica
 	prefixes map[string]*prefixMap // per model id
-	entries  int                   // a prefix map's capacity
+	// pending holds, per model id, the blocks a decider choosing over
+	// every replica sent to a replica with the KV-event feed that its
+	// engine has not reported stored or evicted yet (ObserveKV forgets
+	// them), for predicted-ttft alone (matchAll).
+	pending map[string]*prefixMap
+	entries int // a prefix map's capacity
 	// kv is the exact prefix index fed by the adapters' KV-event updates;
 	// byKV finds a replica by its id there.
 	kv      *kvindex.Index
@@ -45,6 +50,7 @@ func newLoadView(prefixEntries int) loadView {
 		groups:   map[groupKey][]*replica{},
 		byModel:  map[string][]*replica{},
 		prefixes: map[string]*prefixMap{},
+		pending:  map[string]*prefixMap{},
 		entries:  prefixEntries,
 		kv:       kvindex.New(),
 	}
@@ -107,5 +113,19 @@ func (v *loadView) prefixMap(model string, s *table.Snapshot) *prefixMap {
 	}
 	m := newPrefixMap(v.entries)
 	v.prefixes[model] = m
+	return m
+}
+
+// pendingMap returns model's map of pending blocks, created as prefixMap
+// creates the prefix map.
+func (v *loadView) pendingMap(model string, s *table.Snapshot) *prefixMap {
+	if m := v.pending[model]; m != nil {
+		return m
+	}
+	if s == nil || (s.Models[model] == nil && len(v.byModel[model]) == 0) {
+		return nil
+	}
+	m := newPrefixMap(pendingScale * v.entries)
+	v.pending[model] = m
 	return m
 }

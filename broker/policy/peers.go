@@ -107,7 +107,7 @@ func (p *pick) rescore() {
 		s.vals = make([][table.MaxScorers]float64, 2*n)
 	}
 	s.vals = s.vals[:n]
-	p.matchAll()
+	p.matchAll(false)
 	s.minWait, s.maxWait = math.MaxInt32, math.MinInt32
 	for i := range p.cands {
 		w := p.cands[i].x.waiting
@@ -131,14 +131,25 @@ func (p *pick) rescore() {
 
 // matchAll finds how many of the request's prefix blocks each candidate
 // holds (cand.held), deepest first (a chained block is held with every
-// block before it), and credits them: they cost no prefill.
-func (p *pick) matchAll() {
+// block before it), and credits them: they cost no prefill. A replica with
+// the KV-event feed is read from the exact index; with pending, also from
+// the pending blocks (loadView.pending): what was sent to it that its
+// engine has not reported stored or evicted yet, a request queued there
+// that will find its blocks cached.
+func (p *pick) matchAll(pending bool) {
 	m := p.holders
 	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
 		return
 	}
 	blocks := p.req.Prefix
 	top := p.deepestHeld(blocks)
+	pm := p.pending
+	if !pending {
+		pm = nil
+	}
+	if pm != nil {
+		top = max(top, deepestIn(pm, blocks))
+	}
 	left := len(p.cands)
 	mark := func(x *replica, lvl int) {
 		if x != nil && x.mark == p.epoch && p.cands[x.ci].held == 0 {
@@ -152,6 +163,15 @@ func (p *pick) matchAll() {
 			if e := m.get(blocks[lvl]); e != nil {
 				for _, x := range e.reps {
 					if x != nil && !x.kvLive {
+						mark(x, lvl)
+					}
+				}
+			}
+		}
+		if pm != nil {
+			if e := pm.get(blocks[lvl]); e != nil {
+				for _, x := range e.reps {
+					if x != nil && x.kvLive {
 						mark(x, lvl)
 					}
 				}

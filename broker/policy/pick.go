@@ -18,6 +18,7 @@ type pick struct {
 	nowNano int64
 	adapter string     // the LoRA the request runs with
 	holders *prefixMap // the model's prefix map, nil when none (or no prefix)
+	pending *prefixMap // the model's pending blocks (loadView.pending), nil when none
 	// kv is the exact prefix index when it holds any key, with the model
 	// to look up and the replicas by their index id.
 	kv      *kvindex.Index

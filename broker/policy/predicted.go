@@ -49,13 +49,18 @@ const predictedPairTie = 0.4
 // predictedSticky is the share of the request's prefix blocks a replica
 // holds for the request to stay among such replicas when the decider is
 // alone, and predictedReleaseWork how much less prefill work, in prompt
-// tokens, the lightest replica of all must have to take it from them. Both
-// are llm-d's prefix-cache-affinity filter's (its affinity threshold, and
-// its maximum TTFT penalty of 18 s at its peak prefill rate of 15 928
-// tokens/s: peers.go): a conversation stays with its cached turns until
-// its replica is far behind.
+// tokens, the lightest replica of all must have to take it from them. The
+// release is llm-d's prefix-cache-affinity filter's (its maximum TTFT
+// penalty of 18 s at its peak prefill rate of 15 928 tokens/s: peers.go):
+// a conversation stays with its cached turns until its replica is far
+// behind. The share is below llm-d's 0.8: llm-d counts what it routed,
+// this what the engine still holds and is about to hold, less once the
+// engine has evicted a turn's tail; replaying Mooncake's conversation
+// trace at capacity with seeds 1–7, 0.8 lost to llm-d-sticky's p90 TTFT
+// with four seeds and 0.65 with one (docs/benchmarks.md, "Prefill work in
+// the choice").
 const (
-	predictedSticky      = LLMDAffinityThreshold
+	predictedSticky      = 0.65
 	predictedReleaseWork = LLMDMaxTTFTPenaltyMs / 1000 * LLMDPeakPrefillPerSec
 )
 
@@ -223,7 +228,7 @@ func (p *pick) weighAll() bool {
 func (p *pick) predictedAlone() bool {
 	s := &p.pt
 	s.alone, s.released = true, false
-	p.matchAll()
+	p.matchAll(true)
 	best, bestSticky, ties, tiesSticky := -1, -1, 0, 0
 	for i := range p.cands {
 		best, ties = p.lessWork(i, best, ties)
@@ -335,6 +340,21 @@ func (p *pick) reportPredicted(d *Decision) {
 			d.PrefixSource = PrefixKVEvents
 		}
 	}
+}
+
+// deepestIn is the index of the deepest of blocks m holds (-1: none), by
+// bisection as deepestHeld.
+func deepestIn(m *prefixMap, blocks []uint64) int {
+	top := -1
+	for lo, hi := 0, len(blocks); lo < hi; {
+		mid := int(uint(lo+hi) >> 1)
+		if m.find(blocks[mid]) >= 0 {
+			top, lo = mid, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	return top
 }
 
 // deepestHeld is the index of the deepest of blocks some replica holds (-1:

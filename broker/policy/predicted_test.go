@@ -378,7 +378,7 @@ func TestPredictedAloneChoosesTheLeastWorkOfAll(t *testing.T) {
 	}
 }
 
-// Alone, reading the feed, a replica holding at least 80% of the request's prefix keeps it
+// Alone, reading the feed, a replica holding at least 65% of the request's prefix keeps it
 // until the lightest replica has 286 704 prompt tokens (llm-d's 18 s at
 // 15 928 tokens/s) less work; a replica holding less is not sticky but
 // its blocks still cost nothing.
@@ -487,5 +487,72 @@ func TestPredictedAloneTiesGoByLoadThenAtRandom(t *testing.T) {
 	}
 	if len(got) != 4 {
 		t.Fatalf("equal replicas: %v, want all four chosen", got)
+	}
+}
+
+// Alone, reading the feed, what this decider sent a replica and its engine
+// has not reported stored is held there: a request queued there will find
+// its blocks cached. Once the engine reports them evicted they are not;
+// once stored, the exact index holds them (and the placement goes).
+func TestPredictedAloneCountsWhatItSentAndTheEngineHasNotStored(t *testing.T) {
+	blocks, req := promptOf2048()
+	e := newEnv(t, predictedTTFT, fourReplicas)
+	ids := []string{"l8-gen-0", "l8-gen-1", "l8-gen-2", "l8-gen-3"}
+	for i, id := range ids {
+		e.beat(id, 0.1, 0, 0, prefill(1000, 1000+500*i), kvFeed)
+		// Every replica's feed is live and its engine holds something else.
+		if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: id, Model: "llama-3-8b-instruct", Seq: 1, Reset: true, KVBlocks: 1000, Stored: []uint64{uint64(100 + i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := e.decide(req())
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-0" || d.PrefixMatched != 0 {
+		t.Fatalf("first request: %s matched %d, want l8-gen-0 (the least work) with nothing held", d.Replica, d.PrefixMatched)
+	}
+	// Its heartbeat now counts the request queued: 1 000 + 2 048 tokens
+	// ahead there, against 1 500 + 2 048 at the next replica; sent, not
+	// stored, its blocks cost nothing.
+	e.beat("l8-gen-0", 0.1, 0, 0, prefill(1000, 3048), kvFeed)
+	d = e.explain(req())
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-0" || d.PrefixMatched != len(blocks) || d.Reason != policy.ReasonPredicted {
+		t.Fatalf("the blocks sent, not stored: %s (%s) matched %d, want l8-gen-0 holding all %d", d.Replica, d.Reason, d.PrefixMatched, len(blocks))
+	}
+
+	// Evicted before they were stored: held nowhere.
+	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 2, KVBlocks: 1000, Evicted: blocks}); err != nil {
+		t.Fatal(err)
+	}
+	d = e.explain(req())
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-1" || d.PrefixMatched != 0 {
+		t.Fatalf("the blocks evicted: %s matched %d, want l8-gen-1 with nothing held", d.Replica, d.PrefixMatched)
+	}
+
+	// Stored: the exact index holds them.
+	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 3, KVBlocks: 1000, Stored: blocks}); err != nil {
+		t.Fatal(err)
+	}
+	d = e.explain(req())
+	mustRoute(t, d)
+	if d.Replica != "l8-gen-0" || d.PrefixMatched != len(blocks) || d.PrefixSource != policy.PrefixKVEvents {
+		t.Fatalf("the blocks stored: %s matched %d from %q, want l8-gen-0 holding all from the KV events", d.Replica, d.PrefixMatched, d.PrefixSource)
+	}
+
+	// With another decider live the sampled choice reads only the feed for
+	// such a replica: the blocks sent are not held.
+	s := newSampledEnv(t, predictedTTFT, fourReplicas)
+	for i, id := range ids {
+		s.beat(id, 0.1, 0, 0, prefill(1000, 1000+500*i), kvFeed)
+		if err := s.r.ObserveKV(&subjects.KVUpdate{Replica: id, Model: "llama-3-8b-instruct", Seq: 1, Reset: true, KVBlocks: 1000, Stored: []uint64{uint64(100 + i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-3", Blocks: blocks})
+	for range 20 {
+		if d = s.explain(req()); d.PrefixMatched != 0 {
+			t.Fatalf("sampled: %s matched %d, want nothing held", d.Replica, d.PrefixMatched)
+		}
 	}
 }

@@ -144,5 +144,28 @@ func (m *prefixMap) remember(blocks []uint64, x *replica) bool {
 	return learned
 }
 
+// forget removes x from block h's replicas, and h when none is left.
+func (m *prefixMap) forget(h uint64, x *replica) {
+	i := m.find(h)
+	if i < 0 {
+		return
+	}
+	e := &m.slots[i]
+	k := 0
+	for _, y := range e.reps {
+		if y != nil && y != x {
+			e.reps[k] = y
+			k++
+		}
+	}
+	if k == 0 {
+		m.remove(uint64(i))
+		return
+	}
+	for ; k < len(e.reps); k++ {
+		e.reps[k] = nil
+	}
+}
+
 // len is the number of blocks held.
 func (m *prefixMap) len() int { return m.n }

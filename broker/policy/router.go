@@ -17,6 +17,15 @@ import (
 // DefaultPrefixEntries is the per-model prefix map capacity.
 const DefaultPrefixEntries = 8192
 
+// pendingScale is the pending blocks' map capacity over the prefix map's
+// (loadView.pending): replaying Mooncake's conversation trace at capacity,
+// where queues are tens of seconds deep, the default's room lost to
+// llm-d-sticky's p90 TTFT with six seeds of seven, and four times it with
+// one (docs/benchmarks.md, "Prefill work in the choice"). About 3 MB a
+// model at the default, only in a decider alone with predicted-ttft and
+// the KV-event feed.
+const pendingScale = 4
+
 // Config configures a Router.
 type Config struct {
 	// PrefixEntries caps each model's prefix map (block hash → replicas);
@@ -505,6 +514,16 @@ func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
 	err := r.view.kv.Apply(u)
 	if x := r.view.replicas[u.Replica]; x != nil {
 		r.view.kvRefresh(x)
+		// What was sent there is pending only until its engine reports
+		// it (matchAll).
+		if m := r.view.pending[u.Model]; m != nil {
+			for _, k := range u.Stored {
+				m.forget(k, x)
+			}
+			for _, k := range u.Evicted {
+				m.forget(k, x)
+			}
+		}
 	}
 	return err
 }
