@@ -476,7 +476,7 @@ arm with the feed went from about 1.0× to 1.4–2× the oracle's p90 (in a run 
 
 The arm with the feed, its decider alone, chooses over every replica by prefill work ahead
 (section 12 says why): it is within 1.08× of the oracle at every step of the full run and within
-1.09× below the top of the quick run; at the quick run's top step it is 3.87× (2.05 s against
+1.05× below the top of the quick run; at the quick run's top step it is 3.58× (1.90 s against
 0.53 s). Its hit rate is at or above the oracle's at every step of the quick run. The arm without
 the feed, which learns the same rate but weighs no holder and samples as before, trails power of
 two (the *Switchyard* arm) at one of the full run's eight steps, by little (1.96× the oracle's p90

@@ -138,7 +138,7 @@ func (st *decision) run() {
 		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
-		if p.alone && p.prof.byTTFT {
+		if p.alone && p.prof.predicts {
 			p.pending = st.r.view.pending[res.target.Model]
 		}
 		if st.r.view.kv.Len() > 0 {
@@ -225,11 +225,13 @@ func (st *decision) commitTo(x *replica) {
 			st.d.Placement = m.remember(st.req.Prefix, x)
 		}
 		// A decider alone with predicted-ttft (which may choose over every
-		// replica) keeps the blocks sent to a replica with the feed as
-		// held there until its engine reports them.
-		if st.pick.alone && st.pick.prof.byTTFT && x.kvLive {
+		// replica) keeps the blocks sent to a replica with the feed that
+		// it did not hold as held there until its engine reports them
+		// (those it held it either reports already or has pending).
+		if st.pick.alone && st.pick.prof.predicts && x.kvLive {
 			if m := st.r.view.pendingMap(st.res.target.Model, st.snap); m != nil {
-				m.remember(st.req.Prefix, x)
+				held := min(max(int(st.pick.cands[st.pick.chosen].held), 0), len(st.req.Prefix))
+				m.remember(st.req.Prefix[held:], x)
 			}
 		}
 	}

@@ -74,7 +74,7 @@ const (
 
 // Where prefix affinity's knowledge came from (Decision.PrefixSource).
 const (
-	PrefixKVEvents   = "kv-events"  // the engines' KV-cache events, exact
+	PrefixKVEvents   = "kv-events"  // the engines' KV-cache events, exact (a decider alone with predicted-ttft adds what it sent that the engine has not reported yet)
 	PrefixPlacements = "placements" // where brokers sent earlier requests
 )
 

@@ -66,11 +66,13 @@ func TestPrefixMapWays(t *testing.T) {
 
 func TestPrefixMapForget(t *testing.T) {
 	x := []*replica{{id: "0"}, {id: "1"}, {id: "2"}}
-	m := newPrefixMap(8)
+	m := newPrefixMap(8) // 16 slots: 1, 17 and 33 share a home slot
 	for _, r := range x {
 		m.put(1, r)
 	}
-	m.put(2, x[0])
+	m.put(17, x[0])
+	m.put(33, x[0])
+	m.put(2, x[1])
 	m.forget(1, x[1])
 	if e := m.get(1); e.reps != [prefixWays]*replica{x[2], x[0]} {
 		t.Fatalf("ways after forgetting 1 %v, want the others in order", e.reps)
@@ -78,9 +80,39 @@ func TestPrefixMapForget(t *testing.T) {
 	m.forget(1, x[1]) // not there: nothing changes
 	m.forget(9, x[0]) // no such block
 	m.forget(1, x[2])
-	m.forget(1, x[0])
-	if m.get(1) != nil || m.len() != 1 || m.get(2) == nil {
-		t.Fatalf("block 1 with no replica left is still there (%d entries)", m.len())
+	m.forget(1, x[0]) // empty: 17 and 33 shift back over it
+	if m.get(1) != nil || m.get(17) == nil || m.get(33) == nil || m.get(2) == nil || m.len() != 3 {
+		t.Fatalf("after forgetting block 1: 1 %v, 17 %v, 33 %v, 2 %v, %d entries", m.get(1), m.get(17), m.get(33), m.get(2), m.len())
+	}
+	if m.find(17) != 1 || m.find(33) != 2 {
+		t.Fatalf("17 and 33 at slots %d and %d, want shifted back to 1 and 2", m.find(17), m.find(33))
+	}
+}
+
+// TestPrefixMapForgetReplica removes a replica from a crowded table and
+// compares it with a plain map of what it should hold.
+func TestPrefixMapForgetReplica(t *testing.T) {
+	x, y := &replica{id: "x"}, &replica{id: "y"}
+	m := newPrefixMap(50)     // 128 slots
+	want := map[uint64]bool{} // key → y holds it
+	for i := range 50 {
+		// Keys crowd a few home slots, and the last wrap past the end.
+		h := uint64(i%7)*128 + uint64(120+i%13) + uint64(i/7)<<20
+		m.put(h, x)
+		if i%3 == 0 {
+			m.put(h, y)
+			want[h] = true
+		}
+	}
+	m.forgetReplica(x)
+	if m.len() != len(want) {
+		t.Fatalf("%d entries left, want the %d y holds", m.len(), len(want))
+	}
+	for h := range want {
+		e := m.get(h)
+		if e == nil || e.reps != [prefixWays]*replica{y} {
+			t.Fatalf("block %x: %v, want y alone", h, e)
+		}
 	}
 }
 

@@ -142,14 +142,11 @@ func (p *pick) matchAll(pending bool) {
 		return
 	}
 	blocks := p.req.Prefix
-	top := p.deepestHeld(blocks)
 	pm := p.pending
 	if !pending {
 		pm = nil
 	}
-	if pm != nil {
-		top = max(top, deepestIn(pm, blocks))
-	}
+	top := p.deepestHeldOr(blocks, pm)
 	left := len(p.cands)
 	mark := func(x *replica, lvl int) {
 		if x != nil && x.mark == p.epoch && p.cands[x.ci].held == 0 {

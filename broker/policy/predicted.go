@@ -342,29 +342,19 @@ func (p *pick) reportPredicted(d *Decision) {
 	}
 }
 
-// deepestIn is the index of the deepest of blocks m holds (-1: none), by
-// bisection as deepestHeld.
-func deepestIn(m *prefixMap, blocks []uint64) int {
-	top := -1
-	for lo, hi := 0, len(blocks); lo < hi; {
-		mid := int(uint(lo+hi) >> 1)
-		if m.find(blocks[mid]) >= 0 {
-			top, lo = mid, mid+1
-		} else {
-			hi = mid
-		}
-	}
-	return top
-}
-
 // deepestHeld is the index of the deepest of blocks some replica holds (-1:
 // none), found by bisection: a chained block is held with every block
 // before it.
-func (p *pick) deepestHeld(blocks []uint64) int {
+func (p *pick) deepestHeld(blocks []uint64) int { return p.deepestHeldOr(blocks, nil) }
+
+// deepestHeldOr is deepestHeld counting the blocks pending holds too (nil:
+// none): a block the engine stored left the pending table, so neither
+// alone is a chain.
+func (p *pick) deepestHeldOr(blocks []uint64, pending *prefixMap) int {
 	top := -1
 	for lo, hi := 0, len(blocks); lo < hi; {
 		mid := int(uint(lo+hi) >> 1)
-		if p.heldAnywhere(blocks[mid]) {
+		if p.heldAnywhere(blocks[mid]) || (pending != nil && pending.find(blocks[mid]) >= 0) {
 			top, lo = mid, mid+1
 		} else {
 			hi = mid

@@ -492,8 +492,9 @@ func TestPredictedAloneTiesGoByLoadThenAtRandom(t *testing.T) {
 
 // Alone, reading the feed, what this decider sent a replica and its engine
 // has not reported stored is held there: a request queued there will find
-// its blocks cached. Once the engine reports them evicted they are not;
-// once stored, the exact index holds them (and the placement goes).
+// its blocks cached. The sampled choice of a decider with another live
+// does not read them; after a reset of the replica's feed they are gone;
+// once stored, the exact index holds them.
 func TestPredictedAloneCountsWhatItSentAndTheEngineHasNotStored(t *testing.T) {
 	blocks, req := promptOf2048()
 	e := newEnv(t, predictedTTFT, fourReplicas)
@@ -520,39 +521,34 @@ func TestPredictedAloneCountsWhatItSentAndTheEngineHasNotStored(t *testing.T) {
 		t.Fatalf("the blocks sent, not stored: %s (%s) matched %d, want l8-gen-0 holding all %d", d.Replica, d.Reason, d.PrefixMatched, len(blocks))
 	}
 
-	// Evicted before they were stored: held nowhere.
-	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 2, KVBlocks: 1000, Evicted: blocks}); err != nil {
+	// With another decider live the sampled choice reads only the feed for
+	// such a replica: the blocks sent are not held.
+	e.r.SetLiveBrokers(2)
+	for range 20 {
+		if d = e.explain(req()); d.PrefixMatched != 0 {
+			t.Fatalf("sampled: %s matched %d, want nothing held", d.Replica, d.PrefixMatched)
+		}
+	}
+	e.r.SetLiveBrokers(1)
+
+	// The engine restarted (a reset, not a resend): what was queued is
+	// lost, and the blocks are held nowhere.
+	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 1, Reset: true, KVBlocks: 1000}); err != nil {
 		t.Fatal(err)
 	}
 	d = e.explain(req())
 	mustRoute(t, d)
 	if d.Replica != "l8-gen-1" || d.PrefixMatched != 0 {
-		t.Fatalf("the blocks evicted: %s matched %d, want l8-gen-1 with nothing held", d.Replica, d.PrefixMatched)
+		t.Fatalf("after a reset: %s matched %d, want l8-gen-1 with nothing held", d.Replica, d.PrefixMatched)
 	}
 
 	// Stored: the exact index holds them.
-	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 3, KVBlocks: 1000, Stored: blocks}); err != nil {
+	if err := e.r.ObserveKV(&subjects.KVUpdate{Replica: "l8-gen-0", Model: "llama-3-8b-instruct", Seq: 2, KVBlocks: 1000, Stored: blocks}); err != nil {
 		t.Fatal(err)
 	}
 	d = e.explain(req())
 	mustRoute(t, d)
 	if d.Replica != "l8-gen-0" || d.PrefixMatched != len(blocks) || d.PrefixSource != policy.PrefixKVEvents {
 		t.Fatalf("the blocks stored: %s matched %d from %q, want l8-gen-0 holding all from the KV events", d.Replica, d.PrefixMatched, d.PrefixSource)
-	}
-
-	// With another decider live the sampled choice reads only the feed for
-	// such a replica: the blocks sent are not held.
-	s := newSampledEnv(t, predictedTTFT, fourReplicas)
-	for i, id := range ids {
-		s.beat(id, 0.1, 0, 0, prefill(1000, 1000+500*i), kvFeed)
-		if err := s.r.ObserveKV(&subjects.KVUpdate{Replica: id, Model: "llama-3-8b-instruct", Seq: 1, Reset: true, KVBlocks: 1000, Stored: []uint64{uint64(100 + i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.r.ObservePlacement(&subjects.Placement{Model: "llama-3-8b-instruct", Replica: "l8-gen-3", Blocks: blocks})
-	for range 20 {
-		if d = s.explain(req()); d.PrefixMatched != 0 {
-			t.Fatalf("sampled: %s matched %d, want nothing held", d.Replica, d.PrefixMatched)
-		}
 	}
 }

@@ -1,5 +1,7 @@
 package policy
 
+import "slices"
+
 // prefixWays is how many replicas one block hash remembers, most recent
 // first: several brokers may have placed the same prefix on different
 // replicas, and prefix affinity draws two of them and takes the lighter.
@@ -164,6 +166,22 @@ func (m *prefixMap) forget(h uint64, x *replica) {
 	}
 	for ; k < len(e.reps); k++ {
 		e.reps[k] = nil
+	}
+}
+
+// forgetReplica removes x from every block, and the blocks left with no
+// replica: one pass over the table, a slot checked again when a removal
+// shifted another entry into it.
+func (m *prefixMap) forgetReplica(x *replica) {
+	for i := 0; i < len(m.slots); {
+		if e := &m.slots[i]; e.used && slices.Contains(e.reps[:], x) {
+			k := e.key
+			m.forget(k, x)
+			if !m.slots[i].used || m.slots[i].key != k {
+				continue
+			}
+		}
+		i++
 	}
 }
 

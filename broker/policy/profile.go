@@ -93,6 +93,9 @@ type profile struct {
 	// step is in force, and prefix affinity ranks the holders of a prefix
 	// by predicted TTFT instead of kv_usage.
 	byTTFT bool
+	// predicts: the profile has the predicted-ttft step in force (only
+	// the switchyard profile, with byTTFT).
+	predicts bool
 	// dynamic: a scorer or a step reads the request, so each decision
 	// works the candidates' scores out again (rescore) before the steps.
 	dynamic bool
@@ -153,6 +156,7 @@ func resolve(s *table.Snapshot, name string, policyWeights, poolWeights map[stri
 			continue
 		}
 		p.steps = append(p.steps, stepNamed(reason))
+		p.predicts = p.predicts || reason == ReasonPredicted
 	}
 	p.picker = stepNamed(row.picker)
 	// The row's scorers in its order, then those the table adds, in name

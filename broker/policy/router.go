@@ -515,8 +515,12 @@ func (r *Router) ObserveKV(u *subjects.KVUpdate) error {
 	if x := r.view.replicas[u.Replica]; x != nil {
 		r.view.kvRefresh(x)
 		// What was sent there is pending only until its engine reports
-		// it (matchAll).
-		if m := r.view.pending[u.Model]; m != nil {
+		// it (matchAll). A reset that is not a resend says the engine or
+		// the adapter started over: what was queued may be lost.
+		if m := r.view.pending[u.Model]; m != nil && err == nil {
+			if u.Reset && !u.Resend {
+				m.forgetReplica(x)
+			}
 			for _, k := range u.Stored {
 				m.forget(k, x)
 			}

@@ -11,20 +11,27 @@ import (
 	"github.com/switchyard-llm/switchyard/table"
 )
 
-// TestLoadViewFollowsEveryChange drives a router through random
-// heartbeats, load deltas, peers' placements and admitted decisions, and
-// after each checks every replica whose kept load view claims to be
-// current (its version) against the view computed afresh: a change to
-// what load reads that forgets touch shows here as a stale view believed.
-func TestLoadViewFollowsEveryChange(t *testing.T) {
+// newSnapshot returns an empty snapshot and a function that sets one of
+// its keys, as the table's bucket would.
+func newSnapshot(t *testing.T) (*table.Snapshot, func(k, v string)) {
 	s := table.NewSnapshot()
-	set := func(k, v string) {
+	return s, func(k, v string) {
+		t.Helper()
 		val, err := table.Decode(k, json.RawMessage(v))
 		if err != nil {
 			t.Fatalf("decode %s: %v", k, err)
 		}
 		s.Set(val, json.RawMessage(v))
 	}
+}
+
+// TestLoadViewFollowsEveryChange drives a router through random
+// heartbeats, load deltas, peers' placements and admitted decisions, and
+// after each checks every replica whose kept load view claims to be
+// current (its version) against the view computed afresh: a change to
+// what load reads that forgets touch shows here as a stale view believed.
+func TestLoadViewFollowsEveryChange(t *testing.T) {
+	s, set := newSnapshot(t)
 	set("models.m", `{"max_context_tokens": 131072}`)
 	set("policy", `{"replica_choice": "predicted-ttft"}`)
 	ids := make([]string, 6)
