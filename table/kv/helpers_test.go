@@ -170,7 +170,13 @@ func put(t *testing.T, b jetstream.KeyValue, key, value string) uint64 {
 // containing want ("" waits for the key to be gone).
 func snapshotHas(t *testing.T, w *kv.Watcher, key, want string) {
 	t.Helper()
-	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	snapshotHasWithin(t, 10*time.Second, w, key, want)
+}
+
+// snapshotHasWithin is snapshotHas waiting up to d.
+func snapshotHasWithin(t *testing.T, d time.Duration, w *kv.Watcher, key, want string) {
+	t.Helper()
+	testkit.CheckFor(t, d, 10*time.Millisecond, func() error {
 		s := w.Snapshot()
 		if s == nil {
 			return fmt.Errorf("no snapshot")
