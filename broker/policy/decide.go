@@ -225,13 +225,12 @@ func (st *decision) commitTo(x *replica) {
 			st.d.Placement = m.remember(st.req.Prefix, x)
 		}
 		// A decider alone with predicted-ttft (which may choose over every
-		// replica) keeps the blocks sent to a replica with the feed that
-		// it did not hold as held there until its engine reports them
-		// (those it held it either reports already or has pending).
+		// replica) keeps the blocks sent to a replica with the feed beyond
+		// those it held as held there until its engine reports them (those
+		// it held it reports already or has pending).
 		if st.pick.alone && st.pick.prof.predicts && x.kvLive {
 			if m := st.r.view.pendingMap(st.res.target.Model, st.snap); m != nil {
-				held := min(max(int(st.pick.cands[st.pick.chosen].held), 0), len(st.req.Prefix))
-				m.remember(st.req.Prefix[held:], x)
+				m.remember(st.req.Prefix[st.pick.cands[st.pick.chosen].held:], x)
 			}
 		}
 	}

@@ -105,27 +105,25 @@ func (v *loadView) prune(now int64, s *table.Snapshot) {
 // s or a registered replica knows (so a stream of placements for made-up
 // models cannot allocate maps).
 func (v *loadView) prefixMap(model string, s *table.Snapshot) *prefixMap {
-	if m := v.prefixes[model]; m != nil {
-		return m
-	}
-	if s == nil || (s.Models[model] == nil && len(v.byModel[model]) == 0) {
-		return nil
-	}
-	m := newPrefixMap(v.entries)
-	v.prefixes[model] = m
-	return m
+	return v.modelMap(v.prefixes, model, s, v.entries)
 }
 
 // pendingMap returns model's map of pending blocks, created as prefixMap
 // creates the prefix map.
 func (v *loadView) pendingMap(model string, s *table.Snapshot) *prefixMap {
-	if m := v.pending[model]; m != nil {
+	return v.modelMap(v.pending, model, s, pendingScale*v.entries)
+}
+
+// modelMap returns model's map of maps, creating it with capacity
+// entries for models the table s or a registered replica knows.
+func (v *loadView) modelMap(maps map[string]*prefixMap, model string, s *table.Snapshot, capacity int) *prefixMap {
+	if m := maps[model]; m != nil {
 		return m
 	}
 	if s == nil || (s.Models[model] == nil && len(v.byModel[model]) == 0) {
 		return nil
 	}
-	m := newPrefixMap(pendingScale * v.entries)
-	v.pending[model] = m
+	m := newPrefixMap(capacity)
+	maps[model] = m
 	return m
 }

@@ -107,7 +107,7 @@ func (p *pick) rescore() {
 		s.vals = make([][table.MaxScorers]float64, 2*n)
 	}
 	s.vals = s.vals[:n]
-	p.matchAll(false)
+	p.matchAll()
 	s.minWait, s.maxWait = math.MaxInt32, math.MinInt32
 	for i := range p.cands {
 		w := p.cands[i].x.waiting
@@ -131,22 +131,19 @@ func (p *pick) rescore() {
 
 // matchAll finds how many of the request's prefix blocks each candidate
 // holds (cand.held), deepest first (a chained block is held with every
-// block before it), and credits them: they cost no prefill. A replica with
-// the KV-event feed is read from the exact index; with pending, also from
-// the pending blocks (loadView.pending): what was sent to it that its
-// engine has not reported stored or evicted yet, a request queued there
-// that will find its blocks cached.
-func (p *pick) matchAll(pending bool) {
-	m := p.holders
+// block before it), and credits them: they cost no prefill. A replica
+// without the KV-event feed is read from the placements; one with it from
+// the exact index and, for a decider alone with predicted-ttft, from the
+// pending blocks (loadView.pending; p.pending is nil otherwise): what was
+// sent to it that its engine has not reported stored or evicted yet, a
+// request queued there that will find its blocks cached.
+func (p *pick) matchAll() {
+	m, pm := p.holders, p.pending
 	if (m == nil && p.kv == nil) || len(p.req.Prefix) == 0 {
 		return
 	}
 	blocks := p.req.Prefix
-	pm := p.pending
-	if !pending {
-		pm = nil
-	}
-	top := p.deepestHeldOr(blocks, pm)
+	top := p.deepestHeld(blocks, pm)
 	left := len(p.cands)
 	mark := func(x *replica, lvl int) {
 		if x != nil && x.mark == p.epoch && p.cands[x.ci].held == 0 {
@@ -155,25 +152,23 @@ func (p *pick) matchAll(pending bool) {
 			left--
 		}
 	}
+	// from marks the replicas m names for block lvl whose feed is live or
+	// not, as fed says.
+	from := func(m *prefixMap, fed bool, lvl int) {
+		if m == nil {
+			return
+		}
+		if e := m.get(blocks[lvl]); e != nil {
+			for _, x := range e.reps {
+				if x != nil && x.kvLive == fed {
+					mark(x, lvl)
+				}
+			}
+		}
+	}
 	for lvl := top; lvl >= 0 && left > 0; lvl-- {
-		if m != nil {
-			if e := m.get(blocks[lvl]); e != nil {
-				for _, x := range e.reps {
-					if x != nil && !x.kvLive {
-						mark(x, lvl)
-					}
-				}
-			}
-		}
-		if pm != nil {
-			if e := pm.get(blocks[lvl]); e != nil {
-				for _, x := range e.reps {
-					if x != nil && x.kvLive {
-						mark(x, lvl)
-					}
-				}
-			}
-		}
+		from(m, false, lvl)
+		from(pm, true, lvl)
 		if p.kv != nil {
 			hs := p.kv.Lookup(p.kvModel, blocks[lvl])
 			for i := range hs.Len() {

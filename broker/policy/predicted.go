@@ -152,7 +152,7 @@ func (p *pick) weighHolders() {
 		return
 	}
 	blocks := p.req.Prefix
-	top := p.deepestHeld(blocks)
+	top := p.deepestHeld(blocks, nil)
 	for lvl := top; lvl >= 0 && lvl > top-predictedLevels && p.pt.nholders < predictedHolders; lvl-- {
 		if m := p.holders; m != nil {
 			if e := m.get(blocks[lvl]); e != nil {
@@ -228,7 +228,7 @@ func (p *pick) weighAll() bool {
 func (p *pick) predictedAlone() bool {
 	s := &p.pt
 	s.alone, s.released = true, false
-	p.matchAll(true)
+	p.matchAll()
 	best, bestSticky, ties, tiesSticky := -1, -1, 0, 0
 	for i := range p.cands {
 		best, ties = p.lessWork(i, best, ties)
@@ -344,13 +344,10 @@ func (p *pick) reportPredicted(d *Decision) {
 
 // deepestHeld is the index of the deepest of blocks some replica holds (-1:
 // none), found by bisection: a chained block is held with every block
-// before it.
-func (p *pick) deepestHeld(blocks []uint64) int { return p.deepestHeldOr(blocks, nil) }
-
-// deepestHeldOr is deepestHeld counting the blocks pending holds too (nil:
-// none): a block the engine stored left the pending table, so neither
-// alone is a chain.
-func (p *pick) deepestHeldOr(blocks []uint64, pending *prefixMap) int {
+// before it. The blocks pending holds count too (nil: none): a block the
+// engine stored left the pending table, so neither it nor the index alone
+// is a chain.
+func (p *pick) deepestHeld(blocks []uint64, pending *prefixMap) int {
 	top := -1
 	for lo, hi := 0, len(blocks); lo < hi; {
 		mid := int(uint(lo+hi) >> 1)

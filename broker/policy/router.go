@@ -20,7 +20,7 @@ const DefaultPrefixEntries = 8192
 // pendingScale is the pending blocks' map capacity over the prefix map's
 // (loadView.pending): replaying Mooncake's conversation trace at capacity,
 // where queues are tens of seconds deep, the default's room lost to
-// llm-d-sticky's p90 TTFT with six seeds of seven, and four times it with
+// llm-d-sticky's p90 TTFT with four seeds of seven, and four times it with
 // one (docs/benchmarks.md, "Prefill work in the choice"). About 3 MB a
 // model at the default, only in a decider alone with predicted-ttft and
 // the KV-event feed.
