@@ -131,7 +131,7 @@ $(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/p
 	cd $(SDK_DIR) && npm ci --no-audit --no-fund
 
 test: tools vet test-deps test-sdk-deps
-	NATS_CLI=$(NATS_CLI) NATS_SERVER=$(NATS_SERVER) $(GO) test -race -count=1 -timeout 12m $(PKGS)
+	NATS_CLI=$(NATS_CLI) NATS_SERVER=$(NATS_SERVER) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(MAKE) test-lab
 
 test-short:
