@@ -30,6 +30,31 @@ const siteName = "gpu-site-1"
 // nsEnginePort is where the site's engine listens in its namespace.
 const nsEnginePort = 8000
 
+// operatorTries is how many times the launcher runs an operator command
+// that failed. Both it runs are idempotent (init never changes a bucket
+// that exists, import writes the same keys), and on a cluster just formed,
+// on a loaded machine, creating a replicated stream can outlast the
+// command's own deadline while the servers go on to create it.
+const operatorTries = 3
+
+// operatorCommand runs `switchyard ARGS...` as an operator does, again
+// after a failure, up to operatorTries times in all.
+func operatorCommand(ctx context.Context, switchyard string, args []string) error {
+	var err error
+	for try := 1; try <= operatorTries; try++ {
+		out, runErr := exec.CommandContext(ctx, switchyard, args...).CombinedOutput()
+		if runErr == nil {
+			return nil
+		}
+		err = fmt.Errorf("switchyard %s: %v: %s", strings.Join(args, " "), runErr, bytes.TrimSpace(out))
+		if ctx.Err() != nil || try == operatorTries {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "cluster: try %d of %d failed, trying again: %v\n", try, operatorTries, err)
+	}
+	return err
+}
+
 // startSwitchyard creates the bucket with three replicas, imports
 // deploy/examples/table.json, and starts an engine-sim and an adapter for
 // each dev replica, then the brokers, then the gateways. It returns the
@@ -41,9 +66,8 @@ func startSwitchyard(ctx context.Context, cfg config, n natsCluster, procs *proc
 	}
 	tableFile := filepath.Join(cfg.root, "deploy", "examples", "table.json")
 	for _, args := range [][]string{{"table", "init", "--replicas", "3"}, {"table", "import", tableFile}} {
-		cmd := exec.CommandContext(ctx, cfg.switchyard, append(args, conn("operator")...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("switchyard %s: %v: %s", strings.Join(args, " "), err, out)
+		if err := operatorCommand(ctx, cfg.switchyard, append(args, conn("operator")...)); err != nil {
+			return nil, err
 		}
 	}
 
