@@ -394,6 +394,9 @@ func TestRefusalsAreCountedByCodeAndTimed(t *testing.T) {
 	if tr.Refused == nil || tr.Refused.N != 5 || tr.Latency.N != 5 {
 		t.Errorf("refusals timed %v, successes %d; want 5 and 5", tr.Refused, tr.Latency.N)
 	}
+	if tr.RefusedService == nil || tr.RefusedService.N != 5 || tr.RefusedService.Max > tr.Refused.Max {
+		t.Errorf("refusals timed from the actual send %v; want 5, none longer than from the schedule (%v)", tr.RefusedService, tr.Refused)
+	}
 	if tr.NoRetryAfter != 2 {
 		t.Errorf("refusals without Retry-After %d, want 2", tr.NoRetryAfter)
 	}

@@ -22,6 +22,7 @@ type samples struct {
 	ok, errs, chunks                         int
 	errsBy, codesBy                          map[string]int
 	refused                                  []time.Duration // HTTP errors: scheduled send to the answer's end
+	refusedService                           []time.Duration // the same from the actual send
 	noRetryAfter                             int             // 429s and 503s without Retry-After
 	replicas, reasons                        map[string]int
 	errSample                                map[string]string
@@ -80,6 +81,9 @@ func (rec *recorder) add(target int, r result) {
 		if r.refused {
 			// An answer with an HTTP error status: a refusal.
 			s.refused = append(s.refused, r.end.Sub(r.sched))
+			if !r.sent.IsZero() {
+				s.refusedService = append(s.refusedService, r.end.Sub(r.sent))
+			}
 			if r.noRetryAfter {
 				s.noRetryAfter++
 			}
@@ -181,6 +185,10 @@ func (rec *recorder) report(cfg *Config, perTarget int) *Report {
 		if len(s.refused) > 0 {
 			ref := Summarize(s.refused)
 			t.Refused = &ref
+		}
+		if len(s.refusedService) > 0 {
+			ref := Summarize(s.refusedService)
+			t.RefusedService = &ref
 		}
 		if len(s.codesBy) > 0 {
 			t.CodesBy = s.codesBy

@@ -46,9 +46,12 @@ type TargetReport struct {
 	ErrorsBy  map[string]int `json:"errors_by,omitempty"`
 	// CodesBy counts the answers with an HTTP error status by their
 	// OpenAI error code; Refused is their latency, from the scheduled
-	// send to the answer's end: how fast a refusal is.
-	CodesBy map[string]int `json:"codes_by,omitempty"`
-	Refused *Summary       `json:"refused,omitempty"`
+	// send to the answer's end: how fast a refusal is. RefusedService is
+	// the same from the actual send, the generator's own lateness left
+	// out, as Service is for successes.
+	CodesBy        map[string]int `json:"codes_by,omitempty"`
+	Refused        *Summary       `json:"refused,omitempty"`
+	RefusedService *Summary       `json:"refused_service,omitempty"`
 	// NoRetryAfter counts the 429 and 503 answers that did not say when
 	// to come back (no Retry-After header).
 	NoRetryAfter int `json:"refused_without_retry_after,omitempty"`

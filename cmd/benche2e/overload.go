@@ -70,11 +70,18 @@ func (b *bench) overload(ctx context.Context) (*overloadPhase, error) {
 	return ph, nil
 }
 
+// refusalP99 is the refusals' p99 from the scheduled send (what the
+// target judges), and from the actual send: the difference is the load
+// generator's own lateness on the cores it shares with the stack.
 func refusalP99(t *loadgen.TargetReport) string {
 	if t.Refused == nil {
 		return "—"
 	}
-	return f3(t.Refused.P99) + "ms"
+	s := f3(t.Refused.P99) + "ms"
+	if t.RefusedService != nil {
+		s += " (" + f3(t.RefusedService.P99) + "ms from the send)"
+	}
+	return s
 }
 
 // judgeOverload checks the phase against its targets.
