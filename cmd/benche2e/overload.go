@@ -71,15 +71,16 @@ func (b *bench) overload(ctx context.Context) (*overloadPhase, error) {
 }
 
 // refusalP99 is the refusals' p99 from the scheduled send (what the
-// target judges), and from the actual send: the difference is the load
-// generator's own lateness on the cores it shares with the stack.
+// target judges), and from the actual send, which leaves out the load
+// generator's own lateness in sending on the cores it shares with the
+// stack.
 func refusalP99(t *loadgen.TargetReport) string {
 	if t.Refused == nil {
 		return "—"
 	}
 	s := f3(t.Refused.P99) + "ms"
 	if t.RefusedService != nil {
-		s += " (" + f3(t.RefusedService.P99) + "ms from the send)"
+		s += " (" + f3(t.RefusedService.P99) + "ms from the actual send)"
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -31,28 +32,38 @@ const siteName = "gpu-site-1"
 const nsEnginePort = 8000
 
 // operatorTries is how many times the launcher runs an operator command
-// that failed. Both it runs are idempotent (init never changes a bucket
-// that exists, import writes the same keys), and on a cluster just formed,
-// on a loaded machine, creating a replicated stream can outlast the
-// command's own deadline while the servers go on to create it.
-const operatorTries = 3
+// that failed, operatorPause apart. Both commands it runs may run again:
+// init creates only what is absent and sets what it sets to the same
+// values, import writes only the keys whose values differ. On a cluster
+// just formed, on a loaded machine, creating a replicated stream can
+// outlast the command's own deadline while the servers go on to create it.
+const (
+	operatorTries = 3
+	operatorPause = time.Second
+)
 
 // operatorCommand runs `switchyard ARGS...` as an operator does, again
-// after a failure, up to operatorTries times in all.
+// after a failure, up to operatorTries times in all; a usage error (exit
+// status 2) is not tried again.
 func operatorCommand(ctx context.Context, switchyard string, args []string) error {
 	var err error
-	for try := 1; try <= operatorTries; try++ {
+	for try := 1; ; try++ {
 		out, runErr := exec.CommandContext(ctx, switchyard, args...).CombinedOutput()
 		if runErr == nil {
 			return nil
 		}
 		err = fmt.Errorf("switchyard %s: %v: %s", strings.Join(args, " "), runErr, bytes.TrimSpace(out))
-		if ctx.Err() != nil || try == operatorTries {
-			break
+		var exit *exec.ExitError
+		if try == operatorTries || (errors.As(runErr, &exit) && exit.ExitCode() == 2) {
+			return err
 		}
 		fmt.Fprintf(os.Stderr, "cluster: try %d of %d failed, trying again: %v\n", try, operatorTries, err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		case <-time.After(operatorPause):
+		}
 	}
-	return err
 }
 
 // startSwitchyard creates the bucket with three replicas, imports

@@ -42,4 +42,17 @@ func TestOperatorCommandTriesAgain(t *testing.T) {
 	if n := count(); n != operatorTries {
 		t.Errorf("failing always: %d runs, want %d", n, operatorTries)
 	}
+
+	// A usage error is the command line's fault: once is enough.
+	usage := filepath.Join(dir, "usage")
+	if err := os.WriteFile(usage, []byte("#!/bin/sh\necho x >> "+runs+"\necho 'usage: switchyard table init'; exit 2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(runs)
+	if err := operatorCommand(context.Background(), usage, nil); err == nil || !strings.Contains(err.Error(), "usage:") {
+		t.Fatalf("a usage error: %v, want the command's output", err)
+	}
+	if n := count(); n != 1 {
+		t.Errorf("a usage error: %d runs, want 1", n)
+	}
 }
