@@ -11,11 +11,15 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,7 +63,21 @@ func Poll(total, every time.Duration, f func() error) (time.Duration, error) {
 // tests, then fails the package when a goroutine outlives them. The idle
 // keep-alive connections of the tests' own default HTTP client are not
 // leaks, so they are closed first.
+//
+// A package whose tests are still running a minute before go test's
+// -timeout (a tenth of it, when that is less) is stopped there, after
+// stuckTests names where each test's goroutines wait in a few
+// lines, last in the output: go test's own timeout prints the same only at
+// the head of a dump of every goroutine, which a log's tail does not show.
 func Main(m *testing.M, opts ...goleak.Option) {
+	flag.Parse()
+	if timeout := testTimeout(); timeout > 0 {
+		watchdog := time.AfterFunc(timeout-min(time.Minute, timeout/10), func() {
+			stuckTests(os.Stderr, timeout)
+			os.Exit(1)
+		})
+		defer watchdog.Stop()
+	}
 	code := m.Run()
 	http.DefaultClient.CloseIdleConnections()
 	if code == 0 {
@@ -69,6 +87,49 @@ func Main(m *testing.M, opts ...goleak.Option) {
 		}
 	}
 	os.Exit(code)
+}
+
+// testTimeout is go test's -timeout for this package's binary, 0 when it
+// has none or when it runs benchmarks or fuzzing, which the timeout does
+// not cover.
+func testTimeout() time.Duration {
+	for _, name := range []string{"test.bench", "test.fuzz"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
+			return 0
+		}
+	}
+	f := flag.Lookup("test.timeout")
+	if f == nil {
+		return 0
+	}
+	d, _ := f.Value.(flag.Getter).Get().(time.Duration)
+	return d
+}
+
+// stuckTests writes, for every goroutine running a test's code, the
+// goroutine's state, the frame it waits in and the innermost frame of a
+// _test.go file: where each test is stuck, a few lines each.
+func stuckTests(w io.Writer, timeout time.Duration) {
+	buf := make([]byte, 64<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	fmt.Fprintf(w, "testkit: tests still running near the %v timeout; where their goroutines wait:\n", timeout)
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		lines := strings.Split(g, "\n")
+		if len(lines) < 3 {
+			continue
+		}
+		in := ""
+		for i := 2; i < len(lines); i += 2 {
+			if strings.Contains(lines[i], "_test.go:") {
+				in = strings.TrimSpace(lines[i-1]) + " " + strings.TrimSpace(lines[i])
+				break
+			}
+		}
+		if in == "" || strings.Contains(in, ".TestMain(") {
+			continue // no test's code, or the runner's own wait
+		}
+		fmt.Fprintf(w, "  %s\n    waits in %s\n    in %s\n", lines[0], strings.TrimSpace(lines[1]), in)
+	}
 }
 
 // IgnoreZMQPub is the goleak option for the goroutine zmq4 (v0.17.0) leaks

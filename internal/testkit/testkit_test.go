@@ -5,6 +5,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,5 +212,30 @@ func TestRelayDelaysWhatTheServerSends(t *testing.T) {
 	r.Delay(0)
 	if got, _ := trip("d"); got != "d" {
 		t.Errorf("delay 0 again: echoed %q", got)
+	}
+}
+
+// TestAStuckTestIsNamedBeforeTheTimeout runs this test binary again with a
+// test that never ends and a 3 s -timeout: Main stops it before go test's
+// own timeout, naming the stuck test and where it waits, last in the
+// output.
+func TestAStuckTestIsNamedBeforeTheTimeout(t *testing.T) {
+	if os.Getenv("TESTKIT_STUCK") == "1" {
+		<-make(chan struct{}) // stuck for good
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAStuckTestIsNamedBeforeTheTimeout$", "-test.timeout=3s")
+	cmd.Env = append(os.Environ(), "TESTKIT_STUCK=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("a stuck test binary: %v, want exit status 1; output:\n%s", err, out)
+	}
+	for _, want := range []string{"testkit: tests still running near the 3s timeout", "[chan receive", "TestAStuckTestIsNamedBeforeTheTimeout", "testkit_test.go:"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "panic: test timed out") {
+		t.Errorf("go test's own timeout fired first:\n%s", out)
 	}
 }
