@@ -4,6 +4,7 @@
 package testkit
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -64,21 +65,24 @@ func Poll(total, every time.Duration, f func() error) (time.Duration, error) {
 // keep-alive connections of the tests' own default HTTP client are not
 // leaks, so they are closed first.
 //
-// A package whose tests are still running a minute before go test's
-// -timeout (a tenth of it, when that is less) is stopped there, after
-// stuckTests names where each test's goroutines wait in a few
-// lines, last in the output: go test's own timeout prints the same only at
+// A package whose tests are still running shortly before go test's
+// -timeout (watchdogMargin) is stopped there, after stuckTests names the
+// stuck tests in its last line: go test's own timeout names them only at
 // the head of a dump of every goroutine, which a log's tail does not show.
 func Main(m *testing.M, opts ...goleak.Option) {
 	flag.Parse()
+	var watchdog *time.Timer
 	if timeout := testTimeout(); timeout > 0 {
-		watchdog := time.AfterFunc(timeout-min(time.Minute, timeout/10), func() {
-			stuckTests(os.Stderr, timeout)
+		stderr := os.Stderr // m.Run points os.Stderr elsewhere under -json
+		watchdog = time.AfterFunc(timeout-min(watchdogMargin, timeout/10), func() {
+			stuckTests(stderr, timeout)
 			os.Exit(1)
 		})
-		defer watchdog.Stop()
 	}
 	code := m.Run()
+	if watchdog != nil && !watchdog.Stop() {
+		select {} // the watchdog is writing its report; it exits
+	}
 	http.DefaultClient.CloseIdleConnections()
 	if code == 0 {
 		if err := goleak.Find(opts...); err != nil {
@@ -89,9 +93,15 @@ func Main(m *testing.M, opts ...goleak.Option) {
 	os.Exit(code)
 }
 
+// watchdogMargin is how long before go test's -timeout Main's watchdog
+// stops a package (at most a tenth of the timeout): the few milliseconds
+// its report takes, with room for a starved machine.
+const watchdogMargin = 5 * time.Second
+
 // testTimeout is go test's -timeout for this package's binary, 0 when it
-// has none or when it runs benchmarks or fuzzing, which the timeout does
-// not cover.
+// has none, and 0 when the binary also runs benchmarks or fuzzing: those
+// run after the tests, outside the timeout, and the watchdog cannot tell
+// when the tests ended.
 func testTimeout() time.Duration {
 	for _, name := range []string{"test.bench", "test.fuzz"} {
 		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
@@ -106,30 +116,67 @@ func testTimeout() time.Duration {
 	return d
 }
 
-// stuckTests writes, for every goroutine running a test's code, the
-// goroutine's state, the frame it waits in and the innermost frame of a
-// _test.go file: where each test is stuck, a few lines each.
+// stuckTests writes, in one write, where the goroutines running a test's
+// code wait: for each, its state, the frame it waits in and the innermost
+// frame in a _test.go file, the goroutines of test functions (called by
+// testing.tRunner) last; then one line naming those functions.
 func stuckTests(w io.Writer, timeout time.Duration) {
 	buf := make([]byte, 64<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	fmt.Fprintf(w, "testkit: tests still running near the %v timeout; where their goroutines wait:\n", timeout)
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	n := runtime.Stack(buf, true)
+	var helpers, runners bytes.Buffer
+	var tests []string
+	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
 		lines := strings.Split(g, "\n")
-		if len(lines) < 3 {
-			continue
-		}
-		in := ""
-		for i := 2; i < len(lines); i += 2 {
-			if strings.Contains(lines[i], "_test.go:") {
-				in = strings.TrimSpace(lines[i-1]) + " " + strings.TrimSpace(lines[i])
-				break
+		var top, in, test, caller string
+		main := false
+		// A frame is a function line and a tab-indented file line; a
+		// deep stack has a line of elided frames between two of them.
+		for i := 1; i < len(lines); i++ {
+			fn, file := lines[i-1], lines[i]
+			if !strings.HasPrefix(file, "\t") || strings.HasPrefix(fn, "created by ") {
+				continue
 			}
+			if top == "" {
+				top = fn
+			}
+			if in == "" && strings.Contains(file, "_test.go:") {
+				in = fn + " " + strings.TrimSpace(file)
+			}
+			switch {
+			case strings.HasPrefix(fn, "testing.tRunner("):
+				test = caller
+			case strings.HasPrefix(fn, "testing.(*M).Run("):
+				main = true
+			}
+			caller = funcName(fn)
 		}
-		if in == "" || strings.Contains(in, ".TestMain(") {
+		if in == "" || main {
 			continue // no test's code, or the runner's own wait
 		}
-		fmt.Fprintf(w, "  %s\n    waits in %s\n    in %s\n", lines[0], strings.TrimSpace(lines[1]), in)
+		to := &helpers
+		if test != "" {
+			to, tests = &runners, append(tests, test)
+		}
+		fmt.Fprintf(to, "  %s\n    waits in %s\n    in %s\n", lines[0], top, in)
 	}
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "testkit: tests still running near the %v timeout; where their goroutines wait:\n", timeout)
+	out.Write(helpers.Bytes())
+	out.Write(runners.Bytes())
+	if n == len(buf) {
+		out.WriteString("  (the goroutines' stacks were cut at 64 MiB)\n")
+	}
+	fmt.Fprintf(&out, "testkit: stuck near the %v timeout: %s\n", timeout, strings.Join(tests, ", "))
+	_, _ = w.Write(out.Bytes())
+}
+
+// funcName is a stack's function line without its arguments or package
+// path: "test.TestX.func1" of ".../switchyard/test.TestX.func1(0xc0...)".
+func funcName(line string) string {
+	if i := strings.LastIndexByte(line, '('); i > 0 {
+		line = line[:i]
+	}
+	return line[strings.LastIndexByte(line, '/')+1:]
 }
 
 // IgnoreZMQPub is the goleak option for the goroutine zmq4 (v0.17.0) leaks

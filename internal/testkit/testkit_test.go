@@ -216,26 +216,45 @@ func TestRelayDelaysWhatTheServerSends(t *testing.T) {
 }
 
 // TestAStuckTestIsNamedBeforeTheTimeout runs this test binary again with a
-// test that never ends and a 3 s -timeout: Main stops it before go test's
-// own timeout, naming the stuck test and where it waits, last in the
-// output.
+// test that never ends, 200 calls deep (past what a stack trace prints
+// whole) beside a goroutine it started, and a 10 s -timeout: Main stops it
+// before go test's own timeout, says where both goroutines wait, the test's
+// last, and names the test in the output's last line.
 func TestAStuckTestIsNamedBeforeTheTimeout(t *testing.T) {
 	if os.Getenv("TESTKIT_STUCK") == "1" {
-		<-make(chan struct{}) // stuck for good
+		never := make(chan struct{})
+		go func() { <-never }()
+		stuckDeep(200, never)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAStuckTestIsNamedBeforeTheTimeout$", "-test.timeout=3s")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAStuckTestIsNamedBeforeTheTimeout$", "-test.timeout=10s")
 	cmd.Env = append(os.Environ(), "TESTKIT_STUCK=1")
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("a stuck test binary: %v, want exit status 1; output:\n%s", err, out)
 	}
-	for _, want := range []string{"testkit: tests still running near the 3s timeout", "[chan receive", "TestAStuckTestIsNamedBeforeTheTimeout", "testkit_test.go:"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("the output does not say %q:\n%s", want, out)
+	text := strings.TrimSpace(string(out))
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	if !strings.HasPrefix(last, "testkit: stuck near the 10s timeout: ") || !strings.HasSuffix(last, "testkit_test.TestAStuckTestIsNamedBeforeTheTimeout") {
+		t.Errorf("the last line %q does not name the stuck test:\n%s", last, out)
+	}
+	helper := strings.Index(text, "in github.com/switchyard-llm/switchyard/internal/testkit_test.TestAStuckTestIsNamedBeforeTheTimeout.func1(")
+	runner := strings.Index(text, "in github.com/switchyard-llm/switchyard/internal/testkit_test.stuckDeep(")
+	if helper < 0 || runner < 0 || helper > runner {
+		t.Errorf("want the goroutine the test started (at %d), then the test's own, waiting in stuckDeep (at %d):\n%s", helper, runner, out)
+	}
+	for _, unwanted := range []string{"panic: test timed out", "TestMain"} {
+		if strings.Contains(text, unwanted) {
+			t.Errorf("the output says %q:\n%s", unwanted, out)
 		}
 	}
-	if strings.Contains(string(out), "panic: test timed out") {
-		t.Errorf("go test's own timeout fired first:\n%s", out)
+}
+
+// stuckDeep waits on never depth calls deep.
+func stuckDeep(depth int, never chan struct{}) {
+	if depth > 0 {
+		stuckDeep(depth-1, never)
+		return
 	}
+	<-never
 }
