@@ -204,9 +204,7 @@ func targetsMet(t *testing.T, r *lab.ReplayResult, arm string, want int) {
 // TestLabReplayMooncakeBestMeetsTheTargets replays the slices of
 // Mooncake's conversation and synthetic traces as make lab-replay does
 // (quick scale, seed 1): all 21 targets are met on each (Switchyard best's
-// 18 and the default's 3), the speedup at capacity too, where Switchyard
-// best trailed llm-d-sticky and sglang-cache-aware before its pending
-// blocks.
+// 18 and the default's 3), at the speedup at capacity too.
 func TestLabReplayMooncakeBestMeetsTheTargets(t *testing.T) {
 	heavy(t)
 	for _, f := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {

@@ -138,7 +138,7 @@ func (st *decision) run() {
 		weight: res.tenant.Weight(), shedAfter: ms(st.snap.ShedAfter(res.pool))}
 	if len(req.Prefix) > 0 {
 		p.holders = st.r.view.prefixes[res.target.Model]
-		if p.alone && p.prof.predicts {
+		if p.keepsPending() {
 			p.pending = st.r.view.pending[res.target.Model]
 		}
 		if st.r.view.kv.Len() > 0 {
@@ -224,11 +224,10 @@ func (st *decision) commitTo(x *replica) {
 			}
 			st.d.Placement = m.remember(st.req.Prefix, x)
 		}
-		// A decider alone with predicted-ttft (which may choose over every
-		// replica) keeps the blocks sent to a replica with the feed beyond
-		// those it held as held there until its engine reports them (those
-		// it held it reports already or has pending).
-		if st.pick.alone && st.pick.prof.predicts && x.kvLive {
+		// The blocks sent to a replica with the feed beyond those it held
+		// count as held there until its engine reports them (those it
+		// held it reports already or has pending).
+		if st.pick.keepsPending() && x.kvLive {
 			if m := st.r.view.pendingMap(st.res.target.Model, st.snap); m != nil {
 				m.remember(st.req.Prefix[st.pick.cands[st.pick.chosen].held:], x)
 			}

@@ -87,6 +87,12 @@ type pairDraw struct {
 	drawn bool
 }
 
+// keepsPending: this decision reads and keeps the pending blocks
+// (loadView.pending), as a decider alone with predicted-ttft does: it may
+// choose over every replica, so what it sent one counts there until the
+// engine reports it.
+func (p *pick) keepsPending() bool { return p.alone && p.prof.predicts }
+
 // twoOf returns the pair, drawing it on the first call.
 func (p *pick) twoOf() [2]int {
 	if !p.pair.drawn {
